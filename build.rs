@@ -1,0 +1,19 @@
+use std::env;
+
+fn main() {
+    let mut build = cxx_build::bridge("src/ffi.rs");
+    build
+        .std("c++17")
+        .include("cpp/include")
+        .file("cpp/src/xnnblob.cc");
+    // xnnpack-sys publishes its header directories (DEP_XNNPACK_INCLUDE).
+    if let Some(dirs) = env::var_os("DEP_XNNPACK_INCLUDE") {
+        for dir in env::split_paths(&dirs) {
+            build.include(dir);
+        }
+    }
+    build.compile("xnnblob-cxx");
+    for path in ["src/ffi.rs", "cpp/src", "cpp/include"] {
+        println!("cargo:rerun-if-changed={path}");
+    }
+}

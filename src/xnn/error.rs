@@ -1,0 +1,105 @@
+//! XNNPACK's `xnn_status` as a typed Rust error.
+
+use std::fmt;
+use xnnpack_sys as sys;
+
+/// A non-success `xnn_status`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Status {
+    Uninitialized,
+    InvalidParameter,
+    InvalidState,
+    UnsupportedParameter,
+    UnsupportedHardware,
+    OutOfMemory,
+    ReallocationRequired,
+    Deprecated,
+    /// A code this build of xnnblob does not know.
+    Unknown(u32),
+}
+
+impl Status {
+    fn from_raw(raw: sys::xnn_status) -> Option<Status> {
+        Some(match raw {
+            sys::xnn_status_success => return None,
+            sys::xnn_status_uninitialized => Status::Uninitialized,
+            sys::xnn_status_invalid_parameter => Status::InvalidParameter,
+            sys::xnn_status_invalid_state => Status::InvalidState,
+            sys::xnn_status_unsupported_parameter => Status::UnsupportedParameter,
+            sys::xnn_status_unsupported_hardware => Status::UnsupportedHardware,
+            sys::xnn_status_out_of_memory => Status::OutOfMemory,
+            sys::xnn_status_reallocation_required => Status::ReallocationRequired,
+            sys::xnn_status_deprecated => Status::Deprecated,
+            other => Status::Unknown(other),
+        })
+    }
+}
+
+/// An XNNPACK call failed, or a wrapper refused to make it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum XnnError {
+    /// `call` returned `status`.
+    Call { call: &'static str, status: Status },
+    /// An external tensor's buffer does not match the shape the runtime expects.
+    ExternalSize {
+        id: u32,
+        expected_elements: usize,
+        given_elements: usize,
+    },
+    /// Static data does not have as many elements as its tensor's shape.
+    StaticDataSize {
+        expected_elements: usize,
+        given_elements: usize,
+    },
+    /// `id` is not an external value of this runtime, or is bound twice.
+    UnknownExternal { id: u32 },
+    /// The external input or output `id` was not bound.
+    MissingExternal { id: u32 },
+}
+
+impl XnnError {
+    /// The XNNPACK status, when the error came from XNNPACK.
+    pub fn status(&self) -> Option<Status> {
+        match self {
+            XnnError::Call { status, .. } => Some(*status),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for XnnError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            XnnError::Call { call, status } => write!(f, "XNNPACK {call} failed: {status:?}"),
+            XnnError::ExternalSize {
+                id,
+                expected_elements,
+                given_elements,
+            } => write!(
+                f,
+                "external value {id}: buffer holds {given_elements} elements, the runtime expects {expected_elements}"
+            ),
+            XnnError::StaticDataSize {
+                expected_elements,
+                given_elements,
+            } => write!(
+                f,
+                "static data holds {given_elements} elements, its shape needs {expected_elements}"
+            ),
+            XnnError::MissingExternal { id } => write!(f, "external value {id} is not bound"),
+            XnnError::UnknownExternal { id } => {
+                write!(f, "external value {id} is not an unbound input or output of this runtime")
+            }
+        }
+    }
+}
+
+impl std::error::Error for XnnError {}
+
+/// Turns a raw status of `call` into a `Result`.
+pub(crate) fn check(call: &'static str, raw: sys::xnn_status) -> Result<(), XnnError> {
+    match Status::from_raw(raw) {
+        None => Ok(()),
+        Some(status) => Err(XnnError::Call { call, status }),
+    }
+}

@@ -1,0 +1,163 @@
+//! A packed-weights provider that keeps everything in process memory.
+//!
+//! It is what XNNPACK's own cache should have been for a single process: `look_up` really hits,
+//! so a second runtime over the same weights packs nothing. It is also the "floor" the persistent
+//! cache is measured against: no cache can be faster than one that already holds every weight.
+
+use super::weights_cache::{LookUpKey, PackedWeightsProvider};
+use parking_lot::Mutex;
+use std::alloc::{self, Layout};
+use std::collections::HashMap;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+/// Alignment of every packed region; XNNPACK needs 64 at most on x86 and Arm.
+const ALIGN: usize = 64;
+
+/// One owned, 64-byte aligned allocation.
+struct Block {
+    ptr: NonNull<u8>,
+    layout: Layout,
+}
+
+// SAFETY: a Block exclusively owns its allocation, like a Box<[u8]>.
+unsafe impl Send for Block {}
+
+impl Block {
+    fn new(size: usize) -> Option<Block> {
+        let layout = Layout::from_size_align(size.max(1), ALIGN).ok()?;
+        // SAFETY: the layout has a non-zero size.
+        let ptr = NonNull::new(unsafe { alloc::alloc_zeroed(layout) })?;
+        Some(Block { ptr, layout })
+    }
+}
+
+impl Drop for Block {
+    fn drop(&mut self) {
+        // SAFETY: allocated in Block::new with this very layout.
+        unsafe { alloc::dealloc(self.ptr.as_ptr(), self.layout) }
+    }
+}
+
+#[derive(Default)]
+struct State {
+    /// Reserved but not yet inserted, by address.
+    pending: HashMap<usize, Block>,
+    /// Inserted blocks by offset.
+    entries: HashMap<usize, (Block, usize)>,
+    by_key: HashMap<(u32, usize, usize), usize>,
+    next_offset: usize,
+}
+
+/// Counters of what XNNPACK asked for; they tell whether a runtime packed anything.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ProviderStats {
+    pub look_up_hits: usize,
+    pub look_up_misses: usize,
+    pub reserve_space_calls: usize,
+    pub look_up_or_insert_calls: usize,
+    pub entries: usize,
+    pub packed_bytes: usize,
+}
+
+/// An in-memory packed-weights provider keyed by XNNPACK's (seed, kernel address, bias address).
+#[derive(Default)]
+pub struct InMemoryWeightsCache {
+    state: Mutex<State>,
+    finalized: AtomicBool,
+    look_up_hits: AtomicUsize,
+    look_up_misses: AtomicUsize,
+    reserve_space_calls: AtomicUsize,
+    look_up_or_insert_calls: AtomicUsize,
+}
+
+impl InMemoryWeightsCache {
+    pub fn new() -> InMemoryWeightsCache {
+        InMemoryWeightsCache::default()
+    }
+
+    /// Lets runtimes be set up against the cache; from now on nothing new can be packed into it.
+    pub fn finalize(&self) {
+        self.finalized.store(true, Ordering::Release);
+    }
+
+    pub fn stats(&self) -> ProviderStats {
+        let state = self.state.lock();
+        ProviderStats {
+            look_up_hits: self.look_up_hits.load(Ordering::Relaxed),
+            look_up_misses: self.look_up_misses.load(Ordering::Relaxed),
+            reserve_space_calls: self.reserve_space_calls.load(Ordering::Relaxed),
+            look_up_or_insert_calls: self.look_up_or_insert_calls.load(Ordering::Relaxed),
+            entries: state.entries.len(),
+            packed_bytes: state.entries.values().map(|(_, size)| size).sum(),
+        }
+    }
+}
+
+fn key_tuple(key: &LookUpKey) -> (u32, usize, usize) {
+    (key.seed, key.kernel as usize, key.bias as usize)
+}
+
+impl PackedWeightsProvider for InMemoryWeightsCache {
+    fn look_up(&self, key: &LookUpKey) -> Option<usize> {
+        let found = self.state.lock().by_key.get(&key_tuple(key)).copied();
+        let counter = if found.is_some() {
+            &self.look_up_hits
+        } else {
+            &self.look_up_misses
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        found
+    }
+
+    fn reserve_space(&self, n: usize) -> Option<NonNull<u8>> {
+        self.reserve_space_calls.fetch_add(1, Ordering::Relaxed);
+        if self.finalized.load(Ordering::Acquire) {
+            return None;
+        }
+        let block = Block::new(n)?;
+        let ptr = block.ptr;
+        self.state
+            .lock()
+            .pending
+            .insert(ptr.as_ptr() as usize, block);
+        Some(ptr)
+    }
+
+    fn look_up_or_insert(&self, key: &LookUpKey, ptr: NonNull<u8>, size: usize) -> Option<usize> {
+        self.look_up_or_insert_calls.fetch_add(1, Ordering::Relaxed);
+        let mut state = self.state.lock();
+        let pending = state.pending.remove(&(ptr.as_ptr() as usize));
+        if let Some(&offset) = state.by_key.get(&key_tuple(key)) {
+            return Some(offset); // the duplicate reservation, if any, is dropped here
+        }
+        let block = match pending {
+            Some(block) if block.layout.size() >= size => block,
+            // Not memory we reserved: adopt a copy.
+            _ => {
+                let block = Block::new(size)?;
+                // SAFETY: XNNPACK passes `size` readable bytes at `ptr`; the block is a fresh
+                // allocation of at least `size` bytes, so the ranges do not overlap.
+                unsafe { std::ptr::copy_nonoverlapping(ptr.as_ptr(), block.ptr.as_ptr(), size) };
+                block
+            }
+        };
+        let offset = state.next_offset;
+        state.next_offset = offset.checked_add(size.max(1).next_multiple_of(ALIGN))?;
+        state.entries.insert(offset, (block, size));
+        state.by_key.insert(key_tuple(key), offset);
+        Some(offset)
+    }
+
+    fn is_finalized(&self) -> bool {
+        self.finalized.load(Ordering::Acquire)
+    }
+
+    fn offset_to_addr(&self, offset: usize) -> Option<NonNull<u8>> {
+        self.state
+            .lock()
+            .entries
+            .get(&offset)
+            .map(|(block, _)| block.ptr)
+    }
+}

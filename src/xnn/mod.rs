@@ -1,0 +1,41 @@
+//! A small safe layer over XNNPACK: process-wide initialisation, owned subgraphs and runtimes,
+//! weights-cache providers, and `xnn_status` as a typed error.
+
+mod error;
+mod memory_cache;
+mod runtime;
+mod subgraph;
+mod weights_cache;
+
+pub use error::{Status, XnnError};
+pub use memory_cache::{InMemoryWeightsCache, ProviderStats};
+pub use runtime::Runtime;
+pub use subgraph::{Subgraph, ValueRole};
+pub use weights_cache::{AsXnnWeightsCache, LookUpKey, PackedWeightsProvider, WeightsCache};
+
+use std::sync::OnceLock;
+use xnnpack_sys as sys;
+
+/// Initialises XNNPACK once per process; later calls return the first call's result.
+pub fn initialize() -> Result<(), XnnError> {
+    static INIT: OnceLock<Result<(), XnnError>> = OnceLock::new();
+    INIT.get_or_init(|| {
+        // SAFETY: a null allocator selects XNNPACK's default; xnn_initialize is thread-safe and
+        // OnceLock runs it once.
+        error::check("xnn_initialize", unsafe {
+            sys::xnn_initialize(std::ptr::null())
+        })
+    })
+    .clone()
+}
+
+/// The identifier of the XNNPACK build linked in: changes whenever its packing code may have.
+pub fn build_identifier() -> &'static [u8] {
+    // SAFETY: both calls return constants of the linked library; data points to size bytes
+    // with static lifetime.
+    unsafe {
+        let data = sys::xnn_experimental_get_build_identifier_data();
+        let size = sys::xnn_experimental_get_build_identifier_size();
+        std::slice::from_raw_parts(data.cast::<u8>(), size)
+    }
+}

@@ -1,0 +1,97 @@
+//! A weights-cache provider written in Rust, driven by real XNNPACK through its six callbacks.
+
+use xnnblob::synthetic::{Mlp, MLP_INPUT, MLP_OUTPUT};
+use xnnblob::xnn::{InMemoryWeightsCache, Runtime, Status, WeightsCache};
+
+fn run(runtime: &mut Runtime<'_>, input: &[f32], outputs: usize) -> Vec<f32> {
+    let mut out = vec![f32::NAN; outputs];
+    runtime
+        .invoke(&[(MLP_INPUT, input)], &mut [(MLP_OUTPUT, &mut out)])
+        .unwrap();
+    out
+}
+
+#[test]
+fn first_runtime_packs_each_weight_once_and_second_runtime_packs_nothing() {
+    let mlp = Mlp::random(&[32, 48, 40, 16], 3);
+    let input: Vec<f32> = (0..32).map(|i| (i as f32 - 16.0) / 16.0).collect();
+    let cache = WeightsCache::new(InMemoryWeightsCache::new());
+    let graph = mlp.subgraph(1).unwrap();
+
+    let mut first = Runtime::new(&graph, Some(&cache)).unwrap();
+    let packed = cache.stats();
+    assert_eq!(packed.reserve_space_calls, 3, "one packing per layer");
+    assert_eq!(packed.look_up_or_insert_calls, 3);
+    assert_eq!(packed.entries, 3);
+    assert_eq!(packed.look_up_misses, 3);
+    cache.finalize();
+    let out_first = run(&mut first, &input, 16);
+
+    let mut second = Runtime::new(&graph, Some(&cache)).unwrap();
+    let after = cache.stats();
+    assert_eq!(
+        after.reserve_space_calls, 3,
+        "second runtime reserved nothing"
+    );
+    assert_eq!(after.look_up_or_insert_calls, 3);
+    assert_eq!(after.look_up_hits, 3);
+    let out_second = run(&mut second, &input, 16);
+
+    assert_eq!(out_first, out_second);
+    let reference = mlp.reference_forward(&input, 1);
+    let diff = out_first
+        .iter()
+        .zip(&reference)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0, f32::max);
+    assert!(diff <= 1e-4, "max abs diff {diff}");
+}
+
+#[test]
+fn setup_before_the_cache_is_finalized_is_an_invalid_state_error() {
+    let mlp = Mlp::random(&[16, 8, 8, 4], 5);
+    let cache = WeightsCache::new(InMemoryWeightsCache::new());
+    let graph = mlp.subgraph(1).unwrap();
+    let mut runtime = Runtime::new(&graph, Some(&cache)).unwrap();
+    let input = vec![0.25f32; 16];
+    let mut out = vec![0f32; 4];
+    let err = runtime
+        .invoke(&[(MLP_INPUT, &input)], &mut [(MLP_OUTPUT, &mut out)])
+        .unwrap_err();
+    assert_eq!(err.status(), Some(Status::InvalidState), "{err}");
+    // Once finalized, the very same runtime sets up and runs.
+    cache.finalize();
+    runtime
+        .invoke(&[(MLP_INPUT, &input)], &mut [(MLP_OUTPUT, &mut out)])
+        .unwrap();
+    assert!(out.iter().all(|v| v.is_finite()));
+}
+
+#[test]
+fn runtimes_on_several_threads_share_one_cache() {
+    let mlp = Mlp::random(&[64, 64, 64, 8], 11);
+    let input: Vec<f32> = (0..64).map(|i| (i as f32).sin()).collect();
+    let cache = WeightsCache::new(InMemoryWeightsCache::new());
+    let graph = mlp.subgraph(1).unwrap();
+    drop(Runtime::new(&graph, Some(&cache)).unwrap());
+    cache.finalize();
+    let expected = mlp.reference_forward(&input, 1);
+    std::thread::scope(|s| {
+        for _ in 0..4 {
+            s.spawn(|| {
+                let graph = mlp.subgraph(1).unwrap();
+                let mut rt = Runtime::new(&graph, Some(&cache)).unwrap();
+                let out = run(&mut rt, &input, 8);
+                for (a, b) in out.iter().zip(&expected) {
+                    assert!((a - b).abs() <= 1e-4);
+                }
+            });
+        }
+    });
+    let stats = cache.stats();
+    assert_eq!(
+        stats.reserve_space_calls, 3,
+        "threads found every weight packed"
+    );
+    assert_eq!(stats.look_up_hits, 12);
+}

@@ -1,0 +1,583 @@
+//! Provides XNNPACK's static libraries and generates its bindings.
+//!
+//! Where XNNPACK comes from, in order:
+//! 1. `XNNPACK_INCLUDE_DIR` + `XNNPACK_LIB_DIR` (path lists): a build the user already has.
+//! 2. A cached build under the per-user cache (`XNNBLOB_XNNPACK_CACHE`, else
+//!    `$XDG_CACHE_HOME/xnnblob`, else `~/.cache/xnnblob`), keyed by the sources' hashes and the
+//!    build recipe, so `cargo clean` or a second checkout does not rebuild.
+//! 3. A fresh build from Debian's source packages: tarballs taken from `XNNBLOB_XNNPACK_SOURCES`
+//!    (a directory) or fetched with the system's apt from trixie/sid, each checked against its
+//!    sha256, then built with cmake + ninja.
+
+use sha2::{Digest, Sha256};
+use std::env;
+use std::fs::{self, File};
+use std::io::{self, Read};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+/// One Debian source package that XNNPACK's build needs.
+struct DebianSource {
+    package: &'static str,
+    version: &'static str,
+    tarball: &'static str,
+    sha256: &'static str,
+}
+
+const SOURCES: [DebianSource; 6] = [
+    DebianSource {
+        package: "xnnpack",
+        version: "0.0~git20241108.4ea82e5-2",
+        tarball: "xnnpack_0.0~git20241108.4ea82e5.orig.tar.xz",
+        sha256: "90bde2caef0f880f627bab0dc805a86c4b8070cd98e3243db3046ab3f3be1a99",
+    },
+    DebianSource {
+        package: "cpuinfo",
+        version: "0.0~git20250905.877328f-1",
+        tarball: "cpuinfo_0.0~git20250905.877328f.orig.tar.xz",
+        sha256: "557ca404a3836b9f335a3a06b65ff9fe9dbaaefab7fb5c0185f53d9f33615a10",
+    },
+    DebianSource {
+        package: "pthreadpool",
+        version: "0.0~git20240616.560c60d-1",
+        tarball: "pthreadpool_0.0~git20240616.560c60d.orig.tar.xz",
+        sha256: "4cc3cbd933b28131d2a34edc54f76af9fb41bc490af5eae1a5bd3cd07ea90708",
+    },
+    DebianSource {
+        package: "fxdiv",
+        version: "0.0~git20200417.b408327-4",
+        tarball: "fxdiv_0.0~git20200417.b408327.orig.tar.xz",
+        sha256: "7953482badaf4cb34026c3487c257b8e4ab2df061c019bd6fabbbc12ad52c44b",
+    },
+    DebianSource {
+        package: "fp16",
+        version: "0.0~git20200514.4dfe081-5",
+        tarball: "fp16_0.0~git20200514.4dfe081.orig.tar.xz",
+        sha256: "7d7782b37b74136e0e12593a2a93ccbe7db831f4374cc408e44623d9b708b54e",
+    },
+    DebianSource {
+        package: "psimd",
+        version: "0.0~git20200517.072586a-2",
+        tarball: "psimd_0.0~git20200517.072586a.orig.tar.xz",
+        sha256: "32bbce81289866e3419e36cab6541bbddb6d45d3db10a7dcd2598dc9d0c8c6f4",
+    },
+];
+
+/// Bump when the cmake options or the install layout change: it is part of the cache key.
+const RECIPE_VERSION: &str = "1";
+
+const CMAKE_OPTIONS: &[&str] = &[
+    "-DXNNPACK_BUILD_TESTS=OFF",
+    "-DXNNPACK_BUILD_BENCHMARKS=OFF",
+    "-DXNNPACK_BUILD_ALL_MICROKERNELS=OFF",
+    "-DXNNPACK_LIBRARY_TYPE=static",
+    "-DCMAKE_BUILD_TYPE=Release",
+    "-DCMAKE_POSITION_INDEPENDENT_CODE=ON",
+];
+
+/// Static libraries of our own build, in link order (dependents first).
+const OWN_LIBS: [&str; 4] = ["XNNPACK", "microkernels-prod", "cpuinfo", "pthreadpool"];
+
+const HELP: &str = "\
+How to provide XNNPACK:
+  * let this build fetch it: needs apt-get (Debian), network access to Debian's archive,
+    and cmake + ninja-build + libclang-dev installed (apt-get install cmake ninja-build libclang-dev);
+  * or put the six .orig.tar.xz tarballs listed in third_party/xnnpack-sys/build.rs in a
+    directory and set XNNBLOB_XNNPACK_SOURCES=that directory (no network needed);
+  * or point at an XNNPACK you already built: XNNPACK_INCLUDE_DIR=<dirs with xnnpack.h and
+    pthreadpool.h> XNNPACK_LIB_DIR=<dirs with libXNNPACK, libcpuinfo, libpthreadpool>.";
+
+fn fail(what: &str) -> ! {
+    eprintln!("\nerror: xnnpack-sys cannot provide XNNPACK: {what}\n\n{HELP}\n");
+    std::process::exit(1);
+}
+
+fn main() {
+    for var in [
+        "XNNPACK_INCLUDE_DIR",
+        "XNNPACK_LIB_DIR",
+        "XNNBLOB_XNNPACK_CACHE",
+        "XNNBLOB_XNNPACK_SOURCES",
+        "XDG_CACHE_HOME",
+        "HOME",
+    ] {
+        println!("cargo:rerun-if-env-changed={var}");
+    }
+    println!("cargo:rerun-if-changed=build.rs");
+
+    let install = match (
+        env::var_os("XNNPACK_INCLUDE_DIR"),
+        env::var_os("XNNPACK_LIB_DIR"),
+    ) {
+        (Some(inc), Some(lib)) => Install::user_provided(&inc, &lib),
+        (None, None) => Install::cached_or_built(),
+        _ => fail("XNNPACK_INCLUDE_DIR and XNNPACK_LIB_DIR must be set together"),
+    };
+    install.emit_link_directives();
+    generate_bindings(&install.include_dirs);
+}
+
+/// Where headers and libraries are, and which libraries to link.
+struct Install {
+    include_dirs: Vec<PathBuf>,
+    lib_dirs: Vec<PathBuf>,
+    /// (name, static?)
+    libs: Vec<(String, bool)>,
+}
+
+impl Install {
+    fn user_provided(inc: &std::ffi::OsStr, lib: &std::ffi::OsStr) -> Install {
+        let include_dirs: Vec<PathBuf> = env::split_paths(inc).collect();
+        let lib_dirs: Vec<PathBuf> = env::split_paths(lib).collect();
+        if !include_dirs.iter().any(|d| d.join("xnnpack.h").is_file()) {
+            fail(&format!(
+                "no xnnpack.h in XNNPACK_INCLUDE_DIR={}",
+                inc.to_string_lossy()
+            ));
+        }
+        let mut libs = Vec::new();
+        for name in OWN_LIBS {
+            let found = lib_dirs.iter().find_map(|d| {
+                if d.join(format!("lib{name}.a")).is_file() {
+                    Some(true)
+                } else if d.join(format!("lib{name}.so")).is_file() {
+                    Some(false)
+                } else {
+                    None
+                }
+            });
+            match (found, name) {
+                (Some(is_static), _) => libs.push((name.to_string(), is_static)),
+                // Older and shared XNNPACK builds fold the microkernels into libXNNPACK.
+                (None, "microkernels-prod") => {}
+                (None, _) => fail(&format!(
+                    "no lib{name}.a or lib{name}.so in XNNPACK_LIB_DIR={}",
+                    lib.to_string_lossy()
+                )),
+            }
+        }
+        Install {
+            include_dirs,
+            lib_dirs,
+            libs,
+        }
+    }
+
+    fn cached_or_built() -> Install {
+        let root = cache_root();
+        let key = cache_key();
+        let dir = root.join(format!("xnnpack-{key}"));
+        let stamp = dir.join("BUILD_OK");
+        if !stamp.is_file() {
+            fs::create_dir_all(&root).unwrap_or_else(|e| {
+                fail(&format!("cannot create cache dir {}: {e}", root.display()))
+            });
+            // Two builds (e.g. debug and release) may start at once: one builds, the other waits.
+            let lock = File::create(root.join(format!("xnnpack-{key}.lock")))
+                .and_then(|f| f.lock().map(|()| f))
+                .unwrap_or_else(|e| fail(&format!("cannot lock {}: {e}", root.display())));
+            if !stamp.is_file() {
+                build_into(&root, &key, &dir);
+            }
+            drop(lock);
+        }
+        Install {
+            include_dirs: vec![dir.join("include")],
+            lib_dirs: vec![dir.join("lib")],
+            libs: OWN_LIBS.iter().map(|n| (n.to_string(), true)).collect(),
+        }
+    }
+
+    fn emit_link_directives(&self) {
+        for d in &self.lib_dirs {
+            println!("cargo:rustc-link-search=native={}", d.display());
+        }
+        for (name, is_static) in &self.libs {
+            let kind = if *is_static { "static" } else { "dylib" };
+            println!("cargo:rustc-link-lib={kind}={name}");
+        }
+        // XNNPACK has C++ translation units (reference packing) and uses libm and pthreads.
+        println!("cargo:rustc-link-lib=dylib=stdc++");
+        println!("cargo:rustc-link-lib=dylib=m");
+        println!("cargo:rustc-link-lib=dylib=pthread");
+        let joined = env::join_paths(&self.include_dirs).expect("include dirs are joinable");
+        // Seen by dependents as DEP_XNNPACK_INCLUDE (for their C++ code).
+        println!("cargo:include={}", joined.to_string_lossy());
+    }
+}
+
+fn cache_root() -> PathBuf {
+    if let Some(dir) = env::var_os("XNNBLOB_XNNPACK_CACHE") {
+        return PathBuf::from(dir);
+    }
+    if let Some(dir) = env::var_os("XDG_CACHE_HOME").filter(|d| !d.is_empty()) {
+        return PathBuf::from(dir).join("xnnblob");
+    }
+    if let Some(home) = env::var_os("HOME").filter(|d| !d.is_empty()) {
+        return PathBuf::from(home).join(".cache").join("xnnblob");
+    }
+    PathBuf::from(env::var_os("OUT_DIR").expect("cargo sets OUT_DIR")).join("xnnpack-cache")
+}
+
+/// A short hash of everything that determines the build's output.
+fn cache_key() -> String {
+    let mut h = Sha256::new();
+    h.update(RECIPE_VERSION);
+    for s in &SOURCES {
+        h.update(s.sha256);
+    }
+    for o in CMAKE_OPTIONS {
+        h.update(o);
+    }
+    h.update(env::var("TARGET").unwrap_or_default());
+    hex(&h.finalize())[..16].to_string()
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn sha256_of(path: &Path) -> io::Result<String> {
+    let mut f = File::open(path)?;
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 1 << 16];
+    loop {
+        let n = f.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+    }
+    Ok(hex(&h.finalize()))
+}
+
+fn has_verified(dir: &Path, s: &DebianSource) -> bool {
+    sha256_of(&dir.join(s.tarball)).is_ok_and(|sum| sum == s.sha256)
+}
+
+/// Makes sure every tarball is in `downloads`, verified.
+fn fetch_sources(root: &Path, downloads: &Path) {
+    fs::create_dir_all(downloads)
+        .unwrap_or_else(|e| fail(&format!("cannot create {}: {e}", downloads.display())));
+    if let Some(offline) = env::var_os("XNNBLOB_XNNPACK_SOURCES").map(PathBuf::from) {
+        for s in SOURCES.iter().filter(|s| !has_verified(downloads, s)) {
+            let from = offline.join(s.tarball);
+            if let Err(e) = fs::copy(&from, downloads.join(s.tarball)) {
+                fail(&format!("cannot copy {}: {e}", from.display()));
+            }
+        }
+    }
+    let missing: Vec<&DebianSource> = SOURCES
+        .iter()
+        .filter(|s| !has_verified(downloads, s))
+        .collect();
+    if !missing.is_empty() {
+        apt_download(root, downloads, &missing);
+    }
+    for s in &SOURCES {
+        let path = downloads.join(s.tarball);
+        match sha256_of(&path) {
+            Ok(sum) if sum == s.sha256 => {}
+            Ok(sum) => {
+                let _ = fs::remove_file(&path);
+                fail(&format!(
+                    "{} has sha256 {sum}, expected {}; removed it",
+                    s.tarball, s.sha256
+                ))
+            }
+            Err(_) => fail(&format!(
+                "source package {}={} could not be downloaded (its tarball {} is missing)",
+                s.package, s.version, s.tarball
+            )),
+        }
+    }
+}
+
+/// Downloads source tarballs with the system's apt, pointed at trixie and sid through a private
+/// configuration so the system's own lists and sources are untouched.
+fn apt_download(root: &Path, downloads: &Path, missing: &[&DebianSource]) {
+    if Command::new("apt-get")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .status()
+        .is_err()
+    {
+        fail("apt-get is not available to download Debian's source packages");
+    }
+    let mirror = debian_mirror().unwrap_or_else(|| {
+        fail("no Debian mirror found in /etc/apt/sources.list or /etc/apt/sources.list.d/*.sources")
+    });
+    let apt = root.join("apt");
+    for sub in ["lists/partial", "cache/archives/partial"] {
+        fs::create_dir_all(apt.join(sub))
+            .unwrap_or_else(|e| fail(&format!("cannot create {}: {e}", apt.display())));
+    }
+    let keyring = "/usr/share/keyrings/debian-archive-keyring.gpg";
+    let list = apt.join("sources.list");
+    let text = ["trixie", "sid"]
+        .iter()
+        .map(|suite| format!("deb-src [signed-by={keyring}] {mirror} {suite} main\n"))
+        .collect::<String>();
+    fs::write(&list, text)
+        .unwrap_or_else(|e| fail(&format!("cannot write {}: {e}", list.display())));
+    let opts = [
+        format!("-oDir::Etc::SourceList={}", list.display()),
+        "-oDir::Etc::SourceParts=/dev/null".to_string(),
+        format!("-oDir::State::Lists={}", apt.join("lists").display()),
+        format!("-oDir::Cache={}", apt.join("cache").display()),
+        "-oAPT::Sandbox::User=root".to_string(),
+        "-q".to_string(),
+    ];
+    let log = apt.join("apt.log");
+    let out = File::create(&log).unwrap_or_else(|e| fail(&format!("cannot write log: {e}")));
+    let update = Command::new("apt-get")
+        .args(&opts)
+        .arg("update")
+        .stdout(out.try_clone().expect("log handle"))
+        .stderr(out.try_clone().expect("log handle"))
+        .status();
+    if !update.is_ok_and(|s| s.success()) {
+        fail(&format!(
+            "`apt-get update` for Debian's trixie/sid source lists failed (log: {})\n{}",
+            log.display(),
+            tail(&log, 15)
+        ));
+    }
+    // The mirror may answer 404 for a package's .dsc while its .orig tarball arrives: apt then
+    // exits non-zero, so the exit code is ignored and the tarballs' sha256 decide.
+    let _ = Command::new("apt-get")
+        .args(&opts)
+        .args(["source", "--download-only"])
+        .args(
+            missing
+                .iter()
+                .map(|s| format!("{}={}", s.package, s.version)),
+        )
+        .current_dir(downloads)
+        .stdout(out.try_clone().expect("log handle"))
+        .stderr(out)
+        .status();
+    for s in missing {
+        if !has_verified(downloads, s) {
+            fail(&format!(
+                "apt did not deliver {} ({}={}) with sha256 {} (log: {})\n{}",
+                s.tarball,
+                s.package,
+                s.version,
+                s.sha256,
+                log.display(),
+                tail(&log, 15)
+            ));
+        }
+    }
+    // Only the orig tarballs are used.
+    if let Ok(entries) = fs::read_dir(downloads) {
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if !SOURCES.iter().any(|s| s.tarball == name) {
+                let _ = fs::remove_file(e.path());
+            }
+        }
+    }
+}
+
+/// The first Debian archive URI the system's apt uses (not the security archive).
+fn debian_mirror() -> Option<String> {
+    let mut uris = Vec::new();
+    if let Ok(entries) = fs::read_dir("/etc/apt/sources.list.d") {
+        let mut paths: Vec<PathBuf> = entries.flatten().map(|e| e.path()).collect();
+        paths.sort();
+        for p in paths
+            .iter()
+            .filter(|p| p.extension().is_some_and(|e| e == "sources"))
+        {
+            let text = fs::read_to_string(p).unwrap_or_default();
+            for line in text.lines() {
+                if let Some(rest) = line.trim().strip_prefix("URIs:") {
+                    uris.extend(rest.split_whitespace().map(str::to_string));
+                }
+            }
+        }
+    }
+    if let Ok(text) = fs::read_to_string("/etc/apt/sources.list") {
+        for line in text.lines() {
+            let mut words = line.split_whitespace().filter(|w| !w.starts_with('['));
+            if words.next() == Some("deb") {
+                uris.extend(words.next().map(str::to_string));
+            }
+        }
+    }
+    uris.into_iter()
+        .find(|u| u.contains("debian") && !u.contains("security"))
+}
+
+fn tail(path: &Path, lines: usize) -> String {
+    let text = fs::read_to_string(path).unwrap_or_default();
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+fn run_logged(cmd: &mut Command, log: &Path, what: &str) {
+    let out = File::create(log).unwrap_or_else(|e| fail(&format!("cannot write log: {e}")));
+    let status = cmd
+        .stdout(out.try_clone().expect("log handle"))
+        .stderr(out)
+        .status()
+        .unwrap_or_else(|e| fail(&format!("cannot run {what}: {e} (is it installed?)")));
+    if !status.success() {
+        fail(&format!(
+            "{what} failed ({status}); log: {}\n{}",
+            log.display(),
+            tail(log, 30)
+        ));
+    }
+}
+
+/// Extracts a tarball into `dest`, dropping a single top-level directory if it has one.
+fn extract(tarball: &Path, dest: &Path) {
+    let tmp = dest.with_extension("extract");
+    let _ = fs::remove_dir_all(&tmp);
+    fs::create_dir_all(&tmp).unwrap_or_else(|e| fail(&format!("cannot create dir: {e}")));
+    run_logged(
+        Command::new("tar")
+            .arg("xf")
+            .arg(tarball)
+            .arg("-C")
+            .arg(&tmp),
+        &tmp.with_extension("log"),
+        &format!("tar xf {}", tarball.display()),
+    );
+    let entries: Vec<PathBuf> = fs::read_dir(&tmp)
+        .map(|rd| rd.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default();
+    let top = match entries.as_slice() {
+        [only] if only.is_dir() => only.clone(),
+        _ => tmp.clone(),
+    };
+    let _ = fs::remove_dir_all(dest);
+    fs::rename(&top, dest).unwrap_or_else(|e| fail(&format!("cannot move sources: {e}")));
+    let _ = fs::remove_dir_all(&tmp);
+}
+
+/// Fetches, builds and installs XNNPACK into `dir` (headers and static libraries), then stamps it.
+fn build_into(root: &Path, key: &str, dir: &Path) {
+    let downloads = root.join("downloads");
+    fetch_sources(root, &downloads);
+
+    let work = root.join(format!("xnnpack-{key}.work"));
+    let _ = fs::remove_dir_all(&work);
+    let src = work.join("src");
+    fs::create_dir_all(&src)
+        .unwrap_or_else(|e| fail(&format!("cannot create {}: {e}", src.display())));
+    for s in &SOURCES {
+        extract(&downloads.join(s.tarball), &src.join(s.package));
+    }
+
+    let build = work.join("build");
+    let mut configure = Command::new("cmake");
+    configure
+        .arg("-G")
+        .arg("Ninja")
+        .arg("-S")
+        .arg(src.join("xnnpack"))
+        .arg("-B")
+        .arg(&build)
+        .args(CMAKE_OPTIONS);
+    for (var, pkg) in [
+        ("CPUINFO", "cpuinfo"),
+        ("PTHREADPOOL", "pthreadpool"),
+        ("FXDIV", "fxdiv"),
+        ("FP16", "fp16"),
+        ("PSIMD", "psimd"),
+    ] {
+        configure.arg(format!("-D{var}_SOURCE_DIR={}", src.join(pkg).display()));
+    }
+    run_logged(
+        &mut configure,
+        &work.join("configure.log"),
+        "cmake configure of XNNPACK",
+    );
+    let jobs = env::var("NUM_JOBS").unwrap_or_else(|_| "2".into());
+    run_logged(
+        Command::new("cmake")
+            .arg("--build")
+            .arg(&build)
+            .args(["--target", "XNNPACK", "-j", &jobs]),
+        &work.join("build.log"),
+        "cmake --build of XNNPACK (ninja)",
+    );
+
+    let staging = root.join(format!("xnnpack-{key}.staging"));
+    let _ = fs::remove_dir_all(&staging);
+    let (inc, lib) = (staging.join("include"), staging.join("lib"));
+    for d in [&inc, &lib] {
+        fs::create_dir_all(d)
+            .unwrap_or_else(|e| fail(&format!("cannot create {}: {e}", d.display())));
+    }
+    for name in OWN_LIBS {
+        let file = format!("lib{name}.a");
+        let found = find_file(&build, &file)
+            .unwrap_or_else(|| fail(&format!("the build produced no {file}")));
+        copy(&found, &lib.join(&file));
+    }
+    for header in [
+        src.join("xnnpack/include/xnnpack.h"),
+        src.join("pthreadpool/include/pthreadpool.h"),
+    ] {
+        copy(
+            &header,
+            &inc.join(header.file_name().expect("header has a name")),
+        );
+    }
+    fs::write(staging.join("BUILD_OK"), format!("key {key}\n"))
+        .unwrap_or_else(|e| fail(&format!("cannot write stamp: {e}")));
+    let _ = fs::remove_dir_all(dir);
+    fs::rename(&staging, dir).unwrap_or_else(|e| fail(&format!("cannot publish build: {e}")));
+    let _ = fs::remove_dir_all(&work);
+}
+
+fn copy(from: &Path, to: &Path) {
+    if let Err(e) = fs::copy(from, to) {
+        fail(&format!(
+            "cannot copy {} to {}: {e}",
+            from.display(),
+            to.display()
+        ));
+    }
+}
+
+fn find_file(dir: &Path, name: &str) -> Option<PathBuf> {
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in fs::read_dir(&d).ok()?.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if e.file_name() == name {
+                return Some(p);
+            }
+        }
+    }
+    None
+}
+
+fn generate_bindings(include_dirs: &[PathBuf]) {
+    let out = PathBuf::from(env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
+    let bindings = bindgen::Builder::default()
+        .header_contents("wrapper.h", "#include <xnnpack.h>\n")
+        .clang_args(include_dirs.iter().map(|d| format!("-I{}", d.display())))
+        .allowlist_function("xnn_.*")
+        .allowlist_type("xnn_.*")
+        .allowlist_var("XNN_.*")
+        .prepend_enum_name(false)
+        .derive_default(true)
+        .generate()
+        .unwrap_or_else(|e| {
+            fail(&format!(
+                "bindgen could not read xnnpack.h ({e}); bindgen needs libclang (apt-get install libclang-dev)"
+            ))
+        });
+    bindings
+        .write_to_file(out.join("bindings.rs"))
+        .unwrap_or_else(|e| fail(&format!("cannot write bindings: {e}")));
+}
