@@ -2,9 +2,15 @@
 //!
 //! - [`xnn`]: a small safe layer over XNNPACK (subgraphs, runtimes, weights-cache providers).
 //! - [`synthetic`]: deterministic models with Rust references, for the demo, tests and benches.
+//! - [`named_data`]: ExecuTorch-compatible named data: `.ptd`/`.pte` readers, maps, the writer.
 //! - [`ffi`]: the cxx bridge that C++ reaches xnnblob through.
 #![deny(unsafe_op_in_unsafe_fn)]
 
+mod aligned;
 pub mod ffi;
+pub mod mmap;
+pub mod named_data;
+mod schema;
+pub mod sha256;
 pub mod synthetic;
 pub mod xnn;

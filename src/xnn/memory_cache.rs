@@ -6,7 +6,7 @@
 
 use super::weights_cache::{LookUpKey, PackedWeightsProvider};
 use parking_lot::Mutex;
-use std::alloc::{self, Layout};
+use crate::aligned::AlignedBytes;
 use std::collections::HashMap;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -14,37 +14,12 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 /// Alignment of every packed region; XNNPACK needs 64 at most on x86 and Arm.
 const ALIGN: usize = 64;
 
-/// One owned, 64-byte aligned allocation.
-struct Block {
-    ptr: NonNull<u8>,
-    layout: Layout,
-}
-
-// SAFETY: a Block exclusively owns its allocation, like a Box<[u8]>.
-unsafe impl Send for Block {}
-
-impl Block {
-    fn new(size: usize) -> Option<Block> {
-        let layout = Layout::from_size_align(size.max(1), ALIGN).ok()?;
-        // SAFETY: the layout has a non-zero size.
-        let ptr = NonNull::new(unsafe { alloc::alloc_zeroed(layout) })?;
-        Some(Block { ptr, layout })
-    }
-}
-
-impl Drop for Block {
-    fn drop(&mut self) {
-        // SAFETY: allocated in Block::new with this very layout.
-        unsafe { alloc::dealloc(self.ptr.as_ptr(), self.layout) }
-    }
-}
-
 #[derive(Default)]
 struct State {
     /// Reserved but not yet inserted, by address.
-    pending: HashMap<usize, Block>,
+    pending: HashMap<usize, AlignedBytes>,
     /// Inserted blocks by offset.
-    entries: HashMap<usize, (Block, usize)>,
+    entries: HashMap<usize, (AlignedBytes, usize)>,
     by_key: HashMap<(u32, usize, usize), usize>,
     next_offset: usize,
 }
@@ -115,8 +90,8 @@ impl PackedWeightsProvider for InMemoryWeightsCache {
         if self.finalized.load(Ordering::Acquire) {
             return None;
         }
-        let block = Block::new(n)?;
-        let ptr = block.ptr;
+        let block = AlignedBytes::zeroed(n, ALIGN)?;
+        let ptr = NonNull::new(block.as_ptr())?;
         self.state
             .lock()
             .pending
@@ -132,14 +107,12 @@ impl PackedWeightsProvider for InMemoryWeightsCache {
             return Some(offset); // the duplicate reservation, if any, is dropped here
         }
         let block = match pending {
-            Some(block) if block.layout.size() >= size => block,
+            Some(block) if block.len() >= size => block,
             // Not memory we reserved: adopt a copy.
             _ => {
-                let block = Block::new(size)?;
-                // SAFETY: XNNPACK passes `size` readable bytes at `ptr`; the block is a fresh
-                // allocation of at least `size` bytes, so the ranges do not overlap.
-                unsafe { std::ptr::copy_nonoverlapping(ptr.as_ptr(), block.ptr.as_ptr(), size) };
-                block
+                // SAFETY: XNNPACK passes `size` readable bytes of packed weights at `ptr`.
+                let packed = unsafe { std::slice::from_raw_parts(ptr.as_ptr(), size) };
+                AlignedBytes::copy_from(packed, ALIGN)?
             }
         };
         let offset = state.next_offset;
@@ -158,6 +131,6 @@ impl PackedWeightsProvider for InMemoryWeightsCache {
             .lock()
             .entries
             .get(&offset)
-            .map(|(block, _)| block.ptr)
+            .and_then(|(block, _)| NonNull::new(block.as_ptr()))
     }
 }

@@ -1,0 +1,93 @@
+//! Zero-copy views of named data that keep their backing memory alive.
+
+use std::fmt;
+use std::sync::Arc;
+
+/// Memory that named data can be borrowed from: a mapped file, an aligned heap buffer, ...
+pub trait Backing: Send + Sync {
+    fn bytes(&self) -> &[u8];
+}
+
+impl Backing for crate::mmap::MappedFile {
+    fn bytes(&self) -> &[u8] {
+        crate::mmap::MappedFile::bytes(self)
+    }
+}
+
+impl Backing for crate::aligned::AlignedBytes {
+    fn bytes(&self) -> &[u8] {
+        self.as_slice()
+    }
+}
+
+/// The bytes of one key, borrowed from the map's backing (no copy). Holding a `DataBuffer`
+/// keeps the backing alive even if the map is dropped; dropping it, or calling
+/// [`DataBuffer::free`], releases that hold.
+#[derive(Clone)]
+pub struct DataBuffer {
+    backing: Option<Arc<dyn Backing>>,
+    offset: usize,
+    len: usize,
+}
+
+impl DataBuffer {
+    /// A view of `len` bytes at `offset` of `backing`; None if that range is not inside it.
+    pub fn new(backing: Arc<dyn Backing>, offset: usize, len: usize) -> Option<DataBuffer> {
+        let end = offset.checked_add(len)?;
+        if end > backing.bytes().len() {
+            return None;
+        }
+        Some(DataBuffer {
+            backing: Some(backing),
+            offset,
+            len,
+        })
+    }
+
+    pub fn data(&self) -> &[u8] {
+        match &self.backing {
+            Some(b) => &b.bytes()[self.offset..self.offset + self.len],
+            None => &[],
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.data().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Releases the hold on the backing early; the buffer is empty afterwards.
+    pub fn free(&mut self) {
+        self.backing = None;
+        self.len = 0;
+    }
+
+    pub fn is_freed(&self) -> bool {
+        self.backing.is_none()
+    }
+}
+
+impl std::ops::Deref for DataBuffer {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        self.data()
+    }
+}
+
+impl AsRef<[u8]> for DataBuffer {
+    fn as_ref(&self) -> &[u8] {
+        self.data()
+    }
+}
+
+impl fmt::Debug for DataBuffer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DataBuffer")
+            .field("len", &self.len)
+            .field("freed", &self.is_freed())
+            .finish()
+    }
+}

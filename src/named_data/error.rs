@@ -1,0 +1,259 @@
+//! Errors of named data: reading files, looking keys up, merging maps, writing `.ptd` files.
+
+use std::fmt;
+use std::io;
+
+/// Why the bytes of a `.ptd` or `.pte` file were rejected. Each check has its own variant.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FormatError {
+    /// The file ends before a structure it must contain.
+    Truncated {
+        what: &'static str,
+        needed: u64,
+        len: u64,
+    },
+    /// Bytes 4..8 are not the format's flatbuffer file identifier.
+    WrongIdentifier { expected: [u8; 4], found: [u8; 4] },
+    /// The header does not start with its magic.
+    WrongHeaderMagic { expected: [u8; 4], found: [u8; 4] },
+    /// The header declares a length below the minimum of its version.
+    HeaderTooShort { length: u32, min: u32 },
+    /// A region the header declares lies (partly) outside the file or overlaps the header.
+    RegionOutOfBounds {
+        what: &'static str,
+        start: u64,
+        end: u64,
+        len: u64,
+    },
+    /// An offset plus a size does not fit in 64 bits.
+    Overflow { what: &'static str },
+    /// The flatbuffer failed the flatbuffers verifier.
+    Verifier(String),
+    /// The file has segments but no header saying where they start.
+    SegmentsWithoutHeader,
+    /// A segment lies outside the segment data region.
+    SegmentOutOfBounds {
+        index: usize,
+        offset: u64,
+        size: u64,
+        data_size: u64,
+    },
+    /// A named entry has no key.
+    MissingKey { entry: usize },
+    /// A key is not valid UTF-8.
+    KeyNotUtf8 { entry: usize },
+    /// Two entries share a key.
+    DuplicateKey { key: String },
+    /// A named entry refers to a segment that does not exist.
+    SegmentIndexOutOfRange {
+        key: String,
+        index: u32,
+        segments: usize,
+    },
+    /// A tensor layout is malformed (negative size, dim order not a permutation, ...).
+    BadLayout { key: String, reason: String },
+    /// A tensor layout needs more bytes than its segment holds.
+    LayoutLargerThanSegment {
+        key: String,
+        layout_bytes: u64,
+        segment_size: u64,
+    },
+}
+
+impl fmt::Display for FormatError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        use FormatError::*;
+        match self {
+            Truncated { what, needed, len } => {
+                write!(f, "truncated: {what} needs {needed} bytes, the file has {len}")
+            }
+            WrongIdentifier { expected, found } => write!(
+                f,
+                "wrong file identifier {:?}, expected {:?}",
+                String::from_utf8_lossy(found),
+                String::from_utf8_lossy(expected)
+            ),
+            WrongHeaderMagic { expected, found } => write!(
+                f,
+                "wrong header magic {:?}, expected {:?}",
+                String::from_utf8_lossy(found),
+                String::from_utf8_lossy(expected)
+            ),
+            HeaderTooShort { length, min } => {
+                write!(f, "header length {length} is below the minimum {min}")
+            }
+            RegionOutOfBounds {
+                what,
+                start,
+                end,
+                len,
+            } => write!(
+                f,
+                "{what} [{start}, {end}) lies outside the file ({len} bytes) or overlaps the header"
+            ),
+            Overflow { what } => write!(f, "{what}: offset + size overflows"),
+            Verifier(e) => write!(f, "flatbuffer failed verification: {e}"),
+            SegmentsWithoutHeader => {
+                write!(f, "the program lists segments but has no extended header")
+            }
+            SegmentOutOfBounds {
+                index,
+                offset,
+                size,
+                data_size,
+            } => write!(
+                f,
+                "segment {index} [{offset}, +{size}) lies outside the {data_size}-byte segment data"
+            ),
+            MissingKey { entry } => write!(f, "named data entry {entry} has no key"),
+            KeyNotUtf8 { entry } => write!(f, "named data entry {entry}: key is not valid UTF-8"),
+            DuplicateKey { key } => write!(f, "key {key:?} appears twice"),
+            SegmentIndexOutOfRange {
+                key,
+                index,
+                segments,
+            } => write!(
+                f,
+                "key {key:?} refers to segment {index}, but there are {segments} segments"
+            ),
+            BadLayout { key, reason } => write!(f, "key {key:?}: bad tensor layout: {reason}"),
+            LayoutLargerThanSegment {
+                key,
+                layout_bytes,
+                segment_size,
+            } => write!(
+                f,
+                "key {key:?}: tensor layout needs {layout_bytes} bytes, its segment holds {segment_size}"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for FormatError {}
+
+/// An error of the named-data API. `source` names the map (usually its file path).
+#[derive(Debug)]
+pub enum NamedDataError {
+    /// The file could not be read.
+    Io { source: String, error: io::Error },
+    /// The file's bytes were rejected.
+    Format { source: String, error: FormatError },
+    /// No entry has this key.
+    KeyNotFound { key: String, source: String },
+    /// `key_at` beyond `num_keys`.
+    IndexOutOfRange { index: usize, len: usize },
+    /// `load_data_into` with a buffer of the wrong size.
+    SizeMismatch {
+        key: String,
+        data_size: usize,
+        buffer_size: usize,
+    },
+    /// `key` was inserted into one map twice.
+    DuplicateKey { key: String, source: String },
+    /// Alignment must be a non-zero power of two.
+    BadAlignment { key: String, alignment: usize },
+    /// Two merged maps both have `key`.
+    DuplicateKeyAcrossMaps {
+        key: String,
+        first: String,
+        second: String,
+    },
+}
+
+impl fmt::Display for NamedDataError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        use NamedDataError::*;
+        match self {
+            Io { source, error } => write!(f, "{source}: {error}"),
+            Format { source, error } => write!(f, "{source}: {error}"),
+            KeyNotFound { key, source } => write!(f, "key {key:?} not found in {source}"),
+            IndexOutOfRange { index, len } => {
+                write!(f, "key index {index} out of range (the map has {len} keys)")
+            }
+            SizeMismatch {
+                key,
+                data_size,
+                buffer_size,
+            } => write!(
+                f,
+                "key {key:?} holds {data_size} bytes, the buffer has {buffer_size}"
+            ),
+            DuplicateKey { key, source } => write!(f, "key {key:?} is already in {source}"),
+            BadAlignment { key, alignment } => write!(
+                f,
+                "key {key:?}: alignment {alignment} is not a power of two"
+            ),
+            DuplicateKeyAcrossMaps { key, first, second } => {
+                write!(f, "key {key:?} is in both {first} and {second}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for NamedDataError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            NamedDataError::Io { error, .. } => Some(error),
+            NamedDataError::Format { error, .. } => Some(error),
+            _ => None,
+        }
+    }
+}
+
+/// An error of [`super::NamedBlobStore`].
+#[derive(Debug)]
+pub enum StoreError {
+    /// Alignment must be a non-zero power of two.
+    BadAlignment { key: String, alignment: usize },
+    /// The key was added before with other bytes, another tag or another layout.
+    KeyConflict { key: String, reason: &'static str },
+    /// A layout needs more bytes than the blob has.
+    LayoutLargerThanData {
+        key: String,
+        layout_bytes: usize,
+        data_bytes: usize,
+    },
+    /// No blob carries this external tag.
+    UnknownTag { tag: String },
+    /// A tag must be usable as a file name.
+    BadTag { tag: String },
+    /// Writing a file failed.
+    Io { path: String, error: io::Error },
+}
+
+impl fmt::Display for StoreError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StoreError::BadAlignment { key, alignment } => write!(
+                f,
+                "key {key:?}: alignment {alignment} is not a power of two"
+            ),
+            StoreError::KeyConflict { key, reason } => {
+                write!(f, "key {key:?} was already added with {reason}")
+            }
+            StoreError::LayoutLargerThanData {
+                key,
+                layout_bytes,
+                data_bytes,
+            } => write!(
+                f,
+                "key {key:?}: layout needs {layout_bytes} bytes, the blob has {data_bytes}"
+            ),
+            StoreError::UnknownTag { tag } => write!(f, "no blob has external tag {tag:?}"),
+            StoreError::BadTag { tag } => write!(
+                f,
+                "external tag {tag:?} cannot name a file (empty, '/', or '.'/'..')"
+            ),
+            StoreError::Io { path, error } => write!(f, "{path}: {error}"),
+        }
+    }
+}
+
+impl std::error::Error for StoreError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            StoreError::Io { error, .. } => Some(error),
+            _ => None,
+        }
+    }
+}

@@ -1,0 +1,178 @@
+//! A `NamedDataMap` over a validated file: a `.ptd` or a program's named data.
+
+use super::buffer::{Backing, DataBuffer};
+use super::error::{FormatError, NamedDataError};
+use super::index::{IndexEntry, NamedDataIndex};
+use super::layout::TensorLayout;
+use super::{ptd_format, pte_format, NamedDataMap};
+use crate::aligned::AlignedBytes;
+use crate::mmap::MappedFile;
+use std::path::Path;
+use std::sync::Arc;
+
+/// Which format a file map was read as.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FileKind {
+    /// ExecuTorch external data (FlatTensor, `FT01`).
+    Ptd,
+    /// An ExecuTorch program's named data (`ET12`).
+    Pte,
+}
+
+impl FileKind {
+    /// The kind a file's identifier (bytes 4..8) says it is.
+    pub fn sniff(bytes: &[u8]) -> Option<FileKind> {
+        match bytes.get(4..8)? {
+            id if id == ptd_format::FILE_IDENTIFIER => Some(FileKind::Ptd),
+            id if id == pte_format::FILE_IDENTIFIER => Some(FileKind::Pte),
+            _ => None,
+        }
+    }
+
+    fn parse(self, bytes: &[u8]) -> Result<NamedDataIndex, FormatError> {
+        match self {
+            FileKind::Ptd => ptd_format::parse(bytes),
+            FileKind::Pte => pte_format::parse(bytes),
+        }
+    }
+}
+
+/// Named data read from a file's bytes, zero-copy. The only way to build one validates the
+/// whole index first; lookups are by hash.
+pub struct FileDataMap {
+    kind: FileKind,
+    source: String,
+    backing: Arc<dyn Backing>,
+    index: NamedDataIndex,
+}
+
+impl FileDataMap {
+    /// Maps and validates a `.ptd` file.
+    pub fn open_ptd(path: impl AsRef<Path>) -> Result<FileDataMap, NamedDataError> {
+        FileDataMap::open_as(path.as_ref(), Some(FileKind::Ptd))
+    }
+
+    /// Maps a `.pte` program and validates its named data.
+    pub fn open_pte(path: impl AsRef<Path>) -> Result<FileDataMap, NamedDataError> {
+        FileDataMap::open_as(path.as_ref(), Some(FileKind::Pte))
+    }
+
+    /// Maps a file and reads it as whichever format its identifier names.
+    pub fn open(path: impl AsRef<Path>) -> Result<FileDataMap, NamedDataError> {
+        FileDataMap::open_as(path.as_ref(), None)
+    }
+
+    fn open_as(path: &Path, kind: Option<FileKind>) -> Result<FileDataMap, NamedDataError> {
+        let source = path.display().to_string();
+        let mapped = MappedFile::open(path).map_err(|error| NamedDataError::Io {
+            source: source.clone(),
+            error,
+        })?;
+        FileDataMap::from_backing(Arc::new(mapped), kind, source)
+    }
+
+    /// Validates bytes already in memory (copied once into an aligned buffer so that
+    /// alignment in the file is alignment in memory).
+    pub fn from_bytes(
+        bytes: &[u8],
+        kind: Option<FileKind>,
+        source: impl Into<String>,
+    ) -> Result<FileDataMap, NamedDataError> {
+        let aligned = AlignedBytes::copy_from(bytes, 4096).ok_or_else(|| NamedDataError::Io {
+            source: "memory".into(),
+            error: std::io::Error::from(std::io::ErrorKind::OutOfMemory),
+        })?;
+        FileDataMap::from_backing(Arc::new(aligned), kind, source.into())
+    }
+
+    fn from_backing(
+        backing: Arc<dyn Backing>,
+        kind: Option<FileKind>,
+        source: String,
+    ) -> Result<FileDataMap, NamedDataError> {
+        let bytes = backing.bytes();
+        let kind = match kind.or_else(|| FileKind::sniff(bytes)) {
+            Some(kind) => kind,
+            None => {
+                return Err(NamedDataError::Format {
+                    source,
+                    error: FormatError::WrongIdentifier {
+                        expected: ptd_format::FILE_IDENTIFIER,
+                        found: bytes
+                            .get(4..8)
+                            .and_then(|b| b.try_into().ok())
+                            .unwrap_or_default(),
+                    },
+                })
+            }
+        };
+        let index = kind
+            .parse(bytes)
+            .map_err(|error| NamedDataError::Format {
+                source: source.clone(),
+                error,
+            })?;
+        Ok(FileDataMap {
+            kind,
+            source,
+            backing,
+            index,
+        })
+    }
+
+    pub fn kind(&self) -> FileKind {
+        self.kind
+    }
+
+    /// Every key with its segment, absolute file offset, size and layout, in file order.
+    pub fn entries(&self) -> &[IndexEntry] {
+        self.index.entries()
+    }
+
+    /// Absolute (offset, size) of every segment.
+    pub fn segments(&self) -> &[(usize, usize)] {
+        self.index.segments()
+    }
+
+    fn entry(&self, key: &str) -> Result<&IndexEntry, NamedDataError> {
+        self.index.get(key).ok_or_else(|| NamedDataError::KeyNotFound {
+            key: key.to_string(),
+            source: self.source.clone(),
+        })
+    }
+}
+
+impl NamedDataMap for FileDataMap {
+    fn get_data(&self, key: &str) -> Result<DataBuffer, NamedDataError> {
+        let e = self.entry(key)?;
+        Ok(DataBuffer::new(self.backing.clone(), e.offset, e.size)
+            .expect("validated index entries lie inside the backing"))
+    }
+
+    fn data_size(&self, key: &str) -> Result<usize, NamedDataError> {
+        Ok(self.entry(key)?.size)
+    }
+
+    fn get_tensor_layout(&self, key: &str) -> Result<Option<TensorLayout>, NamedDataError> {
+        Ok(self.entry(key)?.layout.clone())
+    }
+
+    fn num_keys(&self) -> usize {
+        self.index.entries().len()
+    }
+
+    fn key_at(&self, index: usize) -> Result<&str, NamedDataError> {
+        self.index
+            .entries()
+            .get(index)
+            .map(|e| e.key.as_str())
+            .ok_or(NamedDataError::IndexOutOfRange {
+                index,
+                len: self.num_keys(),
+            })
+    }
+
+    fn source(&self) -> &str {
+        &self.source
+    }
+}

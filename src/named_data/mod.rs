@@ -1,0 +1,64 @@
+//! Named data: opaque blobs (weights, scales, ...) stored under unique keys ahead of time and
+//! fetched by key at run time, zero-copy, byte-compatible with ExecuTorch's `.ptd` files and
+//! the named data of `.pte` programs.
+//!
+//! - [`NamedDataMap`]: the run-time interface, over [`FileDataMap`] (`.ptd`/`.pte`),
+//!   [`InMemoryMap`] and [`MergedMap`].
+//! - [`NamedBlobStore`]: the ahead-of-time writer of `.ptd` files.
+//! - [`ptd_format`], [`pte_format`]: pure, validating parsers over `&[u8]`.
+
+mod buffer;
+mod bytes;
+mod error;
+mod file_map;
+mod index;
+mod layout;
+mod memory;
+mod merged;
+pub mod ptd_format;
+pub mod pte_format;
+mod store;
+
+pub use buffer::{Backing, DataBuffer};
+pub use error::{FormatError, NamedDataError, StoreError};
+pub use file_map::{FileDataMap, FileKind};
+pub use index::{IndexEntry, NamedDataIndex};
+pub use layout::{ScalarType, TensorLayout};
+pub use memory::InMemoryMap;
+pub use merged::MergedMap;
+pub use store::NamedBlobStore;
+
+/// Data by key, as ExecuTorch's `NamedDataMap` offers it to backends. Lookups by key are hash
+/// lookups; every implementation is shareable across threads.
+pub trait NamedDataMap: Send + Sync {
+    /// The bytes of `key`, zero-copy; the buffer keeps the backing memory alive.
+    fn get_data(&self, key: &str) -> Result<DataBuffer, NamedDataError>;
+
+    /// The size in bytes of `key`'s data, without touching it.
+    fn data_size(&self, key: &str) -> Result<usize, NamedDataError>;
+
+    /// The tensor layout stored with `key`; `Ok(None)` when the key was stored without one.
+    fn get_tensor_layout(&self, key: &str) -> Result<Option<TensorLayout>, NamedDataError>;
+
+    /// Copies `key`'s data into `buffer`, which must be exactly its size.
+    fn load_data_into(&self, key: &str, buffer: &mut [u8]) -> Result<(), NamedDataError> {
+        let data_size = self.data_size(key)?;
+        if data_size != buffer.len() {
+            return Err(NamedDataError::SizeMismatch {
+                key: key.to_string(),
+                data_size,
+                buffer_size: buffer.len(),
+            });
+        }
+        buffer.copy_from_slice(&self.get_data(key)?);
+        Ok(())
+    }
+
+    fn num_keys(&self) -> usize;
+
+    /// The key at `index` (0..num_keys), in the map's own order.
+    fn key_at(&self, index: usize) -> Result<&str, NamedDataError>;
+
+    /// What the map reads from (a path, or a name), for error messages.
+    fn source(&self) -> &str;
+}

@@ -1,0 +1,26 @@
+//! Flatbuffers code generated from `schema/*.fbs` by `scripts/gen-flatbuffers.sh` (do not edit).
+
+#[allow(
+    clippy::all,
+    clippy::pedantic,
+    dead_code,
+    unused_imports,
+    unsafe_op_in_unsafe_fn,
+    mismatched_lifetime_syntaxes
+)]
+#[path = "flat_tensor_generated.rs"]
+mod flat_tensor_generated;
+
+#[allow(
+    clippy::all,
+    clippy::pedantic,
+    dead_code,
+    unused_imports,
+    unsafe_op_in_unsafe_fn,
+    mismatched_lifetime_syntaxes
+)]
+#[path = "program_generated.rs"]
+mod program_generated;
+
+pub use flat_tensor_generated::xnnblob_fb::ptd;
+pub use program_generated::xnnblob_fb::pte;
