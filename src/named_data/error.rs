@@ -29,7 +29,7 @@ pub enum FormatError {
     Overflow { what: &'static str },
     /// The flatbuffer failed the flatbuffers verifier.
     Verifier(String),
-    /// The file has segments but no header saying where they start.
+    /// The program has non-empty segments but no extended header saying where they start.
     SegmentsWithoutHeader,
     /// A segment lies outside the segment data region.
     SegmentOutOfBounds {

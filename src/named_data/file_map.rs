@@ -106,12 +106,10 @@ impl FileDataMap {
                 })
             }
         };
-        let index = kind
-            .parse(bytes)
-            .map_err(|error| NamedDataError::Format {
-                source: source.clone(),
-                error,
-            })?;
+        let index = kind.parse(bytes).map_err(|error| NamedDataError::Format {
+            source: source.clone(),
+            error,
+        })?;
         Ok(FileDataMap {
             kind,
             source,
@@ -135,10 +133,12 @@ impl FileDataMap {
     }
 
     fn entry(&self, key: &str) -> Result<&IndexEntry, NamedDataError> {
-        self.index.get(key).ok_or_else(|| NamedDataError::KeyNotFound {
-            key: key.to_string(),
-            source: self.source.clone(),
-        })
+        self.index
+            .get(key)
+            .ok_or_else(|| NamedDataError::KeyNotFound {
+                key: key.to_string(),
+                source: self.source.clone(),
+            })
     }
 }
 

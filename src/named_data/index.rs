@@ -41,14 +41,13 @@ impl NamedDataIndex {
         segment_index: u32,
         layout: Option<TensorLayout>,
     ) -> Result<(), FormatError> {
-        let &(offset, size) =
-            self.segments
-                .get(segment_index as usize)
-                .ok_or_else(|| FormatError::SegmentIndexOutOfRange {
-                    key: key.to_string(),
-                    index: segment_index,
-                    segments: self.segments.len(),
-                })?;
+        let &(offset, size) = self.segments.get(segment_index as usize).ok_or_else(|| {
+            FormatError::SegmentIndexOutOfRange {
+                key: key.to_string(),
+                index: segment_index,
+                segments: self.segments.len(),
+            }
+        })?;
         if let Some(nbytes) = layout.as_ref().and_then(TensorLayout::nbytes) {
             if nbytes > size {
                 return Err(FormatError::LayoutLargerThanSegment {

@@ -164,7 +164,11 @@ pub struct TensorLayout {
 impl TensorLayout {
     /// A validated layout: sizes non-negative, dim order a permutation of the dimensions,
     /// byte size free of overflow.
-    pub fn new(scalar_type: ScalarType, sizes: Vec<i32>, dim_order: Vec<u8>) -> Result<TensorLayout, String> {
+    pub fn new(
+        scalar_type: ScalarType,
+        sizes: Vec<i32>,
+        dim_order: Vec<u8>,
+    ) -> Result<TensorLayout, String> {
         if let Some(bad) = sizes.iter().find(|s| **s < 0) {
             return Err(format!("negative size {bad}"));
         }

@@ -37,7 +37,10 @@ impl MergedMap {
         }
         let source = format!(
             "merged({})",
-            maps.iter().map(|m| m.source()).collect::<Vec<_>>().join(", ")
+            maps.iter()
+                .map(|m| m.source())
+                .collect::<Vec<_>>()
+                .join(", ")
         );
         Ok(MergedMap {
             maps,
@@ -80,10 +83,13 @@ impl NamedDataMap for MergedMap {
     }
 
     fn key_at(&self, index: usize) -> Result<&str, NamedDataError> {
-        let &(m, i) = self.order.get(index).ok_or(NamedDataError::IndexOutOfRange {
-            index,
-            len: self.order.len(),
-        })?;
+        let &(m, i) = self
+            .order
+            .get(index)
+            .ok_or(NamedDataError::IndexOutOfRange {
+                index,
+                len: self.order.len(),
+            })?;
         self.maps[m].key_at(i)
     }
 

@@ -49,10 +49,26 @@ impl PtdHeader {
         };
         put(&mut out, HEADER_AT, &HEADER_MAGIC);
         put(&mut out, LENGTH_AT, &HEADER_LENGTH.to_le_bytes());
-        put(&mut out, FLATBUFFER_OFFSET_AT, &self.flatbuffer_offset.to_le_bytes());
-        put(&mut out, FLATBUFFER_SIZE_AT, &self.flatbuffer_size.to_le_bytes());
-        put(&mut out, SEGMENT_BASE_AT, &self.segment_base_offset.to_le_bytes());
-        put(&mut out, SEGMENT_SIZE_AT, &self.segment_data_size.to_le_bytes());
+        put(
+            &mut out,
+            FLATBUFFER_OFFSET_AT,
+            &self.flatbuffer_offset.to_le_bytes(),
+        );
+        put(
+            &mut out,
+            FLATBUFFER_SIZE_AT,
+            &self.flatbuffer_size.to_le_bytes(),
+        );
+        put(
+            &mut out,
+            SEGMENT_BASE_AT,
+            &self.segment_base_offset.to_le_bytes(),
+        );
+        put(
+            &mut out,
+            SEGMENT_SIZE_AT,
+            &self.segment_data_size.to_le_bytes(),
+        );
         out
     }
 }
@@ -96,7 +112,11 @@ pub fn parse_header(bytes: &[u8]) -> Result<PtdHeader, FormatError> {
         segment_base_offset: u64_at(bytes, SEGMENT_BASE_AT, "FH01 header")?,
         segment_data_size: u64_at(bytes, SEGMENT_SIZE_AT, "FH01 header")?,
     };
-    let fb_end = end_of(header.flatbuffer_offset, header.flatbuffer_size, "flatbuffer")?;
+    let fb_end = end_of(
+        header.flatbuffer_offset,
+        header.flatbuffer_size,
+        "flatbuffer",
+    )?;
     if header.flatbuffer_offset < header_end || fb_end > len {
         return Err(FormatError::RegionOutOfBounds {
             what: "flatbuffer",
@@ -105,7 +125,11 @@ pub fn parse_header(bytes: &[u8]) -> Result<PtdHeader, FormatError> {
             len,
         });
     }
-    let seg_end = end_of(header.segment_base_offset, header.segment_data_size, "segment data")?;
+    let seg_end = end_of(
+        header.segment_base_offset,
+        header.segment_data_size,
+        "segment data",
+    )?;
     // An empty segment region may sit at an aligned base past the end of the file.
     if header.segment_data_size > 0 && (header.segment_base_offset < fb_end || seg_end > len) {
         return Err(FormatError::RegionOutOfBounds {
@@ -123,8 +147,9 @@ pub fn parse_header(bytes: &[u8]) -> Result<PtdHeader, FormatError> {
 pub fn parse(bytes: &[u8]) -> Result<NamedDataIndex, FormatError> {
     let header = parse_header(bytes)?;
     let fb_end = (header.flatbuffer_offset + header.flatbuffer_size) as usize;
-    let flat_tensor = flatbuffers::root_with_opts::<fb::FlatTensor>(&verifier_options(), &bytes[..fb_end])
-        .map_err(verifier_error)?;
+    let flat_tensor =
+        flatbuffers::root_with_opts::<fb::FlatTensor>(&verifier_options(), &bytes[..fb_end])
+            .map_err(verifier_error)?;
 
     let mut segments = Vec::new();
     for (index, seg) in flat_tensor.segments().iter().flatten().enumerate() {
@@ -138,7 +163,10 @@ pub fn parse(bytes: &[u8]) -> Result<NamedDataIndex, FormatError> {
             });
         }
         // In bounds of the file (checked with the header), so these fit in usize.
-        segments.push(((header.segment_base_offset + seg.offset()) as usize, seg.size() as usize));
+        segments.push((
+            (header.segment_base_offset + seg.offset()) as usize,
+            seg.size() as usize,
+        ));
     }
 
     let mut index = NamedDataIndex::new(segments);
@@ -150,7 +178,9 @@ pub fn parse(bytes: &[u8]) -> Result<NamedDataIndex, FormatError> {
                 TensorLayout::new(
                     ScalarType::from_code(l.scalar_type()),
                     l.sizes().map(|v| v.iter().collect()).unwrap_or_default(),
-                    l.dim_order().map(|v| v.bytes().to_vec()).unwrap_or_default(),
+                    l.dim_order()
+                        .map(|v| v.bytes().to_vec())
+                        .unwrap_or_default(),
                 )
                 .map_err(|reason| FormatError::BadLayout {
                     key: key.to_string(),

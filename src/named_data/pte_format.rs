@@ -101,26 +101,27 @@ pub fn parse_header(bytes: &[u8]) -> Result<Option<PteHeader>, FormatError> {
 pub fn parse(bytes: &[u8]) -> Result<NamedDataIndex, FormatError> {
     let header = parse_header(bytes)?;
     let program_end = header.map_or(bytes.len(), |h| h.program_size as usize);
-    let program = flatbuffers::root_with_opts::<fb::Program>(&verifier_options(), &bytes[..program_end])
-        .map_err(verifier_error)?;
+    let program =
+        flatbuffers::root_with_opts::<fb::Program>(&verifier_options(), &bytes[..program_end])
+            .map_err(verifier_error)?;
 
+    // Without an extended header there is no segment data: only empty segments can exist.
+    let (base, data_size) = header.map_or((0, 0), |h| (h.segment_base_offset, h.segment_data_size));
     let mut segments = Vec::new();
-    let listed = program.segments().map_or(0, |s| s.len());
-    if listed > 0 {
-        let header = header.ok_or(FormatError::SegmentsWithoutHeader)?;
-        let data_size = header.segment_data_size;
-        for (index, seg) in program.segments().iter().flatten().enumerate() {
-            let end = end_of(seg.offset(), seg.size(), "segment")?;
-            if end > data_size {
-                return Err(FormatError::SegmentOutOfBounds {
-                    index,
-                    offset: seg.offset(),
-                    size: seg.size(),
-                    data_size,
-                });
-            }
-            segments.push(((header.segment_base_offset + seg.offset()) as usize, seg.size() as usize));
+    for (index, seg) in program.segments().iter().flatten().enumerate() {
+        let end = end_of(seg.offset(), seg.size(), "segment")?;
+        if header.is_none() && seg.size() > 0 {
+            return Err(FormatError::SegmentsWithoutHeader);
         }
+        if end > data_size {
+            return Err(FormatError::SegmentOutOfBounds {
+                index,
+                offset: seg.offset(),
+                size: seg.size(),
+                data_size,
+            });
+        }
+        segments.push(((base + seg.offset()) as usize, seg.size() as usize));
     }
 
     let mut index = NamedDataIndex::new(segments);

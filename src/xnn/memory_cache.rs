@@ -5,8 +5,8 @@
 //! cache is measured against: no cache can be faster than one that already holds every weight.
 
 use super::weights_cache::{LookUpKey, PackedWeightsProvider};
-use parking_lot::Mutex;
 use crate::aligned::AlignedBytes;
+use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
