@@ -94,16 +94,18 @@ impl FileDataMap {
         let kind = match kind.or_else(|| FileKind::sniff(bytes)) {
             Some(kind) => kind,
             None => {
-                return Err(NamedDataError::Format {
-                    source,
-                    error: FormatError::WrongIdentifier {
-                        expected: ptd_format::FILE_IDENTIFIER,
-                        found: bytes
-                            .get(4..8)
-                            .and_then(|b| b.try_into().ok())
-                            .unwrap_or_default(),
+                let error = match bytes.get(4..8) {
+                    None => FormatError::Truncated {
+                        what: "file identifier",
+                        needed: 8,
+                        len: bytes.len() as u64,
                     },
-                })
+                    Some(found) => FormatError::WrongIdentifier {
+                        expected: ptd_format::FILE_IDENTIFIER,
+                        found: found.try_into().expect("4 bytes"),
+                    },
+                };
+                return Err(NamedDataError::Format { source, error });
             }
         };
         let index = kind.parse(bytes).map_err(|error| NamedDataError::Format {
