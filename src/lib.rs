@@ -8,6 +8,7 @@
 
 mod aligned;
 pub mod ffi;
+pub mod inspect;
 pub mod mmap;
 pub mod named_data;
 mod schema;

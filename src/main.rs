@@ -2,19 +2,24 @@
 
 use std::process::ExitCode;
 use std::time::Instant;
+use xnnblob::named_data::FileDataMap;
 use xnnblob::synthetic::{Mlp, MLP_INPUT, MLP_OUTPUT};
 use xnnblob::xnn::{self, InMemoryWeightsCache, Runtime, WeightsCache};
 
 const USAGE: &str = "\
 usage: xnnblob [demo]
+       xnnblob inspect FILE [--json] [--sha256]
 
 commands:
-  demo    build a 3-layer MLP in XNNPACK, run it, print its output and timings (the default)";
+  demo     build a 3-layer MLP in XNNPACK, run it, print its output and timings (the default)
+  inspect  list the keys, segments (size, alignment) and tensor layouts of a .ptd or .pte;
+           --json prints one JSON object, --sha256 adds each blob's sha256";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let result = match args.first().map(String::as_str) {
         None | Some("demo") => demo(),
+        Some("inspect") => inspect(&args[1..]),
         Some("-h" | "--help" | "help") => {
             println!("{USAGE}");
             Ok(())
@@ -28,6 +33,29 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+fn inspect(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
+    let (mut json, mut sha, mut file) = (false, false, None);
+    for a in args {
+        match a.as_str() {
+            "--json" => json = true,
+            "--sha256" => sha = true,
+            flag if flag.starts_with("--") => {
+                return Err(format!("unknown option {flag}\n{USAGE}").into())
+            }
+            path if file.is_none() => file = Some(path),
+            extra => return Err(format!("unexpected argument {extra}\n{USAGE}").into()),
+        }
+    }
+    let file = file.ok_or_else(|| format!("inspect needs a FILE\n{USAGE}"))?;
+    let map = FileDataMap::open(file)?;
+    if json {
+        println!("{}", xnnblob::inspect::to_json(&map, sha));
+    } else {
+        print!("{}", xnnblob::inspect::to_text(&map, sha));
+    }
+    Ok(())
 }
 
 fn ms(since: Instant) -> f64 {

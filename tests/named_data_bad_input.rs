@@ -4,7 +4,9 @@
 //! hand from the format), independent of the generated code the parser uses.
 
 use flatbuffers::{FlatBufferBuilder, WIPOffset};
-use xnnblob::named_data::{ptd_format, pte_format, FileDataMap, FormatError, NamedDataError};
+use xnnblob::named_data::{
+    ptd_format, pte_format, FileDataMap, FileKind, FormatError, NamedDataError,
+};
 
 /// A `.ptd` with the given segments (relative offset, size) and named entries (key, segment),
 /// followed by `data_size` bytes of segment data.
@@ -61,7 +63,7 @@ fn valid() -> Vec<u8> {
 fn ptd_error(bytes: &[u8]) -> FormatError {
     let direct = ptd_format::parse(bytes).unwrap_err();
     // The map constructor reports the same error, naming its source.
-    match FileDataMap::from_bytes(bytes, None, "crafted.ptd") {
+    match FileDataMap::from_bytes(bytes, Some(FileKind::Ptd), "crafted.ptd") {
         Err(NamedDataError::Format { source, error }) => {
             assert_eq!(source, "crafted.ptd");
             assert_eq!(error, direct);
@@ -113,6 +115,17 @@ fn wrong_identifier_and_wrong_magic() {
     assert!(
         matches!(ptd_error(&bytes), FormatError::WrongHeaderMagic { found, .. } if &found == b"FH02")
     );
+}
+
+#[test]
+fn a_file_of_neither_format_is_named_as_such() {
+    let err = FileDataMap::from_bytes(b"root:x:0:0:root", None, "passwd")
+        .err()
+        .unwrap();
+    assert!(matches!(
+        err,
+        NamedDataError::Format { error: FormatError::UnknownFormat { found }, .. } if &found == b":x:0"
+    ));
 }
 
 #[test]

@@ -12,6 +12,8 @@ pub enum FormatError {
         needed: u64,
         len: u64,
     },
+    /// Bytes 4..8 name neither a `.ptd` (`FT01`) nor a `.pte` (`ET12`).
+    UnknownFormat { found: [u8; 4] },
     /// Bytes 4..8 are not the format's flatbuffer file identifier.
     WrongIdentifier { expected: [u8; 4], found: [u8; 4] },
     /// The header does not start with its magic.
@@ -67,6 +69,11 @@ impl fmt::Display for FormatError {
             Truncated { what, needed, len } => {
                 write!(f, "truncated: {what} needs {needed} bytes, the file has {len}")
             }
+            UnknownFormat { found } => write!(
+                f,
+                "not a .ptd (FT01) or .pte (ET12) file: identifier {:?}",
+                String::from_utf8_lossy(found)
+            ),
             WrongIdentifier { expected, found } => write!(
                 f,
                 "wrong file identifier {:?}, expected {:?}",

@@ -100,8 +100,7 @@ impl FileDataMap {
                         needed: 8,
                         len: bytes.len() as u64,
                     },
-                    Some(found) => FormatError::WrongIdentifier {
-                        expected: ptd_format::FILE_IDENTIFIER,
+                    Some(found) => FormatError::UnknownFormat {
                         found: found.try_into().expect("4 bytes"),
                     },
                 };

@@ -1,0 +1,80 @@
+//! `xnnblob inspect` prints what the fixture manifests say.
+
+use serde_json::Value;
+use std::path::Path;
+use std::process::Command;
+
+fn inspect_json(file: &Path) -> Value {
+    let out = Command::new(env!("CARGO_BIN_EXE_xnnblob"))
+        .arg("inspect")
+        .arg(file)
+        .args(["--json", "--sha256"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn inspect_json_lists_every_key_as_the_manifests_do() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/executorch");
+    let mut files = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_none_or(|e| e != "json") {
+            continue;
+        }
+        let manifest: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        let Some(pte) = manifest.get("pte") else {
+            continue;
+        };
+        for section in manifest["ptd"].as_array().unwrap().iter().chain([pte]) {
+            let printed = inspect_json(&dir.join(section["file"].as_str().unwrap()));
+            let expected = section["named_data"].as_array().unwrap();
+            let entries = printed["entries"].as_array().unwrap();
+            assert_eq!(entries.len(), expected.len());
+            for (got, want) in entries.iter().zip(expected) {
+                assert_eq!(got["key"], want["key"]);
+                assert_eq!(got["segment_index"], want["segment_index"]);
+                assert_eq!(got["offset"], want["file_offset"]);
+                assert_eq!(got["size"], want["nbytes"]);
+                assert_eq!(got["sha256"], want["sha256"]);
+                if want["layout_source"] == "ptd tensor_layout" {
+                    assert_eq!(got["layout"]["scalar_type"], want["dtype"]);
+                    assert_eq!(got["layout"]["sizes"], want["shape"]);
+                    assert_eq!(got["layout"]["dim_order"], want["dim_order"]);
+                } else {
+                    assert!(got["layout"].is_null());
+                }
+            }
+            for seg in printed["segments"].as_array().unwrap() {
+                let (offset, alignment) = (
+                    seg["offset"].as_u64().unwrap(),
+                    seg["alignment"].as_u64().unwrap(),
+                );
+                assert_eq!(offset % alignment, 0);
+            }
+            files += 1;
+        }
+    }
+    assert!(files >= 16, "inspected {files} files");
+}
+
+#[test]
+fn inspect_a_bad_file_fails_with_a_message() {
+    let out = Command::new(env!("CARGO_BIN_EXE_xnnblob"))
+        .args(["inspect", "Cargo.toml"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("Cargo.toml") && err.contains("not a .ptd"),
+        "{err}"
+    );
+}
