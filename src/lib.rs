@@ -3,10 +3,12 @@
 //! - [`xnn`]: a small safe layer over XNNPACK (subgraphs, runtimes, weights-cache providers).
 //! - [`synthetic`]: deterministic models with Rust references, for the demo, tests and benches.
 //! - [`named_data`]: ExecuTorch-compatible named data: `.ptd`/`.pte` readers, maps, the writer.
+//! - [`cache`]: the persistent packed-weight cache bridged to XNNPACK's weights-cache callbacks.
 //! - [`ffi`]: the cxx bridge that C++ reaches xnnblob through.
 #![deny(unsafe_op_in_unsafe_fn)]
 
 mod aligned;
+pub mod cache;
 pub mod ffi;
 pub mod inspect;
 pub mod mmap;

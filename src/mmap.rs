@@ -7,7 +7,7 @@
 //! else are outside what any reader can defend against; the parsers only ever trust bytes
 //! they have validated.
 
-use memmap2::Mmap;
+use memmap2::{Mmap, UncheckedAdvice};
 use std::fs::File;
 use std::io;
 use std::path::Path;
@@ -31,6 +31,28 @@ impl MappedFile {
 
     pub fn bytes(&self) -> &[u8] {
         self.map.as_deref().unwrap_or(&[])
+    }
+
+    /// Drops the resident pages wholly inside `[offset, offset + len)`. They are read back
+    /// from the file, unchanged, if touched again.
+    pub fn release_pages(&self, offset: usize, len: usize) {
+        const PAGE: usize = 4096;
+        let Some(map) = &self.map else { return };
+        let end = offset.saturating_add(len).min(map.len()) / PAGE * PAGE;
+        let start = offset.next_multiple_of(PAGE);
+        if start < end {
+            // SAFETY: the map is private and read-only, so MADV_DONTNEED only discards clean
+            // pages that the kernel re-reads from the file on the next access; no Rust
+            // reference observes a change. A failure only means the pages stay resident.
+            let _ = unsafe {
+                map.unchecked_advise_range(UncheckedAdvice::DontNeed, start, end - start)
+            };
+        }
+    }
+
+    /// The start of the mapping (for address arithmetic on validated offsets).
+    pub fn as_ptr(&self) -> *const u8 {
+        self.bytes().as_ptr()
     }
 }
 

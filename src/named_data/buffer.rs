@@ -6,11 +6,19 @@ use std::sync::Arc;
 /// Memory that named data can be borrowed from: a mapped file, an aligned heap buffer, ...
 pub trait Backing: Send + Sync {
     fn bytes(&self) -> &[u8];
+
+    /// Drops the resident pages of `[offset, offset + len)` if they can be read back unchanged
+    /// later (file-backed memory); a no-op otherwise.
+    fn release_pages(&self, _offset: usize, _len: usize) {}
 }
 
 impl Backing for crate::mmap::MappedFile {
     fn bytes(&self) -> &[u8] {
         crate::mmap::MappedFile::bytes(self)
+    }
+
+    fn release_pages(&self, offset: usize, len: usize) {
+        crate::mmap::MappedFile::release_pages(self, offset, len)
     }
 }
 
@@ -57,6 +65,15 @@ impl DataBuffer {
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// Lets the OS drop this data's resident pages when they can be read back unchanged (a
+    /// mapped file): used once weights are packed, so unpacked and packed copies do not both
+    /// stay resident. The data stays readable.
+    pub fn release_pages(&self) {
+        if let Some(b) = &self.backing {
+            b.release_pages(self.offset, self.len);
+        }
     }
 
     /// Releases the hold on the backing early; the buffer is empty afterwards.

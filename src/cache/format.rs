@@ -1,0 +1,362 @@
+//! The packed-weight cache file, as `docs/cache-format.md` specifies it. Pure functions over
+//! bytes: [`decode`] validates everything a warm launch relies on; [`Writer`] produces a file.
+//!
+//! ```text
+//! [0, 128)            header: magic, version, CPU fingerprint, XNNPACK build id, checksum
+//! [128, index)        packed regions, each at a multiple of 64
+//! [index, trailer)    entries, 96 bytes each
+//! [len - 32, len)     trailer: index offset, entry count, index checksum, end magic
+//! ```
+
+use super::checksum::checksum64;
+use super::identity::BlobId;
+use std::fmt;
+use std::io::{self, Write};
+
+pub const MAGIC: [u8; 8] = *b"XBPWCAC\x01";
+pub const END_MAGIC: [u8; 8] = *b"XBPWEND\x01";
+/// Bump on any change of layout or meaning; older or newer files are rebuilt.
+pub const FORMAT_VERSION: u32 = 1;
+/// Packed regions start at multiples of this (XNNPACK's largest SIMD alignment).
+pub const REGION_ALIGNMENT: usize = 64;
+pub const MAX_BUILD_ID: usize = 64;
+
+// Header fields.
+const MAGIC_AT: usize = 0;
+const VERSION_AT: usize = MAGIC_AT + 8;
+const HEADER_SIZE_AT: usize = VERSION_AT + 4;
+const CPU_AT: usize = HEADER_SIZE_AT + 4;
+const BUILD_ID_LEN_AT: usize = CPU_AT + 8;
+const RESERVED_AT: usize = BUILD_ID_LEN_AT + 4;
+const BUILD_ID_AT: usize = RESERVED_AT + 4;
+const HEADER_CHECKSUM_AT: usize = BUILD_ID_AT + MAX_BUILD_ID;
+pub const HEADER_SIZE: usize = 128;
+
+// Entry fields.
+const KERNEL_AT: usize = 0;
+const BIAS_AT: usize = KERNEL_AT + 32;
+const SEED_AT: usize = BIAS_AT + 32;
+const FLAGS_AT: usize = SEED_AT + 4;
+const OFFSET_AT: usize = FLAGS_AT + 4;
+const SIZE_AT: usize = OFFSET_AT + 8;
+const CHECKSUM_AT: usize = SIZE_AT + 8;
+pub const ENTRY_SIZE: usize = CHECKSUM_AT + 8;
+
+// Trailer fields.
+const INDEX_OFFSET_AT: usize = 0;
+const COUNT_AT: usize = INDEX_OFFSET_AT + 8;
+const INDEX_CHECKSUM_AT: usize = COUNT_AT + 8;
+const END_MAGIC_AT: usize = INDEX_CHECKSUM_AT + 8;
+pub const TRAILER_SIZE: usize = END_MAGIC_AT + 8;
+
+/// What a packed weight is looked up by: the identities of its unpacked kernel and bias, and
+/// XNNPACK's seed (its packing parameters).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct EntryKey {
+    pub kernel: BlobId,
+    pub bias: BlobId,
+    pub seed: u32,
+}
+
+/// One index entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FileEntry {
+    pub key: EntryKey,
+    pub offset: u64,
+    pub size: u64,
+    pub checksum: u64,
+}
+
+/// What must match for a file to be trusted at all.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Compat {
+    pub build_id: Vec<u8>,
+    pub cpu_fingerprint: u64,
+}
+
+/// Why a whole file was rejected (it is then rebuilt).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FileError {
+    TooShort { len: usize },
+    BadMagic,
+    UnsupportedVersion { found: u32 },
+    BadHeaderSize { found: u32 },
+    HeaderChecksum,
+    BuildMismatch,
+    CpuMismatch { file: u64, this: u64 },
+    BadTrailer,
+    IndexOutOfBounds,
+    IndexChecksum,
+}
+
+impl fmt::Display for FileError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        use FileError::*;
+        match self {
+            TooShort { len } => write!(f, "{len} bytes is shorter than header and trailer"),
+            BadMagic => f.write_str("not an xnnblob packed-weight cache (bad magic)"),
+            UnsupportedVersion { found } => {
+                write!(
+                    f,
+                    "format version {found}, this build reads {FORMAT_VERSION}"
+                )
+            }
+            BadHeaderSize { found } => write!(f, "header size {found}, expected {HEADER_SIZE}"),
+            HeaderChecksum => f.write_str("header checksum mismatch"),
+            BuildMismatch => f.write_str("packed by another XNNPACK build"),
+            CpuMismatch { file, this } => {
+                write!(
+                    f,
+                    "packed for CPU features {file:#x}, this CPU has {this:#x}"
+                )
+            }
+            BadTrailer => f.write_str("no valid trailer (torn or partial file)"),
+            IndexOutOfBounds => f.write_str("index lies outside the file"),
+            IndexChecksum => f.write_str("index checksum mismatch"),
+        }
+    }
+}
+
+impl std::error::Error for FileError {}
+
+/// Why one entry was dropped (it is then repacked).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EntryProblem {
+    Misaligned,
+    OutOfBounds,
+    Overlaps,
+    Duplicate,
+    Reserved,
+}
+
+/// A validated file: entries whose regions lie inside the data area, aligned, disjoint.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decoded {
+    pub entries: Vec<FileEntry>,
+    pub dropped: Vec<(usize, EntryProblem)>,
+}
+
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"))
+}
+
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
+}
+
+fn id_at(b: &[u8], at: usize) -> BlobId {
+    BlobId(b[at..at + 32].try_into().expect("32 bytes"))
+}
+
+/// The header bytes for `compat`.
+pub fn encode_header(compat: &Compat) -> [u8; HEADER_SIZE] {
+    let mut h = [0u8; HEADER_SIZE];
+    let id = &compat.build_id[..compat.build_id.len().min(MAX_BUILD_ID)];
+    h[MAGIC_AT..MAGIC_AT + 8].copy_from_slice(&MAGIC);
+    h[VERSION_AT..VERSION_AT + 4].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+    h[HEADER_SIZE_AT..HEADER_SIZE_AT + 4].copy_from_slice(&(HEADER_SIZE as u32).to_le_bytes());
+    h[CPU_AT..CPU_AT + 8].copy_from_slice(&compat.cpu_fingerprint.to_le_bytes());
+    h[BUILD_ID_LEN_AT..BUILD_ID_LEN_AT + 4].copy_from_slice(&(id.len() as u32).to_le_bytes());
+    h[BUILD_ID_AT..BUILD_ID_AT + id.len()].copy_from_slice(id);
+    let sum = checksum64(&h[..HEADER_CHECKSUM_AT]);
+    h[HEADER_CHECKSUM_AT..HEADER_CHECKSUM_AT + 8].copy_from_slice(&sum.to_le_bytes());
+    h
+}
+
+fn encode_entry(e: &FileEntry) -> [u8; ENTRY_SIZE] {
+    let mut b = [0u8; ENTRY_SIZE];
+    b[KERNEL_AT..KERNEL_AT + 32].copy_from_slice(&e.key.kernel.0);
+    b[BIAS_AT..BIAS_AT + 32].copy_from_slice(&e.key.bias.0);
+    b[SEED_AT..SEED_AT + 4].copy_from_slice(&e.key.seed.to_le_bytes());
+    b[OFFSET_AT..OFFSET_AT + 8].copy_from_slice(&e.offset.to_le_bytes());
+    b[SIZE_AT..SIZE_AT + 8].copy_from_slice(&e.size.to_le_bytes());
+    b[CHECKSUM_AT..CHECKSUM_AT + 8].copy_from_slice(&e.checksum.to_le_bytes());
+    b
+}
+
+/// Validates a whole file: header, trailer, index checksum, then each entry. Reads the header,
+/// the index and the trailer only, never the packed bytes.
+pub fn decode(bytes: &[u8], expect: &Compat) -> Result<Decoded, FileError> {
+    let len = bytes.len();
+    if len < HEADER_SIZE + TRAILER_SIZE {
+        return Err(FileError::TooShort { len });
+    }
+    let h = &bytes[..HEADER_SIZE];
+    if h[MAGIC_AT..MAGIC_AT + 8] != MAGIC {
+        return Err(FileError::BadMagic);
+    }
+    let version = u32_at(h, VERSION_AT);
+    if version != FORMAT_VERSION {
+        return Err(FileError::UnsupportedVersion { found: version });
+    }
+    let header_size = u32_at(h, HEADER_SIZE_AT);
+    if header_size as usize != HEADER_SIZE {
+        return Err(FileError::BadHeaderSize { found: header_size });
+    }
+    if u64_at(h, HEADER_CHECKSUM_AT) != checksum64(&h[..HEADER_CHECKSUM_AT]) {
+        return Err(FileError::HeaderChecksum);
+    }
+    let id_len = u32_at(h, BUILD_ID_LEN_AT) as usize;
+    let expected_id = &expect.build_id[..expect.build_id.len().min(MAX_BUILD_ID)];
+    if id_len > MAX_BUILD_ID || &h[BUILD_ID_AT..BUILD_ID_AT + id_len] != expected_id {
+        return Err(FileError::BuildMismatch);
+    }
+    let cpu = u64_at(h, CPU_AT);
+    if cpu != expect.cpu_fingerprint {
+        return Err(FileError::CpuMismatch {
+            file: cpu,
+            this: expect.cpu_fingerprint,
+        });
+    }
+
+    let t = &bytes[len - TRAILER_SIZE..];
+    if t[END_MAGIC_AT..END_MAGIC_AT + 8] != END_MAGIC {
+        return Err(FileError::BadTrailer);
+    }
+    let index_offset = u64_at(t, INDEX_OFFSET_AT);
+    let count = u64_at(t, COUNT_AT);
+    let index_end = count
+        .checked_mul(ENTRY_SIZE as u64)
+        .and_then(|n| n.checked_add(index_offset));
+    // The index must end exactly where the trailer starts: a file cut or extended anywhere
+    // fails here or at the magic.
+    if index_offset < HEADER_SIZE as u64 || index_end != Some((len - TRAILER_SIZE) as u64) {
+        return Err(FileError::IndexOutOfBounds);
+    }
+    let index = &bytes[index_offset as usize..len - TRAILER_SIZE];
+    if u64_at(t, INDEX_CHECKSUM_AT) != checksum64(index) {
+        return Err(FileError::IndexChecksum);
+    }
+
+    let mut entries: Vec<FileEntry> = Vec::with_capacity(count as usize);
+    let mut dropped = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    for (i, raw) in index.chunks_exact(ENTRY_SIZE).enumerate() {
+        let e = FileEntry {
+            key: EntryKey {
+                kernel: id_at(raw, KERNEL_AT),
+                bias: id_at(raw, BIAS_AT),
+                seed: u32_at(raw, SEED_AT),
+            },
+            offset: u64_at(raw, OFFSET_AT),
+            size: u64_at(raw, SIZE_AT),
+            checksum: u64_at(raw, CHECKSUM_AT),
+        };
+        let end = e.offset.checked_add(e.size);
+        let problem = if u32_at(raw, FLAGS_AT) != 0 {
+            Some(EntryProblem::Reserved)
+        } else if e.offset % REGION_ALIGNMENT as u64 != 0 {
+            Some(EntryProblem::Misaligned)
+        } else if e.offset < HEADER_SIZE as u64 || end.is_none_or(|end| end > index_offset) {
+            Some(EntryProblem::OutOfBounds)
+        } else if !seen.insert(e.key) {
+            Some(EntryProblem::Duplicate)
+        } else {
+            None
+        };
+        match problem {
+            Some(p) => dropped.push((i, p)),
+            None => entries.push(e),
+        }
+    }
+    // Regions must not overlap: keep the first of any overlapping pair in file order.
+    entries.sort_by_key(|e| e.offset);
+    let mut kept: Vec<FileEntry> = Vec::with_capacity(entries.len());
+    for e in entries {
+        match kept.last() {
+            Some(prev) if prev.offset + prev.size > e.offset => {
+                dropped.push((usize::MAX, EntryProblem::Overlaps));
+            }
+            _ => kept.push(e),
+        }
+    }
+    Ok(Decoded {
+        entries: kept,
+        dropped,
+    })
+}
+
+/// Streams a cache file: header, then packed regions, then index and trailer.
+pub struct Writer<W: Write> {
+    out: W,
+    pos: u64,
+    entries: Vec<FileEntry>,
+}
+
+impl<W: Write> Writer<W> {
+    pub fn new(mut out: W, compat: &Compat) -> io::Result<Writer<W>> {
+        out.write_all(&encode_header(compat))?;
+        Ok(Writer {
+            out,
+            pos: HEADER_SIZE as u64,
+            entries: Vec::new(),
+        })
+    }
+
+    fn pad_to(&mut self, alignment: u64) -> io::Result<()> {
+        let padded = self.pos.next_multiple_of(alignment);
+        let zeros = [0u8; REGION_ALIGNMENT];
+        while self.pos < padded {
+            let n = ((padded - self.pos) as usize).min(zeros.len());
+            self.out.write_all(&zeros[..n])?;
+            self.pos += n as u64;
+        }
+        Ok(())
+    }
+
+    /// Appends one packed region with its checksum; returns its file offset.
+    pub fn add(&mut self, key: EntryKey, data: &[u8], checksum: u64) -> io::Result<u64> {
+        self.pad_to(REGION_ALIGNMENT as u64)?;
+        let offset = self.pos;
+        self.out.write_all(data)?;
+        self.pos += data.len() as u64;
+        self.entries.push(FileEntry {
+            key,
+            offset,
+            size: data.len() as u64,
+            checksum,
+        });
+        Ok(offset)
+    }
+
+    /// Writes index and trailer; returns the writer and the file length.
+    pub fn finish(mut self) -> io::Result<(W, u64)> {
+        self.pad_to(8)?;
+        let index_offset = self.pos;
+        let mut index = Vec::with_capacity(self.entries.len() * ENTRY_SIZE);
+        for e in &self.entries {
+            index.extend_from_slice(&encode_entry(e));
+        }
+        self.out.write_all(&index)?;
+        let mut t = [0u8; TRAILER_SIZE];
+        t[INDEX_OFFSET_AT..INDEX_OFFSET_AT + 8].copy_from_slice(&index_offset.to_le_bytes());
+        t[COUNT_AT..COUNT_AT + 8].copy_from_slice(&(self.entries.len() as u64).to_le_bytes());
+        t[INDEX_CHECKSUM_AT..INDEX_CHECKSUM_AT + 8]
+            .copy_from_slice(&checksum64(&index).to_le_bytes());
+        t[END_MAGIC_AT..END_MAGIC_AT + 8].copy_from_slice(&END_MAGIC);
+        self.out.write_all(&t)?;
+        let len = index_offset + index.len() as u64 + TRAILER_SIZE as u64;
+        Ok((self.out, len))
+    }
+}
+
+/// Re-encodes a decoded file's index with changed entries (for tools and tests that rewrite
+/// keys without moving data): returns the new index + trailer bytes to put at `index_offset`.
+pub fn encode_index(entries: &[FileEntry], index_offset: u64) -> Vec<u8> {
+    let mut out = Vec::with_capacity(entries.len() * ENTRY_SIZE + TRAILER_SIZE);
+    for e in entries {
+        out.extend_from_slice(&encode_entry(e));
+    }
+    let sum = checksum64(&out);
+    out.extend_from_slice(&index_offset.to_le_bytes());
+    out.extend_from_slice(&(entries.len() as u64).to_le_bytes());
+    out.extend_from_slice(&sum.to_le_bytes());
+    out.extend_from_slice(&END_MAGIC);
+    out
+}
+
+/// Where the index starts, per the trailer (no validation beyond the length).
+pub fn index_offset(bytes: &[u8]) -> Option<u64> {
+    let t = bytes.get(bytes.len().checked_sub(TRAILER_SIZE)?..)?;
+    Some(u64_at(t, INDEX_OFFSET_AT))
+}

@@ -1,0 +1,93 @@
+//! Content identities of unpacked weights: what a packed weight is looked up by.
+
+use crate::sha256::{sha256, to_hex, Sha256};
+use std::fmt;
+
+/// The identity of an unpacked blob: the sha256 of its bytes (or of a combination of blobs that
+/// together decide a packing, e.g. quantized weights and their scales). All zeros means "none"
+/// (no bias).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct BlobId(pub [u8; 32]);
+
+impl BlobId {
+    /// No blob (a null bias).
+    pub const NONE: BlobId = BlobId([0; 32]);
+
+    /// The identity of `bytes`: hashes them (a cold-path operation).
+    pub fn of_bytes(bytes: &[u8]) -> BlobId {
+        BlobId(sha256(bytes))
+    }
+
+    /// The identity of f32 data (the sha256 of its little-endian bytes).
+    pub fn of_f32s(values: &[f32]) -> BlobId {
+        let mut h = Sha256::new();
+        let mut buf = [0u8; 4096];
+        for chunk in values.chunks(1024) {
+            for (b, v) in buf.chunks_exact_mut(4).zip(chunk) {
+                b.copy_from_slice(&v.to_le_bytes());
+            }
+            h.update(&buf[..chunk.len() * 4]);
+        }
+        BlobId(h.finalize())
+    }
+
+    /// The identity a key already states: ExecuTorch keys XNNPACK constants by the lowercase
+    /// sha256 hex of their bytes, so no hashing is needed. None for any other key.
+    pub fn from_sha256_key(key: &str) -> Option<BlobId> {
+        let hex = key.as_bytes();
+        if hex.len() != 64 {
+            return None;
+        }
+        let mut out = [0u8; 32];
+        for (i, pair) in hex.chunks_exact(2).enumerate() {
+            let nibble = |c: u8| match c {
+                b'0'..=b'9' => Some(c - b'0'),
+                b'a'..=b'f' => Some(c - b'a' + 10),
+                _ => None,
+            };
+            out[i] = nibble(pair[0])? << 4 | nibble(pair[1])?;
+        }
+        Some(BlobId(out))
+    }
+
+    /// One identity for blobs that are packed together (order matters).
+    pub fn combine(parts: &[BlobId]) -> BlobId {
+        let mut h = Sha256::new();
+        h.update(b"xnnblob-combined-id");
+        for p in parts {
+            h.update(&p.0);
+        }
+        BlobId(h.finalize())
+    }
+
+    pub fn is_none(&self) -> bool {
+        *self == BlobId::NONE
+    }
+}
+
+impl fmt::Debug for BlobId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "BlobId({})", &to_hex(&self.0)[..16])
+    }
+}
+
+impl fmt::Display for BlobId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&to_hex(&self.0))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sha256_keys_parse_to_the_hash_of_the_bytes() {
+        let bytes = b"weights";
+        let key = to_hex(&sha256(bytes));
+        assert_eq!(BlobId::from_sha256_key(&key), Some(BlobId::of_bytes(bytes)));
+        assert_eq!(BlobId::from_sha256_key("layers.0.weight"), None);
+        assert_eq!(BlobId::from_sha256_key(&key.to_uppercase()), None);
+        assert_eq!(BlobId::from_sha256_key(&format!("scale_{key}")), None);
+    }
+}

@@ -1,0 +1,330 @@
+//! The persistent packed-weight cache: XNNPACK packs a weight once, the packed bytes are saved
+//! to a file, and every later launch maps that file so XNNPACK finds each weight packed.
+//!
+//! Packed weights are found by what the unpacked bytes are ([`BlobId`], a content hash), never
+//! by a name: callers [`register`](PackedWeightsCache::register) the unpacked data they hand to
+//! XNNPACK with its identity, and the cache translates XNNPACK's pointer keys. The file format,
+//! what a warm launch trusts, and the commit protocol: `docs/cache-format.md`.
+
+mod checksum;
+mod core;
+mod cpu;
+pub mod format;
+mod identity;
+mod persist;
+
+pub use checksum::checksum64;
+pub use cpu::cpu_fingerprint;
+pub use format::{Compat, EntryKey, FileError};
+pub use identity::BlobId;
+pub use persist::{FileReport, LoadOutcome};
+
+use self::core::{CacheCore, Location};
+use crate::named_data::DataBuffer;
+use crate::xnn::{AsXnnWeightsCache, WeightsCache};
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, OnceLock, Weak};
+
+/// An error of the cache: only I/O can fail; bad files are rebuilt, not reported as errors.
+#[derive(Debug)]
+pub enum CacheError {
+    Io { path: String, error: std::io::Error },
+}
+
+impl fmt::Display for CacheError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CacheError::Io { path, error } => write!(f, "packed-weight cache {path}: {error}"),
+        }
+    }
+}
+
+impl std::error::Error for CacheError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            CacheError::Io { error, .. } => Some(error),
+        }
+    }
+}
+
+/// Overrides of what a file must match; the defaults are this process's XNNPACK build and CPU.
+/// (Tests use them to play another build or CPU.)
+#[derive(Debug, Clone, Default)]
+pub struct CacheOptions {
+    pub build_id: Option<Vec<u8>>,
+    pub cpu_fingerprint: Option<u64>,
+}
+
+impl CacheOptions {
+    fn compat(&self) -> Compat {
+        Compat {
+            build_id: self
+                .build_id
+                .clone()
+                .unwrap_or_else(|| crate::xnn::build_identifier().to_vec()),
+            cpu_fingerprint: self.cpu_fingerprint.unwrap_or_else(cpu_fingerprint),
+        }
+    }
+}
+
+/// What the cache has done in this process.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CacheStats {
+    /// XNNPACK look-ups that found packed weights.
+    pub hits: usize,
+    pub misses: usize,
+    /// Weights XNNPACK packed (one `reserve_space` each).
+    pub packed: usize,
+    /// Packed weights whose unpacked data was not registered: kept in memory, never saved.
+    pub unregistered: usize,
+    /// Entries known (from the file and packed here).
+    pub entries: usize,
+    pub packed_bytes: usize,
+    /// Entries packed here and not yet saved.
+    pub unsaved: usize,
+    /// Entries whose packed bytes live in memory rather than in a mapped file.
+    pub heap_entries: usize,
+}
+
+/// An entry whose packed bytes no longer match their checksum.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BadEntry {
+    pub key: EntryKey,
+    pub offset: u64,
+    pub size: u64,
+}
+
+/// A packed-weight cache, persistent (one file) or in memory; an `xnn_weights_cache_t` for
+/// `xnn_create_runtime_v4` through [`AsXnnWeightsCache`].
+///
+/// Lifecycle: create runtimes, then [`finalize`](Self::finalize) (which saves what was packed),
+/// then set them up. The first `finalize` enables setup; afterwards runtimes may be created and
+/// set up at any time (packed memory never moves), and each later `finalize` saves again.
+pub struct PackedWeightsCache {
+    xnn: WeightsCache<CacheCore>,
+    path: Option<PathBuf>,
+    compat: Compat,
+    outcome: LoadOutcome,
+    saves: Mutex<usize>,
+}
+
+fn registry() -> &'static Mutex<HashMap<PathBuf, Weak<PackedWeightsCache>>> {
+    static REGISTRY: OnceLock<Mutex<HashMap<PathBuf, Weak<PackedWeightsCache>>>> = OnceLock::new();
+    REGISTRY.get_or_init(Default::default)
+}
+
+/// The path a file is known by in the registry, whether or not it exists yet.
+fn canonical(path: &Path) -> Result<PathBuf, CacheError> {
+    let io = |error| CacheError::Io {
+        path: path.display().to_string(),
+        error,
+    };
+    if let Ok(p) = path.canonicalize() {
+        return Ok(p);
+    }
+    let parent = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let name = path
+        .file_name()
+        .ok_or_else(|| io(std::io::Error::from(std::io::ErrorKind::InvalidInput)))?;
+    Ok(parent.canonicalize().map_err(io)?.join(name))
+}
+
+impl PackedWeightsCache {
+    /// The cache backed by the file at `path` (created on the first save). A file is loaded at
+    /// most once per process: opening a path that is open already returns the same cache.
+    pub fn open(path: impl AsRef<Path>) -> Result<Arc<PackedWeightsCache>, CacheError> {
+        PackedWeightsCache::open_with(path, CacheOptions::default())
+    }
+
+    pub fn open_with(
+        path: impl AsRef<Path>,
+        options: CacheOptions,
+    ) -> Result<Arc<PackedWeightsCache>, CacheError> {
+        crate::xnn::initialize().ok();
+        let path = canonical(path.as_ref())?;
+        let mut reg = registry().lock();
+        if let Some(existing) = reg.get(&path).and_then(Weak::upgrade) {
+            return Ok(existing);
+        }
+        let compat = options.compat();
+        let core = CacheCore::default();
+        let outcome = persist::load(&core, &path, &compat)?;
+        let cache = Arc::new(PackedWeightsCache {
+            xnn: WeightsCache::new(core),
+            path: Some(path.clone()),
+            compat,
+            outcome,
+            saves: Mutex::new(0),
+        });
+        reg.retain(|_, w| w.strong_count() > 0);
+        reg.insert(path, Arc::downgrade(&cache));
+        Ok(cache)
+    }
+
+    /// A cache with no file: the same behaviour within this process, nothing persisted.
+    pub fn in_memory() -> Arc<PackedWeightsCache> {
+        Arc::new(PackedWeightsCache {
+            xnn: WeightsCache::new(CacheCore::default()),
+            path: None,
+            compat: CacheOptions::default().compat(),
+            outcome: LoadOutcome::Fresh,
+            saves: Mutex::new(0),
+        })
+    }
+
+    fn core(&self) -> &CacheCore {
+        self.xnn.provider()
+    }
+
+    pub fn path(&self) -> Option<&Path> {
+        self.path.as_deref()
+    }
+
+    /// What opening the file found.
+    pub fn load_outcome(&self) -> &LoadOutcome {
+        &self.outcome
+    }
+
+    /// Declares that `data` (about to be handed to XNNPACK as a kernel, bias or other packed
+    /// constant) is the blob `id`, for as long as the registration lives.
+    pub fn register<'a, T: Copy>(&'a self, data: &'a [T], id: BlobId) -> Registration<'a> {
+        let ptr = data.as_ptr().cast::<u8>();
+        self.core().register(ptr, id, None);
+        Registration { cache: self, ptr }
+    }
+
+    /// As [`register`](Self::register), for data from a named-data map: once XNNPACK has packed
+    /// it, its pages are released (if it is file-backed) so unpacked and packed copies are not
+    /// both resident.
+    pub fn register_buffer<'a>(&'a self, buffer: &'a DataBuffer, id: BlobId) -> Registration<'a> {
+        self.core()
+            .register(buffer.as_ptr(), id, Some(buffer.clone()));
+        Registration {
+            cache: self,
+            ptr: buffer.as_ptr(),
+        }
+    }
+
+    /// Enables runtime setup and saves what was packed since the last save (nothing to save:
+    /// no write at all). Safe to call any number of times.
+    pub fn finalize(&self) -> Result<(), CacheError> {
+        self.save()?;
+        self.core().finalized.store(true, Ordering::Release);
+        Ok(())
+    }
+
+    fn save(&self) -> Result<(), CacheError> {
+        let Some(path) = &self.path else {
+            return Ok(());
+        };
+        let mut saves = self.saves.lock();
+        if !self.core().state.lock().entries.iter().any(|e| e.unsaved) {
+            return Ok(());
+        }
+        persist::save(self.core(), path, &self.compat)?;
+        *saves += 1;
+        Ok(())
+    }
+
+    /// How many times this cache wrote its file.
+    pub fn saves(&self) -> usize {
+        *self.saves.lock()
+    }
+
+    pub fn stats(&self) -> CacheStats {
+        let core = self.core();
+        let state = core.state.lock();
+        let c = &core.counters;
+        CacheStats {
+            hits: c.hits.load(Ordering::Relaxed),
+            misses: c.misses.load(Ordering::Relaxed),
+            packed: c.reserve_space_calls.load(Ordering::Relaxed),
+            unregistered: c.unregistered_packs.load(Ordering::Relaxed),
+            entries: state.by_key.len(),
+            packed_bytes: state.by_key.values().map(|&i| state.entries[i].size).sum(),
+            unsaved: state.entries.iter().filter(|e| e.unsaved).count(),
+            heap_entries: state
+                .entries
+                .iter()
+                .filter(|e| matches!(e.location, Location::Heap(_)))
+                .count(),
+        }
+    }
+
+    /// Checks every entry's packed bytes against its checksum (reads all of them: an explicit
+    /// or background operation, never part of a launch).
+    pub fn verify(&self) -> Vec<BadEntry> {
+        let state = self.core().state.lock();
+        let mut bad = Vec::new();
+        for e in &state.entries {
+            if let (Some(key), Some(sum)) = (e.key, e.checksum) {
+                if checksum64(state.bytes_of(e)) != sum {
+                    let offset = match e.location {
+                        Location::Mapped { offset, .. } => offset as u64,
+                        Location::Heap(_) => 0,
+                    };
+                    bad.push(BadEntry {
+                        key,
+                        offset,
+                        size: e.size as u64,
+                    });
+                }
+            }
+        }
+        bad
+    }
+}
+
+impl Drop for PackedWeightsCache {
+    fn drop(&mut self) {
+        // Whatever was packed and not saved is saved now (a failure only costs a repack).
+        let _ = self.save();
+    }
+}
+
+// SAFETY: the provider struct lives in `xnn` (boxed, owned by self) for as long as self.
+unsafe impl AsXnnWeightsCache for PackedWeightsCache {
+    fn as_xnn_weights_cache(&self) -> xnnpack_sys::xnn_weights_cache_t {
+        self.xnn.as_xnn_weights_cache()
+    }
+}
+
+/// Checks a cache file (header, index, and with `check_data` every entry's checksum) against
+/// what this process would accept; with `drop_bad`, rewrites it without the bad entries so the
+/// next launch repacks them. The outer error is I/O; the inner one says why the whole file would
+/// be rejected.
+pub fn verify_file(
+    path: &Path,
+    options: &CacheOptions,
+    check_data: bool,
+    drop_bad: bool,
+) -> Result<Result<FileReport, FileError>, CacheError> {
+    persist::inspect_file(path, &options.compat(), check_data, drop_bad, false)
+}
+
+/// Rewrites a cache file with only its valid, checksum-clean entries, tightly packed.
+pub fn compact_file(
+    path: &Path,
+    options: &CacheOptions,
+) -> Result<Result<FileReport, FileError>, CacheError> {
+    persist::inspect_file(path, &options.compat(), true, true, true)
+}
+
+/// Keeps a pointer → identity registration alive; dropping it unregisters.
+pub struct Registration<'a> {
+    cache: &'a PackedWeightsCache,
+    ptr: *const u8,
+}
+
+impl Drop for Registration<'_> {
+    fn drop(&mut self) {
+        self.cache.core().unregister(self.ptr);
+    }
+}

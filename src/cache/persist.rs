@@ -1,0 +1,287 @@
+//! Loading a cache file into the provider, and saving it back: the commit protocol of
+//! `docs/cache-format.md` (lock, merge with what is on disk, write a temporary file, fsync,
+//! rename, fsync the directory).
+
+use super::checksum::checksum64;
+use super::core::{CacheCore, Location};
+use super::format::{self, Compat, EntryKey, FileEntry, FileError};
+use super::CacheError;
+use crate::mmap::MappedFile;
+use std::collections::HashSet;
+use std::fs::{self, File};
+use std::io::BufWriter;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// What opening a cache file found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LoadOutcome {
+    /// No file (or an in-memory cache): everything will be packed.
+    Fresh,
+    /// The file was valid; `dropped` entries failed their checks and will be repacked.
+    Loaded { entries: usize, dropped: usize },
+    /// The whole file was rejected and will be rebuilt.
+    Rejected(FileError),
+}
+
+fn io_error(path: &Path, error: std::io::Error) -> CacheError {
+    CacheError::Io {
+        path: path.display().to_string(),
+        error,
+    }
+}
+
+/// Maps `path` and adds its valid entries to the provider. A missing or invalid file is not an
+/// error: the cache starts empty and the next save rebuilds the file.
+pub(crate) fn load(
+    core: &CacheCore,
+    path: &Path,
+    compat: &Compat,
+) -> Result<LoadOutcome, CacheError> {
+    let map = match MappedFile::open(path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(LoadOutcome::Fresh),
+        Err(e) => return Err(io_error(path, e)),
+    };
+    let decoded = match format::decode(map.bytes(), compat) {
+        Ok(d) => d,
+        Err(e) => return Ok(LoadOutcome::Rejected(e)),
+    };
+    let mut state = core.state.lock();
+    let m = state.maps.len();
+    state.maps.push(Arc::new(map));
+    for e in &decoded.entries {
+        state.insert_mapped(e.key, m, e.offset as usize, e.size as usize, e.checksum);
+    }
+    Ok(LoadOutcome::Loaded {
+        entries: decoded.entries.len(),
+        dropped: decoded.dropped.len(),
+    })
+}
+
+fn sibling(path: &Path, suffix: &str) -> PathBuf {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    path.with_file_name(format!("{name}{suffix}"))
+}
+
+fn parent_dir(path: &Path) -> PathBuf {
+    match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    }
+}
+
+/// Holds the advisory lock that serialises writers of one cache file (readers need none: a
+/// file is only ever replaced whole, by rename).
+pub(crate) struct WriterLock(#[allow(dead_code)] File);
+
+pub(crate) fn lock_writers(path: &Path) -> Result<WriterLock, CacheError> {
+    let lock_path = sibling(path, ".lock");
+    let f = fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_path)
+        .map_err(|e| io_error(&lock_path, e))?;
+    f.lock().map_err(|e| io_error(&lock_path, e))?;
+    Ok(WriterLock(f))
+}
+
+/// Writes `bytes_of` each kept entry to a temporary file next to `path`, makes it durable,
+/// maps it, and renames it over `path`. Returns the map and each written entry's offset.
+pub(crate) fn commit<'a>(
+    path: &Path,
+    compat: &Compat,
+    entries: impl Iterator<Item = (EntryKey, &'a [u8], u64)>,
+) -> Result<(MappedFile, Vec<FileEntry>), CacheError> {
+    let tmp = sibling(
+        path,
+        &format!(
+            ".tmp-{}-{:?}",
+            std::process::id(),
+            std::thread::current().id()
+        ),
+    );
+    let result = (|| {
+        let file = File::create(&tmp)?;
+        let mut w = format::Writer::new(BufWriter::with_capacity(1 << 20, file), compat)?;
+        let mut written = Vec::new();
+        for (key, data, checksum) in entries {
+            let offset = w.add(key, data, checksum)?;
+            written.push(FileEntry {
+                key,
+                offset,
+                size: data.len() as u64,
+                checksum,
+            });
+        }
+        let (buf, _) = w.finish()?;
+        let file = buf.into_inner().map_err(|e| e.into_error())?;
+        file.sync_all()?;
+        drop(file);
+        // Map before the rename: what we map is what we wrote, whoever renames next.
+        let map = MappedFile::open(&tmp)?;
+        fs::rename(&tmp, path)?;
+        File::open(parent_dir(path))?.sync_all()?;
+        Ok((map, written))
+    })();
+    result.map_err(|e| {
+        let _ = fs::remove_file(&tmp);
+        io_error(path, e)
+    })
+}
+
+/// Saves every persistable entry (merged with entries other processes saved meanwhile),
+/// then points unresolved entries at the new file so their heap copies are freed.
+pub(crate) fn save(core: &CacheCore, path: &Path, compat: &Compat) -> Result<usize, CacheError> {
+    let _lock = lock_writers(path)?;
+    let mut state = core.state.lock();
+
+    // What is on disk now (another process may have saved since we loaded).
+    let disk = match MappedFile::open(path) {
+        Ok(map) => format::decode(map.bytes(), compat).ok().map(|d| (map, d)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => return Err(io_error(path, e)),
+    };
+
+    // Entries that a repack in this process superseded: same weights, another seed, not used.
+    let repacked: HashSet<_> = state
+        .entries
+        .iter()
+        .filter(|e| e.packed_here)
+        .filter_map(|e| e.key.map(|k| (k.kernel, k.bias, k.seed)))
+        .collect();
+    let superseded = |k: &EntryKey, used: bool| {
+        !used
+            && repacked.iter().any(|(kernel, bias, seed)| {
+                *kernel == k.kernel && *bias == k.bias && *seed != k.seed
+            })
+    };
+
+    let mut rows: Vec<(EntryKey, &[u8], u64)> = Vec::new();
+    let mut ours: HashSet<EntryKey> = HashSet::new();
+    let mut corrupt = 0usize;
+    for e in &state.entries {
+        let Some(key) = e.key else { continue };
+        if superseded(&key, e.hit || e.packed_here) {
+            continue;
+        }
+        let data = state.bytes_of(e);
+        let sum = checksum64(data);
+        // A mapped entry is copied only if its bytes still match what was recorded.
+        if e.checksum.is_some_and(|c| c != sum) {
+            corrupt += 1;
+            continue;
+        }
+        ours.insert(key);
+        rows.push((key, data, sum));
+    }
+    if let Some((map, decoded)) = &disk {
+        for fe in &decoded.entries {
+            if ours.contains(&fe.key) || superseded(&fe.key, false) {
+                continue;
+            }
+            let data = &map.bytes()[fe.offset as usize..(fe.offset + fe.size) as usize];
+            if checksum64(data) != fe.checksum {
+                corrupt += 1;
+                continue;
+            }
+            rows.push((fe.key, data, fe.checksum));
+        }
+    }
+    let (map, written) = commit(path, compat, rows.into_iter())?;
+
+    let m = state.maps.len();
+    state.maps.push(Arc::new(map));
+    for fe in written {
+        match state.by_key.get(&fe.key).copied() {
+            Some(i) => {
+                let e = &mut state.entries[i];
+                e.unsaved = false;
+                if !e.resolved {
+                    // Nothing holds this address yet: read it from the file from now on,
+                    // which frees the heap copy.
+                    e.location = Location::Mapped {
+                        map: m,
+                        offset: fe.offset as usize,
+                    };
+                    e.checksum = Some(fe.checksum);
+                }
+            }
+            // Saved by another process: look-up-able here too.
+            None => {
+                state.insert_mapped(fe.key, m, fe.offset as usize, fe.size as usize, fe.checksum)
+            }
+        }
+    }
+    Ok(corrupt)
+}
+
+/// What `verify_file` found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileReport {
+    pub file_size: u64,
+    pub entries: usize,
+    pub packed_bytes: u64,
+    /// Entries dropped at decode (bad bounds, alignment, duplicates).
+    pub invalid_entries: usize,
+    /// Entries whose packed bytes do not match their checksum (only when checked).
+    pub corrupt: Vec<format::FileEntry>,
+    /// Whether the file was rewritten without the bad entries.
+    pub rewritten: bool,
+}
+
+/// Reads a cache file as `compat` expects it; with `check_data`, checksums every entry; with
+/// `rewrite`, replaces the file (under the writer lock) with only the good entries, tightly
+/// packed, when anything was bad or `force_rewrite` is set.
+pub(crate) fn inspect_file(
+    path: &Path,
+    compat: &Compat,
+    check_data: bool,
+    rewrite: bool,
+    force_rewrite: bool,
+) -> Result<Result<FileReport, FileError>, CacheError> {
+    let _lock = if rewrite {
+        Some(lock_writers(path)?)
+    } else {
+        None
+    };
+    let map = MappedFile::open(path).map_err(|e| io_error(path, e))?;
+    let decoded = match format::decode(map.bytes(), compat) {
+        Ok(d) => d,
+        Err(e) => return Ok(Err(e)),
+    };
+    let data = |e: &FileEntry| &map.bytes()[e.offset as usize..(e.offset + e.size) as usize];
+    let corrupt: Vec<FileEntry> = if check_data {
+        decoded
+            .entries
+            .iter()
+            .filter(|e| checksum64(data(e)) != e.checksum)
+            .copied()
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let mut report = FileReport {
+        file_size: map.bytes().len() as u64,
+        entries: decoded.entries.len(),
+        packed_bytes: decoded.entries.iter().map(|e| e.size).sum(),
+        invalid_entries: decoded.dropped.len(),
+        corrupt,
+        rewritten: false,
+    };
+    let anything_bad = !report.corrupt.is_empty() || report.invalid_entries > 0;
+    if rewrite && (anything_bad || force_rewrite) {
+        let good = decoded
+            .entries
+            .iter()
+            .filter(|e| !report.corrupt.contains(e))
+            .map(|e| (e.key, data(e), e.checksum));
+        commit(path, compat, good)?;
+        report.rewritten = true;
+    }
+    Ok(Ok(report))
+}
