@@ -29,8 +29,10 @@ const CPU_AT: usize = HEADER_SIZE_AT + 4;
 const BUILD_ID_LEN_AT: usize = CPU_AT + 8;
 const RESERVED_AT: usize = BUILD_ID_LEN_AT + 4;
 const BUILD_ID_AT: usize = RESERVED_AT + 4;
-const HEADER_CHECKSUM_AT: usize = BUILD_ID_AT + MAX_BUILD_ID;
 pub const HEADER_SIZE: usize = 128;
+/// Last in the header, covering every byte before it (reserved bytes must stay as written).
+const HEADER_CHECKSUM_AT: usize = HEADER_SIZE - 8;
+const _: () = assert!(BUILD_ID_AT + MAX_BUILD_ID <= HEADER_CHECKSUM_AT);
 
 // Entry fields.
 const KERNEL_AT: usize = 0;

@@ -1,0 +1,525 @@
+//! The persistent packed-weight cache with real XNNPACK: cold packs and saves, warm packs
+//! nothing; stale, torn and corrupt files are rebuilt or repacked, never trusted.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use xnnblob::cache::{
+    format, verify_file, BlobId, CacheOptions, LoadOutcome, PackedWeightsCache, Registration,
+};
+use xnnblob::synthetic::{Mlp, MLP_INPUT, MLP_OUTPUT};
+use xnnblob::xnn::Runtime;
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("xnnblob-cache-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn input_for(mlp: &Mlp) -> Vec<f32> {
+    (0..mlp.input_width())
+        .map(|i| ((i % 11) as f32 - 5.0) / 5.0)
+        .collect()
+}
+
+fn register<'a>(cache: &'a PackedWeightsCache, mlp: &'a Mlp) -> Vec<Registration<'a>> {
+    mlp.layers
+        .iter()
+        .flat_map(|l| {
+            [
+                cache.register(&l.weights, BlobId::of_f32s(&l.weights)),
+                cache.register(&l.bias, BlobId::of_f32s(&l.bias)),
+            ]
+        })
+        .collect()
+}
+
+/// Creates a runtime through the cache, finalizes, runs once: what a model load does.
+fn launch(cache: &PackedWeightsCache, mlp: &Mlp) -> Vec<f32> {
+    let registrations = register(cache, mlp);
+    let graph = mlp.subgraph(1).unwrap();
+    let mut runtime = Runtime::new(&graph, Some(cache)).unwrap();
+    drop(registrations);
+    cache.finalize().unwrap();
+    let input = input_for(mlp);
+    let mut out = vec![f32::NAN; mlp.output_width()];
+    runtime
+        .invoke(&[(MLP_INPUT, &input)], &mut [(MLP_OUTPUT, &mut out)])
+        .unwrap();
+    out
+}
+
+fn assert_matches_reference(mlp: &Mlp, out: &[f32]) {
+    let expected = mlp.reference_forward(&input_for(mlp), 1);
+    for (a, b) in out.iter().zip(&expected) {
+        assert!((a - b).abs() <= 1e-4, "{a} vs {b}");
+    }
+}
+
+/// A fresh process's view: the previous cache object is gone, the file is opened again.
+fn reopen(path: &Path) -> Arc<PackedWeightsCache> {
+    PackedWeightsCache::open(path).unwrap()
+}
+
+fn model() -> Mlp {
+    Mlp::random(&[48, 64, 40, 24], 9)
+}
+
+/// A cold launch on an empty file; returns the outputs and the file's size.
+fn cold(path: &Path, mlp: &Mlp) -> (Vec<f32>, u64) {
+    let cache = reopen(path);
+    let out = launch(&cache, mlp);
+    drop(cache);
+    (out, std::fs::metadata(path).unwrap().len())
+}
+
+#[test]
+fn cold_then_warm_packs_nothing_and_gives_identical_outputs() {
+    let dir = scratch("cold-warm");
+    let path = dir.join("weights.xbc");
+    let mlp = model();
+
+    let cache = reopen(&path);
+    assert_eq!(cache.load_outcome(), &LoadOutcome::Fresh);
+    let cold_out = launch(&cache, &mlp);
+    let s = cache.stats();
+    assert_eq!((s.packed, s.entries, s.unsaved), (3, 3, 0));
+    assert_eq!(s.heap_entries, 0, "saved entries now read from the file");
+    assert_eq!(cache.saves(), 1);
+    drop(cache);
+
+    let cache = reopen(&path);
+    assert_eq!(
+        cache.load_outcome(),
+        &LoadOutcome::Loaded {
+            entries: 3,
+            dropped: 0
+        }
+    );
+    let warm_out = launch(&cache, &mlp);
+    let s = cache.stats();
+    assert_eq!(s.packed, 0, "warm launch packed nothing");
+    assert_eq!(s.hits, 3);
+    assert_eq!(cache.saves(), 0, "nothing new, nothing written");
+    assert_eq!(cold_out, warm_out, "bit-identical");
+    assert_matches_reference(&mlp, &warm_out);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn opening_a_path_twice_in_one_process_gives_one_cache() {
+    let dir = scratch("registry");
+    let a = PackedWeightsCache::open(dir.join("c.xbc")).unwrap();
+    let b = PackedWeightsCache::open(dir.join(".").join("c.xbc")).unwrap();
+    assert!(Arc::ptr_eq(&a, &b));
+    let other = PackedWeightsCache::open(dir.join("d.xbc")).unwrap();
+    assert!(!Arc::ptr_eq(&a, &other));
+}
+
+#[test]
+fn issue_20833_hundred_reload_cycles_leave_size_and_mtime_unchanged() {
+    let dir = scratch("reload");
+    let path = dir.join("weights.xbc");
+    let mlp = model();
+    let (first, size) = cold(&path, &mlp);
+    let mtime = std::fs::metadata(&path).unwrap().modified().unwrap();
+    for _ in 0..100 {
+        let cache = reopen(&path);
+        assert_eq!(launch(&cache, &mlp), first);
+        assert_eq!(cache.stats().packed, 0);
+    }
+    let meta = std::fs::metadata(&path).unwrap();
+    assert_eq!(meta.len(), size);
+    assert_eq!(meta.modified().unwrap(), mtime);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn two_models_sharing_weights_store_shared_entries_once() {
+    let dir = scratch("shared");
+    let path = dir.join("weights.xbc");
+    let a = model();
+    let mut b = model();
+    // b shares a's first two layers, and has its own last layer.
+    b.layers[2] = Mlp::random(&[40, 24], 77).layers.remove(0);
+    let cache = reopen(&path);
+    launch(&cache, &a);
+    launch(&cache, &b);
+    let s = cache.stats();
+    assert_eq!(s.entries, 4, "3 of a + 1 new of b");
+    assert_eq!(s.packed, 4);
+    drop(cache);
+    let decoded = format::decode(&std::fs::read(&path).unwrap(), &default_compat()).unwrap();
+    assert_eq!(decoded.entries.len(), 4);
+    let cache = reopen(&path);
+    launch(&cache, &b);
+    launch(&cache, &a);
+    assert_eq!(cache.stats().packed, 0);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+fn default_compat() -> format::Compat {
+    format::Compat {
+        build_id: xnnblob::xnn::build_identifier().to_vec(),
+        cpu_fingerprint: xnnblob::cache::cpu_fingerprint(),
+    }
+}
+
+/// Writes a cache file as another build/CPU would, then checks a normal launch rejects it,
+/// repacks everything, and leaves a file the next launch uses fully.
+fn stale_file_is_rebuilt(name: &str, options: CacheOptions, expect: fn(&LoadOutcome) -> bool) {
+    let dir = scratch(name);
+    let path = dir.join("weights.xbc");
+    let mlp = model();
+    let (_, fresh_size) = cold(&dir.join("reference.xbc"), &mlp);
+    let other = PackedWeightsCache::open_with(&path, options).unwrap();
+    launch(&other, &mlp);
+    drop(other);
+
+    let cache = reopen(&path);
+    assert!(expect(cache.load_outcome()), "{:?}", cache.load_outcome());
+    let out = launch(&cache, &mlp);
+    assert_eq!(cache.stats().packed, 3);
+    assert_matches_reference(&mlp, &out);
+    drop(cache);
+    assert_eq!(
+        std::fs::metadata(&path).unwrap().len(),
+        fresh_size,
+        "back to 1x"
+    );
+    let cache = reopen(&path);
+    launch(&cache, &mlp);
+    assert_eq!(cache.stats().packed, 0, "fully warm again");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn issue_22183_another_xnnpack_build_forces_a_rebuild_that_converges() {
+    stale_file_is_rebuilt(
+        "build",
+        CacheOptions {
+            build_id: Some(b"another xnnpack build".to_vec()),
+            ..Default::default()
+        },
+        |o| matches!(o, LoadOutcome::Rejected(format::FileError::BuildMismatch)),
+    );
+}
+
+#[test]
+fn another_cpu_fingerprint_forces_a_rebuild() {
+    stale_file_is_rebuilt(
+        "cpu",
+        CacheOptions {
+            cpu_fingerprint: Some(0x1234),
+            ..Default::default()
+        },
+        |o| {
+            matches!(
+                o,
+                LoadOutcome::Rejected(format::FileError::CpuMismatch { .. })
+            )
+        },
+    );
+}
+
+#[test]
+fn another_format_version_forces_a_rebuild() {
+    let dir = scratch("version");
+    let path = dir.join("weights.xbc");
+    let mlp = model();
+    let (_, size) = cold(&path, &mlp);
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes[8..12].copy_from_slice(&(format::FORMAT_VERSION + 1).to_le_bytes());
+    std::fs::write(&path, &bytes).unwrap();
+    let cache = reopen(&path);
+    assert!(matches!(
+        cache.load_outcome(),
+        LoadOutcome::Rejected(format::FileError::UnsupportedVersion { .. })
+    ));
+    launch(&cache, &mlp);
+    assert_eq!(cache.stats().packed, 3);
+    drop(cache);
+    assert_eq!(std::fs::metadata(&path).unwrap().len(), size);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Rewrites the file's index with `edit` applied to each entry (checksums kept valid).
+fn edit_index(path: &Path, edit: impl Fn(&mut format::FileEntry)) {
+    let mut bytes = std::fs::read(path).unwrap();
+    let decoded = format::decode(&bytes, &default_compat()).unwrap();
+    let at = format::index_offset(&bytes).unwrap();
+    let mut entries = decoded.entries.clone();
+    entries.sort_by_key(|e| e.offset);
+    entries.iter_mut().for_each(edit);
+    bytes.truncate(at as usize);
+    bytes.extend_from_slice(&format::encode_index(&entries, at));
+    std::fs::write(path, &bytes).unwrap();
+}
+
+#[test]
+fn a_changed_seed_repacks_that_entry_and_the_file_returns_to_1x() {
+    let dir = scratch("seed");
+    let path = dir.join("weights.xbc");
+    let mlp = model();
+    let (_, size) = cold(&path, &mlp);
+    edit_index(&path, |e| {
+        if e.offset == format::HEADER_SIZE as u64 {
+            e.key.seed ^= 0x5A5A;
+        }
+    });
+    let cache = reopen(&path);
+    launch(&cache, &mlp);
+    assert_eq!(cache.stats().packed, 1, "only the entry with the old seed");
+    drop(cache);
+    assert_eq!(
+        std::fs::metadata(&path).unwrap().len(),
+        size,
+        "garbage reclaimed"
+    );
+    let cache = reopen(&path);
+    launch(&cache, &mlp);
+    assert_eq!(cache.stats().packed, 0, "fully warm");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Loads whatever is at `path`, checks the outputs and that the file is valid afterwards.
+fn survives(path: &Path, mlp: &Mlp, expected: &[f32], what: &str) -> LoadOutcome {
+    let cache = reopen(path);
+    let outcome = cache.load_outcome().clone();
+    let out = launch(&cache, mlp);
+    assert_eq!(out, expected, "{what}");
+    drop(cache);
+    let decoded = format::decode(&std::fs::read(path).unwrap(), &default_compat());
+    assert_eq!(
+        decoded.map(|d| d.entries.len()).ok(),
+        Some(3),
+        "{what}: valid file after"
+    );
+    outcome
+}
+
+#[test]
+fn torn_files_are_rebuilt_whatever_the_cut() {
+    let dir = scratch("torn");
+    let path = dir.join("weights.xbc");
+    let mlp = model();
+    let (expected, _) = cold(&path, &mlp);
+    let good = std::fs::read(&path).unwrap();
+    let index = format::index_offset(&good).unwrap() as usize;
+    let len = good.len();
+    let mut cuts: Vec<usize> = (0..=3).map(|i| index + i * format::ENTRY_SIZE).collect();
+    cuts.extend([
+        0,
+        8,
+        64,
+        127,
+        128,
+        129,
+        index - 1,
+        len - 32,
+        len - 24,
+        len - 16,
+        len - 8,
+        len - 1,
+    ]);
+    for cut in cuts {
+        std::fs::write(&path, &good[..cut]).unwrap();
+        let outcome = survives(&path, &mlp, &expected, &format!("cut at {cut}"));
+        assert!(
+            matches!(outcome, LoadOutcome::Rejected(_)),
+            "cut at {cut}: {outcome:?}"
+        );
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn flipped_bits_in_header_index_or_trailer_are_detected() {
+    let dir = scratch("flips");
+    let path = dir.join("weights.xbc");
+    let mlp = model();
+    let (expected, _) = cold(&path, &mlp);
+    let good = std::fs::read(&path).unwrap();
+    let index = format::index_offset(&good).unwrap() as usize;
+    let mut positions: Vec<usize> = (0..format::HEADER_SIZE).collect();
+    positions.extend((index..good.len()).step_by(5));
+    for at in positions {
+        let mut bad = good.clone();
+        bad[at] ^= 1 << (at % 8);
+        std::fs::write(&path, &bad).unwrap();
+        let outcome = survives(&path, &mlp, &expected, &format!("flip at {at}"));
+        assert!(
+            matches!(outcome, LoadOutcome::Rejected(_)),
+            "flip at {at}: {outcome:?}"
+        );
+    }
+    // A garbage trailer.
+    let mut bad = good.clone();
+    let n = bad.len();
+    bad[n - 32..].copy_from_slice(&[0xA5; 32]);
+    std::fs::write(&path, &bad).unwrap();
+    let outcome = survives(&path, &mlp, &expected, "garbage trailer");
+    assert!(matches!(
+        outcome,
+        LoadOutcome::Rejected(format::FileError::BadTrailer)
+    ));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn corrupt_packed_data_is_reported_by_verify_and_repacked_next_launch() {
+    let dir = scratch("data-flip");
+    let path = dir.join("weights.xbc");
+    let mlp = model();
+    let (expected, size) = cold(&path, &mlp);
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes[format::HEADER_SIZE + 100] ^= 0x10; // inside the first packed region
+    std::fs::write(&path, &bytes).unwrap();
+
+    let options = CacheOptions::default();
+    let report = verify_file(&path, &options, true, false).unwrap().unwrap();
+    assert_eq!(report.corrupt.len(), 1);
+    assert_eq!(report.corrupt[0].offset, format::HEADER_SIZE as u64);
+    assert!(!report.rewritten);
+    // The in-process check finds it too.
+    assert_eq!(reopen(&path).verify().len(), 1);
+
+    let report = verify_file(&path, &options, true, true).unwrap().unwrap();
+    assert!(report.rewritten);
+    let cache = reopen(&path);
+    assert_eq!(launch(&cache, &mlp), expected);
+    assert_eq!(cache.stats().packed, 1, "the dropped entry is repacked");
+    drop(cache);
+    assert_eq!(std::fs::metadata(&path).unwrap().len(), size);
+    assert!(verify_file(&path, &options, true, false)
+        .unwrap()
+        .unwrap()
+        .corrupt
+        .is_empty());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn issue_19682_eight_threads_creating_runtimes_over_one_cache() {
+    let dir = scratch("threads");
+    let path = dir.join("weights.xbc");
+    let mlp = model();
+    let cache = reopen(&path);
+    std::thread::scope(|s| {
+        for _ in 0..8 {
+            s.spawn(|| {
+                let out = launch(&cache, &mlp);
+                assert_matches_reference(&mlp, &out);
+            });
+        }
+    });
+    assert_eq!(cache.stats().entries, 3);
+    drop(cache);
+    let decoded = format::decode(&std::fs::read(&path).unwrap(), &default_compat()).unwrap();
+    assert_eq!(decoded.entries.len(), 3);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn issue_18946_null_bias_is_a_normal_key() {
+    // Fully connected layers without bias: XNNPACK passes a NULL bias pointer.
+    use xnnblob::xnn::{Subgraph, ValueRole};
+    let dir = scratch("null-bias");
+    let path = dir.join("weights.xbc");
+    let w: Vec<f32> = (0..32 * 16).map(|i| ((i % 7) as f32 - 3.0) / 7.0).collect();
+    let build_and_run = |cache: &PackedWeightsCache| -> Vec<f32> {
+        let _reg = cache.register(&w, BlobId::of_f32s(&w));
+        let mut g = Subgraph::new(2).unwrap();
+        let x = g.define_f32_tensor(&[1, 32], ValueRole::Input(0)).unwrap();
+        let wv = g
+            .define_f32_tensor(&[16, 32], ValueRole::Static(&w))
+            .unwrap();
+        let y = g.define_f32_tensor(&[1, 16], ValueRole::Output(1)).unwrap();
+        g.define_fully_connected(x, wv, None, y, f32::NEG_INFINITY, f32::INFINITY)
+            .unwrap();
+        let mut rt = Runtime::new(&g, Some(cache)).unwrap();
+        cache.finalize().unwrap();
+        let input = vec![0.5f32; 32];
+        let mut out = vec![0f32; 16];
+        rt.invoke(&[(0, &input)], &mut [(1, &mut out)]).unwrap();
+        out
+    };
+    let cache = reopen(&path);
+    let cold = build_and_run(&cache);
+    assert_eq!(cache.stats().packed, 1);
+    drop(cache);
+    let cache = reopen(&path);
+    assert_eq!(build_and_run(&cache), cold);
+    assert_eq!(cache.stats().packed, 0);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn in_memory_cache_shares_packing_without_a_file() {
+    let mlp = model();
+    let cache = PackedWeightsCache::in_memory();
+    let a = launch(&cache, &mlp);
+    let b = launch(&cache, &mlp);
+    assert_eq!(a, b);
+    let s = cache.stats();
+    assert_eq!((s.packed, s.hits, s.entries), (3, 3, 3));
+    assert_eq!(cache.saves(), 0);
+}
+
+#[test]
+fn unregistered_weights_are_packed_but_never_saved() {
+    let dir = scratch("unregistered");
+    let path = dir.join("weights.xbc");
+    let mlp = model();
+    let cache = reopen(&path);
+    let graph = mlp.subgraph(1).unwrap();
+    let _rt = Runtime::new(&graph, Some(&*cache)).unwrap();
+    cache.finalize().unwrap();
+    let s = cache.stats();
+    assert_eq!((s.packed, s.unregistered, s.entries), (3, 3, 0));
+    assert!(!path.exists(), "nothing to save, no file");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Child mode for the multi-process test: a cold start on the path in the environment.
+#[test]
+fn child_cold_start() {
+    let Ok(path) = std::env::var("XNNBLOB_TEST_CACHE_PATH") else {
+        return;
+    };
+    let mlp = model();
+    let cache = reopen(Path::new(&path));
+    let out = launch(&cache, &mlp);
+    assert_matches_reference(&mlp, &out);
+}
+
+#[test]
+fn four_processes_cold_starting_one_path_leave_one_valid_1x_file() {
+    let dir = scratch("processes");
+    let path = dir.join("weights.xbc");
+    let mlp = model();
+    let (_, size) = cold(&dir.join("reference.xbc"), &mlp);
+    let children: Vec<_> = (0..4)
+        .map(|_| {
+            std::process::Command::new(std::env::current_exe().unwrap())
+                .args([
+                    "--exact",
+                    "child_cold_start",
+                    "--nocapture",
+                    "--test-threads=1",
+                ])
+                .env("XNNBLOB_TEST_CACHE_PATH", &path)
+                .stdout(std::process::Stdio::null())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for mut c in children {
+        assert!(c.wait().unwrap().success());
+    }
+    assert_eq!(std::fs::metadata(&path).unwrap().len(), size);
+    let cache = reopen(&path);
+    launch(&cache, &mlp);
+    assert_eq!(cache.stats().packed, 0);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
