@@ -1,0 +1,73 @@
+//! `xnnblob cache stats|verify|compact` on a real cache file.
+
+use std::path::Path;
+use std::process::Command;
+use xnnblob::cache::{format, BlobId, PackedWeightsCache};
+use xnnblob::synthetic::Mlp;
+use xnnblob::xnn::Runtime;
+
+fn xnnblob(args: &[&str]) -> (bool, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_xnnblob"))
+        .args(args)
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+fn make_cache(path: &Path) {
+    let mlp = Mlp::random(&[32, 32, 16], 4);
+    let cache = PackedWeightsCache::open(path).unwrap();
+    let _regs: Vec<_> = mlp
+        .layers
+        .iter()
+        .flat_map(|l| {
+            [
+                cache.register(&l.weights, BlobId::of_f32s(&l.weights)),
+                cache.register(&l.bias, BlobId::of_f32s(&l.bias)),
+            ]
+        })
+        .collect();
+    let graph = mlp.subgraph(1).unwrap();
+    let _rt = Runtime::new(&graph, Some(&*cache)).unwrap();
+    cache.finalize().unwrap();
+}
+
+#[test]
+fn stats_verify_and_compact() {
+    let dir = std::env::temp_dir().join(format!("xnnblob-cache-cli-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("w.xbc");
+    make_cache(&path);
+    let p = path.to_str().unwrap();
+
+    let (ok, out) = xnnblob(&["cache", "stats", p]);
+    assert!(ok, "{out}");
+    assert!(out.contains("2 entries"), "{out}");
+    let (ok, out) = xnnblob(&["cache", "verify", p]);
+    assert!(ok && !out.contains("corrupt"), "{out}");
+
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes[format::HEADER_SIZE + 8] ^= 1;
+    std::fs::write(&path, &bytes).unwrap();
+    let (ok, out) = xnnblob(&["cache", "verify", p]);
+    assert!(!ok, "verify fails on a corrupt entry: {out}");
+    assert!(
+        out.contains("corrupt entry") && out.contains("rewrote"),
+        "{out}"
+    );
+    let (ok, out) = xnnblob(&["cache", "verify", p]);
+    assert!(ok && out.contains("1 entries"), "{out}");
+    let (ok, out) = xnnblob(&["cache", "compact", p]);
+    assert!(ok, "{out}");
+
+    std::fs::write(&path, b"not a cache").unwrap();
+    let (ok, out) = xnnblob(&["cache", "stats", p]);
+    assert!(!ok && out.contains("rebuilt"), "{out}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
