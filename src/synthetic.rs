@@ -80,9 +80,9 @@ impl Mlp {
             let last = n + 1 == self.layers.len();
             let w = g.define_f32_tensor(
                 &[layer.outputs, layer.inputs],
-                ValueRole::Static(&layer.weights),
+                ValueRole::static_f32(&layer.weights),
             )?;
-            let b = g.define_f32_tensor(&[layer.outputs], ValueRole::Static(&layer.bias))?;
+            let b = g.define_f32_tensor(&[layer.outputs], ValueRole::static_f32(&layer.bias))?;
             let role = if last {
                 ValueRole::Output(MLP_OUTPUT)
             } else {

@@ -432,7 +432,7 @@ fn issue_18946_null_bias_is_a_normal_key() {
         let mut g = Subgraph::new(2).unwrap();
         let x = g.define_f32_tensor(&[1, 32], ValueRole::Input(0)).unwrap();
         let wv = g
-            .define_f32_tensor(&[16, 32], ValueRole::Static(&w))
+            .define_f32_tensor(&[16, 32], ValueRole::static_f32(&w))
             .unwrap();
         let y = g.define_f32_tensor(&[1, 16], ValueRole::Output(1)).unwrap();
         g.define_fully_connected(x, wv, None, y, f32::NEG_INFINITY, f32::INFINITY)

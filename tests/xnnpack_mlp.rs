@@ -64,17 +64,18 @@ fn invoke_rejects_wrong_buffer_sizes_and_unbound_externals() {
 
 #[test]
 fn static_data_of_the_wrong_size_is_an_error() {
-    use xnnblob::xnn::{Subgraph, ValueRole};
+    use xnnblob::xnn::{Datatype, Subgraph, ValueRole};
     let data = [1.0f32; 5];
     let mut g = Subgraph::new(0).unwrap();
     let err = g
-        .define_f32_tensor(&[2, 3], ValueRole::Static(&data))
+        .define_f32_tensor(&[2, 3], ValueRole::static_f32(&data))
         .unwrap_err();
     assert_eq!(
         err,
         XnnError::StaticDataSize {
-            expected_elements: 6,
-            given_elements: 5
+            datatype: Datatype::Fp32,
+            expected_bytes: 24,
+            given_bytes: 20
         }
     );
 }

@@ -247,7 +247,7 @@ pub fn decode(bytes: &[u8], expect: &Compat) -> Result<Decoded, FileError> {
         let end = e.offset.checked_add(e.size);
         let problem = if u32_at(raw, FLAGS_AT) != 0 {
             Some(EntryProblem::Reserved)
-        } else if e.offset % REGION_ALIGNMENT as u64 != 0 {
+        } else if !e.offset.is_multiple_of(REGION_ALIGNMENT as u64) {
             Some(EntryProblem::Misaligned)
         } else if e.offset < HEADER_SIZE as u64 || end.is_none_or(|end| end > index_offset) {
             Some(EntryProblem::OutOfBounds)

@@ -1,5 +1,6 @@
 //! XNNPACK's `xnn_status` as a typed Rust error.
 
+use super::subgraph::Datatype;
 use std::fmt;
 use xnnpack_sys as sys;
 
@@ -46,11 +47,20 @@ pub enum XnnError {
         expected_elements: usize,
         given_elements: usize,
     },
-    /// Static data does not have as many elements as its tensor's shape.
+    /// Static data does not have as many bytes as a tensor of its shape and datatype takes
+    /// ([`Datatype::tensor_bytes`]; `usize::MAX` when that overflows).
     StaticDataSize {
-        expected_elements: usize,
-        given_elements: usize,
+        datatype: Datatype,
+        expected_bytes: usize,
+        given_bytes: usize,
     },
+    /// Static data does not start at a multiple of its datatype's element size.
+    StaticDataAlignment {
+        datatype: Datatype,
+        alignment: usize,
+    },
+    /// A quantized tensor was given a different number of scales than its shape needs.
+    QuantizationScales { expected: usize, given: usize },
     /// `id` is not an external value of this runtime, or is bound twice.
     UnknownExternal { id: u32 },
     /// The external input or output `id` was not bound.
@@ -80,11 +90,23 @@ impl fmt::Display for XnnError {
                 "external value {id}: buffer holds {given_elements} elements, the runtime expects {expected_elements}"
             ),
             XnnError::StaticDataSize {
-                expected_elements,
-                given_elements,
+                datatype,
+                expected_bytes,
+                given_bytes,
             } => write!(
                 f,
-                "static data holds {given_elements} elements, its shape needs {expected_elements}"
+                "static {datatype:?} data holds {given_bytes} bytes, its shape needs {expected_bytes}"
+            ),
+            XnnError::StaticDataAlignment {
+                datatype,
+                alignment,
+            } => write!(
+                f,
+                "static {datatype:?} data is not aligned to {alignment} bytes"
+            ),
+            XnnError::QuantizationScales { expected, given } => write!(
+                f,
+                "quantized tensor given {given} scales, its shape needs {expected}"
             ),
             XnnError::MissingExternal { id } => write!(f, "external value {id} is not bound"),
             XnnError::UnknownExternal { id } => {

@@ -10,7 +10,10 @@ mod weights_cache;
 pub use error::{Status, XnnError};
 pub use memory_cache::{InMemoryWeightsCache, ProviderStats};
 pub use runtime::Runtime;
-pub use subgraph::{Subgraph, ValueRole};
+pub use subgraph::{
+    BlockwiseQuantization, ChannelwiseQuantization, Convolution2dParams, Datatype,
+    DepthwiseConvolution2dParams, FullyConnectedFlags, Padding2d, Subgraph, ValueRole,
+};
 pub use weights_cache::{AsXnnWeightsCache, LookUpKey, PackedWeightsProvider, WeightsCache};
 
 use std::sync::OnceLock;

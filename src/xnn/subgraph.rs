@@ -1,30 +1,375 @@
 //! An owned XNNPACK subgraph: values and nodes, before a runtime is made of it.
+//!
+//! Every `define_*` method is a thin wrapper over the `xnn_define_*` call of the same name: it
+//! checks what XNNPACK would otherwise read out of bounds or trust blindly (static data and
+//! scale lengths, alignment, value ranks), and leaves the rest of the validation to XNNPACK,
+//! whose refusals come back as [`XnnError::Call`]. Where the wrapper itself refuses a call that
+//! XNNPACK would mishandle, it answers as XNNPACK does for invalid arguments:
+//! `XnnError::Call { call, status: Status::InvalidParameter }`.
 
-use super::error::{check, XnnError};
+use super::error::{check, Status, XnnError};
+use std::collections::HashMap;
 use std::marker::PhantomData;
 use std::ptr::NonNull;
 use xnnpack_sys as sys;
+
+/// The element type of a tensor value (`xnn_datatype_*`).
+///
+/// The quantized types need the matching `define_*quantized_tensor` method; `define_tensor`
+/// takes the plain ones (fp32, fp16, bf16, int32).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Datatype {
+    /// IEEE 754 single precision.
+    Fp32,
+    /// IEEE 754 half precision.
+    Fp16,
+    /// bfloat16: the upper 16 bits of an fp32.
+    Bf16,
+    /// Plain 32-bit signed integers.
+    Int32,
+    /// 8-bit signed integers with one zero point and scale for the whole tensor.
+    Qint8,
+    /// 8-bit unsigned integers with one zero point and scale for the whole tensor.
+    Quint8,
+    /// 32-bit signed integers with one scale for the whole tensor (zero point 0).
+    Qint32,
+    /// 8-bit signed integers with a scale per channel.
+    Qcint8,
+    /// 32-bit signed integers with a scale per channel (zero point 0).
+    Qcint32,
+    /// 4-bit integers with a scale per channel, two per byte.
+    Qcint4,
+    /// 8-bit signed integers quantized at run time, with parameters per batch row.
+    Qdint8,
+    /// 4-bit integers with a bf16 scale per block of input channels, two per byte.
+    Qbint4,
+}
+
+impl Datatype {
+    /// The `xnn_datatype` this stands for.
+    pub fn to_raw(self) -> sys::xnn_datatype {
+        match self {
+            Datatype::Fp32 => sys::xnn_datatype_fp32,
+            Datatype::Fp16 => sys::xnn_datatype_fp16,
+            Datatype::Bf16 => sys::xnn_datatype_bf16,
+            Datatype::Int32 => sys::xnn_datatype_int32,
+            Datatype::Qint8 => sys::xnn_datatype_qint8,
+            Datatype::Quint8 => sys::xnn_datatype_quint8,
+            Datatype::Qint32 => sys::xnn_datatype_qint32,
+            Datatype::Qcint8 => sys::xnn_datatype_qcint8,
+            Datatype::Qcint32 => sys::xnn_datatype_qcint32,
+            Datatype::Qcint4 => sys::xnn_datatype_qcint4,
+            Datatype::Qdint8 => sys::xnn_datatype_qdint8,
+            Datatype::Qbint4 => sys::xnn_datatype_qbint4,
+        }
+    }
+
+    /// Bits per element.
+    pub fn bits(self) -> usize {
+        match self {
+            Datatype::Qcint4 | Datatype::Qbint4 => 4,
+            Datatype::Qint8 | Datatype::Quint8 | Datatype::Qcint8 | Datatype::Qdint8 => 8,
+            Datatype::Fp16 | Datatype::Bf16 => 16,
+            Datatype::Fp32 | Datatype::Int32 | Datatype::Qint32 | Datatype::Qcint32 => 32,
+        }
+    }
+
+    /// The bytes static data of shape `dims` takes, as XNNPACK's weight packing reads it:
+    /// elements × bits / 8. 4-bit elements are packed two per byte, the even-indexed one in
+    /// the low nibble, and each row (the innermost dimension) starts on a byte: a row of an odd
+    /// length ends with a spare high nibble, which must hold the tensor's zero point. That is
+    /// the layout XNNPACK's fully connected packing reads for `[output_channels,
+    /// input_channels]` 4-bit filters: it rounds the input channels up to even, and its qd8
+    /// kernels then use the spare nibble as the weight of one more input channel, which the
+    /// zero point makes 0. It is more than `xnn_tensor_get_size`'s rounding of the whole
+    /// tensor when rows are odd. None if the size does not fit in a `usize`.
+    pub fn tensor_bytes(self, dims: &[usize]) -> Option<usize> {
+        if self.bits() == 4 {
+            let Some((&row, outer)) = dims.split_last() else {
+                return Some(1); // a scalar: one nibble in one byte
+            };
+            let rows = outer.iter().try_fold(1usize, |n, &d| n.checked_mul(d))?;
+            return rows.checked_mul(row.div_ceil(2));
+        }
+        let elements = dims.iter().try_fold(1usize, |n, &d| n.checked_mul(d))?;
+        elements.checked_mul(self.bits() / 8)
+    }
+
+    /// The alignment static data of this type needs: its element size, at least 1.
+    fn alignment(self) -> usize {
+        (self.bits() / 8).max(1)
+    }
+}
 
 /// How a tensor value takes part in the graph.
 #[derive(Debug, Clone, Copy)]
 pub enum ValueRole<'data> {
     /// Produced and consumed inside the graph.
     Internal,
-    /// Constant data (weights), borrowed for as long as the subgraph and its runtimes live.
-    Static(&'data [f32]),
+    /// Constant data (weights), borrowed for as long as the subgraph and its runtimes live: the
+    /// tensor's elements in native byte order, exactly [`Datatype::tensor_bytes`] long and
+    /// aligned to the element size. The `static_*` constructors make it from typed slices.
+    ///
+    /// XNNPACK's contract (`XNN_EXTRA_BYTES` in xnnpack.h) lets it read, never write, up to
+    /// that many bytes past the end of any tensor data, static data included (some packing and
+    /// elementwise kernels do); borrow static data from buffers that have them.
+    Static(&'data [u8]),
     /// Fed by the caller under this external id.
     Input(u32),
     /// Read by the caller under this external id.
     Output(u32),
 }
 
-/// An XNNPACK subgraph. `'data` is the lifetime of the static data its values point to; the
-/// runtimes made from it borrow that data too.
+impl<'data> ValueRole<'data> {
+    /// Static fp32 data.
+    pub fn static_f32(data: &'data [f32]) -> ValueRole<'data> {
+        ValueRole::Static(as_bytes(data))
+    }
+
+    /// Static 16-bit data: fp16 or bf16 bit patterns.
+    pub fn static_u16(data: &'data [u16]) -> ValueRole<'data> {
+        ValueRole::Static(as_bytes(data))
+    }
+
+    /// Static signed 8-bit data (qint8, qcint8).
+    pub fn static_i8(data: &'data [i8]) -> ValueRole<'data> {
+        ValueRole::Static(as_bytes(data))
+    }
+
+    /// Static 32-bit integer data (int32, qint32, qcint32).
+    pub fn static_i32(data: &'data [i32]) -> ValueRole<'data> {
+        ValueRole::Static(as_bytes(data))
+    }
+}
+
+/// The bytes of a slice of plain numbers.
+fn as_bytes<T: Number>(data: &[T]) -> &[u8] {
+    // SAFETY: `Number` types have no padding and every byte of them is initialised; u8 has
+    // alignment 1; the length is the slice's size in bytes and the lifetime is the slice's.
+    unsafe { std::slice::from_raw_parts(data.as_ptr().cast::<u8>(), std::mem::size_of_val(data)) }
+}
+
+/// Primitive numbers: no padding, no invalid bit patterns.
+trait Number: Copy {}
+impl Number for f32 {}
+impl Number for u16 {}
+impl Number for i8 {}
+impl Number for i32 {}
+
+/// Per-channel quantization of a tensor (`xnn_define_channelwise_quantized_tensor_value_v2`):
+/// element `q` of channel `c` stands for `(q - zero_point) * scales[c]`.
+#[derive(Debug, Clone, Copy)]
+pub struct ChannelwiseQuantization<'data> {
+    /// Subtracted from every element; 0 for the 8- and 32-bit types, 0 (signed nibbles) or 8
+    /// (unsigned nibbles) for qcint4 in a fully connected filter.
+    pub zero_point: i32,
+    /// One positive, normal scale per index of `channel_dim`; XNNPACK keeps the pointer, so it
+    /// is borrowed like static data.
+    pub scales: &'data [f32],
+    /// The dimension the scales run along: the output channels, i.e. 0 for convolution and
+    /// fully connected filters (1 with transposed fully connected weights), the last one for
+    /// depthwise convolution filters.
+    pub channel_dim: usize,
+}
+
+/// Blockwise quantization of a 2-D `[output_channels, input_channels]` filter
+/// (`xnn_define_blockwise_quantized_tensor_value`): each run of `block_size` input channels of
+/// each output channel has its own bf16 scale.
+#[derive(Debug, Clone, Copy)]
+pub struct BlockwiseQuantization<'data> {
+    /// 0 (signed nibbles) or 8 (unsigned nibbles) for a fully connected filter.
+    pub zero_point: i32,
+    /// bf16 bit patterns, `dims[0] * dims[1] / block_size` of them, blocks of an output channel
+    /// adjacent; XNNPACK keeps the pointer, so it is borrowed like static data.
+    pub scales: &'data [u16],
+    /// The output-channel dimension: 0.
+    pub channel_dim: usize,
+    /// Input channels per block: non-zero, dividing the input channels; fully connected
+    /// operators need at least `XNN_MIN_BLOCKSIZE`.
+    pub block_size: usize,
+}
+
+/// Features of a fully connected node.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FullyConnectedFlags {
+    /// The filter is `[input_channels, output_channels]` instead of
+    /// `[output_channels, input_channels]` (`XNN_FLAG_TRANSPOSE_WEIGHTS`).
+    pub transpose_weights: bool,
+    /// Flatten the input to `[elements / input_channels, input_channels]`
+    /// (`XNN_FLAG_TENSORFLOW_RESHAPE_2D`).
+    pub reshape_2d: bool,
+}
+
+impl FullyConnectedFlags {
+    fn to_raw(self) -> u32 {
+        let mut flags = 0;
+        if self.transpose_weights {
+            flags |= sys::XNN_FLAG_TRANSPOSE_WEIGHTS;
+        }
+        if self.reshape_2d {
+            flags |= sys::XNN_FLAG_TENSORFLOW_RESHAPE_2D;
+        }
+        flags
+    }
+}
+
+/// Implicit zero padding around the 2-D input of a convolution.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Padding2d {
+    pub top: u32,
+    pub right: u32,
+    pub bottom: u32,
+    pub left: u32,
+}
+
+impl Padding2d {
+    /// The same padding on all four sides.
+    pub fn uniform(padding: u32) -> Padding2d {
+        Padding2d {
+            top: padding,
+            right: padding,
+            bottom: padding,
+            left: padding,
+        }
+    }
+}
+
+/// The parameters of `xnn_define_convolution_2d`: an NHWC input `[N, H, W, groups *
+/// group_input_channels]`, a filter `[groups * group_output_channels, kernel_height,
+/// kernel_width, group_input_channels]`, an optional bias `[groups * group_output_channels]`
+/// and an output `[N, OH, OW, groups * group_output_channels]`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Convolution2dParams {
+    /// Must be all zero with `tensorflow_same_padding`.
+    pub padding: Padding2d,
+    pub kernel_height: u32,
+    pub kernel_width: u32,
+    /// Stride along the height (`subsampling_height`).
+    pub stride_height: u32,
+    /// Stride along the width (`subsampling_width`).
+    pub stride_width: u32,
+    pub dilation_height: u32,
+    pub dilation_width: u32,
+    pub groups: u32,
+    pub group_input_channels: usize,
+    pub group_output_channels: usize,
+    /// Lower bound the output is clamped to.
+    pub output_min: f32,
+    /// Upper bound the output is clamped to.
+    pub output_max: f32,
+    /// Pad like TensorFlow's "SAME" (`XNN_FLAG_TENSORFLOW_SAME_PADDING`).
+    pub tensorflow_same_padding: bool,
+}
+
+impl Convolution2dParams {
+    /// One group, stride 1, no dilation, no padding, no clamping.
+    pub fn new(
+        kernel_height: u32,
+        kernel_width: u32,
+        input_channels: usize,
+        output_channels: usize,
+    ) -> Convolution2dParams {
+        Convolution2dParams {
+            padding: Padding2d::default(),
+            kernel_height,
+            kernel_width,
+            stride_height: 1,
+            stride_width: 1,
+            dilation_height: 1,
+            dilation_width: 1,
+            groups: 1,
+            group_input_channels: input_channels,
+            group_output_channels: output_channels,
+            output_min: f32::NEG_INFINITY,
+            output_max: f32::INFINITY,
+            tensorflow_same_padding: false,
+        }
+    }
+}
+
+/// The parameters of `xnn_define_depthwise_convolution_2d`: an NHWC input `[N, H, W,
+/// input_channels]`, a filter `[1, kernel_height, kernel_width, input_channels *
+/// depth_multiplier]` (output channel `c * depth_multiplier + m` reads input channel `c`), an
+/// optional bias `[input_channels * depth_multiplier]` and an output `[N, OH, OW,
+/// input_channels * depth_multiplier]`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct DepthwiseConvolution2dParams {
+    /// Must be all zero with `tensorflow_same_padding`.
+    pub padding: Padding2d,
+    pub kernel_height: u32,
+    pub kernel_width: u32,
+    /// Stride along the height (`subsampling_height`).
+    pub stride_height: u32,
+    /// Stride along the width (`subsampling_width`).
+    pub stride_width: u32,
+    pub dilation_height: u32,
+    pub dilation_width: u32,
+    pub depth_multiplier: u32,
+    pub input_channels: usize,
+    /// Lower bound the output is clamped to.
+    pub output_min: f32,
+    /// Upper bound the output is clamped to.
+    pub output_max: f32,
+    /// Pad like TensorFlow's "SAME" (`XNN_FLAG_TENSORFLOW_SAME_PADDING`).
+    pub tensorflow_same_padding: bool,
+}
+
+impl DepthwiseConvolution2dParams {
+    /// Stride 1, no dilation, no padding, no clamping.
+    pub fn new(
+        kernel_height: u32,
+        kernel_width: u32,
+        input_channels: usize,
+        depth_multiplier: u32,
+    ) -> DepthwiseConvolution2dParams {
+        DepthwiseConvolution2dParams {
+            padding: Padding2d::default(),
+            kernel_height,
+            kernel_width,
+            stride_height: 1,
+            stride_width: 1,
+            dilation_height: 1,
+            dilation_width: 1,
+            depth_multiplier,
+            input_channels,
+            output_min: f32::NEG_INFINITY,
+            output_max: f32::INFINITY,
+            tensorflow_same_padding: false,
+        }
+    }
+}
+
+fn same_padding_flag(tensorflow_same_padding: bool) -> u32 {
+    if tensorflow_same_padding {
+        sys::XNN_FLAG_TENSORFLOW_SAME_PADDING
+    } else {
+        0
+    }
+}
+
+/// What the wrapper remembers of a value it defined.
+#[derive(Debug, Clone)]
+struct ValueInfo {
+    datatype: Datatype,
+    dims: Vec<usize>,
+}
+
+/// A call the wrapper refuses to make, reported as XNNPACK reports invalid arguments.
+fn refuse(call: &'static str) -> XnnError {
+    XnnError::Call {
+        call,
+        status: Status::InvalidParameter,
+    }
+}
+
+/// An XNNPACK subgraph. `'data` is the lifetime of the static data (and quantization scales) its
+/// values point to; the runtimes made from it borrow that data too.
 pub struct Subgraph<'data> {
     raw: NonNull<sys::xnn_subgraph>,
     pub(super) inputs: Vec<u32>,
     pub(super) outputs: Vec<u32>,
-    _data: PhantomData<&'data [f32]>,
+    values: HashMap<u32, ValueInfo>,
+    _data: PhantomData<&'data [u8]>,
 }
 
 // SAFETY: a subgraph is plain data owned by this handle; XNNPACK keeps no thread affinity.
@@ -47,6 +392,7 @@ impl<'data> Subgraph<'data> {
             raw,
             inputs: Vec::new(),
             outputs: Vec::new(),
+            values: HashMap::new(),
             _data: PhantomData,
         })
     }
@@ -61,28 +407,29 @@ impl<'data> Subgraph<'data> {
         dims: &[usize],
         role: ValueRole<'data>,
     ) -> Result<u32, XnnError> {
-        let (data, external_id, flags) = match role {
-            ValueRole::Internal => (std::ptr::null(), sys::XNN_INVALID_VALUE_ID, 0),
-            ValueRole::Static(data) => {
-                let expected = dims.iter().product::<usize>();
-                if data.len() != expected {
-                    return Err(XnnError::StaticDataSize {
-                        expected_elements: expected,
-                        given_elements: data.len(),
-                    });
-                }
-                (data.as_ptr().cast(), sys::XNN_INVALID_VALUE_ID, 0)
-            }
-            ValueRole::Input(id) => (std::ptr::null(), id, sys::XNN_VALUE_FLAG_EXTERNAL_INPUT),
-            ValueRole::Output(id) => (std::ptr::null(), id, sys::XNN_VALUE_FLAG_EXTERNAL_OUTPUT),
-        };
+        self.define_tensor(Datatype::Fp32, dims, role)
+    }
+
+    /// Defines an unquantized tensor (fp32, fp16, bf16 or int32; XNNPACK refuses the others
+    /// here) and returns its value id.
+    ///
+    /// [`Runtime::invoke`](super::Runtime::invoke) binds f32 buffers, so external inputs and
+    /// outputs read by it should be fp32; convert inside the graph.
+    pub fn define_tensor(
+        &mut self,
+        datatype: Datatype,
+        dims: &[usize],
+        role: ValueRole<'data>,
+    ) -> Result<u32, XnnError> {
+        let (data, external_id, flags) = role_parts(datatype, dims, role)?;
         let mut id = sys::XNN_INVALID_VALUE_ID;
-        // SAFETY: `dims` is read during the call only; `data` is null or borrowed for 'data,
-        // which outlives the subgraph and every runtime made from it.
+        // SAFETY: `dims` is read during the call only; `data` is null or holds the tensor's
+        // bytes (checked above), borrowed for 'data, which outlives the subgraph and every
+        // runtime made from it.
         check("xnn_define_tensor_value", unsafe {
             sys::xnn_define_tensor_value(
                 self.as_raw(),
-                sys::xnn_datatype_fp32,
+                datatype.to_raw(),
                 dims.len(),
                 dims.as_ptr(),
                 data,
@@ -91,12 +438,175 @@ impl<'data> Subgraph<'data> {
                 &mut id,
             )
         })?;
+        self.defined(id, datatype, dims, role);
+        Ok(id)
+    }
+
+    /// Defines a tensor quantized per tensor (qint8, quint8, qint32): element `q` stands for
+    /// `(q - zero_point) * scale`. XNNPACK checks the zero point's range and that the scale is
+    /// positive and normal.
+    pub fn define_quantized_tensor(
+        &mut self,
+        datatype: Datatype,
+        dims: &[usize],
+        zero_point: i32,
+        scale: f32,
+        role: ValueRole<'data>,
+    ) -> Result<u32, XnnError> {
+        let (data, external_id, flags) = role_parts(datatype, dims, role)?;
+        let mut id = sys::XNN_INVALID_VALUE_ID;
+        // SAFETY: as in `define_tensor`.
+        check("xnn_define_quantized_tensor_value", unsafe {
+            sys::xnn_define_quantized_tensor_value(
+                self.as_raw(),
+                datatype.to_raw(),
+                zero_point,
+                scale,
+                dims.len(),
+                dims.as_ptr(),
+                data,
+                external_id,
+                flags,
+                &mut id,
+            )
+        })?;
+        self.defined(id, datatype, dims, role);
+        Ok(id)
+    }
+
+    /// Defines a tensor quantized per channel (qcint8, qcint32, qcint4). The scales must number
+    /// `dims[quantization.channel_dim]`, else [`XnnError::QuantizationScales`].
+    pub fn define_channelwise_quantized_tensor(
+        &mut self,
+        datatype: Datatype,
+        dims: &[usize],
+        quantization: ChannelwiseQuantization<'data>,
+        role: ValueRole<'data>,
+    ) -> Result<u32, XnnError> {
+        const CALL: &str = "xnn_define_channelwise_quantized_tensor_value_v2";
+        let Some(&channels) = dims.get(quantization.channel_dim) else {
+            return Err(refuse(CALL));
+        };
+        if quantization.scales.len() != channels {
+            return Err(XnnError::QuantizationScales {
+                expected: channels,
+                given: quantization.scales.len(),
+            });
+        }
+        let (data, external_id, flags) = role_parts(datatype, dims, role)?;
+        let mut id = sys::XNN_INVALID_VALUE_ID;
+        // SAFETY: as in `define_tensor`; XNNPACK reads `dims[channel_dim]` scales, which is how
+        // many the slice holds (checked above), and keeps the pointer, borrowed for 'data.
+        check(CALL, unsafe {
+            sys::xnn_define_channelwise_quantized_tensor_value_v2(
+                self.as_raw(),
+                datatype.to_raw(),
+                quantization.zero_point,
+                quantization.scales.as_ptr(),
+                dims.len(),
+                quantization.channel_dim,
+                dims.as_ptr(),
+                data,
+                external_id,
+                flags,
+                &mut id,
+            )
+        })?;
+        self.defined(id, datatype, dims, role);
+        Ok(id)
+    }
+
+    /// Defines a blockwise quantized 2-D filter (qbint4). The wrapper refuses other ranks and a
+    /// zero block size (XNNPACK reads `dims[1]` and divides by the block size before checking
+    /// either), and scales that do not number `dims[0] * dims[1] / block_size`
+    /// ([`XnnError::QuantizationScales`]).
+    pub fn define_blockwise_quantized_tensor(
+        &mut self,
+        datatype: Datatype,
+        dims: &[usize],
+        quantization: BlockwiseQuantization<'data>,
+        role: ValueRole<'data>,
+    ) -> Result<u32, XnnError> {
+        const CALL: &str = "xnn_define_blockwise_quantized_tensor_value";
+        if dims.len() != 2 || quantization.block_size == 0 || quantization.channel_dim >= 2 {
+            return Err(refuse(CALL));
+        }
+        let blocks =
+            dims[0].checked_mul(dims[1]).ok_or_else(|| refuse(CALL))? / quantization.block_size;
+        if quantization.scales.len() != blocks {
+            return Err(XnnError::QuantizationScales {
+                expected: blocks,
+                given: quantization.scales.len(),
+            });
+        }
+        let (data, external_id, flags) = role_parts(datatype, dims, role)?;
+        let mut id = sys::XNN_INVALID_VALUE_ID;
+        // SAFETY: as in `define_tensor`; `dims` has the two entries XNNPACK reads, the block
+        // size is non-zero, and XNNPACK reads `dims[0] * dims[1] / block_size` scales, which is
+        // how many the slice holds (checked above); it keeps the pointer, borrowed for 'data.
+        check(CALL, unsafe {
+            sys::xnn_define_blockwise_quantized_tensor_value(
+                self.as_raw(),
+                datatype.to_raw(),
+                quantization.zero_point,
+                quantization.scales.as_ptr(),
+                dims.len(),
+                quantization.channel_dim,
+                quantization.block_size,
+                dims.as_ptr(),
+                data,
+                external_id,
+                flags,
+                &mut id,
+            )
+        })?;
+        self.defined(id, datatype, dims, role);
+        Ok(id)
+    }
+
+    /// Defines an internal tensor quantized at run time (qdint8), e.g. the output of
+    /// [`define_convert`](Self::define_convert) from fp32 feeding a fully connected node with
+    /// quantized weights. The leading `dims.len() - num_non_batch_dims` dimensions are batch
+    /// dimensions, each batch row getting its own zero point and scale. XNNPACK allows such
+    /// tensors neither as external values nor with static data.
+    pub fn define_dynamically_quantized_tensor(
+        &mut self,
+        datatype: Datatype,
+        dims: &[usize],
+        num_non_batch_dims: usize,
+    ) -> Result<u32, XnnError> {
+        let mut id = sys::XNN_INVALID_VALUE_ID;
+        // SAFETY: `dims` is read during the call only; `id` is a valid out-pointer.
+        check("xnn_define_dynamically_quantized_tensor_value", unsafe {
+            sys::xnn_define_dynamically_quantized_tensor_value(
+                self.as_raw(),
+                datatype.to_raw(),
+                dims.len(),
+                num_non_batch_dims,
+                dims.as_ptr(),
+                sys::XNN_INVALID_VALUE_ID,
+                0,
+                &mut id,
+            )
+        })?;
+        self.defined(id, datatype, dims, ValueRole::Internal);
+        Ok(id)
+    }
+
+    /// Records a value just defined, and the external ones for the runtime.
+    fn defined(&mut self, id: u32, datatype: Datatype, dims: &[usize], role: ValueRole<'data>) {
         match role {
             ValueRole::Input(ext) => self.inputs.push(ext),
             ValueRole::Output(ext) => self.outputs.push(ext),
             _ => {}
         }
-        Ok(id)
+        self.values.insert(
+            id,
+            ValueInfo {
+                datatype,
+                dims: dims.to_vec(),
+            },
+        );
     }
 
     /// Defines `output = clamp(input · filterᵀ + bias, output_min, output_max)` with a filter of
@@ -110,8 +620,52 @@ impl<'data> Subgraph<'data> {
         output_min: f32,
         output_max: f32,
     ) -> Result<(), XnnError> {
+        self.define_fully_connected_with_flags(
+            input,
+            filter,
+            bias,
+            output,
+            output_min,
+            output_max,
+            FullyConnectedFlags::default(),
+        )
+    }
+
+    /// [`define_fully_connected`](Self::define_fully_connected) with features: with
+    /// `transpose_weights` the filter is [input_channels, output_channels]. The input may be
+    /// fp32 or (with qcint8, qcint4 or qbint4 filters) a qdint8 tensor.
+    ///
+    /// The wrapper refuses transposed qbint4 filters, which this XNNPACK has no packing for,
+    /// and transposed qcint4 filters with an odd dimension: XNNPACK reads those as nibbles
+    /// running on across rows and, on some CPUs, a whole row past the last one, which is not
+    /// the byte-per-row layout [`Datatype::tensor_bytes`] sized the data for.
+    // Mirrors xnn_define_fully_connected's own parameter list.
+    #[allow(clippy::too_many_arguments)]
+    pub fn define_fully_connected_with_flags(
+        &mut self,
+        input: u32,
+        filter: u32,
+        bias: Option<u32>,
+        output: u32,
+        output_min: f32,
+        output_max: f32,
+        flags: FullyConnectedFlags,
+    ) -> Result<(), XnnError> {
+        const CALL: &str = "xnn_define_fully_connected";
+        if flags.transpose_weights {
+            match self.values.get(&filter) {
+                // XNNPACK only asserts this in debug builds, then calls a null packing function.
+                Some(v) if v.datatype == Datatype::Qbint4 => return Err(refuse(CALL)),
+                Some(v)
+                    if v.datatype.bits() == 4 && v.dims.iter().any(|d| !d.is_multiple_of(2)) =>
+                {
+                    return Err(refuse(CALL))
+                }
+                _ => {}
+            }
+        }
         // SAFETY: plain values; XNNPACK validates the ids against this subgraph.
-        check("xnn_define_fully_connected", unsafe {
+        check(CALL, unsafe {
             sys::xnn_define_fully_connected(
                 self.as_raw(),
                 output_min,
@@ -120,10 +674,285 @@ impl<'data> Subgraph<'data> {
                 filter,
                 bias.unwrap_or(sys::XNN_INVALID_VALUE_ID),
                 output,
+                flags.to_raw(),
+            )
+        })
+    }
+
+    /// Defines a 2-D convolution over NHWC tensors; see [`Convolution2dParams`] for the shapes.
+    pub fn define_convolution_2d(
+        &mut self,
+        params: &Convolution2dParams,
+        input: u32,
+        filter: u32,
+        bias: Option<u32>,
+        output: u32,
+    ) -> Result<(), XnnError> {
+        let p = params;
+        // SAFETY: plain values; XNNPACK validates the ids and parameters.
+        check("xnn_define_convolution_2d", unsafe {
+            sys::xnn_define_convolution_2d(
+                self.as_raw(),
+                p.padding.top,
+                p.padding.right,
+                p.padding.bottom,
+                p.padding.left,
+                p.kernel_height,
+                p.kernel_width,
+                p.stride_height,
+                p.stride_width,
+                p.dilation_height,
+                p.dilation_width,
+                p.groups,
+                p.group_input_channels,
+                p.group_output_channels,
+                p.output_min,
+                p.output_max,
+                input,
+                filter,
+                bias.unwrap_or(sys::XNN_INVALID_VALUE_ID),
+                output,
+                same_padding_flag(p.tensorflow_same_padding),
+            )
+        })
+    }
+
+    /// Defines a 2-D depthwise convolution over NHWC tensors; see
+    /// [`DepthwiseConvolution2dParams`] for the shapes.
+    pub fn define_depthwise_convolution_2d(
+        &mut self,
+        params: &DepthwiseConvolution2dParams,
+        input: u32,
+        filter: u32,
+        bias: Option<u32>,
+        output: u32,
+    ) -> Result<(), XnnError> {
+        let p = params;
+        // SAFETY: plain values; XNNPACK validates the ids and parameters.
+        check("xnn_define_depthwise_convolution_2d", unsafe {
+            sys::xnn_define_depthwise_convolution_2d(
+                self.as_raw(),
+                p.padding.top,
+                p.padding.right,
+                p.padding.bottom,
+                p.padding.left,
+                p.kernel_height,
+                p.kernel_width,
+                p.stride_height,
+                p.stride_width,
+                p.dilation_height,
+                p.dilation_width,
+                p.depth_multiplier,
+                p.input_channels,
+                p.output_min,
+                p.output_max,
+                input,
+                filter,
+                bias.unwrap_or(sys::XNN_INVALID_VALUE_ID),
+                output,
+                same_padding_flag(p.tensorflow_same_padding),
+            )
+        })
+    }
+
+    /// Defines a global average pooling over the second- and third-innermost dimensions (H and
+    /// W of an NHWC tensor), clamped to [output_min, output_max]: the output is [N, C], or
+    /// [N, 1, 1, C] with `keep_dims`. The input must be a value of this subgraph with at least
+    /// three dimensions: XNNPACK reads it unchecked. (This header marks
+    /// `xnn_define_global_average_pooling_2d` deprecated in favour of `xnn_define_static_reduce`,
+    /// which cannot clamp; the deprecated call is a mean reduction plus an optional clamp node.)
+    pub fn define_global_average_pooling_2d(
+        &mut self,
+        input: u32,
+        output: u32,
+        output_min: f32,
+        output_max: f32,
+        keep_dims: bool,
+    ) -> Result<(), XnnError> {
+        const CALL: &str = "xnn_define_global_average_pooling_2d";
+        if self.values.get(&input).is_none_or(|v| v.dims.len() < 3) {
+            return Err(refuse(CALL));
+        }
+        let flags = if keep_dims {
+            sys::XNN_FLAG_KEEP_DIMS
+        } else {
+            0
+        };
+        // SAFETY: `input` is a tensor of this subgraph with at least three dimensions (checked
+        // above), which is all XNNPACK reads before validating the rest.
+        check(CALL, unsafe {
+            sys::xnn_define_global_average_pooling_2d(
+                self.as_raw(),
+                output_min,
+                output_max,
+                input,
+                output,
+                flags,
+            )
+        })
+    }
+
+    /// Defines an elementwise conversion between datatypes of the same shape, e.g. fp32 to a
+    /// dynamically quantized qdint8 tensor (`xnn_define_unary` with `xnn_unary_convert`;
+    /// `xnn_define_convert` is deprecated in this header).
+    pub fn define_convert(&mut self, input: u32, output: u32) -> Result<(), XnnError> {
+        // SAFETY: convert takes no parameters, so null is allowed; XNNPACK validates the ids.
+        check("xnn_define_unary", unsafe {
+            sys::xnn_define_unary(
+                self.as_raw(),
+                sys::xnn_unary_convert,
+                std::ptr::null(),
+                input,
+                output,
                 0,
             )
         })
     }
+
+    /// Defines `output = clamp(input, min, max)` elementwise (`xnn_define_unary` with
+    /// `xnn_unary_clamp`).
+    pub fn define_clamp(
+        &mut self,
+        input: u32,
+        output: u32,
+        min: f32,
+        max: f32,
+    ) -> Result<(), XnnError> {
+        let params = sys::xnn_unary_params {
+            clamp: sys::xnn_unary_params__bindgen_ty_1 { min, max },
+        };
+        // SAFETY: `params` is a clamp parameter block that lives through the call (XNNPACK
+        // copies it); XNNPACK validates the ids.
+        check("xnn_define_unary", unsafe {
+            sys::xnn_define_unary(
+                self.as_raw(),
+                sys::xnn_unary_clamp,
+                &params,
+                input,
+                output,
+                0,
+            )
+        })
+    }
+
+    /// Defines `output = input1 + input2` elementwise, with numpy-style broadcasting.
+    pub fn define_add(&mut self, input1: u32, input2: u32, output: u32) -> Result<(), XnnError> {
+        self.define_binary(sys::xnn_binary_add, input1, input2, output)
+    }
+
+    /// Defines `output = input1 * input2` elementwise, with numpy-style broadcasting.
+    pub fn define_multiply(
+        &mut self,
+        input1: u32,
+        input2: u32,
+        output: u32,
+    ) -> Result<(), XnnError> {
+        self.define_binary(sys::xnn_binary_multiply, input1, input2, output)
+    }
+
+    fn define_binary(
+        &mut self,
+        op: sys::xnn_binary_operator,
+        input1: u32,
+        input2: u32,
+        output: u32,
+    ) -> Result<(), XnnError> {
+        // SAFETY: the parameters are optional (null: no clamping); XNNPACK validates the ids.
+        check("xnn_define_binary", unsafe {
+            sys::xnn_define_binary(
+                self.as_raw(),
+                op,
+                std::ptr::null(),
+                input1,
+                input2,
+                output,
+                0,
+            )
+        })
+    }
+
+    /// Defines a softmax over the innermost dimension.
+    pub fn define_softmax(&mut self, input: u32, output: u32) -> Result<(), XnnError> {
+        // SAFETY: plain values; XNNPACK validates the ids.
+        check("xnn_define_softmax", unsafe {
+            sys::xnn_define_softmax(self.as_raw(), input, output, 0)
+        })
+    }
+
+    /// Defines a reshape of `input` to `new_shape` (same number of elements).
+    pub fn define_static_reshape(
+        &mut self,
+        new_shape: &[usize],
+        input: u32,
+        output: u32,
+    ) -> Result<(), XnnError> {
+        // SAFETY: `new_shape` is read during the call only (XNNPACK checks its length against
+        // XNN_MAX_TENSOR_DIMS first); XNNPACK validates the ids.
+        check("xnn_define_static_reshape", unsafe {
+            sys::xnn_define_static_reshape(
+                self.as_raw(),
+                new_shape.len(),
+                new_shape.as_ptr(),
+                input,
+                output,
+                0,
+            )
+        })
+    }
+
+    /// Defines a transpose: output dimension `i` is input dimension `perm[i]`.
+    pub fn define_static_transpose(
+        &mut self,
+        perm: &[usize],
+        input: u32,
+        output: u32,
+    ) -> Result<(), XnnError> {
+        // SAFETY: `perm` is read during the call only (XNNPACK checks its length against
+        // XNN_MAX_TENSOR_DIMS first); XNNPACK validates the permutation and the ids.
+        check("xnn_define_static_transpose", unsafe {
+            sys::xnn_define_static_transpose(
+                self.as_raw(),
+                perm.len(),
+                perm.as_ptr(),
+                input,
+                output,
+                0,
+            )
+        })
+    }
+}
+
+/// The data pointer, external id and flags of a value in `role`, after checking static data
+/// against the tensor's size and alignment.
+fn role_parts(
+    datatype: Datatype,
+    dims: &[usize],
+    role: ValueRole<'_>,
+) -> Result<(*const std::ffi::c_void, u32, u32), XnnError> {
+    Ok(match role {
+        ValueRole::Internal => (std::ptr::null(), sys::XNN_INVALID_VALUE_ID, 0),
+        ValueRole::Static(data) => {
+            // A shape too large for usize needs more bytes than any slice holds.
+            let expected = datatype.tensor_bytes(dims).unwrap_or(usize::MAX);
+            if data.len() != expected {
+                return Err(XnnError::StaticDataSize {
+                    datatype,
+                    expected_bytes: expected,
+                    given_bytes: data.len(),
+                });
+            }
+            let alignment = datatype.alignment();
+            if !data.is_empty() && !(data.as_ptr() as usize).is_multiple_of(alignment) {
+                return Err(XnnError::StaticDataAlignment {
+                    datatype,
+                    alignment,
+                });
+            }
+            (data.as_ptr().cast(), sys::XNN_INVALID_VALUE_ID, 0)
+        }
+        ValueRole::Input(id) => (std::ptr::null(), id, sys::XNN_VALUE_FLAG_EXTERNAL_INPUT),
+        ValueRole::Output(id) => (std::ptr::null(), id, sys::XNN_VALUE_FLAG_EXTERNAL_OUTPUT),
+    })
 }
 
 impl Drop for Subgraph<'_> {

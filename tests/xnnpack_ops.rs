@@ -1,0 +1,1119 @@
+//! Real XNNPACK runs of the subgraph wrapper's operators, each against a plain Rust reference,
+//! and the wrapper's refusals of static data and quantization parameters that do not fit.
+
+use xnnblob::synthetic::SplitMix64;
+use xnnblob::xnn::{
+    BlockwiseQuantization, ChannelwiseQuantization, Convolution2dParams, Datatype,
+    DepthwiseConvolution2dParams, FullyConnectedFlags, Padding2d, Runtime, Status, Subgraph,
+    ValueRole, XnnError,
+};
+
+const INPUT: u32 = 0;
+const OUTPUT: u32 = 1;
+
+/// XNNPACK may read up to XNN_EXTRA_BYTES (16) past the end of any tensor data, static data
+/// included: static data in these tests is borrowed from buffers with that much slack, as
+/// `&padded[..len]`.
+fn padded<T: Copy + Default>(mut v: Vec<T>) -> Vec<T> {
+    v.extend(std::iter::repeat_n(T::default(), 16));
+    v
+}
+
+fn random(rng: &mut SplitMix64, n: usize, scale: f32) -> Vec<f32> {
+    (0..n).map(|_| rng.unit() * scale).collect()
+}
+
+fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+/// Runs a graph with one external input and one external output.
+fn run(graph: &Subgraph<'_>, input: &[f32], output_len: usize) -> Vec<f32> {
+    let mut runtime = Runtime::new(graph, None).unwrap();
+    let mut output = vec![f32::NAN; output_len];
+    runtime
+        .invoke(&[(INPUT, input)], &mut [(OUTPUT, &mut output)])
+        .unwrap();
+    output
+}
+
+fn assert_close(actual: &[f32], expected: &[f32], tolerance: f32) {
+    let diff = max_abs_diff(actual, expected);
+    assert!(diff <= tolerance, "max abs diff {diff} > {tolerance}");
+    // The reference is not trivially zero: a graph that computes nothing could not pass.
+    assert!(
+        expected.iter().any(|v| v.abs() > 0.05),
+        "degenerate reference"
+    );
+}
+
+/// `y[b, o] = clamp(Σ_k x[b, k] · w[o, k] + bias[o])`, `w` stored [outputs, inputs].
+fn reference_fully_connected(
+    x: &[f32],
+    w: &[f32],
+    bias: Option<&[f32]>,
+    batch: usize,
+    inputs: usize,
+    outputs: usize,
+    (min, max): (f32, f32),
+) -> Vec<f32> {
+    let mut y = vec![0f32; batch * outputs];
+    for b in 0..batch {
+        for o in 0..outputs {
+            let dot: f32 = (0..inputs)
+                .map(|k| x[b * inputs + k] * w[o * inputs + k])
+                .sum();
+            y[b * outputs + o] = (dot + bias.map_or(0.0, |bias| bias[o])).clamp(min, max);
+        }
+    }
+    y
+}
+
+#[test]
+fn fully_connected_with_and_without_bias_and_with_transposed_weights_matches_reference() {
+    let (batch, inputs, outputs) = (3, 20, 12);
+    let mut rng = SplitMix64(11);
+    let x = random(&mut rng, batch * inputs, 1.0);
+    let w = padded(random(&mut rng, outputs * inputs, 0.3));
+    let w = &w[..outputs * inputs];
+    let mut w_t = vec![0f32; inputs * outputs];
+    for o in 0..outputs {
+        for k in 0..inputs {
+            w_t[k * outputs + o] = w[o * inputs + k];
+        }
+    }
+    let w_t = padded(w_t);
+    let w_t = &w_t[..inputs * outputs];
+    let bias = padded(random(&mut rng, outputs, 0.5));
+    let bias = &bias[..outputs];
+
+    let unclamped = (f32::NEG_INFINITY, f32::INFINITY);
+    // (transposed weights?, bias?, output range)
+    let cases = [
+        (false, true, unclamped),
+        (false, false, unclamped),
+        (true, true, unclamped),
+        (true, false, (-0.4, 0.5)),
+    ];
+    for (transposed, with_bias, range) in cases {
+        let weights = if transposed { w_t } else { w };
+        let bias = with_bias.then_some(bias);
+        let mut g = Subgraph::new(2).unwrap();
+        let input = g
+            .define_f32_tensor(&[batch, inputs], ValueRole::Input(INPUT))
+            .unwrap();
+        let filter_dims = if transposed {
+            [inputs, outputs]
+        } else {
+            [outputs, inputs]
+        };
+        let filter = g
+            .define_f32_tensor(&filter_dims, ValueRole::static_f32(weights))
+            .unwrap();
+        let bias_id = bias.map(|b| {
+            g.define_f32_tensor(&[outputs], ValueRole::static_f32(b))
+                .unwrap()
+        });
+        let output = g
+            .define_f32_tensor(&[batch, outputs], ValueRole::Output(OUTPUT))
+            .unwrap();
+        let flags = FullyConnectedFlags {
+            transpose_weights: transposed,
+            ..Default::default()
+        };
+        if flags == FullyConnectedFlags::default() {
+            g.define_fully_connected(input, filter, bias_id, output, range.0, range.1)
+                .unwrap();
+        } else {
+            g.define_fully_connected_with_flags(
+                input, filter, bias_id, output, range.0, range.1, flags,
+            )
+            .unwrap();
+        }
+        let actual = run(&g, &x, batch * outputs);
+        let expected = reference_fully_connected(&x, w, bias, batch, inputs, outputs, range);
+        assert_close(&actual, &expected, 1e-4);
+        if range != unclamped {
+            // The clamp took effect: some outputs sit exactly on its bounds.
+            assert!(actual.contains(&range.0) && actual.contains(&range.1));
+        }
+    }
+}
+
+#[test]
+fn transposed_weights_without_the_flag_give_a_different_result() {
+    // Guards the test above: a square filter defined with and without the transpose flag
+    // must not compute the same thing, or the flag could be silently ignored.
+    let n = 8;
+    let mut rng = SplitMix64(5);
+    let x = random(&mut rng, n, 1.0);
+    let w = padded(random(&mut rng, n * n, 0.5));
+    let w = &w[..n * n];
+    let mut results = Vec::new();
+    for transpose_weights in [false, true] {
+        let mut g = Subgraph::new(2).unwrap();
+        let input = g
+            .define_f32_tensor(&[1, n], ValueRole::Input(INPUT))
+            .unwrap();
+        let filter = g
+            .define_f32_tensor(&[n, n], ValueRole::static_f32(w))
+            .unwrap();
+        let output = g
+            .define_f32_tensor(&[1, n], ValueRole::Output(OUTPUT))
+            .unwrap();
+        let flags = FullyConnectedFlags {
+            transpose_weights,
+            reshape_2d: false,
+        };
+        g.define_fully_connected_with_flags(
+            input,
+            filter,
+            None,
+            output,
+            f32::NEG_INFINITY,
+            f32::INFINITY,
+            flags,
+        )
+        .unwrap();
+        results.push(run(&g, &x, n));
+    }
+    assert!(max_abs_diff(&results[0], &results[1]) > 1e-2);
+}
+
+/// The output extent of a convolution along one axis.
+fn conv_out(
+    size: usize,
+    pad_before: u32,
+    pad_after: u32,
+    kernel: u32,
+    stride: u32,
+    dilation: u32,
+) -> usize {
+    let padded = size + pad_before as usize + pad_after as usize;
+    let effective = (kernel as usize - 1) * dilation as usize + 1;
+    (padded - effective) / stride as usize + 1
+}
+
+/// A naive NHWC convolution; filter [groups * goc, kh, kw, gic].
+fn reference_convolution(
+    x: &[f32],
+    [n, h, w]: [usize; 3],
+    filter: &[f32],
+    bias: &[f32],
+    p: &Convolution2dParams,
+) -> (Vec<f32>, [usize; 4]) {
+    let (groups, gic, goc) = (
+        p.groups as usize,
+        p.group_input_channels,
+        p.group_output_channels,
+    );
+    let (kh, kw) = (p.kernel_height as usize, p.kernel_width as usize);
+    let (cin, cout) = (groups * gic, groups * goc);
+    let oh = conv_out(
+        h,
+        p.padding.top,
+        p.padding.bottom,
+        p.kernel_height,
+        p.stride_height,
+        p.dilation_height,
+    );
+    let ow = conv_out(
+        w,
+        p.padding.left,
+        p.padding.right,
+        p.kernel_width,
+        p.stride_width,
+        p.dilation_width,
+    );
+    let mut y = vec![0f32; n * oh * ow * cout];
+    for b in 0..n {
+        for oy in 0..oh {
+            for ox in 0..ow {
+                for g in 0..groups {
+                    for oc in 0..goc {
+                        let co = g * goc + oc;
+                        let mut acc = bias[co];
+                        for ky in 0..kh {
+                            let iy = (oy * p.stride_height as usize
+                                + ky * p.dilation_height as usize)
+                                as isize
+                                - p.padding.top as isize;
+                            if iy < 0 || iy >= h as isize {
+                                continue;
+                            }
+                            for kx in 0..kw {
+                                let ix = (ox * p.stride_width as usize
+                                    + kx * p.dilation_width as usize)
+                                    as isize
+                                    - p.padding.left as isize;
+                                if ix < 0 || ix >= w as isize {
+                                    continue;
+                                }
+                                let (iy, ix) = (iy as usize, ix as usize);
+                                for ic in 0..gic {
+                                    let xv = x[((b * h + iy) * w + ix) * cin + g * gic + ic];
+                                    let fv = filter[((co * kh + ky) * kw + kx) * gic + ic];
+                                    acc += xv * fv;
+                                }
+                            }
+                        }
+                        y[((b * oh + oy) * ow + ox) * cout + co] =
+                            acc.clamp(p.output_min, p.output_max);
+                    }
+                }
+            }
+        }
+    }
+    (y, [n, oh, ow, cout])
+}
+
+fn check_convolution(input_shape: [usize; 3], params: &Convolution2dParams, seed: u64) {
+    let [n, h, w] = input_shape;
+    let p = params;
+    let cin = p.groups as usize * p.group_input_channels;
+    let cout = p.groups as usize * p.group_output_channels;
+    let filter_dims = [
+        cout,
+        p.kernel_height as usize,
+        p.kernel_width as usize,
+        p.group_input_channels,
+    ];
+    let filter_len: usize = filter_dims.iter().product();
+    let mut rng = SplitMix64(seed);
+    let x = random(&mut rng, n * h * w * cin, 1.0);
+    let filter = padded(random(&mut rng, filter_len, 0.4));
+    let filter = &filter[..filter_len];
+    let bias = padded(random(&mut rng, cout, 0.3));
+    let bias = &bias[..cout];
+    let (expected, out_dims) = reference_convolution(&x, input_shape, filter, bias, p);
+
+    let mut g = Subgraph::new(2).unwrap();
+    let input = g
+        .define_f32_tensor(&[n, h, w, cin], ValueRole::Input(INPUT))
+        .unwrap();
+    let f = g
+        .define_f32_tensor(&filter_dims, ValueRole::static_f32(filter))
+        .unwrap();
+    let b = g
+        .define_f32_tensor(&[cout], ValueRole::static_f32(bias))
+        .unwrap();
+    let output = g
+        .define_f32_tensor(&out_dims, ValueRole::Output(OUTPUT))
+        .unwrap();
+    g.define_convolution_2d(p, input, f, Some(b), output)
+        .unwrap();
+    let actual = run(&g, &x, expected.len());
+    assert_close(&actual, &expected, 1e-4);
+}
+
+#[test]
+fn convolution_2d_3x3_same_padding_matches_naive_reference() {
+    // 1x8x8x3 input, 3x3 kernel, 16 output channels, padding 1, stride 1: output 1x8x8x16.
+    let mut p = Convolution2dParams::new(3, 3, 3, 16);
+    p.padding = Padding2d::uniform(1);
+    check_convolution([1, 8, 8], &p, 21);
+}
+
+#[test]
+fn convolution_2d_grouped_strided_dilated_clamped_matches_naive_reference() {
+    // Two groups of 2 -> 3 channels, stride 2, dilation 2 along the height, uneven padding,
+    // and a clamp that bites: every parameter of the struct reaches XNNPACK in its place.
+    let mut p = Convolution2dParams::new(3, 2, 2, 3);
+    p.groups = 2;
+    p.stride_height = 2;
+    p.stride_width = 2;
+    p.dilation_height = 2;
+    p.padding = Padding2d {
+        top: 2,
+        right: 1,
+        bottom: 1,
+        left: 0,
+    };
+    p.output_min = -0.6;
+    p.output_max = 0.7;
+    check_convolution([2, 9, 7], &p, 22);
+}
+
+#[test]
+fn depthwise_convolution_2d_matches_naive_reference() {
+    let (n, h, w, c) = (2, 6, 7, 4);
+    let mut p = DepthwiseConvolution2dParams::new(3, 3, c, 2);
+    p.padding = Padding2d::uniform(1);
+    p.stride_height = 2;
+    p.stride_width = 2;
+    let dm = p.depth_multiplier as usize;
+    let cout = c * dm;
+    let (kh, kw) = (3, 3);
+    let oh = conv_out(h, 1, 1, 3, 2, 1);
+    let ow = conv_out(w, 1, 1, 3, 2, 1);
+    assert_eq!((oh, ow), (3, 4));
+
+    let mut rng = SplitMix64(31);
+    let x = random(&mut rng, n * h * w * c, 1.0);
+    let filter = padded(random(&mut rng, kh * kw * cout, 0.5));
+    let filter = &filter[..kh * kw * cout];
+    let bias = padded(random(&mut rng, cout, 0.3));
+    let bias = &bias[..cout];
+
+    // Output channel c * dm + m reads input channel c through filter[0, ky, kx, c * dm + m].
+    let mut expected = vec![0f32; n * oh * ow * cout];
+    for b in 0..n {
+        for oy in 0..oh {
+            for ox in 0..ow {
+                for co in 0..cout {
+                    let ci = co / dm;
+                    let mut acc = bias[co];
+                    for ky in 0..kh {
+                        for kx in 0..kw {
+                            let iy = (oy * 2 + ky) as isize - 1;
+                            let ix = (ox * 2 + kx) as isize - 1;
+                            if iy < 0 || ix < 0 || iy >= h as isize || ix >= w as isize {
+                                continue;
+                            }
+                            let (iy, ix) = (iy as usize, ix as usize);
+                            acc += x[((b * h + iy) * w + ix) * c + ci]
+                                * filter[(ky * kw + kx) * cout + co];
+                        }
+                    }
+                    expected[((b * oh + oy) * ow + ox) * cout + co] = acc;
+                }
+            }
+        }
+    }
+
+    let mut g = Subgraph::new(2).unwrap();
+    let input = g
+        .define_f32_tensor(&[n, h, w, c], ValueRole::Input(INPUT))
+        .unwrap();
+    let f = g
+        .define_f32_tensor(&[1, kh, kw, cout], ValueRole::static_f32(filter))
+        .unwrap();
+    let bi = g
+        .define_f32_tensor(&[cout], ValueRole::static_f32(bias))
+        .unwrap();
+    let output = g
+        .define_f32_tensor(&[n, oh, ow, cout], ValueRole::Output(OUTPUT))
+        .unwrap();
+    g.define_depthwise_convolution_2d(&p, input, f, Some(bi), output)
+        .unwrap();
+    let actual = run(&g, &x, expected.len());
+    assert_close(&actual, &expected, 1e-4);
+}
+
+/// The quantization step XNNPACK's dynamic (qd8) quantization uses for a row: the row's range,
+/// widened to include 0, split into 255 steps (`xnn_qd8_asymmetric_quantization_params`).
+fn qd8_step(row: &[f32]) -> f32 {
+    let lo = row.iter().copied().fold(0f32, f32::min);
+    let hi = row.iter().copied().fold(0f32, f32::max);
+    (hi - lo) / 255.0
+}
+
+/// Checks a dynamically quantized fully connected result against the fp32 reference of the
+/// dequantized weights.
+///
+/// Tolerance: the weights are exact (the reference uses exactly the dequantized values XNNPACK
+/// computes with) and the integer accumulation is exact, so the only error is quantizing each
+/// activation row to int8. Each activation is rounded to the nearest of 256 levels `step`
+/// apart (≤ step / 2), and the zero point is nudged to an integer, which can push the
+/// extremes of the row by up to another step / 2 before clamping; so every activation is off
+/// by at most one `step`, and output `o` of row `b` by at most `step_b · Σ_k |w[o, k]|`. The
+/// extra 1e-4 covers fp32 rounding of the scales and the sums.
+fn assert_within_qd8_bound(
+    actual: &[f32],
+    expected: &[f32],
+    x: &[f32],
+    w: &[f32],
+    inputs: usize,
+    outputs: usize,
+) {
+    let mut worst_bound = 0f32;
+    for (b, row) in x.chunks(inputs).enumerate() {
+        let step = qd8_step(row);
+        for o in 0..outputs {
+            let l1: f32 = w[o * inputs..(o + 1) * inputs]
+                .iter()
+                .map(|v| v.abs())
+                .sum();
+            let bound = step * l1 + 1e-4;
+            worst_bound = worst_bound.max(bound);
+            let (a, e) = (actual[b * outputs + o], expected[b * outputs + o]);
+            assert!(
+                (a - e).abs() <= bound,
+                "row {b} output {o}: {a} vs reference {e}, bound {bound}"
+            );
+        }
+    }
+    // The bound is tight enough to catch a wrong scale, zero point or layout: it is a small
+    // fraction of the outputs' spread.
+    let spread = expected.iter().map(|v| v.abs()).fold(0f32, f32::max);
+    assert!(
+        worst_bound < 0.1 * spread,
+        "bound {worst_bound} vs spread {spread}"
+    );
+}
+
+/// Builds `fp32 input -> convert -> qdint8 -> fully connected (quantized filter) -> fp32`.
+fn qd8_fully_connected_graph<'data>(
+    batch: usize,
+    inputs: usize,
+    outputs: usize,
+    define_filter: impl FnOnce(&mut Subgraph<'data>) -> u32,
+    bias: &'data [f32],
+    flags: FullyConnectedFlags,
+) -> Subgraph<'data> {
+    let mut g = Subgraph::new(2).unwrap();
+    let input = g
+        .define_f32_tensor(&[batch, inputs], ValueRole::Input(INPUT))
+        .unwrap();
+    let quantized = g
+        .define_dynamically_quantized_tensor(Datatype::Qdint8, &[batch, inputs], 1)
+        .unwrap();
+    g.define_convert(input, quantized).unwrap();
+    let filter = define_filter(&mut g);
+    let b = g
+        .define_f32_tensor(&[outputs], ValueRole::static_f32(bias))
+        .unwrap();
+    let output = g
+        .define_f32_tensor(&[batch, outputs], ValueRole::Output(OUTPUT))
+        .unwrap();
+    g.define_fully_connected_with_flags(
+        quantized,
+        filter,
+        Some(b),
+        output,
+        f32::NEG_INFINITY,
+        f32::INFINITY,
+        flags,
+    )
+    .unwrap();
+    g
+}
+
+#[test]
+fn qd8_activations_times_qc8w_weights_match_dequantized_fp32_reference() {
+    let (batch, inputs, outputs) = (4, 64, 24);
+    let mut rng = SplitMix64(41);
+    let x = random(&mut rng, batch * inputs, 1.0);
+    let q: Vec<i8> = (0..outputs * inputs)
+        .map(|_| ((rng.next_u64() % 255) as i32 - 127) as i8)
+        .collect();
+    let q = padded(q);
+    let q = &q[..outputs * inputs];
+    let scales = padded(
+        (0..outputs)
+            .map(|o| 0.002 + 0.001 * (o % 7) as f32)
+            .collect(),
+    );
+    let scales = &scales[..outputs];
+    let bias = padded(random(&mut rng, outputs, 0.3));
+    let bias = &bias[..outputs];
+    let w: Vec<f32> = (0..outputs * inputs)
+        .map(|i| q[i] as f32 * scales[i / inputs])
+        .collect();
+
+    let g = qd8_fully_connected_graph(
+        batch,
+        inputs,
+        outputs,
+        |g| {
+            g.define_channelwise_quantized_tensor(
+                Datatype::Qcint8,
+                &[outputs, inputs],
+                ChannelwiseQuantization {
+                    zero_point: 0,
+                    scales,
+                    channel_dim: 0,
+                },
+                ValueRole::static_i8(q),
+            )
+            .unwrap()
+        },
+        bias,
+        FullyConnectedFlags::default(),
+    );
+    let actual = run(&g, &x, batch * outputs);
+    let expected = reference_fully_connected(
+        &x,
+        &w,
+        Some(bias),
+        batch,
+        inputs,
+        outputs,
+        (f32::NEG_INFINITY, f32::INFINITY),
+    );
+    assert_within_qd8_bound(&actual, &expected, &x, &w, inputs, outputs);
+}
+
+/// Packs rows of 4-bit values two per byte, the even-indexed one in the low nibble, each row
+/// starting on a byte (`Datatype::tensor_bytes`'s layout); the spare high nibble of an odd row
+/// holds `pad`, which must be the zero point.
+fn pack_nibble_rows(values: &[u8], row: usize, pad: u8) -> Vec<u8> {
+    values
+        .chunks(row)
+        .flat_map(|r| {
+            r.chunks(2)
+                .map(move |pair| pair[0] | pair.get(1).copied().unwrap_or(pad) << 4)
+        })
+        .collect()
+}
+
+#[test]
+fn qd8_activations_times_qc4w_weights_match_reference_with_odd_and_transposed_rows() {
+    // [outputs, inputs] with 16 inputs, then 15: each row ends with a spare nibble, which
+    // checks the byte size, nibble order and padding `Datatype::tensor_bytes` documents. Then
+    // [inputs, outputs], transposed, with even dimensions (the wrapper refuses odd ones).
+    for (inputs, transposed, seed) in [(16, false, 53), (15, false, 51), (16, true, 52)] {
+        let (batch, outputs) = (3, 10);
+        let mut rng = SplitMix64(seed);
+        let x = random(&mut rng, batch * inputs, 1.0);
+        // nibbles[o * inputs + k] is the weight of input k in output o.
+        let nibbles: Vec<u8> = (0..outputs * inputs)
+            .map(|_| (rng.next_u64() % 16) as u8)
+            .collect();
+        let (dims, channel_dim, stored) = if transposed {
+            let mut t = vec![0u8; inputs * outputs];
+            for o in 0..outputs {
+                for k in 0..inputs {
+                    t[k * outputs + o] = nibbles[o * inputs + k];
+                }
+            }
+            ([inputs, outputs], 1, pack_nibble_rows(&t, outputs, 8))
+        } else {
+            ([outputs, inputs], 0, pack_nibble_rows(&nibbles, inputs, 8))
+        };
+        assert_eq!(Some(stored.len()), Datatype::Qcint4.tensor_bytes(&dims));
+        let stored_len = stored.len();
+        let stored = padded(stored);
+        let scales = padded((0..outputs).map(|o| 0.02 + 0.005 * o as f32).collect());
+        let scales = &scales[..outputs];
+        let bias = padded(random(&mut rng, outputs, 0.3));
+        let bias = &bias[..outputs];
+        // Zero point 8: nibble v stands for (v - 8) * scale.
+        let w: Vec<f32> = (0..outputs * inputs)
+            .map(|i| (nibbles[i] as f32 - 8.0) * scales[i / inputs])
+            .collect();
+
+        let g = qd8_fully_connected_graph(
+            batch,
+            inputs,
+            outputs,
+            |g| {
+                g.define_channelwise_quantized_tensor(
+                    Datatype::Qcint4,
+                    &dims,
+                    ChannelwiseQuantization {
+                        zero_point: 8,
+                        scales,
+                        channel_dim,
+                    },
+                    ValueRole::Static(&stored[..stored_len]),
+                )
+                .unwrap()
+            },
+            bias,
+            FullyConnectedFlags {
+                transpose_weights: transposed,
+                reshape_2d: false,
+            },
+        );
+        let actual = run(&g, &x, batch * outputs);
+        let expected = reference_fully_connected(
+            &x,
+            &w,
+            Some(bias),
+            batch,
+            inputs,
+            outputs,
+            (f32::NEG_INFINITY, f32::INFINITY),
+        );
+        assert_within_qd8_bound(&actual, &expected, &x, &w, inputs, outputs);
+    }
+}
+
+fn bf16_bits(v: f32) -> u16 {
+    // The scales used are exact in bf16 (few mantissa bits), so truncation is exact.
+    (v.to_bits() >> 16) as u16
+}
+
+#[test]
+fn qd8_activations_times_qb4w_weights_match_reference() {
+    let (batch, inputs, outputs, block) = (2, 64, 8, 32);
+    let blocks = inputs / block;
+    let mut rng = SplitMix64(61);
+    let x = random(&mut rng, batch * inputs, 1.0);
+    let nibbles: Vec<u8> = (0..outputs * inputs)
+        .map(|_| (rng.next_u64() % 16) as u8)
+        .collect();
+    let packed = pack_nibble_rows(&nibbles, inputs, 8);
+    let packed_len = packed.len();
+    let packed = padded(packed);
+    // Scales 2^-6 · {1, 1.5, 1.25, 1.75}: exact in bf16.
+    let scale_of = |o: usize, blk: usize| (1.0 + 0.25 * ((o + 3 * blk) % 4) as f32) / 64.0;
+    let scales: Vec<u16> = (0..outputs)
+        .flat_map(|o| (0..blocks).map(move |blk| bf16_bits(scale_of(o, blk))))
+        .collect();
+    let scales = padded(scales);
+    let scales = &scales[..outputs * blocks];
+    let bias = padded(random(&mut rng, outputs, 0.3));
+    let bias = &bias[..outputs];
+    let w: Vec<f32> = (0..outputs * inputs)
+        .map(|i| {
+            let (o, k) = (i / inputs, i % inputs);
+            (nibbles[i] as f32 - 8.0) * scale_of(o, k / block)
+        })
+        .collect();
+
+    let g = qd8_fully_connected_graph(
+        batch,
+        inputs,
+        outputs,
+        |g| {
+            g.define_blockwise_quantized_tensor(
+                Datatype::Qbint4,
+                &[outputs, inputs],
+                BlockwiseQuantization {
+                    zero_point: 8,
+                    scales,
+                    channel_dim: 0,
+                    block_size: block,
+                },
+                ValueRole::Static(&packed[..packed_len]),
+            )
+            .unwrap()
+        },
+        bias,
+        FullyConnectedFlags::default(),
+    );
+    let actual = run(&g, &x, batch * outputs);
+    let expected = reference_fully_connected(
+        &x,
+        &w,
+        Some(bias),
+        batch,
+        inputs,
+        outputs,
+        (f32::NEG_INFINITY, f32::INFINITY),
+    );
+    assert_within_qd8_bound(&actual, &expected, &x, &w, inputs, outputs);
+}
+
+#[test]
+fn global_average_pooling_2d_matches_reference_with_clamp_and_keep_dims() {
+    let (n, h, w, c) = (2, 5, 4, 3);
+    let mut rng = SplitMix64(71);
+    let x = random(&mut rng, n * h * w * c, 1.0);
+    let mut mean = vec![0f32; n * c];
+    for b in 0..n {
+        for p in 0..h * w {
+            for ch in 0..c {
+                mean[b * c + ch] += x[(b * h * w + p) * c + ch] / (h * w) as f32;
+            }
+        }
+    }
+    // A clamp in the middle of the means, so some are cut and some are not.
+    let mut sorted = mean.clone();
+    sorted.sort_by(f32::total_cmp);
+    let max = (sorted[2] + sorted[3]) / 2.0;
+
+    for keep_dims in [false, true] {
+        let out_dims: &[usize] = if keep_dims { &[n, 1, 1, c] } else { &[n, c] };
+        let mut g = Subgraph::new(2).unwrap();
+        let input = g
+            .define_f32_tensor(&[n, h, w, c], ValueRole::Input(INPUT))
+            .unwrap();
+        let output = g
+            .define_f32_tensor(out_dims, ValueRole::Output(OUTPUT))
+            .unwrap();
+        g.define_global_average_pooling_2d(input, output, f32::NEG_INFINITY, max, keep_dims)
+            .unwrap();
+        let mut runtime = Runtime::new(&g, None).unwrap();
+        assert_eq!(runtime.external_shape(OUTPUT).unwrap(), out_dims);
+        let mut actual = vec![f32::NAN; n * c];
+        runtime
+            .invoke(&[(INPUT, &x)], &mut [(OUTPUT, &mut actual)])
+            .unwrap();
+        let expected: Vec<f32> = mean.iter().map(|m| m.min(max)).collect();
+        let diff = max_abs_diff(&actual, &expected);
+        assert!(diff <= 1e-5, "keep_dims {keep_dims}: max abs diff {diff}");
+        assert!(expected.iter().filter(|&&v| v == max).count() >= 2);
+        assert!(expected.iter().any(|&v| v < max));
+    }
+}
+
+#[test]
+fn elementwise_transpose_reshape_and_softmax_match_reference() {
+    // y = reshape(softmax(transpose(clamp((x + b) * (x + b), 0, 1.5)))), x [2, 3], b [1, 3].
+    let x = [0.5f32, -1.0, 0.25, 1.5, 0.0, -0.75];
+    let b = padded(vec![0.5f32, 0.25, -0.5]);
+    let b = &b[..3];
+
+    let mut g = Subgraph::new(2).unwrap();
+    let input = g
+        .define_f32_tensor(&[2, 3], ValueRole::Input(INPUT))
+        .unwrap();
+    let bias = g
+        .define_f32_tensor(&[1, 3], ValueRole::static_f32(b))
+        .unwrap();
+    let mut internal = |dims: &[usize]| g.define_f32_tensor(dims, ValueRole::Internal).unwrap();
+    let (sum, square, clamped) = (internal(&[2, 3]), internal(&[2, 3]), internal(&[2, 3]));
+    let (transposed, soft) = (internal(&[3, 2]), internal(&[3, 2]));
+    let output = g
+        .define_f32_tensor(&[6], ValueRole::Output(OUTPUT))
+        .unwrap();
+    g.define_add(input, bias, sum).unwrap();
+    g.define_multiply(sum, sum, square).unwrap();
+    g.define_clamp(square, clamped, 0.0, 1.5).unwrap();
+    g.define_static_transpose(&[1, 0], clamped, transposed)
+        .unwrap();
+    g.define_softmax(transposed, soft).unwrap();
+    g.define_static_reshape(&[6], soft, output).unwrap();
+    let actual = run(&g, &x, 6);
+
+    let clamped: Vec<f32> = (0..6)
+        .map(|i| {
+            let s = x[i] + b[i % 3];
+            (s * s).clamp(0.0, 1.5)
+        })
+        .collect();
+    let mut expected = Vec::new();
+    for col in 0..3 {
+        let row = [clamped[col], clamped[3 + col]];
+        let m = row[0].max(row[1]);
+        let e = [(row[0] - m).exp(), (row[1] - m).exp()];
+        expected.extend(e.map(|v| v / (e[0] + e[1])));
+    }
+    let diff = max_abs_diff(&actual, &expected);
+    assert!(
+        diff <= 1e-5,
+        "max abs diff {diff}: {actual:?} vs {expected:?}"
+    );
+    // Not uniform: the transpose decided which pairs were normalised together.
+    assert!(expected.iter().any(|v| (v - 0.5).abs() > 0.1));
+}
+
+#[test]
+fn static_data_of_the_wrong_length_or_alignment_is_a_typed_error() {
+    let five = [1.0f32; 5];
+    let halves = [0u16; 3];
+    let three = [0i8; 3];
+    let scales = [0.5f32; 3];
+    let bytes = [0x88u8; 10];
+    let floats = [0f32; 8];
+    let mut g = Subgraph::new(0).unwrap();
+
+    // fp32: 5 floats for a [2, 3] tensor.
+    assert_eq!(
+        g.define_f32_tensor(&[2, 3], ValueRole::static_f32(&five)),
+        Err(XnnError::StaticDataSize {
+            datatype: Datatype::Fp32,
+            expected_bytes: 24,
+            given_bytes: 20
+        })
+    );
+    // fp16 via define_tensor: 3 halves for [2, 2].
+    assert_eq!(
+        g.define_tensor(Datatype::Fp16, &[2, 2], ValueRole::static_u16(&halves)),
+        Err(XnnError::StaticDataSize {
+            datatype: Datatype::Fp16,
+            expected_bytes: 8,
+            given_bytes: 6
+        })
+    );
+    // Per-tensor qint8: 3 bytes for [4].
+    assert_eq!(
+        g.define_quantized_tensor(Datatype::Qint8, &[4], 0, 0.5, ValueRole::static_i8(&three)),
+        Err(XnnError::StaticDataSize {
+            datatype: Datatype::Qint8,
+            expected_bytes: 4,
+            given_bytes: 3
+        })
+    );
+
+    // qcint4 [3, 5]: three rows of 5 nibbles, each row padded to 3 bytes: 9 bytes; 8 is too
+    // few (the whole tensor's 15 nibbles rounded up), 10 too many, 9 is accepted.
+    for (len, ok) in [(8, false), (10, false), (9, true)] {
+        let result = g.define_channelwise_quantized_tensor(
+            Datatype::Qcint4,
+            &[3, 5],
+            ChannelwiseQuantization {
+                zero_point: 8,
+                scales: &scales,
+                channel_dim: 0,
+            },
+            ValueRole::Static(&bytes[..len]),
+        );
+        if ok {
+            assert!(result.is_ok(), "{result:?}");
+        } else {
+            assert_eq!(
+                result,
+                Err(XnnError::StaticDataSize {
+                    datatype: Datatype::Qcint4,
+                    expected_bytes: 9,
+                    given_bytes: len
+                })
+            );
+        }
+    }
+
+    // Right length, misaligned: fp32 data one byte into a float buffer.
+    let all = &ValueRole::static_f32(&floats);
+    let ValueRole::Static(all) = *all else {
+        unreachable!()
+    };
+    assert_eq!(
+        g.define_f32_tensor(&[4], ValueRole::Static(&all[1..17])),
+        Err(XnnError::StaticDataAlignment {
+            datatype: Datatype::Fp32,
+            alignment: 4
+        })
+    );
+    assert!(g
+        .define_f32_tensor(&[4], ValueRole::Static(&all[4..20]))
+        .is_ok());
+
+    // A shape whose size overflows needs more bytes than any slice holds.
+    assert_eq!(Datatype::Fp32.tensor_bytes(&[usize::MAX, 2]), None);
+    assert!(matches!(
+        g.define_f32_tensor(&[usize::MAX, 2], ValueRole::static_f32(&five)),
+        Err(XnnError::StaticDataSize {
+            expected_bytes: usize::MAX,
+            given_bytes: 20,
+            ..
+        })
+    ));
+}
+
+#[test]
+fn quantization_parameters_that_do_not_fit_are_refused() {
+    let weights = [0i8; 12];
+    let nibbles = [0x88u8; 128];
+    let eight = [0x3f80u16; 8]; // bf16 1.0
+    let two = [0.5f32; 2];
+    let three = [0.5f32; 3];
+    let bad = [0.5f32, 0.0, 0.5];
+    let four = [0.5f32; 4];
+    let mut g = Subgraph::new(0).unwrap();
+
+    // Channelwise: 2 scales for 3 channels; a channel dimension past the rank.
+    assert_eq!(
+        g.define_channelwise_quantized_tensor(
+            Datatype::Qcint8,
+            &[3, 4],
+            ChannelwiseQuantization {
+                zero_point: 0,
+                scales: &two,
+                channel_dim: 0
+            },
+            ValueRole::static_i8(&weights),
+        ),
+        Err(XnnError::QuantizationScales {
+            expected: 3,
+            given: 2
+        })
+    );
+    let err = g
+        .define_channelwise_quantized_tensor(
+            Datatype::Qcint8,
+            &[3, 4],
+            ChannelwiseQuantization {
+                zero_point: 0,
+                scales: &three,
+                channel_dim: 2,
+            },
+            ValueRole::static_i8(&weights),
+        )
+        .unwrap_err();
+    assert_eq!(err.status(), Some(Status::InvalidParameter));
+    // XNNPACK's own check: a non-positive scale.
+    let err = g
+        .define_channelwise_quantized_tensor(
+            Datatype::Qcint8,
+            &[3, 4],
+            ChannelwiseQuantization {
+                zero_point: 0,
+                scales: &bad,
+                channel_dim: 0,
+            },
+            ValueRole::static_i8(&weights),
+        )
+        .unwrap_err();
+    assert_eq!(err.status(), Some(Status::InvalidParameter));
+
+    // Blockwise: [4, 64] in blocks of 32 needs 8 scales.
+    fn blockwise<'a>(
+        g: &mut Subgraph<'a>,
+        dims: &[usize],
+        scales: &'a [u16],
+        block_size: usize,
+        nibbles: &'a [u8],
+    ) -> Result<u32, XnnError> {
+        let bytes = Datatype::Qbint4
+            .tensor_bytes(dims)
+            .unwrap_or(0)
+            .min(nibbles.len());
+        g.define_blockwise_quantized_tensor(
+            Datatype::Qbint4,
+            dims,
+            BlockwiseQuantization {
+                zero_point: 8,
+                scales,
+                channel_dim: 0,
+                block_size,
+            },
+            ValueRole::Static(&nibbles[..bytes]),
+        )
+    }
+    assert_eq!(
+        blockwise(&mut g, &[4, 64], &eight[..7], 32, &nibbles),
+        Err(XnnError::QuantizationScales {
+            expected: 8,
+            given: 7
+        })
+    );
+    for (dims, block_size) in [(&[256][..], 32), (&[4, 64][..], 0), (&[1, 4, 64][..], 32)] {
+        let err = blockwise(&mut g, dims, &eight, block_size, &nibbles).unwrap_err();
+        assert_eq!(err.status(), Some(Status::InvalidParameter), "{dims:?}");
+    }
+    let filter = blockwise(&mut g, &[4, 64], &eight, 32, &nibbles).unwrap();
+
+    // A transposed qbint4 filter has no packing in this XNNPACK: refused, not run.
+    let input = g.define_f32_tensor(&[1, 4], ValueRole::Internal).unwrap();
+    let output = g.define_f32_tensor(&[1, 64], ValueRole::Internal).unwrap();
+    let err = g
+        .define_fully_connected_with_flags(
+            input,
+            filter,
+            None,
+            output,
+            f32::NEG_INFINITY,
+            f32::INFINITY,
+            FullyConnectedFlags {
+                transpose_weights: true,
+                reshape_2d: false,
+            },
+        )
+        .unwrap_err();
+    assert_eq!(
+        err,
+        XnnError::Call {
+            call: "xnn_define_fully_connected",
+            status: Status::InvalidParameter
+        }
+    );
+
+    // A transposed qcint4 filter with an odd dimension would be read in another layout (and
+    // past its end on some CPUs): refused. The same filter untransposed is fine.
+    let q4 = g
+        .define_channelwise_quantized_tensor(
+            Datatype::Qcint4,
+            &[3, 4],
+            ChannelwiseQuantization {
+                zero_point: 8,
+                scales: &four,
+                channel_dim: 1,
+            },
+            ValueRole::Static(&nibbles[..6]),
+        )
+        .unwrap();
+    let x3 = g.define_f32_tensor(&[1, 3], ValueRole::Internal).unwrap();
+    let y4 = g.define_f32_tensor(&[1, 4], ValueRole::Internal).unwrap();
+    let transposed = FullyConnectedFlags {
+        transpose_weights: true,
+        reshape_2d: false,
+    };
+    let err = g
+        .define_fully_connected_with_flags(
+            x3,
+            q4,
+            None,
+            y4,
+            f32::NEG_INFINITY,
+            f32::INFINITY,
+            transposed,
+        )
+        .unwrap_err();
+    assert_eq!(err.status(), Some(Status::InvalidParameter));
+
+    // Global average pooling needs a known input of rank 3 or more.
+    let flat = g.define_f32_tensor(&[2, 3], ValueRole::Internal).unwrap();
+    let pooled = g.define_f32_tensor(&[2], ValueRole::Internal).unwrap();
+    for bad_input in [flat, 12345] {
+        let err = g
+            .define_global_average_pooling_2d(
+                bad_input,
+                pooled,
+                f32::NEG_INFINITY,
+                f32::INFINITY,
+                false,
+            )
+            .unwrap_err();
+        assert_eq!(err.status(), Some(Status::InvalidParameter));
+    }
+}
+
+#[test]
+fn fp32_activations_times_qc4w_weights_with_odd_rows_match_reference() {
+    // The other 4-bit path: fp32 activations straight into a qcint4 filter. Its packing reads
+    // the same byte-per-row layout; with no activation quantization the result is fp32-exact
+    // up to summation order.
+    let (batch, inputs, outputs) = (2, 9, 6);
+    let mut rng = SplitMix64(81);
+    let x = random(&mut rng, batch * inputs, 1.0);
+    let nibbles: Vec<u8> = (0..outputs * inputs)
+        .map(|_| (rng.next_u64() % 16) as u8)
+        .collect();
+    let stored = pack_nibble_rows(&nibbles, inputs, 8);
+    let stored_len = stored.len();
+    assert_eq!(stored_len, outputs * 5);
+    let stored = padded(stored);
+    let scales = padded((0..outputs).map(|o| 0.05 + 0.01 * o as f32).collect());
+    let scales = &scales[..outputs];
+    let w: Vec<f32> = (0..outputs * inputs)
+        .map(|i| (nibbles[i] as f32 - 8.0) * scales[i / inputs])
+        .collect();
+
+    let mut g = Subgraph::new(2).unwrap();
+    let input = g
+        .define_f32_tensor(&[batch, inputs], ValueRole::Input(INPUT))
+        .unwrap();
+    let filter = g
+        .define_channelwise_quantized_tensor(
+            Datatype::Qcint4,
+            &[outputs, inputs],
+            ChannelwiseQuantization {
+                zero_point: 8,
+                scales,
+                channel_dim: 0,
+            },
+            ValueRole::Static(&stored[..stored_len]),
+        )
+        .unwrap();
+    let output = g
+        .define_f32_tensor(&[batch, outputs], ValueRole::Output(OUTPUT))
+        .unwrap();
+    g.define_fully_connected(
+        input,
+        filter,
+        None,
+        output,
+        f32::NEG_INFINITY,
+        f32::INFINITY,
+    )
+    .unwrap();
+    let actual = run(&g, &x, batch * outputs);
+    let expected = reference_fully_connected(
+        &x,
+        &w,
+        None,
+        batch,
+        inputs,
+        outputs,
+        (f32::NEG_INFINITY, f32::INFINITY),
+    );
+    assert_close(&actual, &expected, 1e-4);
+}
