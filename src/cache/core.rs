@@ -194,14 +194,20 @@ impl PackedWeightsProvider for CacheCore {
         Some(ptr)
     }
 
-    fn look_up_or_insert(&self, key: &LookUpKey, ptr: NonNull<u8>, size: usize) -> Option<usize> {
+    fn look_up_or_insert(
+        &self,
+        key: &LookUpKey,
+        ptr: Option<NonNull<u8>>,
+        size: usize,
+    ) -> Option<usize> {
         let mut state = self.state.lock();
-        let pending = state.pending.remove(&(ptr.as_ptr() as usize));
+        let pending = ptr.and_then(|p| state.pending.remove(&(p.as_ptr() as usize)));
         let content_key = CacheCore::entry_key(&state, key);
         if let Some(&i) = content_key.as_ref().and_then(|k| state.by_key.get(k)) {
-            // Another thread packed the same weights first: use that copy.
+            // A hit confirmed (null ptr), or another thread packed the same weights first.
             return Some(i);
         }
+        let ptr = ptr?;
         let block = match pending {
             Some(block) if block.len() >= size => block,
             _ => {

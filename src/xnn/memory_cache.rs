@@ -99,13 +99,19 @@ impl PackedWeightsProvider for InMemoryWeightsCache {
         Some(ptr)
     }
 
-    fn look_up_or_insert(&self, key: &LookUpKey, ptr: NonNull<u8>, size: usize) -> Option<usize> {
+    fn look_up_or_insert(
+        &self,
+        key: &LookUpKey,
+        ptr: Option<NonNull<u8>>,
+        size: usize,
+    ) -> Option<usize> {
         self.look_up_or_insert_calls.fetch_add(1, Ordering::Relaxed);
         let mut state = self.state.lock();
-        let pending = state.pending.remove(&(ptr.as_ptr() as usize));
+        let pending = ptr.and_then(|p| state.pending.remove(&(p.as_ptr() as usize)));
         if let Some(&offset) = state.by_key.get(&key_tuple(key)) {
             return Some(offset); // the duplicate reservation, if any, is dropped here
         }
+        let ptr = ptr?;
         let block = match pending {
             Some(block) if block.len() >= size => block,
             // Not memory we reserved: adopt a copy.

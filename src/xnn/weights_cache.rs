@@ -6,7 +6,8 @@
 //!
 //! The contract as XNNPACK uses it (seen with the pinned build): on a miss it calls `look_up`,
 //! then `reserve_space(n)`, packs into that memory, then `look_up_or_insert(key, ptr, n)`, and keeps
-//! the returned offset; after the cache reports finalized, setup turns offsets into addresses with
+//! the returned offset (its convolution path calls `look_up_or_insert` with a null pointer even
+//! after a hit, expecting the existing offset back); after the cache reports finalized, setup turns offsets into addresses with
 //! `offset_to_addr`. XNNPACK does not check `look_up_or_insert`'s result, so a provider must not
 //! fail it for memory it reserved.
 
@@ -31,9 +32,15 @@ pub trait PackedWeightsProvider: Send + Sync {
     /// Writable memory for `n` bytes of packed weights, at least 64-byte aligned, that stays
     /// valid until `look_up_or_insert` is called with it.
     fn reserve_space(&self, n: usize) -> Option<NonNull<u8>>;
-    /// Adopts the `size` packed bytes at `ptr` under `key` (or returns the offset of an equal
-    /// entry already present).
-    fn look_up_or_insert(&self, key: &LookUpKey, ptr: NonNull<u8>, size: usize) -> Option<usize>;
+    /// Adopts the `size` packed bytes at `ptr` under `key`, or returns the offset of the entry
+    /// already present for `key`. XNNPACK also calls it with a null `ptr` (None here) after a
+    /// `look_up` hit (its convolution path does): that is a pure look-up.
+    fn look_up_or_insert(
+        &self,
+        key: &LookUpKey,
+        ptr: Option<NonNull<u8>>,
+        size: usize,
+    ) -> Option<usize>;
     /// Whether runtimes may now be set up against this cache.
     fn is_finalized(&self) -> bool;
     /// The address of the packed weights at `offset`.
@@ -156,9 +163,11 @@ unsafe extern "C" fn look_up_or_insert<P: PackedWeightsProvider>(
     catch_unwind(AssertUnwindSafe(|| {
         // SAFETY: XNNPACK passes back our context and a valid key.
         let (p, key) = unsafe { (provider::<P>(context), read_key(key)) };
-        match (key, NonNull::new(ptr.cast::<u8>())) {
-            (Some(k), Some(ptr)) => p.look_up_or_insert(&k, ptr, size).unwrap_or(NOT_FOUND),
-            _ => NOT_FOUND,
+        match key {
+            Some(k) => p
+                .look_up_or_insert(&k, NonNull::new(ptr.cast::<u8>()), size)
+                .unwrap_or(NOT_FOUND),
+            None => NOT_FOUND,
         }
     }))
     .unwrap_or(NOT_FOUND)
