@@ -523,3 +523,71 @@ fn four_processes_cold_starting_one_path_leave_one_valid_1x_file() {
     assert_eq!(cache.stats().packed, 0);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn issue_22779_unpacked_constants_stay_readable_after_packing_and_finalize() {
+    // One blob is both a fully connected weight (packed; its mapped pages are released once
+    // packed) and the constant operand of an add, which XNNPACK reads at every inference.
+    use xnnblob::named_data::{FileDataMap, NamedBlobStore, NamedDataMap};
+    use xnnblob::xnn::{Datatype, Subgraph, ValueRole};
+    let dir = scratch("unpacked-constant");
+    let n = 64;
+    let w: Vec<f32> = (0..n * n)
+        .map(|i| ((i * 13 % 29) as f32 - 14.0) / 29.0)
+        .collect();
+    let w_bytes: Vec<u8> = w.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let mut store = NamedBlobStore::new();
+    store
+        .add_named_blob("w", &w_bytes, 64, "model", None)
+        .unwrap();
+    store
+        .add_named_blob("tail", &[0u8; 256], 64, "model", None)
+        .unwrap(); // slack after "w"
+    let ptd = dir.join("model.ptd");
+    store.write_ptd("model", &ptd).unwrap();
+
+    let x: Vec<f32> = (0..n).map(|i| (i as f32 * 0.37).sin()).collect();
+    let x2: Vec<f32> = (0..n * n).map(|i| (i as f32 * 0.01).cos()).collect();
+    let fc_expected: Vec<f32> = (0..n)
+        .map(|o| (0..n).map(|k| x[k] * w[o * n + k]).sum())
+        .collect();
+    let add_expected: Vec<f32> = x2.iter().zip(&w).map(|(a, b)| a + b).collect();
+
+    for launch in ["cold", "warm"] {
+        let map = FileDataMap::open_ptd(&ptd).unwrap();
+        let data = map.get_data("w").unwrap();
+        let cache = reopen(&dir.join("weights.xbc"));
+        let _reg = cache.register_buffer(&data, BlobId::of_bytes(&w_bytes));
+        let mut g = Subgraph::new(4).unwrap();
+        let xi = g.define_f32_tensor(&[1, n], ValueRole::Input(0)).unwrap();
+        let wv = g
+            .define_tensor(Datatype::Fp32, &[n, n], ValueRole::Static(data.data()))
+            .unwrap();
+        let yo = g.define_f32_tensor(&[1, n], ValueRole::Output(1)).unwrap();
+        g.define_fully_connected(xi, wv, None, yo, f32::NEG_INFINITY, f32::INFINITY)
+            .unwrap();
+        let x2i = g.define_f32_tensor(&[n * n], ValueRole::Input(2)).unwrap();
+        let wc = g
+            .define_tensor(Datatype::Fp32, &[n * n], ValueRole::Static(data.data()))
+            .unwrap();
+        let zo = g.define_f32_tensor(&[n * n], ValueRole::Output(3)).unwrap();
+        g.define_add(x2i, wc, zo).unwrap();
+        let mut rt = Runtime::new(&g, Some(&*cache)).unwrap();
+        cache.finalize().unwrap();
+        let expected_packs = if launch == "cold" { 1 } else { 0 };
+        assert_eq!(cache.stats().packed, expected_packs, "{launch}");
+        for _ in 0..3 {
+            let (mut y, mut z) = (vec![0f32; n], vec![0f32; n * n]);
+            rt.invoke(&[(0, &x), (2, &x2)], &mut [(1, &mut y), (3, &mut z)])
+                .unwrap();
+            for (a, b) in y.iter().zip(&fc_expected) {
+                assert!((a - b).abs() < 1e-4, "{launch}: fc {a} vs {b}");
+            }
+            assert_eq!(
+                z, add_expected,
+                "{launch}: add read the constant after release"
+            );
+        }
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
