@@ -82,9 +82,9 @@ fn cold_then_warm_packs_nothing_and_gives_identical_outputs() {
     let cache = reopen(&path);
     assert_eq!(cache.load_outcome(), &LoadOutcome::Fresh);
     let cold_out = launch(&cache, &mlp);
+    cache.wait_saved().unwrap();
     let s = cache.stats();
     assert_eq!((s.packed, s.entries, s.unsaved), (3, 3, 0));
-    assert_eq!(s.heap_entries, 0, "saved entries now read from the file");
     assert_eq!(cache.saves(), 1);
     drop(cache);
 
@@ -103,6 +103,53 @@ fn cold_then_warm_packs_nothing_and_gives_identical_outputs() {
     assert_eq!(cache.saves(), 0, "nothing new, nothing written");
     assert_eq!(cold_out, warm_out, "bit-identical");
     assert_matches_reference(&mlp, &warm_out);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_blocking_save_moves_packed_weights_from_the_heap_into_the_file() {
+    let dir = scratch("blocking");
+    let path = dir.join("weights.xbc");
+    let mlp = model();
+    let options = CacheOptions {
+        blocking_save: true,
+        ..Default::default()
+    };
+    let cache = PackedWeightsCache::open_with(&path, options).unwrap();
+    let registrations = register(&cache, &mlp);
+    let graph = mlp.subgraph(1).unwrap();
+    let mut runtime = Runtime::new(&graph, Some(&*cache)).unwrap();
+    drop(registrations);
+    assert_eq!(cache.stats().heap_entries, 3);
+    cache.finalize().unwrap();
+    assert_eq!(cache.saves(), 1, "saved before finalize returned");
+    assert_eq!(
+        cache.stats().heap_entries,
+        0,
+        "read from the file from now on"
+    );
+    let input = input_for(&mlp);
+    let mut out = vec![0f32; mlp.output_width()];
+    runtime
+        .invoke(&[(MLP_INPUT, &input)], &mut [(MLP_OUTPUT, &mut out)])
+        .unwrap();
+    assert_matches_reference(&mlp, &out);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn runtimes_run_while_a_background_save_is_in_progress() {
+    let dir = scratch("background");
+    let path = dir.join("weights.xbc");
+    let mlp = model();
+    let cache = reopen(&path);
+    // finalize returns at once; outputs are right whether or not the save has finished.
+    for _ in 0..3 {
+        assert_matches_reference(&mlp, &launch(&cache, &mlp));
+    }
+    cache.wait_saved().unwrap();
+    assert_eq!(cache.saves(), 1);
+    assert!(path.exists());
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

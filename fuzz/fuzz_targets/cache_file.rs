@@ -1,33 +1,56 @@
 //! The packed-weight cache loader on arbitrary bytes: `decode` must reject or return entries
-//! whose regions are inside the file, aligned and disjoint; never panic.
+//! whose regions are inside the file, aligned and disjoint; never panic. Each input is also
+//! tried with its header and index checksums fixed up, so mutations reach the entry checks
+//! instead of stopping at a checksum.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
+use xnnblob::cache::checksum64;
 use xnnblob::cache::format::{self, Compat};
 
-fuzz_target!(|data: &[u8]| {
+fn check(data: &[u8]) {
     // Accept whatever build id and CPU the input claims, so the fuzzer gets past the header.
-    let claimed = Compat {
-        build_id: data
-            .get(32..32 + 32)
-            .map(<[u8]>::to_vec)
-            .unwrap_or_default(),
+    let compat = Compat {
+        build_id: data.get(32..64).map(<[u8]>::to_vec).unwrap_or_default(),
         cpu_fingerprint: data
             .get(16..24)
             .map(|b| u64::from_le_bytes(b.try_into().unwrap()))
             .unwrap_or(0),
     };
-    for compat in [claimed] {
-        if let Ok(decoded) = format::decode(data, &compat) {
-            let index = format::index_offset(data).unwrap();
-            let mut end = 0u64;
-            for e in &decoded.entries {
-                assert!(e.offset >= end, "sorted and disjoint");
-                end = e.offset + e.size;
-                assert!(end <= index);
-                assert_eq!(e.offset % format::REGION_ALIGNMENT as u64, 0);
-                let _ = xnnblob::cache::checksum64(&data[e.offset as usize..end as usize]);
-            }
+    if let Ok(decoded) = format::decode(data, &compat) {
+        let index = format::index_offset(data).unwrap();
+        let mut end = 0u64;
+        for e in &decoded.entries {
+            assert!(e.offset >= end, "sorted and disjoint");
+            end = e.offset + e.size;
+            assert!(end <= index);
+            assert_eq!(e.offset % format::REGION_ALIGNMENT as u64, 0);
+            let _ = checksum64(&data[e.offset as usize..end as usize]);
         }
+    }
+}
+
+/// The same bytes with valid header and index checksums, where the layout allows.
+fn fixed_up(data: &[u8]) -> Option<Vec<u8>> {
+    let mut d = data.to_vec();
+    let len = d.len();
+    if len < format::HEADER_SIZE + format::TRAILER_SIZE {
+        return None;
+    }
+    let sum = checksum64(&d[..format::HEADER_SIZE - 8]);
+    d[format::HEADER_SIZE - 8..format::HEADER_SIZE].copy_from_slice(&sum.to_le_bytes());
+    let index = format::index_offset(&d)? as usize;
+    let trailer = len - format::TRAILER_SIZE;
+    if index >= format::HEADER_SIZE && index <= trailer {
+        let sum = checksum64(&d[index..trailer]);
+        d[trailer + 16..trailer + 24].copy_from_slice(&sum.to_le_bytes());
+    }
+    Some(d)
+}
+
+fuzz_target!(|data: &[u8]| {
+    check(data);
+    if let Some(d) = fixed_up(data) {
+        check(&d);
     }
 });

@@ -17,8 +17,8 @@ use std::sync::Arc;
 pub(crate) enum Location {
     /// In `maps[map]` at `offset`.
     Mapped { map: usize, offset: usize },
-    /// Packed in this process.
-    Heap(AlignedBytes),
+    /// Packed in this process (shared with a save in progress).
+    Heap(Arc<AlignedBytes>),
 }
 
 pub(crate) struct Entry {
@@ -55,7 +55,32 @@ pub(crate) struct State {
     registered: HashMap<usize, Registered>,
 }
 
+/// Packed bytes that stay valid without the state lock: a save reads them while XNNPACK goes on.
+#[derive(Clone)]
+pub(crate) enum Source {
+    Mapped(Arc<MappedFile>, usize, usize),
+    Heap(Arc<AlignedBytes>, usize),
+}
+
+impl Source {
+    pub fn bytes(&self) -> &[u8] {
+        match self {
+            Source::Mapped(m, offset, size) => &m.bytes()[*offset..*offset + *size],
+            Source::Heap(b, size) => &b[..*size],
+        }
+    }
+}
+
 impl State {
+    pub fn source_of(&self, e: &Entry) -> Source {
+        match &e.location {
+            Location::Mapped { map, offset } => {
+                Source::Mapped(self.maps[*map].clone(), *offset, e.size)
+            }
+            Location::Heap(b) => Source::Heap(b.clone(), e.size),
+        }
+    }
+
     pub fn bytes_of<'s>(&'s self, e: &'s Entry) -> &'s [u8] {
         match &e.location {
             Location::Mapped { map, offset } => &self.maps[*map].bytes()[*offset..*offset + e.size],
@@ -221,7 +246,7 @@ impl PackedWeightsProvider for CacheCore {
         state.entries.push(Entry {
             key: content_key,
             size,
-            location: Location::Heap(block),
+            location: Location::Heap(Arc::new(block)),
             checksum: None,
             hit: false,
             unsaved: content_key.is_some(),

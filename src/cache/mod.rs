@@ -26,8 +26,9 @@ use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
+use std::thread::JoinHandle;
 
 /// An error of the cache: only I/O can fail; bad files are rebuilt, not reported as errors.
 #[derive(Debug)]
@@ -57,6 +58,10 @@ impl std::error::Error for CacheError {
 pub struct CacheOptions {
     pub build_id: Option<Vec<u8>>,
     pub cpu_fingerprint: Option<u64>,
+    /// Save inside `finalize` instead of on a background thread. Slower cold launches, but
+    /// entries are re-pointed into the file before XNNPACK holds their addresses, so the heap
+    /// copies of packed weights are freed at once.
+    pub blocking_save: bool,
 }
 
 impl CacheOptions {
@@ -105,11 +110,14 @@ pub struct BadEntry {
 /// then set them up. The first `finalize` enables setup; afterwards runtimes may be created and
 /// set up at any time (packed memory never moves), and each later `finalize` saves again.
 pub struct PackedWeightsCache {
-    xnn: WeightsCache<CacheCore>,
+    xnn: WeightsCache<Arc<CacheCore>>,
     path: Option<PathBuf>,
     compat: Compat,
     outcome: LoadOutcome,
-    saves: Mutex<usize>,
+    blocking_save: bool,
+    /// The save in progress, if any.
+    saver: Mutex<Option<JoinHandle<Result<(), CacheError>>>>,
+    saves: Arc<AtomicUsize>,
 }
 
 fn registry() -> &'static Mutex<HashMap<PathBuf, Weak<PackedWeightsCache>>> {
@@ -157,11 +165,13 @@ impl PackedWeightsCache {
         let core = CacheCore::default();
         let outcome = persist::load(&core, &path, &compat)?;
         let cache = Arc::new(PackedWeightsCache {
-            xnn: WeightsCache::new(core),
+            xnn: WeightsCache::new(Arc::new(core)),
             path: Some(path.clone()),
             compat,
             outcome,
-            saves: Mutex::new(0),
+            blocking_save: options.blocking_save,
+            saver: Mutex::new(None),
+            saves: Arc::new(AtomicUsize::new(0)),
         });
         reg.retain(|_, w| w.strong_count() > 0);
         reg.insert(path, Arc::downgrade(&cache));
@@ -171,15 +181,17 @@ impl PackedWeightsCache {
     /// A cache with no file: the same behaviour within this process, nothing persisted.
     pub fn in_memory() -> Arc<PackedWeightsCache> {
         Arc::new(PackedWeightsCache {
-            xnn: WeightsCache::new(CacheCore::default()),
+            xnn: WeightsCache::new(Arc::new(CacheCore::default())),
             path: None,
             compat: CacheOptions::default().compat(),
             outcome: LoadOutcome::Fresh,
-            saves: Mutex::new(0),
+            blocking_save: true,
+            saver: Mutex::new(None),
+            saves: Arc::new(AtomicUsize::new(0)),
         })
     }
 
-    fn core(&self) -> &CacheCore {
+    fn core(&self) -> &Arc<CacheCore> {
         self.xnn.provider()
     }
 
@@ -212,30 +224,46 @@ impl PackedWeightsCache {
         }
     }
 
-    /// Enables runtime setup and saves what was packed since the last save (nothing to save:
-    /// no write at all). Safe to call any number of times.
+    /// Enables runtime setup and saves what was packed since the last save, on a background
+    /// thread (or here, with `blocking_save`); nothing new to save writes nothing. Safe to call
+    /// any number of times. An error of a background save is reported by the next `finalize`,
+    /// by [`wait_saved`](Self::wait_saved), and costs only a repack at the next launch.
     pub fn finalize(&self) -> Result<(), CacheError> {
-        self.save()?;
         self.core().finalized.store(true, Ordering::Release);
-        Ok(())
-    }
-
-    fn save(&self) -> Result<(), CacheError> {
-        let Some(path) = &self.path else {
+        let Some(path) = self.path.clone() else {
             return Ok(());
         };
-        let mut saves = self.saves.lock();
+        let mut saver = self.saver.lock();
+        if let Some(previous) = saver.take() {
+            previous.join().unwrap_or(Ok(()))?;
+        }
         if !self.core().state.lock().entries.iter().any(|e| e.unsaved) {
             return Ok(());
         }
-        persist::save(self.core(), path, &self.compat)?;
-        *saves += 1;
+        let (core, compat, saves) = (self.core().clone(), self.compat.clone(), self.saves.clone());
+        let save = move || {
+            persist::save(&core, &path, &compat)?;
+            saves.fetch_add(1, Ordering::Relaxed);
+            Ok(())
+        };
+        if self.blocking_save {
+            return save();
+        }
+        *saver = Some(std::thread::spawn(save));
         Ok(())
     }
 
-    /// How many times this cache wrote its file.
+    /// Waits for a background save to be durable on disk.
+    pub fn wait_saved(&self) -> Result<(), CacheError> {
+        match self.saver.lock().take() {
+            Some(handle) => handle.join().unwrap_or(Ok(())),
+            None => Ok(()),
+        }
+    }
+
+    /// How many times this cache wrote its file (completed saves).
     pub fn saves(&self) -> usize {
-        *self.saves.lock()
+        self.saves.load(Ordering::Relaxed)
     }
 
     pub fn stats(&self) -> CacheStats {
@@ -284,8 +312,13 @@ impl PackedWeightsCache {
 
 impl Drop for PackedWeightsCache {
     fn drop(&mut self) {
-        // Whatever was packed and not saved is saved now (a failure only costs a repack).
-        let _ = self.save();
+        // A save in progress completes; whatever was packed after the last finalize is saved
+        // now. A failure only costs a repack at the next launch.
+        let _ = self.wait_saved();
+        let unsaved = self.core().state.lock().entries.iter().any(|e| e.unsaved);
+        if let (Some(path), true) = (&self.path, unsaved) {
+            let _ = persist::save(self.core(), path, &self.compat);
+        }
     }
 }
 

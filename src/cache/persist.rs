@@ -3,7 +3,7 @@
 //! rename, fsync the directory).
 
 use super::checksum::checksum64;
-use super::core::{CacheCore, Location};
+use super::core::{CacheCore, Location, Source};
 use super::format::{self, Compat, EntryKey, FileEntry, FileError};
 use super::CacheError;
 use crate::mmap::MappedFile;
@@ -135,25 +135,32 @@ pub(crate) fn commit<'a>(
 }
 
 /// Saves every persistable entry (merged with entries other processes saved meanwhile),
-/// then points unresolved entries at the new file so their heap copies are freed.
+/// then points unresolved entries at the new file so their heap copies are freed. The state
+/// lock is held only to take a snapshot and to re-point entries, not during I/O, so runtimes
+/// can be set up and run while a save is in progress.
 pub(crate) fn save(core: &CacheCore, path: &Path, compat: &Compat) -> Result<usize, CacheError> {
     let _lock = lock_writers(path)?;
-    let mut state = core.state.lock();
 
-    // What is on disk now (another process may have saved since we loaded).
-    let disk = match MappedFile::open(path) {
-        Ok(map) => format::decode(map.bytes(), compat).ok().map(|d| (map, d)),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-        Err(e) => return Err(io_error(path, e)),
+    // Snapshot: what this process knows, with bytes that stay valid without the lock.
+    let (ours, repacked) = {
+        let state = core.state.lock();
+        let repacked: HashSet<_> = state
+            .entries
+            .iter()
+            .filter(|e| e.packed_here)
+            .filter_map(|e| e.key.map(|k| (k.kernel, k.bias, k.seed)))
+            .collect();
+        let ours: Vec<(EntryKey, Source, Option<u64>, bool)> = state
+            .entries
+            .iter()
+            .filter_map(|e| {
+                e.key
+                    .map(|k| (k, state.source_of(e), e.checksum, e.hit || e.packed_here))
+            })
+            .collect();
+        (ours, repacked)
     };
-
-    // Entries that a repack in this process superseded: same weights, another seed, not used.
-    let repacked: HashSet<_> = state
-        .entries
-        .iter()
-        .filter(|e| e.packed_here)
-        .filter_map(|e| e.key.map(|k| (k.kernel, k.bias, k.seed)))
-        .collect();
+    // Entries a repack in this process superseded: same weights, another seed, not used.
     let superseded = |k: &EntryKey, used: bool| {
         !used
             && repacked.iter().any(|(kernel, bias, seed)| {
@@ -161,39 +168,53 @@ pub(crate) fn save(core: &CacheCore, path: &Path, compat: &Compat) -> Result<usi
             })
     };
 
-    let mut rows: Vec<(EntryKey, &[u8], u64)> = Vec::new();
-    let mut ours: HashSet<EntryKey> = HashSet::new();
+    // What is on disk now (another process may have saved since we loaded).
+    let disk = match MappedFile::open(path) {
+        Ok(map) => format::decode(map.bytes(), compat)
+            .ok()
+            .map(|d| (Arc::new(map), d)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => return Err(io_error(path, e)),
+    };
+
+    let mut rows: Vec<(EntryKey, Source, u64)> = Vec::new();
+    let mut known: HashSet<EntryKey> = HashSet::new();
     let mut corrupt = 0usize;
-    for e in &state.entries {
-        let Some(key) = e.key else { continue };
-        if superseded(&key, e.hit || e.packed_here) {
+    for (key, source, recorded, used) in ours {
+        if superseded(&key, used) {
             continue;
         }
-        let data = state.bytes_of(e);
-        let sum = checksum64(data);
+        let sum = checksum64(source.bytes());
         // A mapped entry is copied only if its bytes still match what was recorded.
-        if e.checksum.is_some_and(|c| c != sum) {
+        if recorded.is_some_and(|c| c != sum) {
             corrupt += 1;
             continue;
         }
-        ours.insert(key);
-        rows.push((key, data, sum));
+        known.insert(key);
+        rows.push((key, source, sum));
     }
     if let Some((map, decoded)) = &disk {
         for fe in &decoded.entries {
-            if ours.contains(&fe.key) || superseded(&fe.key, false) {
+            if known.contains(&fe.key) || superseded(&fe.key, false) {
                 continue;
             }
-            let data = &map.bytes()[fe.offset as usize..(fe.offset + fe.size) as usize];
-            if checksum64(data) != fe.checksum {
+            let source = Source::Mapped(map.clone(), fe.offset as usize, fe.size as usize);
+            if checksum64(source.bytes()) != fe.checksum {
                 corrupt += 1;
                 continue;
             }
-            rows.push((fe.key, data, fe.checksum));
+            rows.push((fe.key, source, fe.checksum));
         }
     }
-    let (map, written) = commit(path, compat, rows.into_iter())?;
+    let (map, written) = commit(
+        path,
+        compat,
+        rows.iter()
+            .map(|(k, source, sum)| (*k, source.bytes(), *sum)),
+    )?;
+    drop(rows);
 
+    let mut state = core.state.lock();
     let m = state.maps.len();
     state.maps.push(Arc::new(map));
     for fe in written {

@@ -47,6 +47,29 @@ pub trait PackedWeightsProvider: Send + Sync {
     fn offset_to_addr(&self, offset: usize) -> Option<NonNull<u8>>;
 }
 
+impl<T: PackedWeightsProvider + ?Sized> PackedWeightsProvider for std::sync::Arc<T> {
+    fn look_up(&self, key: &LookUpKey) -> Option<usize> {
+        (**self).look_up(key)
+    }
+    fn reserve_space(&self, n: usize) -> Option<NonNull<u8>> {
+        (**self).reserve_space(n)
+    }
+    fn look_up_or_insert(
+        &self,
+        key: &LookUpKey,
+        ptr: Option<NonNull<u8>>,
+        size: usize,
+    ) -> Option<usize> {
+        (**self).look_up_or_insert(key, ptr, size)
+    }
+    fn is_finalized(&self) -> bool {
+        (**self).is_finalized()
+    }
+    fn offset_to_addr(&self, offset: usize) -> Option<NonNull<u8>> {
+        (**self).offset_to_addr(offset)
+    }
+}
+
 /// Something that can be handed to `xnn_create_runtime_v4` as its weights cache.
 ///
 /// # Safety
