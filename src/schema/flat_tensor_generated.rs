@@ -2,769 +2,602 @@
 // @generated
 extern crate alloc;
 
+
 #[allow(unused_imports, dead_code)]
 pub mod xnnblob_fb {
 
-    #[allow(unused_imports, dead_code)]
-    pub mod ptd {
+#[allow(unused_imports, dead_code)]
+pub mod ptd {
 
-        pub enum TensorLayoutOffset {}
-        #[derive(Copy, Clone, PartialEq)]
 
-        pub struct TensorLayout<'a> {
-            pub _tab: ::flatbuffers::Table<'a>,
-        }
+pub enum TensorLayoutOffset {}
+#[derive(Copy, Clone, PartialEq)]
 
-        impl<'a> ::flatbuffers::Follow<'a> for TensorLayout<'a> {
-            type Inner = TensorLayout<'a>;
-            #[inline]
-            unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
-                Self {
-                    _tab: unsafe { ::flatbuffers::Table::new(buf, loc) },
-                }
-            }
-        }
+pub struct TensorLayout<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
 
-        impl<'a> TensorLayout<'a> {
-            pub const VT_SCALAR_TYPE: ::flatbuffers::VOffsetT = 4;
-            pub const VT_SIZES: ::flatbuffers::VOffsetT = 6;
-            pub const VT_DIM_ORDER: ::flatbuffers::VOffsetT = 8;
+impl<'a> ::flatbuffers::Follow<'a> for TensorLayout<'a> {
+  type Inner = TensorLayout<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
 
-            #[inline]
-            pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
-                TensorLayout { _tab: table }
-            }
-            #[allow(unused_mut)]
-            pub fn create<
-                'bldr: 'args,
-                'args: 'mut_bldr,
-                'mut_bldr,
-                A: ::flatbuffers::Allocator + 'bldr,
-            >(
-                _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
-                args: &'args TensorLayoutArgs<'args>,
-            ) -> ::flatbuffers::WIPOffset<TensorLayout<'bldr>> {
-                let mut builder = TensorLayoutBuilder::new(_fbb);
-                if let Some(x) = args.dim_order {
-                    builder.add_dim_order(x);
-                }
-                if let Some(x) = args.sizes {
-                    builder.add_sizes(x);
-                }
-                builder.add_scalar_type(args.scalar_type);
-                builder.finish()
-            }
+impl<'a> TensorLayout<'a> {
+  pub const VT_SCALAR_TYPE: ::flatbuffers::VOffsetT = 4;
+  pub const VT_SIZES: ::flatbuffers::VOffsetT = 6;
+  pub const VT_DIM_ORDER: ::flatbuffers::VOffsetT = 8;
 
-            #[inline]
-            pub fn scalar_type(&self) -> i8 {
-                // Safety:
-                // Created from valid Table for this object
-                // which contains a valid value in this slot
-                unsafe {
-                    self._tab
-                        .get::<i8>(TensorLayout::VT_SCALAR_TYPE, Some(0))
-                        .unwrap()
-                }
-            }
-            #[inline]
-            pub fn sizes(&self) -> Option<::flatbuffers::Vector<'a, i32>> {
-                // Safety:
-                // Created from valid Table for this object
-                // which contains a valid value in this slot
-                unsafe {
-                    self._tab
-                        .get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, i32>>>(
-                            TensorLayout::VT_SIZES,
-                            None,
-                        )
-                }
-            }
-            #[inline]
-            pub fn dim_order(&self) -> Option<::flatbuffers::Vector<'a, u8>> {
-                // Safety:
-                // Created from valid Table for this object
-                // which contains a valid value in this slot
-                unsafe {
-                    self._tab
-                        .get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, u8>>>(
-                            TensorLayout::VT_DIM_ORDER,
-                            None,
-                        )
-                }
-            }
-        }
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    TensorLayout { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args TensorLayoutArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<TensorLayout<'bldr>> {
+    let mut builder = TensorLayoutBuilder::new(_fbb);
+    if let Some(x) = args.dim_order { builder.add_dim_order(x); }
+    if let Some(x) = args.sizes { builder.add_sizes(x); }
+    builder.add_scalar_type(args.scalar_type);
+    builder.finish()
+  }
 
-        impl ::flatbuffers::Verifiable for TensorLayout<'_> {
-            #[inline]
-            fn run_verifier(
-                v: &mut ::flatbuffers::Verifier,
-                pos: usize,
-            ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
-                v.visit_table(pos)?
-                    .visit_field::<i8>("scalar_type", Self::VT_SCALAR_TYPE, false)?
-                    .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, i32>>>(
-                        "sizes",
-                        Self::VT_SIZES,
-                        false,
-                    )?
-                    .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, u8>>>(
-                        "dim_order",
-                        Self::VT_DIM_ORDER,
-                        false,
-                    )?
-                    .finish();
-                Ok(())
-            }
-        }
-        pub struct TensorLayoutArgs<'a> {
-            pub scalar_type: i8,
-            pub sizes: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, i32>>>,
-            pub dim_order: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, u8>>>,
-        }
-        impl<'a> Default for TensorLayoutArgs<'a> {
-            #[inline]
-            fn default() -> Self {
-                TensorLayoutArgs {
-                    scalar_type: 0,
-                    sizes: None,
-                    dim_order: None,
-                }
-            }
-        }
 
-        pub struct TensorLayoutBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
-            fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
-            start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
-        }
-        impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> TensorLayoutBuilder<'a, 'b, A> {
-            #[inline]
-            pub fn add_scalar_type(&mut self, scalar_type: i8) {
-                self.fbb_
-                    .push_slot::<i8>(TensorLayout::VT_SCALAR_TYPE, scalar_type, 0);
-            }
-            #[inline]
-            pub fn add_sizes(
-                &mut self,
-                sizes: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b, i32>>,
-            ) {
-                self.fbb_
-                    .push_slot_always::<::flatbuffers::WIPOffset<_>>(TensorLayout::VT_SIZES, sizes);
-            }
-            #[inline]
-            pub fn add_dim_order(
-                &mut self,
-                dim_order: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b, u8>>,
-            ) {
-                self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(
-                    TensorLayout::VT_DIM_ORDER,
-                    dim_order,
-                );
-            }
-            #[inline]
-            pub fn new(
-                _fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
-            ) -> TensorLayoutBuilder<'a, 'b, A> {
-                let start = _fbb.start_table();
-                TensorLayoutBuilder {
-                    fbb_: _fbb,
-                    start_: start,
-                }
-            }
-            #[inline]
-            pub fn finish(self) -> ::flatbuffers::WIPOffset<TensorLayout<'a>> {
-                let o = self.fbb_.end_table(self.start_);
-                ::flatbuffers::WIPOffset::new(o.value())
-            }
-        }
+  #[inline]
+  pub fn scalar_type(&self) -> i8 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<i8>(TensorLayout::VT_SCALAR_TYPE, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn sizes(&self) -> Option<::flatbuffers::Vector<'a, i32>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, i32>>>(TensorLayout::VT_SIZES, None)}
+  }
+  #[inline]
+  pub fn dim_order(&self) -> Option<::flatbuffers::Vector<'a, u8>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, u8>>>(TensorLayout::VT_DIM_ORDER, None)}
+  }
+}
 
-        impl ::core::fmt::Debug for TensorLayout<'_> {
-            fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
-                let mut ds = f.debug_struct("TensorLayout");
-                ds.field("scalar_type", &self.scalar_type());
-                ds.field("sizes", &self.sizes());
-                ds.field("dim_order", &self.dim_order());
-                ds.finish()
-            }
-        }
-        pub enum DataSegmentOffset {}
-        #[derive(Copy, Clone, PartialEq)]
+impl ::flatbuffers::Verifiable for TensorLayout<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<i8>("scalar_type", Self::VT_SCALAR_TYPE, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, i32>>>("sizes", Self::VT_SIZES, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, u8>>>("dim_order", Self::VT_DIM_ORDER, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct TensorLayoutArgs<'a> {
+    pub scalar_type: i8,
+    pub sizes: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, i32>>>,
+    pub dim_order: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, u8>>>,
+}
+impl<'a> Default for TensorLayoutArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    TensorLayoutArgs {
+      scalar_type: 0,
+      sizes: None,
+      dim_order: None,
+    }
+  }
+}
 
-        pub struct DataSegment<'a> {
-            pub _tab: ::flatbuffers::Table<'a>,
-        }
+pub struct TensorLayoutBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> TensorLayoutBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_scalar_type(&mut self, scalar_type: i8) {
+    self.fbb_.push_slot::<i8>(TensorLayout::VT_SCALAR_TYPE, scalar_type, 0);
+  }
+  #[inline]
+  pub fn add_sizes(&mut self, sizes: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , i32>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(TensorLayout::VT_SIZES, sizes);
+  }
+  #[inline]
+  pub fn add_dim_order(&mut self, dim_order: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , u8>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(TensorLayout::VT_DIM_ORDER, dim_order);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> TensorLayoutBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    TensorLayoutBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<TensorLayout<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
 
-        impl<'a> ::flatbuffers::Follow<'a> for DataSegment<'a> {
-            type Inner = DataSegment<'a>;
-            #[inline]
-            unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
-                Self {
-                    _tab: unsafe { ::flatbuffers::Table::new(buf, loc) },
-                }
-            }
-        }
+impl ::core::fmt::Debug for TensorLayout<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("TensorLayout");
+      ds.field("scalar_type", &self.scalar_type());
+      ds.field("sizes", &self.sizes());
+      ds.field("dim_order", &self.dim_order());
+      ds.finish()
+  }
+}
+pub enum DataSegmentOffset {}
+#[derive(Copy, Clone, PartialEq)]
 
-        impl<'a> DataSegment<'a> {
-            pub const VT_OFFSET: ::flatbuffers::VOffsetT = 4;
-            pub const VT_SIZE: ::flatbuffers::VOffsetT = 6;
+pub struct DataSegment<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
 
-            #[inline]
-            pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
-                DataSegment { _tab: table }
-            }
-            #[allow(unused_mut)]
-            pub fn create<
-                'bldr: 'args,
-                'args: 'mut_bldr,
-                'mut_bldr,
-                A: ::flatbuffers::Allocator + 'bldr,
-            >(
-                _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
-                args: &'args DataSegmentArgs,
-            ) -> ::flatbuffers::WIPOffset<DataSegment<'bldr>> {
-                let mut builder = DataSegmentBuilder::new(_fbb);
-                builder.add_size(args.size);
-                builder.add_offset(args.offset);
-                builder.finish()
-            }
+impl<'a> ::flatbuffers::Follow<'a> for DataSegment<'a> {
+  type Inner = DataSegment<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
 
-            #[inline]
-            pub fn offset(&self) -> u64 {
-                // Safety:
-                // Created from valid Table for this object
-                // which contains a valid value in this slot
-                unsafe {
-                    self._tab
-                        .get::<u64>(DataSegment::VT_OFFSET, Some(0))
-                        .unwrap()
-                }
-            }
-            #[inline]
-            pub fn size(&self) -> u64 {
-                // Safety:
-                // Created from valid Table for this object
-                // which contains a valid value in this slot
-                unsafe { self._tab.get::<u64>(DataSegment::VT_SIZE, Some(0)).unwrap() }
-            }
-        }
+impl<'a> DataSegment<'a> {
+  pub const VT_OFFSET: ::flatbuffers::VOffsetT = 4;
+  pub const VT_SIZE: ::flatbuffers::VOffsetT = 6;
 
-        impl ::flatbuffers::Verifiable for DataSegment<'_> {
-            #[inline]
-            fn run_verifier(
-                v: &mut ::flatbuffers::Verifier,
-                pos: usize,
-            ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
-                v.visit_table(pos)?
-                    .visit_field::<u64>("offset", Self::VT_OFFSET, false)?
-                    .visit_field::<u64>("size", Self::VT_SIZE, false)?
-                    .finish();
-                Ok(())
-            }
-        }
-        pub struct DataSegmentArgs {
-            pub offset: u64,
-            pub size: u64,
-        }
-        impl<'a> Default for DataSegmentArgs {
-            #[inline]
-            fn default() -> Self {
-                DataSegmentArgs { offset: 0, size: 0 }
-            }
-        }
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    DataSegment { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args DataSegmentArgs
+  ) -> ::flatbuffers::WIPOffset<DataSegment<'bldr>> {
+    let mut builder = DataSegmentBuilder::new(_fbb);
+    builder.add_size(args.size);
+    builder.add_offset(args.offset);
+    builder.finish()
+  }
 
-        pub struct DataSegmentBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
-            fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
-            start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
-        }
-        impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> DataSegmentBuilder<'a, 'b, A> {
-            #[inline]
-            pub fn add_offset(&mut self, offset: u64) {
-                self.fbb_
-                    .push_slot::<u64>(DataSegment::VT_OFFSET, offset, 0);
-            }
-            #[inline]
-            pub fn add_size(&mut self, size: u64) {
-                self.fbb_.push_slot::<u64>(DataSegment::VT_SIZE, size, 0);
-            }
-            #[inline]
-            pub fn new(
-                _fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
-            ) -> DataSegmentBuilder<'a, 'b, A> {
-                let start = _fbb.start_table();
-                DataSegmentBuilder {
-                    fbb_: _fbb,
-                    start_: start,
-                }
-            }
-            #[inline]
-            pub fn finish(self) -> ::flatbuffers::WIPOffset<DataSegment<'a>> {
-                let o = self.fbb_.end_table(self.start_);
-                ::flatbuffers::WIPOffset::new(o.value())
-            }
-        }
 
-        impl ::core::fmt::Debug for DataSegment<'_> {
-            fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
-                let mut ds = f.debug_struct("DataSegment");
-                ds.field("offset", &self.offset());
-                ds.field("size", &self.size());
-                ds.finish()
-            }
-        }
-        pub enum NamedDataOffset {}
-        #[derive(Copy, Clone, PartialEq)]
+  #[inline]
+  pub fn offset(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(DataSegment::VT_OFFSET, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn size(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(DataSegment::VT_SIZE, Some(0)).unwrap()}
+  }
+}
 
-        pub struct NamedData<'a> {
-            pub _tab: ::flatbuffers::Table<'a>,
-        }
+impl ::flatbuffers::Verifiable for DataSegment<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<u64>("offset", Self::VT_OFFSET, false)?
+     .visit_field::<u64>("size", Self::VT_SIZE, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct DataSegmentArgs {
+    pub offset: u64,
+    pub size: u64,
+}
+impl<'a> Default for DataSegmentArgs {
+  #[inline]
+  fn default() -> Self {
+    DataSegmentArgs {
+      offset: 0,
+      size: 0,
+    }
+  }
+}
 
-        impl<'a> ::flatbuffers::Follow<'a> for NamedData<'a> {
-            type Inner = NamedData<'a>;
-            #[inline]
-            unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
-                Self {
-                    _tab: unsafe { ::flatbuffers::Table::new(buf, loc) },
-                }
-            }
-        }
+pub struct DataSegmentBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> DataSegmentBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_offset(&mut self, offset: u64) {
+    self.fbb_.push_slot::<u64>(DataSegment::VT_OFFSET, offset, 0);
+  }
+  #[inline]
+  pub fn add_size(&mut self, size: u64) {
+    self.fbb_.push_slot::<u64>(DataSegment::VT_SIZE, size, 0);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> DataSegmentBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    DataSegmentBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<DataSegment<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
 
-        impl<'a> NamedData<'a> {
-            pub const VT_KEY: ::flatbuffers::VOffsetT = 4;
-            pub const VT_SEGMENT_INDEX: ::flatbuffers::VOffsetT = 6;
-            pub const VT_TENSOR_LAYOUT: ::flatbuffers::VOffsetT = 8;
+impl ::core::fmt::Debug for DataSegment<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("DataSegment");
+      ds.field("offset", &self.offset());
+      ds.field("size", &self.size());
+      ds.finish()
+  }
+}
+pub enum NamedDataOffset {}
+#[derive(Copy, Clone, PartialEq)]
 
-            #[inline]
-            pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
-                NamedData { _tab: table }
-            }
-            #[allow(unused_mut)]
-            pub fn create<
-                'bldr: 'args,
-                'args: 'mut_bldr,
-                'mut_bldr,
-                A: ::flatbuffers::Allocator + 'bldr,
-            >(
-                _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
-                args: &'args NamedDataArgs<'args>,
-            ) -> ::flatbuffers::WIPOffset<NamedData<'bldr>> {
-                let mut builder = NamedDataBuilder::new(_fbb);
-                if let Some(x) = args.tensor_layout {
-                    builder.add_tensor_layout(x);
-                }
-                builder.add_segment_index(args.segment_index);
-                if let Some(x) = args.key {
-                    builder.add_key(x);
-                }
-                builder.finish()
-            }
+pub struct NamedData<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
 
-            #[inline]
-            pub fn key(&self) -> Option<&'a str> {
-                // Safety:
-                // Created from valid Table for this object
-                // which contains a valid value in this slot
-                unsafe {
-                    self._tab
-                        .get::<::flatbuffers::ForwardsUOffset<&str>>(NamedData::VT_KEY, None)
-                }
-            }
-            #[inline]
-            pub fn segment_index(&self) -> u32 {
-                // Safety:
-                // Created from valid Table for this object
-                // which contains a valid value in this slot
-                unsafe {
-                    self._tab
-                        .get::<u32>(NamedData::VT_SEGMENT_INDEX, Some(0))
-                        .unwrap()
-                }
-            }
-            #[inline]
-            pub fn tensor_layout(&self) -> Option<TensorLayout<'a>> {
-                // Safety:
-                // Created from valid Table for this object
-                // which contains a valid value in this slot
-                unsafe {
-                    self._tab
-                        .get::<::flatbuffers::ForwardsUOffset<TensorLayout>>(
-                            NamedData::VT_TENSOR_LAYOUT,
-                            None,
-                        )
-                }
-            }
-        }
+impl<'a> ::flatbuffers::Follow<'a> for NamedData<'a> {
+  type Inner = NamedData<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
 
-        impl ::flatbuffers::Verifiable for NamedData<'_> {
-            #[inline]
-            fn run_verifier(
-                v: &mut ::flatbuffers::Verifier,
-                pos: usize,
-            ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
-                v.visit_table(pos)?
-                    .visit_field::<::flatbuffers::ForwardsUOffset<&str>>(
-                        "key",
-                        Self::VT_KEY,
-                        false,
-                    )?
-                    .visit_field::<u32>("segment_index", Self::VT_SEGMENT_INDEX, false)?
-                    .visit_field::<::flatbuffers::ForwardsUOffset<TensorLayout>>(
-                        "tensor_layout",
-                        Self::VT_TENSOR_LAYOUT,
-                        false,
-                    )?
-                    .finish();
-                Ok(())
-            }
-        }
-        pub struct NamedDataArgs<'a> {
-            pub key: Option<::flatbuffers::WIPOffset<&'a str>>,
-            pub segment_index: u32,
-            pub tensor_layout: Option<::flatbuffers::WIPOffset<TensorLayout<'a>>>,
-        }
-        impl<'a> Default for NamedDataArgs<'a> {
-            #[inline]
-            fn default() -> Self {
-                NamedDataArgs {
-                    key: None,
-                    segment_index: 0,
-                    tensor_layout: None,
-                }
-            }
-        }
+impl<'a> NamedData<'a> {
+  pub const VT_KEY: ::flatbuffers::VOffsetT = 4;
+  pub const VT_SEGMENT_INDEX: ::flatbuffers::VOffsetT = 6;
+  pub const VT_TENSOR_LAYOUT: ::flatbuffers::VOffsetT = 8;
 
-        pub struct NamedDataBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
-            fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
-            start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
-        }
-        impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> NamedDataBuilder<'a, 'b, A> {
-            #[inline]
-            pub fn add_key(&mut self, key: ::flatbuffers::WIPOffset<&'b str>) {
-                self.fbb_
-                    .push_slot_always::<::flatbuffers::WIPOffset<_>>(NamedData::VT_KEY, key);
-            }
-            #[inline]
-            pub fn add_segment_index(&mut self, segment_index: u32) {
-                self.fbb_
-                    .push_slot::<u32>(NamedData::VT_SEGMENT_INDEX, segment_index, 0);
-            }
-            #[inline]
-            pub fn add_tensor_layout(
-                &mut self,
-                tensor_layout: ::flatbuffers::WIPOffset<TensorLayout<'b>>,
-            ) {
-                self.fbb_
-                    .push_slot_always::<::flatbuffers::WIPOffset<TensorLayout>>(
-                        NamedData::VT_TENSOR_LAYOUT,
-                        tensor_layout,
-                    );
-            }
-            #[inline]
-            pub fn new(
-                _fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
-            ) -> NamedDataBuilder<'a, 'b, A> {
-                let start = _fbb.start_table();
-                NamedDataBuilder {
-                    fbb_: _fbb,
-                    start_: start,
-                }
-            }
-            #[inline]
-            pub fn finish(self) -> ::flatbuffers::WIPOffset<NamedData<'a>> {
-                let o = self.fbb_.end_table(self.start_);
-                ::flatbuffers::WIPOffset::new(o.value())
-            }
-        }
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    NamedData { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args NamedDataArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<NamedData<'bldr>> {
+    let mut builder = NamedDataBuilder::new(_fbb);
+    if let Some(x) = args.tensor_layout { builder.add_tensor_layout(x); }
+    builder.add_segment_index(args.segment_index);
+    if let Some(x) = args.key { builder.add_key(x); }
+    builder.finish()
+  }
 
-        impl ::core::fmt::Debug for NamedData<'_> {
-            fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
-                let mut ds = f.debug_struct("NamedData");
-                ds.field("key", &self.key());
-                ds.field("segment_index", &self.segment_index());
-                ds.field("tensor_layout", &self.tensor_layout());
-                ds.finish()
-            }
-        }
-        pub enum FlatTensorOffset {}
-        #[derive(Copy, Clone, PartialEq)]
 
-        pub struct FlatTensor<'a> {
-            pub _tab: ::flatbuffers::Table<'a>,
-        }
+  #[inline]
+  pub fn key(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(NamedData::VT_KEY, None)}
+  }
+  #[inline]
+  pub fn segment_index(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(NamedData::VT_SEGMENT_INDEX, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn tensor_layout(&self) -> Option<TensorLayout<'a>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<TensorLayout>>(NamedData::VT_TENSOR_LAYOUT, None)}
+  }
+}
 
-        impl<'a> ::flatbuffers::Follow<'a> for FlatTensor<'a> {
-            type Inner = FlatTensor<'a>;
-            #[inline]
-            unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
-                Self {
-                    _tab: unsafe { ::flatbuffers::Table::new(buf, loc) },
-                }
-            }
-        }
+impl ::flatbuffers::Verifiable for NamedData<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("key", Self::VT_KEY, false)?
+     .visit_field::<u32>("segment_index", Self::VT_SEGMENT_INDEX, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<TensorLayout>>("tensor_layout", Self::VT_TENSOR_LAYOUT, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct NamedDataArgs<'a> {
+    pub key: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub segment_index: u32,
+    pub tensor_layout: Option<::flatbuffers::WIPOffset<TensorLayout<'a>>>,
+}
+impl<'a> Default for NamedDataArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    NamedDataArgs {
+      key: None,
+      segment_index: 0,
+      tensor_layout: None,
+    }
+  }
+}
 
-        impl<'a> FlatTensor<'a> {
-            pub const VT_VERSION: ::flatbuffers::VOffsetT = 4;
-            pub const VT_SEGMENTS: ::flatbuffers::VOffsetT = 6;
-            pub const VT_NAMED_DATA: ::flatbuffers::VOffsetT = 8;
+pub struct NamedDataBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> NamedDataBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_key(&mut self, key: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(NamedData::VT_KEY, key);
+  }
+  #[inline]
+  pub fn add_segment_index(&mut self, segment_index: u32) {
+    self.fbb_.push_slot::<u32>(NamedData::VT_SEGMENT_INDEX, segment_index, 0);
+  }
+  #[inline]
+  pub fn add_tensor_layout(&mut self, tensor_layout: ::flatbuffers::WIPOffset<TensorLayout<'b >>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<TensorLayout>>(NamedData::VT_TENSOR_LAYOUT, tensor_layout);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> NamedDataBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    NamedDataBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<NamedData<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
 
-            #[inline]
-            pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
-                FlatTensor { _tab: table }
-            }
-            #[allow(unused_mut)]
-            pub fn create<
-                'bldr: 'args,
-                'args: 'mut_bldr,
-                'mut_bldr,
-                A: ::flatbuffers::Allocator + 'bldr,
-            >(
-                _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
-                args: &'args FlatTensorArgs<'args>,
-            ) -> ::flatbuffers::WIPOffset<FlatTensor<'bldr>> {
-                let mut builder = FlatTensorBuilder::new(_fbb);
-                if let Some(x) = args.named_data {
-                    builder.add_named_data(x);
-                }
-                if let Some(x) = args.segments {
-                    builder.add_segments(x);
-                }
-                builder.add_version(args.version);
-                builder.finish()
-            }
+impl ::core::fmt::Debug for NamedData<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("NamedData");
+      ds.field("key", &self.key());
+      ds.field("segment_index", &self.segment_index());
+      ds.field("tensor_layout", &self.tensor_layout());
+      ds.finish()
+  }
+}
+pub enum FlatTensorOffset {}
+#[derive(Copy, Clone, PartialEq)]
 
-            #[inline]
-            pub fn version(&self) -> u32 {
-                // Safety:
-                // Created from valid Table for this object
-                // which contains a valid value in this slot
-                unsafe {
-                    self._tab
-                        .get::<u32>(FlatTensor::VT_VERSION, Some(0))
-                        .unwrap()
-                }
-            }
-            #[inline]
-            pub fn segments(
-                &self,
-            ) -> Option<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<DataSegment<'a>>>>
-            {
-                // Safety:
-                // Created from valid Table for this object
-                // which contains a valid value in this slot
-                unsafe {
-                    self._tab.get::<::flatbuffers::ForwardsUOffset<
-                        ::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<DataSegment>>,
-                    >>(FlatTensor::VT_SEGMENTS, None)
-                }
-            }
-            #[inline]
-            pub fn named_data(
-                &self,
-            ) -> Option<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<NamedData<'a>>>>
-            {
-                // Safety:
-                // Created from valid Table for this object
-                // which contains a valid value in this slot
-                unsafe {
-                    self._tab.get::<::flatbuffers::ForwardsUOffset<
-                        ::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<NamedData>>,
-                    >>(FlatTensor::VT_NAMED_DATA, None)
-                }
-            }
-        }
+pub struct FlatTensor<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
 
-        impl ::flatbuffers::Verifiable for FlatTensor<'_> {
-            #[inline]
-            fn run_verifier(
-                v: &mut ::flatbuffers::Verifier,
-                pos: usize,
-            ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
-                v.visit_table(pos)?
-                    .visit_field::<u32>("version", Self::VT_VERSION, false)?
-                    .visit_field::<::flatbuffers::ForwardsUOffset<
-                        ::flatbuffers::Vector<'_, ::flatbuffers::ForwardsUOffset<DataSegment>>,
-                    >>("segments", Self::VT_SEGMENTS, false)?
-                    .visit_field::<::flatbuffers::ForwardsUOffset<
-                        ::flatbuffers::Vector<'_, ::flatbuffers::ForwardsUOffset<NamedData>>,
-                    >>("named_data", Self::VT_NAMED_DATA, false)?
-                    .finish();
-                Ok(())
-            }
-        }
-        pub struct FlatTensorArgs<'a> {
-            pub version: u32,
-            pub segments: Option<
-                ::flatbuffers::WIPOffset<
-                    ::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<DataSegment<'a>>>,
-                >,
-            >,
-            pub named_data: Option<
-                ::flatbuffers::WIPOffset<
-                    ::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<NamedData<'a>>>,
-                >,
-            >,
-        }
-        impl<'a> Default for FlatTensorArgs<'a> {
-            #[inline]
-            fn default() -> Self {
-                FlatTensorArgs {
-                    version: 0,
-                    segments: None,
-                    named_data: None,
-                }
-            }
-        }
+impl<'a> ::flatbuffers::Follow<'a> for FlatTensor<'a> {
+  type Inner = FlatTensor<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
 
-        pub struct FlatTensorBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
-            fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
-            start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
-        }
-        impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> FlatTensorBuilder<'a, 'b, A> {
-            #[inline]
-            pub fn add_version(&mut self, version: u32) {
-                self.fbb_
-                    .push_slot::<u32>(FlatTensor::VT_VERSION, version, 0);
-            }
-            #[inline]
-            pub fn add_segments(
-                &mut self,
-                segments: ::flatbuffers::WIPOffset<
-                    ::flatbuffers::Vector<'b, ::flatbuffers::ForwardsUOffset<DataSegment<'b>>>,
-                >,
-            ) {
-                self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(
-                    FlatTensor::VT_SEGMENTS,
-                    segments,
-                );
-            }
-            #[inline]
-            pub fn add_named_data(
-                &mut self,
-                named_data: ::flatbuffers::WIPOffset<
-                    ::flatbuffers::Vector<'b, ::flatbuffers::ForwardsUOffset<NamedData<'b>>>,
-                >,
-            ) {
-                self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(
-                    FlatTensor::VT_NAMED_DATA,
-                    named_data,
-                );
-            }
-            #[inline]
-            pub fn new(
-                _fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
-            ) -> FlatTensorBuilder<'a, 'b, A> {
-                let start = _fbb.start_table();
-                FlatTensorBuilder {
-                    fbb_: _fbb,
-                    start_: start,
-                }
-            }
-            #[inline]
-            pub fn finish(self) -> ::flatbuffers::WIPOffset<FlatTensor<'a>> {
-                let o = self.fbb_.end_table(self.start_);
-                ::flatbuffers::WIPOffset::new(o.value())
-            }
-        }
+impl<'a> FlatTensor<'a> {
+  pub const VT_VERSION: ::flatbuffers::VOffsetT = 4;
+  pub const VT_SEGMENTS: ::flatbuffers::VOffsetT = 6;
+  pub const VT_NAMED_DATA: ::flatbuffers::VOffsetT = 8;
 
-        impl ::core::fmt::Debug for FlatTensor<'_> {
-            fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
-                let mut ds = f.debug_struct("FlatTensor");
-                ds.field("version", &self.version());
-                ds.field("segments", &self.segments());
-                ds.field("named_data", &self.named_data());
-                ds.finish()
-            }
-        }
-        #[inline]
-        /// Verifies that a buffer of bytes contains a `FlatTensor`
-        /// and returns it.
-        /// Note that verification is still experimental and may not
-        /// catch every error, or be maximally performant. For the
-        /// previous, unchecked, behavior use
-        /// `root_as_flat_tensor_unchecked`.
-        pub fn root_as_flat_tensor(
-            buf: &[u8],
-        ) -> Result<FlatTensor<'_>, ::flatbuffers::InvalidFlatbuffer> {
-            ::flatbuffers::root::<FlatTensor>(buf)
-        }
-        #[inline]
-        /// Verifies that a buffer of bytes contains a size prefixed
-        /// `FlatTensor` and returns it.
-        /// Note that verification is still experimental and may not
-        /// catch every error, or be maximally performant. For the
-        /// previous, unchecked, behavior use
-        /// `size_prefixed_root_as_flat_tensor_unchecked`.
-        pub fn size_prefixed_root_as_flat_tensor(
-            buf: &[u8],
-        ) -> Result<FlatTensor<'_>, ::flatbuffers::InvalidFlatbuffer> {
-            ::flatbuffers::size_prefixed_root::<FlatTensor>(buf)
-        }
-        #[inline]
-        /// Verifies, with the given options, that a buffer of bytes
-        /// contains a `FlatTensor` and returns it.
-        /// Note that verification is still experimental and may not
-        /// catch every error, or be maximally performant. For the
-        /// previous, unchecked, behavior use
-        /// `root_as_flat_tensor_unchecked`.
-        pub fn root_as_flat_tensor_with_opts<'b, 'o>(
-            opts: &'o ::flatbuffers::VerifierOptions,
-            buf: &'b [u8],
-        ) -> Result<FlatTensor<'b>, ::flatbuffers::InvalidFlatbuffer> {
-            ::flatbuffers::root_with_opts::<FlatTensor<'b>>(opts, buf)
-        }
-        #[inline]
-        /// Verifies, with the given verifier options, that a buffer of
-        /// bytes contains a size prefixed `FlatTensor` and returns
-        /// it. Note that verification is still experimental and may not
-        /// catch every error, or be maximally performant. For the
-        /// previous, unchecked, behavior use
-        /// `root_as_flat_tensor_unchecked`.
-        pub fn size_prefixed_root_as_flat_tensor_with_opts<'b, 'o>(
-            opts: &'o ::flatbuffers::VerifierOptions,
-            buf: &'b [u8],
-        ) -> Result<FlatTensor<'b>, ::flatbuffers::InvalidFlatbuffer> {
-            ::flatbuffers::size_prefixed_root_with_opts::<FlatTensor<'b>>(opts, buf)
-        }
-        #[inline]
-        /// Assumes, without verification, that a buffer of bytes contains a FlatTensor and returns it.
-        /// # Safety
-        /// Callers must trust the given bytes do indeed contain a valid `FlatTensor`.
-        pub unsafe fn root_as_flat_tensor_unchecked(buf: &[u8]) -> FlatTensor<'_> {
-            unsafe { ::flatbuffers::root_unchecked::<FlatTensor>(buf) }
-        }
-        #[inline]
-        /// Assumes, without verification, that a buffer of bytes contains a size prefixed FlatTensor and returns it.
-        /// # Safety
-        /// Callers must trust the given bytes do indeed contain a valid size prefixed `FlatTensor`.
-        pub unsafe fn size_prefixed_root_as_flat_tensor_unchecked(buf: &[u8]) -> FlatTensor<'_> {
-            unsafe { ::flatbuffers::size_prefixed_root_unchecked::<FlatTensor>(buf) }
-        }
-        pub const FLAT_TENSOR_IDENTIFIER: &str = "FT01";
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    FlatTensor { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args FlatTensorArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<FlatTensor<'bldr>> {
+    let mut builder = FlatTensorBuilder::new(_fbb);
+    if let Some(x) = args.named_data { builder.add_named_data(x); }
+    if let Some(x) = args.segments { builder.add_segments(x); }
+    builder.add_version(args.version);
+    builder.finish()
+  }
 
-        #[inline]
-        pub fn flat_tensor_buffer_has_identifier(buf: &[u8]) -> bool {
-            ::flatbuffers::buffer_has_identifier(buf, FLAT_TENSOR_IDENTIFIER, false)
-        }
 
-        #[inline]
-        pub fn flat_tensor_size_prefixed_buffer_has_identifier(buf: &[u8]) -> bool {
-            ::flatbuffers::buffer_has_identifier(buf, FLAT_TENSOR_IDENTIFIER, true)
-        }
+  #[inline]
+  pub fn version(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(FlatTensor::VT_VERSION, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn segments(&self) -> Option<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<DataSegment<'a>>>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<DataSegment>>>>(FlatTensor::VT_SEGMENTS, None)}
+  }
+  #[inline]
+  pub fn named_data(&self) -> Option<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<NamedData<'a>>>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<NamedData>>>>(FlatTensor::VT_NAMED_DATA, None)}
+  }
+}
 
-        pub const FLAT_TENSOR_EXTENSION: &str = "ptd";
+impl ::flatbuffers::Verifiable for FlatTensor<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<u32>("version", Self::VT_VERSION, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, ::flatbuffers::ForwardsUOffset<DataSegment>>>>("segments", Self::VT_SEGMENTS, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, ::flatbuffers::ForwardsUOffset<NamedData>>>>("named_data", Self::VT_NAMED_DATA, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct FlatTensorArgs<'a> {
+    pub version: u32,
+    pub segments: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<DataSegment<'a>>>>>,
+    pub named_data: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<NamedData<'a>>>>>,
+}
+impl<'a> Default for FlatTensorArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    FlatTensorArgs {
+      version: 0,
+      segments: None,
+      named_data: None,
+    }
+  }
+}
 
-        #[inline]
-        pub fn finish_flat_tensor_buffer<'a, 'b, A: ::flatbuffers::Allocator + 'a>(
-            fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
-            root: ::flatbuffers::WIPOffset<FlatTensor<'a>>,
-        ) {
-            fbb.finish(root, Some(FLAT_TENSOR_IDENTIFIER));
-        }
+pub struct FlatTensorBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> FlatTensorBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_version(&mut self, version: u32) {
+    self.fbb_.push_slot::<u32>(FlatTensor::VT_VERSION, version, 0);
+  }
+  #[inline]
+  pub fn add_segments(&mut self, segments: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , ::flatbuffers::ForwardsUOffset<DataSegment<'b >>>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(FlatTensor::VT_SEGMENTS, segments);
+  }
+  #[inline]
+  pub fn add_named_data(&mut self, named_data: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , ::flatbuffers::ForwardsUOffset<NamedData<'b >>>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(FlatTensor::VT_NAMED_DATA, named_data);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> FlatTensorBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    FlatTensorBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<FlatTensor<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
 
-        #[inline]
-        pub fn finish_size_prefixed_flat_tensor_buffer<'a, 'b, A: ::flatbuffers::Allocator + 'a>(
-            fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
-            root: ::flatbuffers::WIPOffset<FlatTensor<'a>>,
-        ) {
-            fbb.finish_size_prefixed(root, Some(FLAT_TENSOR_IDENTIFIER));
-        }
-    } // pub mod ptd
-} // pub mod xnnblob_fb
+impl ::core::fmt::Debug for FlatTensor<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("FlatTensor");
+      ds.field("version", &self.version());
+      ds.field("segments", &self.segments());
+      ds.field("named_data", &self.named_data());
+      ds.finish()
+  }
+}
+#[inline]
+/// Verifies that a buffer of bytes contains a `FlatTensor`
+/// and returns it.
+/// Note that verification is still experimental and may not
+/// catch every error, or be maximally performant. For the
+/// previous, unchecked, behavior use
+/// `root_as_flat_tensor_unchecked`.
+pub fn root_as_flat_tensor(buf: &[u8]) -> Result<FlatTensor<'_>, ::flatbuffers::InvalidFlatbuffer> {
+  ::flatbuffers::root::<FlatTensor>(buf)
+}
+#[inline]
+/// Verifies that a buffer of bytes contains a size prefixed
+/// `FlatTensor` and returns it.
+/// Note that verification is still experimental and may not
+/// catch every error, or be maximally performant. For the
+/// previous, unchecked, behavior use
+/// `size_prefixed_root_as_flat_tensor_unchecked`.
+pub fn size_prefixed_root_as_flat_tensor(buf: &[u8]) -> Result<FlatTensor<'_>, ::flatbuffers::InvalidFlatbuffer> {
+  ::flatbuffers::size_prefixed_root::<FlatTensor>(buf)
+}
+#[inline]
+/// Verifies, with the given options, that a buffer of bytes
+/// contains a `FlatTensor` and returns it.
+/// Note that verification is still experimental and may not
+/// catch every error, or be maximally performant. For the
+/// previous, unchecked, behavior use
+/// `root_as_flat_tensor_unchecked`.
+pub fn root_as_flat_tensor_with_opts<'b, 'o>(
+  opts: &'o ::flatbuffers::VerifierOptions,
+  buf: &'b [u8],
+) -> Result<FlatTensor<'b>, ::flatbuffers::InvalidFlatbuffer> {
+  ::flatbuffers::root_with_opts::<FlatTensor<'b>>(opts, buf)
+}
+#[inline]
+/// Verifies, with the given verifier options, that a buffer of
+/// bytes contains a size prefixed `FlatTensor` and returns
+/// it. Note that verification is still experimental and may not
+/// catch every error, or be maximally performant. For the
+/// previous, unchecked, behavior use
+/// `root_as_flat_tensor_unchecked`.
+pub fn size_prefixed_root_as_flat_tensor_with_opts<'b, 'o>(
+  opts: &'o ::flatbuffers::VerifierOptions,
+  buf: &'b [u8],
+) -> Result<FlatTensor<'b>, ::flatbuffers::InvalidFlatbuffer> {
+  ::flatbuffers::size_prefixed_root_with_opts::<FlatTensor<'b>>(opts, buf)
+}
+#[inline]
+/// Assumes, without verification, that a buffer of bytes contains a FlatTensor and returns it.
+/// # Safety
+/// Callers must trust the given bytes do indeed contain a valid `FlatTensor`.
+pub unsafe fn root_as_flat_tensor_unchecked(buf: &[u8]) -> FlatTensor<'_> {
+  unsafe { ::flatbuffers::root_unchecked::<FlatTensor>(buf) }
+}
+#[inline]
+/// Assumes, without verification, that a buffer of bytes contains a size prefixed FlatTensor and returns it.
+/// # Safety
+/// Callers must trust the given bytes do indeed contain a valid size prefixed `FlatTensor`.
+pub unsafe fn size_prefixed_root_as_flat_tensor_unchecked(buf: &[u8]) -> FlatTensor<'_> {
+  unsafe { ::flatbuffers::size_prefixed_root_unchecked::<FlatTensor>(buf) }
+}
+pub const FLAT_TENSOR_IDENTIFIER: &str = "FT01";
+
+#[inline]
+pub fn flat_tensor_buffer_has_identifier(buf: &[u8]) -> bool {
+  ::flatbuffers::buffer_has_identifier(buf, FLAT_TENSOR_IDENTIFIER, false)
+}
+
+#[inline]
+pub fn flat_tensor_size_prefixed_buffer_has_identifier(buf: &[u8]) -> bool {
+  ::flatbuffers::buffer_has_identifier(buf, FLAT_TENSOR_IDENTIFIER, true)
+}
+
+pub const FLAT_TENSOR_EXTENSION: &str = "ptd";
+
+#[inline]
+pub fn finish_flat_tensor_buffer<'a, 'b, A: ::flatbuffers::Allocator + 'a>(
+    fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+    root: ::flatbuffers::WIPOffset<FlatTensor<'a>>) {
+  fbb.finish(root, Some(FLAT_TENSOR_IDENTIFIER));
+}
+
+#[inline]
+pub fn finish_size_prefixed_flat_tensor_buffer<'a, 'b, A: ::flatbuffers::Allocator + 'a>(fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>, root: ::flatbuffers::WIPOffset<FlatTensor<'a>>) {
+  fbb.finish_size_prefixed(root, Some(FLAT_TENSOR_IDENTIFIER));
+}
+}  // pub mod ptd
+}  // pub mod xnnblob_fb
+

@@ -22,5 +22,18 @@ mod flat_tensor_generated;
 #[path = "program_generated.rs"]
 mod program_generated;
 
+#[allow(
+    clippy::all,
+    clippy::pedantic,
+    dead_code,
+    unused_imports,
+    non_camel_case_types,
+    unsafe_op_in_unsafe_fn,
+    mismatched_lifetime_syntaxes
+)]
+#[path = "xnnpack_generated.rs"]
+mod xnnpack_generated;
+
 pub use flat_tensor_generated::xnnblob_fb::ptd;
 pub use program_generated::xnnblob_fb::pte;
+pub use xnnpack_generated::xnnblob_fb::xnn;

@@ -2,550 +2,455 @@
 // @generated
 extern crate alloc;
 
+
 #[allow(unused_imports, dead_code)]
 pub mod xnnblob_fb {
 
-    #[allow(unused_imports, dead_code)]
-    pub mod pte {
+#[allow(unused_imports, dead_code)]
+pub mod pte {
 
-        pub enum DataSegmentOffset {}
-        #[derive(Copy, Clone, PartialEq)]
 
-        pub struct DataSegment<'a> {
-            pub _tab: ::flatbuffers::Table<'a>,
-        }
+pub enum DataSegmentOffset {}
+#[derive(Copy, Clone, PartialEq)]
 
-        impl<'a> ::flatbuffers::Follow<'a> for DataSegment<'a> {
-            type Inner = DataSegment<'a>;
-            #[inline]
-            unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
-                Self {
-                    _tab: unsafe { ::flatbuffers::Table::new(buf, loc) },
-                }
-            }
-        }
+pub struct DataSegment<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
 
-        impl<'a> DataSegment<'a> {
-            pub const VT_OFFSET: ::flatbuffers::VOffsetT = 4;
-            pub const VT_SIZE: ::flatbuffers::VOffsetT = 6;
+impl<'a> ::flatbuffers::Follow<'a> for DataSegment<'a> {
+  type Inner = DataSegment<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
 
-            #[inline]
-            pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
-                DataSegment { _tab: table }
-            }
-            #[allow(unused_mut)]
-            pub fn create<
-                'bldr: 'args,
-                'args: 'mut_bldr,
-                'mut_bldr,
-                A: ::flatbuffers::Allocator + 'bldr,
-            >(
-                _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
-                args: &'args DataSegmentArgs,
-            ) -> ::flatbuffers::WIPOffset<DataSegment<'bldr>> {
-                let mut builder = DataSegmentBuilder::new(_fbb);
-                builder.add_size(args.size);
-                builder.add_offset(args.offset);
-                builder.finish()
-            }
+impl<'a> DataSegment<'a> {
+  pub const VT_OFFSET: ::flatbuffers::VOffsetT = 4;
+  pub const VT_SIZE: ::flatbuffers::VOffsetT = 6;
 
-            #[inline]
-            pub fn offset(&self) -> u64 {
-                // Safety:
-                // Created from valid Table for this object
-                // which contains a valid value in this slot
-                unsafe {
-                    self._tab
-                        .get::<u64>(DataSegment::VT_OFFSET, Some(0))
-                        .unwrap()
-                }
-            }
-            #[inline]
-            pub fn size(&self) -> u64 {
-                // Safety:
-                // Created from valid Table for this object
-                // which contains a valid value in this slot
-                unsafe { self._tab.get::<u64>(DataSegment::VT_SIZE, Some(0)).unwrap() }
-            }
-        }
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    DataSegment { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args DataSegmentArgs
+  ) -> ::flatbuffers::WIPOffset<DataSegment<'bldr>> {
+    let mut builder = DataSegmentBuilder::new(_fbb);
+    builder.add_size(args.size);
+    builder.add_offset(args.offset);
+    builder.finish()
+  }
 
-        impl ::flatbuffers::Verifiable for DataSegment<'_> {
-            #[inline]
-            fn run_verifier(
-                v: &mut ::flatbuffers::Verifier,
-                pos: usize,
-            ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
-                v.visit_table(pos)?
-                    .visit_field::<u64>("offset", Self::VT_OFFSET, false)?
-                    .visit_field::<u64>("size", Self::VT_SIZE, false)?
-                    .finish();
-                Ok(())
-            }
-        }
-        pub struct DataSegmentArgs {
-            pub offset: u64,
-            pub size: u64,
-        }
-        impl<'a> Default for DataSegmentArgs {
-            #[inline]
-            fn default() -> Self {
-                DataSegmentArgs { offset: 0, size: 0 }
-            }
-        }
 
-        pub struct DataSegmentBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
-            fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
-            start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
-        }
-        impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> DataSegmentBuilder<'a, 'b, A> {
-            #[inline]
-            pub fn add_offset(&mut self, offset: u64) {
-                self.fbb_
-                    .push_slot::<u64>(DataSegment::VT_OFFSET, offset, 0);
-            }
-            #[inline]
-            pub fn add_size(&mut self, size: u64) {
-                self.fbb_.push_slot::<u64>(DataSegment::VT_SIZE, size, 0);
-            }
-            #[inline]
-            pub fn new(
-                _fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
-            ) -> DataSegmentBuilder<'a, 'b, A> {
-                let start = _fbb.start_table();
-                DataSegmentBuilder {
-                    fbb_: _fbb,
-                    start_: start,
-                }
-            }
-            #[inline]
-            pub fn finish(self) -> ::flatbuffers::WIPOffset<DataSegment<'a>> {
-                let o = self.fbb_.end_table(self.start_);
-                ::flatbuffers::WIPOffset::new(o.value())
-            }
-        }
+  #[inline]
+  pub fn offset(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(DataSegment::VT_OFFSET, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn size(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(DataSegment::VT_SIZE, Some(0)).unwrap()}
+  }
+}
 
-        impl ::core::fmt::Debug for DataSegment<'_> {
-            fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
-                let mut ds = f.debug_struct("DataSegment");
-                ds.field("offset", &self.offset());
-                ds.field("size", &self.size());
-                ds.finish()
-            }
-        }
-        pub enum NamedDataOffset {}
-        #[derive(Copy, Clone, PartialEq)]
+impl ::flatbuffers::Verifiable for DataSegment<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<u64>("offset", Self::VT_OFFSET, false)?
+     .visit_field::<u64>("size", Self::VT_SIZE, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct DataSegmentArgs {
+    pub offset: u64,
+    pub size: u64,
+}
+impl<'a> Default for DataSegmentArgs {
+  #[inline]
+  fn default() -> Self {
+    DataSegmentArgs {
+      offset: 0,
+      size: 0,
+    }
+  }
+}
 
-        pub struct NamedData<'a> {
-            pub _tab: ::flatbuffers::Table<'a>,
-        }
+pub struct DataSegmentBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> DataSegmentBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_offset(&mut self, offset: u64) {
+    self.fbb_.push_slot::<u64>(DataSegment::VT_OFFSET, offset, 0);
+  }
+  #[inline]
+  pub fn add_size(&mut self, size: u64) {
+    self.fbb_.push_slot::<u64>(DataSegment::VT_SIZE, size, 0);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> DataSegmentBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    DataSegmentBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<DataSegment<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
 
-        impl<'a> ::flatbuffers::Follow<'a> for NamedData<'a> {
-            type Inner = NamedData<'a>;
-            #[inline]
-            unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
-                Self {
-                    _tab: unsafe { ::flatbuffers::Table::new(buf, loc) },
-                }
-            }
-        }
+impl ::core::fmt::Debug for DataSegment<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("DataSegment");
+      ds.field("offset", &self.offset());
+      ds.field("size", &self.size());
+      ds.finish()
+  }
+}
+pub enum NamedDataOffset {}
+#[derive(Copy, Clone, PartialEq)]
 
-        impl<'a> NamedData<'a> {
-            pub const VT_KEY: ::flatbuffers::VOffsetT = 4;
-            pub const VT_SEGMENT_INDEX: ::flatbuffers::VOffsetT = 6;
+pub struct NamedData<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
 
-            #[inline]
-            pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
-                NamedData { _tab: table }
-            }
-            #[allow(unused_mut)]
-            pub fn create<
-                'bldr: 'args,
-                'args: 'mut_bldr,
-                'mut_bldr,
-                A: ::flatbuffers::Allocator + 'bldr,
-            >(
-                _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
-                args: &'args NamedDataArgs<'args>,
-            ) -> ::flatbuffers::WIPOffset<NamedData<'bldr>> {
-                let mut builder = NamedDataBuilder::new(_fbb);
-                builder.add_segment_index(args.segment_index);
-                if let Some(x) = args.key {
-                    builder.add_key(x);
-                }
-                builder.finish()
-            }
+impl<'a> ::flatbuffers::Follow<'a> for NamedData<'a> {
+  type Inner = NamedData<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
 
-            #[inline]
-            pub fn key(&self) -> Option<&'a str> {
-                // Safety:
-                // Created from valid Table for this object
-                // which contains a valid value in this slot
-                unsafe {
-                    self._tab
-                        .get::<::flatbuffers::ForwardsUOffset<&str>>(NamedData::VT_KEY, None)
-                }
-            }
-            #[inline]
-            pub fn segment_index(&self) -> u32 {
-                // Safety:
-                // Created from valid Table for this object
-                // which contains a valid value in this slot
-                unsafe {
-                    self._tab
-                        .get::<u32>(NamedData::VT_SEGMENT_INDEX, Some(0))
-                        .unwrap()
-                }
-            }
-        }
+impl<'a> NamedData<'a> {
+  pub const VT_KEY: ::flatbuffers::VOffsetT = 4;
+  pub const VT_SEGMENT_INDEX: ::flatbuffers::VOffsetT = 6;
 
-        impl ::flatbuffers::Verifiable for NamedData<'_> {
-            #[inline]
-            fn run_verifier(
-                v: &mut ::flatbuffers::Verifier,
-                pos: usize,
-            ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
-                v.visit_table(pos)?
-                    .visit_field::<::flatbuffers::ForwardsUOffset<&str>>(
-                        "key",
-                        Self::VT_KEY,
-                        false,
-                    )?
-                    .visit_field::<u32>("segment_index", Self::VT_SEGMENT_INDEX, false)?
-                    .finish();
-                Ok(())
-            }
-        }
-        pub struct NamedDataArgs<'a> {
-            pub key: Option<::flatbuffers::WIPOffset<&'a str>>,
-            pub segment_index: u32,
-        }
-        impl<'a> Default for NamedDataArgs<'a> {
-            #[inline]
-            fn default() -> Self {
-                NamedDataArgs {
-                    key: None,
-                    segment_index: 0,
-                }
-            }
-        }
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    NamedData { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args NamedDataArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<NamedData<'bldr>> {
+    let mut builder = NamedDataBuilder::new(_fbb);
+    builder.add_segment_index(args.segment_index);
+    if let Some(x) = args.key { builder.add_key(x); }
+    builder.finish()
+  }
 
-        pub struct NamedDataBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
-            fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
-            start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
-        }
-        impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> NamedDataBuilder<'a, 'b, A> {
-            #[inline]
-            pub fn add_key(&mut self, key: ::flatbuffers::WIPOffset<&'b str>) {
-                self.fbb_
-                    .push_slot_always::<::flatbuffers::WIPOffset<_>>(NamedData::VT_KEY, key);
-            }
-            #[inline]
-            pub fn add_segment_index(&mut self, segment_index: u32) {
-                self.fbb_
-                    .push_slot::<u32>(NamedData::VT_SEGMENT_INDEX, segment_index, 0);
-            }
-            #[inline]
-            pub fn new(
-                _fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
-            ) -> NamedDataBuilder<'a, 'b, A> {
-                let start = _fbb.start_table();
-                NamedDataBuilder {
-                    fbb_: _fbb,
-                    start_: start,
-                }
-            }
-            #[inline]
-            pub fn finish(self) -> ::flatbuffers::WIPOffset<NamedData<'a>> {
-                let o = self.fbb_.end_table(self.start_);
-                ::flatbuffers::WIPOffset::new(o.value())
-            }
-        }
 
-        impl ::core::fmt::Debug for NamedData<'_> {
-            fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
-                let mut ds = f.debug_struct("NamedData");
-                ds.field("key", &self.key());
-                ds.field("segment_index", &self.segment_index());
-                ds.finish()
-            }
-        }
-        pub enum ProgramOffset {}
-        #[derive(Copy, Clone, PartialEq)]
+  #[inline]
+  pub fn key(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(NamedData::VT_KEY, None)}
+  }
+  #[inline]
+  pub fn segment_index(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(NamedData::VT_SEGMENT_INDEX, Some(0)).unwrap()}
+  }
+}
 
-        pub struct Program<'a> {
-            pub _tab: ::flatbuffers::Table<'a>,
-        }
+impl ::flatbuffers::Verifiable for NamedData<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("key", Self::VT_KEY, false)?
+     .visit_field::<u32>("segment_index", Self::VT_SEGMENT_INDEX, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct NamedDataArgs<'a> {
+    pub key: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub segment_index: u32,
+}
+impl<'a> Default for NamedDataArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    NamedDataArgs {
+      key: None,
+      segment_index: 0,
+    }
+  }
+}
 
-        impl<'a> ::flatbuffers::Follow<'a> for Program<'a> {
-            type Inner = Program<'a>;
-            #[inline]
-            unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
-                Self {
-                    _tab: unsafe { ::flatbuffers::Table::new(buf, loc) },
-                }
-            }
-        }
+pub struct NamedDataBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> NamedDataBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_key(&mut self, key: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(NamedData::VT_KEY, key);
+  }
+  #[inline]
+  pub fn add_segment_index(&mut self, segment_index: u32) {
+    self.fbb_.push_slot::<u32>(NamedData::VT_SEGMENT_INDEX, segment_index, 0);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> NamedDataBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    NamedDataBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<NamedData<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
 
-        impl<'a> Program<'a> {
-            pub const VT_VERSION: ::flatbuffers::VOffsetT = 4;
-            pub const VT_SEGMENTS: ::flatbuffers::VOffsetT = 12;
-            pub const VT_NAMED_DATA: ::flatbuffers::VOffsetT = 18;
+impl ::core::fmt::Debug for NamedData<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("NamedData");
+      ds.field("key", &self.key());
+      ds.field("segment_index", &self.segment_index());
+      ds.finish()
+  }
+}
+pub enum ProgramOffset {}
+#[derive(Copy, Clone, PartialEq)]
 
-            #[inline]
-            pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
-                Program { _tab: table }
-            }
-            #[allow(unused_mut)]
-            pub fn create<
-                'bldr: 'args,
-                'args: 'mut_bldr,
-                'mut_bldr,
-                A: ::flatbuffers::Allocator + 'bldr,
-            >(
-                _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
-                args: &'args ProgramArgs<'args>,
-            ) -> ::flatbuffers::WIPOffset<Program<'bldr>> {
-                let mut builder = ProgramBuilder::new(_fbb);
-                if let Some(x) = args.named_data {
-                    builder.add_named_data(x);
-                }
-                if let Some(x) = args.segments {
-                    builder.add_segments(x);
-                }
-                builder.add_version(args.version);
-                builder.finish()
-            }
+pub struct Program<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
 
-            #[inline]
-            pub fn version(&self) -> u32 {
-                // Safety:
-                // Created from valid Table for this object
-                // which contains a valid value in this slot
-                unsafe { self._tab.get::<u32>(Program::VT_VERSION, Some(0)).unwrap() }
-            }
-            #[inline]
-            pub fn segments(
-                &self,
-            ) -> Option<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<DataSegment<'a>>>>
-            {
-                // Safety:
-                // Created from valid Table for this object
-                // which contains a valid value in this slot
-                unsafe {
-                    self._tab.get::<::flatbuffers::ForwardsUOffset<
-                        ::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<DataSegment>>,
-                    >>(Program::VT_SEGMENTS, None)
-                }
-            }
-            #[inline]
-            pub fn named_data(
-                &self,
-            ) -> Option<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<NamedData<'a>>>>
-            {
-                // Safety:
-                // Created from valid Table for this object
-                // which contains a valid value in this slot
-                unsafe {
-                    self._tab.get::<::flatbuffers::ForwardsUOffset<
-                        ::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<NamedData>>,
-                    >>(Program::VT_NAMED_DATA, None)
-                }
-            }
-        }
+impl<'a> ::flatbuffers::Follow<'a> for Program<'a> {
+  type Inner = Program<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
 
-        impl ::flatbuffers::Verifiable for Program<'_> {
-            #[inline]
-            fn run_verifier(
-                v: &mut ::flatbuffers::Verifier,
-                pos: usize,
-            ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
-                v.visit_table(pos)?
-                    .visit_field::<u32>("version", Self::VT_VERSION, false)?
-                    .visit_field::<::flatbuffers::ForwardsUOffset<
-                        ::flatbuffers::Vector<'_, ::flatbuffers::ForwardsUOffset<DataSegment>>,
-                    >>("segments", Self::VT_SEGMENTS, false)?
-                    .visit_field::<::flatbuffers::ForwardsUOffset<
-                        ::flatbuffers::Vector<'_, ::flatbuffers::ForwardsUOffset<NamedData>>,
-                    >>("named_data", Self::VT_NAMED_DATA, false)?
-                    .finish();
-                Ok(())
-            }
-        }
-        pub struct ProgramArgs<'a> {
-            pub version: u32,
-            pub segments: Option<
-                ::flatbuffers::WIPOffset<
-                    ::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<DataSegment<'a>>>,
-                >,
-            >,
-            pub named_data: Option<
-                ::flatbuffers::WIPOffset<
-                    ::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<NamedData<'a>>>,
-                >,
-            >,
-        }
-        impl<'a> Default for ProgramArgs<'a> {
-            #[inline]
-            fn default() -> Self {
-                ProgramArgs {
-                    version: 0,
-                    segments: None,
-                    named_data: None,
-                }
-            }
-        }
+impl<'a> Program<'a> {
+  pub const VT_VERSION: ::flatbuffers::VOffsetT = 4;
+  pub const VT_SEGMENTS: ::flatbuffers::VOffsetT = 12;
+  pub const VT_NAMED_DATA: ::flatbuffers::VOffsetT = 18;
 
-        pub struct ProgramBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
-            fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
-            start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
-        }
-        impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> ProgramBuilder<'a, 'b, A> {
-            #[inline]
-            pub fn add_version(&mut self, version: u32) {
-                self.fbb_.push_slot::<u32>(Program::VT_VERSION, version, 0);
-            }
-            #[inline]
-            pub fn add_segments(
-                &mut self,
-                segments: ::flatbuffers::WIPOffset<
-                    ::flatbuffers::Vector<'b, ::flatbuffers::ForwardsUOffset<DataSegment<'b>>>,
-                >,
-            ) {
-                self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(
-                    Program::VT_SEGMENTS,
-                    segments,
-                );
-            }
-            #[inline]
-            pub fn add_named_data(
-                &mut self,
-                named_data: ::flatbuffers::WIPOffset<
-                    ::flatbuffers::Vector<'b, ::flatbuffers::ForwardsUOffset<NamedData<'b>>>,
-                >,
-            ) {
-                self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(
-                    Program::VT_NAMED_DATA,
-                    named_data,
-                );
-            }
-            #[inline]
-            pub fn new(
-                _fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
-            ) -> ProgramBuilder<'a, 'b, A> {
-                let start = _fbb.start_table();
-                ProgramBuilder {
-                    fbb_: _fbb,
-                    start_: start,
-                }
-            }
-            #[inline]
-            pub fn finish(self) -> ::flatbuffers::WIPOffset<Program<'a>> {
-                let o = self.fbb_.end_table(self.start_);
-                ::flatbuffers::WIPOffset::new(o.value())
-            }
-        }
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    Program { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args ProgramArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<Program<'bldr>> {
+    let mut builder = ProgramBuilder::new(_fbb);
+    if let Some(x) = args.named_data { builder.add_named_data(x); }
+    if let Some(x) = args.segments { builder.add_segments(x); }
+    builder.add_version(args.version);
+    builder.finish()
+  }
 
-        impl ::core::fmt::Debug for Program<'_> {
-            fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
-                let mut ds = f.debug_struct("Program");
-                ds.field("version", &self.version());
-                ds.field("segments", &self.segments());
-                ds.field("named_data", &self.named_data());
-                ds.finish()
-            }
-        }
-        #[inline]
-        /// Verifies that a buffer of bytes contains a `Program`
-        /// and returns it.
-        /// Note that verification is still experimental and may not
-        /// catch every error, or be maximally performant. For the
-        /// previous, unchecked, behavior use
-        /// `root_as_program_unchecked`.
-        pub fn root_as_program(
-            buf: &[u8],
-        ) -> Result<Program<'_>, ::flatbuffers::InvalidFlatbuffer> {
-            ::flatbuffers::root::<Program>(buf)
-        }
-        #[inline]
-        /// Verifies that a buffer of bytes contains a size prefixed
-        /// `Program` and returns it.
-        /// Note that verification is still experimental and may not
-        /// catch every error, or be maximally performant. For the
-        /// previous, unchecked, behavior use
-        /// `size_prefixed_root_as_program_unchecked`.
-        pub fn size_prefixed_root_as_program(
-            buf: &[u8],
-        ) -> Result<Program<'_>, ::flatbuffers::InvalidFlatbuffer> {
-            ::flatbuffers::size_prefixed_root::<Program>(buf)
-        }
-        #[inline]
-        /// Verifies, with the given options, that a buffer of bytes
-        /// contains a `Program` and returns it.
-        /// Note that verification is still experimental and may not
-        /// catch every error, or be maximally performant. For the
-        /// previous, unchecked, behavior use
-        /// `root_as_program_unchecked`.
-        pub fn root_as_program_with_opts<'b, 'o>(
-            opts: &'o ::flatbuffers::VerifierOptions,
-            buf: &'b [u8],
-        ) -> Result<Program<'b>, ::flatbuffers::InvalidFlatbuffer> {
-            ::flatbuffers::root_with_opts::<Program<'b>>(opts, buf)
-        }
-        #[inline]
-        /// Verifies, with the given verifier options, that a buffer of
-        /// bytes contains a size prefixed `Program` and returns
-        /// it. Note that verification is still experimental and may not
-        /// catch every error, or be maximally performant. For the
-        /// previous, unchecked, behavior use
-        /// `root_as_program_unchecked`.
-        pub fn size_prefixed_root_as_program_with_opts<'b, 'o>(
-            opts: &'o ::flatbuffers::VerifierOptions,
-            buf: &'b [u8],
-        ) -> Result<Program<'b>, ::flatbuffers::InvalidFlatbuffer> {
-            ::flatbuffers::size_prefixed_root_with_opts::<Program<'b>>(opts, buf)
-        }
-        #[inline]
-        /// Assumes, without verification, that a buffer of bytes contains a Program and returns it.
-        /// # Safety
-        /// Callers must trust the given bytes do indeed contain a valid `Program`.
-        pub unsafe fn root_as_program_unchecked(buf: &[u8]) -> Program<'_> {
-            unsafe { ::flatbuffers::root_unchecked::<Program>(buf) }
-        }
-        #[inline]
-        /// Assumes, without verification, that a buffer of bytes contains a size prefixed Program and returns it.
-        /// # Safety
-        /// Callers must trust the given bytes do indeed contain a valid size prefixed `Program`.
-        pub unsafe fn size_prefixed_root_as_program_unchecked(buf: &[u8]) -> Program<'_> {
-            unsafe { ::flatbuffers::size_prefixed_root_unchecked::<Program>(buf) }
-        }
-        pub const PROGRAM_IDENTIFIER: &str = "ET12";
 
-        #[inline]
-        pub fn program_buffer_has_identifier(buf: &[u8]) -> bool {
-            ::flatbuffers::buffer_has_identifier(buf, PROGRAM_IDENTIFIER, false)
-        }
+  #[inline]
+  pub fn version(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(Program::VT_VERSION, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn segments(&self) -> Option<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<DataSegment<'a>>>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<DataSegment>>>>(Program::VT_SEGMENTS, None)}
+  }
+  #[inline]
+  pub fn named_data(&self) -> Option<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<NamedData<'a>>>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<NamedData>>>>(Program::VT_NAMED_DATA, None)}
+  }
+}
 
-        #[inline]
-        pub fn program_size_prefixed_buffer_has_identifier(buf: &[u8]) -> bool {
-            ::flatbuffers::buffer_has_identifier(buf, PROGRAM_IDENTIFIER, true)
-        }
+impl ::flatbuffers::Verifiable for Program<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<u32>("version", Self::VT_VERSION, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, ::flatbuffers::ForwardsUOffset<DataSegment>>>>("segments", Self::VT_SEGMENTS, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, ::flatbuffers::ForwardsUOffset<NamedData>>>>("named_data", Self::VT_NAMED_DATA, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct ProgramArgs<'a> {
+    pub version: u32,
+    pub segments: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<DataSegment<'a>>>>>,
+    pub named_data: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<NamedData<'a>>>>>,
+}
+impl<'a> Default for ProgramArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    ProgramArgs {
+      version: 0,
+      segments: None,
+      named_data: None,
+    }
+  }
+}
 
-        pub const PROGRAM_EXTENSION: &str = "pte";
+pub struct ProgramBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> ProgramBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_version(&mut self, version: u32) {
+    self.fbb_.push_slot::<u32>(Program::VT_VERSION, version, 0);
+  }
+  #[inline]
+  pub fn add_segments(&mut self, segments: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , ::flatbuffers::ForwardsUOffset<DataSegment<'b >>>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(Program::VT_SEGMENTS, segments);
+  }
+  #[inline]
+  pub fn add_named_data(&mut self, named_data: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , ::flatbuffers::ForwardsUOffset<NamedData<'b >>>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(Program::VT_NAMED_DATA, named_data);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> ProgramBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    ProgramBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<Program<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
 
-        #[inline]
-        pub fn finish_program_buffer<'a, 'b, A: ::flatbuffers::Allocator + 'a>(
-            fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
-            root: ::flatbuffers::WIPOffset<Program<'a>>,
-        ) {
-            fbb.finish(root, Some(PROGRAM_IDENTIFIER));
-        }
+impl ::core::fmt::Debug for Program<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("Program");
+      ds.field("version", &self.version());
+      ds.field("segments", &self.segments());
+      ds.field("named_data", &self.named_data());
+      ds.finish()
+  }
+}
+#[inline]
+/// Verifies that a buffer of bytes contains a `Program`
+/// and returns it.
+/// Note that verification is still experimental and may not
+/// catch every error, or be maximally performant. For the
+/// previous, unchecked, behavior use
+/// `root_as_program_unchecked`.
+pub fn root_as_program(buf: &[u8]) -> Result<Program<'_>, ::flatbuffers::InvalidFlatbuffer> {
+  ::flatbuffers::root::<Program>(buf)
+}
+#[inline]
+/// Verifies that a buffer of bytes contains a size prefixed
+/// `Program` and returns it.
+/// Note that verification is still experimental and may not
+/// catch every error, or be maximally performant. For the
+/// previous, unchecked, behavior use
+/// `size_prefixed_root_as_program_unchecked`.
+pub fn size_prefixed_root_as_program(buf: &[u8]) -> Result<Program<'_>, ::flatbuffers::InvalidFlatbuffer> {
+  ::flatbuffers::size_prefixed_root::<Program>(buf)
+}
+#[inline]
+/// Verifies, with the given options, that a buffer of bytes
+/// contains a `Program` and returns it.
+/// Note that verification is still experimental and may not
+/// catch every error, or be maximally performant. For the
+/// previous, unchecked, behavior use
+/// `root_as_program_unchecked`.
+pub fn root_as_program_with_opts<'b, 'o>(
+  opts: &'o ::flatbuffers::VerifierOptions,
+  buf: &'b [u8],
+) -> Result<Program<'b>, ::flatbuffers::InvalidFlatbuffer> {
+  ::flatbuffers::root_with_opts::<Program<'b>>(opts, buf)
+}
+#[inline]
+/// Verifies, with the given verifier options, that a buffer of
+/// bytes contains a size prefixed `Program` and returns
+/// it. Note that verification is still experimental and may not
+/// catch every error, or be maximally performant. For the
+/// previous, unchecked, behavior use
+/// `root_as_program_unchecked`.
+pub fn size_prefixed_root_as_program_with_opts<'b, 'o>(
+  opts: &'o ::flatbuffers::VerifierOptions,
+  buf: &'b [u8],
+) -> Result<Program<'b>, ::flatbuffers::InvalidFlatbuffer> {
+  ::flatbuffers::size_prefixed_root_with_opts::<Program<'b>>(opts, buf)
+}
+#[inline]
+/// Assumes, without verification, that a buffer of bytes contains a Program and returns it.
+/// # Safety
+/// Callers must trust the given bytes do indeed contain a valid `Program`.
+pub unsafe fn root_as_program_unchecked(buf: &[u8]) -> Program<'_> {
+  unsafe { ::flatbuffers::root_unchecked::<Program>(buf) }
+}
+#[inline]
+/// Assumes, without verification, that a buffer of bytes contains a size prefixed Program and returns it.
+/// # Safety
+/// Callers must trust the given bytes do indeed contain a valid size prefixed `Program`.
+pub unsafe fn size_prefixed_root_as_program_unchecked(buf: &[u8]) -> Program<'_> {
+  unsafe { ::flatbuffers::size_prefixed_root_unchecked::<Program>(buf) }
+}
+pub const PROGRAM_IDENTIFIER: &str = "ET12";
 
-        #[inline]
-        pub fn finish_size_prefixed_program_buffer<'a, 'b, A: ::flatbuffers::Allocator + 'a>(
-            fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
-            root: ::flatbuffers::WIPOffset<Program<'a>>,
-        ) {
-            fbb.finish_size_prefixed(root, Some(PROGRAM_IDENTIFIER));
-        }
-    } // pub mod pte
-} // pub mod xnnblob_fb
+#[inline]
+pub fn program_buffer_has_identifier(buf: &[u8]) -> bool {
+  ::flatbuffers::buffer_has_identifier(buf, PROGRAM_IDENTIFIER, false)
+}
+
+#[inline]
+pub fn program_size_prefixed_buffer_has_identifier(buf: &[u8]) -> bool {
+  ::flatbuffers::buffer_has_identifier(buf, PROGRAM_IDENTIFIER, true)
+}
+
+pub const PROGRAM_EXTENSION: &str = "pte";
+
+#[inline]
+pub fn finish_program_buffer<'a, 'b, A: ::flatbuffers::Allocator + 'a>(
+    fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+    root: ::flatbuffers::WIPOffset<Program<'a>>) {
+  fbb.finish(root, Some(PROGRAM_IDENTIFIER));
+}
+
+#[inline]
+pub fn finish_size_prefixed_program_buffer<'a, 'b, A: ::flatbuffers::Allocator + 'a>(fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>, root: ::flatbuffers::WIPOffset<Program<'a>>) {
+  fbb.finish_size_prefixed(root, Some(PROGRAM_IDENTIFIER));
+}
+}  // pub mod pte
+}  // pub mod xnnblob_fb
+
