@@ -3,17 +3,20 @@
 //! - [`xnn`]: a small safe layer over XNNPACK (subgraphs, runtimes, weights-cache providers).
 //! - [`synthetic`]: deterministic models with Rust references, for the demo, tests and benches.
 //! - [`named_data`]: ExecuTorch-compatible named data: `.ptd`/`.pte` readers, maps, the writer.
+//! - [`shared_cache`]: one shared copy of each named blob across a backend's models and methods.
 //! - [`cache`]: the persistent packed-weight cache bridged to XNNPACK's weights-cache callbacks.
 //! - [`ffi`]: the cxx bridge that C++ reaches xnnblob through.
 #![deny(unsafe_op_in_unsafe_fn)]
 
 mod aligned;
 pub mod cache;
+pub mod delegate;
 pub mod ffi;
 pub mod inspect;
 pub mod mmap;
 pub mod named_data;
 mod schema;
 pub mod sha256;
+pub mod shared_cache;
 pub mod synthetic;
 pub mod xnn;

@@ -224,6 +224,17 @@ impl PackedWeightsCache {
         }
     }
 
+    /// As [`register_buffer`](Self::register_buffer), without a borrow: the registration holds
+    /// the buffer (so its address cannot be reused while registered) and the cache.
+    pub fn register_owned(self: &Arc<Self>, buffer: DataBuffer, id: BlobId) -> OwnedRegistration {
+        self.core().register(buffer.as_ptr(), id, Some(buffer.clone()));
+        OwnedRegistration {
+            cache: self.clone(),
+            address: buffer.as_ptr() as usize,
+            _buffer: buffer,
+        }
+    }
+
     /// Enables runtime setup and saves what was packed since the last save, on a background
     /// thread (or here, with `blocking_save`); nothing new to save writes nothing. Safe to call
     /// any number of times. An error of a background save is reported by the next `finalize`,
@@ -354,6 +365,20 @@ pub fn compact_file(
 pub struct Registration<'a> {
     cache: &'a PackedWeightsCache,
     ptr: *const u8,
+}
+
+/// A registration that owns its buffer and a reference to the cache; dropping it unregisters.
+pub struct OwnedRegistration {
+    cache: Arc<PackedWeightsCache>,
+    /// The registered address (a key, never dereferenced).
+    address: usize,
+    _buffer: DataBuffer,
+}
+
+impl Drop for OwnedRegistration {
+    fn drop(&mut self) {
+        self.cache.core().unregister(self.address as *const u8);
+    }
 }
 
 impl Drop for Registration<'_> {

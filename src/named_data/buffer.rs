@@ -63,6 +63,23 @@ impl DataBuffer {
         self.data().len()
     }
 
+    /// A view of `len` bytes at `offset` within this buffer, sharing its backing.
+    pub fn slice(&self, offset: usize, len: usize) -> Option<DataBuffer> {
+        let end = offset.checked_add(len)?;
+        if end > self.len {
+            return None;
+        }
+        DataBuffer::new(self.backing.clone()?, self.offset + offset, len)
+    }
+
+    /// How many readable bytes the backing has after this buffer's end (XNNPACK may read a few
+    /// bytes past the end of the data it is given).
+    pub fn slack_after(&self) -> usize {
+        self.backing
+            .as_ref()
+            .map_or(0, |b| b.bytes().len() - (self.offset + self.len))
+    }
+
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

@@ -9,7 +9,7 @@ mod weights_cache;
 
 pub use error::{Status, XnnError};
 pub use memory_cache::{InMemoryWeightsCache, ProviderStats};
-pub use runtime::Runtime;
+pub use runtime::{OwnedRuntime, Runtime};
 pub use subgraph::{
     BlockwiseQuantization, ChannelwiseQuantization, Convolution2dParams, Datatype,
     DepthwiseConvolution2dParams, FullyConnectedFlags, Padding2d, Subgraph, ValueRole,

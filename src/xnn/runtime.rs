@@ -171,3 +171,55 @@ impl Drop for Runtime<'_> {
         unsafe { sys::xnn_delete_runtime(self.raw.as_ptr()) };
     }
 }
+
+/// A runtime that owns everything its subgraph borrowed (weights, scales, the weights cache),
+/// so it can be stored and moved freely: a delegate's handle.
+pub struct OwnedRuntime<K: Send + 'static> {
+    // Declared before `keep`: dropped first, while what it borrows is still alive.
+    runtime: Runtime<'static>,
+    keep: Box<K>,
+}
+
+impl<K: Send + 'static> OwnedRuntime<K> {
+    /// Moves `keep` to the heap, builds a subgraph over data borrowed from it with `build`, and
+    /// creates the runtime with the weights cache `cache` picks from it. The higher-ranked
+    /// closures can only borrow from `keep` (or from `'static` data), which is what makes
+    /// owning both sound.
+    pub fn build<E: From<XnnError>>(
+        keep: K,
+        cache: impl for<'a> FnOnce(&'a K) -> Option<&'a dyn AsXnnWeightsCache>,
+        build: impl for<'a> FnOnce(&'a K) -> Result<Subgraph<'a>, E>,
+    ) -> Result<OwnedRuntime<K>, E> {
+        let keep = Box::new(keep);
+        let runtime = {
+            let k: &K = &keep;
+            let subgraph = build(k)?;
+            Runtime::new(&subgraph, cache(k))?
+        };
+        // SAFETY: the runtime borrows only from `*keep` (the closures are generic over the
+        // borrow's lifetime, so they cannot have captured anything shorter-lived) and from
+        // 'static data. `keep` is boxed, so its address does not change when it moves into the
+        // struct; it is never handed out mutably; and `runtime` is dropped before it (field
+        // order). Extending the borrow to 'static is therefore never observable.
+        let runtime = unsafe { std::mem::transmute::<Runtime<'_>, Runtime<'static>>(runtime) };
+        Ok(OwnedRuntime { runtime, keep })
+    }
+
+    pub fn keep(&self) -> &K {
+        &self.keep
+    }
+
+    /// See [`Runtime::invoke`].
+    pub fn invoke(
+        &mut self,
+        inputs: &[(u32, &[f32])],
+        outputs: &mut [(u32, &mut [f32])],
+    ) -> Result<(), XnnError> {
+        self.runtime.invoke(inputs, outputs)
+    }
+
+    /// See [`Runtime::external_shape`].
+    pub fn external_shape(&mut self, id: u32) -> Result<Vec<usize>, XnnError> {
+        self.runtime.external_shape(id)
+    }
+}

@@ -1,0 +1,745 @@
+//! Writes XNNPACK delegate payloads (and the named data their constants live in), as
+//! ExecuTorch's exporter does, so that synthetic models of any size can be made without Python:
+//! constants are keyed by the sha256 hex of their bytes, scales by `scale_<sha256>`.
+
+use super::payload::{PayloadHeader, FLATBUFFER_ALIGNMENT, HEADER_LENGTH};
+use crate::named_data::{InMemoryMap, NamedBlobStore, NamedDataError, StoreError};
+use crate::schema::xnn as fb;
+use crate::sha256::{sha256, to_hex};
+use flatbuffers::{FlatBufferBuilder, UnionWIPOffset, WIPOffset};
+use std::path::Path;
+
+const EXTERNAL_INPUT: u32 = 1;
+const EXTERNAL_OUTPUT: u32 = 2;
+
+/// A value of the graph being built.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Value(u32);
+
+enum Quant {
+    PerChannel { scale_idx: u32, channel_dim: i32 },
+    PerChannelGroup {
+        scale_idx: u32,
+        channel_dim: i32,
+        group_size: i32,
+    },
+    PerTokenDynamic { num_nonbatch_dims: i32 },
+}
+
+struct ValueSpec {
+    datatype: fb::XNNDatatype,
+    dims: Vec<u32>,
+    constant: u32,
+    external_id: u32,
+    flags: u32,
+    quant: Option<Quant>,
+}
+
+/// Convolution geometry (NHWC input, filters `[out, kh, kw, in / groups]`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConvGeometry {
+    pub kernel: (u32, u32),
+    pub stride: (u32, u32),
+    /// top, right, bottom, left
+    pub padding: [u32; 4],
+    pub dilation: (u32, u32),
+}
+
+impl ConvGeometry {
+    /// A `k`x`k` kernel, stride 1, padding `p` all round.
+    pub fn square(k: u32, p: u32) -> ConvGeometry {
+        ConvGeometry {
+            kernel: (k, k),
+            stride: (1, 1),
+            padding: [p; 4],
+            dilation: (1, 1),
+        }
+    }
+
+    fn out(&self, h: u32, w: u32) -> (u32, u32) {
+        let span = |size: u32, pad: u32, k: u32, d: u32, s: u32| {
+            ((size + pad).saturating_sub((k - 1) * d + 1)) / s + 1
+        };
+        (
+            span(h, self.padding[0] + self.padding[2], self.kernel.0, self.dilation.0, self.stride.0),
+            span(w, self.padding[1] + self.padding[3], self.kernel.1, self.dilation.1, self.stride.1),
+        )
+    }
+}
+
+enum Node {
+    FullyConnected {
+        input: u32,
+        filter: u32,
+        bias: Option<u32>,
+        output: u32,
+    },
+    Conv {
+        depthwise: bool,
+        geometry: ConvGeometry,
+        groups: u32,
+        group_in: u32,
+        group_out: u32,
+        input: u32,
+        filter: u32,
+        bias: Option<u32>,
+        output: u32,
+    },
+    Binary {
+        kind: fb::XNodeUnion,
+        a: u32,
+        b: u32,
+        output: u32,
+    },
+    Unary {
+        kind: fb::XNodeUnion,
+        input: u32,
+        output: u32,
+        flags: u32,
+    },
+    Reshape {
+        shape: Vec<u32>,
+        input: u32,
+        output: u32,
+    },
+    Transpose {
+        perm: Vec<u32>,
+        input: u32,
+        output: u32,
+    },
+}
+
+/// Builds one delegate payload.
+#[derive(Default)]
+pub struct GraphBuilder {
+    values: Vec<ValueSpec>,
+    nodes: Vec<(Node, Option<(f32, f32)>)>,
+    /// constant_data entries after the reserved index 0: their named keys.
+    constants: Vec<String>,
+    blobs: Vec<(String, Vec<u8>)>,
+    inputs: Vec<u32>,
+    outputs: Vec<u32>,
+    externs: u32,
+}
+
+/// A built payload and the named data it refers to.
+pub struct BuiltGraph {
+    pub payload: Vec<u8>,
+    /// (key, bytes), each key once.
+    pub blobs: Vec<(String, Vec<u8>)>,
+}
+
+impl BuiltGraph {
+    /// The blobs as a `.ptd` at `path` (alignment 16, as ExecuTorch requests for XNNPACK).
+    pub fn write_ptd(&self, path: &Path) -> Result<(), StoreError> {
+        let mut store = NamedBlobStore::new();
+        for (key, bytes) in &self.blobs {
+            store.add_named_blob(key, bytes, 16, "model", None)?;
+        }
+        // XNNPACK may read past a constant: keep the last one away from the end of the file.
+        store.add_named_blob("xnnblob.slack", &[0; 64], 16, "model", None)?;
+        store.write_ptd("model", path)
+    }
+
+    /// The blobs as an in-memory map.
+    pub fn map(&self, name: &str) -> Result<InMemoryMap, NamedDataError> {
+        let mut map = InMemoryMap::new(name);
+        for (key, bytes) in &self.blobs {
+            map.insert(key, bytes, 64, None)?;
+        }
+        Ok(map)
+    }
+}
+
+fn f32_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+impl GraphBuilder {
+    pub fn new() -> GraphBuilder {
+        GraphBuilder::default()
+    }
+
+    fn value(&mut self, datatype: fb::XNNDatatype, dims: Vec<u32>) -> Value {
+        self.values.push(ValueSpec {
+            datatype,
+            dims,
+            constant: 0,
+            external_id: u32::MAX,
+            flags: 0,
+            quant: None,
+        });
+        Value(self.values.len() as u32 - 1)
+    }
+
+    /// The dims of a value.
+    pub fn dims(&self, v: Value) -> &[u32] {
+        &self.values[v.0 as usize].dims
+    }
+
+    /// Adds a named blob (once per key) and a constant_data entry for it.
+    fn constant_entry(&mut self, key: String, bytes: Vec<u8>) -> u32 {
+        if !self.blobs.iter().any(|(k, _)| *k == key) {
+            self.blobs.push((key.clone(), bytes));
+        }
+        self.constants.push(key);
+        self.constants.len() as u32
+    }
+
+    /// An fp32 external input.
+    pub fn input(&mut self, dims: &[u32]) -> Value {
+        let v = self.value(fb::XNNDatatype::xnn_datatype_fp32, dims.to_vec());
+        let spec = &mut self.values[v.0 as usize];
+        spec.external_id = self.externs;
+        spec.flags = EXTERNAL_INPUT;
+        self.externs += 1;
+        self.inputs.push(v.0);
+        v
+    }
+
+    /// Makes `v` an external output (fp32).
+    pub fn output(&mut self, v: Value) {
+        let spec = &mut self.values[v.0 as usize];
+        spec.external_id = self.externs;
+        spec.flags |= EXTERNAL_OUTPUT;
+        self.externs += 1;
+        self.outputs.push(v.0);
+    }
+
+    /// An fp32 constant, stored as named data keyed by its sha256.
+    pub fn constant_f32(&mut self, dims: &[u32], data: &[f32]) -> Value {
+        assert_eq!(dims.iter().product::<u32>() as usize, data.len(), "constant size");
+        let bytes = f32_bytes(data);
+        let idx = self.constant_entry(to_hex(&sha256(&bytes)), bytes);
+        let v = self.value(fb::XNNDatatype::xnn_datatype_fp32, dims.to_vec());
+        self.values[v.0 as usize].constant = idx;
+        v
+    }
+
+    /// Per-channel int8 weights `[out, in]` with one fp32 scale per output channel (qc8w),
+    /// scales stored as named data `scale_<sha256>` as ExecuTorch does.
+    pub fn constant_qc8w(&mut self, dims: &[u32], q: &[i8], scales: &[f32]) -> Value {
+        assert_eq!(dims.iter().product::<u32>() as usize, q.len(), "weights size");
+        assert_eq!(dims[0] as usize, scales.len(), "one scale per output channel");
+        let bytes: Vec<u8> = q.iter().map(|v| *v as u8).collect();
+        let idx = self.constant_entry(to_hex(&sha256(&bytes)), bytes);
+        let scale_bytes = f32_bytes(scales);
+        let scale_idx =
+            self.constant_entry(format!("scale_{}", to_hex(&sha256(&scale_bytes))), scale_bytes);
+        let v = self.value(fb::XNNDatatype::xnn_datatype_qcint8, dims.to_vec());
+        let spec = &mut self.values[v.0 as usize];
+        spec.constant = idx;
+        spec.quant = Some(Quant::PerChannel {
+            scale_idx,
+            channel_dim: 0,
+        });
+        v
+    }
+
+    /// Blockwise 4-bit weights `[out, in]` (two per byte, value + 8, even column in the low
+    /// nibble) with one bf16 scale per `group_size` inputs of each output (qb4w).
+    pub fn constant_qb4w(&mut self, dims: &[u32], packed: &[u8], bf16_scales: &[u16], group_size: u32) -> Value {
+        let bytes = packed.to_vec();
+        let idx = self.constant_entry(to_hex(&sha256(&bytes)), bytes);
+        let scale_bytes: Vec<u8> = bf16_scales.iter().flat_map(|s| s.to_le_bytes()).collect();
+        let scale_idx =
+            self.constant_entry(format!("scale_{}", to_hex(&sha256(&scale_bytes))), scale_bytes);
+        let v = self.value(fb::XNNDatatype::xnn_datatype_qbint4, dims.to_vec());
+        let spec = &mut self.values[v.0 as usize];
+        spec.constant = idx;
+        spec.quant = Some(Quant::PerChannelGroup {
+            scale_idx,
+            channel_dim: 0,
+            group_size: group_size as i32,
+        });
+        v
+    }
+
+    fn node(&mut self, node: Node, clamp: Option<(f32, f32)>) {
+        self.nodes.push((node, clamp));
+    }
+
+    fn fp32(&mut self, dims: Vec<u32>) -> Value {
+        self.value(fb::XNNDatatype::xnn_datatype_fp32, dims)
+    }
+
+    /// `clamp(x · filterᵀ + bias, min, max)`; filter `[out, in]`.
+    pub fn fully_connected(&mut self, x: Value, filter: Value, bias: Option<Value>, min: f32, max: f32) -> Value {
+        let mut dims = self.dims(x).to_vec();
+        *dims.last_mut().expect("input has dims") = self.dims(filter)[0];
+        let out = self.fp32(dims);
+        self.node(
+            Node::FullyConnected {
+                input: x.0,
+                filter: filter.0,
+                bias: bias.map(|b| b.0),
+                output: out.0,
+            },
+            Some((min, max)),
+        );
+        out
+    }
+
+    /// fp32 → dynamically quantized int8, one scale per row (qd8).
+    pub fn convert_qd8(&mut self, x: Value) -> Value {
+        let dims = self.dims(x).to_vec();
+        let out = self.value(fb::XNNDatatype::xnn_datatype_qdint8, dims);
+        self.values[out.0 as usize].quant = Some(Quant::PerTokenDynamic { num_nonbatch_dims: 1 });
+        self.node(
+            Node::Unary {
+                kind: fb::XNodeUnion::XNNConvert,
+                input: x.0,
+                output: out.0,
+                flags: 0,
+            },
+            None,
+        );
+        out
+    }
+
+    /// 2-D convolution of an NHWC input with filter `[out, kh, kw, in]`.
+    pub fn conv2d(&mut self, x: Value, filter: Value, bias: Option<Value>, geometry: ConvGeometry, min: f32, max: f32) -> Value {
+        let [n, h, w, cin] = self.dims(x).try_into().expect("NHWC input");
+        let cout = self.dims(filter)[0];
+        let (oh, ow) = geometry.out(h, w);
+        let out = self.fp32(vec![n, oh, ow, cout]);
+        self.node(
+            Node::Conv {
+                depthwise: false,
+                geometry,
+                groups: 1,
+                group_in: cin,
+                group_out: cout,
+                input: x.0,
+                filter: filter.0,
+                bias: bias.map(|b| b.0),
+                output: out.0,
+            },
+            Some((min, max)),
+        );
+        out
+    }
+
+    /// Depthwise convolution (multiplier 1) of an NHWC input with filter `[1, kh, kw, C]`.
+    pub fn depthwise_conv2d(&mut self, x: Value, filter: Value, bias: Option<Value>, geometry: ConvGeometry, min: f32, max: f32) -> Value {
+        let [n, h, w, c] = self.dims(x).try_into().expect("NHWC input");
+        let (oh, ow) = geometry.out(h, w);
+        let out = self.fp32(vec![n, oh, ow, c]);
+        self.node(
+            Node::Conv {
+                depthwise: true,
+                geometry,
+                groups: c,
+                group_in: 1,
+                group_out: 1,
+                input: x.0,
+                filter: filter.0,
+                bias: bias.map(|b| b.0),
+                output: out.0,
+            },
+            Some((min, max)),
+        );
+        out
+    }
+
+    /// Global average pooling of NHWC to `[N, 1, 1, C]`.
+    pub fn global_avg_pool(&mut self, x: Value) -> Value {
+        let d = self.dims(x).to_vec();
+        let out = self.fp32(vec![d[0], 1, 1, d[3]]);
+        self.node(
+            Node::Unary {
+                kind: fb::XNodeUnion::XNNGlobalAvgPooling2d,
+                input: x.0,
+                output: out.0,
+                flags: xnnpack_sys::XNN_FLAG_KEEP_DIMS,
+            },
+            None,
+        );
+        out
+    }
+
+    fn binary(&mut self, kind: fb::XNodeUnion, a: Value, b: Value, clamp: Option<(f32, f32)>) -> Value {
+        let dims = self.dims(a).to_vec();
+        let out = self.fp32(dims);
+        self.node(
+            Node::Binary {
+                kind,
+                a: a.0,
+                b: b.0,
+                output: out.0,
+            },
+            clamp,
+        );
+        out
+    }
+
+    pub fn add(&mut self, a: Value, b: Value, min: f32, max: f32) -> Value {
+        self.binary(fb::XNodeUnion::XNNAdd, a, b, Some((min, max)))
+    }
+
+    pub fn multiply(&mut self, a: Value, b: Value) -> Value {
+        self.binary(fb::XNodeUnion::XNNMultiply, a, b, None)
+    }
+
+    fn unary(&mut self, kind: fb::XNodeUnion, x: Value, clamp: Option<(f32, f32)>) -> Value {
+        let dims = self.dims(x).to_vec();
+        let out = self.fp32(dims);
+        self.node(
+            Node::Unary {
+                kind,
+                input: x.0,
+                output: out.0,
+                flags: 0,
+            },
+            clamp,
+        );
+        out
+    }
+
+    pub fn clamp(&mut self, x: Value, min: f32, max: f32) -> Value {
+        self.unary(fb::XNodeUnion::XNNClamp, x, Some((min, max)))
+    }
+
+    pub fn softmax(&mut self, x: Value) -> Value {
+        self.unary(fb::XNodeUnion::XNNSoftmax, x, None)
+    }
+
+    pub fn reshape(&mut self, x: Value, shape: &[u32]) -> Value {
+        let out = self.fp32(shape.to_vec());
+        self.node(
+            Node::Reshape {
+                shape: shape.to_vec(),
+                input: x.0,
+                output: out.0,
+            },
+            None,
+        );
+        out
+    }
+
+    pub fn transpose(&mut self, x: Value, perm: &[u32]) -> Value {
+        let d = self.dims(x).to_vec();
+        let out = self.fp32(perm.iter().map(|&p| d[p as usize]).collect());
+        self.node(
+            Node::Transpose {
+                perm: perm.to_vec(),
+                input: x.0,
+                output: out.0,
+            },
+            None,
+        );
+        out
+    }
+
+    /// Serialises the graph: `XH00` header, `XN01` flatbuffer, no inline constants.
+    pub fn finish(self) -> BuiltGraph {
+        let mut b = FlatBufferBuilder::new();
+        let values: Vec<_> = self
+            .values
+            .iter()
+            .enumerate()
+            .map(|(i, v)| {
+                let dims = b.create_vector(&v.dims);
+                let tensor = fb::XNNTensorValue::create(
+                    &mut b,
+                    &fb::XNNTensorValueArgs {
+                        datatype: v.datatype,
+                        num_dims: v.dims.len() as u32,
+                        dims: Some(dims),
+                        constant_buffer_idx: v.constant,
+                        external_id: v.external_id,
+                        flags: v.flags,
+                        id_out: i as u32,
+                    },
+                );
+                let (kind, union): (fb::XValueUnion, WIPOffset<UnionWIPOffset>) = match &v.quant {
+                    None => (fb::XValueUnion::XNNTensorValue, tensor.as_union_value()),
+                    Some(q) => {
+                        let (qt, qp) = match *q {
+                            Quant::PerChannel {
+                                scale_idx,
+                                channel_dim,
+                            } => (
+                                fb::XNNQuantParams::PerChannelQuant,
+                                fb::PerChannelQuant::create(
+                                    &mut b,
+                                    &fb::PerChannelQuantArgs {
+                                        scale: None,
+                                        channel_dim,
+                                        scale_buffer_idx: scale_idx,
+                                        num_scales: v.dims[channel_dim as usize],
+                                    },
+                                )
+                                .as_union_value(),
+                            ),
+                            Quant::PerChannelGroup {
+                                scale_idx,
+                                channel_dim,
+                                group_size,
+                            } => (
+                                fb::XNNQuantParams::PerChannelGroupQuant,
+                                fb::PerChannelGroupQuant::create(
+                                    &mut b,
+                                    &fb::PerChannelGroupQuantArgs {
+                                        scale: None,
+                                        channel_dim,
+                                        group_size,
+                                        scale_bf16: None,
+                                        scale_buffer_idx: scale_idx,
+                                        num_scales: v.dims[0] * v.dims[1] / group_size as u32,
+                                    },
+                                )
+                                .as_union_value(),
+                            ),
+                            Quant::PerTokenDynamic { num_nonbatch_dims } => (
+                                fb::XNNQuantParams::PerTokenDynamicQuant,
+                                fb::PerTokenDynamicQuant::create(
+                                    &mut b,
+                                    &fb::PerTokenDynamicQuantArgs { num_nonbatch_dims },
+                                )
+                                .as_union_value(),
+                            ),
+                        };
+                        let q = fb::XNNQuantizedTensorValue::create(
+                            &mut b,
+                            &fb::XNNQuantizedTensorValueArgs {
+                                tensor_value: Some(tensor),
+                                quant_params_type: qt,
+                                quant_params: Some(qp),
+                            },
+                        );
+                        (fb::XValueUnion::XNNQuantizedTensorValue, q.as_union_value())
+                    }
+                };
+                fb::XValue::create(
+                    &mut b,
+                    &fb::XValueArgs {
+                        xvalue_union_type: kind,
+                        xvalue_union: Some(union),
+                    },
+                )
+            })
+            .collect();
+        let nodes: Vec<_> = self
+            .nodes
+            .iter()
+            .map(|(node, clamp)| {
+                let (kind, union) = encode_node(&mut b, node);
+                let output_min_max = clamp.map(|(output_min, output_max)| {
+                    fb::OutputMinMax::create(
+                        &mut b,
+                        &fb::OutputMinMaxArgs {
+                            output_min,
+                            output_max,
+                        },
+                    )
+                });
+                fb::XNode::create(
+                    &mut b,
+                    &fb::XNodeArgs {
+                        xnode_union_type: kind,
+                        xnode_union: Some(union),
+                        debug_handle: 0,
+                        output_min_max,
+                    },
+                )
+            })
+            .collect();
+        let mut constants = vec![fb::ConstantDataOffset::create(
+            &mut b,
+            &fb::ConstantDataOffsetArgs::default(),
+        )];
+        for key in &self.constants {
+            let k = b.create_string(key);
+            constants.push(fb::ConstantDataOffset::create(
+                &mut b,
+                &fb::ConstantDataOffsetArgs {
+                    offset: u64::MAX,
+                    size: 0,
+                    named_key: Some(k),
+                },
+            ));
+        }
+        let version = b.create_string("0");
+        let values = b.create_vector(&values);
+        let nodes = b.create_vector(&nodes);
+        let inputs = b.create_vector(&self.inputs);
+        let outputs = b.create_vector(&self.outputs);
+        let constants = b.create_vector(&constants);
+        let graph = fb::XNNGraph::create(
+            &mut b,
+            &fb::XNNGraphArgs {
+                version: Some(version),
+                xnodes: Some(nodes),
+                xvalues: Some(values),
+                num_externs: self.externs,
+                input_ids: Some(inputs),
+                output_ids: Some(outputs),
+                constant_data: Some(constants),
+            },
+        );
+        fb::finish_xnngraph_buffer(&mut b, graph);
+        let flatbuffer = b.finished_data();
+
+        let fb_offset = HEADER_LENGTH.next_multiple_of(FLATBUFFER_ALIGNMENT);
+        let const_offset = (fb_offset + flatbuffer.len()).next_multiple_of(FLATBUFFER_ALIGNMENT);
+        let header = PayloadHeader {
+            length: HEADER_LENGTH as u16,
+            flatbuffer_offset: fb_offset as u32,
+            flatbuffer_size: flatbuffer.len() as u32,
+            constant_data_offset: const_offset as u32,
+            constant_data_size: 0,
+        };
+        let mut payload = header.encode().to_vec();
+        payload.resize(fb_offset, 0);
+        payload.extend_from_slice(flatbuffer);
+        payload.resize(const_offset, 0);
+        BuiltGraph {
+            payload,
+            blobs: self.blobs,
+        }
+    }
+}
+
+fn encode_node(
+    b: &mut FlatBufferBuilder<'_>,
+    node: &Node,
+) -> (fb::XNodeUnion, WIPOffset<UnionWIPOffset>) {
+    const NONE: u32 = u32::MAX;
+    match node {
+        Node::FullyConnected {
+            input,
+            filter,
+            bias,
+            output,
+        } => (
+            fb::XNodeUnion::XNNFullyConnected,
+            fb::XNNFullyConnected::create(
+                b,
+                &fb::XNNFullyConnectedArgs {
+                    input1_id: *input,
+                    filter_id: *filter,
+                    bias_id: bias.unwrap_or(NONE),
+                    output_id: *output,
+                    flags: 0,
+                },
+            )
+            .as_union_value(),
+        ),
+        Node::Conv {
+            depthwise,
+            geometry: g,
+            groups,
+            group_in,
+            group_out,
+            input,
+            filter,
+            bias,
+            output,
+        } => (
+            if *depthwise {
+                fb::XNodeUnion::XNNDepthwiseConv2d
+            } else {
+                fb::XNodeUnion::XNNConv2d
+            },
+            fb::_XNNNodeConv::create(
+                b,
+                &fb::_XNNNodeConvArgs {
+                    padding_top: g.padding[0],
+                    padding_right: g.padding[1],
+                    padding_bottom: g.padding[2],
+                    padding_left: g.padding[3],
+                    kernel_height: g.kernel.0,
+                    kernel_width: g.kernel.1,
+                    subsampling_height: g.stride.0,
+                    subsampling_width: g.stride.1,
+                    dilation_height: g.dilation.0,
+                    dilation_width: g.dilation.1,
+                    group_input_channels: *group_in,
+                    group_output_channels: *group_out,
+                    groups: *groups,
+                    adjustment_height: 0,
+                    adjustment_width: 0,
+                    input1_id: *input,
+                    filter_id: *filter,
+                    bias_id: bias.unwrap_or(NONE),
+                    output_id: *output,
+                    flags: 0,
+                },
+            )
+            .as_union_value(),
+        ),
+        Node::Binary { kind, a, b: bb, output } => (
+            *kind,
+            fb::_XNNNode2x1::create(
+                b,
+                &fb::_XNNNode2x1Args {
+                    input1_id: *a,
+                    input2_id: *bb,
+                    output_id: *output,
+                    flags: 0,
+                },
+            )
+            .as_union_value(),
+        ),
+        Node::Unary {
+            kind,
+            input,
+            output,
+            flags,
+        } => (
+            *kind,
+            fb::_XNNNode1x1::create(
+                b,
+                &fb::_XNNNode1x1Args {
+                    input_id: *input,
+                    output_id: *output,
+                    flags: *flags,
+                },
+            )
+            .as_union_value(),
+        ),
+        Node::Reshape {
+            shape,
+            input,
+            output,
+        } => {
+            let s = b.create_vector(shape);
+            (
+                fb::XNodeUnion::XNNStaticReshape,
+                fb::XNNStaticReshape::create(
+                    b,
+                    &fb::XNNStaticReshapeArgs {
+                        num_dims: shape.len() as u32,
+                        new_shape: Some(s),
+                        input_id: *input,
+                        output_id: *output,
+                        flags: 0,
+                    },
+                )
+                .as_union_value(),
+            )
+        }
+        Node::Transpose {
+            perm,
+            input,
+            output,
+        } => {
+            let p = b.create_vector(perm);
+            (
+                fb::XNodeUnion::XNNStaticTranspose,
+                fb::XNNStaticTranspose::create(
+                    b,
+                    &fb::XNNStaticTransposeArgs {
+                        num_dims: perm.len() as u32,
+                        perm: Some(p),
+                        input_id: *input,
+                        output_id: *output,
+                        flags: 0,
+                    },
+                )
+                .as_union_value(),
+            )
+        }
+    }
+}

@@ -1,0 +1,85 @@
+//! ExecuTorch's XNNPACK delegate, built on xnnblob: a processed payload (`XH00` + `XN01`
+//! graph) becomes an XNNPACK runtime whose constants come from a [`NamedDataMap`] through the
+//! backend's [`SharedDataCache`], and whose packed weights come from a [`PackedWeightsCache`].
+//! The C++ face (`cpp/include/xnnblob/delegate.h`) wraps exactly this.
+
+pub mod builder;
+mod compile;
+mod error;
+pub mod payload;
+
+pub use error::DelegateError;
+
+use crate::cache::PackedWeightsCache;
+use crate::named_data::{DataBuffer, NamedDataMap};
+use crate::shared_cache::SharedDataCache;
+use crate::xnn::OwnedRuntime;
+use std::sync::Arc;
+
+/// One initialised delegate (one lowered method or submodule).
+pub struct XnnDelegate {
+    runtime: OwnedRuntime<compile::Keep>,
+    io: compile::Io,
+}
+
+impl XnnDelegate {
+    /// `init`: validates `processed`, loads its constants (shared across delegates through
+    /// `shared`), and creates the runtime (packed weights found in or added to `weights`).
+    pub fn init(
+        processed: DataBuffer,
+        map: &dyn NamedDataMap,
+        shared: &SharedDataCache,
+        weights: Option<Arc<PackedWeightsCache>>,
+    ) -> Result<XnnDelegate, DelegateError> {
+        let (runtime, io) = compile::compile(processed, map, shared, weights)?;
+        Ok(XnnDelegate { runtime, io })
+    }
+
+    /// Shapes of the inputs, in order.
+    pub fn input_shapes(&self) -> Vec<Vec<usize>> {
+        self.io.inputs.iter().map(|(_, d)| d.clone()).collect()
+    }
+
+    /// Shapes of the outputs, in order.
+    pub fn output_shapes(&self) -> Vec<Vec<usize>> {
+        self.io.outputs.iter().map(|(_, d)| d.clone()).collect()
+    }
+
+    /// `execute`: runs the graph on fp32 inputs, writing fp32 outputs, both in payload order.
+    pub fn execute(
+        &mut self,
+        inputs: &[&[f32]],
+        outputs: &mut [&mut [f32]],
+    ) -> Result<(), DelegateError> {
+        if inputs.len() != self.io.inputs.len() {
+            return Err(DelegateError::Arity {
+                what: "inputs",
+                expected: self.io.inputs.len(),
+                given: inputs.len(),
+            });
+        }
+        if outputs.len() != self.io.outputs.len() {
+            return Err(DelegateError::Arity {
+                what: "outputs",
+                expected: self.io.outputs.len(),
+                given: outputs.len(),
+            });
+        }
+        let ins: Vec<(u32, &[f32])> = self
+            .io
+            .inputs
+            .iter()
+            .zip(inputs)
+            .map(|((id, _), d)| (*id, *d))
+            .collect();
+        let mut outs: Vec<(u32, &mut [f32])> = self
+            .io
+            .outputs
+            .iter()
+            .zip(outputs.iter_mut())
+            .map(|((id, _), d)| (*id, &mut **d))
+            .collect();
+        self.runtime.invoke(&ins, &mut outs)?;
+        Ok(())
+    }
+}
