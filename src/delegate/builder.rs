@@ -17,13 +17,18 @@ const EXTERNAL_OUTPUT: u32 = 2;
 pub struct Value(u32);
 
 enum Quant {
-    PerChannel { scale_idx: u32, channel_dim: i32 },
+    PerChannel {
+        scale_idx: u32,
+        channel_dim: i32,
+    },
     PerChannelGroup {
         scale_idx: u32,
         channel_dim: i32,
         group_size: i32,
     },
-    PerTokenDynamic { num_nonbatch_dims: i32 },
+    PerTokenDynamic {
+        num_nonbatch_dims: i32,
+    },
 }
 
 struct ValueSpec {
@@ -61,8 +66,20 @@ impl ConvGeometry {
             ((size + pad).saturating_sub((k - 1) * d + 1)) / s + 1
         };
         (
-            span(h, self.padding[0] + self.padding[2], self.kernel.0, self.dilation.0, self.stride.0),
-            span(w, self.padding[1] + self.padding[3], self.kernel.1, self.dilation.1, self.stride.1),
+            span(
+                h,
+                self.padding[0] + self.padding[2],
+                self.kernel.0,
+                self.dilation.0,
+                self.stride.0,
+            ),
+            span(
+                w,
+                self.padding[1] + self.padding[3],
+                self.kernel.1,
+                self.dilation.1,
+                self.stride.1,
+            ),
         )
     }
 }
@@ -208,7 +225,11 @@ impl GraphBuilder {
 
     /// An fp32 constant, stored as named data keyed by its sha256.
     pub fn constant_f32(&mut self, dims: &[u32], data: &[f32]) -> Value {
-        assert_eq!(dims.iter().product::<u32>() as usize, data.len(), "constant size");
+        assert_eq!(
+            dims.iter().product::<u32>() as usize,
+            data.len(),
+            "constant size"
+        );
         let bytes = f32_bytes(data);
         let idx = self.constant_entry(to_hex(&sha256(&bytes)), bytes);
         let v = self.value(fb::XNNDatatype::xnn_datatype_fp32, dims.to_vec());
@@ -219,13 +240,23 @@ impl GraphBuilder {
     /// Per-channel int8 weights `[out, in]` with one fp32 scale per output channel (qc8w),
     /// scales stored as named data `scale_<sha256>` as ExecuTorch does.
     pub fn constant_qc8w(&mut self, dims: &[u32], q: &[i8], scales: &[f32]) -> Value {
-        assert_eq!(dims.iter().product::<u32>() as usize, q.len(), "weights size");
-        assert_eq!(dims[0] as usize, scales.len(), "one scale per output channel");
+        assert_eq!(
+            dims.iter().product::<u32>() as usize,
+            q.len(),
+            "weights size"
+        );
+        assert_eq!(
+            dims[0] as usize,
+            scales.len(),
+            "one scale per output channel"
+        );
         let bytes: Vec<u8> = q.iter().map(|v| *v as u8).collect();
         let idx = self.constant_entry(to_hex(&sha256(&bytes)), bytes);
         let scale_bytes = f32_bytes(scales);
-        let scale_idx =
-            self.constant_entry(format!("scale_{}", to_hex(&sha256(&scale_bytes))), scale_bytes);
+        let scale_idx = self.constant_entry(
+            format!("scale_{}", to_hex(&sha256(&scale_bytes))),
+            scale_bytes,
+        );
         let v = self.value(fb::XNNDatatype::xnn_datatype_qcint8, dims.to_vec());
         let spec = &mut self.values[v.0 as usize];
         spec.constant = idx;
@@ -238,12 +269,20 @@ impl GraphBuilder {
 
     /// Blockwise 4-bit weights `[out, in]` (two per byte, value + 8, even column in the low
     /// nibble) with one bf16 scale per `group_size` inputs of each output (qb4w).
-    pub fn constant_qb4w(&mut self, dims: &[u32], packed: &[u8], bf16_scales: &[u16], group_size: u32) -> Value {
+    pub fn constant_qb4w(
+        &mut self,
+        dims: &[u32],
+        packed: &[u8],
+        bf16_scales: &[u16],
+        group_size: u32,
+    ) -> Value {
         let bytes = packed.to_vec();
         let idx = self.constant_entry(to_hex(&sha256(&bytes)), bytes);
         let scale_bytes: Vec<u8> = bf16_scales.iter().flat_map(|s| s.to_le_bytes()).collect();
-        let scale_idx =
-            self.constant_entry(format!("scale_{}", to_hex(&sha256(&scale_bytes))), scale_bytes);
+        let scale_idx = self.constant_entry(
+            format!("scale_{}", to_hex(&sha256(&scale_bytes))),
+            scale_bytes,
+        );
         let v = self.value(fb::XNNDatatype::xnn_datatype_qbint4, dims.to_vec());
         let spec = &mut self.values[v.0 as usize];
         spec.constant = idx;
@@ -264,7 +303,14 @@ impl GraphBuilder {
     }
 
     /// `clamp(x · filterᵀ + bias, min, max)`; filter `[out, in]`.
-    pub fn fully_connected(&mut self, x: Value, filter: Value, bias: Option<Value>, min: f32, max: f32) -> Value {
+    pub fn fully_connected(
+        &mut self,
+        x: Value,
+        filter: Value,
+        bias: Option<Value>,
+        min: f32,
+        max: f32,
+    ) -> Value {
         let mut dims = self.dims(x).to_vec();
         *dims.last_mut().expect("input has dims") = self.dims(filter)[0];
         let out = self.fp32(dims);
@@ -284,7 +330,9 @@ impl GraphBuilder {
     pub fn convert_qd8(&mut self, x: Value) -> Value {
         let dims = self.dims(x).to_vec();
         let out = self.value(fb::XNNDatatype::xnn_datatype_qdint8, dims);
-        self.values[out.0 as usize].quant = Some(Quant::PerTokenDynamic { num_nonbatch_dims: 1 });
+        self.values[out.0 as usize].quant = Some(Quant::PerTokenDynamic {
+            num_nonbatch_dims: 1,
+        });
         self.node(
             Node::Unary {
                 kind: fb::XNodeUnion::XNNConvert,
@@ -298,7 +346,15 @@ impl GraphBuilder {
     }
 
     /// 2-D convolution of an NHWC input with filter `[out, kh, kw, in]`.
-    pub fn conv2d(&mut self, x: Value, filter: Value, bias: Option<Value>, geometry: ConvGeometry, min: f32, max: f32) -> Value {
+    pub fn conv2d(
+        &mut self,
+        x: Value,
+        filter: Value,
+        bias: Option<Value>,
+        geometry: ConvGeometry,
+        min: f32,
+        max: f32,
+    ) -> Value {
         let [n, h, w, cin] = self.dims(x).try_into().expect("NHWC input");
         let cout = self.dims(filter)[0];
         let (oh, ow) = geometry.out(h, w);
@@ -321,7 +377,15 @@ impl GraphBuilder {
     }
 
     /// Depthwise convolution (multiplier 1) of an NHWC input with filter `[1, kh, kw, C]`.
-    pub fn depthwise_conv2d(&mut self, x: Value, filter: Value, bias: Option<Value>, geometry: ConvGeometry, min: f32, max: f32) -> Value {
+    pub fn depthwise_conv2d(
+        &mut self,
+        x: Value,
+        filter: Value,
+        bias: Option<Value>,
+        geometry: ConvGeometry,
+        min: f32,
+        max: f32,
+    ) -> Value {
         let [n, h, w, c] = self.dims(x).try_into().expect("NHWC input");
         let (oh, ow) = geometry.out(h, w);
         let out = self.fp32(vec![n, oh, ow, c]);
@@ -358,7 +422,13 @@ impl GraphBuilder {
         out
     }
 
-    fn binary(&mut self, kind: fb::XNodeUnion, a: Value, b: Value, clamp: Option<(f32, f32)>) -> Value {
+    fn binary(
+        &mut self,
+        kind: fb::XNodeUnion,
+        a: Value,
+        b: Value,
+        clamp: Option<(f32, f32)>,
+    ) -> Value {
         let dims = self.dims(a).to_vec();
         let out = self.fp32(dims);
         self.node(
@@ -669,7 +739,12 @@ fn encode_node(
             )
             .as_union_value(),
         ),
-        Node::Binary { kind, a, b: bb, output } => (
+        Node::Binary {
+            kind,
+            a,
+            b: bb,
+            output,
+        } => (
             *kind,
             fb::_XNNNode2x1::create(
                 b,

@@ -9,8 +9,8 @@ use crate::schema::xnn as fb;
 use crate::shared_cache::{SharedData, SharedDataCache};
 use crate::xnn::{
     AsXnnWeightsCache, BlockwiseQuantization, ChannelwiseQuantization, Convolution2dParams,
-    Datatype, DepthwiseConvolution2dParams, FullyConnectedFlags, OwnedRuntime, Padding2d,
-    Subgraph, ValueRole, XnnError,
+    Datatype, DepthwiseConvolution2dParams, FullyConnectedFlags, OwnedRuntime, Padding2d, Subgraph,
+    ValueRole, XnnError,
 };
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -85,7 +85,13 @@ pub(crate) fn datatype(raw: fb::XNNDatatype, value: usize) -> Result<Datatype, D
 fn tensor_of(
     v: fb::XValue<'_>,
     index: usize,
-) -> Result<(fb::XNNTensorValue<'_>, Option<fb::XNNQuantizedTensorValue<'_>>), DelegateError> {
+) -> Result<
+    (
+        fb::XNNTensorValue<'_>,
+        Option<fb::XNNQuantizedTensorValue<'_>>,
+    ),
+    DelegateError,
+> {
     if let Some(t) = v.xvalue_union_as_xnntensor_value() {
         return Ok((t, None));
     }
@@ -118,12 +124,12 @@ fn load_constants(
     for (i, c) in graph.constant_data().iter().flatten().enumerate().skip(1) {
         let key = c.named_key().unwrap_or("");
         let buffer = if !key.is_empty() {
-            let data = shared
-                .get_or_init(key, || map.get_data(key))
-                .map_err(|e| DelegateError::MissingConstant {
+            let data = shared.get_or_init(key, || map.get_data(key)).map_err(|e| {
+                DelegateError::MissingConstant {
                     key: key.to_string(),
                     reason: e.to_string(),
-                })?;
+                }
+            })?;
             Constant::Shared(data)
         } else {
             let (offset, size) = (c.offset(), c.size());
@@ -146,9 +152,7 @@ fn load_constants(
                 .ok_or_else(|| DelegateError::BadGraph("out of memory".into()))?;
             padded.as_mut_slice()[..data.len()].copy_from_slice(data);
             let len = data.len();
-            Constant::Copied(
-                DataBuffer::new(Arc::new(padded), 0, len).expect("inside the copy"),
-            )
+            Constant::Copied(DataBuffer::new(Arc::new(padded), 0, len).expect("inside the copy"))
         } else {
             buffer
         };
@@ -264,14 +268,19 @@ fn register_constants(
                 id = BlobId::combine(&[id, scale_id]);
             }
         }
-        let buffer = keep.constants[index].as_ref().expect("identity found it").buffer();
+        let buffer = keep.constants[index]
+            .as_ref()
+            .expect("identity found it")
+            .buffer();
         registrations.push(cache.register_owned(buffer.clone(), id));
     }
     Ok(registrations)
 }
 
 fn dims_of(t: &fb::XNNTensorValue<'_>) -> Vec<usize> {
-    t.dims().map(|d| d.iter().map(|x| x as usize).collect()).unwrap_or_default()
+    t.dims()
+        .map(|d| d.iter().map(|x| x as usize).collect())
+        .unwrap_or_default()
 }
 
 /// Defines every value of the graph; returns the payload id -> subgraph id map.
@@ -287,9 +296,13 @@ fn define_values<'k>(
         let dt = datatype(t.datatype(), i)?;
         let index = constant_index(&t);
         let role = if index != 0 {
-            let c = keep.constants.get(index).and_then(|c| c.as_ref()).ok_or_else(|| {
-                DelegateError::BadGraph(format!("value {i}: constant {index} does not exist"))
-            })?;
+            let c = keep
+                .constants
+                .get(index)
+                .and_then(|c| c.as_ref())
+                .ok_or_else(|| {
+                    DelegateError::BadGraph(format!("value {i}: constant {index} does not exist"))
+                })?;
             ValueRole::Static(c.buffer().data())
         } else if t.flags() & XNN_FLAG_EXTERNAL_INPUT != 0 {
             ValueRole::Input(t.external_id())
@@ -409,8 +422,11 @@ fn define_nodes(
                 NO_VALUE => None,
                 b => Some(id(b, n)?),
             };
-            let (input, filter, output) =
-                (id(c.input1_id(), n)?, id(c.filter_id(), n)?, id(c.output_id(), n)?);
+            let (input, filter, output) = (
+                id(c.input1_id(), n)?,
+                id(c.filter_id(), n)?,
+                id(c.output_id(), n)?,
+            );
             if c.flags() != 0 {
                 return Err(DelegateError::BadGraph(format!(
                     "node {n}: unsupported convolution flags {:#x}",
@@ -458,7 +474,11 @@ fn define_nodes(
             .xnode_union_as_xnnadd()
             .or_else(|| node.xnode_union_as_xnnmultiply())
         {
-            let (a, bb, out) = (id(b.input1_id(), n)?, id(b.input2_id(), n)?, id(b.output_id(), n)?);
+            let (a, bb, out) = (
+                id(b.input1_id(), n)?,
+                id(b.input2_id(), n)?,
+                id(b.output_id(), n)?,
+            );
             let clamped = min != f32::NEG_INFINITY || max != f32::INFINITY;
             // XNNPACK's binary node has no clamp: write to an internal value and clamp it.
             let target = if clamped {
@@ -467,7 +487,8 @@ fn define_nodes(
                     .and_then(|v| tensor_of(*v, b.output_id() as usize).ok())
                     .map(|(t, _)| dims_of(&t))
                     .ok_or_else(|| DelegateError::BadGraph(format!("node {n}: bad output")))?;
-                g.define_f32_tensor(&dims, ValueRole::Internal).map_err(at(what))?
+                g.define_f32_tensor(&dims, ValueRole::Internal)
+                    .map_err(at(what))?
             } else {
                 out
             };
@@ -611,12 +632,11 @@ pub(crate) fn compile(
         |k| k.cache.as_deref().map(|c| c as &dyn AsXnnWeightsCache),
         |k| -> Result<Subgraph<'_>, DelegateError> {
             let p = payload::parse(&k.payload)?;
-            let mut g = Subgraph::new(p.graph.num_externs()).map_err(|e: XnnError| {
-                DelegateError::Xnn {
+            let mut g =
+                Subgraph::new(p.graph.num_externs()).map_err(|e: XnnError| DelegateError::Xnn {
                     what: "subgraph".into(),
                     error: e,
-                }
-            })?;
+                })?;
             let ids = define_values(&mut g, &p.graph, k)?;
             define_nodes(&mut g, &p.graph, &ids)?;
             Ok(g)
