@@ -5,7 +5,12 @@ fn main() {
     build
         .std("c++17")
         .include("cpp/include")
-        .file("cpp/src/xnnblob.cc");
+        .file("cpp/src/xnnblob.cc")
+        .file("cpp/src/delegate.cc")
+        .file("cpp/examples/minimal_delegate.cc")
+        .file("cpp/tests/delegate_checks.cc")
+        .flag_if_supported("-Wall")
+        .flag_if_supported("-Wextra");
     // xnnpack-sys publishes its header directories (DEP_XNNPACK_INCLUDE).
     if let Some(dirs) = env::var_os("DEP_XNNPACK_INCLUDE") {
         for dir in env::split_paths(&dirs) {
@@ -13,7 +18,7 @@ fn main() {
         }
     }
     build.compile("xnnblob-cxx");
-    for path in ["src/ffi.rs", "cpp/src", "cpp/include"] {
+    for path in ["src/ffi.rs", "cpp"] {
         println!("cargo:rerun-if-changed={path}");
     }
 }

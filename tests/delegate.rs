@@ -29,7 +29,11 @@ fn mlp_graph(mlp: &Mlp, batch: u32) -> BuiltGraph {
     for (i, l) in mlp.layers.iter().enumerate() {
         let w = g.constant_f32(&[l.outputs as u32, l.inputs as u32], &l.weights);
         let b = g.constant_f32(&[l.outputs as u32], &l.bias);
-        let min = if i + 1 == mlp.layers.len() { f32::NEG_INFINITY } else { 0.0 };
+        let min = if i + 1 == mlp.layers.len() {
+            f32::NEG_INFINITY
+        } else {
+            0.0
+        };
         x = g.fully_connected(x, w, Some(b), min, f32::INFINITY);
     }
     g.output(x);
@@ -38,7 +42,10 @@ fn mlp_graph(mlp: &Mlp, batch: u32) -> BuiltGraph {
 
 fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
 }
 
 fn run(d: &mut XnnDelegate, input: &[f32]) -> Vec<f32> {
@@ -67,7 +74,15 @@ fn random(rng: &mut SplitMix64, n: usize, scale: f32) -> Vec<f32> {
 }
 
 /// NHWC convolution, filter [co, kh, kw, ci], padding p, stride 1, then ReLU.
-fn conv_ref(x: &[f32], (h, w, ci): (usize, usize, usize), f: &[f32], b: &[f32], co: usize, k: usize, p: usize) -> Vec<f32> {
+fn conv_ref(
+    x: &[f32],
+    (h, w, ci): (usize, usize, usize),
+    f: &[f32],
+    b: &[f32],
+    co: usize,
+    k: usize,
+    p: usize,
+) -> Vec<f32> {
     let mut y = vec![0f32; h * w * co];
     for oy in 0..h {
         for ox in 0..w {
@@ -75,12 +90,16 @@ fn conv_ref(x: &[f32], (h, w, ci): (usize, usize, usize), f: &[f32], b: &[f32], 
                 let mut acc = b[o];
                 for ky in 0..k {
                     for kx in 0..k {
-                        let (iy, ix) = ((oy + ky) as isize - p as isize, (ox + kx) as isize - p as isize);
+                        let (iy, ix) = (
+                            (oy + ky) as isize - p as isize,
+                            (ox + kx) as isize - p as isize,
+                        );
                         if iy < 0 || ix < 0 || iy >= h as isize || ix >= w as isize {
                             continue;
                         }
                         for c in 0..ci {
-                            acc += x[(iy as usize * w + ix as usize) * ci + c] * f[((o * k + ky) * k + kx) * ci + c];
+                            acc += x[(iy as usize * w + ix as usize) * ci + c]
+                                * f[((o * k + ky) * k + kx) * ci + c];
                         }
                     }
                 }
@@ -104,7 +123,8 @@ fn depthwise_ref(x: &[f32], (h, w, c): (usize, usize, usize), f: &[f32], b: &[f3
                         if iy < 0 || ix < 0 || iy >= h as isize || ix >= w as isize {
                             continue;
                         }
-                        acc += x[(iy as usize * w + ix as usize) * c + ch] * f[((ky * 3 + kx) as usize) * c + ch];
+                        acc += x[(iy as usize * w + ix as usize) * c + ch]
+                            * f[((ky * 3 + kx) as usize) * c + ch];
                     }
                 }
                 y[(oy * w + ox) * c + ch] = acc.max(0.0);
@@ -129,10 +149,24 @@ fn small_cnn_matches_reference() {
     let x = g.input(&[1, h as u32, w as u32, ci as u32]);
     let f1v = g.constant_f32(&[co as u32, 3, 3, ci as u32], &f1);
     let b1v = g.constant_f32(&[co as u32], &b1);
-    let y = g.conv2d(x, f1v, Some(b1v), ConvGeometry::square(3, 1), 0.0, f32::INFINITY);
+    let y = g.conv2d(
+        x,
+        f1v,
+        Some(b1v),
+        ConvGeometry::square(3, 1),
+        0.0,
+        f32::INFINITY,
+    );
     let fdv = g.constant_f32(&[1, 3, 3, co as u32], &fd);
     let bdv = g.constant_f32(&[co as u32], &bd);
-    let y = g.depthwise_conv2d(y, fdv, Some(bdv), ConvGeometry::square(3, 1), 0.0, f32::INFINITY);
+    let y = g.depthwise_conv2d(
+        y,
+        fdv,
+        Some(bdv),
+        ConvGeometry::square(3, 1),
+        0.0,
+        f32::INFINITY,
+    );
     let y = g.global_avg_pool(y);
     let y = g.reshape(y, &[1, co as u32]);
     let wv = g.constant_f32(&[classes as u32, co as u32], &wf);
@@ -156,7 +190,8 @@ fn small_cnn_matches_reference() {
     let expected: Vec<f32> = e.iter().map(|v| v / e.iter().sum::<f32>()).collect();
 
     let map = built.map("cnn").unwrap();
-    let mut d = XnnDelegate::init(payload(&built.payload), &map, &SharedDataCache::new(), None).unwrap();
+    let mut d =
+        XnnDelegate::init(payload(&built.payload), &map, &SharedDataCache::new(), None).unwrap();
     let out = run(&mut d, &input);
     let diff = max_abs_diff(&out, &expected);
     assert!(diff < 1e-5, "{diff}: {out:?} vs {expected:?}");
@@ -167,7 +202,9 @@ fn qd8_qc8w_mlp_matches_dequantized_reference() {
     let (batch, k, hidden, n) = (3usize, 64usize, 32usize, 16usize);
     let mut rng = SplitMix64(8);
     let mut layer = |rows: usize, cols: usize| {
-        let q: Vec<i8> = (0..rows * cols).map(|_| ((rng.next_u64() % 255) as i32 - 127) as i8).collect();
+        let q: Vec<i8> = (0..rows * cols)
+            .map(|_| ((rng.next_u64() % 255) as i32 - 127) as i8)
+            .collect();
         let scales: Vec<f32> = (0..rows).map(|r| 0.004 + 0.001 * (r % 5) as f32).collect();
         let bias: Vec<f32> = (0..rows).map(|r| (r as f32 * 0.37).sin() * 0.1).collect();
         (q, scales, bias)
@@ -193,23 +230,26 @@ fn qd8_qc8w_mlp_matches_dequantized_reference() {
     // fp32 reference with dequantized weights, and its error bound: dynamic per-row int8
     // quantization (asymmetric, step (max - min) / 255) moves each activation by at most one
     // step (rounding plus zero-point nudging), so an output moves by at most step * Σ|w|.
-    let forward = |x: &[f32], (q, s, b): &(Vec<i8>, Vec<f32>, Vec<f32>), relu: bool, rows_in: usize| {
-        let (rows, cols) = (s.len(), q.len() / s.len());
-        let mut y = vec![0f32; rows_in * rows];
-        let mut bound = vec![0f32; rows_in * rows];
-        for r in 0..rows_in {
-            let xr = &x[r * cols..(r + 1) * cols];
-            let (lo, hi) = xr.iter().fold((0f32, 0f32), |(l, h), v| (l.min(*v), h.max(*v)));
-            let step = (hi - lo) / 255.0;
-            for o in 0..rows {
-                let w: Vec<f32> = (0..cols).map(|c| q[o * cols + c] as f32 * s[o]).collect();
-                let v = b[o] + xr.iter().zip(&w).map(|(a, b)| a * b).sum::<f32>();
-                y[r * rows + o] = if relu { v.max(0.0) } else { v };
-                bound[r * rows + o] = step * w.iter().map(|v| v.abs()).sum::<f32>();
+    let forward =
+        |x: &[f32], (q, s, b): &(Vec<i8>, Vec<f32>, Vec<f32>), relu: bool, rows_in: usize| {
+            let (rows, cols) = (s.len(), q.len() / s.len());
+            let mut y = vec![0f32; rows_in * rows];
+            let mut bound = vec![0f32; rows_in * rows];
+            for r in 0..rows_in {
+                let xr = &x[r * cols..(r + 1) * cols];
+                let (lo, hi) = xr
+                    .iter()
+                    .fold((0f32, 0f32), |(l, h), v| (l.min(*v), h.max(*v)));
+                let step = (hi - lo) / 255.0;
+                for o in 0..rows {
+                    let w: Vec<f32> = (0..cols).map(|c| q[o * cols + c] as f32 * s[o]).collect();
+                    let v = b[o] + xr.iter().zip(&w).map(|(a, b)| a * b).sum::<f32>();
+                    y[r * rows + o] = if relu { v.max(0.0) } else { v };
+                    bound[r * rows + o] = step * w.iter().map(|v| v.abs()).sum::<f32>();
+                }
             }
-        }
-        (y, bound)
-    };
+            (y, bound)
+        };
     let (h1, b1) = forward(&input, &l1, true, batch);
     let (expected, b2) = forward(&h1, &l2, false, batch);
     // The second layer also sees the first layer's error, through its weights (|relu| is
@@ -225,7 +265,8 @@ fn qd8_qc8w_mlp_matches_dequantized_reference() {
         })
         .collect();
     let map = built.map("qmlp").unwrap();
-    let mut d = XnnDelegate::init(payload(&built.payload), &map, &SharedDataCache::new(), None).unwrap();
+    let mut d =
+        XnnDelegate::init(payload(&built.payload), &map, &SharedDataCache::new(), None).unwrap();
     let out = run(&mut d, &input);
     for i in 0..out.len() {
         assert!(
@@ -259,8 +300,10 @@ fn two_delegates_share_constants_and_packed_weights_and_a_warm_file_packs_nothin
 
     let shared = SharedDataCache::new();
     let cache = PackedWeightsCache::open(&cache_path).unwrap();
-    let mut a = XnnDelegate::init(payload(&built.payload), &map, &shared, Some(cache.clone())).unwrap();
-    let mut b = XnnDelegate::init(payload(&built.payload), &map, &shared, Some(cache.clone())).unwrap();
+    let mut a =
+        XnnDelegate::init(payload(&built.payload), &map, &shared, Some(cache.clone())).unwrap();
+    let mut b =
+        XnnDelegate::init(payload(&built.payload), &map, &shared, Some(cache.clone())).unwrap();
     let s = shared.stats();
     assert_eq!(s.inits, 4, "each of the 4 blobs loaded once");
     assert_eq!(s.hits, 4, "the second delegate found them all");
@@ -272,7 +315,13 @@ fn two_delegates_share_constants_and_packed_weights_and_a_warm_file_packs_nothin
     assert_eq!(shared.stats().entries, 0, "released with the last delegate");
 
     let cache = PackedWeightsCache::open(&cache_path).unwrap();
-    let mut warm = XnnDelegate::init(payload(&built.payload), &map, &SharedDataCache::new(), Some(cache.clone())).unwrap();
+    let mut warm = XnnDelegate::init(
+        payload(&built.payload),
+        &map,
+        &SharedDataCache::new(),
+        Some(cache.clone()),
+    )
+    .unwrap();
     assert_eq!(cache.stats().packed, 0, "warm: no packing");
     assert!(max_abs_diff(&run(&mut warm, &input), &expected) < 1e-4);
     drop((warm, cache));
@@ -292,18 +341,33 @@ fn malformed_payloads_fail_init_with_typed_errors() {
     let map = built.map("m").unwrap();
     let good = &built.payload;
 
-    assert!(matches!(init_err(&good[..20], &map), DelegateError::PayloadTruncated { .. }));
+    assert!(matches!(
+        init_err(&good[..20], &map),
+        DelegateError::PayloadTruncated { .. }
+    ));
     let mut bad = good.clone();
     bad[4..8].copy_from_slice(b"XH01");
-    assert!(matches!(init_err(&bad, &map), DelegateError::PayloadMagic { .. }));
-    assert!(matches!(init_err(&good[..good.len() - 40], &map), DelegateError::PayloadHeader(_)));
+    assert!(matches!(
+        init_err(&bad, &map),
+        DelegateError::PayloadMagic { .. }
+    ));
+    assert!(matches!(
+        init_err(&good[..good.len() - 40], &map),
+        DelegateError::PayloadHeader(_)
+    ));
     let mut bad = good.clone();
     let fb_at = u32::from_le_bytes(bad[10..14].try_into().unwrap()) as usize;
     bad[fb_at..fb_at + 4].copy_from_slice(&0x7FFF_FFF0u32.to_le_bytes());
-    assert!(matches!(init_err(&bad, &map), DelegateError::PayloadVerifier(_)));
+    assert!(matches!(
+        init_err(&bad, &map),
+        DelegateError::PayloadVerifier(_)
+    ));
     let mut bad = good.clone();
     bad[fb_at + 4..fb_at + 8].copy_from_slice(b"XN02");
-    assert!(matches!(init_err(&bad, &map), DelegateError::PayloadVerifier(_)));
+    assert!(matches!(
+        init_err(&bad, &map),
+        DelegateError::PayloadVerifier(_)
+    ));
 
     let empty = InMemoryMap::new("empty");
     match init_err(good, &empty) {

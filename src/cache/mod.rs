@@ -227,7 +227,8 @@ impl PackedWeightsCache {
     /// As [`register_buffer`](Self::register_buffer), without a borrow: the registration holds
     /// the buffer (so its address cannot be reused while registered) and the cache.
     pub fn register_owned(self: &Arc<Self>, buffer: DataBuffer, id: BlobId) -> OwnedRegistration {
-        self.core().register(buffer.as_ptr(), id, Some(buffer.clone()));
+        self.core()
+            .register(buffer.as_ptr(), id, Some(buffer.clone()));
         OwnedRegistration {
             cache: self.clone(),
             address: buffer.as_ptr() as usize,

@@ -17,16 +17,16 @@ const EXTERNAL_OUTPUT: u32 = 2;
 pub struct Value(u32);
 
 enum Quant {
-    PerChannel {
+    Channel {
         scale_idx: u32,
         channel_dim: i32,
     },
-    PerChannelGroup {
+    ChannelGroup {
         scale_idx: u32,
         channel_dim: i32,
         group_size: i32,
     },
-    PerTokenDynamic {
+    TokenDynamic {
         num_nonbatch_dims: i32,
     },
 }
@@ -260,7 +260,7 @@ impl GraphBuilder {
         let v = self.value(fb::XNNDatatype::xnn_datatype_qcint8, dims.to_vec());
         let spec = &mut self.values[v.0 as usize];
         spec.constant = idx;
-        spec.quant = Some(Quant::PerChannel {
+        spec.quant = Some(Quant::Channel {
             scale_idx,
             channel_dim: 0,
         });
@@ -286,7 +286,7 @@ impl GraphBuilder {
         let v = self.value(fb::XNNDatatype::xnn_datatype_qbint4, dims.to_vec());
         let spec = &mut self.values[v.0 as usize];
         spec.constant = idx;
-        spec.quant = Some(Quant::PerChannelGroup {
+        spec.quant = Some(Quant::ChannelGroup {
             scale_idx,
             channel_dim: 0,
             group_size: group_size as i32,
@@ -330,7 +330,7 @@ impl GraphBuilder {
     pub fn convert_qd8(&mut self, x: Value) -> Value {
         let dims = self.dims(x).to_vec();
         let out = self.value(fb::XNNDatatype::xnn_datatype_qdint8, dims);
-        self.values[out.0 as usize].quant = Some(Quant::PerTokenDynamic {
+        self.values[out.0 as usize].quant = Some(Quant::TokenDynamic {
             num_nonbatch_dims: 1,
         });
         self.node(
@@ -526,7 +526,7 @@ impl GraphBuilder {
                     None => (fb::XValueUnion::XNNTensorValue, tensor.as_union_value()),
                     Some(q) => {
                         let (qt, qp) = match *q {
-                            Quant::PerChannel {
+                            Quant::Channel {
                                 scale_idx,
                                 channel_dim,
                             } => (
@@ -542,7 +542,7 @@ impl GraphBuilder {
                                 )
                                 .as_union_value(),
                             ),
-                            Quant::PerChannelGroup {
+                            Quant::ChannelGroup {
                                 scale_idx,
                                 channel_dim,
                                 group_size,
@@ -561,7 +561,7 @@ impl GraphBuilder {
                                 )
                                 .as_union_value(),
                             ),
-                            Quant::PerTokenDynamic { num_nonbatch_dims } => (
+                            Quant::TokenDynamic { num_nonbatch_dims } => (
                                 fb::XNNQuantParams::PerTokenDynamicQuant,
                                 fb::PerTokenDynamicQuant::create(
                                     &mut b,

@@ -159,6 +159,8 @@ pub enum NamedDataError {
     DuplicateKey { key: String, source: String },
     /// Alignment must be a non-zero power of two.
     BadAlignment { key: String, alignment: usize },
+    /// A map implemented outside Rust (a C++ `NamedDataMap`) reported an error.
+    Backend { source: String, message: String },
     /// Two merged maps both have `key`.
     DuplicateKeyAcrossMaps {
         key: String,
@@ -190,6 +192,7 @@ impl fmt::Display for NamedDataError {
                 f,
                 "key {key:?}: alignment {alignment} is not a power of two"
             ),
+            Backend { source, message } => write!(f, "{source}: {message}"),
             DuplicateKeyAcrossMaps { key, first, second } => {
                 write!(f, "key {key:?} is in both {first} and {second}")
             }

@@ -8,6 +8,7 @@
     unsafe_op_in_unsafe_fn,
     mismatched_lifetime_syntaxes
 )]
+#[rustfmt::skip]
 #[path = "flat_tensor_generated.rs"]
 mod flat_tensor_generated;
 
@@ -19,6 +20,7 @@ mod flat_tensor_generated;
     unsafe_op_in_unsafe_fn,
     mismatched_lifetime_syntaxes
 )]
+#[rustfmt::skip]
 #[path = "program_generated.rs"]
 mod program_generated;
 
@@ -31,6 +33,7 @@ mod program_generated;
     unsafe_op_in_unsafe_fn,
     mismatched_lifetime_syntaxes
 )]
+#[rustfmt::skip]
 #[path = "xnnpack_generated.rs"]
 mod xnnpack_generated;
 

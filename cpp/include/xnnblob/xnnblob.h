@@ -1,5 +1,8 @@
-// xnnblob's C++ face. The bridge's generated declarations live in "xnnblob/src/ffi.rs.h".
+// xnnblob's C++ face: functions implemented in C++ that Rust calls (the bridge in src/ffi.rs).
+// For the delegate API, include "xnnblob/delegate.h".
 #pragma once
+
+#include <cstdint>
 
 #include "rust/cxx.h"
 
@@ -7,5 +10,13 @@ namespace xnnblob {
 
 // One line naming the xnnblob version and the XNNPACK it runs on (C++ and Rust both reached).
 rust::String describe();
+
+// docs/delegate.md's example: runs a payload over a .ptd through the C++ delegate API.
+rust::Vec<float> run_minimal_example(rust::Str ptd_path, rust::Slice<const std::uint8_t> payload,
+                                     rust::Slice<const float> input);
+
+// C++-side checks of the delegate API (exceptions, C++ maps); returns a report of what passed.
+rust::String cpp_delegate_checks(rust::Str ptd_path, rust::Slice<const std::uint8_t> payload,
+                                 rust::Slice<const float> input);
 
 }  // namespace xnnblob

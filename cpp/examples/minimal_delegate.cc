@@ -1,0 +1,39 @@
+// A C++ delegate author's view of xnnblob: open a model's named data, initialise the XNNPACK
+// delegate from its processed payload, run it. (docs/delegate.md; built and run by the tests.)
+#include <cstddef>
+#include <utility>
+#include <vector>
+
+#include "xnnblob/delegate.h"
+#include "xnnblob/xnnblob.h"
+
+namespace xnnblob {
+
+rust::Vec<float> run_minimal_example(rust::Str ptd_path, rust::Slice<const std::uint8_t> payload,
+                                     rust::Slice<const float> input) {
+  // Backend-wide, one of each: shared by every model and method the backend loads.
+  rust::Box<SharedCache> shared = new_shared_cache();
+  rust::Box<WeightsCache> weights = in_memory_weights_cache();  // or open_weights_cache(path)
+
+  // Per model: its named data (a .ptd here; a .pte's named data works the same).
+  rust::Box<DataMap> map = open_data_map(ptd_path);
+
+  // Per lowered method: init consumes the payload, the map and both caches.
+  delegate::Handle handle = delegate::init(payload, /*compile_specs=*/{}, *map, *shared, &*weights);
+
+  std::size_t elements = 1;
+  for (std::size_t d : handle->output_shape(0)) {
+    elements *= d;
+  }
+  std::vector<float> output(elements);
+  delegate::execute(handle, {input}, {rust::Slice<float>(output.data(), output.size())});
+  delegate::destroy(std::move(handle));
+
+  rust::Vec<float> result;
+  for (float v : output) {
+    result.push_back(v);
+  }
+  return result;
+}
+
+}  // namespace xnnblob

@@ -1,0 +1,133 @@
+// C++-side checks of the delegate API, run from tests/cpp_delegate.rs: a C++ NamedDataMap
+// consumed by Rust, errors arriving as exceptions with their message, sharing across delegates.
+#include <cstddef>
+#include <map>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "xnnblob/delegate.h"
+#include "xnnblob/named_data.h"
+#include "xnnblob/xnnblob.h"
+
+namespace xnnblob {
+namespace {
+
+// A map over blobs copied into std::vectors: what a C++ user's own storage looks like.
+class VectorMap : public NamedDataMap {
+ public:
+  void add(std::string key, std::vector<std::uint8_t> bytes) {
+    keys_.push_back(key);
+    blobs_[std::move(key)] = std::move(bytes);
+  }
+  void fail_with(std::string message) { failure_ = std::move(message); }
+
+  std::size_t num_keys() const override { return keys_.size(); }
+  rust::String key_at(std::size_t index) const override { return rust::String(keys_.at(index)); }
+  rust::Slice<const std::uint8_t> get_data(rust::Str key) const override {
+    if (!failure_.empty()) {
+      throw std::runtime_error(failure_);
+    }
+    const auto& bytes = blobs_.at(std::string(key));
+    return rust::Slice<const std::uint8_t>(bytes.data(), bytes.size());
+  }
+
+ private:
+  std::vector<std::string> keys_;
+  std::map<std::string, std::vector<std::uint8_t>> blobs_;
+  std::string failure_;
+};
+
+void check(bool ok, const std::string& what) {
+  if (!ok) {
+    throw std::runtime_error("C++ check failed: " + what);
+  }
+}
+
+// Runs `fn`, which must throw an exception whose message contains `expected`.
+template <typename Fn>
+void expect_throw(Fn fn, const std::string& expected, const std::string& what) {
+  try {
+    fn();
+  } catch (const std::exception& e) {
+    check(std::string(e.what()).find(expected) != std::string::npos,
+          what + ": message \"" + e.what() + "\" lacks \"" + expected + "\"");
+    return;
+  }
+  check(false, what + ": no exception");
+}
+
+std::vector<float> run(delegate::Handle& handle, rust::Slice<const float> input) {
+  std::size_t n = 1;
+  for (std::size_t d : handle->output_shape(0)) n *= d;
+  std::vector<float> out(n);
+  delegate::execute(handle, {input}, {rust::Slice<float>(out.data(), out.size())});
+  return out;
+}
+
+}  // namespace
+
+rust::String cpp_delegate_checks(rust::Str ptd_path, rust::Slice<const std::uint8_t> payload,
+                                 rust::Slice<const float> input) {
+  std::string report;
+  rust::Box<DataMap> file_map = open_data_map(ptd_path);
+  rust::Box<SharedCache> shared = new_shared_cache();
+  rust::Box<WeightsCache> weights = in_memory_weights_cache();
+
+  // Two delegates over the same weights: each blob loaded once, each weight packed once.
+  delegate::Handle a = delegate::init(payload, {}, *file_map, *shared, &*weights);
+  delegate::Handle b = delegate::init(payload, {}, *file_map, *shared, &*weights);
+  SharedCacheStats s = shared->stats();
+  check(s.inits == file_map->num_keys() - 1, "one load per blob (the slack blob is unused)");
+  check(s.hits == s.inits, "the second delegate hit every blob");
+  check(weights->stats().packed * 2 == weights->stats().hits + weights->stats().packed,
+        "the second delegate packed nothing");
+  std::vector<float> expected = run(a, input);
+  check(run(b, input) == expected, "both delegates agree");
+  report += "shared ok; ";
+
+  // The same model from a C++ map: Rust consumes it through the bridge.
+  auto cpp_map = std::make_shared<VectorMap>();
+  for (std::size_t i = 0; i < file_map->num_keys(); ++i) {
+    rust::String key = file_map->key_at(i);
+    rust::Box<Buffer> data = file_map->get_data(std::string(key));
+    rust::Slice<const std::uint8_t> bytes = data->data();
+    cpp_map->add(std::string(key), std::vector<std::uint8_t>(bytes.begin(), bytes.end()));
+  }
+  rust::Box<DataMap> from_cpp = data_map_from_cpp(cpp_map, "cpp-map");
+  rust::Box<SharedCache> other_shared = new_shared_cache();
+  delegate::Handle c = delegate::init(payload, {}, *from_cpp, *other_shared, nullptr);
+  check(run(c, input) == expected, "a C++ map gives the same outputs");
+  report += "cpp map ok; ";
+
+  // Errors cross the bridge as exceptions with their message intact.
+  std::vector<std::uint8_t> bad(payload.begin(), payload.end());
+  bad[4] = 'Z';
+  expect_throw([&] { delegate::init({bad.data(), bad.size()}, {}, *file_map, *shared, nullptr); },
+               "XH00", "wrong magic");
+  expect_throw([&] { delegate::init({payload.data(), 20}, {}, *file_map, *shared, nullptr); },
+               "truncated", "truncated payload");
+  auto empty = std::make_shared<VectorMap>();
+  rust::Box<DataMap> empty_map = data_map_from_cpp(empty, "empty-map");
+  expect_throw([&] { delegate::init(payload, {}, *empty_map, *new_shared_cache(), nullptr); },
+               "not found", "missing constant");
+  cpp_map->fail_with("storage offline");
+  expect_throw([&] { delegate::init(payload, {}, *from_cpp, *new_shared_cache(), nullptr); },
+               "storage offline", "a C++ map's own exception");
+  expect_throw([&] { delegate::execute(a, {}, {}); }, "inputs", "wrong number of inputs");
+  expect_throw([&] { a->set_input(0, rust::Slice<const float>(input.data(), 1)); }, "elements",
+               "wrong input size");
+  expect_throw([&] { file_map->get_data("no-such-key"); }, "no-such-key", "unknown key");
+  report += "errors ok; ";
+
+  delegate::destroy(std::move(a));
+  delegate::destroy(std::move(b));
+  delegate::destroy(std::move(c));
+  check(shared->stats().entries == 0, "entries released with the last delegate");
+  report += "release ok";
+  return rust::String(report);
+}
+
+}  // namespace xnnblob
