@@ -114,3 +114,95 @@ impl SplitMix64 {
         ((self.next_u64() >> 40) as f32 / (1u64 << 23) as f32) - 1.0
     }
 }
+
+/// The MLP as an ExecuTorch-style XNNPACK payload over named data (see
+/// [`GraphBuilder`](crate::delegate::builder::GraphBuilder)): input `[batch, in]`.
+pub fn mlp_payload(mlp: &Mlp, batch: u32) -> crate::delegate::builder::BuiltGraph {
+    let mut g = crate::delegate::builder::GraphBuilder::new();
+    let mut x = g.input(&[batch, mlp.input_width() as u32]);
+    for (i, l) in mlp.layers.iter().enumerate() {
+        let w = g.constant_f32(&[l.outputs as u32, l.inputs as u32], &l.weights);
+        let b = g.constant_f32(&[l.outputs as u32], &l.bias);
+        let min = if i + 1 == mlp.layers.len() {
+            f32::NEG_INFINITY
+        } else {
+            0.0
+        };
+        x = g.fully_connected(x, w, Some(b), min, f32::INFINITY);
+    }
+    g.output(x);
+    g.finish()
+}
+
+/// A small CNN payload: conv 3x3 (relu), depthwise 3x3 (relu), global average pooling, fully
+/// connected, softmax; input `[1, h, w, 3]` NHWC, `classes` outputs.
+pub fn cnn_payload(
+    h: u32,
+    w: u32,
+    classes: u32,
+    seed: u64,
+) -> crate::delegate::builder::BuiltGraph {
+    use crate::delegate::builder::{ConvGeometry, GraphBuilder};
+    let (ci, co) = (3u32, 8u32);
+    let mut rng = SplitMix64(seed);
+    let mut random =
+        |n: u32, scale: f32| -> Vec<f32> { (0..n).map(|_| rng.unit() * scale).collect() };
+    let mut g = GraphBuilder::new();
+    let x = g.input(&[1, h, w, ci]);
+    let f1 = g.constant_f32(&[co, 3, 3, ci], &random(co * 9 * ci, 0.4));
+    let b1 = g.constant_f32(&[co], &random(co, 0.1));
+    let y = g.conv2d(
+        x,
+        f1,
+        Some(b1),
+        ConvGeometry::square(3, 1),
+        0.0,
+        f32::INFINITY,
+    );
+    let fd = g.constant_f32(&[1, 3, 3, co], &random(9 * co, 0.4));
+    let bd = g.constant_f32(&[co], &random(co, 0.1));
+    let y = g.depthwise_conv2d(
+        y,
+        fd,
+        Some(bd),
+        ConvGeometry::square(3, 1),
+        0.0,
+        f32::INFINITY,
+    );
+    let y = g.global_avg_pool(y);
+    let y = g.reshape(y, &[1, co]);
+    let wf = g.constant_f32(&[classes, co], &random(classes * co, 0.5));
+    let bf = g.constant_f32(&[classes], &random(classes, 0.1));
+    let y = g.fully_connected(y, wf, Some(bf), f32::NEG_INFINITY, f32::INFINITY);
+    let y = g.softmax(y);
+    g.output(y);
+    g.finish()
+}
+
+/// A dynamically quantized MLP payload (qd8 activations, qc8w weights with one fp32 scale per
+/// output channel): input `[batch, widths[0]]`.
+pub fn qd8_mlp_payload(
+    widths: &[u32],
+    batch: u32,
+    seed: u64,
+) -> crate::delegate::builder::BuiltGraph {
+    let mut rng = SplitMix64(seed);
+    let mut g = crate::delegate::builder::GraphBuilder::new();
+    let mut x = g.input(&[batch, widths[0]]);
+    for (i, w) in widths.windows(2).enumerate() {
+        let (cols, rows) = (w[0], w[1]);
+        let q: Vec<i8> = (0..rows * cols)
+            .map(|_| ((rng.next_u64() % 255) as i32 - 127) as i8)
+            .collect();
+        let scales: Vec<f32> = (0..rows).map(|r| 0.004 + 0.001 * (r % 5) as f32).collect();
+        let bias: Vec<f32> = (0..rows).map(|r| (r as f32 * 0.37).sin() * 0.1).collect();
+        let xq = g.convert_qd8(x);
+        let wv = g.constant_qc8w(&[rows, cols], &q, &scales);
+        let bv = g.constant_f32(&[rows], &bias);
+        let last = i + 2 == widths.len();
+        let min = if last { f32::NEG_INFINITY } else { 0.0 };
+        x = g.fully_connected(xq, wv, Some(bv), min, f32::INFINITY);
+    }
+    g.output(x);
+    g.finish()
+}

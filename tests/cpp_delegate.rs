@@ -72,3 +72,52 @@ fn cpp_checks_of_maps_errors_and_sharing_pass() {
     assert_eq!(report, "shared ok; cpp map ok; errors ok; release ok");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn the_cpp_delegate_runs_an_mlp_a_cnn_and_a_qd8_mlp_like_the_rust_one() {
+    use xnnblob::delegate::XnnDelegate;
+    use xnnblob::named_data::{FileDataMap, InMemoryMap, NamedDataMap};
+    use xnnblob::shared_cache::SharedDataCache;
+    let dir = scratch("models");
+    let models = [
+        (
+            "mlp",
+            xnnblob::synthetic::mlp_payload(&Mlp::random(&[16, 32, 8], 4), 2),
+        ),
+        ("cnn", xnnblob::synthetic::cnn_payload(8, 8, 5, 6)),
+        (
+            "qd8",
+            xnnblob::synthetic::qd8_mlp_payload(&[32, 24, 8], 3, 7),
+        ),
+    ];
+    for (name, built) in models {
+        let ptd = dir.join(format!("{name}.ptd"));
+        built.write_ptd(&ptd).unwrap();
+        let map = FileDataMap::open_ptd(&ptd).unwrap();
+        let mut p = InMemoryMap::new("payload");
+        p.insert("p", &built.payload, 64, None).unwrap();
+        let mut rust = XnnDelegate::init(
+            p.get_data("p").unwrap(),
+            &map,
+            &SharedDataCache::new(),
+            None,
+        )
+        .unwrap();
+        let n_in: usize = rust.input_shapes()[0].iter().product();
+        let input: Vec<f32> = (0..n_in).map(|i| (i as f32 * 0.07).cos()).collect();
+        let mut expected = vec![0f32; rust.output_shapes()[0].iter().product()];
+        rust.execute(&[&input], &mut [&mut expected]).unwrap();
+        // The Rust delegate is checked against references in tests/delegate.rs.
+        let out = xnnblob::ffi::run_minimal_example(ptd.to_str().unwrap(), &built.payload, &input)
+            .unwrap();
+        assert_eq!(out.as_slice(), expected.as_slice(), "{name}");
+        let report =
+            xnnblob::ffi::cpp_delegate_checks(ptd.to_str().unwrap(), &built.payload, &input)
+                .unwrap_or_else(|e| panic!("{name}: {}", e.what()));
+        assert_eq!(
+            report, "shared ok; cpp map ok; errors ok; release ok",
+            "{name}"
+        );
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
