@@ -146,7 +146,8 @@ fn xnnpack_build_identifier() -> String {
 }
 
 pub struct DataMap(Arc<dyn crate::named_data::NamedDataMap>);
-pub struct Buffer(DataBuffer);
+/// A buffer, and the shared-cache entry it came from (held so the entry lives as long).
+pub struct Buffer(DataBuffer, Option<crate::shared_cache::SharedData>);
 pub struct SharedCache(Arc<SharedDataCache>);
 pub struct WeightsCache(Arc<PackedWeightsCache>);
 pub struct Delegate {
@@ -174,7 +175,7 @@ impl DataMap {
     }
 
     fn get_data(&self, key: &str) -> Result<Box<Buffer>, NamedDataError> {
-        Ok(Box::new(Buffer(self.0.get_data(key)?)))
+        Ok(Box::new(Buffer(self.0.get_data(key)?, None)))
     }
 
     fn tensor_layout(&self, key: &str) -> Result<TensorLayout, NamedDataError> {
@@ -208,6 +209,7 @@ impl Buffer {
 
     fn free(&mut self) {
         self.0.free();
+        self.1 = None;
     }
 }
 
@@ -341,7 +343,7 @@ impl SharedCache {
             .0
             .get_or_init(key, || map.0.get_data(key))
             .map_err(|e| e.to_string())?;
-        Ok(Box::new(Buffer(data.buffer().clone())))
+        Ok(Box::new(Buffer(data.buffer().clone(), Some(data))))
     }
 
     fn stats(&self) -> SharedCacheStats {

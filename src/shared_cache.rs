@@ -54,11 +54,11 @@ impl std::error::Error for SharedCacheError {}
 pub struct SharedCacheStats {
     /// Calls served by a live entry or by joining an init in flight (a call that joined an
     /// init counts even if that init then failed).
-    pub hits: u64,
+    pub hits: usize,
     /// Init runs that succeeded.
-    pub inits: u64,
+    pub inits: usize,
     /// Init runs that failed or panicked.
-    pub failures: u64,
+    pub failures: usize,
     /// Live entries.
     pub entries: usize,
     /// Sum of the sizes of the live entries' buffers.
@@ -417,7 +417,7 @@ impl SharedDataCache {
                         message: "init requested its own key".to_string(),
                     });
                 }
-                None
+                Some(Step::Wait(pending.clone()))
             }
             // Absent, or a dead entry whose drop has not yet taken it out.
             _ => None,

@@ -134,7 +134,7 @@ fn racing_callers_run_each_init_once_and_share_its_bytes() {
     for (k, runs) in init_runs.iter().enumerate() {
         assert_eq!(runs.load(Ordering::SeqCst), 1, "init runs of {}", keys[k]);
     }
-    let calls = (THREADS * ROUNDS * keys.len()) as u64;
+    let calls = THREADS * ROUNDS * keys.len();
     let stats = cache.stats();
     assert_eq!(stats.inits, 4);
     assert_eq!(stats.hits, calls - 4);
@@ -189,7 +189,7 @@ fn a_failed_init_reaches_its_caller_and_every_waiter_and_is_not_cached() {
     // A caller is counted as a hit when it joins the init in flight: from then on it gets
     // that init's outcome.
     wait_until("the waiters to join the init", || {
-        cache.stats().hits == WAITERS as u64
+        cache.stats().hits == WAITERS
     });
     release_tx.send(()).unwrap();
 
