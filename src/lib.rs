@@ -9,6 +9,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 mod aligned;
+pub mod bench;
 pub mod cache;
 pub mod delegate;
 pub mod ffi;

@@ -8,7 +8,7 @@ use crate::named_data::{DataBuffer, NamedDataMap};
 use crate::schema::xnn as fb;
 use crate::shared_cache::{SharedData, SharedDataCache};
 use crate::xnn::{
-    AsXnnWeightsCache, BlockwiseQuantization, ChannelwiseQuantization, Convolution2dParams,
+    AsXnnWeightsCache, InMemoryWeightsCache, WeightsCache, XnnpackWeightsCache, BlockwiseQuantization, ChannelwiseQuantization, Convolution2dParams,
     Datatype, DepthwiseConvolution2dParams, FullyConnectedFlags, OwnedRuntime, Padding2d, Subgraph,
     ValueRole, XnnError,
 };
@@ -28,7 +28,7 @@ pub(crate) struct Keep {
     constants: Vec<Option<Constant>>,
     /// Scales by value index, copied out of the payload or named data as typed arrays.
     scales: HashMap<usize, Scales>,
-    cache: Option<Arc<PackedWeightsCache>>,
+    cache: Weights,
 }
 
 /// A constant's bytes: shared through the backend's cache, or a padded copy when the source
@@ -52,10 +52,62 @@ enum Scales {
     Bf16(Vec<u16>),
 }
 
+/// The weights cache a delegate's runtime uses.
+#[derive(Clone, Default)]
+pub enum Weights {
+    /// None: XNNPACK packs every weight privately.
+    #[default]
+    None,
+    /// xnnblob's packed-weight cache (persistent or in memory).
+    Packed(Arc<PackedWeightsCache>),
+    /// XNNPACK's own in-memory cache.
+    Xnnpack(Arc<XnnpackWeightsCache>),
+    /// A pointer-keyed in-memory provider (a benchmark's floor: every look-up hits once it
+    /// holds the weights of the same buffers).
+    Provider(Arc<WeightsCache<InMemoryWeightsCache>>),
+}
+
+impl Weights {
+    fn as_xnn(&self) -> Option<&dyn AsXnnWeightsCache> {
+        match self {
+            Weights::None => None,
+            Weights::Packed(c) => Some(&**c),
+            Weights::Xnnpack(c) => Some(&**c),
+            Weights::Provider(c) => Some(&**c),
+        }
+    }
+
+    /// Enables setup (and saves, for the packed-weight cache).
+    fn finalize(&self) -> Result<(), DelegateError> {
+        match self {
+            Weights::None => Ok(()),
+            Weights::Packed(c) => c.finalize().map_err(|e| DelegateError::Cache(e.to_string())),
+            Weights::Xnnpack(c) => c.finalize().map_err(at(|| "weights cache".to_string())),
+            Weights::Provider(c) => {
+                c.finalize();
+                Ok(())
+            }
+        }
+    }
+}
+
 /// What `execute` needs to know of the graph.
 pub(crate) struct Io {
     pub inputs: Vec<(u32, Vec<usize>)>,
     pub outputs: Vec<(u32, Vec<usize>)>,
+    /// How long `init` spent loading constants, creating the runtime, and finalizing.
+    pub timings: InitTimings,
+}
+
+/// Where `init`'s time went.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct InitTimings {
+    /// Validating the payload and loading (mapping) its constants.
+    pub load: std::time::Duration,
+    /// Building the subgraph and creating the XNNPACK runtime (packing, or finding packed).
+    pub create: std::time::Duration,
+    /// Finalizing the weights cache (a background save starts here).
+    pub finalize: std::time::Duration,
 }
 
 pub(crate) fn datatype(raw: fb::XNNDatatype, value: usize) -> Result<Datatype, DelegateError> {
@@ -563,6 +615,7 @@ fn io_of(graph: &fb::XNNGraph<'_>) -> Result<Io, DelegateError> {
     Ok(Io {
         inputs: external(graph.input_ids())?,
         outputs: external(graph.output_ids())?,
+        timings: InitTimings::default(),
     })
 }
 
@@ -571,9 +624,10 @@ pub(crate) fn compile(
     payload_bytes: DataBuffer,
     map: &dyn NamedDataMap,
     shared: &SharedDataCache,
-    cache: Option<Arc<PackedWeightsCache>>,
+    cache: Weights,
 ) -> Result<(OwnedRuntime<Keep>, Io), DelegateError> {
-    let (constants, scales, io) = {
+    let started = std::time::Instant::now();
+    let (constants, scales, mut io) = {
         let p = payload::parse(&payload_bytes)?;
         // Reject unsupported nodes before loading anything.
         for (n, node) in p.graph.xnodes().iter().flatten().enumerate() {
@@ -620,16 +674,18 @@ pub(crate) fn compile(
         scales,
         cache,
     };
+    io.timings.load = started.elapsed();
+    let started = std::time::Instant::now();
     let registrations = match &keep.cache {
-        Some(cache) => {
+        Weights::Packed(cache) => {
             let p = payload::parse(&keep.payload)?;
             register_constants(&p.graph, &keep, cache)?
         }
-        None => Vec::new(),
+        _ => Vec::new(),
     };
     let runtime = OwnedRuntime::build(
         keep,
-        |k| k.cache.as_deref().map(|c| c as &dyn AsXnnWeightsCache),
+        |k| k.cache.as_xnn(),
         |k| -> Result<Subgraph<'_>, DelegateError> {
             let p = payload::parse(&k.payload)?;
             let mut g =
@@ -643,10 +699,9 @@ pub(crate) fn compile(
         },
     )?;
     drop(registrations);
-    if let Some(cache) = &runtime.keep().cache {
-        cache
-            .finalize()
-            .map_err(|e| DelegateError::Cache(e.to_string()))?;
-    }
+    io.timings.create = started.elapsed();
+    let started = std::time::Instant::now();
+    runtime.keep().cache.finalize()?;
+    io.timings.finalize = started.elapsed();
     Ok((runtime, io))
 }

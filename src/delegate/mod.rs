@@ -8,6 +8,7 @@ mod compile;
 mod error;
 pub mod payload;
 
+pub use compile::{InitTimings, Weights};
 pub use error::DelegateError;
 
 use crate::cache::PackedWeightsCache;
@@ -31,8 +32,24 @@ impl XnnDelegate {
         shared: &SharedDataCache,
         weights: Option<Arc<PackedWeightsCache>>,
     ) -> Result<XnnDelegate, DelegateError> {
+        let weights = weights.map_or(Weights::None, Weights::Packed);
+        XnnDelegate::init_with(processed, map, shared, weights)
+    }
+
+    /// As [`init`](Self::init), with any weights cache (XNNPACK's own, or none).
+    pub fn init_with(
+        processed: DataBuffer,
+        map: &dyn NamedDataMap,
+        shared: &SharedDataCache,
+        weights: Weights,
+    ) -> Result<XnnDelegate, DelegateError> {
         let (runtime, io) = compile::compile(processed, map, shared, weights)?;
         Ok(XnnDelegate { runtime, io })
+    }
+
+    /// Where `init`'s time went.
+    pub fn init_timings(&self) -> InitTimings {
+        self.io.timings
     }
 
     /// Shapes of the inputs, in order.

@@ -1,12 +1,14 @@
 //! A small safe layer over XNNPACK: process-wide initialisation, owned subgraphs and runtimes,
 //! weights-cache providers, and `xnn_status` as a typed error.
 
+mod builtin_cache;
 mod error;
 mod memory_cache;
 mod runtime;
 mod subgraph;
 mod weights_cache;
 
+pub use builtin_cache::XnnpackWeightsCache;
 pub use error::{Status, XnnError};
 pub use memory_cache::{InMemoryWeightsCache, ProviderStats};
 pub use runtime::{OwnedRuntime, Runtime};

@@ -1,0 +1,220 @@
+//! One launch, measured inside a fresh process: what each scenario of the benchmark runs.
+
+use super::model::ModelFiles;
+use crate::cache::PackedWeightsCache;
+use crate::delegate::{Weights, XnnDelegate};
+use crate::named_data::{FileDataMap, InMemoryMap, NamedDataMap};
+use crate::shared_cache::SharedDataCache;
+use crate::xnn::{InMemoryWeightsCache, WeightsCache, XnnpackWeightsCache};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Instant;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scenario {
+    NoCache,
+    XnnpackCache,
+    Cold,
+    Warm,
+    Floor,
+}
+
+impl Scenario {
+    pub const ALL: [Scenario; 5] = [
+        Scenario::NoCache,
+        Scenario::XnnpackCache,
+        Scenario::Cold,
+        Scenario::Warm,
+        Scenario::Floor,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Scenario::NoCache => "no-cache",
+            Scenario::XnnpackCache => "xnnpack-cache",
+            Scenario::Cold => "xnnblob-cold",
+            Scenario::Warm => "xnnblob-warm",
+            Scenario::Floor => "floor",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Scenario> {
+        Scenario::ALL.into_iter().find(|x| x.name() == s)
+    }
+}
+
+/// What one launch measured (milliseconds, MiB).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Launch {
+    pub open: f64,
+    pub load: f64,
+    pub create: f64,
+    pub finalize: f64,
+    pub ready: f64,
+    pub infer: f64,
+    pub peak_rss: f64,
+    pub weights_resident: f64,
+    pub packed_resident: f64,
+    pub packed: usize,
+    pub checksum: f64,
+}
+
+fn ms(t: Instant) -> f64 {
+    t.elapsed().as_secs_f64() * 1e3
+}
+
+/// Peak resident set size of this process (VmHWM), MiB.
+pub fn peak_rss_mib() -> f64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        .map_or(f64::NAN, |kb| kb / 1024.0)
+}
+
+/// Resident bytes of this process's mappings of `path` (from /proc/self/smaps), MiB.
+pub fn resident_mib(path: &Path) -> f64 {
+    let Ok(smaps) = std::fs::read_to_string("/proc/self/smaps") else {
+        return f64::NAN;
+    };
+    let name = path.canonicalize().unwrap_or_else(|_| path.to_path_buf());
+    let name = name.to_string_lossy();
+    let (mut inside, mut kb) = (false, 0u64);
+    for line in smaps.lines() {
+        let is_header = line
+            .split_whitespace()
+            .next()
+            .is_some_and(|a| a.contains('-') && a.chars().all(|c| c.is_ascii_hexdigit() || c == '-'));
+        if is_header {
+            inside = line.trim_end().ends_with(name.as_ref());
+        } else if inside {
+            if let Some(v) = line.strip_prefix("Rss:") {
+                kb += v.trim().trim_end_matches("kB").trim().parse::<u64>().unwrap_or(0);
+            }
+        }
+    }
+    kb as f64 / 1024.0
+}
+
+fn payload_buffer(path: &Path) -> Result<crate::named_data::DataBuffer, String> {
+    let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut m = InMemoryMap::new("payload");
+    m.insert("p", &bytes, 64, None).map_err(|e| e.to_string())?;
+    m.get_data("p").map_err(|e| e.to_string())
+}
+
+/// Runs one launch of `scenario`; `cache_path` is the xnnblob cache file.
+pub fn launch(scenario: Scenario, files: &ModelFiles, cache_path: &Path, input_len: usize) -> Result<Launch, String> {
+    let e = |e: &dyn std::fmt::Display| e.to_string();
+    let start = Instant::now();
+    let map = FileDataMap::open_ptd(&files.ptd).map_err(|x| e(&x))?;
+    let payload = payload_buffer(&files.payload)?;
+    let shared = SharedDataCache::new();
+    let packed_cache = match scenario {
+        Scenario::Cold | Scenario::Warm => Some(PackedWeightsCache::open(cache_path).map_err(|x| e(&x))?),
+        _ => None,
+    };
+    let open = ms(start);
+    let mut filler = None;
+    let weights = match scenario {
+        Scenario::NoCache => Weights::None,
+        Scenario::XnnpackCache => Weights::Xnnpack(Arc::new(XnnpackWeightsCache::new().map_err(|x| e(&x))?)),
+        Scenario::Cold | Scenario::Warm => Weights::Packed(packed_cache.clone().expect("opened")),
+        Scenario::Floor => {
+            // The best any cache can do: a provider that already holds every packed weight of
+            // these very buffers (filled by an untimed first delegate), so every look-up hits.
+            let provider = Arc::new(WeightsCache::new(InMemoryWeightsCache::new()));
+            // It stays alive, so the shared buffers keep their addresses.
+            filler = Some(
+                XnnDelegate::init_with(payload.clone(), &map, &shared, Weights::Provider(provider.clone()))
+                    .map_err(|x| e(&x))?,
+            );
+            Weights::Provider(provider)
+        }
+    };
+    let delegate_start = Instant::now();
+    let mut delegate = XnnDelegate::init_with(payload, &map, &shared, weights.clone()).map_err(|x| e(&x))?;
+    let timings = delegate.init_timings();
+    let ready = open + ms(delegate_start);
+    let input: Vec<f32> = (0..input_len).map(|i| ((i % 17) as f32 - 8.0) / 8.0).collect();
+    let out_len: usize = delegate.output_shapes()[0].iter().product();
+    let mut out = vec![0f32; out_len];
+    let t = Instant::now();
+    delegate.execute(&[&input], &mut [&mut out]).map_err(|x| e(&x))?;
+    let infer = ms(t);
+    drop(filler);
+    let packed = match &weights {
+        Weights::Packed(c) => c.stats().packed,
+        // Only the measured delegate's packing: the filler packed everything once.
+        Weights::Provider(p) => p.stats().reserve_space_calls - p.stats().entries,
+        _ => usize::MAX,
+    };
+    Ok(Launch {
+        open,
+        load: timings.load.as_secs_f64() * 1e3,
+        create: timings.create.as_secs_f64() * 1e3,
+        finalize: timings.finalize.as_secs_f64() * 1e3,
+        ready,
+        infer,
+        peak_rss: peak_rss_mib(),
+        weights_resident: resident_mib(&files.ptd),
+        packed_resident: resident_mib(cache_path),
+        packed,
+        checksum: out.iter().map(|v| *v as f64).sum(),
+    })
+}
+
+impl Launch {
+    pub fn to_line(&self) -> String {
+        format!(
+            "LAUNCH open={} load={} create={} finalize={} ready={} infer={} peak_rss={} weights_resident={} packed_resident={} packed={} checksum={}",
+            self.open, self.load, self.create, self.finalize, self.ready, self.infer, self.peak_rss,
+            self.weights_resident, self.packed_resident, self.packed, self.checksum
+        )
+    }
+
+    pub fn from_line(line: &str) -> Option<Launch> {
+        let rest = line.strip_prefix("LAUNCH ")?;
+        let get = |k: &str| -> Option<f64> {
+            rest.split_whitespace()
+                .find_map(|kv| kv.strip_prefix(k)?.strip_prefix('='))
+                .and_then(|v| v.parse().ok())
+        };
+        Some(Launch {
+            open: get("open")?,
+            load: get("load")?,
+            create: get("create")?,
+            finalize: get("finalize")?,
+            ready: get("ready")?,
+            infer: get("infer")?,
+            peak_rss: get("peak_rss")?,
+            weights_resident: get("weights_resident")?,
+            packed_resident: get("packed_resident")?,
+            packed: get("packed")? as usize,
+            checksum: get("checksum")?,
+        })
+    }
+}
+
+/// 100 unload/reload cycles of a warm model in one process: the cache file must not change.
+pub fn reload_cycles(files: &ModelFiles, cache_path: &Path, cycles: usize, input_len: usize) -> Result<String, String> {
+    let before = std::fs::metadata(cache_path).map_err(|e| format!("{}: {e}", cache_path.display()))?;
+    let map = FileDataMap::open_ptd(&files.ptd).map_err(|e| e.to_string())?;
+    let mut packed = 0;
+    for _ in 0..cycles {
+        let cache = PackedWeightsCache::open(cache_path).map_err(|e| e.to_string())?;
+        let mut d = XnnDelegate::init(payload_buffer(&files.payload)?, &map, &SharedDataCache::new(), Some(cache.clone()))
+            .map_err(|e| e.to_string())?;
+        let input = vec![0.5f32; input_len];
+        let mut out = vec![0f32; d.output_shapes()[0].iter().product()];
+        d.execute(&[&input], &mut [&mut out]).map_err(|e| e.to_string())?;
+        packed += cache.stats().packed;
+    }
+    let after = std::fs::metadata(cache_path).map_err(|e| e.to_string())?;
+    Ok(format!(
+        "RELOAD cycles={cycles} growth={} mtime_unchanged={} packed={packed}",
+        after.len() as i64 - before.len() as i64,
+        after.modified().ok() == before.modified().ok()
+    ))
+}

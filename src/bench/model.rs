@@ -1,0 +1,173 @@
+//! Synthetic models for the load benchmark, written like ExecuTorch's exporter writes them: an
+//! XNNPACK payload (`<name>.xnn`) and its weights as named data (`<name>.ptd`).
+
+use crate::delegate::builder::{ConvGeometry, GraphBuilder};
+use crate::synthetic::SplitMix64;
+use std::path::{Path, PathBuf};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Preset {
+    /// A long chain of fully connected layers, as an on-device LLM has (1184 weights by default).
+    LlmLike,
+    /// Convolutions and depthwise convolutions.
+    Cnn,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dtype {
+    Fp32,
+    /// qd8 activations, qc8w weights (one fp32 scale per output channel).
+    Qd8,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ModelSpec {
+    pub preset: Preset,
+    pub dtype: Dtype,
+    /// Total bytes of weights, in MiB.
+    pub mib: usize,
+    /// Weighted layers (fully connected, or convolutions for the CNN).
+    pub layers: usize,
+}
+
+impl ModelSpec {
+    pub fn llm_like(mib: usize, dtype: Dtype) -> ModelSpec {
+        ModelSpec {
+            preset: Preset::LlmLike,
+            dtype,
+            mib,
+            layers: 1184,
+        }
+    }
+
+    pub fn cnn(mib: usize) -> ModelSpec {
+        ModelSpec {
+            preset: Preset::Cnn,
+            dtype: Dtype::Fp32,
+            mib,
+            layers: 32,
+        }
+    }
+
+    fn element_bytes(&self) -> usize {
+        match self.dtype {
+            Dtype::Fp32 => 4,
+            Dtype::Qd8 => 1,
+        }
+    }
+
+    /// The width (features or channels) that gives `mib` MiB over `layers` layers.
+    pub fn width(&self) -> u32 {
+        let per_layer = (self.mib << 20) / self.layers.max(1) / self.element_bytes();
+        let per_layer = match self.preset {
+            Preset::LlmLike => per_layer,
+            Preset::Cnn => per_layer / 9,
+        };
+        ((per_layer as f64).sqrt() as u32 / 16 * 16).max(16)
+    }
+
+    pub fn name(&self) -> String {
+        let preset = match self.preset {
+            Preset::LlmLike => "llm-like",
+            Preset::Cnn => "cnn",
+        };
+        let dtype = match self.dtype {
+            Dtype::Fp32 => "fp32",
+            Dtype::Qd8 => "qd8-qc8w",
+        };
+        format!("{preset}-{dtype}-{}mib-{}x{}", self.mib, self.layers, self.width())
+    }
+
+    /// Bytes of weights actually generated.
+    pub fn weight_bytes(&self) -> usize {
+        let w = self.width() as usize;
+        let per = match self.preset {
+            Preset::LlmLike => w * w,
+            Preset::Cnn => 9 * w * w + 9 * w,
+        };
+        per * self.layers * self.element_bytes()
+    }
+
+    /// The model's input length (fp32 elements).
+    pub fn input_len(&self) -> usize {
+        match self.preset {
+            Preset::LlmLike => self.width() as usize,
+            Preset::Cnn => 8 * 8 * self.width() as usize,
+        }
+    }
+}
+
+/// Where a model's files are.
+#[derive(Debug, Clone)]
+pub struct ModelFiles {
+    pub payload: PathBuf,
+    pub ptd: PathBuf,
+}
+
+/// Writes the model into `dir` unless it is there already.
+pub fn ensure(spec: &ModelSpec, dir: &Path) -> std::io::Result<ModelFiles> {
+    let files = ModelFiles {
+        payload: dir.join(format!("{}.xnn", spec.name())),
+        ptd: dir.join(format!("{}.ptd", spec.name())),
+    };
+    if files.payload.exists() && files.ptd.exists() {
+        return Ok(files);
+    }
+    std::fs::create_dir_all(dir)?;
+    let built = build(spec);
+    built
+        .write_ptd(&files.ptd)
+        .map_err(|e| std::io::Error::other(e.to_string()))?;
+    std::fs::write(&files.payload, &built.payload)?;
+    Ok(files)
+}
+
+fn build(spec: &ModelSpec) -> crate::delegate::builder::BuiltGraph {
+    let w = spec.width();
+    let mut rng = SplitMix64(0x5EED ^ spec.layers as u64);
+    let mut g = GraphBuilder::new();
+    match spec.preset {
+        Preset::LlmLike => {
+            let mut x = g.input(&[1, w]);
+            let scale = 1.0 / (w as f32).sqrt();
+            for i in 0..spec.layers {
+                let last = i + 1 == spec.layers;
+                let min = if last { f32::NEG_INFINITY } else { 0.0 };
+                x = match spec.dtype {
+                    Dtype::Fp32 => {
+                        let data: Vec<f32> = (0..w * w).map(|_| rng.unit() * scale * 1.7).collect();
+                        let wv = g.constant_f32(&[w, w], &data);
+                        g.fully_connected(x, wv, None, min, f32::INFINITY)
+                    }
+                    Dtype::Qd8 => {
+                        let q: Vec<i8> = (0..w * w)
+                            .map(|_| ((rng.next_u64() % 255) as i32 - 127) as i8)
+                            .collect();
+                        let scales: Vec<f32> = (0..w).map(|_| scale * 1.7 / 127.0).collect();
+                        let xq = g.convert_qd8(x);
+                        let wv = g.constant_qc8w(&[w, w], &q, &scales);
+                        g.fully_connected(xq, wv, None, min, f32::INFINITY)
+                    }
+                };
+            }
+            g.output(x);
+        }
+        Preset::Cnn => {
+            let mut x = g.input(&[1, 8, 8, w]);
+            let scale = 1.0 / ((9 * w) as f32).sqrt();
+            let geometry = ConvGeometry::square(3, 1);
+            for _ in 0..spec.layers {
+                let f: Vec<f32> = (0..9 * w * w).map(|_| rng.unit() * scale * 1.7).collect();
+                let fv = g.constant_f32(&[w, 3, 3, w], &f);
+                x = g.conv2d(x, fv, None, geometry, 0.0, f32::INFINITY);
+                let d: Vec<f32> = (0..9 * w).map(|_| rng.unit() * 0.5).collect();
+                let dv = g.constant_f32(&[1, 3, 3, w], &d);
+                x = g.depthwise_conv2d(x, dv, None, geometry, 0.0, f32::INFINITY);
+            }
+            let x = g.global_avg_pool(x);
+            let x = g.reshape(x, &[1, w]);
+            g.output(x);
+        }
+    }
+    g.finish()
+}
