@@ -12,6 +12,7 @@ mod aligned;
 pub mod bench;
 pub mod cache;
 pub mod delegate;
+mod fast_hash;
 pub mod ffi;
 pub mod inspect;
 pub mod mmap;

@@ -108,4 +108,3 @@ fn cache_command(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
     }
     Ok(())
 }
-

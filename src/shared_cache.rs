@@ -10,7 +10,6 @@
 use crate::aligned::AlignedBytes;
 use crate::named_data::{Backing, DataBuffer};
 use parking_lot::{Condvar, Mutex};
-use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Weak};
 use std::thread::{self, ThreadId};
@@ -137,7 +136,7 @@ enum Slot {
 
 #[derive(Default)]
 struct State {
-    slots: HashMap<String, Slot>,
+    slots: crate::fast_hash::FastMap<String, Slot>,
     next_id: u64,
     stats: SharedCacheStats,
 }

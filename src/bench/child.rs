@@ -82,15 +82,19 @@ pub fn resident_mib(path: &Path) -> f64 {
     let name = name.to_string_lossy();
     let (mut inside, mut kb) = (false, 0u64);
     for line in smaps.lines() {
-        let is_header = line
-            .split_whitespace()
-            .next()
-            .is_some_and(|a| a.contains('-') && a.chars().all(|c| c.is_ascii_hexdigit() || c == '-'));
+        let is_header = line.split_whitespace().next().is_some_and(|a| {
+            a.contains('-') && a.chars().all(|c| c.is_ascii_hexdigit() || c == '-')
+        });
         if is_header {
             inside = line.trim_end().ends_with(name.as_ref());
         } else if inside {
             if let Some(v) = line.strip_prefix("Rss:") {
-                kb += v.trim().trim_end_matches("kB").trim().parse::<u64>().unwrap_or(0);
+                kb += v
+                    .trim()
+                    .trim_end_matches("kB")
+                    .trim()
+                    .parse::<u64>()
+                    .unwrap_or(0);
             }
         }
     }
@@ -105,21 +109,30 @@ fn payload_buffer(path: &Path) -> Result<crate::named_data::DataBuffer, String> 
 }
 
 /// Runs one launch of `scenario`; `cache_path` is the xnnblob cache file.
-pub fn launch(scenario: Scenario, files: &ModelFiles, cache_path: &Path, input_len: usize) -> Result<Launch, String> {
+pub fn launch(
+    scenario: Scenario,
+    files: &ModelFiles,
+    cache_path: &Path,
+    input_len: usize,
+) -> Result<Launch, String> {
     let e = |e: &dyn std::fmt::Display| e.to_string();
     let start = Instant::now();
     let map = FileDataMap::open_ptd(&files.ptd).map_err(|x| e(&x))?;
     let payload = payload_buffer(&files.payload)?;
     let shared = SharedDataCache::new();
     let packed_cache = match scenario {
-        Scenario::Cold | Scenario::Warm => Some(PackedWeightsCache::open(cache_path).map_err(|x| e(&x))?),
+        Scenario::Cold | Scenario::Warm => {
+            Some(PackedWeightsCache::open(cache_path).map_err(|x| e(&x))?)
+        }
         _ => None,
     };
     let open = ms(start);
     let mut filler = None;
     let weights = match scenario {
         Scenario::NoCache => Weights::None,
-        Scenario::XnnpackCache => Weights::Xnnpack(Arc::new(XnnpackWeightsCache::new().map_err(|x| e(&x))?)),
+        Scenario::XnnpackCache => {
+            Weights::Xnnpack(Arc::new(XnnpackWeightsCache::new().map_err(|x| e(&x))?))
+        }
         Scenario::Cold | Scenario::Warm => Weights::Packed(packed_cache.clone().expect("opened")),
         Scenario::Floor => {
             // The best any cache can do: a provider that already holds every packed weight of
@@ -127,21 +140,31 @@ pub fn launch(scenario: Scenario, files: &ModelFiles, cache_path: &Path, input_l
             let provider = Arc::new(WeightsCache::new(InMemoryWeightsCache::new()));
             // It stays alive, so the shared buffers keep their addresses.
             filler = Some(
-                XnnDelegate::init_with(payload.clone(), &map, &shared, Weights::Provider(provider.clone()))
-                    .map_err(|x| e(&x))?,
+                XnnDelegate::init_with(
+                    payload.clone(),
+                    &map,
+                    &shared,
+                    Weights::Provider(provider.clone()),
+                )
+                .map_err(|x| e(&x))?,
             );
             Weights::Provider(provider)
         }
     };
     let delegate_start = Instant::now();
-    let mut delegate = XnnDelegate::init_with(payload, &map, &shared, weights.clone()).map_err(|x| e(&x))?;
+    let mut delegate =
+        XnnDelegate::init_with(payload, &map, &shared, weights.clone()).map_err(|x| e(&x))?;
     let timings = delegate.init_timings();
     let ready = open + ms(delegate_start);
-    let input: Vec<f32> = (0..input_len).map(|i| ((i % 17) as f32 - 8.0) / 8.0).collect();
+    let input: Vec<f32> = (0..input_len)
+        .map(|i| ((i % 17) as f32 - 8.0) / 8.0)
+        .collect();
     let out_len: usize = delegate.output_shapes()[0].iter().product();
     let mut out = vec![0f32; out_len];
     let t = Instant::now();
-    delegate.execute(&[&input], &mut [&mut out]).map_err(|x| e(&x))?;
+    delegate
+        .execute(&[&input], &mut [&mut out])
+        .map_err(|x| e(&x))?;
     let infer = ms(t);
     drop(filler);
     let packed = match &weights {
@@ -198,17 +221,29 @@ impl Launch {
 }
 
 /// 100 unload/reload cycles of a warm model in one process: the cache file must not change.
-pub fn reload_cycles(files: &ModelFiles, cache_path: &Path, cycles: usize, input_len: usize) -> Result<String, String> {
-    let before = std::fs::metadata(cache_path).map_err(|e| format!("{}: {e}", cache_path.display()))?;
+pub fn reload_cycles(
+    files: &ModelFiles,
+    cache_path: &Path,
+    cycles: usize,
+    input_len: usize,
+) -> Result<String, String> {
+    let before =
+        std::fs::metadata(cache_path).map_err(|e| format!("{}: {e}", cache_path.display()))?;
     let map = FileDataMap::open_ptd(&files.ptd).map_err(|e| e.to_string())?;
     let mut packed = 0;
     for _ in 0..cycles {
         let cache = PackedWeightsCache::open(cache_path).map_err(|e| e.to_string())?;
-        let mut d = XnnDelegate::init(payload_buffer(&files.payload)?, &map, &SharedDataCache::new(), Some(cache.clone()))
-            .map_err(|e| e.to_string())?;
+        let mut d = XnnDelegate::init(
+            payload_buffer(&files.payload)?,
+            &map,
+            &SharedDataCache::new(),
+            Some(cache.clone()),
+        )
+        .map_err(|e| e.to_string())?;
         let input = vec![0.5f32; input_len];
         let mut out = vec![0f32; d.output_shapes()[0].iter().product()];
-        d.execute(&[&input], &mut [&mut out]).map_err(|e| e.to_string())?;
+        d.execute(&[&input], &mut [&mut out])
+            .map_err(|e| e.to_string())?;
         packed += cache.stats().packed;
     }
     let after = std::fs::metadata(cache_path).map_err(|e| e.to_string())?;

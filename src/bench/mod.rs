@@ -43,7 +43,9 @@ impl Options {
     /// Parses the options; unknown arguments are ignored (cargo passes `--bench`).
     pub fn parse(args: &[String], via_cli: bool) -> Result<Options, String> {
         let num = |name: &str, default: usize| -> Result<usize, String> {
-            value(args, name).map_or(Ok(default), |v| v.parse().map_err(|_| format!("{name} {v}: not a number")))
+            value(args, name).map_or(Ok(default), |v| {
+                v.parse().map_err(|_| format!("{name} {v}: not a number"))
+            })
         };
         let preset = match value(args, "--preset").unwrap_or("llm-like") {
             "llm-like" => Preset::LlmLike,
@@ -67,7 +69,9 @@ impl Options {
                 .map(|s| Scenario::parse(s).ok_or_else(|| format!("unknown scenario {s}")))
                 .collect::<Result<_, _>>()?,
         };
-        let out = value(args, "--out").map(PathBuf::from).unwrap_or_else(default_out);
+        let out = value(args, "--out")
+            .map(PathBuf::from)
+            .unwrap_or_else(default_out);
         Ok(Options {
             spec,
             repeats: num("--repeats", 5)?.max(1),
@@ -114,16 +118,25 @@ fn default_out() -> PathBuf {
 /// one, else the whole benchmark.
 pub fn main(args: &[String], via_cli: bool) -> Result<(), String> {
     let options = Options::parse(args, via_cli)?;
-    let files = model::ensure(&options.spec, &options.out.join("models")).map_err(|e| e.to_string())?;
+    let files =
+        model::ensure(&options.spec, &options.out.join("models")).map_err(|e| e.to_string())?;
     if let Some(s) = value(args, "--child") {
         let scenario = Scenario::parse(s).ok_or_else(|| format!("unknown scenario {s}"))?;
-        let launch = child::launch(scenario, &files, &options.cache_path(), options.spec.input_len())?;
+        let launch = child::launch(
+            scenario,
+            &files,
+            &options.cache_path(),
+            options.spec.input_len(),
+        )?;
         println!("{}", launch.to_line());
         return Ok(());
     }
     if let Some(n) = value(args, "--child-reload") {
         let n = n.parse().map_err(|_| "bad cycle count".to_string())?;
-        println!("{}", child::reload_cycles(&files, &options.cache_path(), n, options.spec.input_len())?);
+        println!(
+            "{}",
+            child::reload_cycles(&files, &options.cache_path(), n, options.spec.input_len())?
+        );
         return Ok(());
     }
     run(&options)
@@ -218,7 +231,9 @@ fn run(options: &Options) -> Result<(), String> {
 /// The main job: a 256 MiB llm-like model generated into a temporary directory, launched cold
 /// then warm in fresh processes.
 pub fn demo(args: &[String]) -> Result<(), String> {
-    let mib: usize = value(args, "--mib").and_then(|v| v.parse().ok()).unwrap_or(256);
+    let mib: usize = value(args, "--mib")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(256);
     let dir = std::env::temp_dir().join(format!("xnnblob-demo-{}", std::process::id()));
     let options = Options {
         spec: ModelSpec::llm_like(mib, Dtype::Fp32),

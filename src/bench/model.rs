@@ -75,7 +75,12 @@ impl ModelSpec {
             Dtype::Fp32 => "fp32",
             Dtype::Qd8 => "qd8-qc8w",
         };
-        format!("{preset}-{dtype}-{}mib-{}x{}", self.mib, self.layers, self.width())
+        format!(
+            "{preset}-{dtype}-{}mib-{}x{}",
+            self.mib,
+            self.layers,
+            self.width()
+        )
     }
 
     /// Bytes of weights actually generated.

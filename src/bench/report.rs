@@ -56,7 +56,11 @@ pub fn markdown(title: &str, rows: &[Row], cache_file: u64, reload: Option<&str>
         let rd = r.of(|l| l.ready);
         let ratio = |b: Option<f64>| b.map_or("-".into(), |b| format!("{:.2}x", rd.median / b));
         let packed = r.of(|l| l.packed as f64).median;
-        let packed = if packed >= usize::MAX as f64 { "-".to_string() } else { format!("{packed:.0}") };
+        let packed = if packed >= usize::MAX as f64 {
+            "-".to_string()
+        } else {
+            format!("{packed:.0}")
+        };
         out.push_str(&format!(
             "| {} | {:.2} ({:.2}-{:.2}) | {:.2} | {:.2} | {:.2} | {:.2} | {:.0} | {:.1} | {:.1} | {} | {} | {} |\n",
             r.scenario.name(),
@@ -75,13 +79,22 @@ pub fn markdown(title: &str, rows: &[Row], cache_file: u64, reload: Option<&str>
             ratio(floor),
         ));
     }
-    out.push_str(&format!("\ncache file: {cache_file} bytes ({:.1} MiB)\n", cache_file as f64 / (1 << 20) as f64));
+    out.push_str(&format!(
+        "\ncache file: {cache_file} bytes ({:.1} MiB)\n",
+        cache_file as f64 / (1 << 20) as f64
+    ));
     if let Some(reload) = reload {
         out.push_str(&format!("reload cycles: {reload}\n"));
     }
-    let sums: Vec<f64> = rows.iter().filter_map(|r| r.launches.first()).map(|l| l.checksum).collect();
+    let sums: Vec<f64> = rows
+        .iter()
+        .filter_map(|r| r.launches.first())
+        .map(|l| l.checksum)
+        .collect();
     let identical = sums.windows(2).all(|w| w[0] == w[1]);
-    out.push_str(&format!("outputs identical across scenarios: {identical}\n\n"));
+    out.push_str(&format!(
+        "outputs identical across scenarios: {identical}\n\n"
+    ));
     out.push_str(&targets(rows, cache_file, reload));
     out
 }
@@ -104,15 +117,24 @@ fn targets(rows: &[Row], cache_file: u64, reload: Option<&str>) -> String {
     };
     if let (Some(warm), Some(base)) = (ready(Scenario::Warm), baseline) {
         let x = base / warm;
-        out.push_str(&format!("- warm {x:.0}x faster than the faster baseline (target >= 100x): {}\n", verdict(x >= 100.0)));
+        out.push_str(&format!(
+            "- warm {x:.0}x faster than the faster baseline (target >= 100x): {}\n",
+            verdict(x >= 100.0)
+        ));
     }
     if let (Some(warm), Some(floor)) = (ready(Scenario::Warm), ready(Scenario::Floor)) {
         let x = warm / floor;
-        out.push_str(&format!("- warm {x:.2}x the floor (target <= 3x): {}\n", verdict(x <= 3.0)));
+        out.push_str(&format!(
+            "- warm {x:.2}x the floor (target <= 3x): {}\n",
+            verdict(x <= 3.0)
+        ));
     }
     if let (Some(cold), Some(base)) = (ready(Scenario::Cold), baseline) {
         let x = cold / base;
-        out.push_str(&format!("- cold {x:.2}x the faster baseline (target <= 1.10x): {}\n", verdict(x <= 1.10)));
+        out.push_str(&format!(
+            "- cold {x:.2}x the faster baseline (target <= 1.10x): {}\n",
+            verdict(x <= 1.10)
+        ));
     }
     if let Some(warm) = find(rows, Scenario::Warm) {
         let rss = warm.of(|l| l.peak_rss).median;
@@ -126,7 +148,10 @@ fn targets(rows: &[Row], cache_file: u64, reload: Option<&str>) -> String {
     }
     if let Some(r) = reload {
         let ok = r.contains("growth=0 ") && r.contains("mtime_unchanged=true");
-        out.push_str(&format!("- 0 bytes of growth and unchanged mtime over reload cycles: {}\n", verdict(ok)));
+        out.push_str(&format!(
+            "- 0 bytes of growth and unchanged mtime over reload cycles: {}\n",
+            verdict(ok)
+        ));
     }
     out
 }
@@ -135,12 +160,17 @@ fn targets(rows: &[Row], cache_file: u64, reload: Option<&str>) -> String {
 pub fn svg(path: &Path, title: &str, rows: &[Row]) -> Result<(), String> {
     let root = SVGBackend::new(path, (1000, 420)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| e.to_string())?;
-    let root = root.titled(title, ("sans-serif", 18)).map_err(|e| e.to_string())?;
+    let root = root
+        .titled(title, ("sans-serif", 18))
+        .map_err(|e| e.to_string())?;
     let (left, right) = root.split_horizontally(500);
     let names: Vec<&str> = rows.iter().map(|r| r.scenario.name()).collect();
     let n = rows.len() as i32;
 
-    let ready: Vec<f64> = rows.iter().map(|r| r.of(|l| l.ready).median.max(0.01)).collect();
+    let ready: Vec<f64> = rows
+        .iter()
+        .map(|r| r.of(|l| l.ready).median.max(0.01))
+        .collect();
     let top = ready.iter().cloned().fold(1.0, f64::max) * 2.0;
     let mut chart = ChartBuilder::on(&left)
         .margin(10)
@@ -160,7 +190,13 @@ pub fn svg(path: &Path, title: &str, rows: &[Row]) -> Result<(), String> {
     chart
         .draw_series(ready.iter().enumerate().map(|(i, v)| {
             let i = i as i32;
-            Rectangle::new([(SegmentValue::Exact(i), 0.01), (SegmentValue::Exact(i + 1), *v)], BLUE.mix(0.6).filled())
+            Rectangle::new(
+                [
+                    (SegmentValue::Exact(i), 0.01),
+                    (SegmentValue::Exact(i + 1), *v),
+                ],
+                BLUE.mix(0.6).filled(),
+            )
         }))
         .map_err(|e| e.to_string())?;
 
@@ -184,7 +220,13 @@ pub fn svg(path: &Path, title: &str, rows: &[Row]) -> Result<(), String> {
     chart
         .draw_series(rss.iter().enumerate().map(|(i, v)| {
             let i = i as i32;
-            Rectangle::new([(SegmentValue::Exact(i), 0.0), (SegmentValue::Exact(i + 1), *v)], RED.mix(0.6).filled())
+            Rectangle::new(
+                [
+                    (SegmentValue::Exact(i), 0.0),
+                    (SegmentValue::Exact(i + 1), *v),
+                ],
+                RED.mix(0.6).filled(),
+            )
         }))
         .map_err(|e| e.to_string())?;
     root.present().map_err(|e| e.to_string())

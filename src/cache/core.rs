@@ -4,11 +4,11 @@
 use super::format::{EntryKey, REGION_ALIGNMENT};
 use super::identity::BlobId;
 use crate::aligned::AlignedBytes;
+use crate::fast_hash::FastMap;
 use crate::mmap::MappedFile;
 use crate::named_data::DataBuffer;
 use crate::xnn::{LookUpKey, PackedWeightsProvider};
 use parking_lot::Mutex;
-use std::collections::HashMap;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -50,9 +50,9 @@ struct Registered {
 pub(crate) struct State {
     pub maps: Vec<Arc<MappedFile>>,
     pub entries: Vec<Entry>,
-    pub by_key: HashMap<EntryKey, usize>,
-    pending: HashMap<usize, AlignedBytes>,
-    registered: HashMap<usize, Registered>,
+    pub by_key: FastMap<EntryKey, usize>,
+    pending: FastMap<usize, AlignedBytes>,
+    registered: FastMap<usize, Registered>,
 }
 
 /// Packed bytes that stay valid without the state lock: a save reads them while XNNPACK goes on.

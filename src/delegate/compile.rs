@@ -8,9 +8,9 @@ use crate::named_data::{DataBuffer, NamedDataMap};
 use crate::schema::xnn as fb;
 use crate::shared_cache::{SharedData, SharedDataCache};
 use crate::xnn::{
-    AsXnnWeightsCache, InMemoryWeightsCache, WeightsCache, XnnpackWeightsCache, BlockwiseQuantization, ChannelwiseQuantization, Convolution2dParams,
-    Datatype, DepthwiseConvolution2dParams, FullyConnectedFlags, OwnedRuntime, Padding2d, Subgraph,
-    ValueRole, XnnError,
+    AsXnnWeightsCache, BlockwiseQuantization, ChannelwiseQuantization, Convolution2dParams,
+    Datatype, DepthwiseConvolution2dParams, FullyConnectedFlags, InMemoryWeightsCache,
+    OwnedRuntime, Padding2d, Subgraph, ValueRole, WeightsCache, XnnpackWeightsCache,
 };
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -24,11 +24,17 @@ const EXTRA_BYTES: usize = 16;
 /// Everything a delegate's runtime borrows: owned here so the runtime can live in a handle.
 pub(crate) struct Keep {
     payload: DataBuffer,
+    /// Filled once, while the graph is built (the payload is parsed and verified once).
+    loaded: std::sync::OnceLock<Loaded>,
+    cache: Weights,
+}
+
+/// The constants and scales the runtime borrows.
+struct Loaded {
     /// By constant_data index (0 is "no constant").
     constants: Vec<Option<Constant>>,
     /// Scales by value index, copied out of the payload or named data as typed arrays.
     scales: HashMap<usize, Scales>,
-    cache: Weights,
 }
 
 /// A constant's bytes: shared through the backend's cache, or a padded copy when the source
@@ -81,7 +87,9 @@ impl Weights {
     fn finalize(&self) -> Result<(), DelegateError> {
         match self {
             Weights::None => Ok(()),
-            Weights::Packed(c) => c.finalize().map_err(|e| DelegateError::Cache(e.to_string())),
+            Weights::Packed(c) => c
+                .finalize()
+                .map_err(|e| DelegateError::Cache(e.to_string())),
             Weights::Xnnpack(c) => c.finalize().map_err(at(|| "weights cache".to_string())),
             Weights::Provider(c) => {
                 c.finalize();
@@ -272,9 +280,12 @@ fn load_scales(
 
 /// The identity of a constant as packed weights are looked up by: named keys of ExecuTorch's
 /// XNNPACK exporter are the sha256 of the bytes (no hashing needed); anything else is hashed.
-fn identity(graph: &fb::XNNGraph<'_>, index: usize, keep: &Keep) -> Option<BlobId> {
-    let c = graph.constant_data()?.iter().nth(index)?;
-    let key = c.named_key().unwrap_or("");
+fn identity(graph: &fb::XNNGraph<'_>, index: usize, keep: &Loaded) -> Option<BlobId> {
+    let all = graph.constant_data()?;
+    if index >= all.len() {
+        return None;
+    }
+    let key = all.get(index).named_key().unwrap_or("");
     let data = keep.constants.get(index)?.as_ref()?.buffer();
     Some(BlobId::from_sha256_key(key).unwrap_or_else(|| BlobId::of_bytes(data.data())))
 }
@@ -283,7 +294,7 @@ fn identity(graph: &fb::XNNGraph<'_>, index: usize, keep: &Keep) -> Option<BlobI
 /// identity (combined with its scales' for quantized weights, whose packing includes them).
 fn register_constants(
     graph: &fb::XNNGraph<'_>,
-    keep: &Keep,
+    keep: &Loaded,
     cache: &Arc<PackedWeightsCache>,
 ) -> Result<Vec<OwnedRegistration>, DelegateError> {
     let mut registrations = Vec::new();
@@ -338,8 +349,8 @@ fn dims_of(t: &fb::XNNTensorValue<'_>) -> Vec<usize> {
 /// Defines every value of the graph; returns the payload id -> subgraph id map.
 fn define_values<'k>(
     g: &mut Subgraph<'k>,
-    graph: &fb::XNNGraph<'k>,
-    keep: &'k Keep,
+    graph: &fb::XNNGraph<'_>,
+    keep: &'k Loaded,
 ) -> Result<HashMap<u32, u32>, DelegateError> {
     let mut ids = HashMap::new();
     for (i, v) in graph.xvalues().iter().flatten().enumerate() {
@@ -619,87 +630,86 @@ fn io_of(graph: &fb::XNNGraph<'_>) -> Result<Io, DelegateError> {
     })
 }
 
-/// Validates the payload, loads its constants, builds and creates the runtime.
+/// Rejects unsupported nodes before anything is loaded.
+fn check_nodes(graph: &fb::XNNGraph<'_>) -> Result<(), DelegateError> {
+    for (n, node) in graph.xnodes().iter().flatten().enumerate() {
+        let kind = node.xnode_union_type();
+        let supported = matches!(
+            kind,
+            fb::XNodeUnion::XNNFullyConnected
+                | fb::XNodeUnion::XNNConv2d
+                | fb::XNodeUnion::XNNDepthwiseConv2d
+                | fb::XNodeUnion::XNNAdd
+                | fb::XNodeUnion::XNNMultiply
+                | fb::XNodeUnion::XNNClamp
+                | fb::XNodeUnion::XNNSoftmax
+                | fb::XNodeUnion::XNNConvert
+                | fb::XNodeUnion::XNNGlobalAvgPooling2d
+                | fb::XNodeUnion::XNNStaticReshape
+                | fb::XNodeUnion::XNNStaticTranspose
+        );
+        if !supported {
+            return Err(DelegateError::UnsupportedNode {
+                index: n,
+                name: kind
+                    .variant_name()
+                    .map_or_else(|| format!("node type {}", kind.0), str::to_string),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Validates the payload (once), loads its constants, builds and creates the runtime.
 pub(crate) fn compile(
     payload_bytes: DataBuffer,
     map: &dyn NamedDataMap,
     shared: &SharedDataCache,
     cache: Weights,
 ) -> Result<(OwnedRuntime<Keep>, Io), DelegateError> {
-    let started = std::time::Instant::now();
-    let (constants, scales, mut io) = {
-        let p = payload::parse(&payload_bytes)?;
-        // Reject unsupported nodes before loading anything.
-        for (n, node) in p.graph.xnodes().iter().flatten().enumerate() {
-            let kind = node.xnode_union_type();
-            let supported = matches!(
-                kind,
-                fb::XNodeUnion::XNNFullyConnected
-                    | fb::XNodeUnion::XNNConv2d
-                    | fb::XNodeUnion::XNNDepthwiseConv2d
-                    | fb::XNodeUnion::XNNAdd
-                    | fb::XNodeUnion::XNNMultiply
-                    | fb::XNodeUnion::XNNClamp
-                    | fb::XNodeUnion::XNNSoftmax
-                    | fb::XNodeUnion::XNNConvert
-                    | fb::XNodeUnion::XNNGlobalAvgPooling2d
-                    | fb::XNodeUnion::XNNStaticReshape
-                    | fb::XNodeUnion::XNNStaticTranspose
-            );
-            if !supported {
-                return Err(DelegateError::UnsupportedNode {
-                    index: n,
-                    name: kind
-                        .variant_name()
-                        .map_or_else(|| format!("node type {}", kind.0), str::to_string),
-                });
-            }
-        }
-        let inline_offset = p.header.constant_data_offset as usize;
-        let constants = load_constants(
-            &p.graph,
-            &payload_bytes,
-            p.constant_data,
-            inline_offset,
-            map,
-            shared,
-        )?;
-        let scales = load_scales(&p.graph, &constants)?;
-        let io = io_of(&p.graph)?;
-        (constants, scales, io)
-    };
     let keep = Keep {
         payload: payload_bytes,
-        constants,
-        scales,
+        loaded: std::sync::OnceLock::new(),
         cache,
     };
-    io.timings.load = started.elapsed();
     let started = std::time::Instant::now();
-    let registrations = match &keep.cache {
-        Weights::Packed(cache) => {
-            let p = payload::parse(&keep.payload)?;
-            register_constants(&p.graph, &keep, cache)?
-        }
-        _ => Vec::new(),
-    };
-    let runtime = OwnedRuntime::build(
+    let (runtime, (mut io, registrations, load_time)) = OwnedRuntime::build(
         keep,
         |k| k.cache.as_xnn(),
-        |k| -> Result<Subgraph<'_>, DelegateError> {
+        |k| -> Result<
+            (
+                Subgraph<'_>,
+                (Io, Vec<OwnedRegistration>, std::time::Duration),
+            ),
+            DelegateError,
+        > {
             let p = payload::parse(&k.payload)?;
-            let mut g =
-                Subgraph::new(p.graph.num_externs()).map_err(|e: XnnError| DelegateError::Xnn {
-                    what: "subgraph".into(),
-                    error: e,
-                })?;
-            let ids = define_values(&mut g, &p.graph, k)?;
+            check_nodes(&p.graph)?;
+            let constants = load_constants(
+                &p.graph,
+                &k.payload,
+                p.constant_data,
+                p.header.constant_data_offset as usize,
+                map,
+                shared,
+            )?;
+            let scales = load_scales(&p.graph, &constants)?;
+            let loaded = k.loaded.get_or_init(|| Loaded { constants, scales });
+            let io = io_of(&p.graph)?;
+            let load_time = started.elapsed();
+            let registrations = match &k.cache {
+                Weights::Packed(cache) => register_constants(&p.graph, loaded, cache)?,
+                _ => Vec::new(),
+            };
+            let mut g = Subgraph::new(p.graph.num_externs()).map_err(at(|| "subgraph".into()))?;
+            let ids = define_values(&mut g, &p.graph, loaded)?;
             define_nodes(&mut g, &p.graph, &ids)?;
-            Ok(g)
+            Ok((g, (io, registrations, load_time)))
         },
     )?;
     drop(registrations);
-    io.timings.create = started.elapsed();
+    io.timings.load = load_time;
+    io.timings.create = started.elapsed() - load_time;
     let started = std::time::Instant::now();
     runtime.keep().cache.finalize()?;
     io.timings.finalize = started.elapsed();

@@ -2,7 +2,7 @@
 
 use super::error::FormatError;
 use super::layout::TensorLayout;
-use std::collections::HashMap;
+use crate::fast_hash::FastMap;
 
 /// One key: where its bytes are in the file, and its layout if it has one.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -20,7 +20,7 @@ pub struct IndexEntry {
 #[derive(Debug, Clone, Default)]
 pub struct NamedDataIndex {
     entries: Vec<IndexEntry>,
-    by_key: HashMap<String, usize>,
+    by_key: FastMap<String, usize>,
     /// Absolute (offset, size) of each segment.
     segments: Vec<(usize, usize)>,
 }
@@ -29,7 +29,7 @@ impl NamedDataIndex {
     pub(crate) fn new(segments: Vec<(usize, usize)>) -> NamedDataIndex {
         NamedDataIndex {
             entries: Vec::new(),
-            by_key: HashMap::new(),
+            by_key: FastMap::default(),
             segments,
         }
     }

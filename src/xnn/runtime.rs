@@ -184,17 +184,18 @@ impl<K: Send + 'static> OwnedRuntime<K> {
     /// Moves `keep` to the heap, builds a subgraph over data borrowed from it with `build`, and
     /// creates the runtime with the weights cache `cache` picks from it. The higher-ranked
     /// closures can only borrow from `keep` (or from `'static` data), which is what makes
-    /// owning both sound.
-    pub fn build<E: From<XnnError>>(
+    /// owning both sound. `build` may also return owned values `X` (say, registrations that
+    /// must live while the runtime is created); they are handed back afterwards.
+    pub fn build<E: From<XnnError>, X: 'static>(
         keep: K,
         cache: impl for<'a> FnOnce(&'a K) -> Option<&'a dyn AsXnnWeightsCache>,
-        build: impl for<'a> FnOnce(&'a K) -> Result<Subgraph<'a>, E>,
-    ) -> Result<OwnedRuntime<K>, E> {
+        build: impl for<'a> FnOnce(&'a K) -> Result<(Subgraph<'a>, X), E>,
+    ) -> Result<(OwnedRuntime<K>, X), E> {
         let keep = Box::new(keep);
-        let runtime = {
+        let (runtime, extra) = {
             let k: &K = &keep;
-            let subgraph = build(k)?;
-            Runtime::new(&subgraph, cache(k))?
+            let (subgraph, extra) = build(k)?;
+            (Runtime::new(&subgraph, cache(k))?, extra)
         };
         // SAFETY: the runtime borrows only from `*keep` (the closures are generic over the
         // borrow's lifetime, so they cannot have captured anything shorter-lived) and from
@@ -202,7 +203,7 @@ impl<K: Send + 'static> OwnedRuntime<K> {
         // struct; it is never handed out mutably; and `runtime` is dropped before it (field
         // order). Extending the borrow to 'static is therefore never observable.
         let runtime = unsafe { std::mem::transmute::<Runtime<'_>, Runtime<'static>>(runtime) };
-        Ok(OwnedRuntime { runtime, keep })
+        Ok((OwnedRuntime { runtime, keep }, extra))
     }
 
     pub fn keep(&self) -> &K {
