@@ -40,7 +40,7 @@ impl Row {
     }
 }
 
-fn find<'a>(rows: &'a [Row], s: Scenario) -> Option<&'a Row> {
+fn find(rows: &[Row], s: Scenario) -> Option<&Row> {
     rows.iter().find(|r| r.scenario == s)
 }
 

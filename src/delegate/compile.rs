@@ -660,6 +660,10 @@ fn check_nodes(graph: &fb::XNNGraph<'_>) -> Result<(), DelegateError> {
     Ok(())
 }
 
+/// What building the graph hands back besides the subgraph: the io, the registrations that
+/// must outlive runtime creation, and how long loading took.
+type Built = (Io, Vec<OwnedRegistration>, std::time::Duration);
+
 /// Validates the payload (once), loads its constants, builds and creates the runtime.
 pub(crate) fn compile(
     payload_bytes: DataBuffer,
@@ -676,13 +680,7 @@ pub(crate) fn compile(
     let (runtime, (mut io, registrations, load_time)) = OwnedRuntime::build(
         keep,
         |k| k.cache.as_xnn(),
-        |k| -> Result<
-            (
-                Subgraph<'_>,
-                (Io, Vec<OwnedRegistration>, std::time::Duration),
-            ),
-            DelegateError,
-        > {
+        |k| -> Result<(Subgraph<'_>, Built), DelegateError> {
             let p = payload::parse(&k.payload)?;
             check_nodes(&p.graph)?;
             let constants = load_constants(
