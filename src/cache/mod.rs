@@ -21,7 +21,7 @@ pub use persist::{FileReport, LoadOutcome};
 
 use self::core::{CacheCore, Location};
 use crate::named_data::DataBuffer;
-use crate::xnn::{AsXnnWeightsCache, WeightsCache};
+use crate::xnn::{AsXnnWeightsCache, PackedWeightsProvider as _, WeightsCache};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::fmt;
@@ -331,6 +331,30 @@ impl Drop for PackedWeightsCache {
         if let (Some(path), true) = (&self.path, unsaved) {
             let _ = persist::save(self.core(), path, &self.compat);
         }
+    }
+}
+
+/// The callbacks XNNPACK makes, callable from Rust too (benchmarks, custom integrations).
+impl crate::xnn::PackedWeightsProvider for PackedWeightsCache {
+    fn look_up(&self, key: &crate::xnn::LookUpKey) -> Option<usize> {
+        self.core().look_up(key)
+    }
+    fn reserve_space(&self, n: usize) -> Option<std::ptr::NonNull<u8>> {
+        self.core().reserve_space(n)
+    }
+    fn look_up_or_insert(
+        &self,
+        key: &crate::xnn::LookUpKey,
+        ptr: Option<std::ptr::NonNull<u8>>,
+        size: usize,
+    ) -> Option<usize> {
+        self.core().look_up_or_insert(key, ptr, size)
+    }
+    fn is_finalized(&self) -> bool {
+        self.core().is_finalized()
+    }
+    fn offset_to_addr(&self, offset: usize) -> Option<std::ptr::NonNull<u8>> {
+        self.core().offset_to_addr(offset)
     }
 }
 
