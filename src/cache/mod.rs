@@ -21,7 +21,7 @@ pub use persist::{FileReport, LoadOutcome};
 
 use self::core::{CacheCore, Location};
 use crate::named_data::DataBuffer;
-use crate::xnn::{AsXnnWeightsCache, PackedWeightsProvider as _, WeightsCache};
+use crate::xnn::{AsXnnWeightsCache, WeightsCache};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::fmt;
