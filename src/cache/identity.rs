@@ -50,6 +50,12 @@ impl BlobId {
         Some(BlobId(out))
     }
 
+    /// The identity a named-data key states, in ExecuTorch's XNNPACK conventions: a bare
+    /// sha256 hex of the bytes, or `scale_<sha256 hex>` for quantization scales.
+    pub fn from_named_key(key: &str) -> Option<BlobId> {
+        BlobId::from_sha256_key(key.strip_prefix("scale_").unwrap_or(key))
+    }
+
     /// One identity for blobs that are packed together (order matters).
     pub fn combine(parts: &[BlobId]) -> BlobId {
         let mut h = Sha256::new();
@@ -89,5 +95,11 @@ mod tests {
         assert_eq!(BlobId::from_sha256_key("layers.0.weight"), None);
         assert_eq!(BlobId::from_sha256_key(&key.to_uppercase()), None);
         assert_eq!(BlobId::from_sha256_key(&format!("scale_{key}")), None);
+        assert_eq!(
+            BlobId::from_named_key(&format!("scale_{key}")),
+            Some(BlobId::of_bytes(bytes))
+        );
+        assert_eq!(BlobId::from_named_key(&key), Some(BlobId::of_bytes(bytes)));
+        assert_eq!(BlobId::from_named_key(&format!("bias_{key}")), None);
     }
 }

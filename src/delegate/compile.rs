@@ -287,7 +287,7 @@ fn identity(graph: &fb::XNNGraph<'_>, index: usize, keep: &Loaded) -> Option<Blo
     }
     let key = all.get(index).named_key().unwrap_or("");
     let data = keep.constants.get(index)?.as_ref()?.buffer();
-    Some(BlobId::from_sha256_key(key).unwrap_or_else(|| BlobId::of_bytes(data.data())))
+    Some(BlobId::from_named_key(key).unwrap_or_else(|| BlobId::of_bytes(data.data())))
 }
 
 /// Registers the data of every constant value with the packed-weight cache, under its content
