@@ -17,6 +17,7 @@ pub mod ffi;
 pub mod inspect;
 pub mod mmap;
 pub mod named_data;
+pub mod program;
 mod schema;
 pub mod sha256;
 pub mod shared_cache;

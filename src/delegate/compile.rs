@@ -37,18 +37,19 @@ struct Loaded {
     scales: HashMap<usize, Scales>,
 }
 
-/// A constant's bytes: shared through the backend's cache, or a padded copy when the source
-/// had no room for XNNPACK's over-read.
+/// A constant's bytes: shared through the backend's cache, or a copy (inline in the payload,
+/// or padded when the source had no room for XNNPACK's over-read; the shared entry is held too,
+/// so other delegates still find it).
 enum Constant {
     Shared(SharedData),
-    Copied(DataBuffer),
+    Copied(DataBuffer, Option<SharedData>),
 }
 
 impl Constant {
     fn buffer(&self) -> &DataBuffer {
         match self {
             Constant::Shared(s) => s.buffer(),
-            Constant::Copied(b) => b,
+            Constant::Copied(b, _) => b,
         }
     }
 }
@@ -202,7 +203,7 @@ fn load_constants(
             let view = payload
                 .slice(inline_offset + offset as usize, size as usize)
                 .ok_or_else(|| DelegateError::BadGraph(format!("constant {i}: bad range")))?;
-            Constant::Copied(view)
+            Constant::Copied(view, None)
         };
         // XNNPACK may read past the end of constant data: give data that sits at the very end
         // of its backing a padded copy.
@@ -212,7 +213,12 @@ fn load_constants(
                 .ok_or_else(|| DelegateError::BadGraph("out of memory".into()))?;
             padded.as_mut_slice()[..data.len()].copy_from_slice(data);
             let len = data.len();
-            Constant::Copied(DataBuffer::new(Arc::new(padded), 0, len).expect("inside the copy"))
+            let held = match buffer {
+                Constant::Shared(s) => Some(s),
+                Constant::Copied(_, held) => held,
+            };
+            let copy = DataBuffer::new(Arc::new(padded), 0, len).expect("inside the copy");
+            Constant::Copied(copy, held)
         } else {
             buffer
         };
@@ -623,9 +629,15 @@ fn io_of(graph: &fb::XNNGraph<'_>) -> Result<Io, DelegateError> {
             })
             .collect()
     };
+    // ExecuTorch binds a delegate call's arguments to external values in order of external id
+    // (its XNNPACK executor sorts them), whatever order the payload lists them in.
+    let mut inputs = external(graph.input_ids())?;
+    let mut outputs = external(graph.output_ids())?;
+    inputs.sort_by_key(|(id, _)| *id);
+    outputs.sort_by_key(|(id, _)| *id);
     Ok(Io {
-        inputs: external(graph.input_ids())?,
-        outputs: external(graph.output_ids())?,
+        inputs,
+        outputs,
         timings: InitTimings::default(),
     })
 }

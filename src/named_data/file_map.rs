@@ -119,6 +119,13 @@ impl FileDataMap {
         })
     }
 
+    /// The whole file's bytes, zero-copy (for readers of other parts of the file, such as a
+    /// program's execution plans and delegate payloads).
+    pub fn file_buffer(&self) -> DataBuffer {
+        let len = self.backing.bytes().len();
+        DataBuffer::new(self.backing.clone(), 0, len).expect("the whole backing")
+    }
+
     pub fn kind(&self) -> FileKind {
         self.kind
     }

@@ -10,6 +10,2769 @@ pub mod xnnblob_fb {
 pub mod pte {
 
 
+#[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
+pub const ENUM_MIN_KERNEL_TYPES: u8 = 0;
+#[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
+pub const ENUM_MAX_KERNEL_TYPES: u8 = 11;
+#[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
+#[allow(non_camel_case_types)]
+pub const ENUM_VALUES_KERNEL_TYPES: [KernelTypes; 12] = [
+  KernelTypes::NONE,
+  KernelTypes::Null,
+  KernelTypes::Int,
+  KernelTypes::Bool,
+  KernelTypes::Double,
+  KernelTypes::Tensor,
+  KernelTypes::String,
+  KernelTypes::IntList,
+  KernelTypes::DoubleList,
+  KernelTypes::BoolList,
+  KernelTypes::TensorList,
+  KernelTypes::OptionalTensorList,
+];
+
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+#[repr(transparent)]
+pub struct KernelTypes(pub u8);
+#[allow(non_upper_case_globals)]
+impl KernelTypes {
+  pub const NONE: Self = Self(0);
+  pub const Null: Self = Self(1);
+  pub const Int: Self = Self(2);
+  pub const Bool: Self = Self(3);
+  pub const Double: Self = Self(4);
+  pub const Tensor: Self = Self(5);
+  pub const String: Self = Self(6);
+  pub const IntList: Self = Self(7);
+  pub const DoubleList: Self = Self(8);
+  pub const BoolList: Self = Self(9);
+  pub const TensorList: Self = Self(10);
+  pub const OptionalTensorList: Self = Self(11);
+
+  pub const ENUM_MIN: u8 = 0;
+  pub const ENUM_MAX: u8 = 11;
+  pub const ENUM_VALUES: &'static [Self] = &[
+    Self::NONE,
+    Self::Null,
+    Self::Int,
+    Self::Bool,
+    Self::Double,
+    Self::Tensor,
+    Self::String,
+    Self::IntList,
+    Self::DoubleList,
+    Self::BoolList,
+    Self::TensorList,
+    Self::OptionalTensorList,
+  ];
+  /// Returns the variant's name or "" if unknown.
+  pub fn variant_name(self) -> Option<&'static str> {
+    match self {
+      Self::NONE => Some("NONE"),
+      Self::Null => Some("Null"),
+      Self::Int => Some("Int"),
+      Self::Bool => Some("Bool"),
+      Self::Double => Some("Double"),
+      Self::Tensor => Some("Tensor"),
+      Self::String => Some("String"),
+      Self::IntList => Some("IntList"),
+      Self::DoubleList => Some("DoubleList"),
+      Self::BoolList => Some("BoolList"),
+      Self::TensorList => Some("TensorList"),
+      Self::OptionalTensorList => Some("OptionalTensorList"),
+      _ => None,
+    }
+  }
+}
+impl ::core::fmt::Debug for KernelTypes {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter) -> ::core::fmt::Result {
+    if let Some(name) = self.variant_name() {
+      f.write_str(name)
+    } else {
+      f.write_fmt(format_args!("<UNKNOWN {:?}>", self.0))
+    }
+  }
+}
+impl<'a> ::flatbuffers::Follow<'a> for KernelTypes {
+  type Inner = Self;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    let b = unsafe { ::flatbuffers::read_scalar_at::<u8>(buf, loc) };
+    Self(b)
+  }
+}
+
+impl ::flatbuffers::Push for KernelTypes {
+    type Output = KernelTypes;
+    #[inline]
+    unsafe fn push(&self, dst: &mut [u8], _written_len: usize) {
+        unsafe { ::flatbuffers::emplace_scalar::<u8>(dst, self.0) };
+    }
+}
+
+impl ::flatbuffers::EndianScalar for KernelTypes {
+  type Scalar = u8;
+  #[inline]
+  fn to_little_endian(self) -> u8 {
+    self.0.to_le()
+  }
+  #[inline]
+  #[allow(clippy::wrong_self_convention)]
+  fn from_little_endian(v: u8) -> Self {
+    let b = u8::from_le(v);
+    Self(b)
+  }
+}
+
+impl<'a> ::flatbuffers::Verifiable for KernelTypes {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    u8::run_verifier(v, pos)
+  }
+}
+
+impl ::flatbuffers::SimpleToVerifyInSlice for KernelTypes {}
+pub struct KernelTypesUnionTableOffset {}
+
+#[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
+pub const ENUM_MIN_INSTRUCTION_ARGUMENTS: u8 = 0;
+#[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
+pub const ENUM_MAX_INSTRUCTION_ARGUMENTS: u8 = 5;
+#[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
+#[allow(non_camel_case_types)]
+pub const ENUM_VALUES_INSTRUCTION_ARGUMENTS: [InstructionArguments; 6] = [
+  InstructionArguments::NONE,
+  InstructionArguments::KernelCall,
+  InstructionArguments::DelegateCall,
+  InstructionArguments::MoveCall,
+  InstructionArguments::JumpFalseCall,
+  InstructionArguments::FreeCall,
+];
+
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+#[repr(transparent)]
+pub struct InstructionArguments(pub u8);
+#[allow(non_upper_case_globals)]
+impl InstructionArguments {
+  pub const NONE: Self = Self(0);
+  pub const KernelCall: Self = Self(1);
+  pub const DelegateCall: Self = Self(2);
+  pub const MoveCall: Self = Self(3);
+  pub const JumpFalseCall: Self = Self(4);
+  pub const FreeCall: Self = Self(5);
+
+  pub const ENUM_MIN: u8 = 0;
+  pub const ENUM_MAX: u8 = 5;
+  pub const ENUM_VALUES: &'static [Self] = &[
+    Self::NONE,
+    Self::KernelCall,
+    Self::DelegateCall,
+    Self::MoveCall,
+    Self::JumpFalseCall,
+    Self::FreeCall,
+  ];
+  /// Returns the variant's name or "" if unknown.
+  pub fn variant_name(self) -> Option<&'static str> {
+    match self {
+      Self::NONE => Some("NONE"),
+      Self::KernelCall => Some("KernelCall"),
+      Self::DelegateCall => Some("DelegateCall"),
+      Self::MoveCall => Some("MoveCall"),
+      Self::JumpFalseCall => Some("JumpFalseCall"),
+      Self::FreeCall => Some("FreeCall"),
+      _ => None,
+    }
+  }
+}
+impl ::core::fmt::Debug for InstructionArguments {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter) -> ::core::fmt::Result {
+    if let Some(name) = self.variant_name() {
+      f.write_str(name)
+    } else {
+      f.write_fmt(format_args!("<UNKNOWN {:?}>", self.0))
+    }
+  }
+}
+impl<'a> ::flatbuffers::Follow<'a> for InstructionArguments {
+  type Inner = Self;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    let b = unsafe { ::flatbuffers::read_scalar_at::<u8>(buf, loc) };
+    Self(b)
+  }
+}
+
+impl ::flatbuffers::Push for InstructionArguments {
+    type Output = InstructionArguments;
+    #[inline]
+    unsafe fn push(&self, dst: &mut [u8], _written_len: usize) {
+        unsafe { ::flatbuffers::emplace_scalar::<u8>(dst, self.0) };
+    }
+}
+
+impl ::flatbuffers::EndianScalar for InstructionArguments {
+  type Scalar = u8;
+  #[inline]
+  fn to_little_endian(self) -> u8 {
+    self.0.to_le()
+  }
+  #[inline]
+  #[allow(clippy::wrong_self_convention)]
+  fn from_little_endian(v: u8) -> Self {
+    let b = u8::from_le(v);
+    Self(b)
+  }
+}
+
+impl<'a> ::flatbuffers::Verifiable for InstructionArguments {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    u8::run_verifier(v, pos)
+  }
+}
+
+impl ::flatbuffers::SimpleToVerifyInSlice for InstructionArguments {}
+pub struct InstructionArgumentsUnionTableOffset {}
+
+pub enum NullOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+pub struct Null<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for Null<'a> {
+  type Inner = Null<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> Null<'a> {
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    Null { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    _args: &'args NullArgs
+  ) -> ::flatbuffers::WIPOffset<Null<'bldr>> {
+    let mut builder = NullBuilder::new(_fbb);
+    builder.finish()
+  }
+
+}
+
+impl ::flatbuffers::Verifiable for Null<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct NullArgs {
+}
+impl<'a> Default for NullArgs {
+  #[inline]
+  fn default() -> Self {
+    NullArgs {
+    }
+  }
+}
+
+pub struct NullBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> NullBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> NullBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    NullBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<Null<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for Null<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("Null");
+      ds.finish()
+  }
+}
+pub enum TensorOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+pub struct Tensor<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for Tensor<'a> {
+  type Inner = Tensor<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> Tensor<'a> {
+  pub const VT_SCALAR_TYPE: ::flatbuffers::VOffsetT = 4;
+  pub const VT_STORAGE_OFFSET: ::flatbuffers::VOffsetT = 6;
+  pub const VT_SIZES: ::flatbuffers::VOffsetT = 8;
+  pub const VT_DIM_ORDER: ::flatbuffers::VOffsetT = 10;
+  pub const VT_REQUIRES_GRAD: ::flatbuffers::VOffsetT = 12;
+  pub const VT_DATA_BUFFER_IDX: ::flatbuffers::VOffsetT = 14;
+  pub const VT_LAYOUT: ::flatbuffers::VOffsetT = 18;
+  pub const VT_SHAPE_DYNAMISM: ::flatbuffers::VOffsetT = 20;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    Tensor { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args TensorArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<Tensor<'bldr>> {
+    let mut builder = TensorBuilder::new(_fbb);
+    builder.add_data_buffer_idx(args.data_buffer_idx);
+    if let Some(x) = args.dim_order { builder.add_dim_order(x); }
+    if let Some(x) = args.sizes { builder.add_sizes(x); }
+    builder.add_storage_offset(args.storage_offset);
+    builder.add_shape_dynamism(args.shape_dynamism);
+    builder.add_layout(args.layout);
+    builder.add_requires_grad(args.requires_grad);
+    builder.add_scalar_type(args.scalar_type);
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn scalar_type(&self) -> i8 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<i8>(Tensor::VT_SCALAR_TYPE, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn storage_offset(&self) -> i32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<i32>(Tensor::VT_STORAGE_OFFSET, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn sizes(&self) -> Option<::flatbuffers::Vector<'a, i32>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, i32>>>(Tensor::VT_SIZES, None)}
+  }
+  #[inline]
+  pub fn dim_order(&self) -> Option<::flatbuffers::Vector<'a, u8>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, u8>>>(Tensor::VT_DIM_ORDER, None)}
+  }
+  #[inline]
+  pub fn requires_grad(&self) -> bool {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<bool>(Tensor::VT_REQUIRES_GRAD, Some(false)).unwrap()}
+  }
+  #[inline]
+  pub fn data_buffer_idx(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(Tensor::VT_DATA_BUFFER_IDX, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn layout(&self) -> i8 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<i8>(Tensor::VT_LAYOUT, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn shape_dynamism(&self) -> i8 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<i8>(Tensor::VT_SHAPE_DYNAMISM, Some(0)).unwrap()}
+  }
+}
+
+impl ::flatbuffers::Verifiable for Tensor<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<i8>("scalar_type", Self::VT_SCALAR_TYPE, false)?
+     .visit_field::<i32>("storage_offset", Self::VT_STORAGE_OFFSET, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, i32>>>("sizes", Self::VT_SIZES, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, u8>>>("dim_order", Self::VT_DIM_ORDER, false)?
+     .visit_field::<bool>("requires_grad", Self::VT_REQUIRES_GRAD, false)?
+     .visit_field::<u32>("data_buffer_idx", Self::VT_DATA_BUFFER_IDX, false)?
+     .visit_field::<i8>("layout", Self::VT_LAYOUT, false)?
+     .visit_field::<i8>("shape_dynamism", Self::VT_SHAPE_DYNAMISM, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct TensorArgs<'a> {
+    pub scalar_type: i8,
+    pub storage_offset: i32,
+    pub sizes: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, i32>>>,
+    pub dim_order: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, u8>>>,
+    pub requires_grad: bool,
+    pub data_buffer_idx: u32,
+    pub layout: i8,
+    pub shape_dynamism: i8,
+}
+impl<'a> Default for TensorArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    TensorArgs {
+      scalar_type: 0,
+      storage_offset: 0,
+      sizes: None,
+      dim_order: None,
+      requires_grad: false,
+      data_buffer_idx: 0,
+      layout: 0,
+      shape_dynamism: 0,
+    }
+  }
+}
+
+pub struct TensorBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> TensorBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_scalar_type(&mut self, scalar_type: i8) {
+    self.fbb_.push_slot::<i8>(Tensor::VT_SCALAR_TYPE, scalar_type, 0);
+  }
+  #[inline]
+  pub fn add_storage_offset(&mut self, storage_offset: i32) {
+    self.fbb_.push_slot::<i32>(Tensor::VT_STORAGE_OFFSET, storage_offset, 0);
+  }
+  #[inline]
+  pub fn add_sizes(&mut self, sizes: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , i32>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(Tensor::VT_SIZES, sizes);
+  }
+  #[inline]
+  pub fn add_dim_order(&mut self, dim_order: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , u8>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(Tensor::VT_DIM_ORDER, dim_order);
+  }
+  #[inline]
+  pub fn add_requires_grad(&mut self, requires_grad: bool) {
+    self.fbb_.push_slot::<bool>(Tensor::VT_REQUIRES_GRAD, requires_grad, false);
+  }
+  #[inline]
+  pub fn add_data_buffer_idx(&mut self, data_buffer_idx: u32) {
+    self.fbb_.push_slot::<u32>(Tensor::VT_DATA_BUFFER_IDX, data_buffer_idx, 0);
+  }
+  #[inline]
+  pub fn add_layout(&mut self, layout: i8) {
+    self.fbb_.push_slot::<i8>(Tensor::VT_LAYOUT, layout, 0);
+  }
+  #[inline]
+  pub fn add_shape_dynamism(&mut self, shape_dynamism: i8) {
+    self.fbb_.push_slot::<i8>(Tensor::VT_SHAPE_DYNAMISM, shape_dynamism, 0);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> TensorBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    TensorBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<Tensor<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for Tensor<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("Tensor");
+      ds.field("scalar_type", &self.scalar_type());
+      ds.field("storage_offset", &self.storage_offset());
+      ds.field("sizes", &self.sizes());
+      ds.field("dim_order", &self.dim_order());
+      ds.field("requires_grad", &self.requires_grad());
+      ds.field("data_buffer_idx", &self.data_buffer_idx());
+      ds.field("layout", &self.layout());
+      ds.field("shape_dynamism", &self.shape_dynamism());
+      ds.finish()
+  }
+}
+pub enum IntOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+pub struct Int<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for Int<'a> {
+  type Inner = Int<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> Int<'a> {
+  pub const VT_INT_VAL: ::flatbuffers::VOffsetT = 4;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    Int { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args IntArgs
+  ) -> ::flatbuffers::WIPOffset<Int<'bldr>> {
+    let mut builder = IntBuilder::new(_fbb);
+    builder.add_int_val(args.int_val);
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn int_val(&self) -> i64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<i64>(Int::VT_INT_VAL, Some(0)).unwrap()}
+  }
+}
+
+impl ::flatbuffers::Verifiable for Int<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<i64>("int_val", Self::VT_INT_VAL, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct IntArgs {
+    pub int_val: i64,
+}
+impl<'a> Default for IntArgs {
+  #[inline]
+  fn default() -> Self {
+    IntArgs {
+      int_val: 0,
+    }
+  }
+}
+
+pub struct IntBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> IntBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_int_val(&mut self, int_val: i64) {
+    self.fbb_.push_slot::<i64>(Int::VT_INT_VAL, int_val, 0);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> IntBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    IntBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<Int<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for Int<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("Int");
+      ds.field("int_val", &self.int_val());
+      ds.finish()
+  }
+}
+pub enum OtherOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+pub struct Other<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for Other<'a> {
+  type Inner = Other<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> Other<'a> {
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    Other { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    _args: &'args OtherArgs
+  ) -> ::flatbuffers::WIPOffset<Other<'bldr>> {
+    let mut builder = OtherBuilder::new(_fbb);
+    builder.finish()
+  }
+
+}
+
+impl ::flatbuffers::Verifiable for Other<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct OtherArgs {
+}
+impl<'a> Default for OtherArgs {
+  #[inline]
+  fn default() -> Self {
+    OtherArgs {
+    }
+  }
+}
+
+pub struct OtherBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> OtherBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> OtherBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    OtherBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<Other<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for Other<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("Other");
+      ds.finish()
+  }
+}
+pub enum EValueOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+pub struct EValue<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for EValue<'a> {
+  type Inner = EValue<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> EValue<'a> {
+  pub const VT_VAL_TYPE: ::flatbuffers::VOffsetT = 4;
+  pub const VT_VAL: ::flatbuffers::VOffsetT = 6;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    EValue { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args EValueArgs
+  ) -> ::flatbuffers::WIPOffset<EValue<'bldr>> {
+    let mut builder = EValueBuilder::new(_fbb);
+    if let Some(x) = args.val { builder.add_val(x); }
+    builder.add_val_type(args.val_type);
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn val_type(&self) -> KernelTypes {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<KernelTypes>(EValue::VT_VAL_TYPE, Some(KernelTypes::NONE)).unwrap()}
+  }
+  #[inline]
+  pub fn val(&self) -> Option<::flatbuffers::Table<'a>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Table<'a>>>(EValue::VT_VAL, None)}
+  }
+  #[inline]
+  #[allow(non_snake_case)]
+  pub fn val_as_null(&self) -> Option<Null<'a>> {
+    if self.val_type() == KernelTypes::Null {
+      self.val().map(|t| {
+       // Safety:
+       // Created from a valid Table for this object
+       // Which contains a valid union in this slot
+       unsafe { Null::init_from_table(t) }
+     })
+    } else {
+      None
+    }
+  }
+
+  #[inline]
+  #[allow(non_snake_case)]
+  pub fn val_as_int(&self) -> Option<Int<'a>> {
+    if self.val_type() == KernelTypes::Int {
+      self.val().map(|t| {
+       // Safety:
+       // Created from a valid Table for this object
+       // Which contains a valid union in this slot
+       unsafe { Int::init_from_table(t) }
+     })
+    } else {
+      None
+    }
+  }
+
+  #[inline]
+  #[allow(non_snake_case)]
+  pub fn val_as_bool(&self) -> Option<Other<'a>> {
+    if self.val_type() == KernelTypes::Bool {
+      self.val().map(|t| {
+       // Safety:
+       // Created from a valid Table for this object
+       // Which contains a valid union in this slot
+       unsafe { Other::init_from_table(t) }
+     })
+    } else {
+      None
+    }
+  }
+
+  #[inline]
+  #[allow(non_snake_case)]
+  pub fn val_as_double(&self) -> Option<Other<'a>> {
+    if self.val_type() == KernelTypes::Double {
+      self.val().map(|t| {
+       // Safety:
+       // Created from a valid Table for this object
+       // Which contains a valid union in this slot
+       unsafe { Other::init_from_table(t) }
+     })
+    } else {
+      None
+    }
+  }
+
+  #[inline]
+  #[allow(non_snake_case)]
+  pub fn val_as_tensor(&self) -> Option<Tensor<'a>> {
+    if self.val_type() == KernelTypes::Tensor {
+      self.val().map(|t| {
+       // Safety:
+       // Created from a valid Table for this object
+       // Which contains a valid union in this slot
+       unsafe { Tensor::init_from_table(t) }
+     })
+    } else {
+      None
+    }
+  }
+
+  #[inline]
+  #[allow(non_snake_case)]
+  pub fn val_as_string(&self) -> Option<Other<'a>> {
+    if self.val_type() == KernelTypes::String {
+      self.val().map(|t| {
+       // Safety:
+       // Created from a valid Table for this object
+       // Which contains a valid union in this slot
+       unsafe { Other::init_from_table(t) }
+     })
+    } else {
+      None
+    }
+  }
+
+  #[inline]
+  #[allow(non_snake_case)]
+  pub fn val_as_int_list(&self) -> Option<Other<'a>> {
+    if self.val_type() == KernelTypes::IntList {
+      self.val().map(|t| {
+       // Safety:
+       // Created from a valid Table for this object
+       // Which contains a valid union in this slot
+       unsafe { Other::init_from_table(t) }
+     })
+    } else {
+      None
+    }
+  }
+
+  #[inline]
+  #[allow(non_snake_case)]
+  pub fn val_as_double_list(&self) -> Option<Other<'a>> {
+    if self.val_type() == KernelTypes::DoubleList {
+      self.val().map(|t| {
+       // Safety:
+       // Created from a valid Table for this object
+       // Which contains a valid union in this slot
+       unsafe { Other::init_from_table(t) }
+     })
+    } else {
+      None
+    }
+  }
+
+  #[inline]
+  #[allow(non_snake_case)]
+  pub fn val_as_bool_list(&self) -> Option<Other<'a>> {
+    if self.val_type() == KernelTypes::BoolList {
+      self.val().map(|t| {
+       // Safety:
+       // Created from a valid Table for this object
+       // Which contains a valid union in this slot
+       unsafe { Other::init_from_table(t) }
+     })
+    } else {
+      None
+    }
+  }
+
+  #[inline]
+  #[allow(non_snake_case)]
+  pub fn val_as_tensor_list(&self) -> Option<Other<'a>> {
+    if self.val_type() == KernelTypes::TensorList {
+      self.val().map(|t| {
+       // Safety:
+       // Created from a valid Table for this object
+       // Which contains a valid union in this slot
+       unsafe { Other::init_from_table(t) }
+     })
+    } else {
+      None
+    }
+  }
+
+  #[inline]
+  #[allow(non_snake_case)]
+  pub fn val_as_optional_tensor_list(&self) -> Option<Other<'a>> {
+    if self.val_type() == KernelTypes::OptionalTensorList {
+      self.val().map(|t| {
+       // Safety:
+       // Created from a valid Table for this object
+       // Which contains a valid union in this slot
+       unsafe { Other::init_from_table(t) }
+     })
+    } else {
+      None
+    }
+  }
+
+}
+
+impl ::flatbuffers::Verifiable for EValue<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_union::<KernelTypes, _>("val_type", Self::VT_VAL_TYPE, "val", Self::VT_VAL, false, |key, v, pos| {
+        match key {
+          KernelTypes::Null => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<Null>>("KernelTypes::Null", pos),
+          KernelTypes::Int => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<Int>>("KernelTypes::Int", pos),
+          KernelTypes::Bool => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<Other>>("KernelTypes::Bool", pos),
+          KernelTypes::Double => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<Other>>("KernelTypes::Double", pos),
+          KernelTypes::Tensor => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<Tensor>>("KernelTypes::Tensor", pos),
+          KernelTypes::String => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<Other>>("KernelTypes::String", pos),
+          KernelTypes::IntList => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<Other>>("KernelTypes::IntList", pos),
+          KernelTypes::DoubleList => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<Other>>("KernelTypes::DoubleList", pos),
+          KernelTypes::BoolList => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<Other>>("KernelTypes::BoolList", pos),
+          KernelTypes::TensorList => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<Other>>("KernelTypes::TensorList", pos),
+          KernelTypes::OptionalTensorList => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<Other>>("KernelTypes::OptionalTensorList", pos),
+          _ => Ok(()),
+        }
+     })?
+     .finish();
+    Ok(())
+  }
+}
+pub struct EValueArgs {
+    pub val_type: KernelTypes,
+    pub val: Option<::flatbuffers::WIPOffset<::flatbuffers::UnionWIPOffset>>,
+}
+impl<'a> Default for EValueArgs {
+  #[inline]
+  fn default() -> Self {
+    EValueArgs {
+      val_type: KernelTypes::NONE,
+      val: None,
+    }
+  }
+}
+
+pub struct EValueBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> EValueBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_val_type(&mut self, val_type: KernelTypes) {
+    self.fbb_.push_slot::<KernelTypes>(EValue::VT_VAL_TYPE, val_type, KernelTypes::NONE);
+  }
+  #[inline]
+  pub fn add_val(&mut self, val: ::flatbuffers::WIPOffset<::flatbuffers::UnionWIPOffset>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(EValue::VT_VAL, val);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> EValueBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    EValueBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<EValue<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for EValue<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("EValue");
+      ds.field("val_type", &self.val_type());
+      match self.val_type() {
+        KernelTypes::Null => {
+          if let Some(x) = self.val_as_null() {
+            ds.field("val", &x)
+          } else {
+            ds.field("val", &"InvalidFlatbuffer: Union discriminant does not match value.")
+          }
+        },
+        KernelTypes::Int => {
+          if let Some(x) = self.val_as_int() {
+            ds.field("val", &x)
+          } else {
+            ds.field("val", &"InvalidFlatbuffer: Union discriminant does not match value.")
+          }
+        },
+        KernelTypes::Bool => {
+          if let Some(x) = self.val_as_bool() {
+            ds.field("val", &x)
+          } else {
+            ds.field("val", &"InvalidFlatbuffer: Union discriminant does not match value.")
+          }
+        },
+        KernelTypes::Double => {
+          if let Some(x) = self.val_as_double() {
+            ds.field("val", &x)
+          } else {
+            ds.field("val", &"InvalidFlatbuffer: Union discriminant does not match value.")
+          }
+        },
+        KernelTypes::Tensor => {
+          if let Some(x) = self.val_as_tensor() {
+            ds.field("val", &x)
+          } else {
+            ds.field("val", &"InvalidFlatbuffer: Union discriminant does not match value.")
+          }
+        },
+        KernelTypes::String => {
+          if let Some(x) = self.val_as_string() {
+            ds.field("val", &x)
+          } else {
+            ds.field("val", &"InvalidFlatbuffer: Union discriminant does not match value.")
+          }
+        },
+        KernelTypes::IntList => {
+          if let Some(x) = self.val_as_int_list() {
+            ds.field("val", &x)
+          } else {
+            ds.field("val", &"InvalidFlatbuffer: Union discriminant does not match value.")
+          }
+        },
+        KernelTypes::DoubleList => {
+          if let Some(x) = self.val_as_double_list() {
+            ds.field("val", &x)
+          } else {
+            ds.field("val", &"InvalidFlatbuffer: Union discriminant does not match value.")
+          }
+        },
+        KernelTypes::BoolList => {
+          if let Some(x) = self.val_as_bool_list() {
+            ds.field("val", &x)
+          } else {
+            ds.field("val", &"InvalidFlatbuffer: Union discriminant does not match value.")
+          }
+        },
+        KernelTypes::TensorList => {
+          if let Some(x) = self.val_as_tensor_list() {
+            ds.field("val", &x)
+          } else {
+            ds.field("val", &"InvalidFlatbuffer: Union discriminant does not match value.")
+          }
+        },
+        KernelTypes::OptionalTensorList => {
+          if let Some(x) = self.val_as_optional_tensor_list() {
+            ds.field("val", &x)
+          } else {
+            ds.field("val", &"InvalidFlatbuffer: Union discriminant does not match value.")
+          }
+        },
+        _ => {
+          let x: Option<()> = None;
+          ds.field("val", &x)
+        },
+      };
+      ds.finish()
+  }
+}
+pub enum OperatorOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+pub struct Operator<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for Operator<'a> {
+  type Inner = Operator<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> Operator<'a> {
+  pub const VT_NAME: ::flatbuffers::VOffsetT = 4;
+  pub const VT_OVERLOAD: ::flatbuffers::VOffsetT = 6;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    Operator { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args OperatorArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<Operator<'bldr>> {
+    let mut builder = OperatorBuilder::new(_fbb);
+    if let Some(x) = args.overload { builder.add_overload(x); }
+    if let Some(x) = args.name { builder.add_name(x); }
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn name(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(Operator::VT_NAME, None)}
+  }
+  #[inline]
+  pub fn overload(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(Operator::VT_OVERLOAD, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for Operator<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("name", Self::VT_NAME, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("overload", Self::VT_OVERLOAD, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct OperatorArgs<'a> {
+    pub name: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub overload: Option<::flatbuffers::WIPOffset<&'a str>>,
+}
+impl<'a> Default for OperatorArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    OperatorArgs {
+      name: None,
+      overload: None,
+    }
+  }
+}
+
+pub struct OperatorBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> OperatorBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_name(&mut self, name: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(Operator::VT_NAME, name);
+  }
+  #[inline]
+  pub fn add_overload(&mut self, overload: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(Operator::VT_OVERLOAD, overload);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> OperatorBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    OperatorBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<Operator<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for Operator<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("Operator");
+      ds.field("name", &self.name());
+      ds.field("overload", &self.overload());
+      ds.finish()
+  }
+}
+pub enum KernelCallOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+pub struct KernelCall<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for KernelCall<'a> {
+  type Inner = KernelCall<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> KernelCall<'a> {
+  pub const VT_OP_INDEX: ::flatbuffers::VOffsetT = 4;
+  pub const VT_ARGS: ::flatbuffers::VOffsetT = 6;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    KernelCall { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args KernelCallArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<KernelCall<'bldr>> {
+    let mut builder = KernelCallBuilder::new(_fbb);
+    if let Some(x) = args.args { builder.add_args(x); }
+    builder.add_op_index(args.op_index);
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn op_index(&self) -> i32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<i32>(KernelCall::VT_OP_INDEX, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn args(&self) -> Option<::flatbuffers::Vector<'a, i32>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, i32>>>(KernelCall::VT_ARGS, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for KernelCall<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<i32>("op_index", Self::VT_OP_INDEX, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, i32>>>("args", Self::VT_ARGS, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct KernelCallArgs<'a> {
+    pub op_index: i32,
+    pub args: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, i32>>>,
+}
+impl<'a> Default for KernelCallArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    KernelCallArgs {
+      op_index: 0,
+      args: None,
+    }
+  }
+}
+
+pub struct KernelCallBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> KernelCallBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_op_index(&mut self, op_index: i32) {
+    self.fbb_.push_slot::<i32>(KernelCall::VT_OP_INDEX, op_index, 0);
+  }
+  #[inline]
+  pub fn add_args(&mut self, args: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , i32>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(KernelCall::VT_ARGS, args);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> KernelCallBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    KernelCallBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<KernelCall<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for KernelCall<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("KernelCall");
+      ds.field("op_index", &self.op_index());
+      ds.field("args", &self.args());
+      ds.finish()
+  }
+}
+pub enum DelegateCallOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+pub struct DelegateCall<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for DelegateCall<'a> {
+  type Inner = DelegateCall<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> DelegateCall<'a> {
+  pub const VT_DELEGATE_INDEX: ::flatbuffers::VOffsetT = 4;
+  pub const VT_ARGS: ::flatbuffers::VOffsetT = 6;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    DelegateCall { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args DelegateCallArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<DelegateCall<'bldr>> {
+    let mut builder = DelegateCallBuilder::new(_fbb);
+    if let Some(x) = args.args { builder.add_args(x); }
+    builder.add_delegate_index(args.delegate_index);
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn delegate_index(&self) -> i32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<i32>(DelegateCall::VT_DELEGATE_INDEX, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn args(&self) -> Option<::flatbuffers::Vector<'a, i32>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, i32>>>(DelegateCall::VT_ARGS, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for DelegateCall<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<i32>("delegate_index", Self::VT_DELEGATE_INDEX, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, i32>>>("args", Self::VT_ARGS, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct DelegateCallArgs<'a> {
+    pub delegate_index: i32,
+    pub args: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, i32>>>,
+}
+impl<'a> Default for DelegateCallArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    DelegateCallArgs {
+      delegate_index: 0,
+      args: None,
+    }
+  }
+}
+
+pub struct DelegateCallBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> DelegateCallBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_delegate_index(&mut self, delegate_index: i32) {
+    self.fbb_.push_slot::<i32>(DelegateCall::VT_DELEGATE_INDEX, delegate_index, 0);
+  }
+  #[inline]
+  pub fn add_args(&mut self, args: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , i32>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(DelegateCall::VT_ARGS, args);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> DelegateCallBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    DelegateCallBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<DelegateCall<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for DelegateCall<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("DelegateCall");
+      ds.field("delegate_index", &self.delegate_index());
+      ds.field("args", &self.args());
+      ds.finish()
+  }
+}
+pub enum MoveCallOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+pub struct MoveCall<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for MoveCall<'a> {
+  type Inner = MoveCall<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> MoveCall<'a> {
+  pub const VT_MOVE_FROM: ::flatbuffers::VOffsetT = 4;
+  pub const VT_MOVE_TO: ::flatbuffers::VOffsetT = 6;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    MoveCall { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args MoveCallArgs
+  ) -> ::flatbuffers::WIPOffset<MoveCall<'bldr>> {
+    let mut builder = MoveCallBuilder::new(_fbb);
+    builder.add_move_to(args.move_to);
+    builder.add_move_from(args.move_from);
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn move_from(&self) -> i32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<i32>(MoveCall::VT_MOVE_FROM, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn move_to(&self) -> i32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<i32>(MoveCall::VT_MOVE_TO, Some(0)).unwrap()}
+  }
+}
+
+impl ::flatbuffers::Verifiable for MoveCall<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<i32>("move_from", Self::VT_MOVE_FROM, false)?
+     .visit_field::<i32>("move_to", Self::VT_MOVE_TO, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct MoveCallArgs {
+    pub move_from: i32,
+    pub move_to: i32,
+}
+impl<'a> Default for MoveCallArgs {
+  #[inline]
+  fn default() -> Self {
+    MoveCallArgs {
+      move_from: 0,
+      move_to: 0,
+    }
+  }
+}
+
+pub struct MoveCallBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> MoveCallBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_move_from(&mut self, move_from: i32) {
+    self.fbb_.push_slot::<i32>(MoveCall::VT_MOVE_FROM, move_from, 0);
+  }
+  #[inline]
+  pub fn add_move_to(&mut self, move_to: i32) {
+    self.fbb_.push_slot::<i32>(MoveCall::VT_MOVE_TO, move_to, 0);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> MoveCallBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    MoveCallBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<MoveCall<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for MoveCall<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("MoveCall");
+      ds.field("move_from", &self.move_from());
+      ds.field("move_to", &self.move_to());
+      ds.finish()
+  }
+}
+pub enum JumpFalseCallOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+pub struct JumpFalseCall<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for JumpFalseCall<'a> {
+  type Inner = JumpFalseCall<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> JumpFalseCall<'a> {
+  pub const VT_COND_VALUE_INDEX: ::flatbuffers::VOffsetT = 4;
+  pub const VT_DESTINATION_INSTRUCTION: ::flatbuffers::VOffsetT = 6;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    JumpFalseCall { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args JumpFalseCallArgs
+  ) -> ::flatbuffers::WIPOffset<JumpFalseCall<'bldr>> {
+    let mut builder = JumpFalseCallBuilder::new(_fbb);
+    builder.add_destination_instruction(args.destination_instruction);
+    builder.add_cond_value_index(args.cond_value_index);
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn cond_value_index(&self) -> i32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<i32>(JumpFalseCall::VT_COND_VALUE_INDEX, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn destination_instruction(&self) -> i32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<i32>(JumpFalseCall::VT_DESTINATION_INSTRUCTION, Some(0)).unwrap()}
+  }
+}
+
+impl ::flatbuffers::Verifiable for JumpFalseCall<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<i32>("cond_value_index", Self::VT_COND_VALUE_INDEX, false)?
+     .visit_field::<i32>("destination_instruction", Self::VT_DESTINATION_INSTRUCTION, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct JumpFalseCallArgs {
+    pub cond_value_index: i32,
+    pub destination_instruction: i32,
+}
+impl<'a> Default for JumpFalseCallArgs {
+  #[inline]
+  fn default() -> Self {
+    JumpFalseCallArgs {
+      cond_value_index: 0,
+      destination_instruction: 0,
+    }
+  }
+}
+
+pub struct JumpFalseCallBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> JumpFalseCallBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_cond_value_index(&mut self, cond_value_index: i32) {
+    self.fbb_.push_slot::<i32>(JumpFalseCall::VT_COND_VALUE_INDEX, cond_value_index, 0);
+  }
+  #[inline]
+  pub fn add_destination_instruction(&mut self, destination_instruction: i32) {
+    self.fbb_.push_slot::<i32>(JumpFalseCall::VT_DESTINATION_INSTRUCTION, destination_instruction, 0);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> JumpFalseCallBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    JumpFalseCallBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<JumpFalseCall<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for JumpFalseCall<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("JumpFalseCall");
+      ds.field("cond_value_index", &self.cond_value_index());
+      ds.field("destination_instruction", &self.destination_instruction());
+      ds.finish()
+  }
+}
+pub enum FreeCallOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+pub struct FreeCall<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for FreeCall<'a> {
+  type Inner = FreeCall<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> FreeCall<'a> {
+  pub const VT_VALUE_INDEX: ::flatbuffers::VOffsetT = 4;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    FreeCall { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args FreeCallArgs
+  ) -> ::flatbuffers::WIPOffset<FreeCall<'bldr>> {
+    let mut builder = FreeCallBuilder::new(_fbb);
+    builder.add_value_index(args.value_index);
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn value_index(&self) -> i32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<i32>(FreeCall::VT_VALUE_INDEX, Some(0)).unwrap()}
+  }
+}
+
+impl ::flatbuffers::Verifiable for FreeCall<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<i32>("value_index", Self::VT_VALUE_INDEX, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct FreeCallArgs {
+    pub value_index: i32,
+}
+impl<'a> Default for FreeCallArgs {
+  #[inline]
+  fn default() -> Self {
+    FreeCallArgs {
+      value_index: 0,
+    }
+  }
+}
+
+pub struct FreeCallBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> FreeCallBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_value_index(&mut self, value_index: i32) {
+    self.fbb_.push_slot::<i32>(FreeCall::VT_VALUE_INDEX, value_index, 0);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> FreeCallBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    FreeCallBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<FreeCall<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for FreeCall<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("FreeCall");
+      ds.field("value_index", &self.value_index());
+      ds.finish()
+  }
+}
+pub enum InstructionOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+pub struct Instruction<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for Instruction<'a> {
+  type Inner = Instruction<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> Instruction<'a> {
+  pub const VT_INSTR_ARGS_TYPE: ::flatbuffers::VOffsetT = 4;
+  pub const VT_INSTR_ARGS: ::flatbuffers::VOffsetT = 6;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    Instruction { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args InstructionArgs
+  ) -> ::flatbuffers::WIPOffset<Instruction<'bldr>> {
+    let mut builder = InstructionBuilder::new(_fbb);
+    if let Some(x) = args.instr_args { builder.add_instr_args(x); }
+    builder.add_instr_args_type(args.instr_args_type);
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn instr_args_type(&self) -> InstructionArguments {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<InstructionArguments>(Instruction::VT_INSTR_ARGS_TYPE, Some(InstructionArguments::NONE)).unwrap()}
+  }
+  #[inline]
+  pub fn instr_args(&self) -> Option<::flatbuffers::Table<'a>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Table<'a>>>(Instruction::VT_INSTR_ARGS, None)}
+  }
+  #[inline]
+  #[allow(non_snake_case)]
+  pub fn instr_args_as_kernel_call(&self) -> Option<KernelCall<'a>> {
+    if self.instr_args_type() == InstructionArguments::KernelCall {
+      self.instr_args().map(|t| {
+       // Safety:
+       // Created from a valid Table for this object
+       // Which contains a valid union in this slot
+       unsafe { KernelCall::init_from_table(t) }
+     })
+    } else {
+      None
+    }
+  }
+
+  #[inline]
+  #[allow(non_snake_case)]
+  pub fn instr_args_as_delegate_call(&self) -> Option<DelegateCall<'a>> {
+    if self.instr_args_type() == InstructionArguments::DelegateCall {
+      self.instr_args().map(|t| {
+       // Safety:
+       // Created from a valid Table for this object
+       // Which contains a valid union in this slot
+       unsafe { DelegateCall::init_from_table(t) }
+     })
+    } else {
+      None
+    }
+  }
+
+  #[inline]
+  #[allow(non_snake_case)]
+  pub fn instr_args_as_move_call(&self) -> Option<MoveCall<'a>> {
+    if self.instr_args_type() == InstructionArguments::MoveCall {
+      self.instr_args().map(|t| {
+       // Safety:
+       // Created from a valid Table for this object
+       // Which contains a valid union in this slot
+       unsafe { MoveCall::init_from_table(t) }
+     })
+    } else {
+      None
+    }
+  }
+
+  #[inline]
+  #[allow(non_snake_case)]
+  pub fn instr_args_as_jump_false_call(&self) -> Option<JumpFalseCall<'a>> {
+    if self.instr_args_type() == InstructionArguments::JumpFalseCall {
+      self.instr_args().map(|t| {
+       // Safety:
+       // Created from a valid Table for this object
+       // Which contains a valid union in this slot
+       unsafe { JumpFalseCall::init_from_table(t) }
+     })
+    } else {
+      None
+    }
+  }
+
+  #[inline]
+  #[allow(non_snake_case)]
+  pub fn instr_args_as_free_call(&self) -> Option<FreeCall<'a>> {
+    if self.instr_args_type() == InstructionArguments::FreeCall {
+      self.instr_args().map(|t| {
+       // Safety:
+       // Created from a valid Table for this object
+       // Which contains a valid union in this slot
+       unsafe { FreeCall::init_from_table(t) }
+     })
+    } else {
+      None
+    }
+  }
+
+}
+
+impl ::flatbuffers::Verifiable for Instruction<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_union::<InstructionArguments, _>("instr_args_type", Self::VT_INSTR_ARGS_TYPE, "instr_args", Self::VT_INSTR_ARGS, false, |key, v, pos| {
+        match key {
+          InstructionArguments::KernelCall => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<KernelCall>>("InstructionArguments::KernelCall", pos),
+          InstructionArguments::DelegateCall => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<DelegateCall>>("InstructionArguments::DelegateCall", pos),
+          InstructionArguments::MoveCall => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<MoveCall>>("InstructionArguments::MoveCall", pos),
+          InstructionArguments::JumpFalseCall => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<JumpFalseCall>>("InstructionArguments::JumpFalseCall", pos),
+          InstructionArguments::FreeCall => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<FreeCall>>("InstructionArguments::FreeCall", pos),
+          _ => Ok(()),
+        }
+     })?
+     .finish();
+    Ok(())
+  }
+}
+pub struct InstructionArgs {
+    pub instr_args_type: InstructionArguments,
+    pub instr_args: Option<::flatbuffers::WIPOffset<::flatbuffers::UnionWIPOffset>>,
+}
+impl<'a> Default for InstructionArgs {
+  #[inline]
+  fn default() -> Self {
+    InstructionArgs {
+      instr_args_type: InstructionArguments::NONE,
+      instr_args: None,
+    }
+  }
+}
+
+pub struct InstructionBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> InstructionBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_instr_args_type(&mut self, instr_args_type: InstructionArguments) {
+    self.fbb_.push_slot::<InstructionArguments>(Instruction::VT_INSTR_ARGS_TYPE, instr_args_type, InstructionArguments::NONE);
+  }
+  #[inline]
+  pub fn add_instr_args(&mut self, instr_args: ::flatbuffers::WIPOffset<::flatbuffers::UnionWIPOffset>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(Instruction::VT_INSTR_ARGS, instr_args);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> InstructionBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    InstructionBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<Instruction<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for Instruction<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("Instruction");
+      ds.field("instr_args_type", &self.instr_args_type());
+      match self.instr_args_type() {
+        InstructionArguments::KernelCall => {
+          if let Some(x) = self.instr_args_as_kernel_call() {
+            ds.field("instr_args", &x)
+          } else {
+            ds.field("instr_args", &"InvalidFlatbuffer: Union discriminant does not match value.")
+          }
+        },
+        InstructionArguments::DelegateCall => {
+          if let Some(x) = self.instr_args_as_delegate_call() {
+            ds.field("instr_args", &x)
+          } else {
+            ds.field("instr_args", &"InvalidFlatbuffer: Union discriminant does not match value.")
+          }
+        },
+        InstructionArguments::MoveCall => {
+          if let Some(x) = self.instr_args_as_move_call() {
+            ds.field("instr_args", &x)
+          } else {
+            ds.field("instr_args", &"InvalidFlatbuffer: Union discriminant does not match value.")
+          }
+        },
+        InstructionArguments::JumpFalseCall => {
+          if let Some(x) = self.instr_args_as_jump_false_call() {
+            ds.field("instr_args", &x)
+          } else {
+            ds.field("instr_args", &"InvalidFlatbuffer: Union discriminant does not match value.")
+          }
+        },
+        InstructionArguments::FreeCall => {
+          if let Some(x) = self.instr_args_as_free_call() {
+            ds.field("instr_args", &x)
+          } else {
+            ds.field("instr_args", &"InvalidFlatbuffer: Union discriminant does not match value.")
+          }
+        },
+        _ => {
+          let x: Option<()> = None;
+          ds.field("instr_args", &x)
+        },
+      };
+      ds.finish()
+  }
+}
+pub enum ChainOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+pub struct Chain<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for Chain<'a> {
+  type Inner = Chain<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> Chain<'a> {
+  pub const VT_INPUTS: ::flatbuffers::VOffsetT = 4;
+  pub const VT_OUTPUTS: ::flatbuffers::VOffsetT = 6;
+  pub const VT_INSTRUCTIONS: ::flatbuffers::VOffsetT = 8;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    Chain { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args ChainArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<Chain<'bldr>> {
+    let mut builder = ChainBuilder::new(_fbb);
+    if let Some(x) = args.instructions { builder.add_instructions(x); }
+    if let Some(x) = args.outputs { builder.add_outputs(x); }
+    if let Some(x) = args.inputs { builder.add_inputs(x); }
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn inputs(&self) -> Option<::flatbuffers::Vector<'a, i32>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, i32>>>(Chain::VT_INPUTS, None)}
+  }
+  #[inline]
+  pub fn outputs(&self) -> Option<::flatbuffers::Vector<'a, i32>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, i32>>>(Chain::VT_OUTPUTS, None)}
+  }
+  #[inline]
+  pub fn instructions(&self) -> Option<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<Instruction<'a>>>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<Instruction>>>>(Chain::VT_INSTRUCTIONS, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for Chain<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, i32>>>("inputs", Self::VT_INPUTS, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, i32>>>("outputs", Self::VT_OUTPUTS, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, ::flatbuffers::ForwardsUOffset<Instruction>>>>("instructions", Self::VT_INSTRUCTIONS, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct ChainArgs<'a> {
+    pub inputs: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, i32>>>,
+    pub outputs: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, i32>>>,
+    pub instructions: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<Instruction<'a>>>>>,
+}
+impl<'a> Default for ChainArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    ChainArgs {
+      inputs: None,
+      outputs: None,
+      instructions: None,
+    }
+  }
+}
+
+pub struct ChainBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> ChainBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_inputs(&mut self, inputs: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , i32>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(Chain::VT_INPUTS, inputs);
+  }
+  #[inline]
+  pub fn add_outputs(&mut self, outputs: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , i32>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(Chain::VT_OUTPUTS, outputs);
+  }
+  #[inline]
+  pub fn add_instructions(&mut self, instructions: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , ::flatbuffers::ForwardsUOffset<Instruction<'b >>>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(Chain::VT_INSTRUCTIONS, instructions);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> ChainBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    ChainBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<Chain<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for Chain<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("Chain");
+      ds.field("inputs", &self.inputs());
+      ds.field("outputs", &self.outputs());
+      ds.field("instructions", &self.instructions());
+      ds.finish()
+  }
+}
+pub enum BackendDelegateDataReferenceOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+pub struct BackendDelegateDataReference<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for BackendDelegateDataReference<'a> {
+  type Inner = BackendDelegateDataReference<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> BackendDelegateDataReference<'a> {
+  pub const VT_LOCATION: ::flatbuffers::VOffsetT = 4;
+  pub const VT_INDEX: ::flatbuffers::VOffsetT = 6;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    BackendDelegateDataReference { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args BackendDelegateDataReferenceArgs
+  ) -> ::flatbuffers::WIPOffset<BackendDelegateDataReference<'bldr>> {
+    let mut builder = BackendDelegateDataReferenceBuilder::new(_fbb);
+    builder.add_index(args.index);
+    builder.add_location(args.location);
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn location(&self) -> i8 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<i8>(BackendDelegateDataReference::VT_LOCATION, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn index(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(BackendDelegateDataReference::VT_INDEX, Some(0)).unwrap()}
+  }
+}
+
+impl ::flatbuffers::Verifiable for BackendDelegateDataReference<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<i8>("location", Self::VT_LOCATION, false)?
+     .visit_field::<u32>("index", Self::VT_INDEX, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct BackendDelegateDataReferenceArgs {
+    pub location: i8,
+    pub index: u32,
+}
+impl<'a> Default for BackendDelegateDataReferenceArgs {
+  #[inline]
+  fn default() -> Self {
+    BackendDelegateDataReferenceArgs {
+      location: 0,
+      index: 0,
+    }
+  }
+}
+
+pub struct BackendDelegateDataReferenceBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> BackendDelegateDataReferenceBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_location(&mut self, location: i8) {
+    self.fbb_.push_slot::<i8>(BackendDelegateDataReference::VT_LOCATION, location, 0);
+  }
+  #[inline]
+  pub fn add_index(&mut self, index: u32) {
+    self.fbb_.push_slot::<u32>(BackendDelegateDataReference::VT_INDEX, index, 0);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> BackendDelegateDataReferenceBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    BackendDelegateDataReferenceBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<BackendDelegateDataReference<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for BackendDelegateDataReference<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("BackendDelegateDataReference");
+      ds.field("location", &self.location());
+      ds.field("index", &self.index());
+      ds.finish()
+  }
+}
+pub enum CompileSpecOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+pub struct CompileSpec<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for CompileSpec<'a> {
+  type Inner = CompileSpec<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> CompileSpec<'a> {
+  pub const VT_KEY: ::flatbuffers::VOffsetT = 4;
+  pub const VT_VALUE: ::flatbuffers::VOffsetT = 6;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    CompileSpec { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args CompileSpecArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<CompileSpec<'bldr>> {
+    let mut builder = CompileSpecBuilder::new(_fbb);
+    if let Some(x) = args.value { builder.add_value(x); }
+    if let Some(x) = args.key { builder.add_key(x); }
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn key(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(CompileSpec::VT_KEY, None)}
+  }
+  #[inline]
+  pub fn value(&self) -> Option<::flatbuffers::Vector<'a, u8>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, u8>>>(CompileSpec::VT_VALUE, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for CompileSpec<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("key", Self::VT_KEY, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, u8>>>("value", Self::VT_VALUE, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct CompileSpecArgs<'a> {
+    pub key: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub value: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, u8>>>,
+}
+impl<'a> Default for CompileSpecArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    CompileSpecArgs {
+      key: None,
+      value: None,
+    }
+  }
+}
+
+pub struct CompileSpecBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> CompileSpecBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_key(&mut self, key: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(CompileSpec::VT_KEY, key);
+  }
+  #[inline]
+  pub fn add_value(&mut self, value: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , u8>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(CompileSpec::VT_VALUE, value);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> CompileSpecBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    CompileSpecBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<CompileSpec<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for CompileSpec<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("CompileSpec");
+      ds.field("key", &self.key());
+      ds.field("value", &self.value());
+      ds.finish()
+  }
+}
+pub enum BackendDelegateOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+pub struct BackendDelegate<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for BackendDelegate<'a> {
+  type Inner = BackendDelegate<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> BackendDelegate<'a> {
+  pub const VT_ID: ::flatbuffers::VOffsetT = 4;
+  pub const VT_PROCESSED: ::flatbuffers::VOffsetT = 6;
+  pub const VT_COMPILE_SPECS: ::flatbuffers::VOffsetT = 8;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    BackendDelegate { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args BackendDelegateArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<BackendDelegate<'bldr>> {
+    let mut builder = BackendDelegateBuilder::new(_fbb);
+    if let Some(x) = args.compile_specs { builder.add_compile_specs(x); }
+    if let Some(x) = args.processed { builder.add_processed(x); }
+    if let Some(x) = args.id { builder.add_id(x); }
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn id(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(BackendDelegate::VT_ID, None)}
+  }
+  #[inline]
+  pub fn processed(&self) -> Option<BackendDelegateDataReference<'a>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<BackendDelegateDataReference>>(BackendDelegate::VT_PROCESSED, None)}
+  }
+  #[inline]
+  pub fn compile_specs(&self) -> Option<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<CompileSpec<'a>>>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<CompileSpec>>>>(BackendDelegate::VT_COMPILE_SPECS, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for BackendDelegate<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("id", Self::VT_ID, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<BackendDelegateDataReference>>("processed", Self::VT_PROCESSED, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, ::flatbuffers::ForwardsUOffset<CompileSpec>>>>("compile_specs", Self::VT_COMPILE_SPECS, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct BackendDelegateArgs<'a> {
+    pub id: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub processed: Option<::flatbuffers::WIPOffset<BackendDelegateDataReference<'a>>>,
+    pub compile_specs: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<CompileSpec<'a>>>>>,
+}
+impl<'a> Default for BackendDelegateArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    BackendDelegateArgs {
+      id: None,
+      processed: None,
+      compile_specs: None,
+    }
+  }
+}
+
+pub struct BackendDelegateBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> BackendDelegateBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_id(&mut self, id: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(BackendDelegate::VT_ID, id);
+  }
+  #[inline]
+  pub fn add_processed(&mut self, processed: ::flatbuffers::WIPOffset<BackendDelegateDataReference<'b >>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<BackendDelegateDataReference>>(BackendDelegate::VT_PROCESSED, processed);
+  }
+  #[inline]
+  pub fn add_compile_specs(&mut self, compile_specs: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , ::flatbuffers::ForwardsUOffset<CompileSpec<'b >>>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(BackendDelegate::VT_COMPILE_SPECS, compile_specs);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> BackendDelegateBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    BackendDelegateBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<BackendDelegate<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for BackendDelegate<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("BackendDelegate");
+      ds.field("id", &self.id());
+      ds.field("processed", &self.processed());
+      ds.field("compile_specs", &self.compile_specs());
+      ds.finish()
+  }
+}
+pub enum ExecutionPlanOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+pub struct ExecutionPlan<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for ExecutionPlan<'a> {
+  type Inner = ExecutionPlan<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> ExecutionPlan<'a> {
+  pub const VT_NAME: ::flatbuffers::VOffsetT = 4;
+  pub const VT_VALUES: ::flatbuffers::VOffsetT = 8;
+  pub const VT_INPUTS: ::flatbuffers::VOffsetT = 10;
+  pub const VT_OUTPUTS: ::flatbuffers::VOffsetT = 12;
+  pub const VT_CHAINS: ::flatbuffers::VOffsetT = 14;
+  pub const VT_OPERATORS: ::flatbuffers::VOffsetT = 16;
+  pub const VT_DELEGATES: ::flatbuffers::VOffsetT = 18;
+  pub const VT_NON_CONST_BUFFER_SIZES: ::flatbuffers::VOffsetT = 20;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    ExecutionPlan { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args ExecutionPlanArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<ExecutionPlan<'bldr>> {
+    let mut builder = ExecutionPlanBuilder::new(_fbb);
+    if let Some(x) = args.non_const_buffer_sizes { builder.add_non_const_buffer_sizes(x); }
+    if let Some(x) = args.delegates { builder.add_delegates(x); }
+    if let Some(x) = args.operators { builder.add_operators(x); }
+    if let Some(x) = args.chains { builder.add_chains(x); }
+    if let Some(x) = args.outputs { builder.add_outputs(x); }
+    if let Some(x) = args.inputs { builder.add_inputs(x); }
+    if let Some(x) = args.values { builder.add_values(x); }
+    if let Some(x) = args.name { builder.add_name(x); }
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn name(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(ExecutionPlan::VT_NAME, None)}
+  }
+  #[inline]
+  pub fn values(&self) -> Option<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<EValue<'a>>>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<EValue>>>>(ExecutionPlan::VT_VALUES, None)}
+  }
+  #[inline]
+  pub fn inputs(&self) -> Option<::flatbuffers::Vector<'a, i32>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, i32>>>(ExecutionPlan::VT_INPUTS, None)}
+  }
+  #[inline]
+  pub fn outputs(&self) -> Option<::flatbuffers::Vector<'a, i32>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, i32>>>(ExecutionPlan::VT_OUTPUTS, None)}
+  }
+  #[inline]
+  pub fn chains(&self) -> Option<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<Chain<'a>>>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<Chain>>>>(ExecutionPlan::VT_CHAINS, None)}
+  }
+  #[inline]
+  pub fn operators(&self) -> Option<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<Operator<'a>>>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<Operator>>>>(ExecutionPlan::VT_OPERATORS, None)}
+  }
+  #[inline]
+  pub fn delegates(&self) -> Option<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<BackendDelegate<'a>>>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<BackendDelegate>>>>(ExecutionPlan::VT_DELEGATES, None)}
+  }
+  #[inline]
+  pub fn non_const_buffer_sizes(&self) -> Option<::flatbuffers::Vector<'a, i64>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, i64>>>(ExecutionPlan::VT_NON_CONST_BUFFER_SIZES, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for ExecutionPlan<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("name", Self::VT_NAME, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, ::flatbuffers::ForwardsUOffset<EValue>>>>("values", Self::VT_VALUES, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, i32>>>("inputs", Self::VT_INPUTS, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, i32>>>("outputs", Self::VT_OUTPUTS, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, ::flatbuffers::ForwardsUOffset<Chain>>>>("chains", Self::VT_CHAINS, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, ::flatbuffers::ForwardsUOffset<Operator>>>>("operators", Self::VT_OPERATORS, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, ::flatbuffers::ForwardsUOffset<BackendDelegate>>>>("delegates", Self::VT_DELEGATES, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, i64>>>("non_const_buffer_sizes", Self::VT_NON_CONST_BUFFER_SIZES, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct ExecutionPlanArgs<'a> {
+    pub name: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub values: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<EValue<'a>>>>>,
+    pub inputs: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, i32>>>,
+    pub outputs: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, i32>>>,
+    pub chains: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<Chain<'a>>>>>,
+    pub operators: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<Operator<'a>>>>>,
+    pub delegates: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<BackendDelegate<'a>>>>>,
+    pub non_const_buffer_sizes: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, i64>>>,
+}
+impl<'a> Default for ExecutionPlanArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    ExecutionPlanArgs {
+      name: None,
+      values: None,
+      inputs: None,
+      outputs: None,
+      chains: None,
+      operators: None,
+      delegates: None,
+      non_const_buffer_sizes: None,
+    }
+  }
+}
+
+pub struct ExecutionPlanBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> ExecutionPlanBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_name(&mut self, name: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ExecutionPlan::VT_NAME, name);
+  }
+  #[inline]
+  pub fn add_values(&mut self, values: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , ::flatbuffers::ForwardsUOffset<EValue<'b >>>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ExecutionPlan::VT_VALUES, values);
+  }
+  #[inline]
+  pub fn add_inputs(&mut self, inputs: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , i32>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ExecutionPlan::VT_INPUTS, inputs);
+  }
+  #[inline]
+  pub fn add_outputs(&mut self, outputs: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , i32>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ExecutionPlan::VT_OUTPUTS, outputs);
+  }
+  #[inline]
+  pub fn add_chains(&mut self, chains: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , ::flatbuffers::ForwardsUOffset<Chain<'b >>>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ExecutionPlan::VT_CHAINS, chains);
+  }
+  #[inline]
+  pub fn add_operators(&mut self, operators: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , ::flatbuffers::ForwardsUOffset<Operator<'b >>>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ExecutionPlan::VT_OPERATORS, operators);
+  }
+  #[inline]
+  pub fn add_delegates(&mut self, delegates: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , ::flatbuffers::ForwardsUOffset<BackendDelegate<'b >>>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ExecutionPlan::VT_DELEGATES, delegates);
+  }
+  #[inline]
+  pub fn add_non_const_buffer_sizes(&mut self, non_const_buffer_sizes: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , i64>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ExecutionPlan::VT_NON_CONST_BUFFER_SIZES, non_const_buffer_sizes);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> ExecutionPlanBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    ExecutionPlanBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<ExecutionPlan<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for ExecutionPlan<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("ExecutionPlan");
+      ds.field("name", &self.name());
+      ds.field("values", &self.values());
+      ds.field("inputs", &self.inputs());
+      ds.field("outputs", &self.outputs());
+      ds.field("chains", &self.chains());
+      ds.field("operators", &self.operators());
+      ds.field("delegates", &self.delegates());
+      ds.field("non_const_buffer_sizes", &self.non_const_buffer_sizes());
+      ds.finish()
+  }
+}
+pub enum BackendDelegateInlineDataOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+pub struct BackendDelegateInlineData<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for BackendDelegateInlineData<'a> {
+  type Inner = BackendDelegateInlineData<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> BackendDelegateInlineData<'a> {
+  pub const VT_DATA: ::flatbuffers::VOffsetT = 4;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    BackendDelegateInlineData { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args BackendDelegateInlineDataArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<BackendDelegateInlineData<'bldr>> {
+    let mut builder = BackendDelegateInlineDataBuilder::new(_fbb);
+    if let Some(x) = args.data { builder.add_data(x); }
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn data(&self) -> Option<::flatbuffers::Vector<'a, u8>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, u8>>>(BackendDelegateInlineData::VT_DATA, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for BackendDelegateInlineData<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, u8>>>("data", Self::VT_DATA, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct BackendDelegateInlineDataArgs<'a> {
+    pub data: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, u8>>>,
+}
+impl<'a> Default for BackendDelegateInlineDataArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    BackendDelegateInlineDataArgs {
+      data: None,
+    }
+  }
+}
+
+pub struct BackendDelegateInlineDataBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> BackendDelegateInlineDataBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_data(&mut self, data: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , u8>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(BackendDelegateInlineData::VT_DATA, data);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> BackendDelegateInlineDataBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    BackendDelegateInlineDataBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<BackendDelegateInlineData<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for BackendDelegateInlineData<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("BackendDelegateInlineData");
+      ds.field("data", &self.data());
+      ds.finish()
+  }
+}
 pub enum DataSegmentOffset {}
 #[derive(Copy, Clone, PartialEq)]
 
@@ -236,6 +2999,119 @@ impl ::core::fmt::Debug for NamedData<'_> {
       ds.finish()
   }
 }
+pub enum SubsegmentOffsetsOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+pub struct SubsegmentOffsets<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for SubsegmentOffsets<'a> {
+  type Inner = SubsegmentOffsets<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> SubsegmentOffsets<'a> {
+  pub const VT_SEGMENT_INDEX: ::flatbuffers::VOffsetT = 4;
+  pub const VT_OFFSETS: ::flatbuffers::VOffsetT = 6;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    SubsegmentOffsets { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args SubsegmentOffsetsArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<SubsegmentOffsets<'bldr>> {
+    let mut builder = SubsegmentOffsetsBuilder::new(_fbb);
+    if let Some(x) = args.offsets { builder.add_offsets(x); }
+    builder.add_segment_index(args.segment_index);
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn segment_index(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(SubsegmentOffsets::VT_SEGMENT_INDEX, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn offsets(&self) -> Option<::flatbuffers::Vector<'a, u64>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, u64>>>(SubsegmentOffsets::VT_OFFSETS, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for SubsegmentOffsets<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<u32>("segment_index", Self::VT_SEGMENT_INDEX, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, u64>>>("offsets", Self::VT_OFFSETS, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct SubsegmentOffsetsArgs<'a> {
+    pub segment_index: u32,
+    pub offsets: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, u64>>>,
+}
+impl<'a> Default for SubsegmentOffsetsArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    SubsegmentOffsetsArgs {
+      segment_index: 0,
+      offsets: None,
+    }
+  }
+}
+
+pub struct SubsegmentOffsetsBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> SubsegmentOffsetsBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_segment_index(&mut self, segment_index: u32) {
+    self.fbb_.push_slot::<u32>(SubsegmentOffsets::VT_SEGMENT_INDEX, segment_index, 0);
+  }
+  #[inline]
+  pub fn add_offsets(&mut self, offsets: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , u64>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(SubsegmentOffsets::VT_OFFSETS, offsets);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> SubsegmentOffsetsBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    SubsegmentOffsetsBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<SubsegmentOffsets<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for SubsegmentOffsets<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("SubsegmentOffsets");
+      ds.field("segment_index", &self.segment_index());
+      ds.field("offsets", &self.offsets());
+      ds.finish()
+  }
+}
 pub enum ProgramOffset {}
 #[derive(Copy, Clone, PartialEq)]
 
@@ -253,7 +3129,10 @@ impl<'a> ::flatbuffers::Follow<'a> for Program<'a> {
 
 impl<'a> Program<'a> {
   pub const VT_VERSION: ::flatbuffers::VOffsetT = 4;
+  pub const VT_EXECUTION_PLAN: ::flatbuffers::VOffsetT = 6;
+  pub const VT_BACKEND_DELEGATE_DATA: ::flatbuffers::VOffsetT = 10;
   pub const VT_SEGMENTS: ::flatbuffers::VOffsetT = 12;
+  pub const VT_CONSTANT_SEGMENT: ::flatbuffers::VOffsetT = 14;
   pub const VT_NAMED_DATA: ::flatbuffers::VOffsetT = 18;
 
   #[inline]
@@ -267,7 +3146,10 @@ impl<'a> Program<'a> {
   ) -> ::flatbuffers::WIPOffset<Program<'bldr>> {
     let mut builder = ProgramBuilder::new(_fbb);
     if let Some(x) = args.named_data { builder.add_named_data(x); }
+    if let Some(x) = args.constant_segment { builder.add_constant_segment(x); }
     if let Some(x) = args.segments { builder.add_segments(x); }
+    if let Some(x) = args.backend_delegate_data { builder.add_backend_delegate_data(x); }
+    if let Some(x) = args.execution_plan { builder.add_execution_plan(x); }
     builder.add_version(args.version);
     builder.finish()
   }
@@ -281,11 +3163,32 @@ impl<'a> Program<'a> {
     unsafe { self._tab.get::<u32>(Program::VT_VERSION, Some(0)).unwrap()}
   }
   #[inline]
+  pub fn execution_plan(&self) -> Option<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<ExecutionPlan<'a>>>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<ExecutionPlan>>>>(Program::VT_EXECUTION_PLAN, None)}
+  }
+  #[inline]
+  pub fn backend_delegate_data(&self) -> Option<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<BackendDelegateInlineData<'a>>>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<BackendDelegateInlineData>>>>(Program::VT_BACKEND_DELEGATE_DATA, None)}
+  }
+  #[inline]
   pub fn segments(&self) -> Option<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<DataSegment<'a>>>> {
     // Safety:
     // Created from valid Table for this object
     // which contains a valid value in this slot
     unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<DataSegment>>>>(Program::VT_SEGMENTS, None)}
+  }
+  #[inline]
+  pub fn constant_segment(&self) -> Option<SubsegmentOffsets<'a>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<SubsegmentOffsets>>(Program::VT_CONSTANT_SEGMENT, None)}
   }
   #[inline]
   pub fn named_data(&self) -> Option<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<NamedData<'a>>>> {
@@ -303,7 +3206,10 @@ impl ::flatbuffers::Verifiable for Program<'_> {
   ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
     v.visit_table(pos)?
      .visit_field::<u32>("version", Self::VT_VERSION, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, ::flatbuffers::ForwardsUOffset<ExecutionPlan>>>>("execution_plan", Self::VT_EXECUTION_PLAN, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, ::flatbuffers::ForwardsUOffset<BackendDelegateInlineData>>>>("backend_delegate_data", Self::VT_BACKEND_DELEGATE_DATA, false)?
      .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, ::flatbuffers::ForwardsUOffset<DataSegment>>>>("segments", Self::VT_SEGMENTS, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<SubsegmentOffsets>>("constant_segment", Self::VT_CONSTANT_SEGMENT, false)?
      .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, ::flatbuffers::ForwardsUOffset<NamedData>>>>("named_data", Self::VT_NAMED_DATA, false)?
      .finish();
     Ok(())
@@ -311,7 +3217,10 @@ impl ::flatbuffers::Verifiable for Program<'_> {
 }
 pub struct ProgramArgs<'a> {
     pub version: u32,
+    pub execution_plan: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<ExecutionPlan<'a>>>>>,
+    pub backend_delegate_data: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<BackendDelegateInlineData<'a>>>>>,
     pub segments: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<DataSegment<'a>>>>>,
+    pub constant_segment: Option<::flatbuffers::WIPOffset<SubsegmentOffsets<'a>>>,
     pub named_data: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<NamedData<'a>>>>>,
 }
 impl<'a> Default for ProgramArgs<'a> {
@@ -319,7 +3228,10 @@ impl<'a> Default for ProgramArgs<'a> {
   fn default() -> Self {
     ProgramArgs {
       version: 0,
+      execution_plan: None,
+      backend_delegate_data: None,
       segments: None,
+      constant_segment: None,
       named_data: None,
     }
   }
@@ -335,8 +3247,20 @@ impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> ProgramBuilder<'a, 'b, A> {
     self.fbb_.push_slot::<u32>(Program::VT_VERSION, version, 0);
   }
   #[inline]
+  pub fn add_execution_plan(&mut self, execution_plan: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , ::flatbuffers::ForwardsUOffset<ExecutionPlan<'b >>>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(Program::VT_EXECUTION_PLAN, execution_plan);
+  }
+  #[inline]
+  pub fn add_backend_delegate_data(&mut self, backend_delegate_data: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , ::flatbuffers::ForwardsUOffset<BackendDelegateInlineData<'b >>>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(Program::VT_BACKEND_DELEGATE_DATA, backend_delegate_data);
+  }
+  #[inline]
   pub fn add_segments(&mut self, segments: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , ::flatbuffers::ForwardsUOffset<DataSegment<'b >>>>) {
     self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(Program::VT_SEGMENTS, segments);
+  }
+  #[inline]
+  pub fn add_constant_segment(&mut self, constant_segment: ::flatbuffers::WIPOffset<SubsegmentOffsets<'b >>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<SubsegmentOffsets>>(Program::VT_CONSTANT_SEGMENT, constant_segment);
   }
   #[inline]
   pub fn add_named_data(&mut self, named_data: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , ::flatbuffers::ForwardsUOffset<NamedData<'b >>>>) {
@@ -361,7 +3285,10 @@ impl ::core::fmt::Debug for Program<'_> {
   fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
     let mut ds = f.debug_struct("Program");
       ds.field("version", &self.version());
+      ds.field("execution_plan", &self.execution_plan());
+      ds.field("backend_delegate_data", &self.backend_delegate_data());
       ds.field("segments", &self.segments());
+      ds.field("constant_segment", &self.constant_segment());
       ds.field("named_data", &self.named_data());
       ds.finish()
   }
