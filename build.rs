@@ -9,6 +9,7 @@ fn main() {
         .file("cpp/src/delegate.cc")
         .file("cpp/examples/minimal_delegate.cc")
         .file("cpp/tests/delegate_checks.cc")
+        .file("cpp/tests/program_run.cc")
         .flag_if_supported("-Wall")
         .flag_if_supported("-Wextra");
     // xnnpack-sys publishes its header directories (DEP_XNNPACK_INCLUDE).

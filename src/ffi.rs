@@ -55,6 +55,10 @@ mod bridge {
         type WeightsCache;
         /// An initialised XNNPACK delegate.
         type Delegate;
+        /// An ExecuTorch program (`.pte` + external `.ptd` files) fully delegated to XNNPACK.
+        type Program;
+        /// An initialised method of a program.
+        type Method;
 
         fn version() -> &'static str;
         fn xnnpack_build_identifier() -> String;
@@ -104,6 +108,17 @@ mod bridge {
         fn set_input(self: &mut Delegate, index: usize, data: &[f32]) -> Result<()>;
         fn execute(self: &mut Delegate) -> Result<()>;
         fn output(self: &Delegate, index: usize) -> Result<&[f32]>;
+
+        /// `cache_path` empty: packed weights stay in memory.
+        fn load_program(pte: &str, ptds: &[String], cache_path: &str) -> Result<Box<Program>>;
+        fn method_names(self: &Program) -> Vec<String>;
+        fn method(self: &Program, name: &str) -> Result<Box<Method>>;
+        fn num_inputs(self: &Method) -> usize;
+        fn input_shape(self: &Method, index: usize) -> Result<Vec<usize>>;
+        fn set_input(self: &mut Method, index: usize, data: &[f32]) -> Result<()>;
+        fn execute(self: &mut Method) -> Result<()>;
+        fn num_outputs(self: &Method) -> usize;
+        fn output(self: &Method, index: usize) -> Result<&[f32]>;
     }
 
     unsafe extern "C++" {
@@ -123,12 +138,19 @@ mod bridge {
         fn run_minimal_example(ptd_path: &str, payload: &[u8], input: &[f32]) -> Result<Vec<f32>>;
         /// C++ checks of the delegate API (cpp/tests/delegate_checks.cc): returns a report.
         fn cpp_delegate_checks(ptd_path: &str, payload: &[u8], input: &[f32]) -> Result<String>;
+        /// Runs a program's method from C++ (cpp/tests/program_run.cc).
+        fn cpp_run_program(
+            pte: &str,
+            ptds: &Vec<String>,
+            method: &str,
+            input: &[f32],
+        ) -> Result<Vec<f32>>;
     }
 }
 
 pub use bridge::{
-    cpp_delegate_checks, describe, run_minimal_example, CompileSpec, SharedCacheStats,
-    TensorLayout, WeightsCacheStats,
+    cpp_delegate_checks, cpp_run_program, describe, run_minimal_example, CompileSpec,
+    SharedCacheStats, TensorLayout, WeightsCacheStats,
 };
 
 // SAFETY: named_data.h requires C++ maps to be safe to call from any thread (const methods,
@@ -497,5 +519,95 @@ impl Delegate {
             .get(index)
             .map(Vec::as_slice)
             .ok_or_else(|| out_of_range("output", index, self.outputs.len()))
+    }
+}
+
+pub struct Program(crate::program::Program);
+pub struct Method {
+    inner: crate::program::Method,
+    inputs: Vec<Vec<f32>>,
+    outputs: Vec<Vec<f32>>,
+}
+
+fn load_program(
+    pte: &str,
+    ptds: &[String],
+    cache_path: &str,
+) -> Result<Box<Program>, crate::program::ProgramError> {
+    let cache = (!cache_path.is_empty()).then(|| std::path::Path::new(cache_path));
+    Ok(Box::new(Program(crate::program::Program::load(
+        pte, ptds, cache,
+    )?)))
+}
+
+impl Program {
+    fn method_names(&self) -> Vec<String> {
+        self.0
+            .method_names()
+            .iter()
+            .map(|s| s.to_string())
+            .collect()
+    }
+
+    fn method(&self, name: &str) -> Result<Box<Method>, crate::program::ProgramError> {
+        let inner = self.0.method(name)?;
+        let inputs = inner
+            .input_shapes()
+            .iter()
+            .map(|s| vec![0.0; s.iter().product()])
+            .collect();
+        Ok(Box::new(Method {
+            inner,
+            inputs,
+            outputs: Vec::new(),
+        }))
+    }
+}
+
+impl Method {
+    fn num_inputs(&self) -> usize {
+        self.inputs.len()
+    }
+
+    fn input_shape(&self, index: usize) -> Result<Vec<usize>, String> {
+        self.inner
+            .input_shapes()
+            .get(index)
+            .cloned()
+            .ok_or_else(|| out_of_range("input", index, self.inputs.len()))
+    }
+
+    fn set_input(&mut self, index: usize, data: &[f32]) -> Result<(), String> {
+        let n = self.inputs.len();
+        let slot = self
+            .inputs
+            .get_mut(index)
+            .ok_or_else(|| out_of_range("input", index, n))?;
+        if slot.len() != data.len() {
+            return Err(format!(
+                "input {index} holds {} elements, {} given",
+                slot.len(),
+                data.len()
+            ));
+        }
+        slot.copy_from_slice(data);
+        Ok(())
+    }
+
+    fn execute(&mut self) -> Result<(), crate::program::ProgramError> {
+        let inputs: Vec<&[f32]> = self.inputs.iter().map(Vec::as_slice).collect();
+        self.outputs = self.inner.execute(&inputs)?;
+        Ok(())
+    }
+
+    fn num_outputs(&self) -> usize {
+        self.outputs.len()
+    }
+
+    fn output(&self, index: usize) -> Result<&[f32], String> {
+        self.outputs
+            .get(index)
+            .map(Vec::as_slice)
+            .ok_or_else(|| out_of_range("output (after execute)", index, self.outputs.len()))
     }
 }

@@ -19,4 +19,8 @@ rust::Vec<float> run_minimal_example(rust::Str ptd_path, rust::Slice<const std::
 rust::String cpp_delegate_checks(rust::Str ptd_path, rust::Slice<const std::uint8_t> payload,
                                  rust::Slice<const float> input);
 
+// Runs a method of an ExecuTorch program through the bridge (cpp/tests/program_run.cc).
+rust::Vec<float> cpp_run_program(rust::Str pte, const rust::Vec<rust::String>& ptds, rust::Str method,
+                                 rust::Slice<const float> input);
+
 }  // namespace xnnblob
