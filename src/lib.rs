@@ -21,5 +21,6 @@ pub mod program;
 mod schema;
 pub mod sha256;
 pub mod shared_cache;
+pub mod state;
 pub mod synthetic;
 pub mod xnn;

@@ -124,6 +124,18 @@ enum Node {
         input: u32,
         output: u32,
     },
+    Slice {
+        offsets: Vec<u32>,
+        sizes: Vec<u32>,
+        input: u32,
+        output: u32,
+    },
+    Concat2 {
+        axis: u32,
+        a: u32,
+        b: u32,
+        output: u32,
+    },
 }
 
 /// Builds one delegate payload.
@@ -212,6 +224,20 @@ impl GraphBuilder {
         self.externs += 1;
         self.inputs.push(v.0);
         v
+    }
+
+    /// The external id of an input or output value.
+    pub fn external_id(&self, v: Value) -> u32 {
+        self.values[v.0 as usize].external_id
+    }
+
+    /// Writes `v` to a new external output through an explicit copy node (a state write-back):
+    /// the output can then be bound to the same memory as an input the graph read earlier.
+    pub fn output_copy(&mut self, v: Value) -> Value {
+        let dims = self.dims(v).to_vec();
+        let out = self.reshape(v, &dims);
+        self.output(out);
+        out
     }
 
     /// Makes `v` an external output (fp32).
@@ -494,6 +520,38 @@ impl GraphBuilder {
             Node::Transpose {
                 perm: perm.to_vec(),
                 input: x.0,
+                output: out.0,
+            },
+            None,
+        );
+        out
+    }
+
+    /// `x[offsets .. offsets + sizes]`.
+    pub fn slice(&mut self, x: Value, offsets: &[u32], sizes: &[u32]) -> Value {
+        let out = self.fp32(sizes.to_vec());
+        self.node(
+            Node::Slice {
+                offsets: offsets.to_vec(),
+                sizes: sizes.to_vec(),
+                input: x.0,
+                output: out.0,
+            },
+            None,
+        );
+        out
+    }
+
+    /// `concat(a, b)` along `axis`.
+    pub fn concat2(&mut self, a: Value, b: Value, axis: u32) -> Value {
+        let mut dims = self.dims(a).to_vec();
+        dims[axis as usize] += self.dims(b)[axis as usize];
+        let out = self.fp32(dims);
+        self.node(
+            Node::Concat2 {
+                axis,
+                a: a.0,
+                b: b.0,
                 output: out.0,
             },
             None,
@@ -795,6 +853,49 @@ fn encode_node(
                 .as_union_value(),
             )
         }
+        Node::Slice {
+            offsets,
+            sizes,
+            input,
+            output,
+        } => {
+            let o = b.create_vector(offsets);
+            let sz = b.create_vector(sizes);
+            (
+                fb::XNodeUnion::XNNStaticSlice,
+                fb::XNNStaticSlice::create(
+                    b,
+                    &fb::XNNStaticSliceArgs {
+                        num_dims: offsets.len() as u32,
+                        offsets: Some(o),
+                        sizes: Some(sz),
+                        input_id: *input,
+                        output_id: *output,
+                        flags: 0,
+                    },
+                )
+                .as_union_value(),
+            )
+        }
+        Node::Concat2 {
+            axis,
+            a,
+            b: bb,
+            output,
+        } => (
+            fb::XNodeUnion::XNNConcatenate2,
+            fb::_XNNCat::create(
+                b,
+                &fb::_XNNCatArgs {
+                    axis: *axis,
+                    input1_id: *a,
+                    input2_id: *bb,
+                    output_id: *output,
+                    ..Default::default()
+                },
+            )
+            .as_union_value(),
+        ),
         Node::Transpose {
             perm,
             input,

@@ -595,6 +595,26 @@ fn define_nodes(
                 .unwrap_or_default();
             g.define_static_reshape(&shape, id(r.input_id(), n)?, id(r.output_id(), n)?)
                 .map_err(at(what))?;
+        } else if let Some(sl) = node.xnode_union_as_xnnstatic_slice() {
+            let list = |v: Option<flatbuffers::Vector<'_, u32>>| -> Vec<usize> {
+                v.map(|s| s.iter().map(|x| x as usize).collect())
+                    .unwrap_or_default()
+            };
+            g.define_static_slice(
+                &list(sl.offsets()),
+                &list(sl.sizes()),
+                id(sl.input_id(), n)?,
+                id(sl.output_id(), n)?,
+            )
+            .map_err(at(what))?;
+        } else if let Some(c) = node.xnode_union_as_xnnconcatenate_2() {
+            g.define_concatenate2(
+                c.axis() as i32,
+                id(c.input1_id(), n)?,
+                id(c.input2_id(), n)?,
+                id(c.output_id(), n)?,
+            )
+            .map_err(at(what))?;
         } else if let Some(t) = node.xnode_union_as_xnnstatic_transpose() {
             let perm: Vec<usize> = t
                 .perm()
@@ -659,6 +679,8 @@ fn check_nodes(graph: &fb::XNNGraph<'_>) -> Result<(), DelegateError> {
                 | fb::XNodeUnion::XNNGlobalAvgPooling2d
                 | fb::XNodeUnion::XNNStaticReshape
                 | fb::XNodeUnion::XNNStaticTranspose
+                | fb::XNodeUnion::XNNStaticSlice
+                | fb::XNodeUnion::XNNConcatenate2
         );
         if !supported {
             return Err(DelegateError::UnsupportedNode {

@@ -62,6 +62,26 @@ impl XnnDelegate {
         self.io.outputs.iter().map(|(_, d)| d.clone()).collect()
     }
 
+    /// The external ids and shapes of the inputs and of the outputs, in execute order.
+    pub fn externals(&self) -> (&[(u32, Vec<usize>)], &[(u32, Vec<usize>)]) {
+        (&self.io.inputs, &self.io.outputs)
+    }
+
+    /// Runs the graph with externals given by id; some bound in place to caller memory (state).
+    ///
+    /// # Safety
+    /// As for [`crate::xnn::Runtime::invoke_in_place`].
+    pub unsafe fn execute_in_place(
+        &mut self,
+        inputs: &[(u32, &[f32])],
+        outputs: &mut [(u32, &mut [f32])],
+        in_place: &[(u32, std::ptr::NonNull<f32>, usize)],
+    ) -> Result<(), DelegateError> {
+        // SAFETY: forwarded contract.
+        unsafe { self.runtime.invoke_in_place(inputs, outputs, in_place) }?;
+        Ok(())
+    }
+
     /// `execute`: runs the graph on fp32 inputs, writing fp32 outputs, both in payload order.
     pub fn execute(
         &mut self,

@@ -2282,13 +2282,13 @@ impl<'a> XNode<'a> {
 
   #[inline]
   #[allow(non_snake_case)]
-  pub fn xnode_union_as_xnnconcatenate_2(&self) -> Option<Unsupported<'a>> {
+  pub fn xnode_union_as_xnnconcatenate_2(&self) -> Option<_XNNCat<'a>> {
     if self.xnode_union_type() == XNodeUnion::XNNConcatenate2 {
       self.xnode_union().map(|t| {
        // Safety:
        // Created from a valid Table for this object
        // Which contains a valid union in this slot
-       unsafe { Unsupported::init_from_table(t) }
+       unsafe { _XNNCat::init_from_table(t) }
      })
     } else {
       None
@@ -2327,13 +2327,13 @@ impl<'a> XNode<'a> {
 
   #[inline]
   #[allow(non_snake_case)]
-  pub fn xnode_union_as_xnnstatic_slice(&self) -> Option<Unsupported<'a>> {
+  pub fn xnode_union_as_xnnstatic_slice(&self) -> Option<XNNStaticSlice<'a>> {
     if self.xnode_union_type() == XNodeUnion::XNNStaticSlice {
       self.xnode_union().map(|t| {
        // Safety:
        // Created from a valid Table for this object
        // Which contains a valid union in this slot
-       unsafe { Unsupported::init_from_table(t) }
+       unsafe { XNNStaticSlice::init_from_table(t) }
      })
     } else {
       None
@@ -2516,10 +2516,10 @@ impl ::flatbuffers::Verifiable for XNode<'_> {
           XNodeUnion::XNNELU => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<Unsupported>>("XNodeUnion::XNNELU", pos),
           XNodeUnion::XNNAbs => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<Unsupported>>("XNodeUnion::XNNAbs", pos),
           XNodeUnion::XNNPReLU => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<Unsupported>>("XNodeUnion::XNNPReLU", pos),
-          XNodeUnion::XNNConcatenate2 => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<Unsupported>>("XNodeUnion::XNNConcatenate2", pos),
+          XNodeUnion::XNNConcatenate2 => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<_XNNCat>>("XNodeUnion::XNNConcatenate2", pos),
           XNodeUnion::XNNConcatenate3 => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<Unsupported>>("XNodeUnion::XNNConcatenate3", pos),
           XNodeUnion::XNNConcatenate4 => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<Unsupported>>("XNodeUnion::XNNConcatenate4", pos),
-          XNodeUnion::XNNStaticSlice => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<Unsupported>>("XNodeUnion::XNNStaticSlice", pos),
+          XNodeUnion::XNNStaticSlice => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<XNNStaticSlice>>("XNodeUnion::XNNStaticSlice", pos),
           XNodeUnion::XNNScaledDotProductAttention => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<Unsupported>>("XNodeUnion::XNNScaledDotProductAttention", pos),
           XNodeUnion::XNNBatchMatrixMultiply => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<Unsupported>>("XNodeUnion::XNNBatchMatrixMultiply", pos),
           XNodeUnion::XNNConcatenate5 => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<Unsupported>>("XNodeUnion::XNNConcatenate5", pos),
@@ -4101,6 +4101,402 @@ impl ::core::fmt::Debug for _XNNNodeConv<'_> {
       ds.field("input1_id", &self.input1_id());
       ds.field("filter_id", &self.filter_id());
       ds.field("bias_id", &self.bias_id());
+      ds.field("output_id", &self.output_id());
+      ds.field("flags", &self.flags());
+      ds.finish()
+  }
+}
+pub enum _XNNCatOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+pub struct _XNNCat<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for _XNNCat<'a> {
+  type Inner = _XNNCat<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> _XNNCat<'a> {
+  pub const VT_AXIS: ::flatbuffers::VOffsetT = 4;
+  pub const VT_INPUT1_ID: ::flatbuffers::VOffsetT = 6;
+  pub const VT_INPUT2_ID: ::flatbuffers::VOffsetT = 8;
+  pub const VT_INPUT3_ID: ::flatbuffers::VOffsetT = 10;
+  pub const VT_INPUT4_ID: ::flatbuffers::VOffsetT = 12;
+  pub const VT_OUTPUT_ID: ::flatbuffers::VOffsetT = 14;
+  pub const VT_FLAGS: ::flatbuffers::VOffsetT = 16;
+  pub const VT_INPUT5_ID: ::flatbuffers::VOffsetT = 18;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    _XNNCat { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args _XNNCatArgs
+  ) -> ::flatbuffers::WIPOffset<_XNNCat<'bldr>> {
+    let mut builder = _XNNCatBuilder::new(_fbb);
+    builder.add_input5_id(args.input5_id);
+    builder.add_flags(args.flags);
+    builder.add_output_id(args.output_id);
+    builder.add_input4_id(args.input4_id);
+    builder.add_input3_id(args.input3_id);
+    builder.add_input2_id(args.input2_id);
+    builder.add_input1_id(args.input1_id);
+    builder.add_axis(args.axis);
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn axis(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(_XNNCat::VT_AXIS, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn input1_id(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(_XNNCat::VT_INPUT1_ID, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn input2_id(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(_XNNCat::VT_INPUT2_ID, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn input3_id(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(_XNNCat::VT_INPUT3_ID, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn input4_id(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(_XNNCat::VT_INPUT4_ID, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn output_id(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(_XNNCat::VT_OUTPUT_ID, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn flags(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(_XNNCat::VT_FLAGS, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn input5_id(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(_XNNCat::VT_INPUT5_ID, Some(0)).unwrap()}
+  }
+}
+
+impl ::flatbuffers::Verifiable for _XNNCat<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<u32>("axis", Self::VT_AXIS, false)?
+     .visit_field::<u32>("input1_id", Self::VT_INPUT1_ID, false)?
+     .visit_field::<u32>("input2_id", Self::VT_INPUT2_ID, false)?
+     .visit_field::<u32>("input3_id", Self::VT_INPUT3_ID, false)?
+     .visit_field::<u32>("input4_id", Self::VT_INPUT4_ID, false)?
+     .visit_field::<u32>("output_id", Self::VT_OUTPUT_ID, false)?
+     .visit_field::<u32>("flags", Self::VT_FLAGS, false)?
+     .visit_field::<u32>("input5_id", Self::VT_INPUT5_ID, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct _XNNCatArgs {
+    pub axis: u32,
+    pub input1_id: u32,
+    pub input2_id: u32,
+    pub input3_id: u32,
+    pub input4_id: u32,
+    pub output_id: u32,
+    pub flags: u32,
+    pub input5_id: u32,
+}
+impl<'a> Default for _XNNCatArgs {
+  #[inline]
+  fn default() -> Self {
+    _XNNCatArgs {
+      axis: 0,
+      input1_id: 0,
+      input2_id: 0,
+      input3_id: 0,
+      input4_id: 0,
+      output_id: 0,
+      flags: 0,
+      input5_id: 0,
+    }
+  }
+}
+
+pub struct _XNNCatBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> _XNNCatBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_axis(&mut self, axis: u32) {
+    self.fbb_.push_slot::<u32>(_XNNCat::VT_AXIS, axis, 0);
+  }
+  #[inline]
+  pub fn add_input1_id(&mut self, input1_id: u32) {
+    self.fbb_.push_slot::<u32>(_XNNCat::VT_INPUT1_ID, input1_id, 0);
+  }
+  #[inline]
+  pub fn add_input2_id(&mut self, input2_id: u32) {
+    self.fbb_.push_slot::<u32>(_XNNCat::VT_INPUT2_ID, input2_id, 0);
+  }
+  #[inline]
+  pub fn add_input3_id(&mut self, input3_id: u32) {
+    self.fbb_.push_slot::<u32>(_XNNCat::VT_INPUT3_ID, input3_id, 0);
+  }
+  #[inline]
+  pub fn add_input4_id(&mut self, input4_id: u32) {
+    self.fbb_.push_slot::<u32>(_XNNCat::VT_INPUT4_ID, input4_id, 0);
+  }
+  #[inline]
+  pub fn add_output_id(&mut self, output_id: u32) {
+    self.fbb_.push_slot::<u32>(_XNNCat::VT_OUTPUT_ID, output_id, 0);
+  }
+  #[inline]
+  pub fn add_flags(&mut self, flags: u32) {
+    self.fbb_.push_slot::<u32>(_XNNCat::VT_FLAGS, flags, 0);
+  }
+  #[inline]
+  pub fn add_input5_id(&mut self, input5_id: u32) {
+    self.fbb_.push_slot::<u32>(_XNNCat::VT_INPUT5_ID, input5_id, 0);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> _XNNCatBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    _XNNCatBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<_XNNCat<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for _XNNCat<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("_XNNCat");
+      ds.field("axis", &self.axis());
+      ds.field("input1_id", &self.input1_id());
+      ds.field("input2_id", &self.input2_id());
+      ds.field("input3_id", &self.input3_id());
+      ds.field("input4_id", &self.input4_id());
+      ds.field("output_id", &self.output_id());
+      ds.field("flags", &self.flags());
+      ds.field("input5_id", &self.input5_id());
+      ds.finish()
+  }
+}
+pub enum XNNStaticSliceOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+pub struct XNNStaticSlice<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for XNNStaticSlice<'a> {
+  type Inner = XNNStaticSlice<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> XNNStaticSlice<'a> {
+  pub const VT_NUM_DIMS: ::flatbuffers::VOffsetT = 4;
+  pub const VT_OFFSETS: ::flatbuffers::VOffsetT = 6;
+  pub const VT_SIZES: ::flatbuffers::VOffsetT = 8;
+  pub const VT_INPUT_ID: ::flatbuffers::VOffsetT = 10;
+  pub const VT_OUTPUT_ID: ::flatbuffers::VOffsetT = 12;
+  pub const VT_FLAGS: ::flatbuffers::VOffsetT = 14;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    XNNStaticSlice { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args XNNStaticSliceArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<XNNStaticSlice<'bldr>> {
+    let mut builder = XNNStaticSliceBuilder::new(_fbb);
+    builder.add_flags(args.flags);
+    builder.add_output_id(args.output_id);
+    builder.add_input_id(args.input_id);
+    if let Some(x) = args.sizes { builder.add_sizes(x); }
+    if let Some(x) = args.offsets { builder.add_offsets(x); }
+    builder.add_num_dims(args.num_dims);
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn num_dims(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(XNNStaticSlice::VT_NUM_DIMS, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn offsets(&self) -> Option<::flatbuffers::Vector<'a, u32>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, u32>>>(XNNStaticSlice::VT_OFFSETS, None)}
+  }
+  #[inline]
+  pub fn sizes(&self) -> Option<::flatbuffers::Vector<'a, u32>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, u32>>>(XNNStaticSlice::VT_SIZES, None)}
+  }
+  #[inline]
+  pub fn input_id(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(XNNStaticSlice::VT_INPUT_ID, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn output_id(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(XNNStaticSlice::VT_OUTPUT_ID, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn flags(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(XNNStaticSlice::VT_FLAGS, Some(0)).unwrap()}
+  }
+}
+
+impl ::flatbuffers::Verifiable for XNNStaticSlice<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<u32>("num_dims", Self::VT_NUM_DIMS, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, u32>>>("offsets", Self::VT_OFFSETS, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, u32>>>("sizes", Self::VT_SIZES, false)?
+     .visit_field::<u32>("input_id", Self::VT_INPUT_ID, false)?
+     .visit_field::<u32>("output_id", Self::VT_OUTPUT_ID, false)?
+     .visit_field::<u32>("flags", Self::VT_FLAGS, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct XNNStaticSliceArgs<'a> {
+    pub num_dims: u32,
+    pub offsets: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, u32>>>,
+    pub sizes: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, u32>>>,
+    pub input_id: u32,
+    pub output_id: u32,
+    pub flags: u32,
+}
+impl<'a> Default for XNNStaticSliceArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    XNNStaticSliceArgs {
+      num_dims: 0,
+      offsets: None,
+      sizes: None,
+      input_id: 0,
+      output_id: 0,
+      flags: 0,
+    }
+  }
+}
+
+pub struct XNNStaticSliceBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> XNNStaticSliceBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_num_dims(&mut self, num_dims: u32) {
+    self.fbb_.push_slot::<u32>(XNNStaticSlice::VT_NUM_DIMS, num_dims, 0);
+  }
+  #[inline]
+  pub fn add_offsets(&mut self, offsets: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , u32>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(XNNStaticSlice::VT_OFFSETS, offsets);
+  }
+  #[inline]
+  pub fn add_sizes(&mut self, sizes: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , u32>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(XNNStaticSlice::VT_SIZES, sizes);
+  }
+  #[inline]
+  pub fn add_input_id(&mut self, input_id: u32) {
+    self.fbb_.push_slot::<u32>(XNNStaticSlice::VT_INPUT_ID, input_id, 0);
+  }
+  #[inline]
+  pub fn add_output_id(&mut self, output_id: u32) {
+    self.fbb_.push_slot::<u32>(XNNStaticSlice::VT_OUTPUT_ID, output_id, 0);
+  }
+  #[inline]
+  pub fn add_flags(&mut self, flags: u32) {
+    self.fbb_.push_slot::<u32>(XNNStaticSlice::VT_FLAGS, flags, 0);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> XNNStaticSliceBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    XNNStaticSliceBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<XNNStaticSlice<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for XNNStaticSlice<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("XNNStaticSlice");
+      ds.field("num_dims", &self.num_dims());
+      ds.field("offsets", &self.offsets());
+      ds.field("sizes", &self.sizes());
+      ds.field("input_id", &self.input_id());
       ds.field("output_id", &self.output_id());
       ds.field("flags", &self.flags());
       ds.finish()

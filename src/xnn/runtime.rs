@@ -109,9 +109,40 @@ impl<'a> Runtime<'a> {
         inputs: &[(u32, &[f32])],
         outputs: &mut [(u32, &mut [f32])],
     ) -> Result<(), XnnError> {
-        bound_exactly_once(&self.inputs, inputs.iter().map(|(id, _)| *id))?;
-        bound_exactly_once(&self.outputs, outputs.iter().map(|(id, _)| *id))?;
-        let mut externals = Vec::with_capacity(inputs.len() + outputs.len());
+        // SAFETY: no in-place bindings.
+        unsafe { self.invoke_in_place(inputs, outputs, &[]) }
+    }
+
+    /// As [`invoke`](Self::invoke), with some externals bound in place to caller memory (state
+    /// that XNNPACK reads and writes where it lives, not staged): `(id, pointer, elements)`.
+    ///
+    /// # Safety
+    /// Each pointer must be valid for reads and writes of `elements` f32 plus XNN_EXTRA_BYTES of
+    /// reads, for the duration of the call, and not be accessed by anything else meanwhile.
+    pub unsafe fn invoke_in_place(
+        &mut self,
+        inputs: &[(u32, &[f32])],
+        outputs: &mut [(u32, &mut [f32])],
+        in_place: &[(u32, NonNull<f32>, usize)],
+    ) -> Result<(), XnnError> {
+        let is_input = |id: &u32| self.inputs.contains(id);
+        let placed_inputs = in_place
+            .iter()
+            .filter(|(id, _, _)| is_input(id))
+            .map(|(id, _, _)| *id);
+        let placed_outputs = in_place
+            .iter()
+            .filter(|(id, _, _)| !is_input(id))
+            .map(|(id, _, _)| *id);
+        bound_exactly_once(
+            &self.inputs,
+            inputs.iter().map(|(id, _)| *id).chain(placed_inputs),
+        )?;
+        bound_exactly_once(
+            &self.outputs,
+            outputs.iter().map(|(id, _)| *id).chain(placed_outputs),
+        )?;
+        let mut externals = Vec::with_capacity(inputs.len() + outputs.len() + in_place.len());
         for (id, data) in inputs {
             self.expect_elements(*id, data.len())?;
             let slot = self
@@ -123,11 +154,9 @@ impl<'a> Runtime<'a> {
             staged.clear();
             staged.extend_from_slice(data);
             staged.resize(data.len() + EXTRA_FLOATS, 0.0);
-        }
-        for (slot, id) in self.inputs.iter().enumerate() {
             externals.push(sys::xnn_external_value {
                 id: *id,
-                data: self.staging[slot].as_mut_ptr().cast(),
+                data: staged.as_mut_ptr().cast(),
             });
         }
         for (id, data) in outputs.iter_mut() {
@@ -137,13 +166,20 @@ impl<'a> Runtime<'a> {
                 data: data.as_mut_ptr().cast(),
             });
         }
-        // SAFETY: every external points to a live buffer of the size its shape needs (inputs
-        // padded by XNN_EXTRA_BYTES); they stay borrowed until invoke returns, and the next
-        // invoke sets them up again before running.
+        for &(id, ptr, elements) in in_place {
+            self.expect_elements(id, elements)?;
+            externals.push(sys::xnn_external_value {
+                id,
+                data: ptr.as_ptr().cast(),
+            });
+        }
+        // SAFETY: every external points to a live buffer of the size its shape needs (staged
+        // inputs padded by XNN_EXTRA_BYTES, in-place ones by the caller's contract); they stay
+        // valid until invoke returns, and the next invoke sets them up again before running.
         check("xnn_setup_runtime_v2", unsafe {
             sys::xnn_setup_runtime_v2(self.raw.as_ptr(), externals.len(), externals.as_ptr())
         })?;
-        // SAFETY: the runtime is set up with the buffers above, which are still borrowed.
+        // SAFETY: the runtime is set up with the buffers above, which are still valid.
         check("xnn_invoke_runtime", unsafe {
             sys::xnn_invoke_runtime(self.raw.as_ptr())
         })
@@ -217,6 +253,20 @@ impl<K: Send + 'static> OwnedRuntime<K> {
         outputs: &mut [(u32, &mut [f32])],
     ) -> Result<(), XnnError> {
         self.runtime.invoke(inputs, outputs)
+    }
+
+    /// See [`Runtime::invoke_in_place`].
+    ///
+    /// # Safety
+    /// As for [`Runtime::invoke_in_place`].
+    pub unsafe fn invoke_in_place(
+        &mut self,
+        inputs: &[(u32, &[f32])],
+        outputs: &mut [(u32, &mut [f32])],
+        in_place: &[(u32, NonNull<f32>, usize)],
+    ) -> Result<(), XnnError> {
+        // SAFETY: forwarded contract.
+        unsafe { self.runtime.invoke_in_place(inputs, outputs, in_place) }
     }
 
     /// See [`Runtime::external_shape`].

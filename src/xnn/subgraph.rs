@@ -920,6 +920,53 @@ impl<'data> Subgraph<'data> {
             )
         })
     }
+
+    /// Defines `output = input[offsets .. offsets + sizes]` (one offset and size per dimension).
+    pub fn define_static_slice(
+        &mut self,
+        offsets: &[usize],
+        sizes: &[usize],
+        input: u32,
+        output: u32,
+    ) -> Result<(), XnnError> {
+        if offsets.len() != sizes.len() {
+            return Err(refuse("xnn_define_static_slice"));
+        }
+        // SAFETY: both arrays hold `offsets.len()` entries and are read during the call only.
+        check("xnn_define_static_slice", unsafe {
+            sys::xnn_define_static_slice(
+                self.as_raw(),
+                offsets.len(),
+                offsets.as_ptr(),
+                sizes.as_ptr(),
+                input,
+                output,
+                0,
+            )
+        })
+    }
+
+    /// Defines `output = concat(input1, input2)` along `axis`.
+    pub fn define_concatenate2(
+        &mut self,
+        axis: i32,
+        input1: u32,
+        input2: u32,
+        output: u32,
+    ) -> Result<(), XnnError> {
+        // SAFETY: plain values; XNNPACK validates the axis and the ids.
+        check("xnn_define_concatenate2", unsafe {
+            sys::xnn_define_concatenate2(self.as_raw(), axis, input1, input2, output, 0)
+        })
+    }
+
+    /// Defines `output = input` (an explicit copy, e.g. a state write-back).
+    pub fn define_copy(&mut self, input: u32, output: u32) -> Result<(), XnnError> {
+        // SAFETY: plain values; XNNPACK validates the ids.
+        check("xnn_define_copy", unsafe {
+            sys::xnn_define_copy(self.as_raw(), input, output, 0)
+        })
+    }
 }
 
 /// The data pointer, external id and flags of a value in `role`, after checking static data

@@ -1,0 +1,481 @@
+//! Stateful programs: state shared by methods through one arena, written back by explicit copy
+//! nodes, initial state through each bank's copy function.
+
+use memmap2::{Mmap, MmapMut};
+use std::path::{Path, PathBuf};
+use std::ptr::NonNull;
+use std::sync::{Arc, Mutex};
+use xnnblob::delegate::builder::{BuiltGraph, GraphBuilder};
+use xnnblob::named_data::{DataBuffer, FileDataMap, InMemoryMap, NamedBlobStore, NamedDataMap};
+use xnnblob::state::{
+    HostBank, InitialState, Instance, MemoryBank, StateLayout, StateSpec, StatefulMethod,
+    StatefulProgram,
+};
+use xnnblob::synthetic::SplitMix64;
+
+const D: usize = 8;
+const W: usize = 4;
+const SRC: usize = 16;
+
+struct Weights {
+    enc: Vec<f32>, // [D, SRC]
+    inp: Vec<f32>, // [D, D]
+    out: Vec<f32>, // [D, W*D]
+}
+
+fn weights() -> Weights {
+    let mut rng = SplitMix64(99);
+    let mut r = |n: usize, s: f32| (0..n).map(|_| rng.unit() * s).collect::<Vec<f32>>();
+    Weights {
+        enc: r(D * SRC, 0.3),
+        inp: r(D * D, 0.4),
+        out: r(D * W * D, 0.2),
+    }
+}
+
+fn fc(x: &[f32], w: &[f32], rows: usize) -> Vec<f32> {
+    let cols = x.len();
+    (0..rows)
+        .map(|o| (0..cols).map(|k| x[k] * w[o * cols + k]).sum())
+        .collect()
+}
+
+/// The Rust reference of the toy.
+struct Reference {
+    cross: Vec<f32>,
+    window: Vec<f32>, // [W, D]
+}
+
+impl Reference {
+    fn new() -> Reference {
+        Reference {
+            cross: vec![0.0; D],
+            window: vec![0.0; W * D],
+        }
+    }
+    fn encode(&mut self, w: &Weights, x: &[f32]) {
+        self.cross = fc(x, &w.enc, D).iter().map(|v| v.max(0.0)).collect();
+    }
+    fn decode(&mut self, w: &Weights, tok: &[f32]) -> Vec<f32> {
+        let h = fc(tok, &w.inp, D);
+        self.window.drain(..D);
+        self.window.extend(h);
+        let y = fc(&self.window, &w.out, D);
+        y.iter().zip(&self.cross).map(|(a, b)| a + b).collect()
+    }
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("xnnblob-state-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn payload(b: &BuiltGraph) -> DataBuffer {
+    let mut m = InMemoryMap::new("payload");
+    m.insert("p", &b.payload, 64, None).unwrap();
+    m.get_data("p").unwrap()
+}
+
+/// encode: cross = relu(x · Wencᵀ) → state "cross".
+/// decode_step: h = tok · Winᵀ; self = concat(self[1:], h) → state "self";
+///              out = flatten(self) · Woutᵀ + cross.
+fn toy(dir: &Path) -> Arc<StatefulProgram> {
+    let w = weights();
+    let mut enc = GraphBuilder::new();
+    let x = enc.input(&[1, SRC as u32]);
+    let wv = enc.constant_f32(&[D as u32, SRC as u32], &w.enc);
+    let c = enc.fully_connected(x, wv, None, 0.0, f32::INFINITY);
+    let cross_out = enc.output_copy(c);
+    let cross_w = enc.external_id(cross_out);
+    let enc = enc.finish();
+
+    let mut dec = GraphBuilder::new();
+    let tok = dec.input(&[1, D as u32]);
+    let cross_in = dec.input(&[1, D as u32]);
+    let self_in = dec.input(&[W as u32, D as u32]);
+    let wi = dec.constant_f32(&[D as u32, D as u32], &w.inp);
+    let h = dec.fully_connected(tok, wi, None, f32::NEG_INFINITY, f32::INFINITY);
+    let kept = dec.slice(self_in, &[1, 0], &[(W - 1) as u32, D as u32]);
+    let window = dec.concat2(kept, h, 0);
+    let flat = dec.reshape(window, &[1, (W * D) as u32]);
+    let wo = dec.constant_f32(&[D as u32, (W * D) as u32], &w.out);
+    let y = dec.fully_connected(flat, wo, None, f32::NEG_INFINITY, f32::INFINITY);
+    let out = dec.add(y, cross_in, f32::NEG_INFINITY, f32::INFINITY);
+    dec.output(out);
+    let self_out = dec.output_copy(window);
+    let ids = (
+        dec.external_id(cross_in),
+        dec.external_id(self_in),
+        dec.external_id(self_out),
+    );
+    let dec = dec.finish();
+
+    let mut store = NamedBlobStore::new();
+    for (k, v) in enc.blobs.iter().chain(&dec.blobs) {
+        store.add_named_blob(k, v, 16, "model", None).unwrap();
+    }
+    store
+        .add_named_blob("slack", &[0; 64], 16, "model", None)
+        .unwrap();
+    let ptd = dir.join("model.ptd");
+    store.write_ptd("model", &ptd).unwrap();
+    let map: Arc<dyn NamedDataMap> = Arc::new(FileDataMap::open_ptd(&ptd).unwrap());
+    let specs = vec![
+        StateSpec {
+            name: "cross".into(),
+            shape: vec![1, D],
+            bank: 0,
+            initial: InitialState::Zeros,
+        },
+        StateSpec {
+            name: "self".into(),
+            shape: vec![W, D],
+            bank: 0,
+            initial: InitialState::Zeros,
+        },
+    ];
+    let methods = vec![
+        StatefulMethod {
+            name: "encode".into(),
+            payload: payload(&enc),
+            reads: vec![],
+            writes: vec![(cross_w, "cross".into())],
+        },
+        StatefulMethod {
+            name: "decode_step".into(),
+            payload: payload(&dec),
+            reads: vec![(ids.0, "cross".into()), (ids.1, "self".into())],
+            writes: vec![(ids.2, "self".into())],
+        },
+    ];
+    Arc::new(StatefulProgram::new(specs, methods, map).unwrap())
+}
+
+fn source(seed: u64) -> Vec<f32> {
+    let mut rng = SplitMix64(seed);
+    (0..SRC).map(|_| rng.unit()).collect()
+}
+
+fn token(step: usize) -> Vec<f32> {
+    (0..D)
+        .map(|i| ((step * 7 + i * 3) % 11) as f32 / 11.0 - 0.5)
+        .collect()
+}
+
+fn close(a: &[f32], b: &[f32]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| (x - y).abs() <= 1e-4)
+}
+
+fn run_steps(inst: &mut Instance, reference: &mut Reference, w: &Weights, steps: usize) {
+    for step in 0..steps {
+        let out = inst.execute("decode_step", &[&token(step)]).unwrap();
+        let want = reference.decode(w, &token(step));
+        assert!(
+            close(&out[0], &want),
+            "step {step}: {:?} vs {want:?}",
+            out[0]
+        );
+    }
+}
+
+#[test]
+fn encoder_decoder_toy_matches_reference_for_16_steps_and_resets() {
+    let dir = scratch("toy");
+    let program = toy(&dir);
+    let w = weights();
+    let mut inst = program.instantiate().unwrap();
+    let mut reference = Reference::new();
+    assert!(inst.execute("encode", &[&source(1)]).unwrap().is_empty());
+    reference.encode(&w, &source(1));
+    assert!(close(&inst.read_state("cross").unwrap(), &reference.cross));
+    run_steps(&mut inst, &mut reference, &w, 16);
+    assert!(close(&inst.read_state("self").unwrap(), &reference.window));
+
+    inst.reset().unwrap();
+    assert!(inst.read_state("cross").unwrap().iter().all(|v| *v == 0.0));
+    assert!(inst.read_state("self").unwrap().iter().all(|v| *v == 0.0));
+    let mut fresh = Reference::new();
+    run_steps(&mut inst, &mut fresh, &w, 3);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn two_instances_do_not_see_each_others_state_and_load_order_does_not_matter() {
+    let dir = scratch("instances");
+    let program = toy(&dir);
+    let w = weights();
+    let mut a = program.instantiate().unwrap();
+    let mut b = program.instantiate().unwrap();
+    // a loads encode first, b loads decode_step first: one layout, planned for the program.
+    a.load("encode").unwrap();
+    b.load("decode_step").unwrap();
+    let specs = vec![
+        StateSpec {
+            name: "cross".into(),
+            shape: vec![1, D],
+            bank: 0,
+            initial: InitialState::Zeros,
+        },
+        StateSpec {
+            name: "self".into(),
+            shape: vec![W, D],
+            bank: 0,
+            initial: InitialState::Zeros,
+        },
+    ];
+    assert_eq!(program.layout(), &StateLayout::plan(&specs));
+    assert_eq!(program.layout().offsets, vec![(0, 0), (0, 64)]);
+    let (mut ra, mut rb) = (Reference::new(), Reference::new());
+    a.execute("encode", &[&source(1)]).unwrap();
+    ra.encode(&w, &source(1));
+    b.execute("encode", &[&source(2)]).unwrap();
+    rb.encode(&w, &source(2));
+    for step in 0..5 {
+        let oa = a.execute("decode_step", &[&token(step)]).unwrap();
+        let ob = b.execute("decode_step", &[&token(step + 100)]).unwrap();
+        assert!(close(&oa[0], &ra.decode(&w, &token(step))));
+        assert!(close(&ob[0], &rb.decode(&w, &token(step + 100))));
+    }
+    assert_ne!(
+        a.read_state("cross").unwrap(),
+        b.read_state("cross").unwrap()
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A host bank that counts its copy function's calls.
+struct CountingBank {
+    inner: HostBank,
+    copies: Arc<Mutex<usize>>,
+}
+
+// SAFETY: delegates to a HostBank.
+unsafe impl MemoryBank for CountingBank {
+    fn len(&self) -> usize {
+        self.inner.len()
+    }
+    fn base(&mut self) -> NonNull<u8> {
+        self.inner.base()
+    }
+    fn copy_in(&mut self, offset: usize, src: &[u8]) {
+        *self.copies.lock().unwrap() += 1;
+        self.inner.copy_in(offset, src)
+    }
+    fn copy_out(&mut self, offset: usize, dst: &mut [u8]) {
+        self.inner.copy_out(offset, dst)
+    }
+}
+
+#[test]
+fn counter_with_named_initial_state_and_a_zero_buffer_that_costs_no_bytes() {
+    let dir = scratch("counter");
+    let mut g = GraphBuilder::new();
+    let count = g.input(&[1]);
+    let one = g.constant_f32(&[1], &[1.0]);
+    let next = g.add(count, one, f32::NEG_INFINITY, f32::INFINITY);
+    g.output(next);
+    let written = g.output_copy(next);
+    let (count_id, written_id) = (g.external_id(count), g.external_id(written));
+    let tick = g.finish();
+
+    // Two files with the same blobs: the program with a zero buffer declared adds nothing.
+    let write = |path: &Path| {
+        let mut store = NamedBlobStore::new();
+        for (k, v) in &tick.blobs {
+            store.add_named_blob(k, v, 16, "m", None).unwrap();
+        }
+        store
+            .add_named_blob("count_init", &5.0f32.to_le_bytes(), 16, "m", None)
+            .unwrap();
+        store
+            .add_named_blob("slack", &[0; 64], 16, "m", None)
+            .unwrap();
+        store.write_ptd("m", path).unwrap();
+    };
+    let ptd = dir.join("counter.ptd");
+    write(&ptd);
+    let map = Arc::new(FileDataMap::open_ptd(&ptd).unwrap());
+    let keys: Vec<String> = (0..map.num_keys())
+        .map(|i| map.key_at(i).unwrap().to_string())
+        .collect();
+    assert_eq!(
+        keys.len(),
+        tick.blobs.len() + 2,
+        "weights, count_init, slack: nothing for zeros"
+    );
+    let inspect = std::process::Command::new(env!("CARGO_BIN_EXE_xnnblob"))
+        .args(["inspect", "--json"])
+        .arg(&ptd)
+        .output()
+        .unwrap();
+    let json = String::from_utf8_lossy(&inspect.stdout);
+    assert!(
+        json.contains("count_init") && !json.contains("zeros"),
+        "{json}"
+    );
+
+    let specs = vec![
+        StateSpec {
+            name: "count".into(),
+            shape: vec![1],
+            bank: 0,
+            initial: InitialState::Named("count_init".into()),
+        },
+        StateSpec {
+            name: "zeros".into(),
+            shape: vec![16],
+            bank: 1,
+            initial: InitialState::Zeros,
+        },
+    ];
+    let methods = vec![StatefulMethod {
+        name: "tick".into(),
+        payload: payload(&tick),
+        reads: vec![(count_id, "count".into())],
+        writes: vec![(written_id, "count".into())],
+    }];
+    let program = Arc::new(StatefulProgram::new(specs, methods, map).unwrap());
+    let copies = Arc::new(Mutex::new(0));
+    let banks: Vec<Box<dyn MemoryBank>> = program
+        .layout()
+        .bank_sizes
+        .iter()
+        .map(|&n| {
+            Box::new(CountingBank {
+                inner: HostBank::new(n).unwrap(),
+                copies: copies.clone(),
+            }) as Box<dyn MemoryBank>
+        })
+        .collect();
+    let mut inst = program.instantiate_in(banks).unwrap();
+    assert_eq!(
+        *copies.lock().unwrap(),
+        2,
+        "initial state of both buffers, through the copy function"
+    );
+    assert_eq!(inst.read_state("count").unwrap(), vec![5.0]);
+    for expected in [6.0, 7.0, 8.0] {
+        assert_eq!(inst.execute("tick", &[]).unwrap(), vec![vec![expected]]);
+    }
+    assert_eq!(
+        *copies.lock().unwrap(),
+        2,
+        "execution copies nothing through the runtime"
+    );
+    inst.reset().unwrap();
+    assert_eq!(*copies.lock().unwrap(), 4);
+    assert_eq!(inst.read_state("count").unwrap(), vec![5.0]);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Memory that is read-only except inside its copy function and while XNNPACK's operators run:
+/// any other write by the runtime faults. Every copy is recorded.
+struct GuardedBank {
+    map: Option<Result<Mmap, MmapMut>>,
+    len: usize,
+    log: Arc<Mutex<Vec<String>>>,
+}
+
+impl GuardedBank {
+    fn new(len: usize, log: Arc<Mutex<Vec<String>>>) -> GuardedBank {
+        let map = MmapMut::map_anon(len).unwrap().make_read_only().unwrap();
+        GuardedBank {
+            map: Some(Ok(map)),
+            len,
+            log,
+        }
+    }
+    fn writable(&mut self) -> &mut MmapMut {
+        if let Some(Ok(ro)) = self.map.take() {
+            self.map = Some(Err(ro.make_mut().unwrap()));
+        }
+        match self.map.as_mut().unwrap() {
+            Err(rw) => rw,
+            Ok(_) => unreachable!(),
+        }
+    }
+    fn protect(&mut self) {
+        if let Some(Err(rw)) = self.map.take() {
+            self.map = Some(Ok(rw.make_read_only().unwrap()));
+        }
+    }
+}
+
+// SAFETY: an anonymous mapping of `len` bytes that never moves (mprotect keeps the address).
+unsafe impl MemoryBank for GuardedBank {
+    fn len(&self) -> usize {
+        self.len
+    }
+    fn base(&mut self) -> NonNull<u8> {
+        let ptr = match self.map.as_ref().unwrap() {
+            Ok(ro) => ro.as_ptr() as *mut u8,
+            Err(rw) => rw.as_ptr() as *mut u8,
+        };
+        NonNull::new(ptr).unwrap()
+    }
+    fn copy_in(&mut self, offset: usize, src: &[u8]) {
+        self.log
+            .lock()
+            .unwrap()
+            .push(format!("in {offset} {}", src.len()));
+        self.writable()[offset..offset + src.len()].copy_from_slice(src);
+        self.protect();
+    }
+    fn copy_out(&mut self, offset: usize, dst: &mut [u8]) {
+        self.log
+            .lock()
+            .unwrap()
+            .push(format!("out {offset} {}", dst.len()));
+        let bytes: &[u8] = match self.map.as_ref().unwrap() {
+            Ok(ro) => ro,
+            Err(rw) => rw,
+        };
+        dst.copy_from_slice(&bytes[offset..offset + dst.len()]);
+    }
+    fn begin_execute(&mut self) {
+        self.log.lock().unwrap().push("execute".into());
+        self.writable();
+    }
+    fn end_execute(&mut self) {
+        self.protect();
+    }
+}
+
+#[test]
+fn the_runtime_writes_bank_memory_only_through_its_copy_function() {
+    let dir = scratch("guarded");
+    let program = toy(&dir);
+    let w = weights();
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let banks: Vec<Box<dyn MemoryBank>> = program
+        .layout()
+        .bank_sizes
+        .iter()
+        .map(|&n| {
+            Box::new(GuardedBank::new(n.next_multiple_of(4096), log.clone())) as Box<dyn MemoryBank>
+        })
+        .collect();
+    let mut inst = program.instantiate_in(banks).unwrap();
+    assert_eq!(
+        *log.lock().unwrap(),
+        vec!["in 0 32", "in 64 128"],
+        "load: initial state only"
+    );
+    log.lock().unwrap().clear();
+    let mut reference = Reference::new();
+    inst.execute("encode", &[&source(3)]).unwrap();
+    reference.encode(&w, &source(3));
+    run_steps(&mut inst, &mut reference, &w, 4);
+    inst.reset().unwrap();
+    let events = log.lock().unwrap().clone();
+    let executes = events.iter().filter(|e| *e == "execute").count();
+    assert_eq!(executes, 5, "{events:?}");
+    assert_eq!(
+        &events[5..],
+        ["in 0 32", "in 64 128"],
+        "reset: through the copy function"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
