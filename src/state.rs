@@ -86,6 +86,9 @@ impl StateLayout {
 /// moving for as long as the bank lives; nothing else may access them while a method runs.
 pub unsafe trait MemoryBank: Send {
     fn len(&self) -> usize;
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
     fn base(&mut self) -> NonNull<u8>;
     /// The bank's copy function: `src` into the bank at `offset`.
     fn copy_in(&mut self, offset: usize, src: &[u8]);

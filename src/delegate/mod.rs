@@ -17,6 +17,9 @@ use crate::shared_cache::SharedDataCache;
 use crate::xnn::OwnedRuntime;
 use std::sync::Arc;
 
+/// An external input or output: its id and shape.
+pub type External = (u32, Vec<usize>);
+
 /// One initialised delegate (one lowered method or submodule).
 pub struct XnnDelegate {
     runtime: OwnedRuntime<compile::Keep>,
@@ -63,7 +66,7 @@ impl XnnDelegate {
     }
 
     /// The external ids and shapes of the inputs and of the outputs, in execute order.
-    pub fn externals(&self) -> (&[(u32, Vec<usize>)], &[(u32, Vec<usize>)]) {
+    pub fn externals(&self) -> (&[External], &[External]) {
         (&self.io.inputs, &self.io.outputs)
     }
 
