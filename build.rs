@@ -10,6 +10,7 @@ fn main() {
         .file("cpp/examples/minimal_delegate.cc")
         .file("cpp/tests/delegate_checks.cc")
         .file("cpp/tests/program_run.cc")
+        .file("cpp/tests/stateful_checks.cc")
         .flag_if_supported("-Wall")
         .flag_if_supported("-Wextra");
     // xnnpack-sys publishes its header directories (DEP_XNNPACK_INCLUDE).

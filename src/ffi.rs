@@ -38,6 +38,14 @@ mod bridge {
         packed_bytes: usize,
     }
 
+    /// A mutable buffer of a stateful program; `initial_key` empty: zeros.
+    struct StateDecl {
+        name: String,
+        shape: Vec<usize>,
+        bank: usize,
+        initial_key: String,
+    }
+
     /// One of ExecuTorch's compile specs for a delegate.
     struct CompileSpec {
         key: String,
@@ -109,6 +117,45 @@ mod bridge {
         fn execute(self: &mut Delegate) -> Result<()>;
         fn output(self: &Delegate, index: usize) -> Result<&[f32]>;
 
+        /// Collects the declarations and methods of a stateful program.
+        type StatefulBuilder;
+        /// A stateful program (declarations, layout, methods).
+        type Stateful;
+        /// One instance of a stateful program, with its own state.
+        type StatefulInstance;
+        /// Collects the C++ banks of a new instance.
+        type InstanceBuilder;
+
+        fn new_stateful_builder() -> Box<StatefulBuilder>;
+        fn declare(self: &mut StatefulBuilder, decl: StateDecl);
+        fn add_method(self: &mut StatefulBuilder, name: &str, payload: &[u8]);
+        /// Binds external `external_id` of method `method` to state `state` (read or write-back).
+        fn bind(
+            self: &mut StatefulBuilder,
+            method: &str,
+            external_id: u32,
+            state: &str,
+            write: bool,
+        );
+        fn build(self: &mut StatefulBuilder, map: &DataMap) -> Result<Box<Stateful>>;
+        fn bank_sizes(self: &Stateful) -> Vec<usize>;
+        /// An instance whose banks are host memory (memcpy).
+        fn instantiate(self: &Stateful) -> Result<Box<StatefulInstance>>;
+        /// Starts an instance whose banks are C++ banks, added in bank order.
+        fn instance_builder(self: &Stateful) -> Box<InstanceBuilder>;
+        fn add_bank(self: &mut InstanceBuilder, bank: UniquePtr<MemoryBank>);
+        fn finish(self: &mut InstanceBuilder) -> Result<Box<StatefulInstance>>;
+        fn reset(self: &mut StatefulInstance) -> Result<()>;
+        /// Runs `method` on its non-state inputs (flattened fp32, in external-id order,
+        /// `input_sizes` elements each); returns its non-state outputs concatenated.
+        fn run(
+            self: &mut StatefulInstance,
+            method: &str,
+            inputs: &[f32],
+            input_sizes: &[usize],
+        ) -> Result<Vec<f32>>;
+        fn read_state(self: &mut StatefulInstance, name: &str) -> Result<Vec<f32>>;
+
         /// `cache_path` empty: packed weights stay in memory.
         fn load_program(pte: &str, ptds: &[String], cache_path: &str) -> Result<Box<Program>>;
         fn method_names(self: &Program) -> Vec<String>;
@@ -130,6 +177,17 @@ mod bridge {
         fn key_at(self: &NamedDataMap, index: usize) -> Result<String>;
         fn get_data(self: &NamedDataMap, key: &str) -> Result<&[u8]>;
 
+        include!("xnnblob/memory_bank.h");
+
+        /// A memory bank implemented in C++ (see memory_bank.h for its contract).
+        type MemoryBank;
+        fn len(self: &MemoryBank) -> usize;
+        fn base(self: Pin<&mut MemoryBank>) -> *mut u8;
+        fn copy_in(self: Pin<&mut MemoryBank>, offset: usize, src: &[u8]);
+        fn copy_out(self: Pin<&mut MemoryBank>, offset: usize, dst: &mut [u8]);
+        fn begin_execute(self: Pin<&mut MemoryBank>);
+        fn end_execute(self: Pin<&mut MemoryBank>);
+
         include!("xnnblob/xnnblob.h");
 
         /// One line naming xnnblob and XNNPACK, assembled in C++.
@@ -138,6 +196,13 @@ mod bridge {
         fn run_minimal_example(ptd_path: &str, payload: &[u8], input: &[f32]) -> Result<Vec<f32>>;
         /// C++ checks of the delegate API (cpp/tests/delegate_checks.cc): returns a report.
         fn cpp_delegate_checks(ptd_path: &str, payload: &[u8], input: &[f32]) -> Result<String>;
+        /// The stateful counter, from C++ with a C++ bank (cpp/tests/stateful_checks.cc).
+        fn cpp_stateful_counter(
+            ptd_path: &str,
+            payload: &[u8],
+            count_in: u32,
+            count_out: u32,
+        ) -> Result<String>;
         /// Runs a program's method from C++ (cpp/tests/program_run.cc).
         fn cpp_run_program(
             pte: &str,
@@ -149,8 +214,8 @@ mod bridge {
 }
 
 pub use bridge::{
-    cpp_delegate_checks, cpp_run_program, describe, run_minimal_example, CompileSpec,
-    SharedCacheStats, TensorLayout, WeightsCacheStats,
+    cpp_delegate_checks, cpp_run_program, cpp_stateful_counter, describe, run_minimal_example,
+    CompileSpec, SharedCacheStats, StateDecl, TensorLayout, WeightsCacheStats,
 };
 
 // SAFETY: named_data.h requires C++ maps to be safe to call from any thread (const methods,
@@ -609,5 +674,165 @@ impl Method {
             .get(index)
             .map(Vec::as_slice)
             .ok_or_else(|| out_of_range("output (after execute)", index, self.outputs.len()))
+    }
+}
+
+// SAFETY: memory_bank.h requires C++ banks to be usable from the thread that runs the instance.
+unsafe impl Send for bridge::MemoryBank {}
+
+/// A C++ bank as a Rust one.
+struct CppBank(cxx::UniquePtr<bridge::MemoryBank>);
+
+// SAFETY: memory_bank.h's contract is MemoryBank's: `base` points to `len` bytes, 64-aligned,
+// valid and fixed while the bank lives.
+unsafe impl crate::state::MemoryBank for CppBank {
+    fn len(&self) -> usize {
+        self.0.as_ref().map_or(0, |b| b.len())
+    }
+    fn base(&mut self) -> std::ptr::NonNull<u8> {
+        let ptr = self.0.as_mut().map_or(std::ptr::null_mut(), |b| b.base());
+        // A null base (no bank) never reaches XNNPACK: instantiation checks the length first.
+        std::ptr::NonNull::new(ptr).unwrap_or(std::ptr::NonNull::dangling())
+    }
+    fn copy_in(&mut self, offset: usize, src: &[u8]) {
+        if let Some(b) = self.0.as_mut() {
+            b.copy_in(offset, src);
+        }
+    }
+    fn copy_out(&mut self, offset: usize, dst: &mut [u8]) {
+        if let Some(b) = self.0.as_mut() {
+            b.copy_out(offset, dst);
+        }
+    }
+    fn begin_execute(&mut self) {
+        if let Some(b) = self.0.as_mut() {
+            b.begin_execute();
+        }
+    }
+    fn end_execute(&mut self) {
+        if let Some(b) = self.0.as_mut() {
+            b.end_execute();
+        }
+    }
+}
+
+#[derive(Default)]
+pub struct StatefulBuilder {
+    specs: Vec<crate::state::StateSpec>,
+    methods: Vec<crate::state::StatefulMethod>,
+}
+
+pub struct Stateful(Arc<crate::state::StatefulProgram>);
+pub struct StatefulInstance(crate::state::Instance);
+
+fn new_stateful_builder() -> Box<StatefulBuilder> {
+    Box::default()
+}
+
+impl StatefulBuilder {
+    fn declare(&mut self, decl: StateDecl) {
+        self.specs.push(crate::state::StateSpec {
+            name: decl.name,
+            shape: decl.shape,
+            bank: decl.bank,
+            initial: if decl.initial_key.is_empty() {
+                crate::state::InitialState::Zeros
+            } else {
+                crate::state::InitialState::Named(decl.initial_key)
+            },
+        });
+    }
+
+    fn add_method(&mut self, name: &str, payload: &[u8]) {
+        let copy = crate::aligned::AlignedBytes::copy_from(payload, 64).expect("allocation");
+        let payload = DataBuffer::new(Arc::new(copy), 0, payload.len()).expect("whole copy");
+        self.methods.push(crate::state::StatefulMethod {
+            name: name.to_string(),
+            payload,
+            reads: Vec::new(),
+            writes: Vec::new(),
+        });
+    }
+
+    fn bind(&mut self, method: &str, external_id: u32, state: &str, write: bool) {
+        if let Some(m) = self.methods.iter_mut().find(|m| m.name == method) {
+            let list = if write { &mut m.writes } else { &mut m.reads };
+            list.push((external_id, state.to_string()));
+        }
+    }
+
+    fn build(&mut self, map: &DataMap) -> Result<Box<Stateful>, crate::state::StateError> {
+        let program = crate::state::StatefulProgram::new(
+            std::mem::take(&mut self.specs),
+            std::mem::take(&mut self.methods),
+            map.0.clone(),
+        )?;
+        Ok(Box::new(Stateful(Arc::new(program))))
+    }
+}
+
+impl Stateful {
+    fn bank_sizes(&self) -> Vec<usize> {
+        self.0.layout().bank_sizes.clone()
+    }
+
+    fn instantiate(&self) -> Result<Box<StatefulInstance>, crate::state::StateError> {
+        Ok(Box::new(StatefulInstance(self.0.instantiate()?)))
+    }
+
+    fn instance_builder(&self) -> Box<InstanceBuilder> {
+        Box::new(InstanceBuilder {
+            program: self.0.clone(),
+            banks: Vec::new(),
+        })
+    }
+}
+
+pub struct InstanceBuilder {
+    program: Arc<crate::state::StatefulProgram>,
+    banks: Vec<Box<dyn crate::state::MemoryBank>>,
+}
+
+impl InstanceBuilder {
+    fn add_bank(&mut self, bank: cxx::UniquePtr<bridge::MemoryBank>) {
+        self.banks.push(Box::new(CppBank(bank)));
+    }
+
+    fn finish(&mut self) -> Result<Box<StatefulInstance>, crate::state::StateError> {
+        let banks = std::mem::take(&mut self.banks);
+        Ok(Box::new(StatefulInstance(
+            self.program.instantiate_in(banks)?,
+        )))
+    }
+}
+
+impl StatefulInstance {
+    fn reset(&mut self) -> Result<(), crate::state::StateError> {
+        self.0.reset()
+    }
+
+    fn run(
+        &mut self,
+        method: &str,
+        inputs: &[f32],
+        input_sizes: &[usize],
+    ) -> Result<Vec<f32>, crate::state::StateError> {
+        let mut parts = Vec::new();
+        let mut at = 0;
+        for &n in input_sizes {
+            let part = inputs.get(at..at + n).ok_or_else(|| {
+                crate::state::StateError::Invalid(format!(
+                    "input sizes {input_sizes:?} exceed the {} values given",
+                    inputs.len()
+                ))
+            })?;
+            parts.push(part);
+            at += n;
+        }
+        Ok(self.0.execute(method, &parts)?.concat())
+    }
+
+    fn read_state(&mut self, name: &str) -> Result<Vec<f32>, crate::state::StateError> {
+        self.0.read_state(name)
     }
 }

@@ -19,6 +19,11 @@ rust::Vec<float> run_minimal_example(rust::Str ptd_path, rust::Slice<const std::
 rust::String cpp_delegate_checks(rust::Str ptd_path, rust::Slice<const std::uint8_t> payload,
                                  rust::Slice<const float> input);
 
+// The stateful counter with a C++ bank whose copy function counts its calls
+// (cpp/tests/stateful_checks.cc); returns a report.
+rust::String cpp_stateful_counter(rust::Str ptd_path, rust::Slice<const std::uint8_t> payload,
+                                  std::uint32_t count_in, std::uint32_t count_out);
+
 // Runs a method of an ExecuTorch program through the bridge (cpp/tests/program_run.cc).
 rust::Vec<float> cpp_run_program(rust::Str pte, const rust::Vec<rust::String>& ptds, rust::Str method,
                                  rust::Slice<const float> input);
