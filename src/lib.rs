@@ -15,6 +15,7 @@ pub mod delegate;
 mod fast_hash;
 pub mod ffi;
 pub mod inspect;
+pub mod link;
 pub mod mmap;
 pub mod named_data;
 pub mod program;

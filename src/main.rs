@@ -8,6 +8,7 @@ usage: xnnblob [demo [--mib N]]
        xnnblob bench [OPTIONS]   (xnnblob bench --help)
        xnnblob inspect FILE [--json] [--sha256]
        xnnblob cache stats|verify|compact PATH
+       xnnblob link FILE.ptd --out DIR
        xnnblob run PROGRAM.pte [--data FILE.ptd]... [--method NAME] [--cache PATH]
                    --input FILE.f32... [--output-dir DIR]
 
@@ -20,6 +21,8 @@ commands:
   run      run a method of an ExecuTorch program fully delegated to XNNPACK: inputs are raw
            little-endian f32 files (shapes from the method), prints load/execute timings and a
            summary of each output; --output-dir writes output0.f32, output1.f32, ...
+  link     generate Rust source that links a .ptd's parameters into a binary (one static per
+           parameter in section .xnnblob_params, looked up by id): DIR/linked_params.rs + .bin files
   cache    a packed-weight cache file: stats (header and index only), verify (checksums every
            packed weight and drops bad entries so the next launch repacks them; exit 1 if any),
            compact (rewrites only the valid entries, tightly)";
@@ -36,6 +39,14 @@ fn main() -> ExitCode {
         Some("inspect") => inspect(&args[1..]),
         Some("cache") => cache_command(&args[1..]),
         Some("run") => run_command(&args[1..]),
+        Some("link") => match &args[1..] {
+            [ptd, flag, out] if flag == "--out" => {
+                xnnblob::link::generate(std::path::Path::new(ptd), std::path::Path::new(out))
+                    .map(|p| println!("written {}", p.display()))
+                    .map_err(|e| format!("{ptd}: {e}").into())
+            }
+            _ => Err(format!("usage: xnnblob link FILE.ptd --out DIR\n{USAGE}").into()),
+        },
         Some("-h" | "--help" | "help") => {
             println!("{USAGE}");
             Ok(())

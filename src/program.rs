@@ -393,13 +393,25 @@ impl Program {
         ptds: &[impl AsRef<Path>],
         cache: Option<&Path>,
     ) -> Result<Program, ProgramError> {
+        let mut maps: Vec<Arc<dyn NamedDataMap>> = Vec::new();
+        for p in ptds {
+            maps.push(Arc::new(FileDataMap::open_ptd(p.as_ref())?));
+        }
+        Program::load_with_maps(pte, maps, cache)
+    }
+
+    /// As [`load`](Self::load), with external named data from any maps (linked parameters,
+    /// in-memory blobs, C++ maps) instead of `.ptd` files.
+    pub fn load_with_maps(
+        pte: impl AsRef<Path>,
+        external: Vec<Arc<dyn NamedDataMap>>,
+        cache: Option<&Path>,
+    ) -> Result<Program, ProgramError> {
         let program = FileDataMap::open_pte(pte.as_ref())?;
         let source = program.source().to_string();
         let plans = read_plans(&program)?;
         let mut maps: Vec<Arc<dyn NamedDataMap>> = vec![Arc::new(program)];
-        for p in ptds {
-            maps.push(Arc::new(FileDataMap::open_ptd(p.as_ref())?));
-        }
+        maps.extend(external);
         let weights = match cache {
             Some(path) => PackedWeightsCache::open(path).map_err(ProgramError::Cache)?,
             None => PackedWeightsCache::in_memory(),

@@ -1,0 +1,26 @@
+//! An ExecuTorch program whose weights live in this binary: the `.pte` is read from disk, its
+//! external weights come from linked parameters, with no `.ptd` and no copy into RAM.
+
+/// The generated parameters (statics in section `.xnnblob_params`, lookup by id).
+#[allow(clippy::all)]
+pub mod params {
+    include!(concat!(env!("OUT_DIR"), "/linked_params.rs"));
+}
+
+use std::sync::Arc;
+use xnnblob::link::LinkedDataMap;
+use xnnblob::program::{Program, ProgramError};
+
+/// The linked parameters as a named-data map.
+pub fn linked_map() -> LinkedDataMap {
+    LinkedDataMap::new(
+        "linked-model",
+        params::LINKED_PARAM_KEYS,
+        params::lookup_linked_param,
+    )
+}
+
+/// Loads `pte` with its external weights taken from the linked parameters.
+pub fn load(pte: &std::path::Path) -> Result<Program, ProgramError> {
+    Program::load_with_maps(pte, vec![Arc::new(linked_map())], None)
+}
