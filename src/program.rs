@@ -147,12 +147,7 @@ fn read_plans(pte: &FileDataMap) -> Result<Vec<MethodPlan>, ProgramError> {
         error,
     })?;
     let end = header.map_or(bytes.len(), |h| h.program_size as usize);
-    let opts = flatbuffers::VerifierOptions {
-        max_depth: 64,
-        max_tables: 10_000_000,
-        max_apparent_size: 1 << 31,
-        ignore_missing_null_terminator: false,
-    };
+    let opts = crate::named_data::bytes::verifier_options();
     let program =
         flatbuffers::root_with_opts::<fb::Program>(&opts, &bytes[..end]).map_err(|e| {
             ProgramError::Format {

@@ -2,25 +2,11 @@
 //! both compiled into the crate from cpp/, run on a model made by the Rust graph builder.
 
 use std::path::Path;
-use xnnblob::delegate::builder::GraphBuilder;
 use xnnblob::synthetic::Mlp;
 
 fn model(dir: &Path) -> (Vec<u8>, Vec<f32>, Vec<f32>) {
     let mlp = Mlp::random(&[24, 40, 12], 17);
-    let mut g = GraphBuilder::new();
-    let mut x = g.input(&[1, 24]);
-    for (i, l) in mlp.layers.iter().enumerate() {
-        let w = g.constant_f32(&[l.outputs as u32, l.inputs as u32], &l.weights);
-        let b = g.constant_f32(&[l.outputs as u32], &l.bias);
-        let min = if i + 1 == mlp.layers.len() {
-            f32::NEG_INFINITY
-        } else {
-            0.0
-        };
-        x = g.fully_connected(x, w, Some(b), min, f32::INFINITY);
-    }
-    g.output(x);
-    let built = g.finish();
+    let built = xnnblob::synthetic::mlp_payload(&mlp, 1);
     built.write_ptd(&dir.join("model.ptd")).unwrap();
     let input: Vec<f32> = (0..24).map(|i| (i as f32 * 0.3).sin()).collect();
     let expected = mlp.reference_forward(&input, 1);

@@ -24,20 +24,7 @@ fn payload(bytes: &[u8]) -> DataBuffer {
 }
 
 fn mlp_graph(mlp: &Mlp, batch: u32) -> BuiltGraph {
-    let mut g = GraphBuilder::new();
-    let mut x = g.input(&[batch, mlp.input_width() as u32]);
-    for (i, l) in mlp.layers.iter().enumerate() {
-        let w = g.constant_f32(&[l.outputs as u32, l.inputs as u32], &l.weights);
-        let b = g.constant_f32(&[l.outputs as u32], &l.bias);
-        let min = if i + 1 == mlp.layers.len() {
-            f32::NEG_INFINITY
-        } else {
-            0.0
-        };
-        x = g.fully_connected(x, w, Some(b), min, f32::INFINITY);
-    }
-    g.output(x);
-    g.finish()
+    xnnblob::synthetic::mlp_payload(mlp, batch)
 }
 
 fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {

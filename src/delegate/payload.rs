@@ -107,12 +107,7 @@ pub fn parse(bytes: &[u8]) -> Result<Payload<'_>, DelegateError> {
             "flatbuffer identifier is not {FLATBUFFER_IDENTIFIER}"
         )));
     }
-    let opts = flatbuffers::VerifierOptions {
-        max_depth: 64,
-        max_tables: 10_000_000,
-        max_apparent_size: 1 << 31,
-        ignore_missing_null_terminator: false,
-    };
+    let opts = crate::named_data::bytes::verifier_options();
     let graph = flatbuffers::root_with_opts::<fb::XNNGraph>(&opts, fb_bytes)
         .map_err(|e| DelegateError::PayloadVerifier(e.to_string()))?;
     let constant_data = if header.constant_data_size > 0 {

@@ -8,7 +8,7 @@
 //! - [`ptd_format`], [`pte_format`]: pure, validating parsers over `&[u8]`.
 
 mod buffer;
-mod bytes;
+pub(crate) mod bytes;
 mod error;
 mod file_map;
 mod index;
