@@ -528,7 +528,32 @@ fn delegate_init_without_weights_cache(
 }
 
 fn out_of_range(what: &str, index: usize, len: usize) -> String {
-    format!("{what} {index} out of range (the delegate has {len})")
+    format!("{what} {index} out of range ({len} of them)")
+}
+
+/// Copies `data` into the staged input `index` (C++ hands inputs over one at a time).
+fn stage_input(inputs: &mut [Vec<f32>], index: usize, data: &[f32]) -> Result<(), String> {
+    let n = inputs.len();
+    let slot = inputs
+        .get_mut(index)
+        .ok_or_else(|| out_of_range("input", index, n))?;
+    if slot.len() != data.len() {
+        return Err(format!(
+            "input {index} holds {} elements, {} given",
+            slot.len(),
+            data.len()
+        ));
+    }
+    slot.copy_from_slice(data);
+    Ok(())
+}
+
+/// Output `index` of the last execution.
+fn read_output(outputs: &[Vec<f32>], index: usize) -> Result<&[f32], String> {
+    outputs
+        .get(index)
+        .map(Vec::as_slice)
+        .ok_or_else(|| out_of_range("output", index, outputs.len()))
 }
 
 impl Delegate {
@@ -557,20 +582,7 @@ impl Delegate {
     }
 
     fn set_input(&mut self, index: usize, data: &[f32]) -> Result<(), String> {
-        let n = self.inputs.len();
-        let slot = self
-            .inputs
-            .get_mut(index)
-            .ok_or_else(|| out_of_range("input", index, n))?;
-        if slot.len() != data.len() {
-            return Err(format!(
-                "input {index} holds {} elements, {} given",
-                slot.len(),
-                data.len()
-            ));
-        }
-        slot.copy_from_slice(data);
-        Ok(())
+        stage_input(&mut self.inputs, index, data)
     }
 
     fn execute(&mut self) -> Result<(), crate::delegate::DelegateError> {
@@ -580,10 +592,7 @@ impl Delegate {
     }
 
     fn output(&self, index: usize) -> Result<&[f32], String> {
-        self.outputs
-            .get(index)
-            .map(Vec::as_slice)
-            .ok_or_else(|| out_of_range("output", index, self.outputs.len()))
+        read_output(&self.outputs, index)
     }
 }
 
@@ -643,20 +652,7 @@ impl Method {
     }
 
     fn set_input(&mut self, index: usize, data: &[f32]) -> Result<(), String> {
-        let n = self.inputs.len();
-        let slot = self
-            .inputs
-            .get_mut(index)
-            .ok_or_else(|| out_of_range("input", index, n))?;
-        if slot.len() != data.len() {
-            return Err(format!(
-                "input {index} holds {} elements, {} given",
-                slot.len(),
-                data.len()
-            ));
-        }
-        slot.copy_from_slice(data);
-        Ok(())
+        stage_input(&mut self.inputs, index, data)
     }
 
     fn execute(&mut self) -> Result<(), crate::program::ProgramError> {
@@ -670,10 +666,7 @@ impl Method {
     }
 
     fn output(&self, index: usize) -> Result<&[f32], String> {
-        self.outputs
-            .get(index)
-            .map(Vec::as_slice)
-            .ok_or_else(|| out_of_range("output (after execute)", index, self.outputs.len()))
+        read_output(&self.outputs, index)
     }
 }
 
