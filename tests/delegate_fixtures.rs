@@ -1,25 +1,15 @@
 //! The delegate on payloads ExecuTorch's exporter wrote (fixtures with their delegate decoded
 //! in the manifest): every node type and value datatype reads as the manifest says, and the
-//! outputs match ExecuTorch's own runtime.
+//! outputs match ExecuTorch's own runtime and, for quantized graphs, a plain Rust reference.
 
+mod common;
+
+use common::{dir, f32s, kernels_line, max_diff, qd8_reference, qd8_weight_types};
 use serde_json::Value;
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use xnnblob::delegate::XnnDelegate;
 use xnnblob::named_data::{DataBuffer, FileDataMap, InMemoryMap, MergedMap, NamedDataMap};
 use xnnblob::shared_cache::SharedDataCache;
-
-fn dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/executorch")
-}
-
-fn f32s(path: &Path) -> Vec<f32> {
-    std::fs::read(path)
-        .unwrap()
-        .chunks_exact(4)
-        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
-        .collect()
-}
 
 /// (name, manifest) of fixtures whose manifest decodes their XNNPACK delegate.
 fn delegated() -> Vec<(String, Value)> {
@@ -66,35 +56,38 @@ fn open(manifest: &Value) -> (DataBuffer, MergedMap) {
     (payload, MergedMap::new(maps).unwrap())
 }
 
+/// Runs a fixture's delegate on its reference input; returns (input, output).
+fn run_delegate(name: &str, manifest: &Value) -> (Vec<f32>, Vec<f32>) {
+    let (payload, map) = open(manifest);
+    let shared = SharedDataCache::new();
+    let mut d =
+        XnnDelegate::init(payload, &map, &shared, None).unwrap_or_else(|e| panic!("{name}: {e}"));
+    let io = &manifest["io"];
+    let input = f32s(&dir().join(io["inputs"][0]["f32"].as_str().unwrap()));
+    let shape: Vec<usize> = io["inputs"][0]["shape"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap() as usize)
+        .collect();
+    assert_eq!(d.input_shapes()[0], shape, "{name}");
+    let n: usize = d.output_shapes()[0].iter().product();
+    let mut out = vec![f32::NAN; n];
+    d.execute(&[&input], &mut [&mut out]).unwrap();
+    (input, out)
+}
+
 #[test]
 fn fixture_payloads_run_and_match_executorch() {
     for (name, manifest) in delegated() {
-        let (payload, map) = open(&manifest);
-        let shared = SharedDataCache::new();
-        let mut d = XnnDelegate::init(payload, &map, &shared, None)
-            .unwrap_or_else(|e| panic!("{name}: {e}"));
-        let io = &manifest["io"];
-        let input = f32s(&dir().join(io["inputs"][0]["f32"].as_str().unwrap()));
-        let shape: Vec<usize> = io["inputs"][0]["shape"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|v| v.as_u64().unwrap() as usize)
-            .collect();
-        assert_eq!(d.input_shapes()[0], shape, "{name}");
-        let n: usize = d.output_shapes()[0].iter().product();
-        let mut out = vec![f32::NAN; n];
-        d.execute(&[&input], &mut [&mut out]).unwrap();
+        let (_, out) = run_delegate(&name, &manifest);
+        let kernels = kernels_line(&qd8_weight_types(&manifest));
         // ExecuTorch's own runtime's outputs (same XNNPACK microkernel family, another build).
-        let et = dir().join(format!("{name}.output_et.f32"));
-        let expected = f32s(&et);
-        let diff = out
-            .iter()
-            .zip(&expected)
-            .map(|(a, b)| (a - b).abs())
-            .fold(0f32, f32::max);
-        let spread = expected.iter().fold(0f32, |m, v| m.max(v.abs()));
-        eprintln!("{name}: max |xnnblob - executorch| = {diff:e} (outputs up to {spread})");
+        let expected = f32s(&dir().join(format!("{name}.output_et.f32")));
+        let (diff, spread) = max_diff(&out, &expected);
+        eprintln!(
+            "{name}: max |xnnblob - executorch| = {diff:e} (outputs up to {spread}) {kernels}"
+        );
         // fp32 graphs: only summation order differs. Quantized graphs: the XNNPACK builds
         // differ (ours is 4ea82e5; ExecuTorch 1.5.1 pins a newer one) in dynamic-quantization
         // rounding, so allow 1e-3 of the output range.
@@ -103,6 +96,44 @@ fn fixture_payloads_run_and_match_executorch() {
         } else {
             spread * 1e-3
         };
-        assert!(diff <= tol, "{name}: {diff} > {tol}");
+        assert!(diff <= tol, "{name}: {diff} > {tol} ({kernels})");
+    }
+}
+
+/// A second witness for every quantized fixture, which holds where ExecuTorch's outputs were
+/// made on another CPU: the delegate's outputs against dequantize-and-multiply in plain Rust.
+/// The reference itself is first checked against ExecuTorch's stored outputs.
+#[test]
+fn quantized_fixtures_match_a_plain_rust_reference() {
+    let mut checked = Vec::new();
+    for (name, manifest) in delegated() {
+        let weights = qd8_weight_types(&manifest);
+        if weights.is_empty() {
+            continue;
+        }
+        let (input, out) = run_delegate(&name, &manifest);
+        let (_, map) = open(&manifest);
+        let reference = qd8_reference::run(&manifest, &map, &input);
+        let expected = f32s(&dir().join(format!("{name}.output_et.f32")));
+        let (ref_vs_et, spread) = max_diff(&reference, &expected);
+        let (diff, _) = max_diff(&out, &reference);
+        let kernels = kernels_line(&weights);
+        eprintln!(
+            "{name}: max |xnnblob - rust reference| = {diff:e}, |rust reference - executorch| = \
+             {ref_vs_et:e} (outputs up to {spread}) {kernels}"
+        );
+        let tol = spread * 1e-3;
+        assert!(
+            ref_vs_et <= tol,
+            "{name}: the reference itself is off ExecuTorch's outputs by {ref_vs_et} > {tol}"
+        );
+        assert!(diff <= tol, "{name}: {diff} > {tol} ({kernels})");
+        checked.push(name);
+    }
+    for kind in ["qb4w", "qc4w", "qc8w"] {
+        assert!(
+            checked.iter().any(|n| n.contains(kind)),
+            "no {kind} fixture was checked: {checked:?}"
+        );
     }
 }

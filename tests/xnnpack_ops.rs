@@ -4,8 +4,8 @@
 use xnnblob::synthetic::SplitMix64;
 use xnnblob::xnn::{
     BlockwiseQuantization, ChannelwiseQuantization, Convolution2dParams, Datatype,
-    DepthwiseConvolution2dParams, FullyConnectedFlags, Padding2d, Runtime, Status, Subgraph,
-    ValueRole, XnnError,
+    DepthwiseConvolution2dParams, FullyConnectedFlags, Padding2d, Qd8Weights, Runtime, Status,
+    Subgraph, ValueRole, XnnError,
 };
 
 const INPUT: u32 = 0;
@@ -456,6 +456,20 @@ fn assert_within_qd8_bound(
     );
 }
 
+/// Batch sizes for the quantized fully connected tests: every remainder of the widest qd8 GEMM
+/// tiles (14 rows for AVX512-VNNI+GFNI qb4w, 16 for AMX), where rows past the batch alias the
+/// last one. XNNPACK 4ea82e5 as released got batches 2, 3 and 15-17 wrong with its 14-row qb4w
+/// kernel (third_party/xnnpack-sys/patches/0001-*).
+const QD8_BATCHES: std::ops::RangeInclusive<usize> = 1..=17;
+
+/// The microkernel XNNPACK runs these weights with on this CPU, for the test's output.
+fn kernel_of(weights: Qd8Weights) -> String {
+    let name = xnnblob::xnn::qd8_gemm_kernel(weights)
+        .unwrap()
+        .unwrap_or_else(|| "an unnamed kernel (XNNPACK not built by xnnpack-sys)".into());
+    format!("{} on {name}", weights.operator_name())
+}
+
 /// Builds `fp32 input -> convert -> qdint8 -> fully connected (quantized filter) -> fp32`.
 fn qd8_fully_connected_graph<'data>(
     batch: usize,
@@ -495,7 +509,14 @@ fn qd8_fully_connected_graph<'data>(
 
 #[test]
 fn qd8_activations_times_qc8w_weights_match_dequantized_fp32_reference() {
-    let (batch, inputs, outputs) = (4, 64, 24);
+    for batch in QD8_BATCHES {
+        eprintln!("batch {batch}: {}", kernel_of(Qd8Weights::Qc8w));
+        check_qd8_qc8w(batch);
+    }
+}
+
+fn check_qd8_qc8w(batch: usize) {
+    let (inputs, outputs) = (64, 24);
     let mut rng = SplitMix64(41);
     let x = random(&mut rng, batch * inputs, 1.0);
     let q: Vec<i8> = (0..outputs * inputs)
@@ -563,11 +584,18 @@ fn pack_nibble_rows(values: &[u8], row: usize, pad: u8) -> Vec<u8> {
 
 #[test]
 fn qd8_activations_times_qc4w_weights_match_reference_with_odd_and_transposed_rows() {
+    for batch in QD8_BATCHES {
+        eprintln!("batch {batch}: {}", kernel_of(Qd8Weights::Qc4w));
+        check_qd8_qc4w(batch);
+    }
+}
+
+fn check_qd8_qc4w(batch: usize) {
     // [outputs, inputs] with 16 inputs, then 15: each row ends with a spare nibble, which
     // checks the byte size, nibble order and padding `Datatype::tensor_bytes` documents. Then
     // [inputs, outputs], transposed, with even dimensions (the wrapper refuses odd ones).
     for (inputs, transposed, seed) in [(16, false, 53), (15, false, 51), (16, true, 52)] {
-        let (batch, outputs) = (3, 10);
+        let outputs = 10;
         let mut rng = SplitMix64(seed);
         let x = random(&mut rng, batch * inputs, 1.0);
         // nibbles[o * inputs + k] is the weight of input k in output o.
@@ -641,7 +669,14 @@ fn bf16_bits(v: f32) -> u16 {
 
 #[test]
 fn qd8_activations_times_qb4w_weights_match_reference() {
-    let (batch, inputs, outputs, block) = (2, 64, 8, 32);
+    for batch in QD8_BATCHES {
+        eprintln!("batch {batch}: {}", kernel_of(Qd8Weights::Qb4w));
+        check_qd8_qb4w(batch);
+    }
+}
+
+fn check_qd8_qb4w(batch: usize) {
+    let (inputs, outputs, block) = (64, 40, 32);
     let blocks = inputs / block;
     let mut rng = SplitMix64(61);
     let x = random(&mut rng, batch * inputs, 1.0);

@@ -3,6 +3,7 @@
 
 mod builtin_cache;
 mod error;
+mod kernel_info;
 mod memory_cache;
 mod runtime;
 mod subgraph;
@@ -10,6 +11,7 @@ mod weights_cache;
 
 pub use builtin_cache::XnnpackWeightsCache;
 pub use error::{Status, XnnError};
+pub use kernel_info::{qd8_gemm_kernel, Qd8Weights};
 pub use memory_cache::{InMemoryWeightsCache, ProviderStats};
 pub use runtime::{OwnedRuntime, Runtime};
 pub use subgraph::{

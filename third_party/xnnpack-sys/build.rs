@@ -7,7 +7,10 @@
 //!    build recipe, so `cargo clean` or a second checkout does not rebuild.
 //! 3. A fresh build from Debian's source packages: tarballs taken from `XNNBLOB_XNNPACK_SOURCES`
 //!    (a directory) or fetched with the system's apt from trixie/sid, each checked against its
-//!    sha256, then built with cmake + ninja.
+//!    sha256, patched with `patches/*.patch` (see `patches/README`), then built with cmake + ninja.
+//!
+//! Own builds also install XNNPACK's internal headers, so that `src/kernel_info.c` can name the
+//! microkernels XNNPACK's GEMM configs picked on this CPU (`xnnblob_qd8_gemm_kernel`).
 
 use sha2::{Digest, Sha256};
 use std::env;
@@ -64,7 +67,12 @@ const SOURCES: [DebianSource; 6] = [
 ];
 
 /// Bump when the cmake options or the install layout change: it is part of the cache key.
-const RECIPE_VERSION: &str = "1";
+/// 2: patches applied; internal headers installed under include/internal.
+const RECIPE_VERSION: &str = "2";
+
+/// The smallest `XNN_EXTRA_QUANTIZATION_PARAMS` that is safe for every qd8 GEMM kernel (see
+/// patches/0001-*): a user-provided XNNPACK with less gets a warning.
+const SAFE_EXTRA_QUANTIZATION_PARAMS: u32 = 15;
 
 const CMAKE_OPTIONS: &[&str] = &[
     "-DXNNPACK_BUILD_TESTS=OFF",
@@ -78,10 +86,15 @@ const CMAKE_OPTIONS: &[&str] = &[
 /// Static libraries of our own build, in link order (dependents first).
 const OWN_LIBS: [&str; 4] = ["XNNPACK", "microkernels-prod", "cpuinfo", "pthreadpool"];
 
+/// What to run when a tool the build needs is missing.
+const INSTALL_HINT: &str =
+    "run ./scripts/install-system-deps.sh from the repository's root (it installs cmake, ninja-build, \
+     libclang-dev, g++ and xz-utils with apt-get)";
+
 const HELP: &str = "\
 How to provide XNNPACK:
   * let this build fetch it: needs apt-get (Debian), network access to Debian's archive,
-    and cmake + ninja-build + libclang-dev installed (apt-get install cmake ninja-build libclang-dev);
+    and cmake + ninja-build + xz-utils installed (./scripts/install-system-deps.sh);
   * or put the six .orig.tar.xz tarballs listed in third_party/xnnpack-sys/build.rs in a
     directory and set XNNBLOB_XNNPACK_SOURCES=that directory (no network needed);
   * or point at an XNNPACK you already built: XNNPACK_INCLUDE_DIR=<dirs with xnnpack.h and
@@ -89,6 +102,13 @@ How to provide XNNPACK:
 
 fn fail(what: &str) -> ! {
     eprintln!("\nerror: xnnpack-sys cannot provide XNNPACK: {what}\n\n{HELP}\n");
+    std::process::exit(1);
+}
+
+/// For a missing build tool: the remedy is installing it, so the ways of providing XNNPACK
+/// would only distract.
+fn fail_missing_tool(what: &str) -> ! {
+    eprintln!("\nerror: xnnpack-sys: {what}\n");
     std::process::exit(1);
 }
 
@@ -100,6 +120,7 @@ fn main() {
         "XNNBLOB_XNNPACK_SOURCES",
         "XDG_CACHE_HOME",
         "HOME",
+        "LIBCLANG_PATH",
     ] {
         println!("cargo:rerun-if-env-changed={var}");
     }
@@ -113,8 +134,37 @@ fn main() {
         (None, None) => Install::cached_or_built(),
         _ => fail("XNNPACK_INCLUDE_DIR and XNNPACK_LIB_DIR must be set together"),
     };
+    install.check_quantization_padding();
+    // Before XNNPACK's libraries: the shim's references to them must precede them on the link line.
+    install.build_kernel_info();
     install.emit_link_directives();
     generate_bindings(&install.include_dirs);
+}
+
+fn patches_dir() -> PathBuf {
+    PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"))
+        .join("patches")
+}
+
+/// `patches/*.patch` in name order, with their contents.
+fn patches() -> Vec<(String, Vec<u8>)> {
+    let dir = patches_dir();
+    println!("cargo:rerun-if-changed={}", dir.display());
+    let mut found: Vec<(String, Vec<u8>)> = fs::read_dir(&dir)
+        .map(|rd| {
+            rd.flatten()
+                .filter(|e| e.path().extension().is_some_and(|x| x == "patch"))
+                .map(|e| {
+                    let text = fs::read(e.path()).unwrap_or_else(|err| {
+                        fail(&format!("cannot read {}: {err}", e.path().display()))
+                    });
+                    (e.file_name().to_string_lossy().into_owned(), text)
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    found.sort();
+    found
 }
 
 /// Where headers and libraries are, and which libraries to link.
@@ -188,6 +238,105 @@ impl Install {
         }
     }
 
+    /// Warns when a user-provided XNNPACK pads quantization parameters too little for its own
+    /// 14- and 16-row qd8 kernels (our builds carry patches/0001-* for that).
+    fn check_quantization_padding(&self) {
+        let Some(header) = self
+            .include_dirs
+            .iter()
+            .map(|d| d.join("xnnpack.h"))
+            .find(|h| h.is_file())
+        else {
+            return;
+        };
+        let text = fs::read_to_string(&header).unwrap_or_default();
+        let value = text.lines().find_map(|l| {
+            l.trim()
+                .strip_prefix("#define XNN_EXTRA_QUANTIZATION_PARAMS")
+                .and_then(|v| v.trim().parse::<u32>().ok())
+        });
+        if let Some(v) = value.filter(|v| *v < SAFE_EXTRA_QUANTIZATION_PARAMS) {
+            println!(
+                "cargo:warning={} pads {v} quantization parameters; qd8 x qb4w fully connected \
+                 layers give wrong results on AVX512-VNNI+GFNI CPUs for batches of 2-3 rows \
+                 unless it is at least {SAFE_EXTRA_QUANTIZATION_PARAMS} \
+                 (third_party/xnnpack-sys/patches/0001-*)",
+                header.display()
+            );
+        }
+    }
+
+    /// Compiles src/kernel_info.c when XNNPACK's internal headers are at hand (our own builds),
+    /// with a table of every qd8 GEMM microkernel the linked libraries define, taken from their
+    /// symbols so that it matches the build whatever the architecture.
+    fn build_kernel_info(&self) {
+        println!("cargo:rustc-check-cfg=cfg(xnnpack_kernel_info)");
+        let Some(internal) = self
+            .include_dirs
+            .iter()
+            .map(|d| d.join("internal"))
+            .find(|d| d.join("xnnpack/config.h").is_file())
+        else {
+            return;
+        };
+        let mut names: Vec<String> = Vec::new();
+        for (lib, is_static) in &self.libs {
+            let Some(path) = self
+                .lib_dirs
+                .iter()
+                .map(|d| d.join(format!("lib{lib}.a")))
+                .find(|p| *is_static && p.is_file())
+            else {
+                continue;
+            };
+            let Ok(out) = Command::new("nm")
+                .args(["--defined-only", "--format=posix"])
+                .arg(&path)
+                .output()
+            else {
+                continue;
+            };
+            for line in String::from_utf8_lossy(&out.stdout).lines() {
+                let mut words = line.split_whitespace();
+                if let (Some(name), Some("T")) = (words.next(), words.next()) {
+                    if name.starts_with("xnn_qd8_f32_q") && name.contains("_gemm_minmax_ukernel_") {
+                        names.push(name.to_string());
+                    }
+                }
+            }
+        }
+        names.sort();
+        names.dedup();
+        let out = PathBuf::from(env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
+        let mut table = String::from(
+            "// Generated by xnnpack-sys's build script from the libraries' symbols.\n\
+             #include <stddef.h>\n\
+             struct xnnblob_kernel_name { const void* function; const char* name; };\n",
+        );
+        for n in &names {
+            table.push_str(&format!("extern void {n}(void);\n"));
+        }
+        table.push_str("const struct xnnblob_kernel_name xnnblob_kernel_names[] = {\n");
+        for n in &names {
+            table.push_str(&format!("  {{ (const void*) {n}, \"{n}\" }},\n"));
+        }
+        table.push_str("  { NULL, NULL }\n};\n");
+        let table_path = out.join("kernel_table.c");
+        fs::write(&table_path, table)
+            .unwrap_or_else(|e| fail(&format!("cannot write {}: {e}", table_path.display())));
+        let shim = PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets it"))
+            .join("src/kernel_info.c");
+        println!("cargo:rerun-if-changed={}", shim.display());
+        cc::Build::new()
+            .file(&shim)
+            .file(&table_path)
+            .includes(&self.include_dirs)
+            .include(&internal)
+            .warnings(false)
+            .compile("xnnblob_kernel_info");
+        println!("cargo:rustc-cfg=xnnpack_kernel_info");
+    }
+
     fn emit_link_directives(&self) {
         for d in &self.lib_dirs {
             println!("cargo:rustc-link-search=native={}", d.display());
@@ -225,6 +374,10 @@ fn cache_key() -> String {
     h.update(RECIPE_VERSION);
     for s in &SOURCES {
         h.update(s.sha256);
+    }
+    for (name, text) in patches() {
+        h.update(name);
+        h.update(text);
     }
     for o in CMAKE_OPTIONS {
         h.update(o);
@@ -461,6 +614,13 @@ fn extract(tarball: &Path, dest: &Path) {
 
 /// Fetches, builds and installs XNNPACK into `dir` (headers and static libraries), then stamps it.
 fn build_into(root: &Path, key: &str, dir: &Path) {
+    require_tools(&[
+        ("cmake", "--version"),
+        ("ninja", "--version"),
+        ("xz", "--version"),
+        ("c++", "--version"),
+        ("patch", "--version"),
+    ]);
     let downloads = root.join("downloads");
     fetch_sources(root, &downloads);
 
@@ -471,6 +631,17 @@ fn build_into(root: &Path, key: &str, dir: &Path) {
         .unwrap_or_else(|e| fail(&format!("cannot create {}: {e}", src.display())));
     for s in &SOURCES {
         extract(&downloads.join(s.tarball), &src.join(s.package));
+    }
+    for (name, _) in patches() {
+        let file = patches_dir().join(&name);
+        run_logged(
+            Command::new("patch")
+                .args(["-p1", "--batch", "--forward", "-i"])
+                .arg(&file)
+                .current_dir(src.join("xnnpack")),
+            &work.join(format!("{name}.log")),
+            &format!("patch -p1 < {}", file.display()),
+        );
     }
 
     let build = work.join("build");
@@ -529,11 +700,46 @@ fn build_into(root: &Path, key: &str, dir: &Path) {
             &inc.join(header.file_name().expect("header has a name")),
         );
     }
+    // XNNPACK's internal headers, for src/kernel_info.c only (never for bindings).
+    let internal = inc.join("internal/xnnpack");
+    fs::create_dir_all(&internal)
+        .unwrap_or_else(|e| fail(&format!("cannot create {}: {e}", internal.display())));
+    let headers = src.join("xnnpack/src/xnnpack");
+    for e in fs::read_dir(&headers)
+        .unwrap_or_else(|e| fail(&format!("cannot list {}: {e}", headers.display())))
+        .flatten()
+    {
+        if e.path().extension().is_some_and(|x| x == "h") {
+            copy(&e.path(), &internal.join(e.file_name()));
+        }
+    }
     fs::write(staging.join("BUILD_OK"), format!("key {key}\n"))
         .unwrap_or_else(|e| fail(&format!("cannot write stamp: {e}")));
     let _ = fs::remove_dir_all(dir);
     fs::rename(&staging, dir).unwrap_or_else(|e| fail(&format!("cannot publish build: {e}")));
     let _ = fs::remove_dir_all(&work);
+}
+
+/// Stops with one message naming every missing tool, before a long build fails half-way.
+fn require_tools(tools: &[(&str, &str)]) {
+    let missing: Vec<&str> = tools
+        .iter()
+        .filter(|(tool, probe)| {
+            !Command::new(tool)
+                .arg(probe)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+        })
+        .map(|(tool, _)| *tool)
+        .collect();
+    if !missing.is_empty() {
+        fail_missing_tool(&format!(
+            "building XNNPACK needs {}, which this machine lacks: {INSTALL_HINT}",
+            missing.join(", ")
+        ));
+    }
 }
 
 fn copy(from: &Path, to: &Path) {
@@ -563,20 +769,42 @@ fn find_file(dir: &Path, name: &str) -> Option<PathBuf> {
 
 fn generate_bindings(include_dirs: &[PathBuf]) {
     let out = PathBuf::from(env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
-    let bindings = bindgen::Builder::default()
+    let builder = bindgen::Builder::default()
         .header_contents("wrapper.h", "#include <xnnpack.h>\n")
         .clang_args(include_dirs.iter().map(|d| format!("-I{}", d.display())))
         .allowlist_function("xnn_.*")
         .allowlist_type("xnn_.*")
         .allowlist_var("XNN_.*")
         .prepend_enum_name(false)
-        .derive_default(true)
-        .generate()
-        .unwrap_or_else(|e| {
-            fail(&format!(
-                "bindgen could not read xnnpack.h ({e}); bindgen needs libclang (apt-get install libclang-dev)"
+        .derive_default(true);
+    // bindgen panics when it cannot load libclang; that becomes one message, not a backtrace.
+    let message = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let seen = std::sync::Arc::clone(&message);
+    std::panic::set_hook(Box::new(move |info| {
+        let text = info
+            .payload()
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| info.payload().downcast_ref::<&str>().map(|s| s.to_string()))
+            .unwrap_or_default();
+        *seen.lock().unwrap_or_else(|e| e.into_inner()) = text;
+    }));
+    // The builder is dropped with the panic; nothing of it is observed afterwards.
+    let generated =
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || builder.generate()));
+    let _ = std::panic::take_hook();
+    let bindings = match generated {
+        Ok(Ok(bindings)) => bindings,
+        Ok(Err(e)) => fail(&format!("bindgen could not read xnnpack.h: {e}")),
+        Err(_) => {
+            let why = message.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            fail_missing_tool(&format!(
+                "bindgen cannot load libclang ({why}).\n\
+                 The libclang bindgen loads comes from libclang-dev (libclang-cpp is not it): \
+                 {INSTALL_HINT}, or set LIBCLANG_PATH to a directory holding libclang.so"
             ))
-        });
+        }
+    };
     bindings
         .write_to_file(out.join("bindings.rs"))
         .unwrap_or_else(|e| fail(&format!("cannot write bindings: {e}")));

@@ -1,0 +1,125 @@
+#!/usr/bin/env bash
+# Proves the README's two commands on a new machine of this project's kind, not on this one:
+# a Debian bookworm root made by `debootstrap --variant=minbase`, given what such a machine
+# ships that matters here (g++, python3, python3-venv, git, ca-certificates, and libclang-cpp14,
+# whose libclang-cpp.so.14 once fooled the install script), the host's Rust toolchain bind-mounted
+# read-only, an empty cargo registry and an empty XNNPACK cache. In it, a fresh clone of this
+# repository's HEAD runs the README's commands verbatim. Prints PASS or FAIL per command; exits
+# non-zero when either fails.
+#
+# Needs root (debootstrap, chroot, mounts) and the network to Debian's archive and crates.io.
+# The mirror is the host's own, read from its apt sources.
+#
+# Environment:
+#   FRESH_ROOT=DIR   where to build the root (default: a new directory under /var/tmp)
+#   FRESH_KEEP=1     keep the root afterwards (for a look inside)
+#   RUSTUP_HOME, CARGO_HOME  the host toolchain to bind-mount (defaults: ~/.rustup, ~/.cargo)
+set -euo pipefail
+
+repo=$(cd "$(dirname "$0")/.." && pwd)
+say() { printf 'fresh-machine-check: %s\n' "$*"; }
+die() { say "error: $*" >&2; exit 2; }
+
+[ "$(id -u)" -eq 0 ] || die "needs root (debootstrap, chroot and bind mounts)"
+if ! command -v debootstrap >/dev/null; then
+  say "installing debootstrap on the host"
+  apt-get update -q >/dev/null
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends debootstrap >/dev/null
+fi
+
+# The first Debian archive the host's apt uses (never the security archive), as build.rs finds it.
+mirror() {
+  local f uri
+  for f in /etc/apt/sources.list.d/*.sources; do
+    [ -f "$f" ] || continue
+    while read -r uri; do
+      case $uri in *debian*) case $uri in *security*) ;; *) echo "$uri"; return 0 ;; esac ;; esac
+    done < <(sed -n 's/^URIs:[[:space:]]*//p' "$f" | tr ' ' '\n')
+  done
+  if [ -f /etc/apt/sources.list ]; then
+    while read -r uri; do
+      case $uri in *debian*) case $uri in *security*) ;; *) echo "$uri"; return 0 ;; esac ;; esac
+    done < <(awk '$1 == "deb" { for (i = 2; i <= NF; i++) if ($i !~ /^\[/) { print $i; break } }' /etc/apt/sources.list)
+  fi
+  return 1
+}
+archive=$(mirror) || die "no Debian archive in the host's apt sources"
+
+rustup_home=${RUSTUP_HOME:-$HOME/.rustup}
+cargo_home=${CARGO_HOME:-$HOME/.cargo}
+[ -x "$cargo_home/bin/cargo" ] || die "no cargo at $cargo_home/bin (set CARGO_HOME)"
+[ -d "$rustup_home/toolchains" ] || die "no Rust toolchains at $rustup_home (set RUSTUP_HOME)"
+
+root=${FRESH_ROOT:-$(mktemp -d /var/tmp/xnnblob-fresh.XXXXXX)}
+logs=$root.logs
+mkdir -p "$root" "$logs"
+mounted=()
+cleanup() {
+  local i
+  for ((i = ${#mounted[@]} - 1; i >= 0; i--)); do umount -l "${mounted[i]}" 2>/dev/null || true; done
+  if [ "${FRESH_KEEP:-0}" != 1 ]; then rm -rf --one-file-system "$root"; fi
+}
+trap cleanup EXIT
+bind() { # bind SOURCE TARGET [ro]
+  mkdir -p "$2"
+  mount --bind "$1" "$2"
+  mounted+=("$2")
+  if [ "${3:-}" = ro ]; then mount -o remount,bind,ro "$2"; fi
+}
+
+say "debootstrap --variant=minbase bookworm into $root (logs in $logs)"
+debootstrap --variant=minbase bookworm "$root" "$archive" >"$logs/debootstrap.log" 2>&1 ||
+  { tail -20 "$logs/debootstrap.log"; die "debootstrap failed"; }
+
+bind /proc "$root/proc"
+bind /sys "$root/sys"
+bind /dev "$root/dev"
+bind /dev/pts "$root/dev/pts"
+cp /etc/resolv.conf "$root/etc/resolv.conf"
+
+in_root() {
+  chroot "$root" /usr/bin/env -i HOME=/root USER=root LANG=C.UTF-8 TERM=dumb \
+    PATH=/root/.cargo/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+    RUSTUP_HOME=/root/.rustup CARGO_HOME=/root/.cargo \
+    /bin/bash -c "$1"
+}
+
+say "installing what a new machine of this kind has: g++ python3 python3-venv git ca-certificates libclang-cpp14"
+in_root 'apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+  g++ python3 python3-venv git ca-certificates libclang-cpp14' >"$logs/base-packages.log" 2>&1 ||
+  { tail -20 "$logs/base-packages.log"; die "installing the base packages failed"; }
+
+# The toolchain read-only; cargo's registry and caches are the new machine's own (empty).
+bind "$rustup_home" "$root/root/.rustup" ro
+bind "$cargo_home/bin" "$root/root/.cargo/bin" ro
+
+say "cloning $(git -C "$repo" rev-parse --short HEAD) (committed work only) into the new root"
+git clone -q --no-hardlinks "$repo" "$root/root/xnnblob"
+[ ! -e "$root/root/.cache" ] || die "the new root has a ~/.cache already"
+
+# The README's two commands, verbatim (see README.md, "Set-up").
+commands=(
+  "./scripts/install-system-deps.sh && cargo run --release"
+  "./scripts/install-system-deps.sh && cargo test --workspace"
+)
+failed=0
+for i in "${!commands[@]}"; do
+  cmd=${commands[i]}
+  grep -qF -- "$cmd" "$repo/README.md" || die "README.md no longer shows: $cmd"
+  log="$logs/command-$((i + 1)).log"
+  start=$SECONDS
+  if in_root "cd /root/xnnblob && $cmd" >"$log" 2>&1; then
+    say "PASS ($((SECONDS - start)) s): $cmd"
+  else
+    say "FAIL ($((SECONDS - start)) s): $cmd (log: $log); its last lines:"
+    tail -40 "$log" | sed 's/^/    /'
+    failed=1
+  fi
+done
+
+if [ "$failed" = 0 ]; then
+  # Lets CI skip the check until a set-up file changes again.
+  "$repo/scripts/setup-digest.sh" >"$repo/.ci/fresh-machine-check.passed"
+  say "all README commands passed on a fresh root"
+fi
+exit "$failed"

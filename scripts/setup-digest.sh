@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# Prints a digest of the committed files that decide whether a new machine can build and test
+# this project (scripts/, build.rs, Cargo.toml, third_party/, README.md). fresh-machine-check.sh
+# records it in .ci/fresh-machine-check.passed; .ci/run compares it to skip an unneeded check.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+git ls-tree -r HEAD -- scripts build.rs Cargo.toml third_party README.md | sha256sum | cut -d' ' -f1
