@@ -57,15 +57,30 @@ missing() {
 
 packages=(cmake ninja-build libclang-dev g++ binutils xz-utils patch debian-archive-keyring ca-certificates)
 
+# Packages dpkg calls installed whose files are gone (a half-removed library, a hand-deleted file)
+# are reinstalled, together with the packages that own the file their user loads.
+owners_of_needed_files() {
+  case $1 in
+    libclang-dev) dpkg-query -S 'libclang*.so*' 2>/dev/null | grep -v 'libclang-cpp' | cut -d: -f1 | tr ',' '\n' ;;
+  esac
+}
+
 need=()
+reinstall=()
 for p in "${packages[@]}"; do
   m=$(missing "$p")
-  [ -n "$m" ] && need+=("$m")
+  [ -n "$m" ] || continue
+  if dpkg_installed "$p"; then
+    reinstall+=("$p")
+    while read -r owner; do [ -n "$owner" ] && reinstall+=("${owner// /}"); done < <(owners_of_needed_files "$p")
+  else
+    need+=("$p")
+  fi
 done
 
-if [ ${#need[@]} -gt 0 ]; then
+if [ $((${#need[@]} + ${#reinstall[@]})) -gt 0 ]; then
   command -v apt-get >/dev/null || {
-    echo "install-system-deps: missing ${need[*]}, and there is no apt-get to install them" >&2
+    echo "install-system-deps: missing ${need[*]} ${reinstall[*]}, and there is no apt-get to install them" >&2
     exit 1
   }
   sudo=""
@@ -76,9 +91,16 @@ if [ ${#need[@]} -gt 0 ]; then
     }
     sudo="sudo"
   fi
-  echo "install-system-deps: installing ${need[*]}"
   $sudo apt-get update -q
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${need[@]}"
+  if [ ${#need[@]} -gt 0 ]; then
+    echo "install-system-deps: installing ${need[*]}"
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${need[@]}"
+  fi
+  if [ ${#reinstall[@]} -gt 0 ]; then
+    mapfile -t reinstall < <(printf '%s\n' "${reinstall[@]}" | sort -u)
+    echo "install-system-deps: installed but incomplete, reinstalling ${reinstall[*]}"
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends --reinstall "${reinstall[@]}"
+  fi
 fi
 
 # Check again: an install that "succeeded" but left a tool unusable is an error here, not later.

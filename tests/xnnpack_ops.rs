@@ -1,6 +1,9 @@
 //! Real XNNPACK runs of the subgraph wrapper's operators, each against a plain Rust reference,
 //! and the wrapper's refusals of static data and quantization parameters that do not fit.
 
+mod common;
+
+use common::kernels_line;
 use xnnblob::synthetic::SplitMix64;
 use xnnblob::xnn::{
     BlockwiseQuantization, ChannelwiseQuantization, Convolution2dParams, Datatype,
@@ -462,14 +465,6 @@ fn assert_within_qd8_bound(
 /// kernel (third_party/xnnpack-sys/patches/0001-*).
 const QD8_BATCHES: std::ops::RangeInclusive<usize> = 1..=17;
 
-/// The microkernel XNNPACK runs these weights with on this CPU, for the test's output.
-fn kernel_of(weights: Qd8Weights) -> String {
-    let name = xnnblob::xnn::qd8_gemm_kernel(weights)
-        .unwrap()
-        .unwrap_or_else(|| "an unnamed kernel (XNNPACK not built by xnnpack-sys)".into());
-    format!("{} on {name}", weights.operator_name())
-}
-
 /// Builds `fp32 input -> convert -> qdint8 -> fully connected (quantized filter) -> fp32`.
 fn qd8_fully_connected_graph<'data>(
     batch: usize,
@@ -510,7 +505,7 @@ fn qd8_fully_connected_graph<'data>(
 #[test]
 fn qd8_activations_times_qc8w_weights_match_dequantized_fp32_reference() {
     for batch in QD8_BATCHES {
-        eprintln!("batch {batch}: {}", kernel_of(Qd8Weights::Qc8w));
+        eprintln!("batch {batch}: {}", kernels_line(&[Qd8Weights::Qc8w]));
         check_qd8_qc8w(batch);
     }
 }
@@ -585,7 +580,7 @@ fn pack_nibble_rows(values: &[u8], row: usize, pad: u8) -> Vec<u8> {
 #[test]
 fn qd8_activations_times_qc4w_weights_match_reference_with_odd_and_transposed_rows() {
     for batch in QD8_BATCHES {
-        eprintln!("batch {batch}: {}", kernel_of(Qd8Weights::Qc4w));
+        eprintln!("batch {batch}: {}", kernels_line(&[Qd8Weights::Qc4w]));
         check_qd8_qc4w(batch);
     }
 }
@@ -670,7 +665,7 @@ fn bf16_bits(v: f32) -> u16 {
 #[test]
 fn qd8_activations_times_qb4w_weights_match_reference() {
     for batch in QD8_BATCHES {
-        eprintln!("batch {batch}: {}", kernel_of(Qd8Weights::Qb4w));
+        eprintln!("batch {batch}: {}", kernels_line(&[Qd8Weights::Qb4w]));
         check_qd8_qb4w(batch);
     }
 }

@@ -258,8 +258,8 @@ impl Install {
         if let Some(v) = value.filter(|v| *v < SAFE_EXTRA_QUANTIZATION_PARAMS) {
             println!(
                 "cargo:warning={} pads {v} quantization parameters; qd8 x qb4w fully connected \
-                 layers give wrong results on AVX512-VNNI+GFNI CPUs for batches of 2-3 rows \
-                 unless it is at least {SAFE_EXTRA_QUANTIZATION_PARAMS} \
+                 layers give wrong results on AVX512-VNNI+GFNI CPUs for batches of 2, 3 and \
+                 14k+1 to 14k+3 rows unless it is at least {SAFE_EXTRA_QUANTIZATION_PARAMS} \
                  (third_party/xnnpack-sys/patches/0001-*)",
                 header.display()
             );
