@@ -89,6 +89,15 @@ in_root 'apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y 
   g++ python3 python3-venv git ca-certificates libclang-cpp14' >"$logs/base-packages.log" 2>&1 ||
   { tail -20 "$logs/base-packages.log"; die "installing the base packages failed"; }
 
+# Every machine of this workplace trusts its local certificate authorities (TLS to the package
+# registries passes through them); they are the machine's, not the project's, so they are copied.
+if compgen -G '/usr/local/share/ca-certificates/*.crt' >/dev/null; then
+  mkdir -p "$root/usr/local/share/ca-certificates"
+  cp /usr/local/share/ca-certificates/*.crt "$root/usr/local/share/ca-certificates/"
+  in_root 'update-ca-certificates' >"$logs/ca-certificates.log" 2>&1 ||
+    { tail -20 "$logs/ca-certificates.log"; die "update-ca-certificates failed"; }
+fi
+
 # The toolchain read-only; cargo's registry and caches are the new machine's own (empty).
 bind "$rustup_home" "$root/root/.rustup" ro
 bind "$cargo_home/bin" "$root/root/.cargo/bin" ro
