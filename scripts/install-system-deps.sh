@@ -13,6 +13,7 @@
 #   binutils               nm lists the microkernels the XNNPACK build defines (xnnpack-sys)
 #   debian-archive-keyring the private apt configuration that fetches those tarballs checks their lists with it
 #   ca-certificates        cargo and apt reach the package registries over TLS
+#   qemu-user              tests re-run the quantized checks on an emulated AVX2-only CPU (x86-64 only)
 set -euo pipefail
 
 multiarch=$(dpkg-architecture -qDEB_HOST_MULTIARCH 2>/dev/null || gcc -print-multiarch 2>/dev/null || echo x86_64-linux-gnu)
@@ -52,10 +53,12 @@ missing() {
     binutils) command -v nm >/dev/null || echo "$pkg" ;;
     debian-archive-keyring) [ -s /usr/share/keyrings/debian-archive-keyring.gpg ] || echo "$pkg" ;;
     ca-certificates) [ -s /etc/ssl/certs/ca-certificates.crt ] || echo "$pkg" ;;
+    qemu-user) command -v qemu-x86_64 >/dev/null || echo "$pkg" ;;
   esac
 }
 
 packages=(cmake ninja-build libclang-dev g++ binutils xz-utils patch debian-archive-keyring ca-certificates)
+[ "$(uname -m)" = x86_64 ] && packages+=(qemu-user)
 
 # Packages dpkg calls installed whose files are gone (a half-removed library, a hand-deleted file)
 # are reinstalled, together with the packages that own the file their user loads.

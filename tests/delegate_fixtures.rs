@@ -137,3 +137,18 @@ fn quantized_fixtures_match_a_plain_rust_reference() {
         );
     }
 }
+
+/// The quantized checks above again, on an AVX2-only CPU (emulated: qemu has no AVX-512), where
+/// XNNPACK dispatches its AVX2 kernel families instead of this machine's.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn quantized_fixtures_also_match_on_an_avx2_only_cpu() {
+    common::assert_pass_on_emulated_cpu(
+        "Haswell-v4",
+        "__avx2",
+        &[
+            "fixture_payloads_run_and_match_executorch",
+            "quantized_fixtures_match_a_plain_rust_reference",
+        ],
+    );
+}

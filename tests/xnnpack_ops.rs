@@ -1147,3 +1147,19 @@ fn fp32_activations_times_qc4w_weights_with_odd_rows_match_reference() {
     );
     assert_close(&actual, &expected, 1e-4);
 }
+
+/// The quantized fully connected checks again, on an AVX2-only CPU (emulated: qemu has no
+/// AVX-512), where XNNPACK dispatches its AVX2 kernel families instead of this machine's.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn qd8_fully_connected_also_matches_on_an_avx2_only_cpu() {
+    common::assert_pass_on_emulated_cpu(
+        "Haswell-v4",
+        "__avx2",
+        &[
+            "qd8_activations_times_qc8w_weights_match_dequantized_fp32_reference",
+            "qd8_activations_times_qc4w_weights_match_reference_with_odd_and_transposed_rows",
+            "qd8_activations_times_qb4w_weights_match_reference",
+        ],
+    );
+}

@@ -79,3 +79,61 @@ pub fn max_diff(a: &[f32], b: &[f32]) -> (f32, f32) {
     let range = b.iter().fold(0f32, |m, v| m.max(v.abs()));
     (diff, range)
 }
+
+/// Set in a test binary re-run under emulation, so that its own emulation tests do not recurse.
+const EMULATED_CPU_VAR: &str = "XNNBLOB_EMULATED_CPU";
+
+/// Whether this process is the re-run of [`assert_pass_on_emulated_cpu`].
+pub fn under_emulation() -> bool {
+    std::env::var_os(EMULATED_CPU_VAR).is_some()
+}
+
+/// Re-runs `tests` of this test binary under `qemu-x86_64 -cpu <cpu>`, so that XNNPACK dispatches
+/// as on that CPU class (qemu's CPUID and instruction set), and asserts that they pass and that
+/// every quantized GEMM ran on a kernel whose name contains `kernel_isa` (proof the emulated CPU
+/// changed the dispatch). This machine's own CPU class is covered by the plain run.
+pub fn assert_pass_on_emulated_cpu(cpu: &str, kernel_isa: &str, tests: &[&str]) {
+    if under_emulation() {
+        return;
+    }
+    let qemu = "qemu-x86_64";
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let out = std::process::Command::new(qemu)
+        .args(["-cpu", cpu])
+        .arg(&exe)
+        .args(tests)
+        .args(["--exact", "--nocapture", "--test-threads=1"])
+        .env(EMULATED_CPU_VAR, cpu)
+        .output()
+        .unwrap_or_else(|e| {
+            panic!("cannot run {qemu} ({e}): install qemu-user (./scripts/install-system-deps.sh)")
+        });
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    eprintln!("--- under {qemu} -cpu {cpu} ---\n{text}");
+    assert!(
+        out.status.success(),
+        "{tests:?} failed on an emulated {cpu}"
+    );
+    assert!(
+        text.contains(&format!("test result: ok. {} passed", tests.len())),
+        "{tests:?} did not all run on the emulated {cpu}"
+    );
+    let kernels: Vec<&str> = text
+        .split_whitespace()
+        .filter(|w| w.starts_with("xnn_qd8_f32_q"))
+        .collect();
+    assert!(
+        !kernels.is_empty(),
+        "no quantized kernel was named under {cpu}"
+    );
+    for k in &kernels {
+        assert!(
+            k.contains(kernel_isa),
+            "{k} ran on the emulated {cpu}, not a {kernel_isa} kernel"
+        );
+    }
+}
