@@ -34,7 +34,7 @@ struct Weights {
     w: Vec<f64>,
 }
 
-fn bytes<'a>(map: &'a dyn NamedDataMap, delegate: &Value, index: u64) -> Vec<u8> {
+fn bytes(map: &dyn NamedDataMap, delegate: &Value, index: u64) -> Vec<u8> {
     let entry = &delegate["constant_data"][index as usize];
     let key = entry["named_key"].as_str().expect("named_key");
     assert!(!key.is_empty(), "constant {index} is not named data");
@@ -61,7 +61,11 @@ fn bf16_le(b: &[u8]) -> Vec<f32> {
 fn nibble(packed: &[u8], cols: usize, row: usize, col: usize) -> i32 {
     let row_bytes = cols.div_ceil(2);
     let byte = packed[row * row_bytes + col / 2];
-    let v = if col % 2 == 0 { byte & 0xF } else { byte >> 4 };
+    let v = if col.is_multiple_of(2) {
+        byte & 0xF
+    } else {
+        byte >> 4
+    };
     v as i32 - 8
 }
 
@@ -218,14 +222,13 @@ pub fn run(manifest: &Value, map: &dyn NamedDataMap, input: &[f32]) -> Vec<f32> 
                 let mut out = Vec::with_capacity(rows.len() * filter.out);
                 for (r, &(zp, scale)) in rows.iter().enumerate() {
                     let a = &data[r * filter.input..(r + 1) * filter.input];
-                    for o in 0..filter.out {
-                        let w = &filter.w[o * filter.input..(o + 1) * filter.input];
+                    for (w, b) in filter.w.chunks_exact(filter.input).zip(&bias) {
                         let dot: f64 = a
                             .iter()
                             .zip(w)
                             .map(|(&q, &w)| (q as i32 - zp) as f64 * w)
                             .sum();
-                        out.push((dot * scale as f64 + bias[o] as f64).clamp(lo, hi) as f32);
+                        out.push((dot * scale as f64 + *b as f64).clamp(lo, hi) as f32);
                     }
                 }
                 let mut out_dims = dims.clone();
