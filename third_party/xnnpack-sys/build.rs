@@ -479,6 +479,11 @@ fn apt_download(root: &Path, downloads: &Path, missing: &[&DebianSource]) {
         format!("-oDir::State::Lists={}", apt.join("lists").display()),
         format!("-oDir::Cache={}", apt.join("cache").display()),
         "-oAPT::Sandbox::User=root".to_string(),
+        // Mirrors and caches may serve an index past its Valid-Until, or a clock may be off: the
+        // index only locates the tarballs, whose sha256 is checked here, so its age is no risk.
+        // Set here, not left to the machine's apt.conf.d, which a new machine does not share.
+        "-oAcquire::Check-Valid-Until=false".to_string(),
+        "-oAcquire::Check-Date=false".to_string(),
         "-q".to_string(),
     ];
     let log = apt.join("apt.log");
