@@ -102,8 +102,10 @@ fi
 bind "$rustup_home" "$root/root/.rustup" ro
 bind "$cargo_home/bin" "$root/root/.cargo/bin" ro
 
-say "cloning $(git -C "$repo" rev-parse --short HEAD) (committed work only) into the new root"
+commit=$(git -C "$repo" rev-parse HEAD)
+say "cloning ${commit:0:7} (committed work only) into the new root"
 git clone -q --no-hardlinks "$repo" "$root/root/xnnblob"
+git -C "$root/root/xnnblob" checkout -q "$commit"
 [ ! -e "$root/root/.cache" ] || die "the new root has a ~/.cache already"
 
 # The README's two commands, verbatim (see README.md, "Set-up").
@@ -128,7 +130,7 @@ done
 
 if [ "$failed" = 0 ]; then
   # Lets CI skip the check until a set-up file changes again.
-  "$repo/scripts/setup-digest.sh" >"$repo/.ci/fresh-machine-check.passed"
-  say "all README commands passed on a fresh root"
+  "$repo/scripts/setup-digest.sh" "$commit" >"$repo/.ci/fresh-machine-check.passed"
+  say "all README commands passed on a fresh root (${commit:0:7}; digest in .ci/fresh-machine-check.passed)"
 fi
 exit "$failed"
