@@ -7,7 +7,7 @@
 # repository's HEAD runs the README's commands verbatim. Prints PASS or FAIL per command; exits
 # non-zero when either fails.
 #
-# Needs root (debootstrap, chroot, mounts) and the network to Debian's archive and crates.io.
+# Needs root (debootstrap, chroot, mounts) and the network to Debian's archive and Rust's crate registry.
 # The mirror is the host's own, read from its apt sources.
 #
 # Environment:
