@@ -88,8 +88,8 @@ const OWN_LIBS: [&str; 4] = ["XNNPACK", "microkernels-prod", "cpuinfo", "pthread
 
 /// What to run when a tool the build needs is missing.
 const INSTALL_HINT: &str =
-    "run ./scripts/install-system-deps.sh from the repository's root (it installs cmake, ninja-build, \
-     libclang-dev, g++ and xz-utils with apt-get)";
+    "run ./scripts/install-system-deps.sh from the repository's root (it installs with apt-get every \
+     tool the build needs, and says which)";
 
 const HELP: &str = "\
 How to provide XNNPACK:
