@@ -4,10 +4,11 @@
 use criterion::{criterion_group, criterion_main, Criterion};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
+use xnnblob::backend::Backend;
 use xnnblob::delegate::XnnDelegate;
 use xnnblob::named_data::{InMemoryMap, NamedDataMap};
-use xnnblob::shared_cache::SharedDataCache;
 use xnnblob::synthetic::Mlp;
+use xnnblob::tensor::{Shape, TensorMut, TensorRef};
 
 /// Counts the bytes and calls of every allocation, so the bench can report both per execute.
 struct Counting;
@@ -48,11 +49,19 @@ fn delegate_execute(c: &mut Criterion) {
     let map = built.map("mlp").unwrap();
     let mut holder = InMemoryMap::new("payload");
     holder.insert("p", &built.payload, 64, None).unwrap();
-    let shared = SharedDataCache::new();
-    let mut d = XnnDelegate::init(holder.get_data("p").unwrap(), &map, &shared, None).unwrap();
+    let backend = Backend::with_defaults().unwrap();
+    let model = backend.model(None).unwrap();
+    let mut d = XnnDelegate::init(&model, holder.get_data("p").unwrap(), &map).unwrap();
     let input: Vec<f32> = (0..64).map(|i| i as f32 / 64.0).collect();
+    let shape = Shape::new(&[2, 32]).unwrap();
     let mut out = vec![0f32; 32];
-    let mut run = || d.execute(&[&input], &mut [&mut out]).unwrap();
+    let mut run = || {
+        d.execute(
+            &[TensorRef::f32(shape, &input)],
+            &mut [TensorMut::f32(&mut out)],
+        )
+        .unwrap()
+    };
     run();
     let (bytes, calls) = allocated_per_call(100, &mut run);
     println!("delegate execute, MLP 32-64-48-16 batch 2: {bytes:.0} bytes in {calls:.1} allocations per execute");
@@ -63,14 +72,21 @@ fn delegate_execute(c: &mut Criterion) {
 
 fn method_execute(c: &mut Criterion) {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/executorch");
-    let program =
-        xnnblob::program::Program::load(dir.join("mlp_xnn_inline.pte"), &[] as &[&str], None)
-            .unwrap();
+    let backend = Backend::with_defaults().unwrap();
+    let program = xnnblob::program::Program::load(
+        &backend,
+        dir.join("mlp_xnn_inline.pte"),
+        &[] as &[&str],
+        None,
+    )
+    .unwrap();
     let mut m = program.method("forward").unwrap();
-    let n: usize = m.input_shapes()[0].iter().product();
+    let shape = m.input_specs()[0].bound;
+    let n = shape.numel().unwrap();
     let input: Vec<f32> = (0..n).map(|i| i as f32 / n as f32).collect();
     let mut run = || {
-        std::hint::black_box(m.execute(&[&input]).unwrap());
+        m.execute(&[TensorRef::f32(shape, &input)]).unwrap();
+        std::hint::black_box(m.output(0).unwrap().data());
     };
     run();
     let (bytes, calls) = allocated_per_call(100, &mut run);

@@ -3,11 +3,13 @@
 //! then the C++ side (a user's `NamedDataMap`, and the C++ code compiled into the crate).
 //! C++ headers: `cpp/include/xnnblob/`.
 
+use crate::backend::{BackendOptions, ModelContext, PackedCache, WorkspaceSharing};
 use crate::cache::PackedWeightsCache;
 use crate::delegate::XnnDelegate;
 use crate::named_data::{Backing, DataBuffer, FileDataMap, MergedMap, NamedDataError};
-use crate::shared_cache::SharedDataCache;
+use crate::tensor::{DType, Shape};
 use crate::xnn::AsXnnWeightsCache;
+use crate::xnn::{RawInput, RawOutput};
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -52,6 +54,18 @@ mod bridge {
         value: Vec<u8>,
     }
 
+    /// How a backend is set up (ExecuTorch's option names, where it has them).
+    struct BackendConfig {
+        /// 0: off, 1: per model, 2: global (ExecuTorch's `workspace_sharing_mode`).
+        workspace_sharing_mode: i32,
+        /// Threads XNNPACK splits operators across; 0 or 1: the calling thread.
+        threads: usize,
+        /// False: XNNPACK packs privately (ExecuTorch's `weight_cache_enabled`).
+        weight_cache_enabled: bool,
+        /// Empty: packed weights in memory (ExecuTorch's `packed_cache_path`).
+        packed_cache_path: String,
+    }
+
     extern "Rust" {
         /// A named-data map: a `.ptd`, a `.pte`'s named data, a merge, or a C++ map.
         type DataMap;
@@ -61,6 +75,10 @@ mod bridge {
         type SharedCache;
         /// The packed-weight cache (an `xnn_weights_cache_t`).
         type WeightsCache;
+        /// The backend-wide object: shared data cache, packed-weight caches, workspace, threads.
+        type Backend;
+        /// What the delegates of one model share: a packed-weight cache and a workspace.
+        type Model;
         /// An initialised XNNPACK delegate.
         type Delegate;
         /// An ExecuTorch program (`.pte` + external `.ptd` files) fully delegated to XNNPACK.
@@ -83,7 +101,18 @@ mod bridge {
         fn data(self: &Buffer) -> &[u8];
         fn free(self: &mut Buffer);
 
-        fn new_shared_cache() -> Box<SharedCache>;
+        fn default_backend_config() -> BackendConfig;
+        fn new_backend(config: &BackendConfig) -> Result<Box<Backend>>;
+        /// The backend's shared data cache.
+        fn shared_cache(self: &Backend) -> Box<SharedCache>;
+        /// A model context: packed weights in the file at `packed_cache_path` (empty: the
+        /// backend's default).
+        fn model(self: &Backend, packed_cache_path: &str) -> Result<Box<Model>>;
+        /// A model context whose runtimes pack privately (no cache).
+        fn model_without_weights_cache(self: &Backend) -> Result<Box<Model>>;
+        /// The model's packed-weight cache; throws if it has none.
+        fn weights_cache(self: &Model) -> Result<Box<WeightsCache>>;
+
         /// Read-only mode: the map's zero-copy buffer, loaded once per key.
         fn get_or_load(self: &SharedCache, map: &DataMap, key: &str) -> Result<Box<Buffer>>;
         fn stats(self: &SharedCache) -> SharedCacheStats;
@@ -100,22 +129,38 @@ mod bridge {
             processed: &[u8],
             compile_specs: &[CompileSpec],
             map: &DataMap,
-            shared: &SharedCache,
-            weights: &WeightsCache,
-        ) -> Result<Box<Delegate>>;
-        fn delegate_init_without_weights_cache(
-            processed: &[u8],
-            compile_specs: &[CompileSpec],
-            map: &DataMap,
-            shared: &SharedCache,
+            model: &Model,
         ) -> Result<Box<Delegate>>;
         fn num_inputs(self: &Delegate) -> usize;
         fn num_outputs(self: &Delegate) -> usize;
+        /// The declared (largest) shape of an input.
         fn input_shape(self: &Delegate, index: usize) -> Result<Vec<usize>>;
+        /// An ExecuTorch scalar type code.
+        fn input_scalar_type(self: &Delegate, index: usize) -> Result<i8>;
+        /// The shape of an output after the last execute (declared before the first).
         fn output_shape(self: &Delegate, index: usize) -> Result<Vec<usize>>;
-        fn set_input(self: &mut Delegate, index: usize, data: &[f32]) -> Result<()>;
+        fn output_scalar_type(self: &Delegate, index: usize) -> Result<i8>;
+        /// Writes output `index`'s shape into `dims`; returns its rank (no allocation).
+        fn output_shape_into(self: &Delegate, index: usize, dims: &mut [usize]) -> Result<usize>;
+        /// Binds input `index` for the next `execute`, in place: the bytes must stay valid and
+        /// unchanged until it returns (the C++ `execute` binds and runs in one call).
+        fn bind_input(
+            self: &mut Delegate,
+            index: usize,
+            scalar_type: i8,
+            shape: &[usize],
+            data: &[u8],
+            has_slack: bool,
+        ) -> Result<()>;
+        /// Binds output `index` for the next `execute`, in place (as `bind_input`).
+        fn bind_output(
+            self: &mut Delegate,
+            index: usize,
+            scalar_type: i8,
+            data: &mut [u8],
+        ) -> Result<()>;
+        /// Runs on the bound buffers, then forgets them.
         fn execute(self: &mut Delegate) -> Result<()>;
-        fn output(self: &Delegate, index: usize) -> Result<&[f32]>;
 
         /// Collects the declarations and methods of a stateful program.
         type StatefulBuilder;
@@ -137,7 +182,8 @@ mod bridge {
             state: &str,
             write: bool,
         );
-        fn build(self: &mut StatefulBuilder, map: &DataMap) -> Result<Box<Stateful>>;
+        fn build(self: &mut StatefulBuilder, map: &DataMap, model: &Model)
+            -> Result<Box<Stateful>>;
         fn bank_sizes(self: &Stateful) -> Vec<usize>;
         /// An instance whose banks are host memory (memcpy).
         fn instantiate(self: &Stateful) -> Result<Box<StatefulInstance>>;
@@ -156,16 +202,35 @@ mod bridge {
         ) -> Result<Vec<f32>>;
         fn read_state(self: &mut StatefulInstance, name: &str) -> Result<Vec<f32>>;
 
-        /// `cache_path` empty: packed weights stay in memory.
-        fn load_program(pte: &str, ptds: &[String], cache_path: &str) -> Result<Box<Program>>;
+        /// `cache_path` empty: the backend's default packed-weight cache.
+        fn load_program(
+            backend: &Backend,
+            pte: &str,
+            ptds: &[String],
+            cache_path: &str,
+        ) -> Result<Box<Program>>;
         fn method_names(self: &Program) -> Vec<String>;
         fn method(self: &Program, name: &str) -> Result<Box<Method>>;
         fn num_inputs(self: &Method) -> usize;
+        /// The declared (largest) shape of an input.
         fn input_shape(self: &Method, index: usize) -> Result<Vec<usize>>;
-        fn set_input(self: &mut Method, index: usize, data: &[f32]) -> Result<()>;
+        fn input_scalar_type(self: &Method, index: usize) -> Result<i8>;
+        /// Binds input `index` for the next `execute`, in place (as for delegates).
+        fn bind_input(
+            self: &mut Method,
+            index: usize,
+            scalar_type: i8,
+            shape: &[usize],
+            data: &[u8],
+            has_slack: bool,
+        ) -> Result<()>;
+        /// Runs on the bound inputs, then forgets them.
         fn execute(self: &mut Method) -> Result<()>;
         fn num_outputs(self: &Method) -> usize;
-        fn output(self: &Method, index: usize) -> Result<&[f32]>;
+        /// Output `index` of the last execute, in place.
+        fn output_data(self: &Method, index: usize) -> Result<&[u8]>;
+        fn output_shape(self: &Method, index: usize) -> Result<Vec<usize>>;
+        fn output_scalar_type(self: &Method, index: usize) -> Result<i8>;
     }
 
     unsafe extern "C++" {
@@ -203,6 +268,17 @@ mod bridge {
             count_in: u32,
             count_out: u32,
         ) -> Result<String>;
+        /// Runs `delegate` on one fp32 input and output through the C++ span `execute`
+        /// (cpp/tests/delegate_checks.cc), as a delegate author would, warm.
+        /// A delegate made from C++ over a `.ptd` (a backend and in-memory packed weights of its
+        /// own), for the test hooks below.
+        fn cpp_make_delegate(ptd_path: &str, payload: &[u8]) -> Result<Box<Delegate>>;
+        fn cpp_execute_f32(
+            delegate: &mut Delegate,
+            input: &[f32],
+            shape: &[usize],
+            output: &mut [f32],
+        ) -> Result<()>;
         /// Runs a program's method from C++ (cpp/tests/program_run.cc).
         fn cpp_run_program(
             pte: &str,
@@ -214,8 +290,9 @@ mod bridge {
 }
 
 pub use bridge::{
-    cpp_delegate_checks, cpp_run_program, cpp_stateful_counter, describe, run_minimal_example,
-    CompileSpec, SharedCacheStats, StateDecl, TensorLayout, WeightsCacheStats,
+    cpp_delegate_checks, cpp_execute_f32, cpp_make_delegate, cpp_run_program, cpp_stateful_counter,
+    describe, run_minimal_example, BackendConfig, CompileSpec, SharedCacheStats, StateDecl,
+    TensorLayout, WeightsCacheStats,
 };
 
 // SAFETY: named_data.h requires C++ maps to be safe to call from any thread (const methods,
@@ -235,12 +312,94 @@ fn xnnpack_build_identifier() -> String {
 pub struct DataMap(Arc<dyn crate::named_data::NamedDataMap>);
 /// A buffer, and the shared-cache entry it came from (held so the entry lives as long).
 pub struct Buffer(DataBuffer, Option<crate::shared_cache::SharedData>);
-pub struct SharedCache(Arc<SharedDataCache>);
+/// The backend's shared data cache (the backend handle, whose cache it is).
+pub struct SharedCache(crate::backend::Backend);
 pub struct WeightsCache(Arc<PackedWeightsCache>);
+pub struct Backend(crate::backend::Backend);
+pub struct Model(ModelContext);
+
+/// Buffers bound by C++ for the next execute: raw, because they are borrowed across two bridge
+/// calls that the C++ `execute` makes back to back.
+struct Bindings {
+    inputs: Vec<Option<RawInput>>,
+    outputs: Vec<Option<RawOutput>>,
+}
+
+impl Bindings {
+    fn new(inputs: usize, outputs: usize) -> Bindings {
+        Bindings {
+            inputs: (0..inputs).map(|_| None).collect(),
+            outputs: (0..outputs).map(|_| None).collect(),
+        }
+    }
+
+    fn bind_input(
+        &mut self,
+        index: usize,
+        scalar_type: i8,
+        shape: &[usize],
+        data: &[u8],
+        has_slack: bool,
+    ) -> Result<(), String> {
+        let n = self.inputs.len();
+        let slot = self
+            .inputs
+            .get_mut(index)
+            .ok_or_else(|| out_of_range("input", index, n))?;
+        *slot = Some(RawInput {
+            data: data.as_ptr(),
+            len: data.len(),
+            dtype: dtype_of(scalar_type)?,
+            shape: Shape::new(shape).map_err(|e| e.to_string())?,
+            padded: has_slack,
+        });
+        Ok(())
+    }
+
+    fn bind_output(
+        &mut self,
+        index: usize,
+        scalar_type: i8,
+        data: &mut [u8],
+    ) -> Result<(), String> {
+        let n = self.outputs.len();
+        let slot = self
+            .outputs
+            .get_mut(index)
+            .ok_or_else(|| out_of_range("output", index, n))?;
+        *slot = Some(RawOutput {
+            data: data.as_mut_ptr(),
+            capacity: data.len(),
+            dtype: dtype_of(scalar_type)?,
+        });
+        Ok(())
+    }
+
+    /// Every binding, or which one is missing.
+    fn check_complete(&self) -> Result<(), String> {
+        if let Some(i) = self.inputs.iter().position(Option::is_none) {
+            return Err(format!("input {i} is not bound"));
+        }
+        if let Some(i) = self.outputs.iter().position(Option::is_none) {
+            return Err(format!("output {i} is not bound"));
+        }
+        Ok(())
+    }
+
+    fn clear(&mut self) {
+        self.inputs.iter_mut().for_each(|b| *b = None);
+        self.outputs.iter_mut().for_each(|b| *b = None);
+    }
+}
+
+fn dtype_of(scalar_type: i8) -> Result<DType, String> {
+    DType::from_scalar_type(scalar_type)
+        .ok_or_else(|| format!("scalar type {scalar_type} is not one xnnblob binds"))
+}
+
 pub struct Delegate {
     inner: XnnDelegate,
-    inputs: Vec<Vec<f32>>,
-    outputs: Vec<Vec<f32>>,
+    bound: Bindings,
 }
 
 fn open_data_map(path: &str) -> Result<Box<DataMap>, NamedDataError> {
@@ -420,21 +579,78 @@ impl crate::named_data::NamedDataMap for CppMap {
     }
 }
 
-fn new_shared_cache() -> Box<SharedCache> {
-    Box::new(SharedCache(Arc::new(SharedDataCache::new())))
+fn default_backend_config() -> BackendConfig {
+    BackendConfig {
+        workspace_sharing_mode: 0,
+        threads: 1,
+        weight_cache_enabled: true,
+        packed_cache_path: String::new(),
+    }
+}
+
+fn new_backend(config: &BackendConfig) -> Result<Box<Backend>, crate::backend::BackendError> {
+    let workspace_sharing = WorkspaceSharing::from_code(config.workspace_sharing_mode.into())
+        .ok_or_else(|| crate::backend::BackendError::InvalidOption {
+            name: "workspace_sharing_mode (0, 1 or 2)",
+            value: config.workspace_sharing_mode.to_string(),
+        })?;
+    let packed_cache = match (
+        config.weight_cache_enabled,
+        config.packed_cache_path.as_str(),
+    ) {
+        (false, _) => PackedCache::Disabled,
+        (true, "") => PackedCache::InMemory,
+        (true, path) => PackedCache::File(path.into()),
+    };
+    let backend = crate::backend::Backend::new(BackendOptions {
+        workspace_sharing,
+        threads: config.threads,
+        packed_cache,
+        ..Default::default()
+    })?;
+    Ok(Box::new(Backend(backend)))
+}
+
+impl Backend {
+    fn shared_cache(&self) -> Box<SharedCache> {
+        Box::new(SharedCache(self.0.clone()))
+    }
+
+    fn model(&self, packed_cache_path: &str) -> Result<Box<Model>, crate::backend::BackendError> {
+        let file = PackedCache::File(packed_cache_path.into());
+        let cache = (!packed_cache_path.is_empty()).then_some(&file);
+        Ok(Box::new(Model(self.0.model(cache)?)))
+    }
+
+    fn model_without_weights_cache(&self) -> Result<Box<Model>, crate::backend::BackendError> {
+        Ok(Box::new(Model(self.0.model(Some(&PackedCache::Disabled))?)))
+    }
+}
+
+impl Model {
+    fn weights_cache(&self) -> Result<Box<WeightsCache>, String> {
+        self.0
+            .packed_cache()
+            .map(|c| Box::new(WeightsCache(c.clone())))
+            .ok_or_else(|| "this model packs without a cache".to_string())
+    }
 }
 
 impl SharedCache {
-    fn get_or_load(&self, map: &DataMap, key: &str) -> Result<Box<Buffer>, String> {
+    fn get_or_load(
+        &self,
+        map: &DataMap,
+        key: &str,
+    ) -> Result<Box<Buffer>, crate::shared_cache::SharedCacheError> {
         let data = self
             .0
-            .get_or_init(key, || map.0.get_data(key))
-            .map_err(|e| e.to_string())?;
+            .shared_data()
+            .get_or_init(key, || map.0.get_data(key))?;
         Ok(Box::new(Buffer(data.buffer().clone(), Some(data))))
     }
 
     fn stats(&self) -> SharedCacheStats {
-        let s = self.0.stats();
+        let s = self.0.shared_data().stats();
         SharedCacheStats {
             hits: s.hits,
             inits: s.inits,
@@ -478,139 +694,134 @@ impl WeightsCache {
     }
 }
 
-fn init(
-    processed: &[u8],
-    map: &DataMap,
-    shared: &SharedCache,
-    weights: Option<&WeightsCache>,
-) -> Result<Box<Delegate>, crate::delegate::DelegateError> {
-    // The payload is small (constants are named data): one aligned copy owned by the delegate.
-    let copy = crate::aligned::AlignedBytes::copy_from(processed, 64)
-        .ok_or_else(|| crate::delegate::DelegateError::BadGraph("out of memory".into()))?;
-    let payload = DataBuffer::new(Arc::new(copy), 0, processed.len()).expect("whole copy");
-    let inner = XnnDelegate::init(payload, &*map.0, &shared.0, weights.map(|w| w.0.clone()))?;
-    let inputs = inner
-        .input_shapes()
-        .iter()
-        .map(|s| vec![0.0; s.iter().product()])
-        .collect();
-    let outputs = inner
-        .output_shapes()
-        .iter()
-        .map(|s| vec![0.0; s.iter().product()])
-        .collect();
-    Ok(Box::new(Delegate {
-        inner,
-        inputs,
-        outputs,
-    }))
-}
-
 /// ExecuTorch's XNNPACK compile specs carry nothing this delegate needs; they are accepted and
 /// ignored.
 fn delegate_init(
     processed: &[u8],
     _compile_specs: &[CompileSpec],
     map: &DataMap,
-    shared: &SharedCache,
-    weights: &WeightsCache,
+    model: &Model,
 ) -> Result<Box<Delegate>, crate::delegate::DelegateError> {
-    init(processed, map, shared, Some(weights))
-}
-
-fn delegate_init_without_weights_cache(
-    processed: &[u8],
-    _compile_specs: &[CompileSpec],
-    map: &DataMap,
-    shared: &SharedCache,
-) -> Result<Box<Delegate>, crate::delegate::DelegateError> {
-    init(processed, map, shared, None)
+    // The payload is small (constants are named data): one aligned copy owned by the delegate.
+    let copy = crate::aligned::AlignedBytes::copy_from(processed, 64)
+        .ok_or_else(|| crate::delegate::DelegateError::BadGraph("out of memory".into()))?;
+    let payload = DataBuffer::new(Arc::new(copy), 0, processed.len()).expect("whole copy");
+    let inner = XnnDelegate::init(&model.0, payload, &*map.0)?;
+    let bound = Bindings::new(inner.inputs().len(), inner.outputs().len());
+    Ok(Box::new(Delegate { inner, bound }))
 }
 
 fn out_of_range(what: &str, index: usize, len: usize) -> String {
     format!("{what} {index} out of range ({len} of them)")
 }
 
-/// Copies `data` into the staged input `index` (C++ hands inputs over one at a time).
-fn stage_input(inputs: &mut [Vec<f32>], index: usize, data: &[f32]) -> Result<(), String> {
-    let n = inputs.len();
-    let slot = inputs
-        .get_mut(index)
-        .ok_or_else(|| out_of_range("input", index, n))?;
-    if slot.len() != data.len() {
-        return Err(format!(
-            "input {index} holds {} elements, {} given",
-            slot.len(),
-            data.len()
-        ));
-    }
-    slot.copy_from_slice(data);
-    Ok(())
-}
-
-/// Output `index` of the last execution.
-fn read_output(outputs: &[Vec<f32>], index: usize) -> Result<&[f32], String> {
-    outputs
-        .get(index)
-        .map(Vec::as_slice)
-        .ok_or_else(|| out_of_range("output", index, outputs.len()))
-}
-
 impl Delegate {
     fn num_inputs(&self) -> usize {
-        self.inputs.len()
+        self.inner.inputs().len()
     }
 
     fn num_outputs(&self) -> usize {
-        self.outputs.len()
+        self.inner.outputs().len()
+    }
+
+    fn input(&self, index: usize) -> Result<&crate::xnn::External, String> {
+        self.inner
+            .inputs()
+            .nth(index)
+            .ok_or_else(|| out_of_range("input", index, self.num_inputs()))
+    }
+
+    fn output(&self, index: usize) -> Result<&crate::xnn::External, String> {
+        self.inner
+            .outputs()
+            .nth(index)
+            .ok_or_else(|| out_of_range("output", index, self.num_outputs()))
     }
 
     fn input_shape(&self, index: usize) -> Result<Vec<usize>, String> {
-        self.inner
-            .input_shapes()
-            .get(index)
-            .cloned()
-            .ok_or_else(|| out_of_range("input", index, self.inputs.len()))
+        Ok(self.input(index)?.bound.dims().to_vec())
+    }
+
+    fn input_scalar_type(&self, index: usize) -> Result<i8, String> {
+        Ok(self.input(index)?.dtype.scalar_type())
     }
 
     fn output_shape(&self, index: usize) -> Result<Vec<usize>, String> {
-        self.inner
-            .output_shapes()
-            .get(index)
-            .cloned()
-            .ok_or_else(|| out_of_range("output", index, self.outputs.len()))
+        Ok(self.output(index)?.shape.dims().to_vec())
     }
 
-    fn set_input(&mut self, index: usize, data: &[f32]) -> Result<(), String> {
-        stage_input(&mut self.inputs, index, data)
+    fn output_scalar_type(&self, index: usize) -> Result<i8, String> {
+        Ok(self.output(index)?.dtype.scalar_type())
     }
 
-    fn execute(&mut self) -> Result<(), crate::delegate::DelegateError> {
-        let inputs: Vec<&[f32]> = self.inputs.iter().map(Vec::as_slice).collect();
-        let mut outputs: Vec<&mut [f32]> = self.outputs.iter_mut().map(Vec::as_mut_slice).collect();
-        self.inner.execute(&inputs, &mut outputs)
+    fn output_shape_into(&self, index: usize, dims: &mut [usize]) -> Result<usize, String> {
+        let shape = self.output(index)?.shape;
+        let to = dims
+            .get_mut(..shape.rank())
+            .ok_or_else(|| format!("output {index} has rank {}", shape.rank()))?;
+        to.copy_from_slice(shape.dims());
+        Ok(shape.rank())
     }
 
-    fn output(&self, index: usize) -> Result<&[f32], String> {
-        read_output(&self.outputs, index)
+    fn bind_input(
+        &mut self,
+        index: usize,
+        scalar_type: i8,
+        shape: &[usize],
+        data: &[u8],
+        has_slack: bool,
+    ) -> Result<(), String> {
+        self.bound
+            .bind_input(index, scalar_type, shape, data, has_slack)
+    }
+
+    fn bind_output(
+        &mut self,
+        index: usize,
+        scalar_type: i8,
+        data: &mut [u8],
+    ) -> Result<(), String> {
+        self.bound.bind_output(index, scalar_type, data)
+    }
+
+    fn execute(&mut self) -> Result<(), Box<dyn std::error::Error>> {
+        let complete = self.bound.check_complete();
+        if let Err(e) = complete {
+            self.bound.clear();
+            return Err(e.into());
+        }
+        let bound = &self.bound;
+        let take = |b: &Option<RawInput>| *b.as_ref().expect("checked complete");
+        // SAFETY: the bindings point to C++ buffers that delegate.h's `execute` binds and keeps
+        // valid until this call returns (it binds and executes in one call); lengths and slack
+        // are as C++ declared them.
+        let result = unsafe {
+            self.inner.execute_raw(
+                |i| take(&bound.inputs[i]),
+                |j| *bound.outputs[j].as_ref().expect("checked complete"),
+            )
+        };
+        self.bound.clear();
+        result.map_err(Into::into)
     }
 }
 
 pub struct Program(crate::program::Program);
 pub struct Method {
     inner: crate::program::Method,
-    inputs: Vec<Vec<f32>>,
-    outputs: Vec<Vec<f32>>,
+    inputs: Vec<Option<RawInput>>,
 }
 
 fn load_program(
+    backend: &Backend,
     pte: &str,
     ptds: &[String],
     cache_path: &str,
 ) -> Result<Box<Program>, crate::program::ProgramError> {
-    let cache = (!cache_path.is_empty()).then(|| std::path::Path::new(cache_path));
+    let file = PackedCache::File(cache_path.into());
+    let cache = (!cache_path.is_empty()).then_some(&file);
     Ok(Box::new(Program(crate::program::Program::load(
-        pte, ptds, cache,
+        &backend.0, pte, ptds, cache,
     )?)))
 }
 
@@ -625,16 +836,8 @@ impl Program {
 
     fn method(&self, name: &str) -> Result<Box<Method>, crate::program::ProgramError> {
         let inner = self.0.method(name)?;
-        let inputs = inner
-            .input_shapes()
-            .iter()
-            .map(|s| vec![0.0; s.iter().product()])
-            .collect();
-        Ok(Box::new(Method {
-            inner,
-            inputs,
-            outputs: Vec::new(),
-        }))
+        let inputs = (0..inner.input_specs().len()).map(|_| None).collect();
+        Ok(Box::new(Method { inner, inputs }))
     }
 }
 
@@ -643,30 +846,78 @@ impl Method {
         self.inputs.len()
     }
 
-    fn input_shape(&self, index: usize) -> Result<Vec<usize>, String> {
+    fn spec(&self, index: usize) -> Result<crate::program::ValueSpec, String> {
         self.inner
-            .input_shapes()
+            .input_specs()
             .get(index)
-            .cloned()
+            .copied()
             .ok_or_else(|| out_of_range("input", index, self.inputs.len()))
     }
 
-    fn set_input(&mut self, index: usize, data: &[f32]) -> Result<(), String> {
-        stage_input(&mut self.inputs, index, data)
+    fn input_shape(&self, index: usize) -> Result<Vec<usize>, String> {
+        Ok(self.spec(index)?.bound.dims().to_vec())
     }
 
-    fn execute(&mut self) -> Result<(), crate::program::ProgramError> {
-        let inputs: Vec<&[f32]> = self.inputs.iter().map(Vec::as_slice).collect();
-        self.outputs = self.inner.execute(&inputs)?;
+    fn input_scalar_type(&self, index: usize) -> Result<i8, String> {
+        Ok(self.spec(index)?.dtype.scalar_type())
+    }
+
+    fn bind_input(
+        &mut self,
+        index: usize,
+        scalar_type: i8,
+        shape: &[usize],
+        data: &[u8],
+        has_slack: bool,
+    ) -> Result<(), String> {
+        let mut one = Bindings {
+            inputs: vec![None],
+            outputs: Vec::new(),
+        };
+        one.bind_input(0, scalar_type, shape, data, has_slack)?;
+        let n = self.inputs.len();
+        *self
+            .inputs
+            .get_mut(index)
+            .ok_or_else(|| out_of_range("input", index, n))? = one.inputs[0];
         Ok(())
     }
 
-    fn num_outputs(&self) -> usize {
-        self.outputs.len()
+    fn execute(&mut self) -> Result<(), Box<dyn std::error::Error>> {
+        let mut views = Vec::with_capacity(self.inputs.len());
+        for (i, b) in self.inputs.iter_mut().enumerate() {
+            let Some(b) = b.take() else {
+                return Err(format!("input {i} is not bound").into());
+            };
+            // SAFETY: C++ keeps the bound bytes valid and unchanged until execute returns
+            // (bind_input's contract); `len` is their length and `padded` what C++ declared.
+            let view = unsafe {
+                let data = std::slice::from_raw_parts(b.data, b.len);
+                if b.padded {
+                    crate::tensor::TensorRef::with_slack(b.dtype, b.shape, data)
+                } else {
+                    crate::tensor::TensorRef::new(b.dtype, b.shape, data)
+                }
+            };
+            views.push(view);
+        }
+        self.inner.execute(&views).map_err(Into::into)
     }
 
-    fn output(&self, index: usize) -> Result<&[f32], String> {
-        read_output(&self.outputs, index)
+    fn num_outputs(&self) -> usize {
+        self.inner.num_outputs()
+    }
+
+    fn output_data(&self, index: usize) -> Result<&[u8], crate::program::ProgramError> {
+        Ok(self.inner.output(index)?.data())
+    }
+
+    fn output_shape(&self, index: usize) -> Result<Vec<usize>, crate::program::ProgramError> {
+        Ok(self.inner.output(index)?.shape().dims().to_vec())
+    }
+
+    fn output_scalar_type(&self, index: usize) -> Result<i8, crate::program::ProgramError> {
+        Ok(self.inner.output(index)?.dtype().scalar_type())
     }
 }
 
@@ -754,8 +1005,13 @@ impl StatefulBuilder {
         }
     }
 
-    fn build(&mut self, map: &DataMap) -> Result<Box<Stateful>, crate::state::StateError> {
+    fn build(
+        &mut self,
+        map: &DataMap,
+        model: &Model,
+    ) -> Result<Box<Stateful>, crate::state::StateError> {
         let program = crate::state::StatefulProgram::new(
+            &model.0,
             std::mem::take(&mut self.specs),
             std::mem::take(&mut self.methods),
             map.0.clone(),

@@ -9,6 +9,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 mod aligned;
+pub mod backend;
 pub mod bench;
 pub mod cache;
 pub mod delegate;
@@ -24,4 +25,5 @@ pub mod sha256;
 pub mod shared_cache;
 pub mod state;
 pub mod synthetic;
+pub mod tensor;
 pub mod xnn;

@@ -10,7 +10,7 @@ usage: xnnblob [demo [--mib N]]
        xnnblob cache stats|verify|compact PATH
        xnnblob link FILE.ptd --out DIR
        xnnblob run PROGRAM.pte [--data FILE.ptd]... [--method NAME] [--cache PATH]
-                   --input FILE.f32... [--output-dir DIR]
+                   (--input FILE [--dtype DTYPE] [--shape DxD...])... [--output-dir DIR]
 
 commands:
   demo     generate a 256 MiB llm-like model (1184 weights) in a temp dir, launch it cold then
@@ -19,8 +19,10 @@ commands:
   inspect  list the keys, segments (size, alignment) and tensor layouts of a .ptd or .pte;
            --json prints one JSON object, --sha256 adds each blob's sha256
   run      run a method of an ExecuTorch program fully delegated to XNNPACK: inputs are raw
-           little-endian f32 files (shapes from the method), prints load/execute timings and a
-           summary of each output; --output-dir writes output0.f32, output1.f32, ...
+           little-endian files, of the dtype and shape given after each --input or else the
+           method's (a dynamic leading dimension is taken from the file's size); prints
+           load/execute timings and each output's dtype, shape and summary; --output-dir writes
+           output0.f32, output1.f16, ... (the extension is the dtype)
   link     generate Rust source that links a .ptd's parameters into a binary (one static per
            parameter in section .xnnblob_params, looked up by id): DIR/linked_params.rs + .bin files
   cache    a packed-weight cache file: stats (header and index only), verify (checksums every
@@ -85,9 +87,29 @@ fn inspect(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
+/// One `--input` of `xnnblob run`: a raw file, with the dtype and shape given after it (or
+/// taken from the method).
+struct InputArg {
+    path: String,
+    dtype: Option<xnnblob::tensor::DType>,
+    shape: Option<Vec<usize>>,
+}
+
+fn parse_shape(text: &str) -> Result<Vec<usize>, String> {
+    text.split(['x', ','])
+        .map(|d| {
+            d.trim()
+                .parse::<usize>()
+                .map_err(|_| format!("bad shape {text:?}: use dimensions like 2x12"))
+        })
+        .collect()
+}
+
 fn run_command(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
     use std::time::Instant;
-    let (mut program, mut data, mut inputs) = (None, Vec::new(), Vec::new());
+    use xnnblob::backend::{Backend, PackedCache};
+    use xnnblob::tensor::{DType, Shape, TensorRef};
+    let (mut program, mut data, mut inputs) = (None, Vec::new(), Vec::<InputArg>::new());
     let (mut method, mut cache, mut out_dir) = (None, None, None);
     let mut it = args.iter();
     while let Some(a) = it.next() {
@@ -101,21 +123,46 @@ fn run_command(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
             "--method" => method = Some(value("--method")?),
             "--cache" => cache = Some(value("--cache")?),
             "--output-dir" => out_dir = Some(value("--output-dir")?),
-            "--input" => inputs.push(value("--input")?),
+            "--input" => inputs.push(InputArg {
+                path: value("--input")?,
+                dtype: None,
+                shape: None,
+            }),
+            "--dtype" => {
+                let text = value("--dtype")?;
+                let dtype = DType::parse(&text).ok_or_else(|| {
+                    format!(
+                        "unknown dtype {text:?}: float32, float16, bfloat16, int8, uint8, int32"
+                    )
+                })?;
+                inputs
+                    .last_mut()
+                    .ok_or("--dtype follows the --input it describes")?
+                    .dtype = Some(dtype);
+            }
+            "--shape" => {
+                let shape = parse_shape(&value("--shape")?)?;
+                inputs
+                    .last_mut()
+                    .ok_or("--shape follows the --input it describes")?
+                    .shape = Some(shape);
+            }
             flag if flag.starts_with("--") => {
                 return Err(format!("unknown option {flag}\n{USAGE}").into())
             }
             path if program.is_none() => program = Some(path.to_string()),
-            extra => inputs.push(extra.to_string()),
+            extra => inputs.push(InputArg {
+                path: extra.to_string(),
+                dtype: None,
+                shape: None,
+            }),
         }
     }
     let program_path = program.ok_or_else(|| format!("run needs a PROGRAM.pte\n{USAGE}"))?;
     let t = Instant::now();
-    let program = xnnblob::program::Program::load(
-        &program_path,
-        &data,
-        cache.as_deref().map(std::path::Path::new),
-    )?;
+    let backend = Backend::with_defaults()?;
+    let cache = cache.map(|p| PackedCache::File(p.into()));
+    let program = xnnblob::program::Program::load(&backend, &program_path, &data, cache.as_ref())?;
     let method_name = match method {
         Some(m) => m,
         None => program
@@ -126,65 +173,82 @@ fn run_command(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
     };
     let mut m = program.method(&method_name)?;
     let load_ms = t.elapsed().as_secs_f64() * 1e3;
-    let shapes = m.input_shapes();
-    if inputs.len() != shapes.len() {
+    let specs = m.input_specs();
+    if inputs.len() != specs.len() {
+        let declared: Vec<String> = specs
+            .iter()
+            .map(|s| format!("{} {}", s.dtype, s.bound))
+            .collect();
         return Err(format!(
-            "method {method_name:?} takes {} inputs (shapes {shapes:?}); {} given",
-            shapes.len(),
+            "method {method_name:?} takes {} inputs ({}); {} given",
+            specs.len(),
+            declared.join(", "),
             inputs.len()
         )
         .into());
     }
-    let mut tensors = Vec::new();
-    for (path, shape) in inputs.iter().zip(&shapes) {
-        let bytes = std::fs::read(path).map_err(|e| format!("{path}: {e}"))?;
-        let expected: usize = shape.iter().product::<usize>() * 4;
-        if bytes.len() != expected {
+    let mut files = Vec::new();
+    for arg in &inputs {
+        files.push(std::fs::read(&arg.path).map_err(|e| format!("{}: {e}", arg.path))?);
+    }
+    let mut views = Vec::new();
+    for (i, ((arg, bytes), spec)) in inputs.iter().zip(&files).zip(&specs).enumerate() {
+        let dtype = arg.dtype.unwrap_or(spec.dtype);
+        let shape = match &arg.shape {
+            Some(dims) => Shape::new(dims)?,
+            None => {
+                let elements = bytes.len() / dtype.size();
+                xnnblob::program::rows_for(spec, elements)
+            }
+        };
+        let needed = shape.nbytes(dtype).ok_or("the input's size overflows")?;
+        if bytes.len() != needed {
             return Err(format!(
-                "{path}: {} bytes, the input of shape {shape:?} needs {expected}",
+                "{}: {} bytes, an input {i} of {dtype} {shape} needs {needed} (give --dtype and --shape after --input)",
+                arg.path,
                 bytes.len()
             )
             .into());
         }
-        tensors.push(
-            bytes
-                .chunks_exact(4)
-                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                .collect::<Vec<f32>>(),
-        );
+        views.push(TensorRef::new(dtype, shape, bytes));
     }
-    let refs: Vec<&[f32]> = tensors.iter().map(Vec::as_slice).collect();
     let t = Instant::now();
-    let outputs = m.execute(&refs)?;
+    m.execute(&views)?;
     let exec_ms = t.elapsed().as_secs_f64() * 1e3;
-    let w = program.weights_cache().stats();
+    // Outputs are written before anything is printed: a closed stdout loses nothing.
+    if let Some(dir) = &out_dir {
+        std::fs::create_dir_all(dir)?;
+        for i in 0..m.num_outputs() {
+            let out = m.output(i)?;
+            let name = format!("output{i}.{}", out.dtype().short_name());
+            std::fs::write(std::path::Path::new(dir).join(name), out.data())?;
+        }
+    }
+    let (packed, hits) = program
+        .weights_cache()
+        .map_or((0, 0), |c| (c.stats().packed, c.stats().hits));
     println!(
-        "{program_path} method {method_name:?}: loaded in {load_ms:.2} ms ({} weights packed, {} found packed), executed in {exec_ms:.2} ms",
-        w.packed, w.hits
+        "{program_path} method {method_name:?}: loaded in {load_ms:.2} ms ({packed} weights packed, {hits} found packed), executed in {exec_ms:.2} ms"
     );
-    for (i, out) in outputs.iter().enumerate() {
-        let (min, max) = out
+    for i in 0..m.num_outputs() {
+        let out = m.output(i)?;
+        let values = xnnblob::tensor::to_f32_lossy(out.dtype(), out.data());
+        let (min, max) = values
             .iter()
             .fold((f32::INFINITY, f32::NEG_INFINITY), |(a, b), v| {
                 (a.min(*v), b.max(*v))
             });
-        let mean = out.iter().map(|v| *v as f64).sum::<f64>() / out.len().max(1) as f64;
-        let head: Vec<String> = out.iter().take(6).map(|v| format!("{v:.5}")).collect();
+        let mean = values.iter().map(|v| *v as f64).sum::<f64>() / values.len().max(1) as f64;
+        let head: Vec<String> = values.iter().take(6).map(|v| format!("{v:.5}")).collect();
         println!(
-            "output {i}: {} values, min {min:.5}, max {max:.5}, mean {mean:.5}, first [{}]",
-            out.len(),
+            "output {i}: {} {}, {} values, min {min:.5}, max {max:.5}, mean {mean:.5}, first [{}]",
+            out.dtype(),
+            out.shape(),
+            values.len(),
             head.join(", ")
         );
-        if let Some(dir) = &out_dir {
-            std::fs::create_dir_all(dir)?;
-            let bytes: Vec<u8> = out.iter().flat_map(|v| v.to_le_bytes()).collect();
-            std::fs::write(
-                std::path::Path::new(dir).join(format!("output{i}.f32")),
-                bytes,
-            )?;
-        }
     }
-    if let Err(e) = program.weights_cache().wait_saved() {
+    if let Some(Err(e)) = program.weights_cache().map(|c| c.wait_saved()) {
         eprintln!("xnnblob: the packed-weight cache was not saved: {e}");
     }
     Ok(())

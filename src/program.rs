@@ -1,15 +1,22 @@
 //! Whole ExecuTorch programs (`.pte` + external `.ptd` files) whose methods are fully delegated
 //! to XNNPACK: each method's delegate calls run through [`XnnDelegate`], with the program's
-//! named data merged with the external files, one shared data cache and one packed-weight cache
-//! for all methods (so weights two methods share are loaded and packed once).
+//! named data merged with the external files, loaded through the [`Backend`] so that weights
+//! two methods, or two programs, share are loaded and packed once.
+//!
+//! A [`Method`] holds a buffer for every value it produces, sized for the value's declared
+//! bound, made once at init: an execute binds the caller's inputs and these buffers to the
+//! delegates in place, reshapes only when a shape changed, and allocates nothing.
 
-use crate::cache::{CacheError, PackedWeightsCache};
+use crate::backend::{Backend, BackendError, ModelContext, PackedCache};
+use crate::cache::PackedWeightsCache;
 use crate::delegate::{DelegateError, XnnDelegate};
 use crate::named_data::{
     pte_format, DataBuffer, FileDataMap, FormatError, MergedMap, NamedDataError, NamedDataMap,
 };
 use crate::schema::pte as fb;
 use crate::shared_cache::SharedDataCache;
+use crate::tensor::{DType, PaddedTensor, Shape, ShapeMismatch, TensorRef, TooManyDims};
+use crate::xnn::{RawInput, RawOutput};
 use std::fmt;
 use std::path::Path;
 use std::sync::Arc;
@@ -18,7 +25,7 @@ use std::sync::Arc;
 #[derive(Debug)]
 pub enum ProgramError {
     NamedData(NamedDataError),
-    /// The program's execution plans failed validation.
+    /// The program's flatbuffer failed validation.
     Format {
         source: String,
         error: FormatError,
@@ -27,7 +34,8 @@ pub enum ProgramError {
         method: String,
         error: DelegateError,
     },
-    Cache(CacheError),
+    /// The backend could not give the program its packed-weight cache or workspace.
+    Backend(BackendError),
     NoSuchMethod {
         name: String,
         available: Vec<String>,
@@ -45,9 +53,88 @@ pub enum ProgramError {
     /// `execute` with inputs that do not fit the method.
     BadInput {
         method: String,
-        reason: String,
+        error: InputError,
     },
 }
+
+/// How an input does not fit its method.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum InputError {
+    /// The wrong number of inputs.
+    Count { expected: usize, given: usize },
+    /// Input `index` has another dtype than the method's.
+    Dtype {
+        index: usize,
+        expected: DType,
+        given: DType,
+    },
+    /// Input `index` has a shape outside the declared bound (or, for a static input, other
+    /// than the declared shape).
+    Shape {
+        index: usize,
+        shapes: Box<ShapeMismatch>,
+        dynamic: bool,
+    },
+    /// Input `index` holds fewer bytes than its shape needs (None: that size overflows).
+    Bytes {
+        index: usize,
+        needed: Option<usize>,
+        given: usize,
+    },
+    /// Output `index` was asked for but the method has fewer.
+    NoSuchOutput { index: usize, outputs: usize },
+}
+
+impl fmt::Display for InputError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            InputError::Count { expected, given } => {
+                write!(f, "{given} inputs given, the method takes {expected}")
+            }
+            InputError::Dtype {
+                index,
+                expected,
+                given,
+            } => write!(f, "input {index} is {given}, the method takes {expected}"),
+            InputError::Shape {
+                index,
+                shapes,
+                dynamic: true,
+            } => write!(
+                f,
+                "input {index} has shape {}, outside the method's bound {} \
+                 (each dimension at most the bound's)",
+                shapes.given, shapes.bound
+            ),
+            InputError::Shape {
+                index,
+                shapes,
+                dynamic: false,
+            } => write!(
+                f,
+                "input {index} has shape {}; the method's input is static, of shape {}",
+                shapes.given, shapes.bound
+            ),
+            InputError::Bytes {
+                index,
+                needed: Some(needed),
+                given,
+            } => write!(
+                f,
+                "input {index} holds {given} bytes, its shape needs {needed}"
+            ),
+            InputError::Bytes { index, given, .. } => write!(
+                f,
+                "input {index} holds {given} bytes; the size its shape needs overflows"
+            ),
+            InputError::NoSuchOutput { index, outputs } => {
+                write!(f, "no output {index}: the method has {outputs}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for InputError {}
 
 impl fmt::Display for ProgramError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -56,7 +143,7 @@ impl fmt::Display for ProgramError {
             NamedData(e) => write!(f, "{e}"),
             Format { source, error } => write!(f, "{source}: {error}"),
             Delegate { method, error } => write!(f, "method {method:?}: {error}"),
-            Cache(e) => write!(f, "{e}"),
+            Backend(e) => write!(f, "{e}"),
             NoSuchMethod { name, available } => {
                 write!(f, "no method {name:?}; the program has {available:?}")
             }
@@ -65,17 +152,47 @@ impl fmt::Display for ProgramError {
                 "method {method:?} is not fully delegated to XNNPACK: it runs {operator}"
             ),
             BadPlan { method, reason } => write!(f, "method {method:?}: {reason}"),
-            BadInput { method, reason } => write!(f, "method {method:?}: {reason}"),
+            BadInput { method, error } => write!(f, "method {method:?}: {error}"),
         }
     }
 }
 
-impl std::error::Error for ProgramError {}
+impl std::error::Error for ProgramError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            ProgramError::NamedData(e) => Some(e),
+            ProgramError::Format { error, .. } => Some(error),
+            ProgramError::Delegate { error, .. } => Some(error),
+            ProgramError::Backend(e) => Some(e),
+            ProgramError::BadInput { error, .. } => Some(error),
+            _ => None,
+        }
+    }
+}
 
 impl From<NamedDataError> for ProgramError {
     fn from(e: NamedDataError) -> Self {
         ProgramError::NamedData(e)
     }
+}
+
+impl From<BackendError> for ProgramError {
+    fn from(e: BackendError) -> Self {
+        ProgramError::Backend(e)
+    }
+}
+
+/// ExecuTorch's `TensorShapeDynamism::STATIC`.
+const STATIC: i8 = 0;
+
+/// A tensor value as the plan declares it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ValueSpec {
+    pub dtype: DType,
+    /// The declared sizes: the shape of a static tensor, the upper bound of a dynamic one.
+    pub bound: Shape,
+    /// Whether the shape may change between executes (within the bound).
+    pub dynamic: bool,
 }
 
 /// One step of a method.
@@ -95,33 +212,25 @@ enum Step {
 #[derive(Debug, Clone)]
 struct MethodPlan {
     name: String,
-    /// Shape of every tensor value (None for non-tensors).
-    shapes: Vec<Option<Vec<usize>>>,
+    /// Every tensor value (None for non-tensors, or tensors of a dtype no delegate takes).
+    values: Vec<Option<ValueSpec>>,
     inputs: Vec<usize>,
     outputs: Vec<usize>,
     steps: Vec<Step>,
     /// The processed payload of each delegate.
     payloads: Vec<DataBuffer>,
-    /// Constant (fp32) tensors of the plan, from the program's constant segment.
-    constants: Vec<(usize, Vec<f32>)>,
-    /// Why the method cannot run here (found while reading it): reported by `method()`.
-    problem: Option<ProgramErrorKind>,
+    /// Constant tensors of the plan, viewed in the program's constant segment.
+    constants: Vec<(usize, DataBuffer)>,
 }
 
-#[derive(Debug, Clone)]
-enum ProgramErrorKind {
-    NotDelegated(String),
-    BadPlan(String),
-}
-
-/// A loaded program: its plans, its named data merged with external data, and the caches its
-/// methods share.
+/// A loaded program: its named data merged with external data, and the model context (packed
+/// weights, workspace) its methods share.
 pub struct Program {
     source: String,
-    plans: Vec<MethodPlan>,
+    pte: Arc<FileDataMap>,
+    method_names: Vec<String>,
     map: MergedMap,
-    shared: SharedDataCache,
-    weights: Arc<PackedWeightsCache>,
+    model: ModelContext,
 }
 
 fn plan_error(method: &str, reason: impl Into<String>) -> ProgramError {
@@ -138,352 +247,332 @@ fn index(method: &str, i: i32, len: usize, what: &str) -> Result<usize, ProgramE
         .ok_or_else(|| plan_error(method, format!("{what} {i} out of range ({len})")))
 }
 
-/// Reads the execution plans (the flatbuffer is verified by the named-data parse first).
-fn read_plans(pte: &FileDataMap) -> Result<Vec<MethodPlan>, ProgramError> {
-    let file = pte.file_buffer();
-    let bytes = file.data();
+/// The program flatbuffer of a mapped `.pte` (verified).
+fn program_of(pte: &FileDataMap) -> Result<fb::Program<'_>, ProgramError> {
+    let bytes = pte.file_bytes();
     let header = pte_format::parse_header(bytes).map_err(|error| ProgramError::Format {
         source: pte.source().to_string(),
         error,
     })?;
-    let end = header.map_or(bytes.len(), |h| h.program_size as usize);
+    let end = header
+        .map_or(bytes.len(), |h| h.program_size as usize)
+        .min(bytes.len());
     let opts = crate::named_data::bytes::verifier_options();
-    let program =
-        flatbuffers::root_with_opts::<fb::Program>(&opts, &bytes[..end]).map_err(|e| {
-            ProgramError::Format {
-                source: pte.source().to_string(),
-                error: FormatError::Verifier(e.to_string()),
-            }
+    flatbuffers::root_with_opts::<fb::Program>(&opts, &bytes[..end]).map_err(|e| {
+        ProgramError::Format {
+            source: pte.source().to_string(),
+            error: FormatError::Verifier(e.to_string()),
+        }
+    })
+}
+
+/// The declared spec of a tensor value.
+fn value_spec(
+    method: &str,
+    v: usize,
+    t: &fb::Tensor<'_>,
+) -> Result<Option<ValueSpec>, ProgramError> {
+    let Some(dtype) = DType::from_scalar_type(t.scalar_type()) else {
+        return Ok(None);
+    };
+    let dims: Vec<usize> = t
+        .sizes()
+        .map(|s| s.iter().map(|d| d.max(0) as usize).collect())
+        .unwrap_or_default();
+    let bound = Shape::new(&dims).map_err(|TooManyDims { rank }| {
+        plan_error(method, format!("value {v} has {rank} dimensions"))
+    })?;
+    if bound.nbytes(dtype).is_none() {
+        return Err(plan_error(method, format!("value {v}: its size overflows")));
+    }
+    Ok(Some(ValueSpec {
+        dtype,
+        bound,
+        dynamic: t.shape_dynamism() != STATIC,
+    }))
+}
+
+/// Reads one execution plan.
+fn read_plan(pte: &FileDataMap, name: &str) -> Result<MethodPlan, ProgramError> {
+    let program = program_of(pte)?;
+    let file = pte.file_buffer();
+    let bytes = file.data();
+    let plan = program
+        .execution_plan()
+        .iter()
+        .flatten()
+        .find(|p| p.name().unwrap_or("") == name)
+        .ok_or_else(|| ProgramError::NoSuchMethod {
+            name: name.to_string(),
+            available: Vec::new(),
         })?;
+    let values: Vec<fb::EValue<'_>> = plan.values().iter().flatten().collect();
+    let n = values.len();
+    let mut specs = Vec::with_capacity(n);
+    for (v, value) in values.iter().enumerate() {
+        specs.push(match value.val_as_tensor() {
+            Some(t) => value_spec(name, v, &t)?,
+            None => None,
+        });
+    }
+    let ids = |list: Option<flatbuffers::Vector<'_, i32>>,
+               what: &str|
+     -> Result<Vec<usize>, ProgramError> {
+        list.iter()
+            .flatten()
+            .map(|i| index(name, i, n, what))
+            .collect()
+    };
+    let inputs = ids(plan.inputs(), "input value")?;
+    let outputs = ids(plan.outputs(), "output value")?;
+    let operators: Vec<String> = plan
+        .operators()
+        .iter()
+        .flatten()
+        .map(|o| {
+            let (op, overload) = (o.name().unwrap_or("?"), o.overload().unwrap_or(""));
+            if overload.is_empty() {
+                op.to_string()
+            } else {
+                format!("{op}.{overload}")
+            }
+        })
+        .collect();
+    let delegates: Vec<fb::BackendDelegate<'_>> = plan.delegates().iter().flatten().collect();
+    let chains: Vec<fb::Chain<'_>> = plan.chains().iter().flatten().collect();
+    if chains.len() > 1 {
+        return Err(plan_error(
+            name,
+            format!("{} chains (one is supported)", chains.len()),
+        ));
+    }
+    let mut steps = Vec::new();
+    for instruction in chains
+        .iter()
+        .flat_map(|c| c.instructions().into_iter().flatten())
+    {
+        if let Some(k) = instruction.instr_args_as_kernel_call() {
+            let operator = usize::try_from(k.op_index())
+                .ok()
+                .and_then(|i| operators.get(i))
+                .map_or_else(
+                    || format!("operator #{}", k.op_index()),
+                    |o| format!("the operator {o}"),
+                );
+            return Err(ProgramError::NotDelegated {
+                method: name.to_string(),
+                operator,
+            });
+        } else if let Some(d) = instruction.instr_args_as_delegate_call() {
+            let i = index(name, d.delegate_index(), delegates.len(), "delegate")?;
+            let id = delegates[i].id().unwrap_or("");
+            if id != "XnnpackBackend" {
+                return Err(ProgramError::NotDelegated {
+                    method: name.to_string(),
+                    operator: format!("a delegate of backend {id:?}"),
+                });
+            }
+            steps.push(Step::Delegate {
+                index: i,
+                args: ids(d.args(), "delegate argument")?,
+            });
+        } else if let Some(m) = instruction.instr_args_as_move_call() {
+            steps.push(Step::Move {
+                from: index(name, m.move_from(), n, "move source")?,
+                to: index(name, m.move_to(), n, "move target")?,
+            });
+        } else if instruction.instr_args_as_free_call().is_some() {
+            // Frees a value's memory early; buffers here live as long as the method.
+        } else {
+            return Err(plan_error(name, "control flow (jump) is not supported"));
+        }
+    }
     let inline: Vec<&[u8]> = program
         .backend_delegate_data()
         .iter()
         .flatten()
         .map(|d| d.data().map(|v| v.bytes()).unwrap_or(&[]))
         .collect();
-    let constant_segment = program.constant_segment();
-    let mut plans = Vec::new();
-    for plan in program.execution_plan().iter().flatten() {
-        let name = plan.name().unwrap_or("").to_string();
-        match read_plan(
-            &name,
-            &plan,
-            &inline,
-            pte,
-            &file,
-            bytes,
-            constant_segment.as_ref(),
-        ) {
-            Ok(p) => plans.push(p),
-            Err(e) => plans.push(MethodPlan {
-                name: name.clone(),
-                shapes: Vec::new(),
-                inputs: Vec::new(),
-                outputs: Vec::new(),
-                steps: Vec::new(),
-                payloads: Vec::new(),
-                constants: Vec::new(),
-                problem: Some(match e {
-                    ProgramError::NotDelegated { operator, .. } => {
-                        ProgramErrorKind::NotDelegated(operator)
-                    }
-                    other => ProgramErrorKind::BadPlan(other.to_string()),
-                }),
-            }),
-        }
-    }
-    Ok(plans)
-}
-
-/// Reads one execution plan.
-fn read_plan(
-    name: &str,
-    plan: &fb::ExecutionPlan<'_>,
-    inline: &[&[u8]],
-    pte: &FileDataMap,
-    file: &DataBuffer,
-    bytes: &[u8],
-    constant_segment: Option<&fb::SubsegmentOffsets<'_>>,
-) -> Result<MethodPlan, ProgramError> {
-    let name = name.to_string();
-    {
-        let values: Vec<fb::EValue<'_>> = plan.values().iter().flatten().collect();
-        let shapes = values
-            .iter()
-            .map(|v| {
-                v.val_as_tensor().map(|t| {
-                    t.sizes()
-                        .map(|s| s.iter().map(|d| d.max(0) as usize).collect())
-                        .unwrap_or_default()
-                })
-            })
-            .collect();
-        let n = values.len();
-        let ids = |list: Option<flatbuffers::Vector<'_, i32>>,
-                   what: &str|
-         -> Result<Vec<usize>, ProgramError> {
-            list.iter()
-                .flatten()
-                .map(|i| index(&name, i, n, what))
-                .collect()
-        };
-        let inputs = ids(plan.inputs(), "input value")?;
-        let outputs = ids(plan.outputs(), "output value")?;
-        let operators: Vec<String> = plan
-            .operators()
-            .iter()
-            .flatten()
-            .map(|o| {
-                let (op, overload) = (o.name().unwrap_or("?"), o.overload().unwrap_or(""));
-                if overload.is_empty() {
-                    op.to_string()
-                } else {
-                    format!("{op}.{overload}")
-                }
-            })
-            .collect();
-        let delegates: Vec<fb::BackendDelegate<'_>> = plan.delegates().iter().flatten().collect();
-        let mut steps = Vec::new();
-        let chains: Vec<fb::Chain<'_>> = plan.chains().iter().flatten().collect();
-        if chains.len() > 1 {
-            return Err(plan_error(
-                &name,
-                format!("{} chains (one is supported)", chains.len()),
-            ));
-        }
-        let instructions: Vec<fb::Instruction<'_>> = chains
-            .iter()
-            .flat_map(|c| c.instructions().into_iter().flatten())
-            .collect();
-        for instruction in instructions {
-            if let Some(k) = instruction.instr_args_as_kernel_call() {
-                let operator = usize::try_from(k.op_index())
-                    .ok()
-                    .and_then(|i| operators.get(i))
-                    .map_or_else(
-                        || format!("operator #{}", k.op_index()),
-                        |o| format!("the operator {o}"),
-                    );
-                return Err(ProgramError::NotDelegated {
-                    method: name,
-                    operator,
-                });
-            } else if let Some(d) = instruction.instr_args_as_delegate_call() {
-                let i = index(&name, d.delegate_index(), delegates.len(), "delegate")?;
-                let id = delegates[i].id().unwrap_or("");
-                if id != "XnnpackBackend" {
-                    return Err(ProgramError::NotDelegated {
-                        method: name,
-                        operator: format!("a delegate of backend {id:?}"),
-                    });
-                }
-                steps.push(Step::Delegate {
-                    index: i,
-                    args: ids(d.args(), "delegate argument")?,
-                });
-            } else if let Some(m) = instruction.instr_args_as_move_call() {
-                steps.push(Step::Move {
-                    from: index(&name, m.move_from(), n, "move source")?,
-                    to: index(&name, m.move_to(), n, "move target")?,
-                });
-            } else if instruction.instr_args_as_free_call().is_some() {
-                // Frees a value's memory early; buffers here are dropped with the method.
-            } else {
-                return Err(plan_error(&name, "control flow (jump) is not supported"));
+    let mut payloads = Vec::new();
+    for (i, d) in delegates.iter().enumerate() {
+        let r = d
+            .processed()
+            .ok_or_else(|| plan_error(name, format!("delegate {i} has no payload reference")))?;
+        let payload = match r.location() {
+            0 => {
+                let data = inline.get(r.index() as usize).ok_or_else(|| {
+                    plan_error(name, format!("inline payload {} does not exist", r.index()))
+                })?;
+                // The bytes are inside the mapped file: view them there, zero-copy.
+                let offset = data.as_ptr() as usize - bytes.as_ptr() as usize;
+                file.slice(offset, data.len())
             }
-        }
-        let mut payloads = Vec::new();
-        for (i, d) in delegates.iter().enumerate() {
-            let r = d.processed().ok_or_else(|| {
-                plan_error(&name, format!("delegate {i} has no payload reference"))
-            })?;
-            let payload = match r.location() {
-                0 => {
-                    let data = inline.get(r.index() as usize).ok_or_else(|| {
-                        plan_error(
-                            &name,
-                            format!("inline payload {} does not exist", r.index()),
-                        )
-                    })?;
-                    // The bytes are inside the mapped file: view them there, zero-copy.
-                    let offset = data.as_ptr() as usize - bytes.as_ptr() as usize;
-                    file.slice(offset, data.len())
-                }
-                1 => pte
-                    .segments()
-                    .get(r.index() as usize)
-                    .and_then(|&(offset, size)| file.slice(offset, size)),
-                other => {
-                    return Err(plan_error(
-                        &name,
-                        format!("unknown payload location {other}"),
-                    ))
-                }
-            }
-            .ok_or_else(|| plan_error(&name, format!("delegate {i}: payload out of range")))?;
-            payloads.push(payload);
-        }
-        let mut constants = Vec::new();
-        for (v, value) in values.iter().enumerate() {
-            let Some(t) = value.val_as_tensor() else {
-                continue;
-            };
-            if t.data_buffer_idx() == 0 {
-                continue;
-            }
-            if t.scalar_type() != 6 {
-                return Err(plan_error(
-                    &name,
-                    format!("constant value {v} is not float32"),
-                ));
-            }
-            let seg = constant_segment
-                .ok_or_else(|| plan_error(&name, "constants but no constant segment"))?;
-            let idx = t.data_buffer_idx() as usize;
-            let offset = seg
-                .offsets()
-                .filter(|o| idx < o.len())
-                .map(|o| o.get(idx))
-                .ok_or_else(|| plan_error(&name, format!("constant value {v}: no offset")))?;
-            let &(seg_offset, seg_size) = pte
+            1 => pte
                 .segments()
-                .get(seg.segment_index() as usize)
-                .ok_or_else(|| plan_error(&name, "constant segment out of range"))?;
-            let count: usize = t
-                .sizes()
-                .map_or(1, |s| s.iter().map(|d| d.max(0) as usize).product());
-            let end = (offset as usize).checked_add(count * 4);
-            if end.is_none_or(|end| end > seg_size) {
+                .get(r.index() as usize)
+                .and_then(|&(offset, size)| file.slice(offset, size)),
+            other => {
                 return Err(plan_error(
-                    &name,
-                    format!("constant value {v} lies outside its segment"),
-                ));
+                    name,
+                    format!("unknown payload location {other}"),
+                ))
             }
-            let at = seg_offset + offset as usize;
-            let data = bytes[at..at + count * 4]
-                .chunks_exact(4)
-                .map(|b| f32::from_le_bytes(b.try_into().expect("4 bytes")))
-                .collect();
-            constants.push((v, data));
         }
-        Ok(MethodPlan {
-            name,
-            shapes,
-            inputs,
-            outputs,
-            steps,
-            payloads,
-            constants,
-            problem: None,
-        })
+        .ok_or_else(|| plan_error(name, format!("delegate {i}: payload out of range")))?;
+        payloads.push(payload);
     }
+    let constant_segment = program.constant_segment();
+    let mut constants = Vec::new();
+    for (v, value) in values.iter().enumerate() {
+        let Some(t) = value.val_as_tensor() else {
+            continue;
+        };
+        if t.data_buffer_idx() == 0 {
+            continue;
+        }
+        let spec = specs[v].ok_or_else(|| {
+            plan_error(
+                name,
+                format!("constant value {v} has scalar type {}", t.scalar_type()),
+            )
+        })?;
+        let seg = constant_segment
+            .as_ref()
+            .ok_or_else(|| plan_error(name, "constants but no constant segment"))?;
+        let idx = t.data_buffer_idx() as usize;
+        let offset = seg
+            .offsets()
+            .filter(|o| idx < o.len())
+            .map(|o| o.get(idx))
+            .ok_or_else(|| plan_error(name, format!("constant value {v}: no offset")))?;
+        let &(seg_offset, seg_size) = pte
+            .segments()
+            .get(seg.segment_index() as usize)
+            .ok_or_else(|| plan_error(name, "constant segment out of range"))?;
+        let size = spec.bound.nbytes(spec.dtype).unwrap_or(usize::MAX);
+        let outside = || plan_error(name, format!("constant value {v} lies outside its segment"));
+        let offset = usize::try_from(offset).map_err(|_| outside())?;
+        if offset.checked_add(size).is_none_or(|end| end > seg_size) {
+            return Err(outside());
+        }
+        let at = seg_offset.checked_add(offset).ok_or_else(outside)?;
+        constants.push((v, file.slice(at, size).ok_or_else(outside)?));
+    }
+    Ok(MethodPlan {
+        name: name.to_string(),
+        values: specs,
+        inputs,
+        outputs,
+        steps,
+        payloads,
+        constants,
+    })
 }
 
 impl Program {
     /// Maps `pte` and the external data files, merges their named data (a key in two is an
-    /// error), and reads the execution plans. Packed weights go to `cache` (a file path), or
-    /// stay in memory.
+    /// error), and takes a model context from `backend`: packed weights go to `cache` (the
+    /// backend's default when None).
     pub fn load(
+        backend: &Backend,
         pte: impl AsRef<Path>,
         ptds: &[impl AsRef<Path>],
-        cache: Option<&Path>,
+        cache: Option<&PackedCache>,
     ) -> Result<Program, ProgramError> {
         let mut maps: Vec<Arc<dyn NamedDataMap>> = Vec::new();
         for p in ptds {
             maps.push(Arc::new(FileDataMap::open_ptd(p.as_ref())?));
         }
-        Program::load_with_maps(pte, maps, cache)
+        Program::load_with_maps(backend, pte, maps, cache)
     }
 
     /// As [`load`](Self::load), with external named data from any maps (linked parameters,
     /// in-memory blobs, C++ maps) instead of `.ptd` files.
     pub fn load_with_maps(
+        backend: &Backend,
         pte: impl AsRef<Path>,
         external: Vec<Arc<dyn NamedDataMap>>,
-        cache: Option<&Path>,
+        cache: Option<&PackedCache>,
     ) -> Result<Program, ProgramError> {
-        let program = FileDataMap::open_pte(pte.as_ref())?;
+        let program = Arc::new(FileDataMap::open_pte(pte.as_ref())?);
         let source = program.source().to_string();
-        let plans = read_plans(&program)?;
-        let mut maps: Vec<Arc<dyn NamedDataMap>> = vec![Arc::new(program)];
+        let method_names = program_of(&program)?
+            .execution_plan()
+            .iter()
+            .flatten()
+            .map(|p| p.name().unwrap_or("").to_string())
+            .collect();
+        let mut maps: Vec<Arc<dyn NamedDataMap>> = vec![program.clone()];
         maps.extend(external);
-        let weights = match cache {
-            Some(path) => PackedWeightsCache::open(path).map_err(ProgramError::Cache)?,
-            None => PackedWeightsCache::in_memory(),
-        };
         Ok(Program {
             source,
-            plans,
+            pte: program,
+            method_names,
             map: MergedMap::new(maps)?,
-            shared: SharedDataCache::new(),
-            weights,
+            model: backend.model(cache)?,
         })
     }
 
     pub fn method_names(&self) -> Vec<&str> {
-        self.plans.iter().map(|p| p.name.as_str()).collect()
+        self.method_names.iter().map(String::as_str).collect()
     }
 
-    /// The shapes of a method's inputs.
-    pub fn input_shapes(&self, method: &str) -> Result<Vec<Vec<usize>>, ProgramError> {
+    fn plan(&self, name: &str) -> Result<MethodPlan, ProgramError> {
+        read_plan(&self.pte, name).map_err(|e| match e {
+            ProgramError::NoSuchMethod { name, .. } => ProgramError::NoSuchMethod {
+                name,
+                available: self.method_names.clone(),
+            },
+            other => other,
+        })
+    }
+
+    /// The declared specs (dtype, bound, dynamism) of a method's inputs.
+    pub fn input_specs(&self, method: &str) -> Result<Vec<ValueSpec>, ProgramError> {
         let plan = self.plan(method)?;
-        Ok(plan
-            .inputs
+        specs_of(&plan, &plan.inputs)
+    }
+
+    /// The declared (largest) shapes of a method's inputs.
+    pub fn input_shapes(&self, method: &str) -> Result<Vec<Vec<usize>>, ProgramError> {
+        Ok(self
+            .input_specs(method)?
             .iter()
-            .map(|&i| plan.shapes[i].clone().unwrap_or_default())
+            .map(|s| s.bound.dims().to_vec())
             .collect())
     }
 
-    fn plan(&self, name: &str) -> Result<&MethodPlan, ProgramError> {
-        self.plans
-            .iter()
-            .find(|p| p.name == name)
-            .ok_or_else(|| ProgramError::NoSuchMethod {
-                name: name.to_string(),
-                available: self.method_names().iter().map(|s| s.to_string()).collect(),
-            })
-    }
-
-    /// Initialises a method: one XNNPACK delegate per delegate call.
+    /// Initialises a method: one XNNPACK delegate per delegate call, and a buffer for every
+    /// value it produces.
     pub fn method(&self, name: &str) -> Result<Method, ProgramError> {
-        let plan = self.plan(name)?.clone();
-        match &plan.problem {
-            Some(ProgramErrorKind::NotDelegated(operator)) => {
-                return Err(ProgramError::NotDelegated {
-                    method: plan.name,
-                    operator: operator.clone(),
-                })
-            }
-            Some(ProgramErrorKind::BadPlan(reason)) => {
-                return Err(plan_error(&plan.name, reason.clone()))
-            }
-            None => {}
-        }
+        let plan = self.plan(name)?;
         let mut delegates = Vec::new();
         for payload in &plan.payloads {
-            let d = XnnDelegate::init(
-                payload.clone(),
-                &self.map,
-                &self.shared,
-                Some(self.weights.clone()),
-            )
-            .map_err(|error| ProgramError::Delegate {
-                method: plan.name.clone(),
-                error,
-            })?;
+            let d =
+                XnnDelegate::init(&self.model, payload.clone(), &self.map).map_err(|error| {
+                    ProgramError::Delegate {
+                        method: plan.name.clone(),
+                        error,
+                    }
+                })?;
             delegates.push(d);
         }
-        Ok(Method { plan, delegates })
+        Method::new(plan, delegates)
     }
 
-    /// The packed-weight cache all methods share.
-    pub fn weights_cache(&self) -> &Arc<PackedWeightsCache> {
-        &self.weights
+    /// The model context (packed-weight cache, workspace) all methods share.
+    pub fn model(&self) -> &ModelContext {
+        &self.model
     }
 
-    /// The shared data cache all methods share.
+    /// The packed-weight cache all methods share (None when packing without a cache).
+    pub fn weights_cache(&self) -> Option<&Arc<PackedWeightsCache>> {
+        self.model.packed_cache()
+    }
+
+    /// The backend's shared data cache.
     pub fn shared_data(&self) -> &SharedDataCache {
-        &self.shared
+        self.model.backend().shared_data()
     }
 
     pub fn source(&self) -> &str {
@@ -491,105 +580,384 @@ impl Program {
     }
 }
 
+fn specs_of(plan: &MethodPlan, values: &[usize]) -> Result<Vec<ValueSpec>, ProgramError> {
+    values
+        .iter()
+        .map(|&v| {
+            plan.values[v].ok_or_else(|| {
+                plan_error(
+                    &plan.name,
+                    format!("value {v} is not a tensor of a supported dtype"),
+                )
+            })
+        })
+        .collect()
+}
+
+/// Where a value's current data is during an execute.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Source {
+    /// The caller's input `k`.
+    Input(usize),
+    /// The method's own buffer.
+    Buffer,
+    /// Never written before it is read: rejected at init.
+    Unset,
+}
+
 /// An initialised method.
 pub struct Method {
     plan: MethodPlan,
     delegates: Vec<XnnDelegate>,
+    /// A buffer for every value a step writes, every constant, and every output.
+    buffers: Vec<Option<PaddedTensor>>,
+    /// Where each value is read from.
+    sources: Vec<Source>,
 }
 
 impl Method {
-    pub fn name(&self) -> &str {
-        &self.plan.name
-    }
-
-    pub fn input_shapes(&self) -> Vec<Vec<usize>> {
-        let p = &self.plan;
-        p.inputs
-            .iter()
-            .map(|&i| p.shapes[i].clone().unwrap_or_default())
-            .collect()
-    }
-
-    /// Runs the method on fp32 inputs; returns its fp32 outputs.
-    pub fn execute(&mut self, inputs: &[&[f32]]) -> Result<Vec<Vec<f32>>, ProgramError> {
-        let name = self.plan.name.clone();
-        let bad = |reason: String| ProgramError::BadInput {
-            method: name.clone(),
-            reason,
-        };
-        if inputs.len() != self.plan.inputs.len() {
-            return Err(bad(format!(
-                "{} inputs given, the method takes {}",
-                inputs.len(),
-                self.plan.inputs.len()
-            )));
-        }
-        let mut values: Vec<Option<Vec<f32>>> = vec![None; self.plan.shapes.len()];
-        for (v, data) in &self.plan.constants {
-            values[*v] = Some(data.clone());
-        }
-        for (n, (&v, data)) in self.plan.inputs.iter().zip(inputs).enumerate() {
-            let expected: usize = self.plan.shapes[v]
-                .as_ref()
-                .map_or(0, |s| s.iter().product());
-            if data.len() != expected {
-                return Err(bad(format!(
-                    "input {n} has {} elements, expected {expected}",
-                    data.len()
-                )));
+    /// Checks the plan against the delegates (arity, dtypes, values written before read) and
+    /// makes every buffer.
+    fn new(plan: MethodPlan, delegates: Vec<XnnDelegate>) -> Result<Method, ProgramError> {
+        let name = plan.name.clone();
+        let n = plan.values.len();
+        let mut sources = vec![Source::Unset; n];
+        let mut buffers: Vec<Option<PaddedTensor>> = (0..n).map(|_| None).collect();
+        let make = |buffers: &mut Vec<Option<PaddedTensor>>, v: usize| {
+            if buffers[v].is_some() {
+                return Ok(());
             }
-            values[v] = Some(data.to_vec());
+            let spec = plan.values[v].ok_or_else(|| {
+                plan_error(
+                    &name,
+                    format!("value {v} is not a tensor of a supported dtype"),
+                )
+            })?;
+            let t = PaddedTensor::zeros(spec.dtype, spec.bound)
+                .map_err(|e| plan_error(&name, format!("value {v}: {e}")))?;
+            buffers[v] = Some(t);
+            Ok::<(), ProgramError>(())
+        };
+        specs_of(&plan, &plan.inputs)?;
+        for (k, &v) in plan.inputs.iter().enumerate() {
+            sources[v] = Source::Input(k);
         }
-        for step in &self.plan.steps {
+        for (v, data) in &plan.constants {
+            make(&mut buffers, *v)?;
+            let t = buffers[*v].as_mut().expect("made");
+            t.data_mut().copy_from_slice(data.data());
+            sources[*v] = Source::Buffer;
+        }
+        for step in &plan.steps {
             match step {
-                Step::Move { from, to } => values[*to] = values[*from].clone(),
                 Step::Delegate { index, args } => {
-                    let d = &mut self.delegates[*index];
-                    let n_in = d.input_shapes().len();
-                    let out_shapes = d.output_shapes();
-                    if args.len() != n_in + out_shapes.len() {
+                    let d = &delegates[*index];
+                    let n_in = d.inputs().len();
+                    if args.len() != n_in + d.outputs().len() {
                         return Err(plan_error(
                             &name,
                             format!(
                                 "delegate {index} takes {} arguments, the call passes {}",
-                                n_in + out_shapes.len(),
+                                n_in + d.outputs().len(),
                                 args.len()
                             ),
                         ));
                     }
-                    let ins: Vec<&[f32]> = args[..n_in]
-                        .iter()
-                        .map(|&a| {
-                            values[a].as_deref().ok_or_else(|| {
-                                plan_error(&name, format!("value {a} is read before it is written"))
-                            })
-                        })
-                        .collect::<Result<_, _>>()?;
-                    let mut outs: Vec<Vec<f32>> = out_shapes
-                        .iter()
-                        .map(|s| vec![0.0; s.iter().product()])
-                        .collect();
-                    let mut out_refs: Vec<&mut [f32]> =
-                        outs.iter_mut().map(Vec::as_mut_slice).collect();
-                    d.execute(&ins, &mut out_refs)
-                        .map_err(|error| ProgramError::Delegate {
-                            method: name.clone(),
-                            error,
+                    let externals = d.inputs().chain(d.outputs());
+                    for (position, (&a, e)) in args.iter().zip(externals).enumerate() {
+                        let spec = plan.values[a].ok_or_else(|| {
+                            plan_error(&name, format!("delegate argument {a} is not a tensor"))
                         })?;
-                    for (&a, out) in args[n_in..].iter().zip(outs) {
-                        values[a] = Some(out);
+                        if spec.dtype != e.dtype {
+                            return Err(plan_error(
+                                &name,
+                                format!(
+                                    "delegate {index} argument {position} (value {a}) is {}, \
+                                     the delegate takes {}",
+                                    spec.dtype, e.dtype
+                                ),
+                            ));
+                        }
+                        if position < n_in {
+                            if sources[a] == Source::Unset {
+                                return Err(plan_error(
+                                    &name,
+                                    format!("value {a} is read before it is written"),
+                                ));
+                            }
+                        } else {
+                            if args[..n_in].contains(&a) || matches!(sources[a], Source::Input(_)) {
+                                return Err(plan_error(
+                                    &name,
+                                    format!("delegate {index} writes value {a}, which it reads or the caller gives"),
+                                ));
+                            }
+                            make(&mut buffers, a)?;
+                            sources[a] = Source::Buffer;
+                        }
                     }
+                }
+                Step::Move { from, to } => {
+                    if sources[*from] == Source::Unset {
+                        return Err(plan_error(
+                            &name,
+                            format!("value {from} is moved before it is written"),
+                        ));
+                    }
+                    if plan.values[*from].map(|s| s.dtype) != plan.values[*to].map(|s| s.dtype) {
+                        return Err(plan_error(
+                            &name,
+                            format!("move from value {from} to {to} changes the dtype"),
+                        ));
+                    }
+                    make(&mut buffers, *to)?;
+                    sources[*to] = Source::Buffer;
                 }
             }
         }
-        self.plan
-            .outputs
+        specs_of(&plan, &plan.outputs)?;
+        for &o in &plan.outputs {
+            match sources[o] {
+                Source::Unset => {
+                    return Err(plan_error(
+                        &name,
+                        format!("output value {o} is never written"),
+                    ))
+                }
+                // An input returned as an output: copied into a buffer at each execute.
+                Source::Input(_) => make(&mut buffers, o)?,
+                Source::Buffer => {}
+            }
+        }
+        Ok(Method {
+            plan,
+            delegates,
+            buffers,
+            sources,
+        })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.plan.name
+    }
+
+    /// The declared specs of the inputs.
+    pub fn input_specs(&self) -> Vec<ValueSpec> {
+        specs_of(&self.plan, &self.plan.inputs).unwrap_or_default()
+    }
+
+    /// The declared (largest) shapes of the inputs.
+    pub fn input_shapes(&self) -> Vec<Vec<usize>> {
+        self.input_specs()
             .iter()
-            .map(|&o| {
-                values[o]
-                    .take()
-                    .ok_or_else(|| plan_error(&name, format!("output value {o} is never written")))
+            .map(|s| s.bound.dims().to_vec())
+            .collect()
+    }
+
+    /// The number of outputs.
+    pub fn num_outputs(&self) -> usize {
+        self.plan.outputs.len()
+    }
+
+    /// The delegates' init timings, in delegate order.
+    pub fn delegates(&self) -> &[XnnDelegate] {
+        &self.delegates
+    }
+
+    fn bad_input(&self, error: InputError) -> ProgramError {
+        ProgramError::BadInput {
+            method: self.plan.name.clone(),
+            error,
+        }
+    }
+
+    /// Runs the method. Inputs are checked against their dtype and bound; padded ones are bound
+    /// to the delegates in place, others copied once. Outputs are read afterwards with
+    /// [`output`](Self::output), in place. Nothing is allocated once warm.
+    pub fn execute(&mut self, inputs: &[TensorRef<'_>]) -> Result<(), ProgramError> {
+        if inputs.len() != self.plan.inputs.len() {
+            return Err(self.bad_input(InputError::Count {
+                expected: self.plan.inputs.len(),
+                given: inputs.len(),
+            }));
+        }
+        for (index, (t, &v)) in inputs.iter().zip(&self.plan.inputs).enumerate() {
+            let spec = self.plan.values[v].expect("checked at init");
+            if t.dtype() != spec.dtype {
+                return Err(self.bad_input(InputError::Dtype {
+                    index,
+                    expected: spec.dtype,
+                    given: t.dtype(),
+                }));
+            }
+            let fits = if spec.dynamic {
+                t.shape().fits_within(&spec.bound)
+            } else {
+                *t.shape() == spec.bound
+            };
+            if !fits {
+                return Err(self.bad_input(InputError::Shape {
+                    index,
+                    shapes: Box::new(ShapeMismatch {
+                        given: *t.shape(),
+                        bound: spec.bound,
+                    }),
+                    dynamic: spec.dynamic,
+                }));
+            }
+            let needed = t.shape().nbytes(spec.dtype);
+            if needed.is_none_or(|n| n > t.data().len()) {
+                return Err(self.bad_input(InputError::Bytes {
+                    index,
+                    needed,
+                    given: t.data().len(),
+                }));
+            }
+        }
+        for s in 0..self.plan.steps.len() {
+            match &self.plan.steps[s] {
+                Step::Delegate { index, args } => {
+                    let (index, n_in) = (*index, self.delegates[*index].inputs().len());
+                    let buffers = self.buffers.as_mut_ptr();
+                    let sources = &self.sources;
+                    let input = |i: usize| {
+                        let a = args[i];
+                        match sources[a] {
+                            Source::Input(k) => raw_input(&inputs[k]),
+                            // SAFETY: `a` < buffers.len() (a value index) and holds a buffer
+                            // (a written value, checked at init); no output of this call is
+                            // `a` (checked at init), so no mutable access aliases it.
+                            _ => raw_input(
+                                &unsafe { &*buffers.add(a) }
+                                    .as_ref()
+                                    .expect("made at init")
+                                    .as_ref(),
+                            ),
+                        }
+                    };
+                    let output = |j: usize| {
+                        let a = args[n_in + j];
+                        // SAFETY: as above; output arguments are distinct buffers, not read by
+                        // this call, so this is the only access to `a` during it.
+                        let t = unsafe { &mut *buffers.add(a) }
+                            .as_mut()
+                            .expect("made at init");
+                        RawOutput {
+                            data: t.as_mut_ptr(),
+                            capacity: t.capacity(),
+                            dtype: t.dtype(),
+                        }
+                    };
+                    // SAFETY: inputs are the caller's borrowed views (with their own lengths and
+                    // slack) or this method's buffers; outputs are buffers with their
+                    // capacities; all outlive the call, and no output aliases an input.
+                    unsafe { self.delegates[index].execute_raw(input, output) }.map_err(
+                        |error| ProgramError::Delegate {
+                            method: self.plan.name.clone(),
+                            error,
+                        },
+                    )?;
+                    for (j, e) in self.delegates[index].outputs().enumerate() {
+                        let a = args[n_in + j];
+                        let t = self.buffers[a].as_mut().expect("made at init");
+                        if !t.set_shape(e.shape) {
+                            unreachable!("the runtime checked the capacity");
+                        }
+                    }
+                }
+                &Step::Move { from, to } => self.copy_value(from, to, inputs),
+            }
+        }
+        for i in 0..self.plan.outputs.len() {
+            let o = self.plan.outputs[i];
+            if let Source::Input(_) = self.sources[o] {
+                self.copy_value(o, o, inputs);
+            }
+        }
+        Ok(())
+    }
+
+    /// Copies value `from` (an input or a buffer) into the buffer of `to`.
+    fn copy_value(&mut self, from: usize, to: usize, inputs: &[TensorRef<'_>]) {
+        let (shape, bytes): (Shape, *const u8) = match self.sources[from] {
+            Source::Input(k) => (*inputs[k].shape(), inputs[k].data().as_ptr()),
+            _ => {
+                let t = self.buffers[from].as_ref().expect("made at init");
+                (*t.shape(), t.data().as_ptr())
+            }
+        };
+        if from == to && self.sources[from] == Source::Buffer {
+            return;
+        }
+        let t = self.buffers[to].as_mut().expect("made at init");
+        if t.set_shape(shape) {
+            let n = t.data().len();
+            // SAFETY: the source holds at least the shape's bytes (inputs checked in execute,
+            // buffers by construction); `to` is another buffer, or an input's own buffer.
+            unsafe { std::ptr::copy(bytes, t.data_mut().as_mut_ptr(), n) };
+        }
+    }
+
+    /// Output `index` of the last execute, in place: dtype, actual shape, bytes.
+    pub fn output(&self, index: usize) -> Result<TensorRef<'_>, ProgramError> {
+        let v = *self.plan.outputs.get(index).ok_or_else(|| {
+            self.bad_input(InputError::NoSuchOutput {
+                index,
+                outputs: self.plan.outputs.len(),
+            })
+        })?;
+        Ok(self.buffers[v].as_ref().expect("made at init").as_ref())
+    }
+
+    /// A convenience for fp32 methods: inputs of the declared shapes (or, for an input whose
+    /// leading dimension is dynamic, of as many rows as the data holds); returns each output's
+    /// values. It allocates; [`execute`](Self::execute) does not.
+    pub fn execute_f32(&mut self, inputs: &[&[f32]]) -> Result<Vec<Vec<f32>>, ProgramError> {
+        let specs = self.input_specs();
+        let mut views = Vec::with_capacity(inputs.len());
+        for (data, spec) in inputs
+            .iter()
+            .zip(specs.iter().chain(std::iter::repeat(&ValueSpec {
+                dtype: DType::F32,
+                bound: Shape::default(),
+                dynamic: false,
+            })))
+        {
+            views.push(TensorRef::f32(rows_for(spec, data.len()), data));
+        }
+        self.execute(&views)?;
+        (0..self.num_outputs())
+            .map(|i| {
+                let t = self.output(i)?;
+                Ok(crate::tensor::to_f32_lossy(t.dtype(), t.data()))
             })
             .collect()
+    }
+}
+
+/// The shape of `elements` values for an input of `spec`: the bound, or with a dynamic leading
+/// dimension, as many rows as the values fill.
+pub fn rows_for(spec: &ValueSpec, elements: usize) -> Shape {
+    let bound = spec.bound;
+    if spec.dynamic && bound.rank() > 0 && bound.numel() != Some(elements) {
+        let row: usize = bound.dims()[1..].iter().product();
+        if row > 0 && elements.is_multiple_of(row) {
+            let mut dims = bound.dims().to_vec();
+            dims[0] = elements / row;
+            if let Ok(shape) = Shape::new(&dims) {
+                return shape;
+            }
+        }
+    }
+    bound
+}
+
+fn raw_input(t: &TensorRef<'_>) -> RawInput {
+    RawInput {
+        data: t.data().as_ptr(),
+        len: t.data().len(),
+        dtype: t.dtype(),
+        shape: *t.shape(),
+        padded: t.is_padded(),
     }
 }

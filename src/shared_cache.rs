@@ -14,12 +14,71 @@ use std::fmt;
 use std::sync::{Arc, Weak};
 use std::thread::{self, ThreadId};
 
+/// Why an init failed: the init's own error, kept whole (shared, so that every caller that
+/// waited for the init gets it). Two causes are equal when they read the same.
+#[derive(Clone)]
+pub struct InitCause(Arc<dyn std::error::Error + Send + Sync>);
+
+impl InitCause {
+    fn new(error: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> InitCause {
+        InitCause(Arc::from(error.into()))
+    }
+
+    /// The init's error, to downcast to its type.
+    pub fn error(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
+        &*self.0
+    }
+}
+
+impl fmt::Debug for InitCause {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&*self.0, f)
+    }
+}
+
+impl fmt::Display for InitCause {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&*self.0, f)
+    }
+}
+
+impl PartialEq for InitCause {
+    fn eq(&self, other: &Self) -> bool {
+        self.to_string() == other.to_string()
+    }
+}
+
+impl Eq for InitCause {}
+
+/// A stage of a transformed init that failed, and its error.
+#[derive(Debug)]
+struct StageError {
+    stage: &'static str,
+    error: Box<dyn std::error::Error + Send + Sync>,
+}
+
+impl fmt::Display for StageError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.stage, self.error)
+    }
+}
+
+impl std::error::Error for StageError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&*self.error)
+    }
+}
+
 /// An error of [`SharedDataCache`]. Clone, so that one failed init can be handed to the
 /// initialising caller and to every caller that waited for it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SharedCacheError {
-    /// The init (or load, or transform) of `key` failed or panicked; nothing was cached.
-    InitFailed { key: String, message: String },
+    /// The init (or load, or transform) of `key` failed; nothing was cached.
+    InitFailed { key: String, cause: InitCause },
+    /// The init of `key` panicked; nothing was cached.
+    InitPanicked { key: String },
+    /// An init asked for its own key (which would wait for itself forever).
+    InitRecursion { key: String },
     /// `key` is shared read-only and was requested transformed, or the other way round.
     ModeMismatch { key: String },
     /// `alignment` is not a power of two, or is above the alignment `key`'s shared copy was
@@ -30,8 +89,14 @@ pub enum SharedCacheError {
 impl fmt::Display for SharedCacheError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            SharedCacheError::InitFailed { key, message } => {
-                write!(f, "shared data {key:?}: init failed: {message}")
+            SharedCacheError::InitFailed { key, cause } => {
+                write!(f, "shared data {key:?}: init failed: {cause}")
+            }
+            SharedCacheError::InitPanicked { key } => {
+                write!(f, "shared data {key:?}: init panicked")
+            }
+            SharedCacheError::InitRecursion { key } => {
+                write!(f, "shared data {key:?}: init requested its own key")
             }
             SharedCacheError::ModeMismatch { key } => write!(
                 f,
@@ -46,7 +111,14 @@ impl fmt::Display for SharedCacheError {
     }
 }
 
-impl std::error::Error for SharedCacheError {}
+impl std::error::Error for SharedCacheError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            SharedCacheError::InitFailed { cause, .. } => Some(cause.error()),
+            _ => None,
+        }
+    }
+}
 
 /// Counters of a [`SharedDataCache`], read together under its lock.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -296,16 +368,15 @@ impl InitGuard {
         shared
     }
 
-    fn fail(mut self, message: String) -> SharedCacheError {
+    fn fail(mut self, cause: InitCause) -> SharedCacheError {
         self.settled = true;
-        self.settle_failed(message)
+        self.settle_failed(SharedCacheError::InitFailed {
+            key: self.key.clone(),
+            cause,
+        })
     }
 
-    fn settle_failed(&self, message: String) -> SharedCacheError {
-        let error = SharedCacheError::InitFailed {
-            key: self.key.clone(),
-            message,
-        };
+    fn settle_failed(&self, error: SharedCacheError) -> SharedCacheError {
         let mut state = self.state.lock();
         state.stats.failures += 1;
         let ours = matches!(
@@ -327,7 +398,9 @@ impl InitGuard {
 impl Drop for InitGuard {
     fn drop(&mut self) {
         if !self.settled {
-            self.settle_failed("init panicked".to_string());
+            self.settle_failed(SharedCacheError::InitPanicked {
+                key: self.key.clone(),
+            });
         }
     }
 }
@@ -348,9 +421,9 @@ impl SharedDataCache {
         init: impl FnOnce() -> Result<DataBuffer, E>,
     ) -> Result<SharedData, SharedCacheError>
     where
-        E: fmt::Display,
+        E: Into<Box<dyn std::error::Error + Send + Sync>>,
     {
-        self.get_or_run(key, Mode::ReadOnly, || init().map_err(|e| e.to_string()))
+        self.get_or_run(key, Mode::ReadOnly, || init().map_err(InitCause::new))
     }
 
     /// Transformed mode: the shared buffer of `key`, made by loading the original with `load`,
@@ -365,8 +438,16 @@ impl SharedDataCache {
         alignment: usize,
     ) -> Result<SharedData, SharedCacheError>
     where
-        E: fmt::Display,
+        E: Into<Box<dyn std::error::Error + Send + Sync>>,
     {
+        let stage = |stage: &'static str| {
+            move |error: E| {
+                InitCause::new(StageError {
+                    stage,
+                    error: error.into(),
+                })
+            }
+        };
         if !alignment.is_power_of_two() {
             return Err(SharedCacheError::BadAlignment {
                 key: key.to_string(),
@@ -374,17 +455,18 @@ impl SharedDataCache {
             });
         }
         self.get_or_run(key, Mode::Transformed { alignment }, || {
-            let mut original = load().map_err(|e| format!("load: {e}"))?;
-            let transformed = transform(original.data()).map_err(|e| format!("transform: {e}"))?;
+            let mut original = load().map_err(stage("load"))?;
+            let transformed = transform(original.data()).map_err(stage("transform"))?;
             original.free();
             drop(original);
-            let aligned = AlignedBytes::copy_from(&transformed, alignment)
-                .ok_or_else(|| format!("out of memory for {} bytes", transformed.len()))?;
+            let aligned = AlignedBytes::copy_from(&transformed, alignment).ok_or_else(|| {
+                InitCause::new(format!("out of memory for {} bytes", transformed.len()))
+            })?;
             drop(transformed);
             let len = aligned.len();
             let backing: Arc<dyn Backing> = Arc::new(aligned);
             DataBuffer::new(backing, 0, len)
-                .ok_or_else(|| "the aligned copy is smaller than its length".to_string())
+                .ok_or_else(|| InitCause::new("the aligned copy is smaller than its length"))
         })
     }
 
@@ -394,7 +476,7 @@ impl SharedDataCache {
         &self,
         key: &str,
         mode: Mode,
-        run: impl FnOnce() -> Result<DataBuffer, String>,
+        run: impl FnOnce() -> Result<DataBuffer, InitCause>,
     ) -> Result<SharedData, SharedCacheError> {
         let mut state = self.state.lock();
         let step = match state.slots.get(key) {
@@ -411,9 +493,8 @@ impl SharedDataCache {
             }) => {
                 made.serves(mode, key)?;
                 if pending.owner == thread::current().id() {
-                    return Err(SharedCacheError::InitFailed {
+                    return Err(SharedCacheError::InitRecursion {
                         key: key.to_string(),
-                        message: "init requested its own key".to_string(),
                     });
                 }
                 Some(Step::Wait(pending.clone()))
@@ -460,7 +541,7 @@ impl SharedDataCache {
             Step::Wait(pending) => pending.wait(),
             Step::Init(guard) => match run() {
                 Ok(buffer) => Ok(guard.succeed(buffer)),
-                Err(message) => Err(guard.fail(message)),
+                Err(cause) => Err(guard.fail(cause)),
             },
         }
     }

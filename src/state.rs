@@ -12,10 +12,11 @@
 //!   every [`Instance::reset`].
 
 use crate::aligned::AlignedBytes;
-use crate::cache::PackedWeightsCache;
+use crate::backend::ModelContext;
 use crate::delegate::{DelegateError, XnnDelegate};
 use crate::named_data::{DataBuffer, NamedDataError, NamedDataMap};
-use crate::shared_cache::SharedDataCache;
+use crate::tensor::{DType, Shape};
+use crate::xnn::{RawInput, RawOutput};
 use std::collections::HashMap;
 use std::fmt;
 use std::ptr::NonNull;
@@ -44,8 +45,14 @@ pub struct StateSpec {
 }
 
 impl StateSpec {
-    pub fn elements(&self) -> usize {
-        self.shape.iter().product()
+    /// The number of elements; None when it overflows.
+    pub fn elements(&self) -> Option<usize> {
+        self.shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d))
+    }
+
+    /// The bytes the buffer takes; None when that overflows.
+    pub fn bytes(&self) -> Option<usize> {
+        self.elements()?.checked_mul(4)
     }
 }
 
@@ -58,22 +65,23 @@ pub struct StateLayout {
 
 impl StateLayout {
     /// Plans all buffers at once, in declaration order: deterministic, and the same for every
-    /// method whatever subset of the buffers it touches.
-    pub fn plan(specs: &[StateSpec]) -> StateLayout {
-        let banks = specs.iter().map(|s| s.bank + 1).max().unwrap_or(0);
-        let mut bank_sizes = vec![0usize; banks];
-        let offsets = specs
+    /// method whatever subset of the buffers it touches. None when a size overflows.
+    pub fn plan(specs: &[StateSpec]) -> Option<StateLayout> {
+        let banks = specs
             .iter()
-            .map(|s| {
-                let offset = bank_sizes[s.bank].next_multiple_of(ALIGNMENT);
-                bank_sizes[s.bank] = offset + s.elements() * 4 + SLACK;
-                (s.bank, offset)
-            })
-            .collect();
-        StateLayout {
+            .map(|s| s.bank.checked_add(1))
+            .try_fold(0usize, |m, b| Some(m.max(b?)))?;
+        let mut bank_sizes = vec![0usize; banks];
+        let mut offsets = Vec::with_capacity(specs.len());
+        for s in specs {
+            let offset = bank_sizes[s.bank].checked_next_multiple_of(ALIGNMENT)?;
+            bank_sizes[s.bank] = offset.checked_add(s.bytes()?)?.checked_add(SLACK)?;
+            offsets.push((s.bank, offset));
+        }
+        Some(StateLayout {
             offsets,
             bank_sizes,
-        }
+        })
     }
 }
 
@@ -145,7 +153,15 @@ impl fmt::Display for StateError {
     }
 }
 
-impl std::error::Error for StateError {}
+impl std::error::Error for StateError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            StateError::NamedData(e) => Some(e),
+            StateError::Delegate { error, .. } => Some(error),
+            StateError::Invalid(_) => None,
+        }
+    }
+}
 
 fn invalid(m: impl Into<String>) -> StateError {
     StateError::Invalid(m.into())
@@ -168,12 +184,14 @@ pub struct StatefulProgram {
     layout: StateLayout,
     methods: Vec<StatefulMethod>,
     map: Arc<dyn NamedDataMap>,
-    shared: SharedDataCache,
-    weights: Arc<PackedWeightsCache>,
+    model: ModelContext,
 }
 
 impl StatefulProgram {
+    /// A program whose methods load their constants through `model`'s backend and find their
+    /// packed weights in `model`'s cache (a file, for warm launches that pack nothing).
     pub fn new(
+        model: &ModelContext,
         specs: Vec<StateSpec>,
         methods: Vec<StatefulMethod>,
         map: Arc<dyn NamedDataMap>,
@@ -182,13 +200,15 @@ impl StatefulProgram {
             if specs[..i].iter().any(|o| o.name == s.name) {
                 return Err(invalid(format!("state {:?} declared twice", s.name)));
             }
+            let bytes = s
+                .bytes()
+                .ok_or_else(|| invalid(format!("state {:?}: its size overflows", s.name)))?;
             if let InitialState::Named(key) = &s.initial {
                 let size = map.data_size(key).map_err(StateError::NamedData)?;
-                if size != s.elements() * 4 {
+                if size != bytes {
                     return Err(invalid(format!(
-                        "state {:?}: initial value {key:?} has {size} bytes, the buffer {}",
-                        s.name,
-                        s.elements() * 4
+                        "state {:?}: initial value {key:?} has {size} bytes, the buffer {bytes}",
+                        s.name
                     )));
                 }
             }
@@ -203,14 +223,14 @@ impl StatefulProgram {
                 }
             }
         }
-        let layout = StateLayout::plan(&specs);
+        let layout = StateLayout::plan(&specs)
+            .ok_or_else(|| invalid("the state layout's size overflows"))?;
         Ok(StatefulProgram {
             specs,
             layout,
             methods,
             map,
-            shared: SharedDataCache::new(),
-            weights: PackedWeightsCache::in_memory(),
+            model: model.clone(),
         })
     }
 
@@ -276,7 +296,7 @@ impl Instance {
         let p = self.program.clone();
         for (spec, &(bank, offset)) in p.specs.iter().zip(&p.layout.offsets) {
             let bytes = match &spec.initial {
-                InitialState::Zeros => vec![0u8; spec.elements() * 4],
+                InitialState::Zeros => vec![0u8; spec.bytes().expect("checked at new")],
                 InitialState::Named(key) => {
                     p.map.get_data(key).map_err(StateError::NamedData)?.to_vec()
                 }
@@ -297,15 +317,11 @@ impl Instance {
             .iter()
             .find(|m| m.name == name)
             .ok_or_else(|| invalid(format!("no method {name:?}")))?;
-        let d = XnnDelegate::init(
-            m.payload.clone(),
-            &*p.map,
-            &p.shared,
-            Some(p.weights.clone()),
-        )
-        .map_err(|error| StateError::Delegate {
-            method: name.to_string(),
-            error,
+        let d = XnnDelegate::init(&p.model, m.payload.clone(), &*p.map).map_err(|error| {
+            StateError::Delegate {
+                method: name.to_string(),
+                error,
+            }
         })?;
         self.methods.insert(name.to_string(), d);
         Ok(())
@@ -318,67 +334,93 @@ impl Instance {
         let p = self.program.clone();
         let m = p.methods.iter().find(|m| m.name == name).expect("loaded");
         let d = self.methods.get_mut(name).expect("loaded");
-        let (ins, outs) = d.externals();
-        let state_of = |id: u32, list: &[(u32, String)]| {
-            list.iter().find(|(e, _)| *e == id).map(|(_, n)| n.clone())
-        };
-        let mut in_place = Vec::new();
-        let mut user_inputs = Vec::new();
-        let mut next = inputs.iter();
-        for (id, shape) in ins {
-            match state_of(*id, &m.reads) {
-                Some(state) => in_place.push((*id, state, shape.iter().product::<usize>())),
-                None => user_inputs.push((
-                    *id,
-                    *next
-                        .next()
-                        .ok_or_else(|| invalid(format!("{name}: too few inputs")))?,
-                )),
-            }
-        }
-        if next.next().is_some() {
-            return Err(invalid(format!("{name}: too many inputs")));
-        }
-        let mut user_outputs: Vec<(u32, Vec<f32>)> = Vec::new();
-        for (id, shape) in outs {
-            match state_of(*id, &m.writes) {
-                Some(state) => in_place.push((*id, state, shape.iter().product::<usize>())),
-                None => user_outputs.push((*id, vec![0.0; shape.iter().product()])),
-            }
-        }
-        let mut bound = Vec::new();
-        for (id, state, elements) in &in_place {
+        // Each external is bound to a state buffer (its address and bytes) or to the caller's.
+        let mut bind = |id: u32, shape: &Shape, list: &[(u32, String)]| {
+            let Some((_, state)) = list.iter().find(|(e, _)| *e == id) else {
+                return Ok(None);
+            };
             let i = p
                 .specs
                 .iter()
                 .position(|s| s.name == *state)
                 .expect("validated");
-            if p.specs[i].elements() != *elements {
+            let bytes = p.specs[i].bytes().expect("checked at new");
+            if shape.nbytes(DType::F32) != Some(bytes) {
                 return Err(invalid(format!(
-                    "{name}: external {id} has {elements} elements, state {state:?} {}",
-                    p.specs[i].elements()
+                    "{name}: external {id} has shape {shape}, state {state:?} {:?}",
+                    p.specs[i].shape
                 )));
             }
             let (bank, offset) = p.layout.offsets[i];
-            let base = self.banks[bank].base();
             // The offset lies inside the bank (checked against the layout at instantiation).
-            let ptr =
-                NonNull::new(base.as_ptr().wrapping_add(offset).cast::<f32>()).expect("non-null");
-            bound.push((*id, ptr, *elements));
+            let ptr = self.banks[bank].base().as_ptr().wrapping_add(offset);
+            Ok(Some((ptr, bytes)))
+        };
+        let mut input_bindings = Vec::new();
+        let mut next = inputs.iter();
+        for e in d.inputs() {
+            match bind(e.id, &e.bound, &m.reads)? {
+                Some((ptr, len)) => input_bindings.push((ptr.cast_const(), len, e.bound, true)),
+                None => {
+                    let data = next
+                        .next()
+                        .ok_or_else(|| invalid(format!("{name}: too few inputs")))?;
+                    input_bindings.push((data.as_ptr().cast(), data.len() * 4, e.bound, false));
+                }
+            }
         }
-        let mut out_refs: Vec<(u32, &mut [f32])> = user_outputs
-            .iter_mut()
-            .map(|(id, v)| (*id, v.as_mut_slice()))
-            .collect();
+        if next.next().is_some() {
+            return Err(invalid(format!("{name}: too many inputs")));
+        }
+        let mut user_outputs: Vec<Vec<f32>> = Vec::new();
+        let mut output_bindings = Vec::new();
+        for e in d.outputs() {
+            match bind(e.id, &e.shape, &m.writes)? {
+                Some((ptr, len)) => output_bindings.push((ptr, len, None)),
+                None => {
+                    let elements = e.shape.numel().unwrap_or(0);
+                    output_bindings.push((
+                        std::ptr::null_mut(),
+                        elements * 4,
+                        Some(user_outputs.len()),
+                    ));
+                    user_outputs.push(vec![0.0; elements]);
+                }
+            }
+        }
+        for (ptr, _, user) in &mut output_bindings {
+            if let Some(k) = user {
+                *ptr = user_outputs[*k].as_mut_ptr().cast();
+            }
+        }
         for b in self.banks.iter_mut() {
             b.begin_execute();
         }
-        // SAFETY: each pointer is bank memory laid out for this buffer: elements * 4 bytes plus
-        // the layout's slack, inside the bank (checked at instantiation), which MemoryBank's
+        // SAFETY: state pointers are bank memory laid out for their buffer (bytes plus the
+        // layout's slack, inside the bank, checked at instantiation), which MemoryBank's
         // contract keeps valid; `&mut self` keeps anything else off the banks while XNNPACK
-        // runs. A read and a write-back of one buffer share the address: the write-back is the
-        // graph's last node (an explicit copy), after every read.
-        let result = unsafe { d.execute_in_place(&user_inputs, &mut out_refs, &bound) };
+        // runs. User inputs and outputs are live slices of the stated lengths. A read and a
+        // write-back of one buffer share the address: the write-back is the graph's last node
+        // (an explicit copy), after every read.
+        let result = unsafe {
+            d.execute_raw(
+                |i| {
+                    let (data, len, shape, padded) = input_bindings[i];
+                    RawInput {
+                        data,
+                        len,
+                        dtype: DType::F32,
+                        shape,
+                        padded,
+                    }
+                },
+                |j| RawOutput {
+                    data: output_bindings[j].0,
+                    capacity: output_bindings[j].1,
+                    dtype: DType::F32,
+                },
+            )
+        };
         for b in self.banks.iter_mut() {
             b.end_execute();
         }
@@ -386,7 +428,7 @@ impl Instance {
             method: name.to_string(),
             error,
         })?;
-        Ok(user_outputs.into_iter().map(|(_, v)| v).collect())
+        Ok(user_outputs)
     }
 
     /// A buffer's current value, read through its bank's copy function.
@@ -398,7 +440,7 @@ impl Instance {
             .position(|s| s.name == name)
             .ok_or_else(|| invalid(format!("no state {name:?}")))?;
         let (bank, offset) = p.layout.offsets[i];
-        let mut bytes = vec![0u8; p.specs[i].elements() * 4];
+        let mut bytes = vec![0u8; p.specs[i].bytes().expect("checked at new")];
         self.banks[bank].copy_out(offset, &mut bytes);
         Ok(bytes
             .chunks_exact(4)

@@ -63,7 +63,6 @@ fn cpp_checks_of_maps_errors_and_sharing_pass() {
 fn the_cpp_delegate_runs_an_mlp_a_cnn_and_a_qd8_mlp_like_the_rust_one() {
     use xnnblob::delegate::XnnDelegate;
     use xnnblob::named_data::{FileDataMap, InMemoryMap, NamedDataMap};
-    use xnnblob::shared_cache::SharedDataCache;
     let dir = scratch("models");
     let models = [
         (
@@ -83,16 +82,15 @@ fn the_cpp_delegate_runs_an_mlp_a_cnn_and_a_qd8_mlp_like_the_rust_one() {
         let mut p = InMemoryMap::new("payload");
         p.insert("p", &built.payload, 64, None).unwrap();
         let mut rust = XnnDelegate::init(
+            &model_of(&new_backend(), None),
             p.get_data("p").unwrap(),
             &map,
-            &SharedDataCache::new(),
-            None,
         )
         .unwrap();
         let n_in: usize = rust.input_shapes()[0].iter().product();
         let input: Vec<f32> = (0..n_in).map(|i| (i as f32 * 0.07).cos()).collect();
         let mut expected = vec![0f32; rust.output_shapes()[0].iter().product()];
-        rust.execute(&[&input], &mut [&mut expected]).unwrap();
+        rust.execute_f32(&[&input], &mut [&mut expected]).unwrap();
         // The Rust delegate is checked against references in tests/delegate.rs.
         let out = xnnblob::ffi::run_minimal_example(ptd.to_str().unwrap(), &built.payload, &input)
             .unwrap();
@@ -106,4 +104,19 @@ fn the_cpp_delegate_runs_an_mlp_a_cnn_and_a_qd8_mlp_like_the_rust_one() {
         );
     }
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+fn model_of(
+    backend: &xnnblob::backend::Backend,
+    weights: Option<std::sync::Arc<xnnblob::cache::PackedWeightsCache>>,
+) -> xnnblob::backend::ModelContext {
+    let weights = weights.map_or(
+        xnnblob::delegate::Weights::None,
+        xnnblob::delegate::Weights::Packed,
+    );
+    backend.model_with_weights(weights).unwrap()
+}
+
+fn new_backend() -> xnnblob::backend::Backend {
+    xnnblob::backend::Backend::with_defaults().unwrap()
 }

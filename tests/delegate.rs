@@ -7,7 +7,6 @@ use xnnblob::cache::PackedWeightsCache;
 use xnnblob::delegate::builder::{BuiltGraph, ConvGeometry, GraphBuilder};
 use xnnblob::delegate::{DelegateError, XnnDelegate};
 use xnnblob::named_data::{DataBuffer, FileDataMap, InMemoryMap, NamedDataMap};
-use xnnblob::shared_cache::SharedDataCache;
 use xnnblob::synthetic::{Mlp, SplitMix64};
 
 fn scratch(name: &str) -> PathBuf {
@@ -38,7 +37,7 @@ fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
 fn run(d: &mut XnnDelegate, input: &[f32]) -> Vec<f32> {
     let n: usize = d.output_shapes()[0].iter().product();
     let mut out = vec![f32::NAN; n];
-    d.execute(&[input], &mut [&mut out]).unwrap();
+    d.execute_f32(&[input], &mut [&mut out]).unwrap();
     out
 }
 
@@ -47,8 +46,9 @@ fn mlp_matches_reference() {
     let mlp = Mlp::random(&[32, 64, 48, 16], 21);
     let built = mlp_graph(&mlp, 2);
     let map = built.map("mlp").unwrap();
-    let shared = SharedDataCache::new();
-    let mut d = XnnDelegate::init(payload(&built.payload), &map, &shared, None).unwrap();
+    let backend = new_backend();
+    let mut d =
+        XnnDelegate::init(&model_of(&backend, None), payload(&built.payload), &map).unwrap();
     assert_eq!(d.input_shapes(), vec![vec![2, 32]]);
     let input: Vec<f32> = (0..64).map(|i| ((i % 9) as f32 - 4.0) / 4.0).collect();
     let out = run(&mut d, &input);
@@ -177,8 +177,12 @@ fn small_cnn_matches_reference() {
     let expected: Vec<f32> = e.iter().map(|v| v / e.iter().sum::<f32>()).collect();
 
     let map = built.map("cnn").unwrap();
-    let mut d =
-        XnnDelegate::init(payload(&built.payload), &map, &SharedDataCache::new(), None).unwrap();
+    let mut d = XnnDelegate::init(
+        &model_of(&new_backend(), None),
+        payload(&built.payload),
+        &map,
+    )
+    .unwrap();
     let out = run(&mut d, &input);
     let diff = max_abs_diff(&out, &expected);
     assert!(diff < 1e-5, "{diff}: {out:?} vs {expected:?}");
@@ -252,8 +256,12 @@ fn qd8_qc8w_mlp_matches_dequantized_reference() {
         })
         .collect();
     let map = built.map("qmlp").unwrap();
-    let mut d =
-        XnnDelegate::init(payload(&built.payload), &map, &SharedDataCache::new(), None).unwrap();
+    let mut d = XnnDelegate::init(
+        &model_of(&new_backend(), None),
+        payload(&built.payload),
+        &map,
+    )
+    .unwrap();
     let out = run(&mut d, &input);
     for i in 0..out.len() {
         assert!(
@@ -285,13 +293,21 @@ fn two_delegates_share_constants_and_packed_weights_and_a_warm_file_packs_nothin
     let expected = mlp.reference_forward(&input, 1);
     let cache_path = dir.join("weights.xbc");
 
-    let shared = SharedDataCache::new();
+    let backend = new_backend();
     let cache = PackedWeightsCache::open(&cache_path).unwrap();
-    let mut a =
-        XnnDelegate::init(payload(&built.payload), &map, &shared, Some(cache.clone())).unwrap();
-    let mut b =
-        XnnDelegate::init(payload(&built.payload), &map, &shared, Some(cache.clone())).unwrap();
-    let s = shared.stats();
+    let mut a = XnnDelegate::init(
+        &model_of(&backend, Some(cache.clone())),
+        payload(&built.payload),
+        &map,
+    )
+    .unwrap();
+    let mut b = XnnDelegate::init(
+        &model_of(&backend, Some(cache.clone())),
+        payload(&built.payload),
+        &map,
+    )
+    .unwrap();
+    let s = backend.shared_data().stats();
     assert_eq!(s.inits, 4, "each of the 4 blobs loaded once");
     assert_eq!(s.hits, 4, "the second delegate found them all");
     assert_eq!(cache.stats().packed, 2, "each weight packed once");
@@ -299,14 +315,17 @@ fn two_delegates_share_constants_and_packed_weights_and_a_warm_file_packs_nothin
     assert!(max_abs_diff(&run(&mut a, &input), &expected) < 1e-4);
     assert!(max_abs_diff(&run(&mut b, &input), &expected) < 1e-4);
     drop((a, b, cache));
-    assert_eq!(shared.stats().entries, 0, "released with the last delegate");
+    assert_eq!(
+        backend.shared_data().stats().entries,
+        0,
+        "released with the last delegate"
+    );
 
     let cache = PackedWeightsCache::open(&cache_path).unwrap();
     let mut warm = XnnDelegate::init(
+        &model_of(&new_backend(), Some(cache.clone())),
         payload(&built.payload),
         &map,
-        &SharedDataCache::new(),
-        Some(cache.clone()),
     )
     .unwrap();
     assert_eq!(cache.stats().packed, 0, "warm: no packing");
@@ -316,7 +335,7 @@ fn two_delegates_share_constants_and_packed_weights_and_a_warm_file_packs_nothin
 }
 
 fn init_err(bytes: &[u8], map: &dyn NamedDataMap) -> DelegateError {
-    XnnDelegate::init(payload(bytes), map, &SharedDataCache::new(), None)
+    XnnDelegate::init(&model_of(&new_backend(), None), payload(bytes), map)
         .err()
         .expect("init must fail")
 }
@@ -358,9 +377,18 @@ fn malformed_payloads_fail_init_with_typed_errors() {
 
     let empty = InMemoryMap::new("empty");
     match init_err(good, &empty) {
-        DelegateError::MissingConstant { key, reason } => {
+        DelegateError::MissingConstant { key, source } => {
             assert_eq!(key.len(), 64);
-            assert!(reason.contains("not found"), "{reason}");
+            // The map's own typed error is kept as the cause, not flattened into a string.
+            let cause = std::error::Error::source(&source)
+                .and_then(|e| e.downcast_ref::<xnnblob::named_data::NamedDataError>());
+            assert!(
+                matches!(
+                    cause,
+                    Some(xnnblob::named_data::NamedDataError::KeyNotFound { .. })
+                ),
+                "{source:?}"
+            );
         }
         other => panic!("{other}"),
     }
@@ -382,7 +410,7 @@ fn an_unknown_node_is_rejected_naming_its_type() {
         }
         bad[i] = 4;
         if let Err(DelegateError::UnsupportedNode { name, index: 0 }) =
-            XnnDelegate::init(payload(&bad), &map, &SharedDataCache::new(), None)
+            XnnDelegate::init(&model_of(&new_backend(), None), payload(&bad), &map)
         {
             assert_eq!(name, "XNNSigmoid");
             found = true;
@@ -391,4 +419,19 @@ fn an_unknown_node_is_rejected_naming_its_type() {
         bad[i] = 2;
     }
     assert!(found, "a payload with a Sigmoid node is rejected by name");
+}
+
+fn model_of(
+    backend: &xnnblob::backend::Backend,
+    weights: Option<std::sync::Arc<xnnblob::cache::PackedWeightsCache>>,
+) -> xnnblob::backend::ModelContext {
+    let weights = weights.map_or(
+        xnnblob::delegate::Weights::None,
+        xnnblob::delegate::Weights::Packed,
+    );
+    backend.model_with_weights(weights).unwrap()
+}
+
+fn new_backend() -> xnnblob::backend::Backend {
+    xnnblob::backend::Backend::with_defaults().unwrap()
 }

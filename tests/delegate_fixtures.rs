@@ -9,7 +9,6 @@ use serde_json::Value;
 use std::sync::Arc;
 use xnnblob::delegate::XnnDelegate;
 use xnnblob::named_data::{DataBuffer, FileDataMap, InMemoryMap, MergedMap, NamedDataMap};
-use xnnblob::shared_cache::SharedDataCache;
 
 /// (name, manifest) of fixtures whose manifest decodes their XNNPACK delegate.
 fn delegated() -> Vec<(String, Value)> {
@@ -59,9 +58,9 @@ fn open(manifest: &Value) -> (DataBuffer, MergedMap) {
 /// Runs a fixture's delegate on its reference input; returns (input, output).
 fn run_delegate(name: &str, manifest: &Value) -> (Vec<f32>, Vec<f32>) {
     let (payload, map) = open(manifest);
-    let shared = SharedDataCache::new();
-    let mut d =
-        XnnDelegate::init(payload, &map, &shared, None).unwrap_or_else(|e| panic!("{name}: {e}"));
+    let backend = new_backend();
+    let mut d = XnnDelegate::init(&model_of(&backend, None), payload, &map)
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
     let io = &manifest["io"];
     let input = f32s(&dir().join(io["inputs"][0]["f32"].as_str().unwrap()));
     let shape: Vec<usize> = io["inputs"][0]["shape"]
@@ -73,7 +72,7 @@ fn run_delegate(name: &str, manifest: &Value) -> (Vec<f32>, Vec<f32>) {
     assert_eq!(d.input_shapes()[0], shape, "{name}");
     let n: usize = d.output_shapes()[0].iter().product();
     let mut out = vec![f32::NAN; n];
-    d.execute(&[&input], &mut [&mut out]).unwrap();
+    d.execute_f32(&[&input], &mut [&mut out]).unwrap();
     (input, out)
 }
 
@@ -151,4 +150,19 @@ fn quantized_fixtures_also_match_on_an_avx2_only_cpu() {
             "quantized_fixtures_match_a_plain_rust_reference",
         ],
     );
+}
+
+fn model_of(
+    backend: &xnnblob::backend::Backend,
+    weights: Option<std::sync::Arc<xnnblob::cache::PackedWeightsCache>>,
+) -> xnnblob::backend::ModelContext {
+    let weights = weights.map_or(
+        xnnblob::delegate::Weights::None,
+        xnnblob::delegate::Weights::Packed,
+    );
+    backend.model_with_weights(weights).unwrap()
+}
+
+fn new_backend() -> xnnblob::backend::Backend {
+    xnnblob::backend::Backend::with_defaults().unwrap()
 }

@@ -3,6 +3,7 @@
 
 use serde_json::Value;
 use std::path::{Path, PathBuf};
+use xnnblob::backend::{Backend, PackedCache};
 use xnnblob::program::{Program, ProgramError};
 
 fn dir() -> PathBuf {
@@ -29,8 +30,15 @@ fn load(name: &str, cache: Option<&Path>) -> Program {
         .iter()
         .map(|p| dir().join(p["file"].as_str().unwrap()))
         .collect();
-    Program::load(dir().join(m["pte"]["file"].as_str().unwrap()), &ptds, cache)
-        .unwrap_or_else(|e| panic!("{name}: {e}"))
+    let backend = Backend::with_defaults().unwrap();
+    let cache = cache.map(|p| PackedCache::File(p.to_path_buf()));
+    Program::load(
+        &backend,
+        dir().join(m["pte"]["file"].as_str().unwrap()),
+        &ptds,
+        cache.as_ref(),
+    )
+    .unwrap_or_else(|e| panic!("{name}: {e}"))
 }
 
 /// (input file, expected output file per method, tolerance relative to the output range).
@@ -102,7 +110,7 @@ fn every_xnnpack_fixture_runs_and_matches() {
             let mut m = program
                 .method(method)
                 .unwrap_or_else(|e| panic!("{name}: {e}"));
-            let out = m.execute(&[&input]).unwrap();
+            let out = m.execute_f32(&[&input]).unwrap();
             let expected = f32s(&dir().join(expected));
             let d = max_rel_diff(&out[0], &expected);
             assert!(d <= tol, "{name}.{method}: {d} > {tol}");
@@ -122,7 +130,7 @@ fn two_methods_sharing_a_layer_load_and_pack_it_once() {
     let first = program.method(&methods[0]).unwrap();
     let (inits, packed) = (
         program.shared_data().stats().inits,
-        program.weights_cache().stats().packed,
+        program.weights_cache().unwrap().stats().packed,
     );
     assert_eq!(
         (inits, packed),
@@ -131,7 +139,7 @@ fn two_methods_sharing_a_layer_load_and_pack_it_once() {
     );
     let second = program.method(&methods[1]).unwrap();
     let s = program.shared_data().stats();
-    let w = program.weights_cache().stats();
+    let w = program.weights_cache().unwrap().stats();
     assert_eq!(
         s.hits, 2,
         "the second method reuses both blobs of the first"
@@ -152,9 +160,9 @@ fn with_a_cache_file_the_second_load_packs_nothing() {
     let run = || {
         let program = load("mlp_qd8_qc8w_external", Some(&cache));
         let mut m = program.method("forward").unwrap();
-        let out = m.execute(&[&input]).unwrap();
-        let packed = program.weights_cache().stats().packed;
-        program.weights_cache().wait_saved().unwrap();
+        let out = m.execute_f32(&[&input]).unwrap();
+        let packed = program.weights_cache().unwrap().stats().packed;
+        program.weights_cache().unwrap().wait_saved().unwrap();
         (out, packed)
     };
     let (cold, packed_cold) = run();
@@ -188,30 +196,51 @@ fn methods_not_delegated_to_xnnpack_are_rejected_naming_the_operator() {
 fn missing_foreign_or_doubled_data_and_truncated_payloads_are_clear_errors() {
     let pte = dir().join("mlp_xnn_external.pte");
     // Missing .ptd: the delegate names the first key it cannot find.
-    let p = Program::load(&pte, &[] as &[PathBuf], None).unwrap();
+    let p = Program::load(
+        &Backend::with_defaults().unwrap(),
+        &pte,
+        &[] as &[PathBuf],
+        None,
+    )
+    .unwrap();
     let err = p.method("forward").err().unwrap().to_string();
     assert!(
         err.contains("could not be loaded") && err.contains("not found"),
         "{err}"
     );
     // Another model's .ptd.
-    let p = Program::load(&pte, &[dir().join("cnn_xnn_external.ptd")], None).unwrap();
+    let p = Program::load(
+        &Backend::with_defaults().unwrap(),
+        &pte,
+        &[dir().join("cnn_xnn_external.ptd")],
+        None,
+    )
+    .unwrap();
     let err = p.method("forward").err().unwrap().to_string();
     assert!(err.contains("not found"), "{err}");
     // A key in two files.
     let ptd = dir().join("mlp_xnn_external.ptd");
-    let err = Program::load(&pte, &[&ptd, &ptd], None).err().unwrap();
+    let err = Program::load(
+        &Backend::with_defaults().unwrap(),
+        &pte,
+        &[&ptd, &ptd],
+        None,
+    )
+    .err()
+    .unwrap();
     assert!(matches!(err, ProgramError::NamedData(_)), "{err}");
     assert!(err.to_string().contains("is in both"), "{err}");
     // A truncated program: its delegate segment no longer fits.
     let tmp = std::env::temp_dir().join(format!("xnnblob-trunc-{}.pte", std::process::id()));
     let bytes = std::fs::read(&pte).unwrap();
     std::fs::write(&tmp, &bytes[..bytes.len() - 100]).unwrap();
-    let err = Program::load(&tmp, &[&ptd], None).err().unwrap();
+    let err = Program::load(&Backend::with_defaults().unwrap(), &tmp, &[&ptd], None)
+        .err()
+        .unwrap();
     assert!(err.to_string().contains("segment data"), "{err}");
     std::fs::remove_file(&tmp).unwrap();
     // No such method.
-    let p = Program::load(&pte, &[&ptd], None).unwrap();
+    let p = Program::load(&Backend::with_defaults().unwrap(), &pte, &[&ptd], None).unwrap();
     assert!(matches!(
         p.method("backward"),
         Err(ProgramError::NoSuchMethod { .. })

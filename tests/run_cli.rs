@@ -49,7 +49,7 @@ fn run_writes_outputs_and_a_warm_cache_packs_nothing() {
     let (ok, text) = run(&args);
     assert!(ok, "{text}");
     assert!(
-        text.contains("forward_relu") && text.contains("output 0: 64 values"),
+        text.contains("forward_relu") && text.contains("output 0: float32 [2, 32], 64 values"),
         "{text}"
     );
     let got = f32s(&out_dir.join("output0.f32"));

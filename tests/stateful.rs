@@ -150,7 +150,7 @@ fn toy(dir: &Path) -> Arc<StatefulProgram> {
             writes: vec![(ids.2, "self".into())],
         },
     ];
-    Arc::new(StatefulProgram::new(specs, methods, map).unwrap())
+    Arc::new(StatefulProgram::new(&default_model(), specs, methods, map).unwrap())
 }
 
 fn source(seed: u64) -> Vec<f32> {
@@ -225,7 +225,7 @@ fn two_instances_do_not_see_each_others_state_and_load_order_does_not_matter() {
             initial: InitialState::Zeros,
         },
     ];
-    assert_eq!(program.layout(), &StateLayout::plan(&specs));
+    assert_eq!(Some(program.layout()), StateLayout::plan(&specs).as_ref());
     assert_eq!(program.layout().offsets, vec![(0, 0), (0, 64)]);
     let (mut ra, mut rb) = (Reference::new(), Reference::new());
     a.execute("encode", &[&source(1)]).unwrap();
@@ -336,7 +336,7 @@ fn counter_with_named_initial_state_and_a_zero_buffer_that_costs_no_bytes() {
         reads: vec![(count_id, "count".into())],
         writes: vec![(written_id, "count".into())],
     }];
-    let program = Arc::new(StatefulProgram::new(specs, methods, map).unwrap());
+    let program = Arc::new(StatefulProgram::new(&default_model(), specs, methods, map).unwrap());
     let copies = Arc::new(Mutex::new(0));
     let banks: Vec<Box<dyn MemoryBank>> = program
         .layout()
@@ -512,4 +512,9 @@ fn a_cpp_bank_through_the_bridge_gets_initial_state_only_through_its_copy_functi
     .unwrap_or_else(|e| panic!("{}", e.what()));
     assert_eq!(report, "counter ok");
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+fn default_model() -> xnnblob::backend::ModelContext {
+    let backend = xnnblob::backend::Backend::with_defaults().unwrap();
+    backend.model(None).unwrap()
 }

@@ -11,15 +11,17 @@ namespace xnnblob {
 
 rust::Vec<float> run_minimal_example(rust::Str ptd_path, rust::Slice<const std::uint8_t> payload,
                                      rust::Slice<const float> input) {
-  // Backend-wide, one of each: shared by every model and method the backend loads.
-  rust::Box<SharedCache> shared = new_shared_cache();
-  rust::Box<WeightsCache> weights = in_memory_weights_cache();  // or open_weights_cache(path)
+  // One per app: the shared data cache, packed-weight caches, workspace and threads of every
+  // model and method it loads.
+  rust::Box<Backend> backend = new_backend(default_backend_config());
 
-  // Per model: its named data (a .ptd here; a .pte's named data works the same).
+  // Per model: its named data (a .ptd here; a .pte's named data works the same), and its
+  // context: packed weights in memory here, or in a file with backend->model("path").
   rust::Box<DataMap> map = open_data_map(ptd_path);
+  rust::Box<Model> model = backend->model("");
 
-  // Per lowered method: init consumes the payload, the map and both caches.
-  delegate::Handle handle = delegate::init(payload, /*compile_specs=*/{}, *map, *shared, &*weights);
+  // Per lowered method: init consumes the payload, the map and the model.
+  delegate::Handle handle = delegate::init(payload, /*compile_specs=*/{}, *map, *model);
 
   std::size_t elements = 1;
   for (std::size_t d : handle->output_shape(0)) {

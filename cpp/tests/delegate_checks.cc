@@ -69,16 +69,33 @@ std::vector<float> run(delegate::Handle& handle, rust::Slice<const float> input)
 
 }  // namespace
 
+rust::Box<Delegate> cpp_make_delegate(rust::Str ptd_path, rust::Slice<const std::uint8_t> payload) {
+  rust::Box<Backend> backend = new_backend(default_backend_config());
+  rust::Box<DataMap> map = open_data_map(ptd_path);
+  return delegate::init(payload, {}, *map, *backend->model(""));
+}
+
+void cpp_execute_f32(Delegate& d, rust::Slice<const float> input, rust::Slice<const std::size_t> shape,
+                     rust::Slice<float> output) {
+  // What a delegate author writes on a hot path: spans in, spans out, nothing allocated.
+  delegate::Input in{delegate::scalar_type::kFloat, shape.data(), shape.size(), input.data(),
+                     input.size() * sizeof(float)};
+  delegate::Output out{delegate::scalar_type::kFloat, output.data(), output.size() * sizeof(float)};
+  delegate::execute(d, &in, 1, &out, 1);
+}
+
 rust::String cpp_delegate_checks(rust::Str ptd_path, rust::Slice<const std::uint8_t> payload,
                                  rust::Slice<const float> input) {
   std::string report;
   rust::Box<DataMap> file_map = open_data_map(ptd_path);
-  rust::Box<SharedCache> shared = new_shared_cache();
-  rust::Box<WeightsCache> weights = in_memory_weights_cache();
+  rust::Box<Backend> backend = new_backend(default_backend_config());
+  rust::Box<SharedCache> shared = backend->shared_cache();
+  rust::Box<Model> model = backend->model("");
+  rust::Box<WeightsCache> weights = model->weights_cache();
 
   // Two delegates over the same weights: each blob loaded once, each weight packed once.
-  delegate::Handle a = delegate::init(payload, {}, *file_map, *shared, &*weights);
-  delegate::Handle b = delegate::init(payload, {}, *file_map, *shared, &*weights);
+  delegate::Handle a = delegate::init(payload, {}, *file_map, *model);
+  delegate::Handle b = delegate::init(payload, {}, *file_map, *model);
   SharedCacheStats s = shared->stats();
   check(s.inits == file_map->num_keys() - 1, "one load per blob (the slack blob is unused)");
   check(s.hits == s.inits, "the second delegate hit every blob");
@@ -97,28 +114,37 @@ rust::String cpp_delegate_checks(rust::Str ptd_path, rust::Slice<const std::uint
     cpp_map->add(std::string(key), std::vector<std::uint8_t>(bytes.begin(), bytes.end()));
   }
   rust::Box<DataMap> from_cpp = data_map_from_cpp(cpp_map, "cpp-map");
-  rust::Box<SharedCache> other_shared = new_shared_cache();
-  delegate::Handle c = delegate::init(payload, {}, *from_cpp, *other_shared, nullptr);
+  rust::Box<Backend> other = new_backend(default_backend_config());
+  delegate::Handle c = delegate::init(payload, {}, *from_cpp, *other->model_without_weights_cache());
   check(run(c, input) == expected, "a C++ map gives the same outputs");
   report += "cpp map ok; ";
 
   // Errors cross the bridge as exceptions with their message intact.
   std::vector<std::uint8_t> bad(payload.begin(), payload.end());
   bad[4] = 'Z';
-  expect_throw([&] { delegate::init({bad.data(), bad.size()}, {}, *file_map, *shared, nullptr); },
-               "XH00", "wrong magic");
-  expect_throw([&] { delegate::init({payload.data(), 20}, {}, *file_map, *shared, nullptr); },
-               "truncated", "truncated payload");
+  expect_throw([&] { delegate::init({bad.data(), bad.size()}, {}, *file_map, *model); }, "XH00",
+               "wrong magic");
+  expect_throw([&] { delegate::init({payload.data(), 20}, {}, *file_map, *model); }, "truncated",
+               "truncated payload");
   auto empty = std::make_shared<VectorMap>();
   rust::Box<DataMap> empty_map = data_map_from_cpp(empty, "empty-map");
-  expect_throw([&] { delegate::init(payload, {}, *empty_map, *new_shared_cache(), nullptr); },
-               "not found", "missing constant");
+  expect_throw(
+      [&] { delegate::init(payload, {}, *empty_map, *new_backend(default_backend_config())->model("")); },
+      "not found", "missing constant");
   cpp_map->fail_with("storage offline");
-  expect_throw([&] { delegate::init(payload, {}, *from_cpp, *new_shared_cache(), nullptr); },
-               "storage offline", "a C++ map's own exception");
+  expect_throw(
+      [&] { delegate::init(payload, {}, *from_cpp, *new_backend(default_backend_config())->model("")); },
+      "storage offline", "a C++ map's own exception");
   expect_throw([&] { delegate::execute(a, {}, {}); }, "inputs", "wrong number of inputs");
-  expect_throw([&] { a->set_input(0, rust::Slice<const float>(input.data(), 1)); }, "elements",
-               "wrong input size");
+  rust::Vec<std::size_t> in_shape = a->input_shape(0);
+  std::vector<float> out(expected.size());
+  delegate::Output o{delegate::scalar_type::kFloat, out.data(), out.size() * sizeof(float)};
+  delegate::Input short_in{delegate::scalar_type::kFloat, in_shape.data(), in_shape.size(), input.data(),
+                           sizeof(float)};
+  expect_throw([&] { delegate::execute(*a, &short_in, 1, &o, 1); }, "bytes", "wrong input size");
+  delegate::Input half_in{delegate::scalar_type::kHalf, in_shape.data(), in_shape.size(), input.data(),
+                          input.size() * sizeof(float)};
+  expect_throw([&] { delegate::execute(*a, &half_in, 1, &o, 1); }, "float16", "wrong input dtype");
   expect_throw([&] { file_map->get_data("no-such-key"); }, "no-such-key", "unknown key");
   report += "errors ok; ";
 

@@ -1,5 +1,7 @@
 // A C++ caller of whole programs: load a .pte with its .ptd files, initialise a method, run it.
 #include <cstddef>
+#include <cstring>
+#include <stdexcept>
 #include <string>
 
 #include "xnnblob/src/ffi.rs.h"
@@ -9,13 +11,24 @@ namespace xnnblob {
 
 rust::Vec<float> cpp_run_program(rust::Str pte, const rust::Vec<rust::String>& ptds, rust::Str method,
                                  rust::Slice<const float> input) {
-  rust::Box<Program> program = load_program(pte, rust::Slice<const rust::String>(ptds.data(), ptds.size()), "");
+  rust::Box<Backend> backend = new_backend(default_backend_config());
+  rust::Box<Program> program =
+      load_program(*backend, pte, rust::Slice<const rust::String>(ptds.data(), ptds.size()), "");
   rust::Box<Method> m = program->method(method);
-  m->set_input(0, input);
+  rust::Vec<std::size_t> shape = m->input_shape(0);
+  m->bind_input(0, /*float32*/ 6, rust::Slice<const std::size_t>(shape.data(), shape.size()),
+                rust::Slice<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(input.data()),
+                                                input.size() * sizeof(float)),
+                false);
   m->execute();
-  rust::Slice<const float> out = m->output(0);
+  if (m->output_scalar_type(0) != 6) {
+    throw std::runtime_error("output 0 is not float32");
+  }
+  rust::Slice<const std::uint8_t> out = m->output_data(0);
   rust::Vec<float> result;
-  for (float v : out) {
+  for (std::size_t i = 0; i + sizeof(float) <= out.size(); i += sizeof(float)) {
+    float v;
+    std::memcpy(&v, out.data() + i, sizeof(float));
     result.push_back(v);
   }
   return result;

@@ -52,7 +52,8 @@ rust::String cpp_stateful_counter(rust::Str ptd_path, rust::Slice<const std::uin
   builder->add_method("tick", payload);
   builder->bind("tick", count_in, "count", false);
   builder->bind("tick", count_out, "count", true);
-  rust::Box<Stateful> program = builder->build(*map);
+  rust::Box<Backend> backend = new_backend(default_backend_config());
+  rust::Box<Stateful> program = builder->build(*map, *backend->model(""));
 
   std::size_t copies = 0;
   rust::Box<InstanceBuilder> ib = program->instance_builder();

@@ -1,10 +1,9 @@
 //! One launch, measured inside a fresh process: what each scenario of the benchmark runs.
 
 use super::model::ModelFiles;
-use crate::cache::PackedWeightsCache;
+use crate::backend::Backend;
 use crate::delegate::{Weights, XnnDelegate};
 use crate::named_data::{FileDataMap, InMemoryMap, NamedDataMap};
-use crate::shared_cache::SharedDataCache;
 use crate::xnn::{InMemoryWeightsCache, WeightsCache, XnnpackWeightsCache};
 use std::path::Path;
 use std::sync::Arc;
@@ -119,11 +118,9 @@ pub fn launch(
     let start = Instant::now();
     let map = FileDataMap::open_ptd(&files.ptd).map_err(|x| e(&x))?;
     let payload = payload_buffer(&files.payload)?;
-    let shared = SharedDataCache::new();
+    let backend = Backend::with_defaults().map_err(|x| e(&x))?;
     let packed_cache = match scenario {
-        Scenario::Cold | Scenario::Warm => {
-            Some(PackedWeightsCache::open(cache_path).map_err(|x| e(&x))?)
-        }
+        Scenario::Cold | Scenario::Warm => Some(backend.file_cache(cache_path).map_err(|x| e(&x))?),
         _ => None,
     };
     let open = ms(start);
@@ -140,11 +137,12 @@ pub fn launch(
             let provider = Arc::new(WeightsCache::new(InMemoryWeightsCache::new()));
             // It stays alive, so the shared buffers keep their addresses.
             filler = Some(
-                XnnDelegate::init_with(
+                XnnDelegate::init(
+                    &backend
+                        .model_with_weights(Weights::Provider(provider.clone()))
+                        .map_err(|x| e(&x))?,
                     payload.clone(),
                     &map,
-                    &shared,
-                    Weights::Provider(provider.clone()),
                 )
                 .map_err(|x| e(&x))?,
             );
@@ -152,8 +150,10 @@ pub fn launch(
         }
     };
     let delegate_start = Instant::now();
-    let mut delegate =
-        XnnDelegate::init_with(payload, &map, &shared, weights.clone()).map_err(|x| e(&x))?;
+    let model = backend
+        .model_with_weights(weights.clone())
+        .map_err(|x| e(&x))?;
+    let mut delegate = XnnDelegate::init(&model, payload, &map).map_err(|x| e(&x))?;
     let timings = delegate.init_timings();
     let ready = open + ms(delegate_start);
     let input: Vec<f32> = (0..input_len)
@@ -163,7 +163,7 @@ pub fn launch(
     let mut out = vec![0f32; out_len];
     let t = Instant::now();
     delegate
-        .execute(&[&input], &mut [&mut out])
+        .execute_f32(&[&input], &mut [&mut out])
         .map_err(|x| e(&x))?;
     let infer = ms(t);
     drop(filler);
@@ -232,17 +232,16 @@ pub fn reload_cycles(
     let map = FileDataMap::open_ptd(&files.ptd).map_err(|e| e.to_string())?;
     let mut packed = 0;
     for _ in 0..cycles {
-        let cache = PackedWeightsCache::open(cache_path).map_err(|e| e.to_string())?;
-        let mut d = XnnDelegate::init(
-            payload_buffer(&files.payload)?,
-            &map,
-            &SharedDataCache::new(),
-            Some(cache.clone()),
-        )
-        .map_err(|e| e.to_string())?;
+        let backend = Backend::with_defaults().map_err(|e| e.to_string())?;
+        let cache = backend.file_cache(cache_path).map_err(|e| e.to_string())?;
+        let model = backend
+            .model_with_weights(Weights::Packed(cache.clone()))
+            .map_err(|e| e.to_string())?;
+        let mut d = XnnDelegate::init(&model, payload_buffer(&files.payload)?, &map)
+            .map_err(|e| e.to_string())?;
         let input = vec![0.5f32; input_len];
         let mut out = vec![0f32; d.output_shapes()[0].iter().product()];
-        d.execute(&[&input], &mut [&mut out])
+        d.execute_f32(&[&input], &mut [&mut out])
             .map_err(|e| e.to_string())?;
         packed += cache.stats().packed;
     }

@@ -33,13 +33,26 @@ use std::thread::JoinHandle;
 /// An error of the cache: only I/O can fail; bad files are rebuilt, not reported as errors.
 #[derive(Debug)]
 pub enum CacheError {
-    Io { path: String, error: std::io::Error },
+    Io {
+        path: String,
+        error: std::io::Error,
+    },
+    /// The file is open in this process already, with other options: one file has one cache
+    /// object, and it cannot follow two sets of options.
+    OpenWithOtherOptions {
+        path: PathBuf,
+    },
 }
 
 impl fmt::Display for CacheError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             CacheError::Io { path, error } => write!(f, "packed-weight cache {path}: {error}"),
+            CacheError::OpenWithOtherOptions { path } => write!(
+                f,
+                "packed-weight cache {}: already open in this process with other options",
+                path.display()
+            ),
         }
     }
 }
@@ -48,13 +61,14 @@ impl std::error::Error for CacheError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             CacheError::Io { error, .. } => Some(error),
+            CacheError::OpenWithOtherOptions { .. } => None,
         }
     }
 }
 
 /// Overrides of what a file must match; the defaults are this process's XNNPACK build and CPU.
 /// (Tests use them to play another build or CPU.)
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct CacheOptions {
     pub build_id: Option<Vec<u8>>,
     pub cpu_fingerprint: Option<u64>,
@@ -118,6 +132,8 @@ pub struct PackedWeightsCache {
     /// The save in progress, if any.
     saver: Mutex<Option<JoinHandle<Result<(), CacheError>>>>,
     saves: Arc<AtomicUsize>,
+    /// What it was opened with (a second open must ask for the same).
+    options: CacheOptions,
 }
 
 fn registry() -> &'static Mutex<HashMap<PathBuf, Weak<PackedWeightsCache>>> {
@@ -146,7 +162,8 @@ fn canonical(path: &Path) -> Result<PathBuf, CacheError> {
 
 impl PackedWeightsCache {
     /// The cache backed by the file at `path` (created on the first save). A file is loaded at
-    /// most once per process: opening a path that is open already returns the same cache.
+    /// most once per process: opening a path that is open already returns the same cache, if
+    /// the options are the same ([`CacheError::OpenWithOtherOptions`] otherwise).
     pub fn open(path: impl AsRef<Path>) -> Result<Arc<PackedWeightsCache>, CacheError> {
         PackedWeightsCache::open_with(path, CacheOptions::default())
     }
@@ -159,6 +176,9 @@ impl PackedWeightsCache {
         let path = canonical(path.as_ref())?;
         let mut reg = registry().lock();
         if let Some(existing) = reg.get(&path).and_then(Weak::upgrade) {
+            if existing.options != options {
+                return Err(CacheError::OpenWithOtherOptions { path });
+            }
             return Ok(existing);
         }
         let compat = options.compat();
@@ -172,6 +192,7 @@ impl PackedWeightsCache {
             blocking_save: options.blocking_save,
             saver: Mutex::new(None),
             saves: Arc::new(AtomicUsize::new(0)),
+            options,
         });
         reg.retain(|_, w| w.strong_count() > 0);
         reg.insert(path, Arc::downgrade(&cache));
@@ -188,6 +209,7 @@ impl PackedWeightsCache {
             blocking_save: true,
             saver: Mutex::new(None),
             saves: Arc::new(AtomicUsize::new(0)),
+            options: CacheOptions::default(),
         })
     }
 

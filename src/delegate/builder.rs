@@ -653,6 +653,11 @@ impl GraphBuilder {
             .iter()
             .map(|(node, clamp)| {
                 let (kind, union) = encode_node(&mut b, node);
+                // The builder writes only what the operator table defines.
+                debug_assert!(
+                    super::operators::find(kind).is_some(),
+                    "the builder wrote {kind:?}, which src/delegate/operators.rs lacks"
+                );
                 let output_min_max = clamp.map(|(output_min, output_max)| {
                     fb::OutputMinMax::create(
                         &mut b,

@@ -3,21 +3,20 @@
 
 use super::error::{at, DelegateError};
 use super::payload;
+use crate::backend::ModelContext;
 use crate::cache::{BlobId, OwnedRegistration, PackedWeightsCache};
 use crate::named_data::{DataBuffer, NamedDataMap};
 use crate::schema::xnn as fb;
 use crate::shared_cache::{SharedData, SharedDataCache};
 use crate::xnn::{
-    AsXnnWeightsCache, BlockwiseQuantization, ChannelwiseQuantization, Convolution2dParams,
-    Datatype, DepthwiseConvolution2dParams, FullyConnectedFlags, InMemoryWeightsCache,
-    OwnedRuntime, Padding2d, Subgraph, ValueRole, WeightsCache, XnnpackWeightsCache,
+    AsXnnWeightsCache, BlockwiseQuantization, ChannelwiseQuantization, Datatype,
+    InMemoryWeightsCache, OwnedRuntime, Subgraph, ValueRole, WeightsCache, XnnpackWeightsCache,
 };
 use std::collections::HashMap;
 use std::sync::Arc;
 
 const XNN_FLAG_EXTERNAL_INPUT: u32 = 1;
 const XNN_FLAG_EXTERNAL_OUTPUT: u32 = 2;
-const NO_VALUE: u32 = u32::MAX;
 /// XNNPACK may read this many bytes past any tensor data.
 const EXTRA_BYTES: usize = 16;
 
@@ -88,9 +87,7 @@ impl Weights {
     fn finalize(&self) -> Result<(), DelegateError> {
         match self {
             Weights::None => Ok(()),
-            Weights::Packed(c) => c
-                .finalize()
-                .map_err(|e| DelegateError::Cache(e.to_string())),
+            Weights::Packed(c) => c.finalize().map_err(DelegateError::Cache),
             Weights::Xnnpack(c) => c.finalize().map_err(at(|| "weights cache".to_string())),
             Weights::Provider(c) => {
                 c.finalize();
@@ -98,14 +95,6 @@ impl Weights {
             }
         }
     }
-}
-
-/// What `execute` needs to know of the graph.
-pub(crate) struct Io {
-    pub inputs: Vec<(u32, Vec<usize>)>,
-    pub outputs: Vec<(u32, Vec<usize>)>,
-    /// How long `init` spent loading constants, creating the runtime, and finalizing.
-    pub timings: InitTimings,
 }
 
 /// Where `init`'s time went.
@@ -143,7 +132,7 @@ pub(crate) fn datatype(raw: fb::XNNDatatype, value: usize) -> Result<Datatype, D
 }
 
 /// The tensor part of a value, and its quantization if any.
-fn tensor_of(
+pub(super) fn tensor_of(
     v: fb::XValue<'_>,
     index: usize,
 ) -> Result<
@@ -185,12 +174,12 @@ fn load_constants(
     for (i, c) in graph.constant_data().iter().flatten().enumerate().skip(1) {
         let key = c.named_key().unwrap_or("");
         let buffer = if !key.is_empty() {
-            let data = shared.get_or_init(key, || map.get_data(key)).map_err(|e| {
-                DelegateError::MissingConstant {
+            let data = shared
+                .get_or_init(&shared_key(map, key), || map.get_data(key))
+                .map_err(|source| DelegateError::MissingConstant {
                     key: key.to_string(),
-                    reason: e.to_string(),
-                }
-            })?;
+                    source,
+                })?;
             Constant::Shared(data)
         } else {
             let (offset, size) = (c.offset(), c.size());
@@ -225,6 +214,18 @@ fn load_constants(
         out.push(Some(constant));
     }
     Ok(out)
+}
+
+/// The key a constant is shared under across the backend. ExecuTorch's exporter names constants
+/// by the sha256 of their bytes, so such a key means the same bytes in every map; any other key
+/// is only meaningful within its map, so it is qualified by the map's source.
+fn shared_key(map: &dyn NamedDataMap, key: &str) -> String {
+    let content_named = key.len() == 64 && key.bytes().all(|b| b.is_ascii_hexdigit());
+    if content_named {
+        key.to_string()
+    } else {
+        format!("{}\u{0}{key}", map.source())
+    }
 }
 
 fn f32s(bytes: &[u8]) -> Vec<f32> {
@@ -346,7 +347,7 @@ fn register_constants(
     Ok(registrations)
 }
 
-fn dims_of(t: &fb::XNNTensorValue<'_>) -> Vec<usize> {
+pub(super) fn dims_of(t: &fb::XNNTensorValue<'_>) -> Vec<usize> {
     t.dims()
         .map(|d| d.iter().map(|x| x as usize).collect())
         .unwrap_or_default()
@@ -427,262 +428,11 @@ fn define_values<'k>(
     Ok(ids)
 }
 
-fn min_max(node: &fb::XNode<'_>) -> (f32, f32) {
-    node.output_min_max()
-        .map_or((f32::NEG_INFINITY, f32::INFINITY), |m| {
-            (m.output_min(), m.output_max())
-        })
-}
-
-/// Defines every node.
-fn define_nodes(
-    g: &mut Subgraph<'_>,
-    graph: &fb::XNNGraph<'_>,
-    ids: &HashMap<u32, u32>,
-) -> Result<(), DelegateError> {
-    let id = |payload_id: u32, node: usize| -> Result<u32, DelegateError> {
-        ids.get(&payload_id).copied().ok_or_else(|| {
-            DelegateError::BadGraph(format!("node {node}: value {payload_id} is not defined"))
-        })
-    };
-    let values: Vec<fb::XValue<'_>> = graph.xvalues().iter().flatten().collect();
-    for (n, node) in graph.xnodes().iter().flatten().enumerate() {
-        let kind = node.xnode_union_type();
-        let name = kind.variant_name().unwrap_or("unknown node").to_string();
-        let what = || format!("node {n} ({name})");
-        let (min, max) = min_max(&node);
-        if let Some(fc) = node.xnode_union_as_xnnfully_connected() {
-            let bias = match fc.bias_id() {
-                NO_VALUE => None,
-                b => Some(id(b, n)?),
-            };
-            let transpose = xnnpack_sys::XNN_FLAG_TRANSPOSE_WEIGHTS;
-            let flags = FullyConnectedFlags {
-                transpose_weights: fc.flags() & transpose != 0,
-                ..Default::default()
-            };
-            if fc.flags() & !transpose != 0 {
-                return Err(DelegateError::BadGraph(format!(
-                    "node {n}: unknown fully connected flags {:#x}",
-                    fc.flags()
-                )));
-            }
-            g.define_fully_connected_with_flags(
-                id(fc.input1_id(), n)?,
-                id(fc.filter_id(), n)?,
-                bias,
-                id(fc.output_id(), n)?,
-                min,
-                max,
-                flags,
-            )
-            .map_err(at(what))?;
-        } else if let Some(c) = node
-            .xnode_union_as_xnnconv_2d()
-            .or_else(|| node.xnode_union_as_xnndepthwise_conv_2d())
-        {
-            let padding = Padding2d {
-                top: c.padding_top(),
-                right: c.padding_right(),
-                bottom: c.padding_bottom(),
-                left: c.padding_left(),
-            };
-            let bias = match c.bias_id() {
-                NO_VALUE => None,
-                b => Some(id(b, n)?),
-            };
-            let (input, filter, output) = (
-                id(c.input1_id(), n)?,
-                id(c.filter_id(), n)?,
-                id(c.output_id(), n)?,
-            );
-            if c.flags() != 0 {
-                return Err(DelegateError::BadGraph(format!(
-                    "node {n}: unsupported convolution flags {:#x}",
-                    c.flags()
-                )));
-            }
-            if kind == fb::XNodeUnion::XNNConv2d {
-                let mut p = Convolution2dParams::new(
-                    c.kernel_height(),
-                    c.kernel_width(),
-                    c.group_input_channels() as usize * c.groups() as usize,
-                    c.group_output_channels() as usize * c.groups() as usize,
-                );
-                p.padding = padding;
-                p.stride_height = c.subsampling_height();
-                p.stride_width = c.subsampling_width();
-                p.dilation_height = c.dilation_height();
-                p.dilation_width = c.dilation_width();
-                p.groups = c.groups();
-                p.group_input_channels = c.group_input_channels() as usize;
-                p.group_output_channels = c.group_output_channels() as usize;
-                p.output_min = min;
-                p.output_max = max;
-                g.define_convolution_2d(&p, input, filter, bias, output)
-                    .map_err(at(what))?;
-            } else {
-                // ExecuTorch serialises depthwise as groups = channels, one input per group.
-                let mut p = DepthwiseConvolution2dParams::new(
-                    c.kernel_height(),
-                    c.kernel_width(),
-                    c.groups() as usize,
-                    c.group_output_channels(),
-                );
-                p.padding = padding;
-                p.stride_height = c.subsampling_height();
-                p.stride_width = c.subsampling_width();
-                p.dilation_height = c.dilation_height();
-                p.dilation_width = c.dilation_width();
-                p.output_min = min;
-                p.output_max = max;
-                g.define_depthwise_convolution_2d(&p, input, filter, bias, output)
-                    .map_err(at(what))?;
-            }
-        } else if let Some(b) = node
-            .xnode_union_as_xnnadd()
-            .or_else(|| node.xnode_union_as_xnnmultiply())
-        {
-            let (a, bb, out) = (
-                id(b.input1_id(), n)?,
-                id(b.input2_id(), n)?,
-                id(b.output_id(), n)?,
-            );
-            let clamped = min != f32::NEG_INFINITY || max != f32::INFINITY;
-            // XNNPACK's binary node has no clamp: write to an internal value and clamp it.
-            let target = if clamped {
-                let dims = values
-                    .get(b.output_id() as usize)
-                    .and_then(|v| tensor_of(*v, b.output_id() as usize).ok())
-                    .map(|(t, _)| dims_of(&t))
-                    .ok_or_else(|| DelegateError::BadGraph(format!("node {n}: bad output")))?;
-                g.define_f32_tensor(&dims, ValueRole::Internal)
-                    .map_err(at(what))?
-            } else {
-                out
-            };
-            if kind == fb::XNodeUnion::XNNAdd {
-                g.define_add(a, bb, target).map_err(at(what))?;
-            } else {
-                g.define_multiply(a, bb, target).map_err(at(what))?;
-            }
-            if clamped {
-                g.define_clamp(target, out, min, max).map_err(at(what))?;
-            }
-        } else if let Some(u) = node.xnode_union_as_xnnclamp() {
-            g.define_clamp(id(u.input_id(), n)?, id(u.output_id(), n)?, min, max)
-                .map_err(at(what))?;
-        } else if let Some(u) = node.xnode_union_as_xnnsoftmax() {
-            g.define_softmax(id(u.input_id(), n)?, id(u.output_id(), n)?)
-                .map_err(at(what))?;
-        } else if let Some(u) = node.xnode_union_as_xnnconvert() {
-            g.define_convert(id(u.input_id(), n)?, id(u.output_id(), n)?)
-                .map_err(at(what))?;
-        } else if let Some(u) = node.xnode_union_as_xnnglobal_avg_pooling_2d() {
-            let keep_dims = u.flags() & xnnpack_sys::XNN_FLAG_KEEP_DIMS != 0;
-            g.define_global_average_pooling_2d(
-                id(u.input_id(), n)?,
-                id(u.output_id(), n)?,
-                min,
-                max,
-                keep_dims,
-            )
-            .map_err(at(what))?;
-        } else if let Some(r) = node.xnode_union_as_xnnstatic_reshape() {
-            let shape: Vec<usize> = r
-                .new_shape()
-                .map(|s| s.iter().map(|x| x as usize).collect())
-                .unwrap_or_default();
-            g.define_static_reshape(&shape, id(r.input_id(), n)?, id(r.output_id(), n)?)
-                .map_err(at(what))?;
-        } else if let Some(sl) = node.xnode_union_as_xnnstatic_slice() {
-            let list = |v: Option<flatbuffers::Vector<'_, u32>>| -> Vec<usize> {
-                v.map(|s| s.iter().map(|x| x as usize).collect())
-                    .unwrap_or_default()
-            };
-            g.define_static_slice(
-                &list(sl.offsets()),
-                &list(sl.sizes()),
-                id(sl.input_id(), n)?,
-                id(sl.output_id(), n)?,
-            )
-            .map_err(at(what))?;
-        } else if let Some(c) = node.xnode_union_as_xnnconcatenate_2() {
-            g.define_concatenate2(
-                c.axis() as i32,
-                id(c.input1_id(), n)?,
-                id(c.input2_id(), n)?,
-                id(c.output_id(), n)?,
-            )
-            .map_err(at(what))?;
-        } else if let Some(t) = node.xnode_union_as_xnnstatic_transpose() {
-            let perm: Vec<usize> = t
-                .perm()
-                .map(|s| s.iter().map(|x| x as usize).collect())
-                .unwrap_or_default();
-            g.define_static_transpose(&perm, id(t.input_id(), n)?, id(t.output_id(), n)?)
-                .map_err(at(what))?;
-        } else {
-            return Err(DelegateError::UnsupportedNode { index: n, name });
-        }
-    }
-    Ok(())
-}
-
-/// The external inputs and outputs, in the order the payload lists them.
-fn io_of(graph: &fb::XNNGraph<'_>) -> Result<Io, DelegateError> {
-    let values: Vec<fb::XValue<'_>> = graph.xvalues().iter().flatten().collect();
-    let by_id: HashMap<u32, usize> = values
-        .iter()
-        .enumerate()
-        .filter_map(|(i, v)| tensor_of(*v, i).ok().map(|(t, _)| (t.id_out(), i)))
-        .collect();
-    let external = |list: Option<flatbuffers::Vector<'_, u32>>| -> Result<Vec<(u32, Vec<usize>)>, DelegateError> {
-        list.iter()
-            .flatten()
-            .map(|vid| {
-                let i = by_id.get(&vid).copied().ok_or_else(|| {
-                    DelegateError::BadGraph(format!("external value {vid} is not defined"))
-                })?;
-                let (t, _) = tensor_of(values[i], i)?;
-                Ok((t.external_id(), dims_of(&t)))
-            })
-            .collect()
-    };
-    // ExecuTorch binds a delegate call's arguments to external values in order of external id
-    // (its XNNPACK executor sorts them), whatever order the payload lists them in.
-    let mut inputs = external(graph.input_ids())?;
-    let mut outputs = external(graph.output_ids())?;
-    inputs.sort_by_key(|(id, _)| *id);
-    outputs.sort_by_key(|(id, _)| *id);
-    Ok(Io {
-        inputs,
-        outputs,
-        timings: InitTimings::default(),
-    })
-}
-
 /// Rejects unsupported nodes before anything is loaded.
 fn check_nodes(graph: &fb::XNNGraph<'_>) -> Result<(), DelegateError> {
     for (n, node) in graph.xnodes().iter().flatten().enumerate() {
         let kind = node.xnode_union_type();
-        let supported = matches!(
-            kind,
-            fb::XNodeUnion::XNNFullyConnected
-                | fb::XNodeUnion::XNNConv2d
-                | fb::XNodeUnion::XNNDepthwiseConv2d
-                | fb::XNodeUnion::XNNAdd
-                | fb::XNodeUnion::XNNMultiply
-                | fb::XNodeUnion::XNNClamp
-                | fb::XNodeUnion::XNNSoftmax
-                | fb::XNodeUnion::XNNConvert
-                | fb::XNodeUnion::XNNGlobalAvgPooling2d
-                | fb::XNodeUnion::XNNStaticReshape
-                | fb::XNodeUnion::XNNStaticTranspose
-                | fb::XNodeUnion::XNNStaticSlice
-                | fb::XNodeUnion::XNNConcatenate2
-        );
-        if !supported {
+        if super::operators::find(kind).is_none() {
             return Err(DelegateError::UnsupportedNode {
                 index: n,
                 name: kind
@@ -694,26 +444,28 @@ fn check_nodes(graph: &fb::XNNGraph<'_>) -> Result<(), DelegateError> {
     Ok(())
 }
 
-/// What building the graph hands back besides the subgraph: the io, the registrations that
-/// must outlive runtime creation, and how long loading took.
-type Built = (Io, Vec<OwnedRegistration>, std::time::Duration);
+/// What building the graph hands back besides the subgraph: the registrations that must
+/// outlive runtime creation, and how long loading took.
+type Built = (Vec<OwnedRegistration>, std::time::Duration);
 
-/// Validates the payload (once), loads its constants, builds and creates the runtime.
+/// Validates the payload (once), loads its constants through the backend's shared data cache,
+/// builds and creates the runtime with the model's weights cache, workspace and thread pool.
 pub(crate) fn compile(
     payload_bytes: DataBuffer,
     map: &dyn NamedDataMap,
-    shared: &SharedDataCache,
-    cache: Weights,
-) -> Result<(OwnedRuntime<Keep>, Io), DelegateError> {
+    model: &ModelContext,
+) -> Result<(OwnedRuntime<Keep>, InitTimings), DelegateError> {
     let keep = Keep {
         payload: payload_bytes,
         loaded: std::sync::OnceLock::new(),
-        cache,
+        cache: model.weights().clone(),
     };
+    let shared = model.backend().shared_data();
     let started = std::time::Instant::now();
-    let (runtime, (mut io, registrations, load_time)) = OwnedRuntime::build(
+    let (runtime, (registrations, load_time)) = OwnedRuntime::build(
         keep,
-        |k| k.cache.as_xnn(),
+        model.runtime_options(),
+        |k: &Keep| k.cache.as_xnn(),
         |k| -> Result<(Subgraph<'_>, Built), DelegateError> {
             let p = payload::parse(&k.payload)?;
             check_nodes(&p.graph)?;
@@ -727,7 +479,6 @@ pub(crate) fn compile(
             )?;
             let scales = load_scales(&p.graph, &constants)?;
             let loaded = k.loaded.get_or_init(|| Loaded { constants, scales });
-            let io = io_of(&p.graph)?;
             let load_time = started.elapsed();
             let registrations = match &k.cache {
                 Weights::Packed(cache) => register_constants(&p.graph, loaded, cache)?,
@@ -735,15 +486,18 @@ pub(crate) fn compile(
             };
             let mut g = Subgraph::new(p.graph.num_externs()).map_err(at(|| "subgraph".into()))?;
             let ids = define_values(&mut g, &p.graph, loaded)?;
-            define_nodes(&mut g, &p.graph, &ids)?;
-            Ok((g, (io, registrations, load_time)))
+            super::operators::define_nodes(&mut g, &p.graph, &ids)?;
+            Ok((g, (registrations, load_time)))
         },
     )?;
     drop(registrations);
-    io.timings.load = load_time;
-    io.timings.create = started.elapsed() - load_time;
+    let mut timings = InitTimings {
+        load: load_time,
+        create: started.elapsed() - load_time,
+        ..Default::default()
+    };
     let started = std::time::Instant::now();
     runtime.keep().cache.finalize()?;
-    io.timings.finalize = started.elapsed();
-    Ok((runtime, io))
+    timings.finalize = started.elapsed();
+    Ok((runtime, timings))
 }

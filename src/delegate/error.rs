@@ -1,9 +1,12 @@
 //! Why a delegate could not be initialised or run.
 
+use crate::cache::CacheError;
+use crate::shared_cache::SharedCacheError;
 use crate::xnn::XnnError;
 use std::fmt;
 
-#[derive(Debug, Clone, PartialEq)]
+/// Why a delegate could not be initialised or run.
+#[derive(Debug)]
 pub enum DelegateError {
     /// The payload ends before its header does.
     PayloadTruncated { needed: u64, len: u64 },
@@ -20,17 +23,14 @@ pub enum DelegateError {
     /// A value, node or constant reference that does not make sense.
     BadGraph(String),
     /// A constant's named key is not in the named-data map (or could not be loaded).
-    MissingConstant { key: String, reason: String },
+    MissingConstant {
+        key: String,
+        source: SharedCacheError,
+    },
     /// The packed-weight cache failed (I/O).
-    Cache(String),
+    Cache(CacheError),
     /// XNNPACK refused a value, a node, or the runtime; `what` says which.
     Xnn { what: String, error: XnnError },
-    /// `execute` with the wrong number of inputs or outputs.
-    Arity {
-        what: &'static str,
-        expected: usize,
-        given: usize,
-    },
 }
 
 impl fmt::Display for DelegateError {
@@ -55,21 +55,25 @@ impl fmt::Display for DelegateError {
                 write!(f, "value {value}: datatype {datatype} is not supported")
             }
             BadGraph(m) => write!(f, "bad XNNPACK graph: {m}"),
-            MissingConstant { key, reason } => {
-                write!(f, "constant {key:?} could not be loaded: {reason}")
+            MissingConstant { key, source } => {
+                write!(f, "constant {key:?} could not be loaded: {source}")
             }
-            Cache(m) => write!(f, "packed-weight cache: {m}"),
+            Cache(e) => write!(f, "{e}"),
             Xnn { what, error } => write!(f, "{what}: {error}"),
-            Arity {
-                what,
-                expected,
-                given,
-            } => write!(f, "{given} {what} given, the graph has {expected}"),
         }
     }
 }
 
-impl std::error::Error for DelegateError {}
+impl std::error::Error for DelegateError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            DelegateError::MissingConstant { source, .. } => Some(source),
+            DelegateError::Cache(e) => Some(e),
+            DelegateError::Xnn { error, .. } => Some(error),
+            _ => None,
+        }
+    }
+}
 
 impl From<XnnError> for DelegateError {
     fn from(error: XnnError) -> Self {

@@ -1,125 +1,119 @@
 //! ExecuTorch's XNNPACK delegate, built on xnnblob: a processed payload (`XH00` + `XN01`
 //! graph) becomes an XNNPACK runtime whose constants come from a [`NamedDataMap`] through the
-//! backend's [`SharedDataCache`], and whose packed weights come from a [`PackedWeightsCache`].
-//! The C++ face (`cpp/include/xnnblob/delegate.h`) wraps exactly this.
+//! backend's shared data cache, and whose packed weights come from the model's packed-weight
+//! cache ([`ModelContext`]). The C++ face (`cpp/include/xnnblob/delegate.h`) wraps exactly this.
+//!
+//! Inputs and outputs are bound by position, in ascending external id (the order ExecuTorch
+//! passes a delegate call's arguments in), as tensors of any boundary dtype and of any shape
+//! within the declared one.
 
 pub mod builder;
 mod compile;
 mod error;
+pub mod operators;
 pub mod payload;
 
 pub use compile::{InitTimings, Weights};
 pub use error::DelegateError;
 
-use crate::cache::PackedWeightsCache;
+use crate::backend::ModelContext;
 use crate::named_data::{DataBuffer, NamedDataMap};
-use crate::shared_cache::SharedDataCache;
-use crate::xnn::OwnedRuntime;
-use std::sync::Arc;
-
-/// An external input or output: its id and shape.
-pub type External = (u32, Vec<usize>);
+use crate::tensor::{Shape, TensorMut, TensorRef};
+use crate::xnn::{External, OwnedRuntime, RawInput, RawOutput};
 
 /// One initialised delegate (one lowered method or submodule).
 pub struct XnnDelegate {
     runtime: OwnedRuntime<compile::Keep>,
-    io: compile::Io,
+    timings: InitTimings,
 }
 
 impl XnnDelegate {
-    /// `init`: validates `processed`, loads its constants (shared across delegates through
-    /// `shared`), and creates the runtime (packed weights found in or added to `weights`).
+    /// `init`: validates `processed`, loads its constants from `map` (shared across the
+    /// backend), and creates the runtime with the model's packed-weight cache, workspace and
+    /// thread pool.
     pub fn init(
+        model: &ModelContext,
         processed: DataBuffer,
         map: &dyn NamedDataMap,
-        shared: &SharedDataCache,
-        weights: Option<Arc<PackedWeightsCache>>,
     ) -> Result<XnnDelegate, DelegateError> {
-        let weights = weights.map_or(Weights::None, Weights::Packed);
-        XnnDelegate::init_with(processed, map, shared, weights)
-    }
-
-    /// As [`init`](Self::init), with any weights cache (XNNPACK's own, or none).
-    pub fn init_with(
-        processed: DataBuffer,
-        map: &dyn NamedDataMap,
-        shared: &SharedDataCache,
-        weights: Weights,
-    ) -> Result<XnnDelegate, DelegateError> {
-        let (runtime, io) = compile::compile(processed, map, shared, weights)?;
-        Ok(XnnDelegate { runtime, io })
+        let (runtime, timings) = compile::compile(processed, map, model)?;
+        Ok(XnnDelegate { runtime, timings })
     }
 
     /// Where `init`'s time went.
     pub fn init_timings(&self) -> InitTimings {
-        self.io.timings
+        self.timings
     }
 
-    /// Shapes of the inputs, in order.
+    /// The external inputs, by ascending id: dtype, declared bound, last shape.
+    pub fn inputs(&self) -> impl ExactSizeIterator<Item = &External> {
+        self.runtime.runtime().inputs()
+    }
+
+    /// The external outputs, by ascending id; shapes are those of the last execute.
+    pub fn outputs(&self) -> impl ExactSizeIterator<Item = &External> {
+        self.runtime.runtime().outputs()
+    }
+
+    /// The declared (largest) shapes of the inputs, in order.
     pub fn input_shapes(&self) -> Vec<Vec<usize>> {
-        self.io.inputs.iter().map(|(_, d)| d.clone()).collect()
+        self.inputs().map(|e| e.bound.dims().to_vec()).collect()
     }
 
-    /// Shapes of the outputs, in order.
+    /// The shapes of the outputs of the last execute (the declared ones before the first).
     pub fn output_shapes(&self) -> Vec<Vec<usize>> {
-        self.io.outputs.iter().map(|(_, d)| d.clone()).collect()
+        self.outputs().map(|e| e.shape.dims().to_vec()).collect()
     }
 
-    /// The external ids and shapes of the inputs and of the outputs, in execute order.
-    pub fn externals(&self) -> (&[External], &[External]) {
-        (&self.io.inputs, &self.io.outputs)
+    /// `execute`: one input and one output per external, by ascending id. Inputs may have any
+    /// shape within the declared one (the runtime is reshaped only when a shape changed); each
+    /// output's shape is set to what the run produced. Padded inputs and all outputs are bound
+    /// in place; nothing is allocated once warm.
+    pub fn execute(
+        &mut self,
+        inputs: &[TensorRef<'_>],
+        outputs: &mut [TensorMut<'_>],
+    ) -> Result<(), DelegateError> {
+        self.runtime
+            .runtime_mut()
+            .execute(inputs, outputs)
+            .map_err(execute_error)
     }
 
-    /// Runs the graph with externals given by id; some bound in place to caller memory (state).
+    /// Runs on buffers the caller binds by position (state bound in place, C++ spans).
     ///
     /// # Safety
-    /// As for [`crate::xnn::Runtime::invoke_in_place`].
-    pub unsafe fn execute_in_place(
+    /// As for [`crate::xnn::Runtime::execute_raw`].
+    pub unsafe fn execute_raw(
         &mut self,
-        inputs: &[(u32, &[f32])],
-        outputs: &mut [(u32, &mut [f32])],
-        in_place: &[(u32, std::ptr::NonNull<f32>, usize)],
+        input: impl FnMut(usize) -> RawInput,
+        output: impl FnMut(usize) -> RawOutput,
     ) -> Result<(), DelegateError> {
         // SAFETY: forwarded contract.
-        unsafe { self.runtime.invoke_in_place(inputs, outputs, in_place) }?;
-        Ok(())
+        unsafe { self.runtime.runtime_mut().execute_raw(input, output) }.map_err(execute_error)
     }
 
-    /// `execute`: runs the graph on fp32 inputs, writing fp32 outputs, both in payload order.
-    pub fn execute(
+    /// A convenience over [`execute`](Self::execute) for fp32 graphs: inputs hold the declared
+    /// shapes, outputs their declared sizes. It allocates a little; `execute` does not.
+    pub fn execute_f32(
         &mut self,
         inputs: &[&[f32]],
         outputs: &mut [&mut [f32]],
     ) -> Result<(), DelegateError> {
-        if inputs.len() != self.io.inputs.len() {
-            return Err(DelegateError::Arity {
-                what: "inputs",
-                expected: self.io.inputs.len(),
-                given: inputs.len(),
-            });
-        }
-        if outputs.len() != self.io.outputs.len() {
-            return Err(DelegateError::Arity {
-                what: "outputs",
-                expected: self.io.outputs.len(),
-                given: outputs.len(),
-            });
-        }
-        let ins: Vec<(u32, &[f32])> = self
-            .io
-            .inputs
+        let bounds: Vec<Shape> = self.inputs().map(|e| e.bound).collect();
+        let ins: Vec<TensorRef<'_>> = inputs
             .iter()
-            .zip(inputs)
-            .map(|((id, _), d)| (*id, *d))
+            .zip(bounds.iter().chain(std::iter::repeat(&Shape::default())))
+            .map(|(data, shape)| TensorRef::f32(*shape, data))
             .collect();
-        let mut outs: Vec<(u32, &mut [f32])> = self
-            .io
-            .outputs
-            .iter()
-            .zip(outputs.iter_mut())
-            .map(|((id, _), d)| (*id, &mut **d))
-            .collect();
-        self.runtime.invoke(&ins, &mut outs)?;
-        Ok(())
+        let mut outs: Vec<TensorMut<'_>> = outputs.iter_mut().map(|o| TensorMut::f32(o)).collect();
+        self.execute(&ins, &mut outs)
+    }
+}
+
+fn execute_error(error: crate::xnn::XnnError) -> DelegateError {
+    DelegateError::Xnn {
+        what: "execute".to_string(),
+        error,
     }
 }

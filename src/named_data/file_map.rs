@@ -126,6 +126,11 @@ impl FileDataMap {
         DataBuffer::new(self.backing.clone(), 0, len).expect("the whole backing")
     }
 
+    /// The whole file's bytes, borrowed from the map.
+    pub fn file_bytes(&self) -> &[u8] {
+        self.backing.bytes()
+    }
+
     pub fn kind(&self) -> FileKind {
         self.kind
     }

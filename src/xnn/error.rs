@@ -1,6 +1,7 @@
 //! XNNPACK's `xnn_status` as a typed Rust error.
 
 use super::subgraph::Datatype;
+use crate::tensor::{DType, ShapeMismatch};
 use std::fmt;
 use xnnpack_sys as sys;
 
@@ -65,6 +66,36 @@ pub enum XnnError {
     UnknownExternal { id: u32 },
     /// The external input or output `id` was not bound.
     MissingExternal { id: u32 },
+    /// An external value of a datatype no buffer can be bound to (per-channel, blockwise or
+    /// dynamically quantized).
+    UnsupportedExternal { id: u32, datatype: Datatype },
+    /// A run was given the wrong number of inputs or outputs.
+    Arity {
+        what: &'static str,
+        expected: usize,
+        given: usize,
+    },
+    /// Input or output `index` (by ascending external id) has another dtype than the graph's.
+    DtypeMismatch {
+        what: &'static str,
+        index: usize,
+        expected: DType,
+        given: DType,
+    },
+    /// Input `index` has a shape outside the declared one (another rank, or a larger
+    /// dimension).
+    ShapeOutOfBounds {
+        index: usize,
+        shapes: Box<ShapeMismatch>,
+    },
+    /// Input or output `index` has fewer bytes than its shape needs (`needed` None: the size
+    /// overflows).
+    BufferTooSmall {
+        what: &'static str,
+        index: usize,
+        needed: Option<usize>,
+        given: usize,
+    },
 }
 
 impl XnnError {
@@ -112,6 +143,39 @@ impl fmt::Display for XnnError {
             XnnError::UnknownExternal { id } => {
                 write!(f, "external value {id} is not an unbound input or output of this runtime")
             }
+            XnnError::UnsupportedExternal { id, datatype } => write!(
+                f,
+                "external value {id} is {datatype:?}, which no buffer can be bound to"
+            ),
+            XnnError::Arity {
+                what,
+                expected,
+                given,
+            } => write!(f, "{given} {what} given, the graph has {expected}"),
+            XnnError::DtypeMismatch {
+                what,
+                index,
+                expected,
+                given,
+            } => write!(f, "{what} {index} is {given}, the graph takes {expected}"),
+            XnnError::ShapeOutOfBounds { index, shapes } => write!(
+                f,
+                "input {index} has shape {}, outside the declared bound {} \
+                 (same rank, each dimension at most the bound's)",
+                shapes.given, shapes.bound
+            ),
+            XnnError::BufferTooSmall {
+                what,
+                index,
+                needed: Some(needed),
+                given,
+            } => write!(f, "{what} {index} holds {given} bytes, its shape needs {needed}"),
+            XnnError::BufferTooSmall {
+                what, index, given, ..
+            } => write!(
+                f,
+                "{what} {index} holds {given} bytes; the size its shape needs overflows"
+            ),
         }
     }
 }

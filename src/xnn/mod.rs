@@ -8,17 +8,20 @@ mod memory_cache;
 mod runtime;
 mod subgraph;
 mod weights_cache;
+mod workspace;
 
 pub use builtin_cache::XnnpackWeightsCache;
 pub use error::{Status, XnnError};
 pub use kernel_info::{qd8_gemm_kernel, Qd8Weights};
 pub use memory_cache::{InMemoryWeightsCache, ProviderStats};
-pub use runtime::{OwnedRuntime, Runtime};
+pub use runtime::{External, OwnedRuntime, RawInput, RawOutput, Runtime, RuntimeOptions};
 pub use subgraph::{
     BlockwiseQuantization, ChannelwiseQuantization, Convolution2dParams, Datatype,
-    DepthwiseConvolution2dParams, FullyConnectedFlags, Padding2d, Subgraph, ValueRole,
+    DepthwiseConvolution2dParams, ExternalDecl, FullyConnectedFlags, Padding2d, Subgraph,
+    ValueRole,
 };
 pub use weights_cache::{AsXnnWeightsCache, LookUpKey, PackedWeightsProvider, WeightsCache};
+pub use workspace::{Threadpool, Workspace};
 
 use std::sync::OnceLock;
 use xnnpack_sys as sys;

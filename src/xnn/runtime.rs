@@ -1,31 +1,112 @@
 //! An owned XNNPACK runtime: a subgraph made executable, with its weights packed (or found in a
-//! weights cache).
+//! weights cache), run on caller buffers of any boundary dtype and of any shape within the
+//! declared one.
+//!
+//! Each run reshapes only when an input's shape changed, binds buffers that have XNNPACK's
+//! over-read slack in place (others are copied once into a staging buffer made on first use),
+//! and allocates nothing once warm.
 
 use super::error::{check, XnnError};
-use super::subgraph::Subgraph;
+use super::subgraph::{ExternalDecl, Subgraph};
 use super::weights_cache::AsXnnWeightsCache;
+use super::workspace::{Threadpool, Workspace};
+use crate::aligned::AlignedBytes;
+use crate::tensor::{DType, Shape, ShapeMismatch, TensorMut, TensorRef, XNN_EXTRA_BYTES};
 use std::marker::PhantomData;
 use std::ptr::NonNull;
+use std::sync::Arc;
 use xnnpack_sys as sys;
 
-/// XNNPACK may read this many bytes past the end of an input: inputs are staged in buffers that
-/// have them.
-const EXTRA_FLOATS: usize = sys::XNN_EXTRA_BYTES as usize / std::mem::size_of::<f32>();
+/// What a runtime runs on besides its subgraph.
+#[derive(Clone, Default)]
+pub struct RuntimeOptions {
+    /// Shared with other runtimes (None: a private one).
+    pub workspace: Option<Arc<Workspace>>,
+    /// None: operators run on the calling thread.
+    pub threadpool: Option<Arc<Threadpool>>,
+}
+
+/// One external input or output: its declaration and its current shape.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct External {
+    pub id: u32,
+    pub dtype: DType,
+    /// The declared shape, the largest accepted in each dimension.
+    pub bound: Shape,
+    /// The shape of the last run (of the declaration before the first).
+    pub shape: Shape,
+}
+
+struct Slot {
+    external: External,
+    /// For inputs without slack: made at the first such run, at the bound's size.
+    staging: Option<AlignedBytes>,
+}
+
+/// An input as the runtime binds it.
+#[derive(Clone, Copy)]
+pub struct RawInput {
+    pub data: *const u8,
+    /// Readable bytes at `data` (not counting slack).
+    pub len: usize,
+    pub dtype: DType,
+    pub shape: Shape,
+    /// XNN_EXTRA_BYTES past `data + len` are readable too.
+    pub padded: bool,
+}
+
+/// An output as the runtime binds it.
+#[derive(Clone, Copy)]
+pub struct RawOutput {
+    pub data: *mut u8,
+    /// Writable bytes at `data`.
+    pub capacity: usize,
+    pub dtype: DType,
+}
 
 /// An executable XNNPACK runtime. `'a` covers the subgraph's static data and the weights cache,
 /// both of which XNNPACK keeps pointers into.
 pub struct Runtime<'a> {
     raw: NonNull<sys::xnn_runtime>,
-    inputs: Vec<u32>,
-    outputs: Vec<u32>,
-    /// Padded copies of the inputs, by position in `inputs`.
-    staging: Vec<Vec<f32>>,
-    reshaped: bool,
+    /// Sorted by external id: the order ExecuTorch binds a delegate call's arguments in.
+    inputs: Vec<Slot>,
+    outputs: Vec<Slot>,
+    /// Handed to xnn_setup_runtime_v2: inputs then outputs, filled in place every run.
+    bound: Vec<sys::xnn_external_value>,
+    reshape_pending: bool,
+    workspace: Option<Arc<Workspace>>,
+    _threadpool: Option<Arc<Threadpool>>,
     _borrows: PhantomData<&'a ()>,
 }
 
-// SAFETY: a runtime may be used from any thread, one at a time (`invoke` takes `&mut self`).
+// SAFETY: a runtime may be used from any thread, one at a time (running takes `&mut self`).
 unsafe impl Send for Runtime<'_> {}
+
+fn slots(decls: &[ExternalDecl]) -> Result<Vec<Slot>, XnnError> {
+    let mut slots = decls
+        .iter()
+        .map(|d| {
+            let dtype = d
+                .datatype
+                .boundary_dtype()
+                .ok_or(XnnError::UnsupportedExternal {
+                    id: d.id,
+                    datatype: d.datatype,
+                })?;
+            Ok(Slot {
+                external: External {
+                    id: d.id,
+                    dtype,
+                    bound: d.shape,
+                    shape: d.shape,
+                },
+                staging: None,
+            })
+        })
+        .collect::<Result<Vec<_>, XnnError>>()?;
+    slots.sort_by_key(|s| s.external.id);
+    Ok(slots)
+}
 
 impl<'a> Runtime<'a> {
     /// Creates a runtime; with a weights cache, XNNPACK looks packed weights up there (and
@@ -34,156 +115,348 @@ impl<'a> Runtime<'a> {
         subgraph: &Subgraph<'a>,
         weights_cache: Option<&'a dyn AsXnnWeightsCache>,
     ) -> Result<Runtime<'a>, XnnError> {
+        Runtime::with_options(subgraph, weights_cache, &RuntimeOptions::default())
+    }
+
+    /// As [`new`](Self::new), on a shared workspace and a thread pool.
+    pub fn with_options(
+        subgraph: &Subgraph<'a>,
+        weights_cache: Option<&'a dyn AsXnnWeightsCache>,
+        options: &RuntimeOptions,
+    ) -> Result<Runtime<'a>, XnnError> {
+        let inputs = slots(&subgraph.inputs)?;
+        let outputs = slots(&subgraph.outputs)?;
         let cache = weights_cache.map_or(std::ptr::null_mut(), |c| c.as_xnn_weights_cache());
+        let workspace = options
+            .workspace
+            .as_ref()
+            .map_or(std::ptr::null_mut(), |w| w.as_raw());
+        let threadpool = options
+            .threadpool
+            .as_ref()
+            .map_or(std::ptr::null_mut(), |t| t.as_raw());
         let mut raw = std::ptr::null_mut();
         // SAFETY: the subgraph is valid; the cache, when given, outlives 'a (its trait
-        // contract); no workspace or threadpool; `raw` is a valid out-pointer.
+        // contract); the workspace and pool are held by the runtime (Arcs below) until it is
+        // deleted; `raw` is a valid out-pointer.
         check("xnn_create_runtime_v4", unsafe {
-            sys::xnn_create_runtime_v4(
-                subgraph.as_raw(),
-                cache,
-                std::ptr::null_mut(),
-                std::ptr::null_mut(),
-                0,
-                &mut raw,
-            )
+            sys::xnn_create_runtime_v4(subgraph.as_raw(), cache, workspace, threadpool, 0, &mut raw)
         })?;
         let raw = NonNull::new(raw).ok_or(XnnError::Call {
             call: "xnn_create_runtime_v4",
             status: super::Status::OutOfMemory,
         })?;
+        let bound = inputs
+            .iter()
+            .chain(&outputs)
+            .map(|s| sys::xnn_external_value {
+                id: s.external.id,
+                data: std::ptr::null_mut(),
+            })
+            .collect();
         Ok(Runtime {
             raw,
-            inputs: subgraph.inputs.clone(),
-            outputs: subgraph.outputs.clone(),
-            staging: vec![Vec::new(); subgraph.inputs.len()],
-            reshaped: false,
+            inputs,
+            outputs,
+            bound,
+            reshape_pending: true,
+            workspace: options.workspace.clone(),
+            _threadpool: options.threadpool.clone(),
             _borrows: PhantomData,
         })
     }
 
-    /// The shape of an external input or output.
-    pub fn external_shape(&mut self, id: u32) -> Result<Vec<usize>, XnnError> {
-        self.reshape()?;
-        let mut dims = [0usize; sys::XNN_MAX_TENSOR_DIMS as usize];
-        let mut num_dims = 0usize;
-        // SAFETY: `dims` has room for XNN_MAX_TENSOR_DIMS entries, the most XNNPACK writes.
-        check("xnn_get_external_value_shape", unsafe {
-            sys::xnn_get_external_value_shape(
-                self.raw.as_ptr(),
-                id,
-                &mut num_dims,
-                dims.as_mut_ptr(),
-            )
-        })?;
-        Ok(dims[..num_dims.min(dims.len())].to_vec())
+    /// The external inputs, by ascending id.
+    pub fn inputs(&self) -> impl ExactSizeIterator<Item = &External> {
+        self.inputs.iter().map(|s| &s.external)
     }
 
-    fn reshape(&mut self) -> Result<(), XnnError> {
-        if !self.reshaped {
-            // SAFETY: the runtime is valid.
-            check("xnn_reshape_runtime", unsafe {
-                sys::xnn_reshape_runtime(self.raw.as_ptr())
-            })?;
-            self.reshaped = true;
-        }
-        Ok(())
+    /// The external outputs, by ascending id; shapes are those of the last run.
+    pub fn outputs(&self) -> impl ExactSizeIterator<Item = &External> {
+        self.outputs.iter().map(|s| &s.external)
     }
 
-    fn expect_elements(&mut self, id: u32, given: usize) -> Result<(), XnnError> {
-        let expected = self.external_shape(id)?.iter().product::<usize>();
-        if expected != given {
-            return Err(XnnError::ExternalSize {
-                id,
-                expected_elements: expected,
-                given_elements: given,
-            });
-        }
-        Ok(())
-    }
-
-    /// Runs the graph: every external input and output must be bound exactly once, with a
-    /// buffer of the size its shape needs.
-    pub fn invoke(
+    /// Runs the graph on one input and one output per external, in ascending id order. Each
+    /// output's shape is set to what the run produced.
+    pub fn execute(
         &mut self,
-        inputs: &[(u32, &[f32])],
-        outputs: &mut [(u32, &mut [f32])],
+        inputs: &[TensorRef<'_>],
+        outputs: &mut [TensorMut<'_>],
     ) -> Result<(), XnnError> {
-        // SAFETY: no in-place bindings.
-        unsafe { self.invoke_in_place(inputs, outputs, &[]) }
+        arity("inputs", self.inputs.len(), inputs.len())?;
+        arity("outputs", self.outputs.len(), outputs.len())?;
+        // SAFETY: every pointer comes from a live borrow held for this call, with its length
+        // (and slack only when the view promises it); output borrows are exclusive.
+        unsafe {
+            self.execute_raw(
+                |i| raw_input(&inputs[i]),
+                |j| RawOutput {
+                    data: outputs[j].as_mut_ptr(),
+                    capacity: outputs[j].capacity(),
+                    dtype: outputs[j].dtype(),
+                },
+            )
+        }?;
+        for (slot, out) in self.outputs.iter().zip(outputs.iter_mut()) {
+            out.set_shape(slot.external.shape);
+        }
+        Ok(())
     }
 
-    /// As [`invoke`](Self::invoke), with some externals bound in place to caller memory (state
-    /// that XNNPACK reads and writes where it lives, not staged): `(id, pointer, elements)`.
+    /// Runs the graph on buffers given by position (ascending external id).
     ///
     /// # Safety
-    /// Each pointer must be valid for reads and writes of `elements` f32 plus XNN_EXTRA_BYTES of
-    /// reads, for the duration of the call, and not be accessed by anything else meanwhile.
-    pub unsafe fn invoke_in_place(
+    /// Every input must be readable for `len` bytes (plus XNN_EXTRA_BYTES when `padded`), every
+    /// output writable for `capacity` bytes, for the duration of the call. An input and an
+    /// output may share memory only if the graph reads the input completely before it writes
+    /// that output.
+    pub unsafe fn execute_raw(
         &mut self,
-        inputs: &[(u32, &[f32])],
-        outputs: &mut [(u32, &mut [f32])],
-        in_place: &[(u32, NonNull<f32>, usize)],
+        mut input: impl FnMut(usize) -> RawInput,
+        mut output: impl FnMut(usize) -> RawOutput,
     ) -> Result<(), XnnError> {
-        let is_input = |id: &u32| self.inputs.contains(id);
-        let placed_inputs = in_place
-            .iter()
-            .filter(|(id, _, _)| is_input(id))
-            .map(|(id, _, _)| *id);
-        let placed_outputs = in_place
-            .iter()
-            .filter(|(id, _, _)| !is_input(id))
-            .map(|(id, _, _)| *id);
-        bound_exactly_once(
-            &self.inputs,
-            inputs.iter().map(|(id, _)| *id).chain(placed_inputs),
-        )?;
-        bound_exactly_once(
-            &self.outputs,
-            outputs.iter().map(|(id, _)| *id).chain(placed_outputs),
-        )?;
-        let mut externals = Vec::with_capacity(inputs.len() + outputs.len() + in_place.len());
-        for (id, data) in inputs {
-            self.expect_elements(*id, data.len())?;
-            let slot = self
-                .inputs
-                .iter()
-                .position(|i| i == id)
-                .expect("checked above");
-            let staged = &mut self.staging[slot];
-            staged.clear();
-            staged.extend_from_slice(data);
-            staged.resize(data.len() + EXTRA_FLOATS, 0.0);
-            externals.push(sys::xnn_external_value {
-                id: *id,
-                data: staged.as_mut_ptr().cast(),
-            });
+        // A shared workspace is used by one runtime at a time, from reshape to the end of run.
+        let workspace = self.workspace.clone();
+        let _in_use = workspace.as_ref().map(|w| w.lock());
+        let n_in = self.inputs.len();
+        for i in 0..n_in {
+            let given = input(i);
+            let e = self.inputs[i].external;
+            if given.dtype != e.dtype {
+                return Err(XnnError::DtypeMismatch {
+                    what: "input",
+                    index: i,
+                    expected: e.dtype,
+                    given: given.dtype,
+                });
+            }
+            let needed = given.shape.nbytes(e.dtype);
+            if needed.is_none_or(|n| n > given.len) {
+                return Err(XnnError::BufferTooSmall {
+                    what: "input",
+                    index: i,
+                    needed,
+                    given: given.len,
+                });
+            }
+            let needed = needed.unwrap_or(0);
+            // A tensor of another rank with the declared number of elements (ExecuTorch passes
+            // a scalar where the graph declares [1]) is the declared tensor.
+            let shape =
+                if given.shape.rank() != e.bound.rank() && given.shape.numel() == e.bound.numel() {
+                    e.bound
+                } else {
+                    given.shape
+                };
+            self.set_input_shape(i, shape)?;
+            let slot = &mut self.inputs[i];
+            let data = if given.padded {
+                given.data
+            } else {
+                let staging = match &mut slot.staging {
+                    Some(s) => s,
+                    none => {
+                        let capacity = e
+                            .bound
+                            .nbytes(e.dtype)
+                            .and_then(|n| n.checked_add(XNN_EXTRA_BYTES));
+                        let made = capacity.and_then(|n| AlignedBytes::zeroed(n, 64)).ok_or(
+                            XnnError::Call {
+                                call: "staging buffer",
+                                status: super::Status::OutOfMemory,
+                            },
+                        )?;
+                        none.insert(made)
+                    }
+                };
+                // SAFETY: the caller's contract makes `needed` (≤ len) bytes readable; the
+                // staging buffer holds the bound's bytes, at least `needed` (shape checked).
+                unsafe {
+                    std::ptr::copy_nonoverlapping(given.data, staging.as_ptr(), needed);
+                }
+                staging.as_ptr().cast_const()
+            };
+            self.bound[i].data = data.cast_mut().cast();
         }
-        for (id, data) in outputs.iter_mut() {
-            self.expect_elements(*id, data.len())?;
-            externals.push(sys::xnn_external_value {
-                id: *id,
-                data: data.as_mut_ptr().cast(),
-            });
+        self.reshape_if_pending()?;
+        for (j, slot) in self.outputs.iter().enumerate() {
+            let given = output(j);
+            let e = slot.external;
+            if given.dtype != e.dtype {
+                return Err(XnnError::DtypeMismatch {
+                    what: "output",
+                    index: j,
+                    expected: e.dtype,
+                    given: given.dtype,
+                });
+            }
+            let needed = e.shape.nbytes(e.dtype);
+            if needed.is_none_or(|n| n > given.capacity) {
+                return Err(XnnError::BufferTooSmall {
+                    what: "output",
+                    index: j,
+                    needed,
+                    given: given.capacity,
+                });
+            }
+            self.bound[n_in + j].data = given.data.cast();
         }
-        for &(id, ptr, elements) in in_place {
-            self.expect_elements(id, elements)?;
-            externals.push(sys::xnn_external_value {
-                id,
-                data: ptr.as_ptr().cast(),
-            });
-        }
-        // SAFETY: every external points to a live buffer of the size its shape needs (staged
-        // inputs padded by XNN_EXTRA_BYTES, in-place ones by the caller's contract); they stay
-        // valid until invoke returns, and the next invoke sets them up again before running.
+        // SAFETY: every external points to a buffer of the size its current shape needs (inputs
+        // padded or staged), valid until this call returns (the caller's contract); the next
+        // run binds them all again before running.
         check("xnn_setup_runtime_v2", unsafe {
-            sys::xnn_setup_runtime_v2(self.raw.as_ptr(), externals.len(), externals.as_ptr())
+            sys::xnn_setup_runtime_v2(self.raw.as_ptr(), self.bound.len(), self.bound.as_ptr())
         })?;
         // SAFETY: the runtime is set up with the buffers above, which are still valid.
         check("xnn_invoke_runtime", unsafe {
             sys::xnn_invoke_runtime(self.raw.as_ptr())
         })
     }
+
+    /// Runs the graph on f32 buffers given by external id, each holding exactly the elements
+    /// of its current shape (inputs may instead hold those of the declared one). A convenience
+    /// for tests and small tools: it allocates; [`execute`](Self::execute) is the path that
+    /// does not.
+    pub fn invoke(
+        &mut self,
+        inputs: &[(u32, &[f32])],
+        outputs: &mut [(u32, &mut [f32])],
+    ) -> Result<(), XnnError> {
+        let ids = |s: &[Slot]| s.iter().map(|s| s.external.id).collect::<Vec<_>>();
+        bound_exactly_once(&ids(&self.inputs), inputs.iter().map(|(id, _)| *id))?;
+        bound_exactly_once(&ids(&self.outputs), outputs.iter().map(|(id, _)| *id))?;
+        let mut ins = Vec::new();
+        for i in 0..self.inputs.len() {
+            let e = self.inputs[i].external;
+            let data = inputs.iter().find(|(id, _)| *id == e.id).expect("bound").1;
+            let shape = [e.shape, e.bound]
+                .into_iter()
+                .find(|s| s.numel() == Some(data.len()))
+                .ok_or(XnnError::ExternalSize {
+                    id: e.id,
+                    expected_elements: e.shape.numel().unwrap_or(usize::MAX),
+                    given_elements: data.len(),
+                })?;
+            self.set_input_shape(i, shape)?;
+            ins.push(TensorRef::f32(shape, data));
+        }
+        self.prepare()?;
+        let mut outs = Vec::new();
+        for slot in &self.outputs {
+            let e = slot.external;
+            let data = outputs
+                .iter_mut()
+                .find(|(id, _)| *id == e.id)
+                .map(|(_, d)| &mut **d)
+                .expect("bound");
+            let expected = e.shape.numel().unwrap_or(usize::MAX);
+            if data.len() != expected {
+                return Err(XnnError::ExternalSize {
+                    id: e.id,
+                    expected_elements: expected,
+                    given_elements: data.len(),
+                });
+            }
+            // SAFETY: each output id is bound once (checked above), so these borrows of
+            // distinct elements of `outputs` never alias.
+            let data = unsafe { std::slice::from_raw_parts_mut(data.as_mut_ptr(), data.len()) };
+            outs.push(TensorMut::f32(data));
+        }
+        self.execute(&ins, &mut outs)
+    }
+
+    /// Reshapes input `index` if `shape` differs from its current one.
+    fn set_input_shape(&mut self, index: usize, shape: Shape) -> Result<(), XnnError> {
+        let e = self.inputs[index].external;
+        if !shape.fits_within(&e.bound) {
+            return Err(XnnError::ShapeOutOfBounds {
+                index,
+                shapes: Box::new(ShapeMismatch {
+                    given: shape,
+                    bound: e.bound,
+                }),
+            });
+        }
+        if shape != e.shape {
+            // SAFETY: the runtime is valid; `dims` holds `rank` dimensions.
+            check("xnn_reshape_external_value", unsafe {
+                sys::xnn_reshape_external_value(
+                    self.raw.as_ptr(),
+                    e.id,
+                    shape.rank(),
+                    shape.dims().as_ptr(),
+                )
+            })?;
+            self.inputs[index].external.shape = shape;
+            self.reshape_pending = true;
+        }
+        Ok(())
+    }
+
+    /// Reshapes the runtime if an input's shape changed since the last reshape, so output
+    /// shapes are current.
+    fn prepare(&mut self) -> Result<(), XnnError> {
+        let workspace = self.workspace.clone();
+        let _in_use = workspace.as_ref().map(|w| w.lock());
+        self.reshape_if_pending()
+    }
+
+    /// As [`prepare`](Self::prepare), for a caller that holds the workspace.
+    fn reshape_if_pending(&mut self) -> Result<(), XnnError> {
+        if self.reshape_pending {
+            // SAFETY: the runtime is valid.
+            check("xnn_reshape_runtime", unsafe {
+                sys::xnn_reshape_runtime(self.raw.as_ptr())
+            })?;
+            for slot in &mut self.outputs {
+                slot.external.shape = query_shape(self.raw, slot.external.id)?;
+            }
+            self.reshape_pending = false;
+        }
+        Ok(())
+    }
+
+    /// The current shape of an external input or output.
+    pub fn external_shape(&mut self, id: u32) -> Result<Vec<usize>, XnnError> {
+        self.prepare()?;
+        self.inputs
+            .iter()
+            .chain(&self.outputs)
+            .find(|s| s.external.id == id)
+            .map(|s| s.external.shape.dims().to_vec())
+            .ok_or(XnnError::UnknownExternal { id })
+    }
+}
+
+fn arity(what: &'static str, expected: usize, given: usize) -> Result<(), XnnError> {
+    if expected != given {
+        return Err(XnnError::Arity {
+            what,
+            expected,
+            given,
+        });
+    }
+    Ok(())
+}
+
+fn raw_input(t: &TensorRef<'_>) -> RawInput {
+    RawInput {
+        data: t.data().as_ptr(),
+        len: t.data().len(),
+        dtype: t.dtype(),
+        shape: *t.shape(),
+        padded: t.is_padded(),
+    }
+}
+
+fn query_shape(raw: NonNull<sys::xnn_runtime>, id: u32) -> Result<Shape, XnnError> {
+    let mut dims = [0usize; sys::XNN_MAX_TENSOR_DIMS as usize];
+    let mut rank = 0usize;
+    // SAFETY: `dims` has room for XNN_MAX_TENSOR_DIMS entries, the most XNNPACK writes.
+    check("xnn_get_external_value_shape", unsafe {
+        sys::xnn_get_external_value_shape(raw.as_ptr(), id, &mut rank, dims.as_mut_ptr())
+    })?;
+    Ok(Shape::new(&dims[..rank.min(dims.len())]).unwrap_or_default())
 }
 
 fn bound_exactly_once(
@@ -224,6 +497,7 @@ impl<K: Send + 'static> OwnedRuntime<K> {
     /// must live while the runtime is created); they are handed back afterwards.
     pub fn build<E: From<XnnError>, X: 'static>(
         keep: K,
+        options: &RuntimeOptions,
         cache: impl for<'a> FnOnce(&'a K) -> Option<&'a dyn AsXnnWeightsCache>,
         build: impl for<'a> FnOnce(&'a K) -> Result<(Subgraph<'a>, X), E>,
     ) -> Result<(OwnedRuntime<K>, X), E> {
@@ -231,7 +505,7 @@ impl<K: Send + 'static> OwnedRuntime<K> {
         let (runtime, extra) = {
             let k: &K = &keep;
             let (subgraph, extra) = build(k)?;
-            (Runtime::new(&subgraph, cache(k))?, extra)
+            (Runtime::with_options(&subgraph, cache(k), options)?, extra)
         };
         // SAFETY: the runtime borrows only from `*keep` (the closures are generic over the
         // borrow's lifetime, so they cannot have captured anything shorter-lived) and from
@@ -246,31 +520,13 @@ impl<K: Send + 'static> OwnedRuntime<K> {
         &self.keep
     }
 
-    /// See [`Runtime::invoke`].
-    pub fn invoke(
-        &mut self,
-        inputs: &[(u32, &[f32])],
-        outputs: &mut [(u32, &mut [f32])],
-    ) -> Result<(), XnnError> {
-        self.runtime.invoke(inputs, outputs)
+    /// The runtime (its `'static` borrow is really of `keep`, which it cannot outlive here).
+    pub fn runtime(&self) -> &Runtime<'static> {
+        &self.runtime
     }
 
-    /// See [`Runtime::invoke_in_place`].
-    ///
-    /// # Safety
-    /// As for [`Runtime::invoke_in_place`].
-    pub unsafe fn invoke_in_place(
-        &mut self,
-        inputs: &[(u32, &[f32])],
-        outputs: &mut [(u32, &mut [f32])],
-        in_place: &[(u32, NonNull<f32>, usize)],
-    ) -> Result<(), XnnError> {
-        // SAFETY: forwarded contract.
-        unsafe { self.runtime.invoke_in_place(inputs, outputs, in_place) }
-    }
-
-    /// See [`Runtime::external_shape`].
-    pub fn external_shape(&mut self, id: u32) -> Result<Vec<usize>, XnnError> {
-        self.runtime.external_shape(id)
+    /// The runtime, to run.
+    pub fn runtime_mut(&mut self) -> &mut Runtime<'static> {
+        &mut self.runtime
     }
 }

@@ -95,6 +95,21 @@ impl Datatype {
         elements.checked_mul(self.bits() / 8)
     }
 
+    /// The element type a buffer bound to an external value of this type holds; None for the
+    /// types XNNPACK keeps internal or constant (per-channel, blockwise, dynamic quantization).
+    pub fn boundary_dtype(self) -> Option<crate::tensor::DType> {
+        use crate::tensor::DType;
+        Some(match self {
+            Datatype::Fp32 => DType::F32,
+            Datatype::Fp16 => DType::F16,
+            Datatype::Bf16 => DType::BF16,
+            Datatype::Int32 | Datatype::Qint32 => DType::I32,
+            Datatype::Qint8 => DType::I8,
+            Datatype::Quint8 => DType::U8,
+            _ => return None,
+        })
+    }
+
     /// The alignment static data of this type needs: its element size, at least 1.
     fn alignment(self) -> usize {
         (self.bits() / 8).max(1)
@@ -362,12 +377,21 @@ fn refuse(call: &'static str) -> XnnError {
     }
 }
 
+/// An external input or output as the subgraph declares it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExternalDecl {
+    pub id: u32,
+    pub datatype: Datatype,
+    /// The declared shape: the largest a runtime accepts, dimension by dimension.
+    pub shape: crate::tensor::Shape,
+}
+
 /// An XNNPACK subgraph. `'data` is the lifetime of the static data (and quantization scales) its
 /// values point to; the runtimes made from it borrow that data too.
 pub struct Subgraph<'data> {
     raw: NonNull<sys::xnn_subgraph>,
-    pub(super) inputs: Vec<u32>,
-    pub(super) outputs: Vec<u32>,
+    pub(super) inputs: Vec<ExternalDecl>,
+    pub(super) outputs: Vec<ExternalDecl>,
     values: HashMap<u32, ValueInfo>,
     _data: PhantomData<&'data [u8]>,
 }
@@ -595,9 +619,19 @@ impl<'data> Subgraph<'data> {
 
     /// Records a value just defined, and the external ones for the runtime.
     fn defined(&mut self, id: u32, datatype: Datatype, dims: &[usize], role: ValueRole<'data>) {
+        // XNNPACK has refused more than XNN_MAX_TENSOR_DIMS dimensions by now.
+        let shape = crate::tensor::Shape::new(dims).unwrap_or_default();
         match role {
-            ValueRole::Input(ext) => self.inputs.push(ext),
-            ValueRole::Output(ext) => self.outputs.push(ext),
+            ValueRole::Input(id) => self.inputs.push(ExternalDecl {
+                id,
+                datatype,
+                shape,
+            }),
+            ValueRole::Output(id) => self.outputs.push(ExternalDecl {
+                id,
+                datatype,
+                shape,
+            }),
             _ => {}
         }
         self.values.insert(

@@ -778,6 +778,8 @@ fn generate_bindings(include_dirs: &[PathBuf]) {
         .header_contents("wrapper.h", "#include <xnnpack.h>\n")
         .clang_args(include_dirs.iter().map(|d| format!("-I{}", d.display())))
         .allowlist_function("xnn_.*")
+        // The thread pool XNNPACK runs on (xnnpack.h includes pthreadpool.h).
+        .allowlist_function("pthreadpool_(create|destroy|get_threads_count)")
         .allowlist_type("xnn_.*")
         .allowlist_var("XNN_.*")
         .prepend_enum_name(false)

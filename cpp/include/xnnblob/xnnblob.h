@@ -24,6 +24,16 @@ rust::String cpp_delegate_checks(rust::Str ptd_path, rust::Slice<const std::uint
 rust::String cpp_stateful_counter(rust::Str ptd_path, rust::Slice<const std::uint8_t> payload,
                                   std::uint32_t count_in, std::uint32_t count_out);
 
+struct Delegate;
+
+// A delegate over a .ptd, made the way a delegate author would (a test hook).
+rust::Box<Delegate> cpp_make_delegate(rust::Str ptd_path, rust::Slice<const std::uint8_t> payload);
+
+// Runs `delegate` on one fp32 input of `shape` and one output through the span `execute`
+// (a test hook: the allocation count of a warm execute from C++).
+void cpp_execute_f32(Delegate& delegate, rust::Slice<const float> input,
+                     rust::Slice<const std::size_t> shape, rust::Slice<float> output);
+
 // Runs a method of an ExecuTorch program through the bridge (cpp/tests/program_run.cc).
 rust::Vec<float> cpp_run_program(rust::Str pte, const rust::Vec<rust::String>& ptds, rust::Str method,
                                  rust::Slice<const float> input);

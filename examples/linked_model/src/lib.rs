@@ -8,6 +8,7 @@ pub mod params {
 }
 
 use std::sync::Arc;
+use xnnblob::backend::Backend;
 use xnnblob::link::LinkedDataMap;
 use xnnblob::program::{Program, ProgramError};
 
@@ -20,7 +21,7 @@ pub fn linked_map() -> LinkedDataMap {
     )
 }
 
-/// Loads `pte` with its external weights taken from the linked parameters.
-pub fn load(pte: &std::path::Path) -> Result<Program, ProgramError> {
-    Program::load_with_maps(pte, vec![Arc::new(linked_map())], None)
+/// Loads `pte` through `backend` with its external weights taken from the linked parameters.
+pub fn load(backend: &Backend, pte: &std::path::Path) -> Result<Program, ProgramError> {
+    Program::load_with_maps(backend, pte, vec![Arc::new(linked_map())], None)
 }

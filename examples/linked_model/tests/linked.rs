@@ -19,8 +19,10 @@ fn f32s(path: &Path) -> Vec<f32> {
 #[test]
 fn outputs_equal_those_of_the_ptd() {
     let input = f32s(&data().join("mlp.input.f32"));
-    let linked = linked_model::load(&data().join("mlp_xnn_external.pte")).unwrap();
+    let backend = xnnblob::backend::Backend::with_defaults().unwrap();
+    let linked = linked_model::load(&backend, &data().join("mlp_xnn_external.pte")).unwrap();
     let from_file = xnnblob::program::Program::load(
+        &backend,
         data().join("mlp_xnn_external.pte"),
         &[data().join("mlp_xnn_external.ptd")],
         None,
@@ -29,12 +31,12 @@ fn outputs_equal_those_of_the_ptd() {
     let a = linked
         .method("forward")
         .unwrap()
-        .execute(&[&input])
+        .execute_f32(&[&input])
         .unwrap();
     let b = from_file
         .method("forward")
         .unwrap()
-        .execute(&[&input])
+        .execute_f32(&[&input])
         .unwrap();
     assert_eq!(a, b);
     // And the binary runs with no .ptd given.

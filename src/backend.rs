@@ -1,0 +1,271 @@
+//! The backend: what every program, method and delegate of an app shares, whichever entry point
+//! loads it (Rust, C++, or ExecuTorch's runtime).
+//!
+//! - the shared data cache (one copy of each named blob);
+//! - the packed-weight caches: one in memory, and at most one per file (a second open of a file
+//!   with other options is an error, not a silent reuse);
+//! - XNNPACK's workspace sharing (off, per model, or global, as ExecuTorch's
+//!   `workspace_sharing_mode`) and the thread pool.
+//!
+//! A [`Backend`] is a cheap handle (clones share everything). Each loaded model asks it for a
+//! [`ModelContext`]: the packed-weight cache and workspace that model's delegates use.
+
+use crate::cache::{CacheError, CacheOptions, PackedWeightsCache};
+use crate::delegate::Weights;
+use crate::shared_cache::SharedDataCache;
+use crate::xnn::{RuntimeOptions, Threadpool, Workspace, XnnError};
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// How runtimes share XNNPACK's workspace (the memory their internal tensors live in), as
+/// ExecuTorch's `workspace_sharing_mode` option: 0, 1, 2.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum WorkspaceSharing {
+    /// Each runtime has its own (ExecuTorch's default).
+    #[default]
+    Disabled,
+    /// The runtimes of one model (all methods of a program) share one.
+    PerModel,
+    /// Every runtime of the backend shares one.
+    Global,
+}
+
+impl WorkspaceSharing {
+    /// ExecuTorch's code of the mode.
+    pub fn code(self) -> i32 {
+        match self {
+            WorkspaceSharing::Disabled => 0,
+            WorkspaceSharing::PerModel => 1,
+            WorkspaceSharing::Global => 2,
+        }
+    }
+
+    /// The mode of ExecuTorch's code.
+    pub fn from_code(code: i64) -> Option<WorkspaceSharing> {
+        Some(match code {
+            0 => WorkspaceSharing::Disabled,
+            1 => WorkspaceSharing::PerModel,
+            2 => WorkspaceSharing::Global,
+            _ => return None,
+        })
+    }
+}
+
+/// Where a model's packed weights live.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum PackedCache {
+    /// The backend's in-memory cache, shared by every model loaded without a file: identical
+    /// weights of two programs are packed once, nothing persists.
+    #[default]
+    InMemory,
+    /// A file: the first launch packs and saves, later launches map it and pack nothing.
+    File(PathBuf),
+    /// No cache: XNNPACK packs every weight privately for each runtime.
+    Disabled,
+}
+
+/// How a backend is set up.
+#[derive(Debug, Clone, Default)]
+pub struct BackendOptions {
+    pub workspace_sharing: WorkspaceSharing,
+    /// Threads XNNPACK splits operators across; 0 or 1: the calling thread only.
+    pub threads: usize,
+    /// The packed-weight cache models use unless their load says otherwise.
+    pub packed_cache: PackedCache,
+    /// What packed-weight cache files must match (this build and CPU by default).
+    pub cache_options: CacheOptions,
+}
+
+/// Why a backend or a model context could not be made.
+#[derive(Debug)]
+pub enum BackendError {
+    /// XNNPACK refused the workspace or the thread pool.
+    Xnn(XnnError),
+    /// The packed-weight cache file could not be opened.
+    Cache(CacheError),
+    /// An option has a value it cannot take.
+    InvalidOption { name: &'static str, value: String },
+}
+
+impl fmt::Display for BackendError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            BackendError::Xnn(e) => write!(f, "backend: {e}"),
+            BackendError::Cache(e) => write!(f, "backend: {e}"),
+            BackendError::InvalidOption { name, value } => {
+                write!(f, "backend: option {name} cannot be {value}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for BackendError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            BackendError::Xnn(e) => Some(e),
+            BackendError::Cache(e) => Some(e),
+            BackendError::InvalidOption { .. } => None,
+        }
+    }
+}
+
+impl From<XnnError> for BackendError {
+    fn from(e: XnnError) -> Self {
+        BackendError::Xnn(e)
+    }
+}
+
+impl From<CacheError> for BackendError {
+    fn from(e: CacheError) -> Self {
+        BackendError::Cache(e)
+    }
+}
+
+struct State {
+    options: BackendOptions,
+    shared: SharedDataCache,
+    in_memory: Arc<PackedWeightsCache>,
+    /// Held open for the backend's life, so models loaded one after another share them.
+    files: Mutex<HashMap<PathBuf, Arc<PackedWeightsCache>>>,
+    /// With [`WorkspaceSharing::Global`].
+    global_workspace: Option<Arc<Workspace>>,
+    threadpool: Option<Arc<Threadpool>>,
+}
+
+/// The backend-wide object. See the module documentation.
+#[derive(Clone)]
+pub struct Backend(Arc<State>);
+
+impl fmt::Debug for Backend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Backend")
+            .field("options", &self.0.options)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Backend {
+    pub fn new(options: BackendOptions) -> Result<Backend, BackendError> {
+        crate::xnn::initialize()?;
+        let global_workspace = match options.workspace_sharing {
+            WorkspaceSharing::Global => Some(Arc::new(Workspace::new()?)),
+            _ => None,
+        };
+        let threadpool = match options.threads {
+            0 | 1 => None,
+            n => Some(Arc::new(Threadpool::new(n)?)),
+        };
+        Ok(Backend(Arc::new(State {
+            options,
+            shared: SharedDataCache::new(),
+            in_memory: PackedWeightsCache::in_memory(),
+            files: Mutex::new(HashMap::new()),
+            global_workspace,
+            threadpool,
+        })))
+    }
+
+    /// A backend with the default options: no workspace sharing, the calling thread, the
+    /// in-memory packed-weight cache.
+    pub fn with_defaults() -> Result<Backend, BackendError> {
+        Backend::new(BackendOptions::default())
+    }
+
+    pub fn options(&self) -> &BackendOptions {
+        &self.0.options
+    }
+
+    /// The shared data cache every model of this backend loads named data through.
+    pub fn shared_data(&self) -> &SharedDataCache {
+        &self.0.shared
+    }
+
+    /// The in-memory packed-weight cache models without a file share.
+    pub fn in_memory_cache(&self) -> &Arc<PackedWeightsCache> {
+        &self.0.in_memory
+    }
+
+    /// The packed-weight cache of the file at `path`, opened once for this backend (and once per
+    /// process: another backend opening the same file gets the same cache, if it asks for the
+    /// same options).
+    pub fn file_cache(&self, path: &Path) -> Result<Arc<PackedWeightsCache>, CacheError> {
+        let mut files = self.0.files.lock();
+        if let Some(cache) = files.get(path) {
+            return Ok(cache.clone());
+        }
+        let cache = PackedWeightsCache::open_with(path, self.0.options.cache_options.clone())?;
+        files.insert(path.to_path_buf(), cache.clone());
+        Ok(cache)
+    }
+
+    /// The packed-weight caches this backend holds open: the in-memory one, then each file.
+    pub fn packed_caches(&self) -> Vec<Arc<PackedWeightsCache>> {
+        let mut all = vec![self.0.in_memory.clone()];
+        all.extend(self.0.files.lock().values().cloned());
+        all
+    }
+
+    /// The context a new model's delegates share: the packed-weight cache `cache` names (the
+    /// backend's default when None), and a workspace as the sharing mode says.
+    pub fn model(&self, cache: Option<&PackedCache>) -> Result<ModelContext, BackendError> {
+        let weights = match cache.unwrap_or(&self.0.options.packed_cache) {
+            PackedCache::InMemory => Weights::Packed(self.0.in_memory.clone()),
+            PackedCache::File(path) => Weights::Packed(self.file_cache(path)?),
+            PackedCache::Disabled => Weights::None,
+        };
+        self.model_with_weights(weights)
+    }
+
+    /// As [`model`](Self::model), with any weights cache (XNNPACK's own, a provider).
+    pub fn model_with_weights(&self, weights: Weights) -> Result<ModelContext, BackendError> {
+        let workspace = match self.0.options.workspace_sharing {
+            WorkspaceSharing::Disabled => None,
+            WorkspaceSharing::PerModel => Some(Arc::new(Workspace::new()?)),
+            WorkspaceSharing::Global => self.0.global_workspace.clone(),
+        };
+        Ok(ModelContext {
+            backend: self.clone(),
+            weights,
+            runtime: RuntimeOptions {
+                workspace,
+                threadpool: self.0.threadpool.clone(),
+            },
+        })
+    }
+}
+
+/// What the delegates of one model (a program's methods, or payloads a C++ author loads
+/// together) share: the backend, a packed-weight cache, a workspace.
+#[derive(Clone)]
+pub struct ModelContext {
+    backend: Backend,
+    weights: Weights,
+    runtime: RuntimeOptions,
+}
+
+impl ModelContext {
+    pub fn backend(&self) -> &Backend {
+        &self.backend
+    }
+
+    /// The weights cache the model's runtimes use.
+    pub fn weights(&self) -> &Weights {
+        &self.weights
+    }
+
+    /// xnnblob's packed-weight cache, when the model uses one.
+    pub fn packed_cache(&self) -> Option<&Arc<PackedWeightsCache>> {
+        match &self.weights {
+            Weights::Packed(c) => Some(c),
+            _ => None,
+        }
+    }
+
+    /// The workspace and thread pool the model's runtimes are created with.
+    pub fn runtime_options(&self) -> &RuntimeOptions {
+        &self.runtime
+    }
+}

@@ -1,0 +1,135 @@
+//! The backend object: one cache object per file (a conflicting second open is an error),
+//! workspace sharing and the thread pool give the same outputs, concurrently too.
+
+use std::path::{Path, PathBuf};
+use xnnblob::backend::{Backend, BackendOptions, PackedCache, WorkspaceSharing};
+use xnnblob::cache::{CacheError, CacheOptions, PackedWeightsCache};
+use xnnblob::program::Program;
+
+fn dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/executorch/runtime-c")
+}
+
+fn f32_file(name: &str) -> Vec<f32> {
+    std::fs::read(dir().join(name))
+        .unwrap()
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+        .collect()
+}
+
+/// Runs c_shared_a and c_shared_b through `backend`, interleaved, and checks both against
+/// ExecuTorch's outputs.
+fn run_both(backend: &Backend) {
+    let load = |name: &str| {
+        Program::load(
+            backend,
+            dir().join(format!("{name}.pte")),
+            &[dir().join(format!("{name}.ptd"))],
+            None,
+        )
+        .unwrap()
+    };
+    let (a, b) = (
+        load("c_shared_a_xnn_external"),
+        load("c_shared_b_xnn_external"),
+    );
+    let (mut ma, mut mb) = (a.method("forward").unwrap(), b.method("forward").unwrap());
+    for _ in 0..3 {
+        for (m, name) in [
+            (&mut ma, "c_shared_a_xnn_external"),
+            (&mut mb, "c_shared_b_xnn_external"),
+        ] {
+            let input = f32_file(&format!("{name}.s0.in0.bin"));
+            let out = m.execute_f32(&[&input]).unwrap().remove(0);
+            let want = f32_file(&format!("{name}.s0.out_et0.bin"));
+            let diff = out
+                .iter()
+                .zip(&want)
+                .map(|(x, y)| (x - y).abs())
+                .fold(0.0, f32::max);
+            assert!(diff < 1e-5, "{name}: {diff}");
+        }
+    }
+}
+
+#[test]
+fn every_workspace_sharing_mode_and_a_thread_pool_give_the_same_outputs() {
+    for sharing in [
+        WorkspaceSharing::Disabled,
+        WorkspaceSharing::PerModel,
+        WorkspaceSharing::Global,
+    ] {
+        for threads in [1, 2] {
+            let backend = Backend::new(BackendOptions {
+                workspace_sharing: sharing,
+                threads,
+                ..Default::default()
+            })
+            .unwrap();
+            run_both(&backend);
+        }
+    }
+}
+
+#[test]
+fn a_globally_shared_workspace_is_used_by_one_runtime_at_a_time() {
+    let backend = Backend::new(BackendOptions {
+        workspace_sharing: WorkspaceSharing::Global,
+        ..Default::default()
+    })
+    .unwrap();
+    std::thread::scope(|s| {
+        for _ in 0..4 {
+            s.spawn(|| run_both(&backend));
+        }
+    });
+}
+
+#[test]
+fn a_second_open_of_a_file_with_other_options_is_an_error() {
+    let path = std::env::temp_dir().join(format!("xnnblob-backend-{}.xbc", std::process::id()));
+    let first = PackedWeightsCache::open(&path).unwrap();
+    let same = PackedWeightsCache::open(&path).unwrap();
+    assert!(
+        std::sync::Arc::ptr_eq(&first, &same),
+        "one cache object per file"
+    );
+    let other = CacheOptions {
+        blocking_save: true,
+        ..Default::default()
+    };
+    let err = PackedWeightsCache::open_with(&path, other.clone())
+        .err()
+        .unwrap();
+    assert!(
+        matches!(err, CacheError::OpenWithOtherOptions { .. }),
+        "{err}"
+    );
+    // Through a backend too, whose options say otherwise.
+    let backend = Backend::new(BackendOptions {
+        cache_options: other,
+        ..Default::default()
+    })
+    .unwrap();
+    let err = backend
+        .model(Some(&PackedCache::File(path.clone())))
+        .err()
+        .unwrap();
+    assert!(err.to_string().contains("other options"), "{err}");
+    assert!(
+        std::error::Error::source(&err).is_some(),
+        "the cache error is kept as the cause"
+    );
+    drop((first, same));
+    // Once closed, the file opens with any options.
+    assert!(PackedWeightsCache::open_with(
+        &path,
+        CacheOptions {
+            blocking_save: true,
+            ..Default::default()
+        }
+    )
+    .is_ok());
+    let _ = std::fs::remove_file(&path);
+}

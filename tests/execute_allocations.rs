@@ -1,0 +1,155 @@
+//! A warm execute allocates nothing: counted by a global allocator over 100 executes after
+//! warm-up, through the delegate, a whole method (at changing shapes too) and the C++ face.
+//! Only this thread's allocations count (tests run in parallel).
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+use std::path::Path;
+use xnnblob::backend::Backend;
+use xnnblob::delegate::XnnDelegate;
+use xnnblob::named_data::{InMemoryMap, NamedDataMap};
+use xnnblob::program::Program;
+use xnnblob::synthetic::Mlp;
+use xnnblob::tensor::{DType, PaddedTensor, Shape, TensorMut, TensorRef};
+
+struct Counting;
+
+thread_local! {
+    static ALLOCATIONS: Cell<usize> = const { Cell::new(0) };
+}
+
+// SAFETY: forwards to the system allocator unchanged; only counts (a const thread-local, which
+// never allocates).
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        ALLOCATIONS.with(|c| c.set(c.get() + 1));
+        // SAFETY: the caller's contract is System's.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: as above.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        ALLOCATIONS.with(|c| c.set(c.get() + 1));
+        // SAFETY: as above.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: Counting = Counting;
+
+/// Allocations `f` makes on this thread.
+fn allocations(f: impl FnOnce()) -> usize {
+    let before = ALLOCATIONS.with(Cell::get);
+    f();
+    ALLOCATIONS.with(Cell::get) - before
+}
+
+fn mlp_delegate() -> (XnnDelegate, Vec<u8>, InMemoryMap) {
+    let mlp = Mlp::random(&[32, 64, 48, 16], 21);
+    let built = xnnblob::synthetic::mlp_payload(&mlp, 2);
+    let map = built.map("mlp").unwrap();
+    let mut holder = InMemoryMap::new("payload");
+    holder.insert("p", &built.payload, 64, None).unwrap();
+    let backend = Backend::with_defaults().unwrap();
+    let model = backend.model(None).unwrap();
+    let d = XnnDelegate::init(&model, holder.get_data("p").unwrap(), &map).unwrap();
+    (d, built.payload, map)
+}
+
+#[test]
+fn a_warm_delegate_execute_allocates_nothing() {
+    let (mut d, _, _) = mlp_delegate();
+    let shape = Shape::new(&[2, 32]).unwrap();
+    let input: Vec<f32> = (0..64).map(|i| i as f32 / 64.0).collect();
+    let mut padded = PaddedTensor::zeros(DType::F32, shape).unwrap();
+    padded.data_mut().copy_from_slice(
+        &input
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect::<Vec<u8>>(),
+    );
+    let mut out = vec![0f32; 32];
+    let mut run = |padded_input: bool| {
+        let view = if padded_input {
+            padded.as_ref()
+        } else {
+            TensorRef::f32(shape, &input)
+        };
+        let mut outs = [TensorMut::f32(&mut out)];
+        d.execute(&[view], &mut outs).unwrap();
+        assert_eq!(outs[0].shape().dims(), &[2, 16]);
+    };
+    run(false);
+    run(true);
+    let n = allocations(|| (0..100).for_each(|i| run(i % 2 == 0)));
+    assert_eq!(n, 0, "allocations in 100 warm delegate executes");
+}
+
+#[test]
+fn a_warm_method_execute_allocates_nothing_even_as_shapes_change() {
+    let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/executorch/runtime-c");
+    let backend = Backend::with_defaults().unwrap();
+    let program = Program::load(
+        &backend,
+        data.join("c_dynbatch_xnn_external.pte"),
+        &[data.join("c_dynbatch_xnn_external.ptd")],
+        None,
+    )
+    .unwrap();
+    let mut m = program.method("forward").unwrap();
+    let input: Vec<f32> = (0..8 * 12).map(|i| (i % 13) as f32 / 13.0).collect();
+    let shapes: Vec<Shape> = [2, 7, 1, 8]
+        .iter()
+        .map(|&b| Shape::new(&[b, 12]).unwrap())
+        .collect();
+    let mut run = |shape: Shape| {
+        let rows = shape.dims()[0];
+        m.execute(&[TensorRef::f32(shape, &input[..rows * 12])])
+            .unwrap();
+        assert_eq!(m.output(0).unwrap().shape().dims(), &[rows, 6]);
+    };
+    for &s in &shapes {
+        run(s);
+    }
+    let same = allocations(|| (0..100).for_each(|_| run(shapes[0])));
+    let changing = allocations(|| (0..100).for_each(|i| run(shapes[i % shapes.len()])));
+    assert_eq!(
+        (same, changing),
+        (0, 0),
+        "allocations in 100 warm method executes"
+    );
+}
+
+#[test]
+fn a_warm_execute_from_cpp_allocates_nothing() {
+    let dir = std::env::temp_dir().join(format!("xnnblob-alloc-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mlp = Mlp::random(&[32, 64, 48, 16], 21);
+    let built = xnnblob::synthetic::mlp_payload(&mlp, 2);
+    let ptd = dir.join("mlp.ptd");
+    built.write_ptd(&ptd).unwrap();
+    let mut d = xnnblob::ffi::cpp_make_delegate(ptd.to_str().unwrap(), &built.payload).unwrap();
+    let input: Vec<f32> = (0..64).map(|i| i as f32 / 64.0).collect();
+    let shape = [2usize, 32];
+    let mut out = vec![0f32; 32];
+    xnnblob::ffi::cpp_execute_f32(&mut d, &input, &shape, &mut out).unwrap();
+    let first = out.clone();
+    let n = allocations(|| {
+        for _ in 0..100 {
+            xnnblob::ffi::cpp_execute_f32(&mut d, &input, &shape, &mut out).unwrap();
+        }
+    });
+    assert_eq!(n, 0, "allocations in 100 warm executes from C++");
+    assert_eq!(out, first);
+    let reference = mlp.reference_forward(&input, 2);
+    let diff = out
+        .iter()
+        .zip(&reference)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0, f32::max);
+    assert!(diff < 1e-4, "{diff}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
