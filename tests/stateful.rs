@@ -82,6 +82,10 @@ fn payload(b: &BuiltGraph) -> DataBuffer {
 /// decode_step: h = tok · Winᵀ; self = concat(self[1:], h) → state "self";
 ///              out = flatten(self) · Woutᵀ + cross.
 fn toy(dir: &Path) -> Arc<StatefulProgram> {
+    toy_with(dir, &default_model())
+}
+
+fn toy_with(dir: &Path, model: &xnnblob::backend::ModelContext) -> Arc<StatefulProgram> {
     let w = weights();
     let mut enc = GraphBuilder::new();
     let x = enc.input(&[1, SRC as u32]);
@@ -150,7 +154,7 @@ fn toy(dir: &Path) -> Arc<StatefulProgram> {
             writes: vec![(ids.2, "self".into())],
         },
     ];
-    Arc::new(StatefulProgram::new(&default_model(), specs, methods, map).unwrap())
+    Arc::new(StatefulProgram::new(model, specs, methods, map).unwrap())
 }
 
 fn source(seed: u64) -> Vec<f32> {
@@ -198,6 +202,33 @@ fn encoder_decoder_toy_matches_reference_for_16_steps_and_resets() {
     assert!(inst.read_state("self").unwrap().iter().all(|v| *v == 0.0));
     let mut fresh = Reference::new();
     run_steps(&mut inst, &mut fresh, &w, 3);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_stateful_program_with_a_cache_file_packs_nothing_on_its_second_launch() {
+    use xnnblob::backend::{Backend, PackedCache};
+    let dir = scratch("toy-file-cache");
+    let cache = PackedCache::File(dir.join("toy.xbc"));
+    let launch = || {
+        let backend = Backend::with_defaults().unwrap();
+        let model = backend.model(Some(&cache)).unwrap();
+        let program = toy_with(&dir, &model);
+        let mut inst = program.instantiate().unwrap();
+        inst.execute("encode", &[&source(1)]).unwrap();
+        let out = inst.execute("decode_step", &[&token(0)]).unwrap();
+        let packed = model.packed_cache().unwrap().stats().packed;
+        model.packed_cache().unwrap().wait_saved().unwrap();
+        (out, packed)
+    };
+    let (cold, packed_cold) = launch();
+    let (warm, packed_warm) = launch();
+    assert!(packed_cold > 0);
+    assert_eq!(
+        packed_warm, 0,
+        "the warm launch finds every weight in the file"
+    );
+    assert_eq!(cold, warm);
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
