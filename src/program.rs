@@ -823,11 +823,11 @@ impl Method {
                     let input = |i: usize| {
                         let a = args[i];
                         match sources[a] {
-                            Source::Input(k) => raw_input(&inputs[k]),
+                            Source::Input(k) => RawInput::of(&inputs[k]),
                             // SAFETY: `a` < buffers.len() (a value index) and holds a buffer
                             // (a written value, checked at init); no output of this call is
                             // `a` (checked at init), so no mutable access aliases it.
-                            _ => raw_input(
+                            _ => RawInput::of(
                                 &unsafe { &*buffers.add(a) }
                                     .as_ref()
                                     .expect("made at init")
@@ -950,14 +950,4 @@ pub fn rows_for(spec: &ValueSpec, elements: usize) -> Shape {
         }
     }
     bound
-}
-
-fn raw_input(t: &TensorRef<'_>) -> RawInput {
-    RawInput {
-        data: t.data().as_ptr(),
-        len: t.data().len(),
-        dtype: t.dtype(),
-        shape: *t.shape(),
-        padded: t.is_padded(),
-    }
 }

@@ -1,6 +1,8 @@
 //! The C++ face: the example of docs/delegate.md and the C++-side checks of the delegate API,
 //! both compiled into the crate from cpp/, run on a model made by the Rust graph builder.
 
+mod common;
+
 use std::path::Path;
 use xnnblob::synthetic::Mlp;
 
@@ -82,7 +84,7 @@ fn the_cpp_delegate_runs_an_mlp_a_cnn_and_a_qd8_mlp_like_the_rust_one() {
         let mut p = InMemoryMap::new("payload");
         p.insert("p", &built.payload, 64, None).unwrap();
         let mut rust = XnnDelegate::init(
-            &model_of(&new_backend(), None),
+            &common::model_of(&common::new_backend(), None),
             p.get_data("p").unwrap(),
             &map,
         )
@@ -104,19 +106,4 @@ fn the_cpp_delegate_runs_an_mlp_a_cnn_and_a_qd8_mlp_like_the_rust_one() {
         );
     }
     std::fs::remove_dir_all(&dir).unwrap();
-}
-
-fn model_of(
-    backend: &xnnblob::backend::Backend,
-    weights: Option<std::sync::Arc<xnnblob::cache::PackedWeightsCache>>,
-) -> xnnblob::backend::ModelContext {
-    let weights = weights.map_or(
-        xnnblob::delegate::Weights::None,
-        xnnblob::delegate::Weights::Packed,
-    );
-    backend.model_with_weights(weights).unwrap()
-}
-
-fn new_backend() -> xnnblob::backend::Backend {
-    xnnblob::backend::Backend::with_defaults().unwrap()
 }

@@ -2,6 +2,8 @@
 //! references; constants loaded once and weights packed once across delegates; warm launches
 //! pack nothing; malformed payloads fail `init` with a typed error.
 
+mod common;
+
 use std::path::PathBuf;
 use xnnblob::cache::PackedWeightsCache;
 use xnnblob::delegate::builder::{BuiltGraph, ConvGeometry, GraphBuilder};
@@ -46,9 +48,13 @@ fn mlp_matches_reference() {
     let mlp = Mlp::random(&[32, 64, 48, 16], 21);
     let built = mlp_graph(&mlp, 2);
     let map = built.map("mlp").unwrap();
-    let backend = new_backend();
-    let mut d =
-        XnnDelegate::init(&model_of(&backend, None), payload(&built.payload), &map).unwrap();
+    let backend = common::new_backend();
+    let mut d = XnnDelegate::init(
+        &common::model_of(&backend, None),
+        payload(&built.payload),
+        &map,
+    )
+    .unwrap();
     assert_eq!(d.input_shapes(), vec![vec![2, 32]]);
     let input: Vec<f32> = (0..64).map(|i| ((i % 9) as f32 - 4.0) / 4.0).collect();
     let out = run(&mut d, &input);
@@ -178,7 +184,7 @@ fn small_cnn_matches_reference() {
 
     let map = built.map("cnn").unwrap();
     let mut d = XnnDelegate::init(
-        &model_of(&new_backend(), None),
+        &common::model_of(&common::new_backend(), None),
         payload(&built.payload),
         &map,
     )
@@ -257,7 +263,7 @@ fn qd8_qc8w_mlp_matches_dequantized_reference() {
         .collect();
     let map = built.map("qmlp").unwrap();
     let mut d = XnnDelegate::init(
-        &model_of(&new_backend(), None),
+        &common::model_of(&common::new_backend(), None),
         payload(&built.payload),
         &map,
     )
@@ -293,16 +299,16 @@ fn two_delegates_share_constants_and_packed_weights_and_a_warm_file_packs_nothin
     let expected = mlp.reference_forward(&input, 1);
     let cache_path = dir.join("weights.xbc");
 
-    let backend = new_backend();
+    let backend = common::new_backend();
     let cache = PackedWeightsCache::open(&cache_path).unwrap();
     let mut a = XnnDelegate::init(
-        &model_of(&backend, Some(cache.clone())),
+        &common::model_of(&backend, Some(cache.clone())),
         payload(&built.payload),
         &map,
     )
     .unwrap();
     let mut b = XnnDelegate::init(
-        &model_of(&backend, Some(cache.clone())),
+        &common::model_of(&backend, Some(cache.clone())),
         payload(&built.payload),
         &map,
     )
@@ -323,7 +329,7 @@ fn two_delegates_share_constants_and_packed_weights_and_a_warm_file_packs_nothin
 
     let cache = PackedWeightsCache::open(&cache_path).unwrap();
     let mut warm = XnnDelegate::init(
-        &model_of(&new_backend(), Some(cache.clone())),
+        &common::model_of(&common::new_backend(), Some(cache.clone())),
         payload(&built.payload),
         &map,
     )
@@ -335,9 +341,13 @@ fn two_delegates_share_constants_and_packed_weights_and_a_warm_file_packs_nothin
 }
 
 fn init_err(bytes: &[u8], map: &dyn NamedDataMap) -> DelegateError {
-    XnnDelegate::init(&model_of(&new_backend(), None), payload(bytes), map)
-        .err()
-        .expect("init must fail")
+    XnnDelegate::init(
+        &common::model_of(&common::new_backend(), None),
+        payload(bytes),
+        map,
+    )
+    .err()
+    .expect("init must fail")
 }
 
 #[test]
@@ -409,9 +419,11 @@ fn an_unknown_node_is_rejected_naming_its_type() {
             continue;
         }
         bad[i] = 4;
-        if let Err(DelegateError::UnsupportedNode { name, index: 0 }) =
-            XnnDelegate::init(&model_of(&new_backend(), None), payload(&bad), &map)
-        {
+        if let Err(DelegateError::UnsupportedNode { name, index: 0 }) = XnnDelegate::init(
+            &common::model_of(&common::new_backend(), None),
+            payload(&bad),
+            &map,
+        ) {
             assert_eq!(name, "XNNSigmoid");
             found = true;
             break;
@@ -419,19 +431,4 @@ fn an_unknown_node_is_rejected_naming_its_type() {
         bad[i] = 2;
     }
     assert!(found, "a payload with a Sigmoid node is rejected by name");
-}
-
-fn model_of(
-    backend: &xnnblob::backend::Backend,
-    weights: Option<std::sync::Arc<xnnblob::cache::PackedWeightsCache>>,
-) -> xnnblob::backend::ModelContext {
-    let weights = weights.map_or(
-        xnnblob::delegate::Weights::None,
-        xnnblob::delegate::Weights::Packed,
-    );
-    backend.model_with_weights(weights).unwrap()
-}
-
-fn new_backend() -> xnnblob::backend::Backend {
-    xnnblob::backend::Backend::with_defaults().unwrap()
 }

@@ -58,8 +58,8 @@ fn open(manifest: &Value) -> (DataBuffer, MergedMap) {
 /// Runs a fixture's delegate on its reference input; returns (input, output).
 fn run_delegate(name: &str, manifest: &Value) -> (Vec<f32>, Vec<f32>) {
     let (payload, map) = open(manifest);
-    let backend = new_backend();
-    let mut d = XnnDelegate::init(&model_of(&backend, None), payload, &map)
+    let backend = common::new_backend();
+    let mut d = XnnDelegate::init(&common::model_of(&backend, None), payload, &map)
         .unwrap_or_else(|e| panic!("{name}: {e}"));
     let io = &manifest["io"];
     let input = f32s(&dir().join(io["inputs"][0]["f32"].as_str().unwrap()));
@@ -150,19 +150,4 @@ fn quantized_fixtures_also_match_on_an_avx2_only_cpu() {
             "quantized_fixtures_match_a_plain_rust_reference",
         ],
     );
-}
-
-fn model_of(
-    backend: &xnnblob::backend::Backend,
-    weights: Option<std::sync::Arc<xnnblob::cache::PackedWeightsCache>>,
-) -> xnnblob::backend::ModelContext {
-    let weights = weights.map_or(
-        xnnblob::delegate::Weights::None,
-        xnnblob::delegate::Weights::Packed,
-    );
-    backend.model_with_weights(weights).unwrap()
-}
-
-fn new_backend() -> xnnblob::backend::Backend {
-    xnnblob::backend::Backend::with_defaults().unwrap()
 }

@@ -189,7 +189,7 @@ impl<'a> Runtime<'a> {
         // (and slack only when the view promises it); output borrows are exclusive.
         unsafe {
             self.execute_raw(
-                |i| raw_input(&inputs[i]),
+                |i| RawInput::of(&inputs[i]),
                 |j| RawOutput {
                     data: outputs[j].as_mut_ptr(),
                     capacity: outputs[j].capacity(),
@@ -439,13 +439,16 @@ fn arity(what: &'static str, expected: usize, given: usize) -> Result<(), XnnErr
     Ok(())
 }
 
-fn raw_input(t: &TensorRef<'_>) -> RawInput {
-    RawInput {
-        data: t.data().as_ptr(),
-        len: t.data().len(),
-        dtype: t.dtype(),
-        shape: *t.shape(),
-        padded: t.is_padded(),
+impl RawInput {
+    /// The binding of a tensor view (its bytes, and slack only when it promises it).
+    pub fn of(t: &TensorRef<'_>) -> RawInput {
+        RawInput {
+            data: t.data().as_ptr(),
+            len: t.data().len(),
+            dtype: t.dtype(),
+            shape: *t.shape(),
+            padded: t.is_padded(),
+        }
     }
 }
 

@@ -137,3 +137,20 @@ pub fn assert_pass_on_emulated_cpu(cpu: &str, kernel_isa: &str, tests: &[&str]) 
         );
     }
 }
+
+/// A model context of `backend` with xnnblob's packed-weight cache `weights` (None: no cache).
+pub fn model_of(
+    backend: &xnnblob::backend::Backend,
+    weights: Option<std::sync::Arc<xnnblob::cache::PackedWeightsCache>>,
+) -> xnnblob::backend::ModelContext {
+    let weights = weights.map_or(
+        xnnblob::delegate::Weights::None,
+        xnnblob::delegate::Weights::Packed,
+    );
+    backend.model_with_weights(weights).unwrap()
+}
+
+/// A backend with the default options.
+pub fn new_backend() -> xnnblob::backend::Backend {
+    xnnblob::backend::Backend::with_defaults().unwrap()
+}
