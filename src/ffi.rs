@@ -279,6 +279,16 @@ mod bridge {
             shape: &[usize],
             output: &mut [f32],
         ) -> Result<()>;
+        /// Runs a program's method from C++ on one raw input of any dtype and shape; returns
+        /// output 0's bytes (cpp/tests/program_run.cc).
+        fn cpp_run_program_raw(
+            pte: &str,
+            ptds: &Vec<String>,
+            method: &str,
+            scalar_type: i8,
+            shape: &[usize],
+            input: &[u8],
+        ) -> Result<Vec<u8>>;
         /// Runs a program's method from C++ (cpp/tests/program_run.cc).
         fn cpp_run_program(
             pte: &str,
@@ -290,9 +300,9 @@ mod bridge {
 }
 
 pub use bridge::{
-    cpp_delegate_checks, cpp_execute_f32, cpp_make_delegate, cpp_run_program, cpp_stateful_counter,
-    describe, run_minimal_example, BackendConfig, CompileSpec, SharedCacheStats, StateDecl,
-    TensorLayout, WeightsCacheStats,
+    cpp_delegate_checks, cpp_execute_f32, cpp_make_delegate, cpp_run_program, cpp_run_program_raw,
+    cpp_stateful_counter, describe, run_minimal_example, BackendConfig, CompileSpec,
+    SharedCacheStats, StateDecl, TensorLayout, WeightsCacheStats,
 };
 
 // SAFETY: named_data.h requires C++ maps to be safe to call from any thread (const methods,

@@ -34,6 +34,12 @@ rust::Box<Delegate> cpp_make_delegate(rust::Str ptd_path, rust::Slice<const std:
 void cpp_execute_f32(Delegate& delegate, rust::Slice<const float> input,
                      rust::Slice<const std::size_t> shape, rust::Slice<float> output);
 
+// Runs a method on one raw input of any dtype and shape; returns output 0's bytes.
+rust::Vec<std::uint8_t> cpp_run_program_raw(rust::Str pte, const rust::Vec<rust::String>& ptds,
+                                            rust::Str method, std::int8_t scalar_type,
+                                            rust::Slice<const std::size_t> shape,
+                                            rust::Slice<const std::uint8_t> input);
+
 // Runs a method of an ExecuTorch program through the bridge (cpp/tests/program_run.cc).
 rust::Vec<float> cpp_run_program(rust::Str pte, const rust::Vec<rust::String>& ptds, rust::Str method,
                                  rust::Slice<const float> input);
