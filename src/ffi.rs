@@ -356,13 +356,7 @@ impl Bindings {
             .inputs
             .get_mut(index)
             .ok_or_else(|| out_of_range("input", index, n))?;
-        *slot = Some(RawInput {
-            data: data.as_ptr(),
-            len: data.len(),
-            dtype: dtype_of(scalar_type)?,
-            shape: Shape::new(shape).map_err(|e| e.to_string())?,
-            padded: has_slack,
-        });
+        *slot = Some(raw_input(scalar_type, shape, data, has_slack)?);
         Ok(())
     }
 
@@ -400,6 +394,22 @@ impl Bindings {
         self.inputs.iter_mut().for_each(|b| *b = None);
         self.outputs.iter_mut().for_each(|b| *b = None);
     }
+}
+
+/// C++'s description of an input, checked, as the runtime binds it.
+fn raw_input(
+    scalar_type: i8,
+    shape: &[usize],
+    data: &[u8],
+    has_slack: bool,
+) -> Result<RawInput, String> {
+    Ok(RawInput {
+        data: data.as_ptr(),
+        len: data.len(),
+        dtype: dtype_of(scalar_type)?,
+        shape: Shape::new(shape).map_err(|e| e.to_string())?,
+        padded: has_slack,
+    })
 }
 
 fn dtype_of(scalar_type: i8) -> Result<DType, String> {
@@ -858,9 +868,7 @@ impl Method {
 
     fn spec(&self, index: usize) -> Result<crate::program::ValueSpec, String> {
         self.inner
-            .input_specs()
-            .get(index)
-            .copied()
+            .input_spec(index)
             .ok_or_else(|| out_of_range("input", index, self.inputs.len()))
     }
 
@@ -880,16 +888,12 @@ impl Method {
         data: &[u8],
         has_slack: bool,
     ) -> Result<(), String> {
-        let mut one = Bindings {
-            inputs: vec![None],
-            outputs: Vec::new(),
-        };
-        one.bind_input(0, scalar_type, shape, data, has_slack)?;
         let n = self.inputs.len();
         *self
             .inputs
             .get_mut(index)
-            .ok_or_else(|| out_of_range("input", index, n))? = one.inputs[0];
+            .ok_or_else(|| out_of_range("input", index, n))? =
+            Some(raw_input(scalar_type, shape, data, has_slack)?);
         Ok(())
     }
 

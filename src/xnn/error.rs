@@ -69,6 +69,8 @@ pub enum XnnError {
     /// An external value of a datatype no buffer can be bound to (per-channel, blockwise or
     /// dynamically quantized).
     UnsupportedExternal { id: u32, datatype: Datatype },
+    /// A buffer of `bytes` (None: a size that overflows) could not be allocated.
+    OutOfMemory { bytes: Option<usize> },
     /// A run was given the wrong number of inputs or outputs.
     Arity {
         what: &'static str,
@@ -147,6 +149,8 @@ impl fmt::Display for XnnError {
                 f,
                 "external value {id} is {datatype:?}, which no buffer can be bound to"
             ),
+            XnnError::OutOfMemory { bytes: Some(n) } => write!(f, "could not allocate {n} bytes"),
+            XnnError::OutOfMemory { bytes: None } => f.write_str("a buffer size overflows"),
             XnnError::Arity {
                 what,
                 expected,

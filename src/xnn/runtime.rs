@@ -222,24 +222,7 @@ impl<'a> Runtime<'a> {
         for i in 0..n_in {
             let given = input(i);
             let e = self.inputs[i].external;
-            if given.dtype != e.dtype {
-                return Err(XnnError::DtypeMismatch {
-                    what: "input",
-                    index: i,
-                    expected: e.dtype,
-                    given: given.dtype,
-                });
-            }
-            let needed = given.shape.nbytes(e.dtype);
-            if needed.is_none_or(|n| n > given.len) {
-                return Err(XnnError::BufferTooSmall {
-                    what: "input",
-                    index: i,
-                    needed,
-                    given: given.len,
-                });
-            }
-            let needed = needed.unwrap_or(0);
+            let needed = check_buffer("input", i, e.dtype, given.dtype, &given.shape, given.len)?;
             // A tensor of another rank with the declared number of elements (ExecuTorch passes
             // a scalar where the graph declares [1]) is the declared tensor.
             let shape =
@@ -260,12 +243,9 @@ impl<'a> Runtime<'a> {
                             .bound
                             .nbytes(e.dtype)
                             .and_then(|n| n.checked_add(XNN_EXTRA_BYTES));
-                        let made = capacity.and_then(|n| AlignedBytes::zeroed(n, 64)).ok_or(
-                            XnnError::Call {
-                                call: "staging buffer",
-                                status: super::Status::OutOfMemory,
-                            },
-                        )?;
+                        let made = capacity
+                            .and_then(|n| AlignedBytes::zeroed(n, 64))
+                            .ok_or(XnnError::OutOfMemory { bytes: capacity })?;
                         none.insert(made)
                     }
                 };
@@ -282,23 +262,7 @@ impl<'a> Runtime<'a> {
         for (j, slot) in self.outputs.iter().enumerate() {
             let given = output(j);
             let e = slot.external;
-            if given.dtype != e.dtype {
-                return Err(XnnError::DtypeMismatch {
-                    what: "output",
-                    index: j,
-                    expected: e.dtype,
-                    given: given.dtype,
-                });
-            }
-            let needed = e.shape.nbytes(e.dtype);
-            if needed.is_none_or(|n| n > given.capacity) {
-                return Err(XnnError::BufferTooSmall {
-                    what: "output",
-                    index: j,
-                    needed,
-                    given: given.capacity,
-                });
-            }
+            check_buffer("output", j, e.dtype, given.dtype, &e.shape, given.capacity)?;
             self.bound[n_in + j].data = given.data.cast();
         }
         // SAFETY: every external points to a buffer of the size its current shape needs (inputs
@@ -425,6 +389,35 @@ impl<'a> Runtime<'a> {
             .find(|s| s.external.id == id)
             .map(|s| s.external.shape.dims().to_vec())
             .ok_or(XnnError::UnknownExternal { id })
+    }
+}
+
+/// Checks a buffer of `dtype` and `len` bytes holds a tensor of `shape` as the graph's `expected`
+/// dtype; returns the bytes that tensor takes.
+fn check_buffer(
+    what: &'static str,
+    index: usize,
+    expected: DType,
+    dtype: DType,
+    shape: &Shape,
+    len: usize,
+) -> Result<usize, XnnError> {
+    if dtype != expected {
+        return Err(XnnError::DtypeMismatch {
+            what,
+            index,
+            expected,
+            given: dtype,
+        });
+    }
+    match shape.nbytes(expected) {
+        Some(n) if n <= len => Ok(n),
+        needed => Err(XnnError::BufferTooSmall {
+            what,
+            index,
+            needed,
+            given: len,
+        }),
     }
 }
 
