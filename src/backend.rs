@@ -11,6 +11,7 @@
 //! [`ModelContext`]: the packed-weight cache and workspace that model's delegates use.
 
 use crate::cache::{CacheError, CacheOptions, PackedWeightsCache};
+use crate::deferred::DeferredData;
 use crate::delegate::Weights;
 use crate::shared_cache::SharedDataCache;
 use crate::xnn::{RuntimeOptions, Threadpool, Workspace, XnnError};
@@ -18,7 +19,7 @@ use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 /// How runtimes share XNNPACK's workspace (the memory their internal tensors live in), as
 /// ExecuTorch's `workspace_sharing_mode` option: 0, 1, 2.
@@ -133,6 +134,8 @@ struct State {
     /// With [`WorkspaceSharing::Global`].
     global_workspace: Option<Arc<Workspace>>,
     threadpool: Option<Arc<Threadpool>>,
+    /// Placeholders of constants not read yet, one per content key while any delegate uses it.
+    deferred: Mutex<HashMap<String, Weak<DeferredData>>>,
 }
 
 /// The backend-wide object. See the module documentation.
@@ -165,6 +168,7 @@ impl Backend {
             files: Mutex::new(HashMap::new()),
             global_workspace,
             threadpool,
+            deferred: Mutex::new(HashMap::new()),
         })))
     }
 
@@ -202,6 +206,24 @@ impl Backend {
     }
 
     /// The packed-weight caches this backend holds open: the in-memory one, then each file.
+    /// The placeholder ([`DeferredData`]) standing for the constant with content key `key` and
+    /// `len` bytes: one per key across the backend while any delegate holds it, so programs
+    /// sharing a weight share one address (and one packed entry).
+    pub fn deferred_constant(&self, key: &str, len: usize) -> std::io::Result<Arc<DeferredData>> {
+        let mut table = self.0.deferred.lock();
+        if let Some(d) = table.get(key).and_then(Weak::upgrade) {
+            if d.len() == len {
+                return Ok(d);
+            }
+            // One key, two lengths: not the same content, so not shared.
+            return DeferredData::reserve(len).map(Arc::new);
+        }
+        let d = Arc::new(DeferredData::reserve(len)?);
+        table.retain(|_, w| w.strong_count() > 0);
+        table.insert(key.to_string(), Arc::downgrade(&d));
+        Ok(d)
+    }
+
     pub fn packed_caches(&self) -> Vec<Arc<PackedWeightsCache>> {
         let mut all = vec![self.0.in_memory.clone()];
         all.extend(self.0.files.lock().values().cloned());

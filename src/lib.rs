@@ -12,6 +12,7 @@ mod aligned;
 pub mod backend;
 pub mod bench;
 pub mod cache;
+pub mod deferred;
 pub mod delegate;
 mod fast_hash;
 pub mod ffi;

@@ -4,6 +4,7 @@
 use super::format::{EntryKey, REGION_ALIGNMENT};
 use super::identity::BlobId;
 use crate::aligned::AlignedBytes;
+use crate::deferred::{DeferredData, Fill};
 use crate::fast_hash::FastMap;
 use crate::mmap::MappedFile;
 use crate::named_data::DataBuffer;
@@ -44,6 +45,11 @@ struct Registered {
     count: usize,
     /// Mapped data whose pages may be released once packed.
     release: Option<DataBuffer>,
+    /// A placeholder: its bytes are read in (pinned) only when a look-up misses.
+    deferred: Option<Arc<DeferredData>>,
+    /// How to read them in, one per live registration (each from an init whose data source
+    /// is alive while it is registered), by registration token.
+    fills: Vec<(u64, Arc<Fill>)>,
 }
 
 #[derive(Default)]
@@ -121,6 +127,8 @@ pub(crate) struct Counters {
     pub reserve_space_calls: AtomicUsize,
     pub inserted: AtomicUsize,
     pub unregistered_packs: AtomicUsize,
+    /// Placeholders read in because a look-up missed.
+    pub deferred_fills: AtomicUsize,
 }
 
 #[derive(Default)]
@@ -133,11 +141,16 @@ pub(crate) struct CacheCore {
 impl CacheCore {
     pub fn register(&self, ptr: *const u8, id: BlobId, release: Option<DataBuffer>) {
         let mut state = self.state.lock();
-        let r = state.registered.entry(ptr as usize).or_insert(Registered {
-            id,
-            count: 0,
-            release: None,
-        });
+        let r = state
+            .registered
+            .entry(ptr as usize)
+            .or_insert_with(|| Registered {
+                id,
+                count: 0,
+                release: None,
+                deferred: None,
+                fills: Vec::new(),
+            });
         // A pointer registered again under another identity: the newer registration wins
         // (the bytes at one address are one blob while borrowed).
         r.id = id;
@@ -147,9 +160,31 @@ impl CacheCore {
         }
     }
 
-    pub fn unregister(&self, ptr: *const u8) {
+    /// Registers a placeholder's address under `id`, with how to read its bytes in if a look-up
+    /// misses; `token` names this registration's `fill` for [`unregister`](Self::unregister).
+    pub fn register_deferred(
+        &self,
+        data: &Arc<DeferredData>,
+        id: BlobId,
+        fill: Arc<Fill>,
+        token: u64,
+    ) {
+        self.register(data.address(), id, None);
+        let mut state = self.state.lock();
+        let r = state
+            .registered
+            .get_mut(&(data.address() as usize))
+            .expect("registered just now");
+        r.deferred = Some(data.clone());
+        r.fills.push((token, fill));
+    }
+
+    pub fn unregister(&self, ptr: *const u8, token: Option<u64>) {
         let mut state = self.state.lock();
         if let Some(r) = state.registered.get_mut(&(ptr as usize)) {
+            if let Some(token) = token {
+                r.fills.retain(|(t, _)| *t != token);
+            }
             r.count -= 1;
             if r.count == 0 {
                 state.registered.remove(&(ptr as usize));
@@ -177,6 +212,18 @@ impl CacheCore {
         })
     }
 
+    /// The placeholders among a key's kernel and bias, each with a way to read it in.
+    fn deferred_of(state: &State, key: &LookUpKey) -> Vec<(Arc<DeferredData>, Option<Arc<Fill>>)> {
+        [key.kernel, key.bias]
+            .into_iter()
+            .filter_map(|p| state.registered.get(&(p as usize)))
+            .filter_map(|r| {
+                let d = r.deferred.clone()?;
+                Some((d, r.fills.last().map(|(_, f)| f.clone())))
+            })
+            .collect()
+    }
+
     fn release_unpacked(state: &State, key: &LookUpKey) {
         for p in [key.kernel, key.bias] {
             if let Some(buf) = state
@@ -201,6 +248,17 @@ impl PackedWeightsProvider for CacheCore {
             }
             None => {
                 self.counters.misses.fetch_add(1, Ordering::Relaxed);
+                // XNNPACK packs next, reading the unpacked bytes: read in any placeholder's.
+                let deferred = CacheCore::deferred_of(&state, key);
+                drop(state);
+                for (data, fill) in deferred {
+                    let fill = fill.unwrap_or_else(|| {
+                        Arc::new(|_: &mut [u8]| Err("no data source is registered".into()))
+                    });
+                    // A failure is recorded in `data`: what is packed from it is never kept.
+                    let _ = data.pin(&*fill);
+                    self.counters.deferred_fills.fetch_add(1, Ordering::Relaxed);
+                }
             }
         }
         found
@@ -227,7 +285,15 @@ impl PackedWeightsProvider for CacheCore {
     ) -> Option<usize> {
         let mut state = self.state.lock();
         let pending = ptr.and_then(|p| state.pending.remove(&(p.as_ptr() as usize)));
-        let content_key = CacheCore::entry_key(&state, key);
+        let deferred = CacheCore::deferred_of(&state, key);
+        // Packed from placeholders that could not be read in: usable by nobody but the runtime
+        // being created (whose init then fails), never found, never saved.
+        let poisoned = deferred.iter().any(|(d, _)| d.fill_failed());
+        let content_key = CacheCore::entry_key(&state, key).filter(|_| !poisoned);
+        if ptr.is_some() {
+            // The packing that pinned them is over.
+            deferred.iter().for_each(|(d, _)| d.unpin());
+        }
         if let Some(&i) = content_key.as_ref().and_then(|k| state.by_key.get(k)) {
             // A hit confirmed (null ptr), or another thread packed the same weights first.
             return Some(i);

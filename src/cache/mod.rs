@@ -20,13 +20,14 @@ pub use identity::BlobId;
 pub use persist::{FileReport, LoadOutcome};
 
 use self::core::{CacheCore, Location};
+use crate::deferred::{DeferredData, Fill};
 use crate::named_data::DataBuffer;
 use crate::xnn::{AsXnnWeightsCache, WeightsCache};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 use std::thread::JoinHandle;
 
@@ -107,6 +108,9 @@ pub struct CacheStats {
     pub unsaved: usize,
     /// Entries whose packed bytes live in memory rather than in a mapped file.
     pub heap_entries: usize,
+    /// Placeholder constants whose bytes were read in because a look-up missed (0 on a warm
+    /// launch: no unpacked weight byte was read).
+    pub deferred_fills: usize,
 }
 
 /// An entry whose packed bytes no longer match their checksum.
@@ -254,7 +258,28 @@ impl PackedWeightsCache {
         OwnedRegistration {
             cache: self.clone(),
             address: buffer.as_ptr() as usize,
-            _buffer: buffer,
+            token: None,
+            _held: Held::Buffer(buffer),
+        }
+    }
+
+    /// Registers a placeholder ([`DeferredData`]) under `id`: XNNPACK gets its address, and its
+    /// bytes are read in with `fill` only if a look-up misses (then released once packed). `fill`
+    /// is dropped with the registration, so it may use a data source that lives only as long.
+    pub fn register_deferred(
+        self: &Arc<Self>,
+        data: Arc<DeferredData>,
+        id: BlobId,
+        fill: Arc<Fill>,
+    ) -> OwnedRegistration {
+        static TOKENS: AtomicU64 = AtomicU64::new(1);
+        let token = TOKENS.fetch_add(1, Ordering::Relaxed);
+        self.core().register_deferred(&data, id, fill, token);
+        OwnedRegistration {
+            cache: self.clone(),
+            address: data.address() as usize,
+            token: Some(token),
+            _held: Held::Deferred(data),
         }
     }
 
@@ -309,6 +334,7 @@ impl PackedWeightsCache {
             misses: c.misses.load(Ordering::Relaxed),
             packed: c.reserve_space_calls.load(Ordering::Relaxed),
             unregistered: c.unregistered_packs.load(Ordering::Relaxed),
+            deferred_fills: c.deferred_fills.load(Ordering::Relaxed),
             entries: state.by_key.len(),
             packed_bytes: state.by_key.values().map(|&i| state.entries[i].size).sum(),
             unsaved: state.entries.iter().filter(|e| e.unsaved).count(),
@@ -419,17 +445,28 @@ pub struct OwnedRegistration {
     cache: Arc<PackedWeightsCache>,
     /// The registered address (a key, never dereferenced).
     address: usize,
-    _buffer: DataBuffer,
+    /// Names this registration's fill, for a placeholder.
+    token: Option<u64>,
+    _held: Held,
+}
+
+/// What a registration keeps alive so its address is not reused while registered.
+#[allow(dead_code)] // Kept alive, never read.
+enum Held {
+    Buffer(DataBuffer),
+    Deferred(Arc<DeferredData>),
 }
 
 impl Drop for OwnedRegistration {
     fn drop(&mut self) {
-        self.cache.core().unregister(self.address as *const u8);
+        self.cache
+            .core()
+            .unregister(self.address as *const u8, self.token);
     }
 }
 
 impl Drop for Registration<'_> {
     fn drop(&mut self) {
-        self.cache.core().unregister(self.ptr);
+        self.cache.core().unregister(self.ptr, None);
     }
 }

@@ -5,9 +5,10 @@ use super::error::{at, DelegateError};
 use super::payload;
 use crate::backend::ModelContext;
 use crate::cache::{BlobId, OwnedRegistration, PackedWeightsCache};
+use crate::deferred::{DeferredData, Fill};
 use crate::named_data::{DataBuffer, NamedDataMap};
 use crate::schema::xnn as fb;
-use crate::shared_cache::{SharedData, SharedDataCache};
+use crate::shared_cache::SharedData;
 use crate::xnn::{
     AsXnnWeightsCache, BlockwiseQuantization, ChannelwiseQuantization, Datatype,
     InMemoryWeightsCache, OwnedRuntime, Subgraph, ValueRole, WeightsCache, XnnpackWeightsCache,
@@ -34,6 +35,15 @@ struct Loaded {
     constants: Vec<Option<Constant>>,
     /// Scales by value index, copied out of the payload or named data as typed arrays.
     scales: HashMap<usize, Scales>,
+    /// Placeholders some operator reads as they are: read in before runtime creation and held
+    /// readable for as long as the runtime lives.
+    pinned: parking_lot::Mutex<Vec<Arc<DeferredData>>>,
+}
+
+impl Drop for Loaded {
+    fn drop(&mut self) {
+        self.pinned.get_mut().iter().for_each(|d| d.unpin());
+    }
 }
 
 /// A constant's bytes: shared through the backend's cache, or a copy (inline in the payload,
@@ -42,15 +52,31 @@ struct Loaded {
 enum Constant {
     Shared(SharedData),
     Copied(DataBuffer, Option<SharedData>),
+    /// Not read: a placeholder standing for the named constant `key` (a content key), read in
+    /// only if XNNPACK needs its bytes (see [`crate::deferred`]).
+    Deferred {
+        key: String,
+        data: Arc<DeferredData>,
+    },
 }
 
 impl Constant {
-    fn buffer(&self) -> &DataBuffer {
+    /// The bytes, unless the constant is deferred.
+    fn buffer(&self) -> Option<&DataBuffer> {
         match self {
-            Constant::Shared(s) => s.buffer(),
-            Constant::Copied(b, _) => b,
+            Constant::Shared(s) => Some(s.buffer()),
+            Constant::Copied(b, _) => Some(b),
+            Constant::Deferred { .. } => None,
         }
     }
+}
+
+/// How a placeholder's bytes are read in: straight into it, from the delegate's map.
+fn fill_from(map: Arc<dyn NamedDataMap>, key: String) -> Arc<Fill> {
+    Arc::new(move |bytes: &mut [u8]| {
+        map.load_data_into(&key, bytes)
+            .map_err(|e| Box::new(e) as Box<dyn std::error::Error + Send + Sync>)
+    })
 }
 
 enum Scales {
@@ -161,18 +187,86 @@ fn constant_index(t: &fb::XNNTensorValue<'_>) -> usize {
     t.constant_buffer_idx() as usize
 }
 
-/// Loads every constant the graph refers to, through the shared data cache.
+/// The constants (by constant_data index, with their byte length) that may stand behind a
+/// placeholder: named by content (so identified without reading them), read by XNNPACK only to
+/// pack them, and not the scales of a quantized value.
+fn deferrable_constants(graph: &fb::XNNGraph<'_>) -> Result<HashMap<usize, usize>, DelegateError> {
+    let packed = super::operators::packed_operands(graph);
+    let mut deferrable = HashMap::new();
+    let mut scales = Vec::new();
+    for (i, v) in graph.xvalues().iter().flatten().enumerate() {
+        let (t, q) = tensor_of(v, i)?;
+        if let Some(q) = q {
+            scales.extend(
+                q.quant_params_as_per_channel_quant()
+                    .map(|p| p.scale_buffer_idx()),
+            );
+            scales.extend(
+                q.quant_params_as_per_channel_group_quant()
+                    .map(|p| p.scale_buffer_idx()),
+            );
+        }
+        let index = constant_index(&t);
+        if index == 0 || !packed.contains(&t.id_out()) {
+            continue;
+        }
+        let key = graph
+            .constant_data()
+            .filter(|all| index < all.len())
+            .and_then(|all| all.get(index).named_key())
+            .unwrap_or("");
+        if BlobId::from_named_key(key).is_none() {
+            continue;
+        }
+        let Some(len) = datatype(t.datatype(), i)?.tensor_bytes(&dims_of(&t)) else {
+            continue;
+        };
+        deferrable.insert(index, len);
+    }
+    for s in scales {
+        deferrable.remove(&(s as usize));
+    }
+    Ok(deferrable)
+}
+
+/// Loads every constant the graph refers to, through the shared data cache; the `deferrable`
+/// ones become placeholders, not read.
 fn load_constants(
     graph: &fb::XNNGraph<'_>,
     payload: &DataBuffer,
     inline: &[u8],
     inline_offset: usize,
     map: &dyn NamedDataMap,
-    shared: &SharedDataCache,
+    model: &ModelContext,
+    deferrable: &HashMap<usize, usize>,
 ) -> Result<Vec<Option<Constant>>, DelegateError> {
+    let shared = model.backend().shared_data();
     let mut out: Vec<Option<Constant>> = vec![None];
     for (i, c) in graph.constant_data().iter().flatten().enumerate().skip(1) {
         let key = c.named_key().unwrap_or("");
+        if let Some(&len) = deferrable.get(&i) {
+            // The map must have it, at this size: checked from its index, nothing read.
+            let size = map
+                .data_size(key)
+                .map_err(|e| DelegateError::UnreadConstant {
+                    key: key.to_string(),
+                    source: Box::new(e),
+                })?;
+            if size != len {
+                return Err(DelegateError::BadGraph(format!(
+                    "constant {i} ({key}): the named data holds {size} bytes, the graph needs {len}"
+                )));
+            }
+            let data = model
+                .backend()
+                .deferred_constant(key, len)
+                .map_err(|e| DelegateError::BadGraph(format!("constant {i}: {e}")))?;
+            out.push(Some(Constant::Deferred {
+                key: key.to_string(),
+                data,
+            }));
+            continue;
+        }
         let buffer = if !key.is_empty() {
             let data = shared
                 .get_or_init(&shared_key(map, key), || map.get_data(key))
@@ -196,8 +290,9 @@ fn load_constants(
         };
         // XNNPACK may read past the end of constant data: give data that sits at the very end
         // of its backing a padded copy.
-        let constant = if buffer.buffer().slack_after() < EXTRA_BYTES {
-            let data = buffer.buffer().data();
+        let backing = buffer.buffer().expect("not deferred");
+        let constant = if backing.slack_after() < EXTRA_BYTES {
+            let data = backing.data();
             let mut padded = crate::aligned::AlignedBytes::zeroed(data.len() + EXTRA_BYTES, 64)
                 .ok_or_else(|| DelegateError::BadGraph("out of memory".into()))?;
             padded.as_mut_slice()[..data.len()].copy_from_slice(data);
@@ -205,6 +300,7 @@ fn load_constants(
             let held = match buffer {
                 Constant::Shared(s) => Some(s),
                 Constant::Copied(_, held) => held,
+                Constant::Deferred { .. } => unreachable!("handled above"),
             };
             let copy = DataBuffer::new(Arc::new(padded), 0, len).expect("inside the copy");
             Constant::Copied(copy, held)
@@ -251,7 +347,8 @@ fn load_scales(
         constants
             .get(index as usize)
             .and_then(|c| c.as_ref())
-            .map(|c| c.buffer().data())
+            .and_then(|c| c.buffer())
+            .map(|b| b.data())
             .ok_or_else(|| {
                 DelegateError::BadGraph(format!("value {value}: scale constant {index} missing"))
             })
@@ -293,8 +390,8 @@ fn identity(graph: &fb::XNNGraph<'_>, index: usize, keep: &Loaded) -> Option<Blo
         return None;
     }
     let key = all.get(index).named_key().unwrap_or("");
-    let data = keep.constants.get(index)?.as_ref()?.buffer();
-    Some(BlobId::from_named_key(key).unwrap_or_else(|| BlobId::of_bytes(data.data())))
+    let constant = keep.constants.get(index)?.as_ref()?;
+    BlobId::from_named_key(key).or_else(|| Some(BlobId::of_bytes(constant.buffer()?.data())))
 }
 
 /// Registers the data of every constant value with the packed-weight cache, under its content
@@ -303,6 +400,7 @@ fn register_constants(
     graph: &fb::XNNGraph<'_>,
     keep: &Loaded,
     cache: &Arc<PackedWeightsCache>,
+    deferral: Option<&Arc<dyn NamedDataMap>>,
 ) -> Result<Vec<OwnedRegistration>, DelegateError> {
     let mut registrations = Vec::new();
     for (i, v) in graph.xvalues().iter().flatten().enumerate() {
@@ -338,11 +436,14 @@ fn register_constants(
                 id = BlobId::combine(&[id, scale_id]);
             }
         }
-        let buffer = keep.constants[index]
-            .as_ref()
-            .expect("identity found it")
-            .buffer();
-        registrations.push(cache.register_owned(buffer.clone(), id));
+        let registration = match keep.constants[index].as_ref().expect("identity found it") {
+            Constant::Deferred { key, data } => {
+                let map = deferral.expect("placeholders only with a source").clone();
+                cache.register_deferred(data.clone(), id, fill_from(map, key.clone()))
+            }
+            constant => cache.register_owned(constant.buffer().expect("not deferred").clone(), id),
+        };
+        registrations.push(registration);
     }
     Ok(registrations)
 }
@@ -373,7 +474,10 @@ fn define_values<'k>(
                 .ok_or_else(|| {
                     DelegateError::BadGraph(format!("value {i}: constant {index} does not exist"))
                 })?;
-            ValueRole::Static(c.buffer().data())
+            match c {
+                Constant::Deferred { data, .. } => ValueRole::Deferred(data),
+                c => ValueRole::Static(c.buffer().expect("not deferred").data()),
+            }
         } else if t.flags() & XNN_FLAG_EXTERNAL_INPUT != 0 {
             ValueRole::Input(t.external_id())
         } else if t.flags() & XNN_FLAG_EXTERNAL_OUTPUT != 0 {
@@ -448,11 +552,58 @@ fn check_nodes(graph: &fb::XNNGraph<'_>) -> Result<(), DelegateError> {
 /// outlive runtime creation, and how long loading took.
 type Built = (Vec<OwnedRegistration>, std::time::Duration);
 
+/// Pins (reads in, for the runtime's lifetime) the placeholders of values some node reads as
+/// they are.
+fn pin_read_as_is(
+    graph: &fb::XNNGraph<'_>,
+    loaded: &Loaded,
+    read_as_is: &std::collections::HashSet<u32>,
+    deferral: Option<&Arc<dyn NamedDataMap>>,
+) -> Result<(), DelegateError> {
+    for (i, v) in graph.xvalues().iter().flatten().enumerate() {
+        let (t, _) = tensor_of(v, i)?;
+        if !read_as_is.contains(&t.id_out()) {
+            continue;
+        }
+        let Some(Some(Constant::Deferred { key, data })) = loaded.constants.get(constant_index(&t))
+        else {
+            continue;
+        };
+        let map = deferral.expect("placeholders only with a source").clone();
+        let pinned = data.pin(&*fill_from(map, key.clone()));
+        // Held (and unpinned on drop) even if the fill failed: pins must balance.
+        loaded.pinned.lock().push(data.clone());
+        pinned.map_err(|source| DelegateError::UnreadConstant {
+            key: key.clone(),
+            source,
+        })?;
+    }
+    Ok(())
+}
+
+/// The first placeholder of this delegate that XNNPACK needed but could not be read in.
+fn failed_fill(loaded: &Loaded) -> Option<DelegateError> {
+    loaded.constants.iter().flatten().find_map(|c| match c {
+        Constant::Deferred { key, data } => {
+            data.fill_error().map(|why| DelegateError::UnreadConstant {
+                key: key.clone(),
+                source: why.into(),
+            })
+        }
+        _ => None,
+    })
+}
+
 /// Validates the payload (once), loads its constants through the backend's shared data cache,
 /// builds and creates the runtime with the model's weights cache, workspace and thread pool.
+///
+/// With `deferral` (the same map, shared) and a packed-weight cache, constants XNNPACK reads only
+/// to pack them, named by content, are not read at all: a warm launch finds their packing by
+/// key, and a miss reads them from `deferral` then (see [`crate::deferred`]).
 pub(crate) fn compile(
     payload_bytes: DataBuffer,
     map: &dyn NamedDataMap,
+    deferral: Option<Arc<dyn NamedDataMap>>,
     model: &ModelContext,
 ) -> Result<(OwnedRuntime<Keep>, InitTimings), DelegateError> {
     let keep = Keep {
@@ -460,7 +611,7 @@ pub(crate) fn compile(
         loaded: std::sync::OnceLock::new(),
         cache: model.weights().clone(),
     };
-    let shared = model.backend().shared_data();
+    let deferral = deferral.filter(|_| matches!(model.weights(), Weights::Packed(_)));
     let started = std::time::Instant::now();
     let (runtime, (registrations, load_time)) = OwnedRuntime::build(
         keep,
@@ -469,28 +620,43 @@ pub(crate) fn compile(
         |k| -> Result<(Subgraph<'_>, Built), DelegateError> {
             let p = payload::parse(&k.payload)?;
             check_nodes(&p.graph)?;
+            let deferrable = match deferral {
+                Some(_) => deferrable_constants(&p.graph)?,
+                None => HashMap::new(),
+            };
             let constants = load_constants(
                 &p.graph,
                 &k.payload,
                 p.constant_data,
                 p.header.constant_data_offset as usize,
                 map,
-                shared,
+                model,
+                &deferrable,
             )?;
             let scales = load_scales(&p.graph, &constants)?;
-            let loaded = k.loaded.get_or_init(|| Loaded { constants, scales });
+            let loaded = k.loaded.get_or_init(|| Loaded {
+                constants,
+                scales,
+                pinned: parking_lot::Mutex::new(Vec::new()),
+            });
             let load_time = started.elapsed();
             let registrations = match &k.cache {
-                Weights::Packed(cache) => register_constants(&p.graph, loaded, cache)?,
+                Weights::Packed(cache) => {
+                    register_constants(&p.graph, loaded, cache, deferral.as_ref())?
+                }
                 _ => Vec::new(),
             };
             let mut g = Subgraph::new(p.graph.num_externs()).map_err(at(|| "subgraph".into()))?;
             let ids = define_values(&mut g, &p.graph, loaded)?;
-            super::operators::define_nodes(&mut g, &p.graph, &ids)?;
+            let read_as_is = super::operators::define_nodes(&mut g, &p.graph, &ids)?;
+            pin_read_as_is(&p.graph, loaded, &read_as_is, deferral.as_ref())?;
             Ok((g, (registrations, load_time)))
         },
     )?;
     drop(registrations);
+    if let Some(error) = runtime.keep().loaded.get().and_then(failed_fill) {
+        return Err(error);
+    }
     let mut timings = InitTimings {
         load: load_time,
         create: started.elapsed() - load_time,

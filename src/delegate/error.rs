@@ -27,6 +27,12 @@ pub enum DelegateError {
         key: String,
         source: SharedCacheError,
     },
+    /// A constant left unread (its packing was expected in the cache) is not in the named-data
+    /// map, or could not be read when XNNPACK needed it after all.
+    UnreadConstant {
+        key: String,
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
     /// The packed-weight cache failed (I/O).
     Cache(CacheError),
     /// XNNPACK refused a value, a node, or the runtime; `what` says which.
@@ -58,6 +64,9 @@ impl fmt::Display for DelegateError {
             MissingConstant { key, source } => {
                 write!(f, "constant {key:?} could not be loaded: {source}")
             }
+            UnreadConstant { key, source } => {
+                write!(f, "constant {key:?} could not be read: {source}")
+            }
             Cache(e) => write!(f, "{e}"),
             Xnn { what, error } => write!(f, "{what}: {error}"),
         }
@@ -68,6 +77,7 @@ impl std::error::Error for DelegateError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             DelegateError::MissingConstant { source, .. } => Some(source),
+            DelegateError::UnreadConstant { source, .. } => Some(&**source),
             DelegateError::Cache(e) => Some(e),
             DelegateError::Xnn { error, .. } => Some(error),
             _ => None,

@@ -20,6 +20,7 @@ use crate::backend::ModelContext;
 use crate::named_data::{DataBuffer, NamedDataMap};
 use crate::tensor::{Shape, TensorMut, TensorRef};
 use crate::xnn::{External, OwnedRuntime, RawInput, RawOutput};
+use std::sync::Arc;
 
 /// One initialised delegate (one lowered method or submodule).
 pub struct XnnDelegate {
@@ -36,7 +37,20 @@ impl XnnDelegate {
         processed: DataBuffer,
         map: &dyn NamedDataMap,
     ) -> Result<XnnDelegate, DelegateError> {
-        let (runtime, timings) = compile::compile(processed, map, model)?;
+        let (runtime, timings) = compile::compile(processed, map, None, model)?;
+        Ok(XnnDelegate { runtime, timings })
+    }
+
+    /// As [`init`](Self::init), reading no constant whose packing the model's packed-weight cache
+    /// may hold: each weight XNNPACK only packs, named by content (ExecuTorch's sha256 keys), gets
+    /// a placeholder address instead of its bytes, read in from `map` only if the look-up misses
+    /// (see [`crate::deferred`]). For maps whose `get_data` reads (copies) rather than maps.
+    pub fn init_deferred(
+        model: &ModelContext,
+        processed: DataBuffer,
+        map: Arc<dyn NamedDataMap>,
+    ) -> Result<XnnDelegate, DelegateError> {
+        let (runtime, timings) = compile::compile(processed, &*map, Some(map.clone()), model)?;
         Ok(XnnDelegate { runtime, timings })
     }
 

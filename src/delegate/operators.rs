@@ -10,7 +10,8 @@ use crate::xnn::{
     Convolution2dParams, DepthwiseConvolution2dParams, FullyConnectedFlags, Padding2d, Subgraph,
     ValueRole,
 };
-use std::collections::HashMap;
+use std::cell::RefCell;
+use std::collections::{HashMap, HashSet};
 
 const NO_VALUE: u32 = u32::MAX;
 
@@ -34,11 +35,20 @@ struct Node<'g, 'a> {
     name: &'static str,
     ids: &'a HashMap<u32, u32>,
     values: &'a [fb::XValue<'g>],
+    /// Payload ids whose data XNNPACK may read as they are (not only to pack them).
+    read_as_is: &'a RefCell<HashSet<u32>>,
 }
 
 impl Node<'_, '_> {
-    /// The subgraph id of payload value `payload_id`.
+    /// The subgraph id of payload value `payload_id`, an operand XNNPACK may read as it is.
     fn id(&self, payload_id: u32) -> Result<u32, DelegateError> {
+        self.read_as_is.borrow_mut().insert(payload_id);
+        self.packed(payload_id)
+    }
+
+    /// The subgraph id of payload value `payload_id`, an operand XNNPACK reads only to pack it
+    /// (through the weights cache, so a cache hit reads nothing).
+    fn packed(&self, payload_id: u32) -> Result<u32, DelegateError> {
         self.ids.get(&payload_id).copied().ok_or_else(|| {
             DelegateError::BadGraph(format!(
                 "node {}: value {payload_id} is not defined",
@@ -151,12 +161,38 @@ pub fn is_supported(node: &str) -> bool {
     OPERATORS.iter().any(|o| o.node == node)
 }
 
+/// The payload ids of the operands XNNPACK reads only to pack them through the weights cache,
+/// after a look-up keyed by their address: the filters of fully connected and convolution nodes.
+/// Biases are left out: for dynamically quantized inputs XNNPACK packs the bias without it being
+/// part of the look-up key. So is a convolution with one input channel per group, which XNNPACK
+/// runs as a depthwise convolution. Whether another node also reads one as it is,
+/// [`define_nodes`] tells.
+pub(crate) fn packed_operands(graph: &fb::XNNGraph<'_>) -> HashSet<u32> {
+    let mut packed = HashSet::new();
+    for node in graph.xnodes().iter().flatten() {
+        let filter = if let Some(fc) = node.xnode_union_as_xnnfully_connected() {
+            fc.filter_id()
+        } else if let Some(c) = node
+            .xnode_union_as_xnnconv_2d()
+            .filter(|c| c.groups() <= 1 || c.group_input_channels() != 1)
+        {
+            c.filter_id()
+        } else {
+            continue;
+        };
+        packed.insert(filter);
+    }
+    packed
+}
+
 /// Defines every node of the graph (checked against the table before anything was loaded).
+/// Returns the payload ids of the operands some node may read as they are (not only to pack).
 pub(crate) fn define_nodes(
     g: &mut Subgraph<'_>,
     graph: &fb::XNNGraph<'_>,
     ids: &HashMap<u32, u32>,
-) -> Result<(), DelegateError> {
+) -> Result<HashSet<u32>, DelegateError> {
+    let read_as_is = RefCell::new(HashSet::new());
     let values: Vec<fb::XValue<'_>> = graph.xvalues().iter().flatten().collect();
     for (index, node) in graph.xnodes().iter().flatten().enumerate() {
         let kind = node.xnode_union_type();
@@ -171,10 +207,11 @@ pub(crate) fn define_nodes(
             name: op.node,
             ids,
             values: &values,
+            read_as_is: &read_as_is,
         };
         (op.define)(g, &node, &cx)?;
     }
-    Ok(())
+    Ok(read_as_is.into_inner())
 }
 
 fn min_max(node: &fb::XNode<'_>) -> (f32, f32) {
@@ -214,7 +251,7 @@ fn fully_connected(
     };
     g.define_fully_connected_with_flags(
         cx.id(fc.input1_id())?,
-        cx.id(fc.filter_id())?,
+        cx.packed(fc.filter_id())?,
         cx.optional(fc.bias_id())?,
         cx.id(fc.output_id())?,
         min,
@@ -278,7 +315,7 @@ fn convolution_2d(
     g.define_convolution_2d(
         &p,
         cx.id(c.input1_id())?,
-        cx.id(c.filter_id())?,
+        cx.packed(c.filter_id())?,
         cx.optional(c.bias_id())?,
         cx.id(c.output_id())?,
     )

@@ -129,6 +129,10 @@ pub enum ValueRole<'data> {
     /// that many bytes past the end of any tensor data, static data included (some packing and
     /// elementwise kernels do); borrow static data from buffers that have them.
     Static(&'data [u8]),
+    /// Constant data behind a placeholder: XNNPACK gets its address, and its bytes are read in
+    /// only if a packed-weight look-up misses (see [`crate::deferred`]). Only for operands
+    /// XNNPACK reads solely to pack them (or ones pinned readable before runtime creation).
+    Deferred(&'data crate::deferred::DeferredData),
     /// Fed by the caller under this external id.
     Input(u32),
     /// Read by the caller under this external id.
@@ -1030,6 +1034,18 @@ fn role_parts(
                 });
             }
             (data.as_ptr().cast(), sys::XNN_INVALID_VALUE_ID, 0)
+        }
+        ValueRole::Deferred(data) => {
+            let expected = datatype.tensor_bytes(dims).unwrap_or(usize::MAX);
+            if data.len() != expected {
+                return Err(XnnError::StaticDataSize {
+                    datatype,
+                    expected_bytes: expected,
+                    given_bytes: data.len(),
+                });
+            }
+            // Page aligned, so aligned for every datatype.
+            (data.address().cast(), sys::XNN_INVALID_VALUE_ID, 0)
         }
         ValueRole::Input(id) => (std::ptr::null(), id, sys::XNN_VALUE_FLAG_EXTERNAL_INPUT),
         ValueRole::Output(id) => (std::ptr::null(), id, sys::XNN_VALUE_FLAG_EXTERNAL_OUTPUT),
