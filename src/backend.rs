@@ -19,7 +19,7 @@ use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, OnceLock, Weak};
 
 /// How runtimes share XNNPACK's workspace (the memory their internal tensors live in), as
 /// ExecuTorch's `workspace_sharing_mode` option: 0, 1, 2.
@@ -132,7 +132,8 @@ struct State {
     /// Held open for the backend's life, so models loaded one after another share them.
     files: Mutex<HashMap<PathBuf, Arc<PackedWeightsCache>>>,
     /// With [`WorkspaceSharing::Global`].
-    global_workspace: Option<Arc<Workspace>>,
+    /// Made on first use by a model of global workspace sharing.
+    global_workspace: OnceLock<Arc<Workspace>>,
     threadpool: Option<Arc<Threadpool>>,
     /// Placeholders of constants not read yet, one per content key while any delegate uses it.
     deferred: Mutex<HashMap<String, Weak<DeferredData>>>,
@@ -153,10 +154,10 @@ impl fmt::Debug for Backend {
 impl Backend {
     pub fn new(options: BackendOptions) -> Result<Backend, BackendError> {
         crate::xnn::initialize()?;
-        let global_workspace = match options.workspace_sharing {
-            WorkspaceSharing::Global => Some(Arc::new(Workspace::new()?)),
-            _ => None,
-        };
+        let global_workspace = OnceLock::new();
+        if options.workspace_sharing == WorkspaceSharing::Global {
+            let _ = global_workspace.set(Arc::new(Workspace::new()?));
+        }
         let threadpool = match options.threads {
             0 | 1 => None,
             n => Some(Arc::new(Threadpool::new(n)?)),
@@ -243,10 +244,26 @@ impl Backend {
 
     /// As [`model`](Self::model), with any weights cache (XNNPACK's own, a provider).
     pub fn model_with_weights(&self, weights: Weights) -> Result<ModelContext, BackendError> {
-        let workspace = match self.0.options.workspace_sharing {
+        self.model_with_workspace(weights, self.0.options.workspace_sharing)
+    }
+
+    /// As [`model_with_weights`](Self::model_with_weights), with this model's own workspace
+    /// sharing (ExecuTorch sets it per load).
+    pub fn model_with_workspace(
+        &self,
+        weights: Weights,
+        sharing: WorkspaceSharing,
+    ) -> Result<ModelContext, BackendError> {
+        let workspace = match sharing {
             WorkspaceSharing::Disabled => None,
             WorkspaceSharing::PerModel => Some(Arc::new(Workspace::new()?)),
-            WorkspaceSharing::Global => self.0.global_workspace.clone(),
+            WorkspaceSharing::Global => Some(match self.0.global_workspace.get() {
+                Some(w) => w.clone(),
+                None => {
+                    let made = Arc::new(Workspace::new()?);
+                    self.0.global_workspace.get_or_init(|| made).clone()
+                }
+            }),
         };
         Ok(ModelContext {
             backend: self.clone(),

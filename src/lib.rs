@@ -8,7 +8,7 @@
 //! - [`ffi`]: the cxx bridge that C++ reaches xnnblob through.
 #![deny(unsafe_op_in_unsafe_fn)]
 
-mod aligned;
+pub mod aligned;
 pub mod backend;
 pub mod bench;
 pub mod cache;

@@ -6,7 +6,7 @@ use super::payload;
 use crate::backend::ModelContext;
 use crate::cache::{BlobId, OwnedRegistration, PackedWeightsCache};
 use crate::deferred::{DeferredData, Fill};
-use crate::named_data::{DataBuffer, NamedDataMap};
+use crate::named_data::{DataBuffer, NamedDataError, NamedDataMap};
 use crate::schema::xnn as fb;
 use crate::shared_cache::SharedData;
 use crate::xnn::{
@@ -229,6 +229,11 @@ fn deferrable_constants(graph: &fb::XNNGraph<'_>) -> Result<HashMap<usize, usize
     Ok(deferrable)
 }
 
+/// Whether `map` lists `key` (from its index: nothing is read).
+fn has_key(map: &dyn NamedDataMap, key: &str) -> bool {
+    (0..map.num_keys()).any(|i| map.key_at(i).is_ok_and(|k| k == key))
+}
+
 /// Loads every constant the graph refers to, through the shared data cache; the `deferrable`
 /// ones become placeholders, not read.
 fn load_constants(
@@ -245,17 +250,24 @@ fn load_constants(
     for (i, c) in graph.constant_data().iter().flatten().enumerate().skip(1) {
         let key = c.named_key().unwrap_or("");
         if let Some(&len) = deferrable.get(&i) {
-            // The map must have it, at this size: checked from its index, nothing read.
-            let size = map
-                .data_size(key)
-                .map_err(|e| DelegateError::UnreadConstant {
+            // The map must have it (and, where its index tells sizes, at this size): nothing
+            // is read. A size it cannot tell is checked when the bytes are read in.
+            if !has_key(map, key) {
+                return Err(DelegateError::UnreadConstant {
                     key: key.to_string(),
-                    source: Box::new(e),
-                })?;
-            if size != len {
-                return Err(DelegateError::BadGraph(format!(
-                    "constant {i} ({key}): the named data holds {size} bytes, the graph needs {len}"
-                )));
+                    source: Box::new(NamedDataError::KeyNotFound {
+                        key: key.to_string(),
+                        source: map.source().to_string(),
+                    }),
+                });
+            }
+            if let Ok(size) = map.data_size(key) {
+                if size != len {
+                    return Err(DelegateError::BadGraph(format!(
+                        "constant {i} ({key}): the named data holds {size} bytes, the graph \
+                         needs {len}"
+                    )));
+                }
             }
             let data = model
                 .backend()

@@ -107,6 +107,21 @@ impl XnnDelegate {
         unsafe { self.runtime.runtime_mut().execute_raw(input, output) }.map_err(execute_error)
     }
 
+    /// As [`execute_raw`](Self::execute_raw), telling `output` each output's shape for this run
+    /// first (see [`crate::xnn::Runtime::execute_raw_shaped`]).
+    ///
+    /// # Safety
+    /// As for [`crate::xnn::Runtime::execute_raw`].
+    pub unsafe fn execute_raw_shaped(
+        &mut self,
+        input: impl FnMut(usize) -> RawInput,
+        output: impl FnMut(usize, &Shape) -> RawOutput,
+    ) -> Result<(), DelegateError> {
+        // SAFETY: forwarded contract.
+        unsafe { self.runtime.runtime_mut().execute_raw_shaped(input, output) }
+            .map_err(execute_error)
+    }
+
     /// A convenience over [`execute`](Self::execute) for fp32 graphs: inputs hold the declared
     /// shapes, outputs their declared sizes. It allocates a little; `execute` does not.
     pub fn execute_f32(

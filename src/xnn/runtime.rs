@@ -212,8 +212,23 @@ impl<'a> Runtime<'a> {
     /// that output.
     pub unsafe fn execute_raw(
         &mut self,
-        mut input: impl FnMut(usize) -> RawInput,
+        input: impl FnMut(usize) -> RawInput,
         mut output: impl FnMut(usize) -> RawOutput,
+    ) -> Result<(), XnnError> {
+        // SAFETY: forwarded contract.
+        unsafe { self.execute_raw_shaped(input, |j, _| output(j)) }
+    }
+
+    /// As [`execute_raw`](Self::execute_raw), telling `output` each output's shape for this run
+    /// (known once the inputs are bound), so a caller whose output buffers are sized by shape
+    /// (ExecuTorch's `resize_tensor`) can size them first.
+    ///
+    /// # Safety
+    /// As for [`execute_raw`](Self::execute_raw).
+    pub unsafe fn execute_raw_shaped(
+        &mut self,
+        mut input: impl FnMut(usize) -> RawInput,
+        mut output: impl FnMut(usize, &Shape) -> RawOutput,
     ) -> Result<(), XnnError> {
         // A shared workspace is used by one runtime at a time, from reshape to the end of run.
         let workspace = self.workspace.clone();
@@ -260,7 +275,7 @@ impl<'a> Runtime<'a> {
         }
         self.reshape_if_pending()?;
         for (j, slot) in self.outputs.iter().enumerate() {
-            let given = output(j);
+            let given = output(j, &slot.external.shape);
             let e = slot.external;
             check_buffer("output", j, e.dtype, given.dtype, &e.shape, given.capacity)?;
             self.bound[n_in + j].data = given.data.cast();

@@ -1,0 +1,58 @@
+//! Builds the C++ half of xnnblob's ExecuTorch backend (the cxx bridge and `src/backend.cc`)
+//! against ExecuTorch's headers, and the runner `xnnblob-et-run` (`src/runner.cc`) for the binary
+//! only. ExecuTorch's location comes from executorch-sys (`DEP_EXECUTORCH_*`).
+
+use std::env;
+use std::path::PathBuf;
+
+fn main() {
+    let include = PathBuf::from(env::var_os("DEP_EXECUTORCH_INCLUDE").expect("executorch-sys"));
+    let lib = PathBuf::from(env::var_os("DEP_EXECUTORCH_LIB").expect("executorch-sys"));
+    let c10 = include.join("executorch/runtime/core/portable_type/c10");
+    let configure = |build: &mut cc::Build| {
+        build
+            .cpp(true)
+            .std("c++17")
+            .include(&include)
+            .include(&c10)
+            .define("C10_USING_CUSTOM_GENERATED_MACROS", None)
+            .define("XNNBLOB_ET_LIB_DIR", Some(format!("\"{}\"", lib.display()).as_str()))
+            .warnings(false)
+            .flag_if_supported("-Wno-deprecated-declarations")
+            .flag_if_supported("-fvisibility=hidden");
+    };
+
+    let mut backend = cxx_build::bridge("src/lib.rs");
+    configure(&mut backend);
+    backend.file("src/backend.cc").compile("xnnblob-executorch-cxx");
+
+    // The runner: compiled to objects linked into the binary only, so the libraries never carry
+    // a main() and the runner never carries a backend (it dlopens the one it is asked for).
+    let mut runner = cc::Build::new();
+    configure(&mut runner);
+    runner.file("src/runner.cc");
+    for object in runner.compile_intermediates() {
+        println!("cargo:rustc-link-arg-bin=xnnblob-et-run={}", object.display());
+    }
+
+    println!("cargo:rustc-link-search=native={}", lib.display());
+    println!("cargo:rustc-link-lib=dylib=executorch");
+    // The kernels register themselves in static initialisers: keep the library although nothing
+    // names a symbol of it.
+    for arg in [
+        "-Wl,--no-as-needed".to_string(),
+        format!("-L{}", lib.display()),
+        "-lexecutorch_kernels_optimized".to_string(),
+        "-lexecutorch".to_string(),
+        "-Wl,--as-needed".to_string(),
+        "-ldl".to_string(),
+        "-lstdc++".to_string(),
+    ] {
+        println!("cargo:rustc-link-arg-bin=xnnblob-et-run={arg}");
+    }
+    // Found where it is installed, without LD_LIBRARY_PATH.
+    println!("cargo:rustc-link-arg=-Wl,-rpath,{}", lib.display());
+    for path in ["src/lib.rs", "src/bridge.h", "src/backend.cc", "src/runner.cc"] {
+        println!("cargo:rerun-if-changed={path}");
+    }
+}

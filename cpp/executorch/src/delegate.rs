@@ -1,0 +1,374 @@
+//! One ExecuTorch delegate call site (`init`, `execute`) on xnnblob's process-wide backend.
+
+use crate::ffi::{EtBuffer, EtCall, EtDataMap, InitOptions, Outcome, Status, TensorArg};
+use crate::map::{EtMap, Processed};
+use cxx::UniquePtr;
+use parking_lot::Mutex;
+use std::collections::HashSet;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::{Arc, OnceLock};
+use xnnblob::backend::{Backend, BackendOptions, WorkspaceSharing};
+use xnnblob::delegate::{DelegateError, Weights, XnnDelegate};
+use xnnblob::named_data::DataBuffer;
+use xnnblob::tensor::{DType, Shape};
+use xnnblob::xnn::{RawInput, RawOutput, XnnError};
+
+/// The delegate of one `init` (empty when init failed: ExecuTorch never runs it then).
+pub struct EtDelegate {
+    inner: Option<XnnDelegate>,
+}
+
+impl EtDelegate {
+    pub(crate) fn is_empty(&self) -> bool {
+        self.inner.is_none()
+    }
+}
+
+/// The backend every program of the process shares: one shared data cache, one in-memory
+/// packed-weight cache, at most one cache per file, one thread pool as wide as the machine (as
+/// ExecuTorch's own backend uses).
+fn process_backend() -> Result<&'static Backend, Outcome> {
+    static BACKEND: OnceLock<Result<Backend, String>> = OnceLock::new();
+    BACKEND
+        .get_or_init(|| {
+            let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+            Backend::new(BackendOptions {
+                threads,
+                ..Default::default()
+            })
+            .map_err(|e| e.to_string())
+        })
+        .as_ref()
+        .map_err(|e| Outcome::error(Status::Internal, format!("xnnblob backend: {e}")))
+}
+
+/// Paths already reported as unusable (said once per path, not once per load).
+fn reported_paths() -> &'static Mutex<HashSet<PathBuf>> {
+    static REPORTED: OnceLock<Mutex<HashSet<PathBuf>>> = OnceLock::new();
+    REPORTED.get_or_init(Default::default)
+}
+
+/// Whether a cache file can be published at `path`: the save writes a temporary file beside it
+/// and renames it into place, so the directory must take a new file.
+fn publishable(path: &Path) -> std::io::Result<()> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let probe = dir.join(format!(
+        ".{}.probe-{}",
+        path.file_name().unwrap_or_default().to_string_lossy(),
+        std::process::id()
+    ));
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&probe)?;
+    std::fs::remove_file(&probe)
+}
+
+/// The packed-weight cache a load asked for, and a warning when it fell back to memory.
+fn weights_for(
+    backend: &Backend,
+    options: &InitOptions,
+) -> Result<(Weights, Option<String>), Outcome> {
+    if !options.weight_cache_enabled {
+        return Ok((Weights::None, None));
+    }
+    if options.packed_cache_path.is_empty() {
+        return Ok((Weights::Packed(backend.in_memory_cache().clone()), None));
+    }
+    let path = PathBuf::from(&options.packed_cache_path);
+    let opened = publishable(&path)
+        .map_err(|e| e.to_string())
+        .and_then(|()| backend.file_cache(&path).map_err(|e| e.to_string()));
+    match opened {
+        Ok(cache) => Ok((Weights::Packed(cache), None)),
+        Err(why) => {
+            let first = reported_paths().lock().insert(path.clone());
+            let warning = first.then(|| {
+                format!(
+                    "packed_cache_path {}: {why}; packed weights are kept in memory for this \
+                     process instead",
+                    path.display()
+                )
+            });
+            Ok((
+                Weights::Packed(backend.in_memory_cache().clone()),
+                warning,
+            ))
+        }
+    }
+}
+
+fn status_of(error: &DelegateError) -> Status {
+    match error {
+        DelegateError::PayloadTruncated { .. }
+        | DelegateError::PayloadMagic { .. }
+        | DelegateError::PayloadHeader(_)
+        | DelegateError::PayloadVerifier(_)
+        | DelegateError::BadGraph(_) => Status::InvalidProgram,
+        DelegateError::UnsupportedNode { .. } | DelegateError::UnsupportedDatatype { .. } => {
+            Status::NotSupported
+        }
+        DelegateError::MissingConstant { .. } | DelegateError::UnreadConstant { .. } => {
+            Status::InvalidExternalData
+        }
+        DelegateError::Xnn { error, .. } => match error {
+            XnnError::OutOfMemory { .. } => Status::MemoryAllocationFailed,
+            XnnError::Arity { .. }
+            | XnnError::DtypeMismatch { .. }
+            | XnnError::ShapeOutOfBounds { .. }
+            | XnnError::BufferTooSmall { .. } => Status::InvalidArgument,
+            _ => Status::Internal,
+        },
+        _ => Status::Internal,
+    }
+}
+
+/// The full error chain, for ExecuTorch's log.
+fn chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(e) = source {
+        let more = e.to_string();
+        if !text.contains(&more) {
+            text.push_str(": ");
+            text.push_str(&more);
+        }
+        source = e.source();
+    }
+    text
+}
+
+fn panic_message(panic: Box<dyn std::any::Any + Send>) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic".to_string())
+}
+
+fn init(
+    options: &InitOptions,
+    processed: UniquePtr<EtBuffer>,
+    map: UniquePtr<EtDataMap>,
+) -> Result<(XnnDelegate, Option<String>), Outcome> {
+    let backend = process_backend()?;
+    let (weights, warning) = weights_for(backend, options)?;
+    let sharing = WorkspaceSharing::from_code(options.workspace_sharing_mode.into()).ok_or_else(
+        || {
+            Outcome::error(
+                Status::InvalidArgument,
+                format!(
+                    "workspace_sharing_mode {} is not 0, 1 or 2",
+                    options.workspace_sharing_mode
+                ),
+            )
+        },
+    )?;
+    let model = backend
+        .model_with_workspace(weights, sharing)
+        .map_err(|e| Outcome::error(Status::Internal, chain(&e)))?;
+    let processed = Arc::new(Processed(processed));
+    let len = xnnblob::named_data::Backing::bytes(&*processed).len();
+    let payload = DataBuffer::new(processed, 0, len).expect("the whole buffer");
+    let map = Arc::new(EtMap::new(map));
+    let delegate = XnnDelegate::init_deferred(&model, payload, map.clone());
+    map.close();
+    let delegate = delegate.map_err(|e| Outcome::error(status_of(&e), chain(&e)))?;
+    Ok((delegate, warning))
+}
+
+pub(crate) fn delegate_init(
+    options: &InitOptions,
+    processed: UniquePtr<EtBuffer>,
+    map: UniquePtr<EtDataMap>,
+    outcome: &mut Outcome,
+) -> Box<EtDelegate> {
+    *outcome = Outcome::ok();
+    let result = catch_unwind(AssertUnwindSafe(|| init(options, processed, map)));
+    let inner = match result {
+        Ok(Ok((delegate, warning))) => {
+            if let Some(w) = warning {
+                outcome.message = w;
+            }
+            Some(delegate)
+        }
+        Ok(Err(error)) => {
+            *outcome = error;
+            None
+        }
+        Err(panic) => {
+            *outcome = Outcome::error(Status::Internal, panic_message(panic));
+            None
+        }
+    };
+    Box::new(EtDelegate { inner })
+}
+
+fn describe(call: &EtCall, index: usize) -> Result<TensorArg, Outcome> {
+    let mut arg = TensorArg {
+        data: std::ptr::null_mut(),
+        nbytes: 0,
+        scalar_type: -1,
+        rank: 0,
+        sizes: [0; 16],
+    };
+    if !call.tensor(index, &mut arg) {
+        return Err(Outcome::error(
+            Status::NotSupported,
+            format!("argument {index} is not a tensor"),
+        ));
+    }
+    Ok(arg)
+}
+
+fn dtype_of(arg: &TensorArg, index: usize) -> Result<DType, Outcome> {
+    DType::from_scalar_type(arg.scalar_type).ok_or_else(|| {
+        Outcome::error(
+            Status::NotSupported,
+            format!(
+                "argument {index}: ExecuTorch scalar type {} is not bound by this backend",
+                arg.scalar_type
+            ),
+        )
+    })
+}
+
+fn shape_of(arg: &TensorArg, index: usize) -> Result<Shape, Outcome> {
+    let sizes = arg.sizes.get(..arg.rank).unwrap_or(&[]);
+    let dims: Vec<usize> = sizes.iter().map(|&d| d.max(0) as usize).collect();
+    Shape::new(&dims).map_err(|_| {
+        Outcome::error(
+            Status::NotSupported,
+            format!("argument {index}: rank {} is too high", arg.rank),
+        )
+    })
+}
+
+fn execute(delegate: &mut EtDelegate, mut call: Pin<&mut EtCall>) -> Result<(), Outcome> {
+    let Some(d) = delegate.inner.as_mut() else {
+        return Err(Outcome::error(
+            Status::InvalidArgument,
+            "this delegate failed to initialise",
+        ));
+    };
+    let (n_in, n_out) = (d.inputs().len(), d.outputs().len());
+    if call.num_args() != n_in + n_out {
+        return Err(Outcome::error(
+            Status::InvalidArgument,
+            format!(
+                "{} arguments given, the delegate takes {n_in} inputs and {n_out} outputs",
+                call.num_args()
+            ),
+        ));
+    }
+    let mut inputs = Vec::with_capacity(n_in);
+    for i in 0..n_in {
+        let arg = describe(&call, i)?;
+        inputs.push((arg.data, arg.nbytes, dtype_of(&arg, i)?, shape_of(&arg, i)?));
+    }
+    // Set by the output callback, which cannot return an error through XNNPACK's binding.
+    let mut failure: Option<Outcome> = None;
+    // SAFETY: each input's data is readable for nbytes (ExecuTorch's tensor), each output
+    // writable for nbytes after its resize, for the duration of this call; ExecuTorch's memory
+    // planning never aliases a delegate's inputs with its outputs.
+    let result = unsafe {
+        d.execute_raw_shaped(
+            |i| {
+                let (data, len, dtype, shape) = inputs[i];
+                RawInput {
+                    data: data.cast_const(),
+                    len,
+                    dtype,
+                    shape,
+                    padded: false,
+                }
+            },
+            |j, shape| {
+                let index = n_in + j;
+                let sizes: Vec<i64> = shape.dims().iter().map(|&d| d as i64).collect();
+                let mut arg = match describe(&call, index) {
+                    Ok(arg) => arg,
+                    Err(e) => {
+                        failure.get_or_insert(e);
+                        return RawOutput {
+                            data: std::ptr::null_mut(),
+                            capacity: 0,
+                            dtype: DType::F32,
+                        };
+                    }
+                };
+                let code = call.as_mut().resize(index, &sizes, &mut arg);
+                if code != 0 {
+                    failure.get_or_insert(Outcome::error(
+                        Status::InvalidArgument,
+                        format!("output {j}: resize_tensor to {sizes:?} failed ({code:#x})"),
+                    ));
+                }
+                let dtype = DType::from_scalar_type(arg.scalar_type).unwrap_or(DType::F32);
+                RawOutput {
+                    data: arg.data,
+                    capacity: if code == 0 { arg.nbytes } else { 0 },
+                    dtype,
+                }
+            },
+        )
+    };
+    if let Some(f) = failure {
+        return Err(f);
+    }
+    result.map_err(|e| Outcome::error(status_of(&e), chain(&e)))
+}
+
+pub(crate) fn delegate_execute(delegate: &mut EtDelegate, call: Pin<&mut EtCall>) -> Outcome {
+    match catch_unwind(AssertUnwindSafe(|| execute(delegate, call))) {
+        Ok(Ok(())) => Outcome::ok(),
+        Ok(Err(e)) => e,
+        Err(panic) => Outcome::error(Status::Internal, panic_message(panic)),
+    }
+}
+
+pub(crate) fn save_caches() -> Outcome {
+    let run = || -> Result<(), Outcome> {
+        for cache in process_backend()?.packed_caches() {
+            if cache.path().is_some() {
+                cache
+                    .finalize()
+                    .and_then(|()| cache.wait_saved())
+                    .map_err(|e| Outcome::error(Status::Internal, chain(&e)))?;
+            }
+        }
+        Ok(())
+    };
+    match catch_unwind(run) {
+        Ok(Ok(())) => Outcome::ok(),
+        Ok(Err(e)) => e,
+        Err(panic) => Outcome::error(Status::Internal, panic_message(panic)),
+    }
+}
+
+pub(crate) fn cache_report() -> String {
+    let Ok(backend) = process_backend() else {
+        return String::new();
+    };
+    let mut lines = Vec::new();
+    for cache in backend.packed_caches() {
+        let s = cache.stats();
+        lines.push(format!(
+            "cache {}: hits {} misses {} packed {} entries {} deferred_fills {}",
+            cache
+                .path()
+                .map_or_else(|| "memory".to_string(), |p| p.display().to_string()),
+            s.hits,
+            s.misses,
+            s.packed,
+            s.entries,
+            s.deferred_fills
+        ));
+    }
+    lines.join("\n")
+}

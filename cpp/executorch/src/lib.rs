@@ -1,0 +1,171 @@
+//! xnnblob as ExecuTorch's XNNPACK backend.
+//!
+//! `libxnnblob_executorch.so` (or `.a`) registers a `BackendInterface` under the id
+//! `XnnpackBackend` with ExecuTorch 1.5.1's runtime when it is loaded (`src/backend.cc`), so an app
+//! switches to xnnblob by linking it instead of ExecuTorch's own XNNPACK backend. The C++ side
+//! speaks ExecuTorch (options, `EValue`s, error codes); this side does the work on one process-wide
+//! [`xnnblob::backend::Backend`]:
+//! - constants come from the method's named-data map through the backend-wide shared data cache,
+//!   and filters XNNPACK only packs are not read at all when their packing is cached
+//!   ([`xnnblob::deferred`]), whatever data loader the app chose;
+//! - packed weights come from xnnblob's packed-weight cache: in memory, shared by every program of
+//!   the process, or the file `packed_cache_path` names;
+//! - `processed` is released after init unless its inline constants are in use.
+
+mod delegate;
+mod map;
+
+pub use delegate::EtDelegate;
+
+#[cxx::bridge(namespace = "xnnblob::et")]
+pub mod ffi {
+    /// What went wrong, in terms the C++ side turns into ExecuTorch's `Error`.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    #[repr(u8)]
+    enum Status {
+        Ok,
+        /// The payload is not a valid XNNPACK graph.
+        InvalidProgram,
+        /// Named data is missing, of the wrong size, or could not be read.
+        InvalidExternalData,
+        /// A node, datatype or argument kind this backend does not run.
+        NotSupported,
+        /// Arguments that do not fit the delegate (arity, dtype, shape, size).
+        InvalidArgument,
+        MemoryAllocationFailed,
+        Internal,
+    }
+
+    /// The options of one init: ExecuTorch's, per load over process-wide.
+    struct InitOptions {
+        /// False: no packed-weight cache at all (every load packs privately).
+        weight_cache_enabled: bool,
+        /// Empty: the in-memory cache shared by every program of the process.
+        packed_cache_path: String,
+        /// ExecuTorch's codes: 0 disabled, 1 per model, 2 global.
+        workspace_sharing_mode: i32,
+    }
+
+    /// An error (or a warning with `Status::Ok`) for the C++ side to return and log.
+    struct Outcome {
+        status: Status,
+        message: String,
+    }
+
+    /// One tensor argument of a delegate call, as ExecuTorch's runtime holds it.
+    struct TensorArg {
+        data: *mut u8,
+        nbytes: usize,
+        /// ExecuTorch's `ScalarType` code.
+        scalar_type: i8,
+        rank: usize,
+        sizes: [i64; 16],
+    }
+
+    unsafe extern "C++" {
+        include!("xnnblob-executorch/src/bridge.h");
+
+        /// A `FreeableBuffer` moved out of ExecuTorch (the processed payload, or named data).
+        type EtBuffer;
+        fn data(self: &EtBuffer) -> *const u8;
+        fn size(self: &EtBuffer) -> usize;
+
+        /// Whether loading the library registered "XnnpackBackend" (false: another backend
+        /// took the id first).
+        fn registered() -> bool;
+
+        /// One delegate call's arguments (`Span<EValue*>`).
+        type EtCall;
+        fn num_args(self: &EtCall) -> usize;
+        /// Describes argument `index`; false when it is not a tensor.
+        fn tensor(self: &EtCall, index: usize, arg: &mut TensorArg) -> bool;
+        /// `resize_tensor` of argument `index` to `sizes`, then describes it again: 0 or
+        /// ExecuTorch's error code.
+        fn resize(self: Pin<&mut EtCall>, index: usize, sizes: &[i64], arg: &mut TensorArg) -> u32;
+
+        /// The method's `NamedDataMap`, borrowed for the duration of one init.
+        type EtDataMap;
+        /// The number of keys, or -1.
+        fn num_keys(self: &EtDataMap) -> i64;
+        /// Key `index`, or an empty string.
+        fn key_at(self: &EtDataMap, index: u32) -> String;
+        /// `get_data(key)`; null with `error` set to ExecuTorch's error code on failure.
+        fn get_data(self: &EtDataMap, key: &str, error: &mut u32) -> UniquePtr<EtBuffer>;
+    }
+
+    extern "Rust" {
+        type EtDelegate;
+
+        /// Creates the delegate of one `init`: `processed` is kept only while inline constants
+        /// of it are in use; `map` may be null (the program has no named data).
+        fn delegate_init(
+            options: &InitOptions,
+            processed: UniquePtr<EtBuffer>,
+            map: UniquePtr<EtDataMap>,
+            outcome: &mut Outcome,
+        ) -> Box<EtDelegate>;
+
+        /// True when `delegate_init` failed (the box holds nothing to run).
+        fn is_empty(self: &EtDelegate) -> bool;
+
+        /// Runs one delegate call: its arguments are the inputs then the outputs, by ascending
+        /// external id. Each output is resized to the shape of this run before it is written.
+        fn delegate_execute(delegate: &mut EtDelegate, call: Pin<&mut EtCall>) -> Outcome;
+
+        /// Saves every file-backed packed-weight cache now, and waits (ExecuTorch's
+        /// `save_weight_cache_on_disk`).
+        fn save_caches() -> Outcome;
+
+        /// What the packed-weight caches did in this process, one line (for runners and tests).
+        fn cache_report() -> String;
+    }
+}
+
+impl ffi::Outcome {
+    fn ok() -> ffi::Outcome {
+        ffi::Outcome {
+            status: ffi::Status::Ok,
+            message: String::new(),
+        }
+    }
+
+    fn error(status: ffi::Status, message: impl Into<String>) -> ffi::Outcome {
+        ffi::Outcome {
+            status,
+            message: message.into(),
+        }
+    }
+}
+
+use delegate::{cache_report, delegate_execute, delegate_init, save_caches};
+
+/// Whether loading this library registered its backend under "XnnpackBackend" with ExecuTorch
+/// (false: another XNNPACK backend was registered first). Exported for runners that `dlopen` it;
+/// referencing the registration also keeps it in every library this crate is linked into.
+#[no_mangle]
+pub extern "C" fn xnnblob_executorch_registered() -> bool {
+    ffi::registered()
+}
+
+/// Writes what xnnblob's packed-weight caches did in this process (one line per cache: hits,
+/// misses, weights packed, entries, placeholders read in) into `buffer`, NUL terminated and
+/// truncated to `size`; returns the full length.
+///
+/// # Safety
+/// `buffer` is null (with `size` 0) or writable for `size` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn xnnblob_executorch_cache_report(
+    buffer: *mut std::ffi::c_char,
+    size: usize,
+) -> usize {
+    let text = std::panic::catch_unwind(cache_report).unwrap_or_default();
+    if !buffer.is_null() && size > 0 {
+        let n = text.len().min(size - 1);
+        // SAFETY: the caller makes `size` bytes writable at `buffer`; n + 1 <= size.
+        unsafe {
+            std::ptr::copy_nonoverlapping(text.as_ptr().cast(), buffer, n);
+            *buffer.add(n) = 0;
+        }
+    }
+    text.len()
+}

@@ -1,0 +1,431 @@
+// xnnblob-et-run: runs an ExecuTorch program with ExecuTorch's own runtime (the wheel's Module),
+// through xnnblob's XNNPACK backend or ExecuTorch's, and reports what a launch cost.
+//
+// The backend is a library dlopen'ed before the program loads, so one binary measures both.
+// Results are printed as key=value lines (for tests and benches); outputs are written as raw
+// little-endian files like `xnnblob run`'s.
+
+#include <executorch/extension/module/module.h>
+#include <executorch/extension/tensor/tensor_ptr.h>
+#include <executorch/extension/tensor/tensor_ptr_maker.h>
+#include <executorch/runtime/backend/backend_options_map.h>
+#include <executorch/runtime/backend/options.h>
+
+#include <dlfcn.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+using executorch::aten::ScalarType;
+using executorch::extension::Module;
+using executorch::runtime::Error;
+using executorch::runtime::EValue;
+
+const char kUsage[] =
+    "usage: xnnblob-et-run PROGRAM.pte [--data FILE.ptd]... [--backend xnnblob|executorch|LIB.so]\n"
+    "         [--load-mode file|mmap] [--cache PATH] [--no-weight-cache] [--workspace-sharing 0|1|2]\n"
+    "         [--method NAME] [--input FILE [--dtype D] [--shape AxBx..]]... [--steps N]\n"
+    "         [--repeat N] [--threads N] [--output-dir DIR]\n"
+    "An input path may hold {step}, replaced by the step number (0..N-1) for stateful programs.\n";
+
+struct Input {
+  std::string path;
+  std::optional<ScalarType> dtype;
+  std::optional<std::vector<int64_t>> shape;
+};
+
+struct Options {
+  std::string program;
+  std::vector<std::string> data;
+  std::string backend = "xnnblob";
+  bool mmap = false;
+  std::string cache;
+  bool weight_cache = true;
+  int workspace_sharing = -1;
+  std::string method = "forward";
+  std::vector<Input> inputs;
+  int steps = 1;
+  int repeat = 1;
+  int threads = 1;
+  std::string output_dir;
+};
+
+struct Failure {
+  std::string what;
+};
+
+[[noreturn]] void fail(const std::string& what) { throw Failure{what}; }
+
+std::string error_text(Error e) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "ExecuTorch error %#x", static_cast<unsigned>(e));
+  return buf;
+}
+
+std::optional<ScalarType> parse_dtype(const std::string& name) {
+  static const std::map<std::string, ScalarType> names = {
+      {"float32", ScalarType::Float}, {"f32", ScalarType::Float},
+      {"float16", ScalarType::Half},  {"f16", ScalarType::Half},
+      {"bfloat16", ScalarType::BFloat16}, {"bf16", ScalarType::BFloat16},
+      {"int8", ScalarType::Char},     {"i8", ScalarType::Char},
+      {"uint8", ScalarType::Byte},    {"u8", ScalarType::Byte},
+      {"int32", ScalarType::Int},     {"i32", ScalarType::Int},
+      {"int64", ScalarType::Long},    {"i64", ScalarType::Long},
+      {"bool", ScalarType::Bool}};
+  auto it = names.find(name);
+  if (it == names.end()) return std::nullopt;
+  return it->second;
+}
+
+const char* short_name(ScalarType t) {
+  switch (t) {
+    case ScalarType::Float: return "f32";
+    case ScalarType::Half: return "f16";
+    case ScalarType::BFloat16: return "bf16";
+    case ScalarType::Char: return "i8";
+    case ScalarType::Byte: return "u8";
+    case ScalarType::Int: return "i32";
+    case ScalarType::Long: return "i64";
+    case ScalarType::Bool: return "bool";
+    default: return "bin";
+  }
+}
+
+std::vector<int64_t> parse_shape(const std::string& text) {
+  std::vector<int64_t> dims;
+  std::stringstream in(text);
+  std::string part;
+  while (std::getline(in, part, 'x')) {
+    if (part.empty() || part.find_first_not_of("0123456789") != std::string::npos) {
+      fail("--shape " + text + ": expected dimensions like 2x12");
+    }
+    dims.push_back(std::stoll(part));
+  }
+  return dims;
+}
+
+Options parse(int argc, char** argv) {
+  Options o;
+  auto value = [&](int& i) -> std::string {
+    if (i + 1 >= argc) fail(std::string(argv[i]) + " needs a value");
+    return argv[++i];
+  };
+  auto number = [&](int& i) -> int {
+    std::string v = value(i);
+    if (v.empty() || v.find_first_not_of("0123456789") != std::string::npos) {
+      fail(std::string(argv[i - 1]) + " " + v + ": expected a number");
+    }
+    return std::stoi(v);
+  };
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--data") o.data.push_back(value(i));
+    else if (a == "--backend") o.backend = value(i);
+    else if (a == "--load-mode") {
+      std::string m = value(i);
+      if (m != "file" && m != "mmap") fail("--load-mode " + m + ": file or mmap");
+      o.mmap = m == "mmap";
+    } else if (a == "--cache") o.cache = value(i);
+    else if (a == "--no-weight-cache") o.weight_cache = false;
+    else if (a == "--workspace-sharing") o.workspace_sharing = number(i);
+    else if (a == "--method") o.method = value(i);
+    else if (a == "--input") o.inputs.push_back(Input{value(i), std::nullopt, std::nullopt});
+    else if (a == "--dtype" || a == "--shape") {
+      if (o.inputs.empty()) fail(a + " must follow an --input");
+      std::string v = value(i);
+      if (a == "--dtype") {
+        auto t = parse_dtype(v);
+        if (!t) fail("--dtype " + v + ": unknown");
+        o.inputs.back().dtype = *t;
+      } else {
+        o.inputs.back().shape = parse_shape(v);
+      }
+    } else if (a == "--steps") o.steps = std::max(1, number(i));
+    else if (a == "--repeat") o.repeat = std::max(1, number(i));
+    else if (a == "--threads") o.threads = std::max(1, number(i));
+    else if (a == "--output-dir") o.output_dir = value(i);
+    else if (a == "-h" || a == "--help") {
+      std::fputs(kUsage, stdout);
+      std::exit(0);
+    } else if (!a.empty() && a[0] == '-') fail("unknown option " + a);
+    else if (o.program.empty()) o.program = a;
+    else fail("a second program " + a);
+  }
+  if (o.program.empty()) fail("no program given");
+  return o;
+}
+
+std::string self_dir() {
+  char buf[4096];
+  ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
+  if (n <= 0) return ".";
+  std::string path(buf, static_cast<size_t>(n));
+  return path.substr(0, path.rfind('/'));
+}
+
+std::string backend_library(const std::string& backend) {
+  if (backend == "xnnblob") return self_dir() + "/libxnnblob_executorch.so";
+  if (backend == "executorch") return std::string(XNNBLOB_ET_LIB_DIR) + "/libexecutorch_backend_xnnpack.so";
+  return backend;
+}
+
+// /proc/self/io's counters: rchar counts bytes read by read()/pread() (a data loader reading
+// weights into memory), read_bytes those fetched from storage.
+std::map<std::string, unsigned long long> proc_io() {
+  std::map<std::string, unsigned long long> io;
+  std::ifstream in("/proc/self/io");
+  std::string key;
+  unsigned long long v;
+  while (in >> key >> v) io[key.substr(0, key.size() - 1)] = v;
+  return io;
+}
+
+long peak_rss_kib() {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("VmHWM:", 0) == 0) return std::stol(line.substr(6));
+  }
+  return -1;
+}
+
+double ms_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count();
+}
+
+std::vector<uint8_t> read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail("cannot read " + path);
+  return std::vector<uint8_t>(std::istreambuf_iterator<char>(in), {});
+}
+
+std::string for_step(std::string path, int step) {
+  const std::string token = "{step}";
+  for (size_t at; (at = path.find(token)) != std::string::npos;) {
+    path.replace(at, token.size(), std::to_string(step));
+  }
+  return path;
+}
+
+struct Output {
+  ScalarType dtype;
+  std::vector<int64_t> shape;
+  std::vector<uint8_t> bytes;
+};
+
+struct Launch {
+  double load_to_ready_ms = 0;
+  double first_execute_ms = 0;
+  std::vector<double> execute_ms;
+  unsigned long long load_rchar = 0;
+  unsigned long long load_read_bytes = 0;
+  std::vector<std::vector<Output>> steps;  // per step, per output
+};
+
+Launch launch(const Options& o) {
+  Launch r;
+  auto io_before = proc_io();
+  auto started = std::chrono::steady_clock::now();
+  auto mode = o.mmap ? Module::LoadMode::Mmap : Module::LoadMode::File;
+  Module module(o.program, o.data, mode);
+
+  executorch::runtime::BackendOptions<4> backend_options;
+  if (!o.weight_cache) backend_options.set_option("weight_cache_enabled", false);
+  if (!o.cache.empty()) {
+    backend_options.set_option("weight_cache_enabled", o.weight_cache);
+    backend_options.set_option("packed_cache_path", o.cache.c_str());
+  }
+  if (o.workspace_sharing >= 0) {
+    backend_options.set_option("workspace_sharing_mode", o.workspace_sharing);
+  }
+  executorch::runtime::LoadBackendOptionsMap options_map;
+  if (options_map.set_options("XnnpackBackend", backend_options.view()) != Error::Ok) {
+    fail("cannot set the backend options");
+  }
+  Error e = module.load(options_map);
+  if (e != Error::Ok) fail("loading " + o.program + ": " + error_text(e));
+  e = module.load_method(o.method, nullptr, nullptr, &options_map);
+  if (e != Error::Ok) fail("loading method " + o.method + ": " + error_text(e));
+  r.load_to_ready_ms = ms_since(started);
+  auto io_after = proc_io();
+  r.load_rchar = io_after["rchar"] - io_before["rchar"];
+  r.load_read_bytes = io_after["read_bytes"] - io_before["read_bytes"];
+
+  auto meta = module.method_meta(o.method);
+  if (!meta.ok()) fail("method " + o.method + ": " + error_text(meta.error()));
+  if (o.inputs.size() != meta->num_inputs()) {
+    fail("method " + o.method + " takes " + std::to_string(meta->num_inputs()) + " inputs, " +
+         std::to_string(o.inputs.size()) + " given");
+  }
+  for (int step = 0; step < o.steps; ++step) {
+    std::vector<std::vector<uint8_t>> storage;
+    std::vector<executorch::extension::TensorPtr> tensors;
+    std::vector<EValue> inputs;
+    for (size_t i = 0; i < o.inputs.size(); ++i) {
+      auto tmeta = meta->input_tensor_meta(i);
+      if (!tmeta.ok()) fail("input " + std::to_string(i) + " is not a tensor");
+      ScalarType dtype = o.inputs[i].dtype.value_or(tmeta->scalar_type());
+      std::vector<int64_t> shape(tmeta->sizes().begin(), tmeta->sizes().end());
+      storage.push_back(read_file(for_step(o.inputs[i].path, step)));
+      size_t bytes = storage.back().size();
+      size_t element = executorch::runtime::elementSize(dtype);
+      if (o.inputs[i].shape) {
+        shape = *o.inputs[i].shape;
+      } else if (!shape.empty()) {
+        // A dynamic leading dimension, from the file's size.
+        size_t rest = element;
+        for (size_t d = 1; d < shape.size(); ++d) rest *= static_cast<size_t>(shape[d]);
+        if (rest > 0 && bytes % rest == 0) shape[0] = static_cast<int64_t>(bytes / rest);
+      }
+      size_t numel = 1;
+      for (auto d : shape) numel *= static_cast<size_t>(d);
+      if (numel * element != bytes) {
+        fail(for_step(o.inputs[i].path, step) + ": " + std::to_string(bytes) +
+             " bytes do not hold the input's shape");
+      }
+      std::vector<executorch::aten::SizesType> sizes(shape.begin(), shape.end());
+      tensors.push_back(
+          executorch::extension::from_blob(storage.back().data(), sizes, dtype));
+      inputs.emplace_back(*tensors.back());
+    }
+    std::vector<Output> outputs;
+    for (int rep = 0; rep < (step == 0 ? o.repeat : 1); ++rep) {
+      auto t = std::chrono::steady_clock::now();
+      auto result = module.execute(o.method, inputs);
+      double took = ms_since(t);
+      if (!result.ok()) fail("executing " + o.method + ": " + error_text(result.error()));
+      if (step == 0 && rep == 0) r.first_execute_ms = took;
+      r.execute_ms.push_back(took);
+      if (rep == 0) {
+        for (const EValue& v : *result) {
+          if (!v.isTensor()) continue;
+          const auto& out = v.toTensor();
+          const uint8_t* p = static_cast<const uint8_t*>(out.const_data_ptr());
+          outputs.push_back(Output{out.scalar_type(),
+                                   std::vector<int64_t>(out.sizes().begin(), out.sizes().end()),
+                                   std::vector<uint8_t>(p, p + out.nbytes())});
+        }
+      }
+    }
+    r.steps.push_back(std::move(outputs));
+  }
+  return r;
+}
+
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t d = 0; d < shape.size(); ++d) s += (d ? "x" : "") + std::to_string(shape[d]);
+  return s + "]";
+}
+
+int run(int argc, char** argv) {
+  Options o = parse(argc, argv);
+  std::string library = backend_library(o.backend);
+  void* handle = dlopen(library.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (handle == nullptr) fail("cannot load the backend " + library + ": " + dlerror());
+  using Registered = bool (*)();
+  auto registered = reinterpret_cast<Registered>(dlsym(handle, "xnnblob_executorch_registered"));
+  if (registered != nullptr && !registered()) {
+    fail(library + " did not register XnnpackBackend (another XNNPACK backend was first)");
+  }
+
+  std::vector<Launch> launches(static_cast<size_t>(o.threads));
+  std::vector<std::string> errors(launches.size());
+  auto one = [&](size_t t) {
+    try {
+      launches[t] = launch(o);
+    } catch (const Failure& f) {
+      errors[t] = f.what;
+    }
+  };
+  if (o.threads == 1) {
+    one(0);
+  } else {
+    std::vector<std::thread> pool;
+    for (size_t t = 0; t < launches.size(); ++t) pool.emplace_back(one, t);
+    for (auto& th : pool) th.join();
+  }
+  for (size_t t = 0; t < errors.size(); ++t) {
+    if (!errors[t].empty()) fail((o.threads > 1 ? "thread " + std::to_string(t) + ": " : "") + errors[t]);
+  }
+  const Launch& r = launches[0];
+  for (size_t t = 1; t < launches.size(); ++t) {
+    bool same = launches[t].steps.size() == r.steps.size();
+    for (size_t s = 0; same && s < r.steps.size(); ++s) {
+      same = launches[t].steps[s].size() == r.steps[s].size();
+      for (size_t j = 0; same && j < r.steps[s].size(); ++j) {
+        same = launches[t].steps[s][j].bytes == r.steps[s][j].bytes;
+      }
+    }
+    if (!same) fail("thread " + std::to_string(t) + "'s outputs differ from thread 0's");
+  }
+
+  std::printf("backend=%s\n", library.c_str());
+  std::printf("load_mode=%s\n", o.mmap ? "mmap" : "file");
+  std::printf("load_to_ready_ms=%.3f\n", r.load_to_ready_ms);
+  std::printf("first_execute_ms=%.3f\n", r.first_execute_ms);
+  std::vector<double> sorted = r.execute_ms;
+  std::sort(sorted.begin(), sorted.end());
+  std::printf("execute_ms=%.3f\n", sorted[sorted.size() / 2]);
+  std::printf("load_rchar=%llu\n", r.load_rchar);
+  std::printf("load_read_bytes=%llu\n", r.load_read_bytes);
+  std::printf("peak_rss_kib=%ld\n", peak_rss_kib());
+  std::printf("threads=%d\n", o.threads);
+  for (size_t s = 0; s < r.steps.size(); ++s) {
+    for (size_t j = 0; j < r.steps[s].size(); ++j) {
+      const Output& out = r.steps[s][j];
+      std::string name = (r.steps.size() > 1 ? "step" + std::to_string(s) + "." : std::string()) +
+                         "output" + std::to_string(j) + "." + short_name(out.dtype);
+      std::string file;
+      if (!o.output_dir.empty()) {
+        file = o.output_dir + "/" + name;
+        std::ofstream f(file, std::ios::binary);
+        f.write(reinterpret_cast<const char*>(out.bytes.data()),
+                static_cast<std::streamsize>(out.bytes.size()));
+        if (!f) fail("cannot write " + file);
+      }
+      std::printf("output step=%zu index=%zu dtype=%s shape=%s file=%s\n", s, j,
+                  short_name(out.dtype), shape_text(out.shape).c_str(),
+                  file.empty() ? "-" : file.c_str());
+    }
+  }
+  using Report = size_t (*)(char*, size_t);
+  if (auto report = reinterpret_cast<Report>(dlsym(handle, "xnnblob_executorch_cache_report"))) {
+    std::vector<char> text(report(nullptr, 0) + 1);
+    report(text.data(), text.size());
+    std::printf("%s\n", text.data());
+  }
+  std::fflush(stdout);
+  return 0;
+}
+
+}  // namespace
+
+extern "C" int xnnblob_et_run_main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const Failure& f) {
+    std::fprintf(stderr, "xnnblob-et-run: %s\n", f.what.c_str());
+    bool usage = f.what.find("option") != std::string::npos ||
+                 f.what.find("no program") != std::string::npos ||
+                 f.what.find("needs a value") != std::string::npos;
+    if (usage) std::fputs(kUsage, stderr);
+    return usage ? 2 : 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "xnnblob-et-run: %s\n", e.what());
+    return 1;
+  }
+}
