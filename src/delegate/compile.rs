@@ -6,7 +6,7 @@ use super::payload;
 use crate::backend::ModelContext;
 use crate::cache::{BlobId, OwnedRegistration, PackedWeightsCache};
 use crate::deferred::{DeferredData, Fill};
-use crate::named_data::{DataBuffer, NamedDataError, NamedDataMap};
+use crate::named_data::{DataBuffer, NamedDataMap};
 use crate::schema::xnn as fb;
 use crate::shared_cache::SharedData;
 use crate::xnn::{
@@ -249,18 +249,11 @@ fn load_constants(
     let mut out: Vec<Option<Constant>> = vec![None];
     for (i, c) in graph.constant_data().iter().flatten().enumerate().skip(1) {
         let key = c.named_key().unwrap_or("");
-        if let Some(&len) = deferrable.get(&i) {
-            // The map must have it (and, where its index tells sizes, at this size): nothing
-            // is read. A size it cannot tell is checked when the bytes are read in.
-            if !has_key(map, key) {
-                return Err(DelegateError::UnreadConstant {
-                    key: key.to_string(),
-                    source: Box::new(NamedDataError::KeyNotFound {
-                        key: key.to_string(),
-                        source: map.source().to_string(),
-                    }),
-                });
-            }
+        // Left unread only when the map lists the key (from its index: nothing is read) and,
+        // where the index tells sizes, at the right size; a size it cannot tell is checked when
+        // the bytes are read in. A key it does not list is loaded as usual (or found missing).
+        let deferred_len = deferrable.get(&i).filter(|_| has_key(map, key));
+        if let Some(&len) = deferred_len {
             if let Ok(size) = map.data_size(key) {
                 if size != len {
                     return Err(DelegateError::BadGraph(format!(

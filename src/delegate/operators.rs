@@ -102,6 +102,12 @@ pub static OPERATORS: &[Operator] = &[
         define: multiply,
     },
     Operator {
+        node: "XNNBatchMatrixMultiply",
+        xnnpack: "xnn_define_batch_matrix_multiply",
+        kind: fb::XNodeUnion::XNNBatchMatrixMultiply,
+        define: batch_matrix_multiply,
+    },
+    Operator {
         node: "XNNClamp",
         xnnpack: "xnn_define_clamp",
         kind: fb::XNodeUnion::XNNClamp,
@@ -406,6 +412,31 @@ fn multiply(
     cx: &Node<'_, '_>,
 ) -> Result<(), DelegateError> {
     binary(g, node, cx, true)
+}
+
+fn batch_matrix_multiply(
+    g: &mut Subgraph<'_>,
+    node: &fb::XNode<'_>,
+    cx: &Node<'_, '_>,
+) -> Result<(), DelegateError> {
+    let b = node
+        .xnode_union_as_xnnbatch_matrix_multiply()
+        .ok_or_else(|| malformed(cx))?;
+    let transpose_b = xnnpack_sys::XNN_FLAG_TRANSPOSE_B;
+    if b.flags() & !transpose_b != 0 {
+        return Err(DelegateError::BadGraph(format!(
+            "node {}: unknown batch matrix multiply flags {:#x}",
+            cx.index,
+            b.flags()
+        )));
+    }
+    g.define_batch_matrix_multiply(
+        cx.id(b.input1_id())?,
+        cx.id(b.input2_id())?,
+        cx.id(b.output_id())?,
+        b.flags() & transpose_b != 0,
+    )
+    .map_err(at(cx.what()))
 }
 
 fn clamp(

@@ -2357,13 +2357,13 @@ impl<'a> XNode<'a> {
 
   #[inline]
   #[allow(non_snake_case)]
-  pub fn xnode_union_as_xnnbatch_matrix_multiply(&self) -> Option<Unsupported<'a>> {
+  pub fn xnode_union_as_xnnbatch_matrix_multiply(&self) -> Option<_XNNNode2x1<'a>> {
     if self.xnode_union_type() == XNodeUnion::XNNBatchMatrixMultiply {
       self.xnode_union().map(|t| {
        // Safety:
        // Created from a valid Table for this object
        // Which contains a valid union in this slot
-       unsafe { Unsupported::init_from_table(t) }
+       unsafe { _XNNNode2x1::init_from_table(t) }
      })
     } else {
       None
@@ -2521,7 +2521,7 @@ impl ::flatbuffers::Verifiable for XNode<'_> {
           XNodeUnion::XNNConcatenate4 => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<Unsupported>>("XNodeUnion::XNNConcatenate4", pos),
           XNodeUnion::XNNStaticSlice => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<XNNStaticSlice>>("XNodeUnion::XNNStaticSlice", pos),
           XNodeUnion::XNNScaledDotProductAttention => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<Unsupported>>("XNodeUnion::XNNScaledDotProductAttention", pos),
-          XNodeUnion::XNNBatchMatrixMultiply => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<Unsupported>>("XNodeUnion::XNNBatchMatrixMultiply", pos),
+          XNodeUnion::XNNBatchMatrixMultiply => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<_XNNNode2x1>>("XNodeUnion::XNNBatchMatrixMultiply", pos),
           XNodeUnion::XNNConcatenate5 => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<Unsupported>>("XNodeUnion::XNNConcatenate5", pos),
           XNodeUnion::XNNConvTranspose2d => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<Unsupported>>("XNodeUnion::XNNConvTranspose2d", pos),
           XNodeUnion::XNNReciprocalSquareRoot => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<Unsupported>>("XNodeUnion::XNNReciprocalSquareRoot", pos),

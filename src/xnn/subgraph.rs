@@ -909,6 +909,22 @@ impl<'data> Subgraph<'data> {
         })
     }
 
+    /// Defines `output = input1 @ input2` over the last two dimensions, batched over the others
+    /// (`transpose_b`: `input2`'s last two dimensions are [N, K]).
+    pub fn define_batch_matrix_multiply(
+        &mut self,
+        input1: u32,
+        input2: u32,
+        output: u32,
+        transpose_b: bool,
+    ) -> Result<(), XnnError> {
+        let flags = if transpose_b { sys::XNN_FLAG_TRANSPOSE_B } else { 0 };
+        // SAFETY: plain values; XNNPACK validates the ids and flags.
+        check("xnn_define_batch_matrix_multiply", unsafe {
+            sys::xnn_define_batch_matrix_multiply(self.as_raw(), input1, input2, output, flags)
+        })
+    }
+
     /// Defines a softmax over the innermost dimension.
     pub fn define_softmax(&mut self, input: u32, output: u32) -> Result<(), XnnError> {
         // SAFETY: plain values; XNNPACK validates the ids.

@@ -36,6 +36,12 @@ fn process_backend() -> Result<&'static Backend, Outcome> {
             let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
             Backend::new(BackendOptions {
                 threads,
+                // Saved within init: an app may exit at any time after loading, and nothing
+                // of a process-wide backend runs at exit.
+                cache_options: xnnblob::cache::CacheOptions {
+                    blocking_save: true,
+                    ..Default::default()
+                },
                 ..Default::default()
             })
             .map_err(|e| e.to_string())

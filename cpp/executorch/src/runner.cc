@@ -35,11 +35,13 @@ using executorch::runtime::Error;
 using executorch::runtime::EValue;
 
 const char kUsage[] =
-    "usage: xnnblob-et-run PROGRAM.pte [--data FILE.ptd]... [--backend xnnblob|executorch|LIB.so]\n"
-    "         [--load-mode file|mmap] [--cache PATH] [--no-weight-cache] [--workspace-sharing 0|1|2]\n"
-    "         [--method NAME] [--input FILE [--dtype D] [--shape AxBx..]]... [--steps N]\n"
-    "         [--repeat N] [--threads N] [--output-dir DIR]\n"
-    "An input path may hold {step}, replaced by the step number (0..N-1) for stateful programs.\n";
+    "usage: xnnblob-et-run PROGRAM.pte [--data FILE.ptd]... [--method NAME]\n"
+    "         [--input FILE [--dtype D] [--shape AxBx..]]... [PROGRAM2.pte ...]\n"
+    "         [--backend xnnblob|executorch|LIB.so] [--load-mode file|mmap] [--cache PATH]\n"
+    "         [--no-weight-cache] [--workspace-sharing 0|1|2] [--steps N] [--repeat N]\n"
+    "         [--threads N] [--output-dir DIR]\n"
+    "--data, --method and --input apply to the program named last. An input path may hold\n"
+    "{step}, replaced by the step number (0..N-1) for stateful programs.\n";
 
 struct Input {
   std::string path;
@@ -47,16 +49,22 @@ struct Input {
   std::optional<std::vector<int64_t>> shape;
 };
 
-struct Options {
-  std::string program;
+// One program to load, with its data files, method and inputs.
+struct Program {
+  std::string path;
   std::vector<std::string> data;
+  std::string method = "forward";
+  std::vector<Input> inputs;
+};
+
+struct Options {
+  // Loaded one after another into one process (programs sharing weights share them).
+  std::vector<Program> programs;
   std::string backend = "xnnblob";
   bool mmap = false;
   std::string cache;
   bool weight_cache = true;
   int workspace_sharing = -1;
-  std::string method = "forward";
-  std::vector<Input> inputs;
   int steps = 1;
   int repeat = 1;
   int threads = 1;
@@ -130,9 +138,13 @@ Options parse(int argc, char** argv) {
     }
     return std::stoi(v);
   };
+  auto program = [&](const std::string& option) -> Program& {
+    if (o.programs.empty()) fail(option + " must follow a program");
+    return o.programs.back();
+  };
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
-    if (a == "--data") o.data.push_back(value(i));
+    if (a == "--data") program(a).data.push_back(value(i));
     else if (a == "--backend") o.backend = value(i);
     else if (a == "--load-mode") {
       std::string m = value(i);
@@ -141,17 +153,18 @@ Options parse(int argc, char** argv) {
     } else if (a == "--cache") o.cache = value(i);
     else if (a == "--no-weight-cache") o.weight_cache = false;
     else if (a == "--workspace-sharing") o.workspace_sharing = number(i);
-    else if (a == "--method") o.method = value(i);
-    else if (a == "--input") o.inputs.push_back(Input{value(i), std::nullopt, std::nullopt});
+    else if (a == "--method") program(a).method = value(i);
+    else if (a == "--input") program(a).inputs.push_back(Input{value(i), std::nullopt, std::nullopt});
     else if (a == "--dtype" || a == "--shape") {
-      if (o.inputs.empty()) fail(a + " must follow an --input");
+      auto& inputs = program(a).inputs;
+      if (inputs.empty()) fail(a + " must follow an --input");
       std::string v = value(i);
       if (a == "--dtype") {
         auto t = parse_dtype(v);
         if (!t) fail("--dtype " + v + ": unknown");
-        o.inputs.back().dtype = *t;
+        inputs.back().dtype = *t;
       } else {
-        o.inputs.back().shape = parse_shape(v);
+        inputs.back().shape = parse_shape(v);
       }
     } else if (a == "--steps") o.steps = std::max(1, number(i));
     else if (a == "--repeat") o.repeat = std::max(1, number(i));
@@ -161,10 +174,9 @@ Options parse(int argc, char** argv) {
       std::fputs(kUsage, stdout);
       std::exit(0);
     } else if (!a.empty() && a[0] == '-') fail("unknown option " + a);
-    else if (o.program.empty()) o.program = a;
-    else fail("a second program " + a);
+    else o.programs.push_back(Program{a, {}, "forward", {}});
   }
-  if (o.program.empty()) fail("no program given");
+  if (o.programs.empty()) fail("no program given");
   return o;
 }
 
@@ -226,6 +238,7 @@ struct Output {
   std::vector<uint8_t> bytes;
 };
 
+// One program's launch: its costs and, per step, its outputs.
 struct Launch {
   double load_to_ready_ms = 0;
   double first_execute_ms = 0;
@@ -235,12 +248,13 @@ struct Launch {
   std::vector<std::vector<Output>> steps;  // per step, per output
 };
 
-Launch launch(const Options& o) {
+Launch launch(const Options& o, const Program& p, std::unique_ptr<Module>& keep) {
   Launch r;
   auto io_before = proc_io();
   auto started = std::chrono::steady_clock::now();
   auto mode = o.mmap ? Module::LoadMode::Mmap : Module::LoadMode::File;
-  Module module(o.program, o.data, mode);
+  keep = std::make_unique<Module>(p.path, p.data, mode);
+  Module& module = *keep;
 
   executorch::runtime::BackendOptions<4> backend_options;
   if (!o.weight_cache) backend_options.set_option("weight_cache_enabled", false);
@@ -256,34 +270,34 @@ Launch launch(const Options& o) {
     fail("cannot set the backend options");
   }
   Error e = module.load(options_map);
-  if (e != Error::Ok) fail("loading " + o.program + ": " + error_text(e));
-  e = module.load_method(o.method, nullptr, nullptr, &options_map);
-  if (e != Error::Ok) fail("loading method " + o.method + ": " + error_text(e));
+  if (e != Error::Ok) fail("loading " + p.path + ": " + error_text(e));
+  e = module.load_method(p.method, nullptr, nullptr, &options_map);
+  if (e != Error::Ok) fail("loading method " + p.method + ": " + error_text(e));
   r.load_to_ready_ms = ms_since(started);
   auto io_after = proc_io();
   r.load_rchar = io_after["rchar"] - io_before["rchar"];
   r.load_read_bytes = io_after["read_bytes"] - io_before["read_bytes"];
 
-  auto meta = module.method_meta(o.method);
-  if (!meta.ok()) fail("method " + o.method + ": " + error_text(meta.error()));
-  if (o.inputs.size() != meta->num_inputs()) {
-    fail("method " + o.method + " takes " + std::to_string(meta->num_inputs()) + " inputs, " +
-         std::to_string(o.inputs.size()) + " given");
+  auto meta = module.method_meta(p.method);
+  if (!meta.ok()) fail("method " + p.method + ": " + error_text(meta.error()));
+  if (p.inputs.size() != meta->num_inputs()) {
+    fail("method " + p.method + " takes " + std::to_string(meta->num_inputs()) + " inputs, " +
+         std::to_string(p.inputs.size()) + " given");
   }
   for (int step = 0; step < o.steps; ++step) {
     std::vector<std::vector<uint8_t>> storage;
     std::vector<executorch::extension::TensorPtr> tensors;
     std::vector<EValue> inputs;
-    for (size_t i = 0; i < o.inputs.size(); ++i) {
+    for (size_t i = 0; i < p.inputs.size(); ++i) {
       auto tmeta = meta->input_tensor_meta(i);
       if (!tmeta.ok()) fail("input " + std::to_string(i) + " is not a tensor");
-      ScalarType dtype = o.inputs[i].dtype.value_or(tmeta->scalar_type());
+      ScalarType dtype = p.inputs[i].dtype.value_or(tmeta->scalar_type());
       std::vector<int64_t> shape(tmeta->sizes().begin(), tmeta->sizes().end());
-      storage.push_back(read_file(for_step(o.inputs[i].path, step)));
+      storage.push_back(read_file(for_step(p.inputs[i].path, step)));
       size_t bytes = storage.back().size();
       size_t element = executorch::runtime::elementSize(dtype);
-      if (o.inputs[i].shape) {
-        shape = *o.inputs[i].shape;
+      if (p.inputs[i].shape) {
+        shape = *p.inputs[i].shape;
       } else if (!shape.empty()) {
         // A dynamic leading dimension, from the file's size.
         size_t rest = element;
@@ -293,7 +307,7 @@ Launch launch(const Options& o) {
       size_t numel = 1;
       for (auto d : shape) numel *= static_cast<size_t>(d);
       if (numel * element != bytes) {
-        fail(for_step(o.inputs[i].path, step) + ": " + std::to_string(bytes) +
+        fail(for_step(p.inputs[i].path, step) + ": " + std::to_string(bytes) +
              " bytes do not hold the input's shape");
       }
       std::vector<executorch::aten::SizesType> sizes(shape.begin(), shape.end());
@@ -304,9 +318,9 @@ Launch launch(const Options& o) {
     std::vector<Output> outputs;
     for (int rep = 0; rep < (step == 0 ? o.repeat : 1); ++rep) {
       auto t = std::chrono::steady_clock::now();
-      auto result = module.execute(o.method, inputs);
+      auto result = module.execute(p.method, inputs);
       double took = ms_since(t);
-      if (!result.ok()) fail("executing " + o.method + ": " + error_text(result.error()));
+      if (!result.ok()) fail("executing " + p.method + ": " + error_text(result.error()));
       if (step == 0 && rep == 0) r.first_execute_ms = took;
       r.execute_ms.push_back(took);
       if (rep == 0) {
@@ -331,6 +345,40 @@ std::string shape_text(const std::vector<int64_t>& shape) {
   return s + "]";
 }
 
+// Prints one program's launch (key=value lines, the first program's without a prefix) and
+// writes its outputs.
+void report(const Options& o, size_t p, const Launch& r) {
+  std::string prefix = p > 0 ? "p" + std::to_string(p) + "." : "";
+  std::printf("%sprogram=%s\n", prefix.c_str(), o.programs[p].path.c_str());
+  std::printf("%sload_mode=%s\n", prefix.c_str(), o.mmap ? "mmap" : "file");
+  std::printf("%sload_to_ready_ms=%.3f\n", prefix.c_str(), r.load_to_ready_ms);
+  std::printf("%sfirst_execute_ms=%.3f\n", prefix.c_str(), r.first_execute_ms);
+  std::vector<double> sorted = r.execute_ms;
+  std::sort(sorted.begin(), sorted.end());
+  std::printf("%sexecute_ms=%.3f\n", prefix.c_str(), sorted[sorted.size() / 2]);
+  std::printf("%sload_rchar=%llu\n", prefix.c_str(), r.load_rchar);
+  std::printf("%sload_read_bytes=%llu\n", prefix.c_str(), r.load_read_bytes);
+  for (size_t s = 0; s < r.steps.size(); ++s) {
+    for (size_t j = 0; j < r.steps[s].size(); ++j) {
+      const Output& out = r.steps[s][j];
+      std::string name = (p > 0 ? "p" + std::to_string(p) + "." : std::string()) +
+                         (r.steps.size() > 1 ? "step" + std::to_string(s) + "." : std::string()) +
+                         "output" + std::to_string(j) + "." + short_name(out.dtype);
+      std::string file;
+      if (!o.output_dir.empty()) {
+        file = o.output_dir + "/" + name;
+        std::ofstream f(file, std::ios::binary);
+        f.write(reinterpret_cast<const char*>(out.bytes.data()),
+                static_cast<std::streamsize>(out.bytes.size()));
+        if (!f) fail("cannot write " + file);
+      }
+      std::printf("output program=%zu step=%zu index=%zu dtype=%s shape=%s file=%s\n", p, s, j,
+                  short_name(out.dtype), shape_text(out.shape).c_str(),
+                  file.empty() ? "-" : file.c_str());
+    }
+  }
+}
+
 int run(int argc, char** argv) {
   Options o = parse(argc, argv);
   std::string library = backend_library(o.backend);
@@ -342,11 +390,16 @@ int run(int argc, char** argv) {
     fail(library + " did not register XnnpackBackend (another XNNPACK backend was first)");
   }
 
-  std::vector<Launch> launches(static_cast<size_t>(o.threads));
+  // Per thread, per program. Modules stay loaded until every program has run, so programs
+  // sharing weights are in the process together.
+  std::vector<std::vector<Launch>> launches(static_cast<size_t>(o.threads));
   std::vector<std::string> errors(launches.size());
   auto one = [&](size_t t) {
+    std::vector<std::unique_ptr<Module>> modules(o.programs.size());
     try {
-      launches[t] = launch(o);
+      for (size_t p = 0; p < o.programs.size(); ++p) {
+        launches[t].push_back(launch(o, o.programs[p], modules[p]));
+      }
     } catch (const Failure& f) {
       errors[t] = f.what;
     }
@@ -361,46 +414,26 @@ int run(int argc, char** argv) {
   for (size_t t = 0; t < errors.size(); ++t) {
     if (!errors[t].empty()) fail((o.threads > 1 ? "thread " + std::to_string(t) + ": " : "") + errors[t]);
   }
-  const Launch& r = launches[0];
   for (size_t t = 1; t < launches.size(); ++t) {
-    bool same = launches[t].steps.size() == r.steps.size();
-    for (size_t s = 0; same && s < r.steps.size(); ++s) {
-      same = launches[t].steps[s].size() == r.steps[s].size();
-      for (size_t j = 0; same && j < r.steps[s].size(); ++j) {
-        same = launches[t].steps[s][j].bytes == r.steps[s][j].bytes;
+    for (size_t p = 0; p < o.programs.size(); ++p) {
+      const Launch& r = launches[0][p];
+      const Launch& other = launches[t][p];
+      bool same = other.steps.size() == r.steps.size();
+      for (size_t s = 0; same && s < r.steps.size(); ++s) {
+        same = other.steps[s].size() == r.steps[s].size();
+        for (size_t j = 0; same && j < r.steps[s].size(); ++j) {
+          same = other.steps[s][j].bytes == r.steps[s][j].bytes;
+        }
       }
+      if (!same) fail("thread " + std::to_string(t) + "'s outputs differ from thread 0's");
     }
-    if (!same) fail("thread " + std::to_string(t) + "'s outputs differ from thread 0's");
   }
 
   std::printf("backend=%s\n", library.c_str());
-  std::printf("load_mode=%s\n", o.mmap ? "mmap" : "file");
-  std::printf("load_to_ready_ms=%.3f\n", r.load_to_ready_ms);
-  std::printf("first_execute_ms=%.3f\n", r.first_execute_ms);
-  std::vector<double> sorted = r.execute_ms;
-  std::sort(sorted.begin(), sorted.end());
-  std::printf("execute_ms=%.3f\n", sorted[sorted.size() / 2]);
-  std::printf("load_rchar=%llu\n", r.load_rchar);
-  std::printf("load_read_bytes=%llu\n", r.load_read_bytes);
   std::printf("peak_rss_kib=%ld\n", peak_rss_kib());
   std::printf("threads=%d\n", o.threads);
-  for (size_t s = 0; s < r.steps.size(); ++s) {
-    for (size_t j = 0; j < r.steps[s].size(); ++j) {
-      const Output& out = r.steps[s][j];
-      std::string name = (r.steps.size() > 1 ? "step" + std::to_string(s) + "." : std::string()) +
-                         "output" + std::to_string(j) + "." + short_name(out.dtype);
-      std::string file;
-      if (!o.output_dir.empty()) {
-        file = o.output_dir + "/" + name;
-        std::ofstream f(file, std::ios::binary);
-        f.write(reinterpret_cast<const char*>(out.bytes.data()),
-                static_cast<std::streamsize>(out.bytes.size()));
-        if (!f) fail("cannot write " + file);
-      }
-      std::printf("output step=%zu index=%zu dtype=%s shape=%s file=%s\n", s, j,
-                  short_name(out.dtype), shape_text(out.shape).c_str(),
-                  file.empty() ? "-" : file.c_str());
-    }
+  for (size_t p = 0; p < o.programs.size(); ++p) {
+    report(o, p, launches[0][p]);
   }
   using Report = size_t (*)(char*, size_t);
   if (auto report = reinterpret_cast<Report>(dlsym(handle, "xnnblob_executorch_cache_report"))) {
