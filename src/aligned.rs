@@ -46,8 +46,14 @@ impl AlignedBytes {
         unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
     }
 
+    /// The length in bytes.
     pub fn len(&self) -> usize {
         self.len
+    }
+
+    /// True when it holds no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
     }
 }
 

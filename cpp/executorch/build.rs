@@ -16,7 +16,10 @@ fn main() {
             .include(&include)
             .include(&c10)
             .define("C10_USING_CUSTOM_GENERATED_MACROS", None)
-            .define("XNNBLOB_ET_LIB_DIR", Some(format!("\"{}\"", lib.display()).as_str()))
+            .define(
+                "XNNBLOB_ET_LIB_DIR",
+                Some(format!("\"{}\"", lib.display()).as_str()),
+            )
             .warnings(false)
             .flag_if_supported("-Wno-deprecated-declarations")
             .flag_if_supported("-fvisibility=hidden");
@@ -24,7 +27,9 @@ fn main() {
 
     let mut backend = cxx_build::bridge("src/lib.rs");
     configure(&mut backend);
-    backend.file("src/backend.cc").compile("xnnblob-executorch-cxx");
+    backend
+        .file("src/backend.cc")
+        .compile("xnnblob-executorch-cxx");
 
     // The runner: compiled to objects linked into the binary only, so the libraries never carry
     // a main() and the runner never carries a backend (it dlopens the one it is asked for).
@@ -32,7 +37,10 @@ fn main() {
     configure(&mut runner);
     runner.file("src/runner.cc");
     for object in runner.compile_intermediates() {
-        println!("cargo:rustc-link-arg-bin=xnnblob-et-run={}", object.display());
+        println!(
+            "cargo:rustc-link-arg-bin=xnnblob-et-run={}",
+            object.display()
+        );
     }
 
     println!("cargo:rustc-link-search=native={}", lib.display());
@@ -52,7 +60,12 @@ fn main() {
     }
     // Found where it is installed, without LD_LIBRARY_PATH.
     println!("cargo:rustc-link-arg=-Wl,-rpath,{}", lib.display());
-    for path in ["src/lib.rs", "src/bridge.h", "src/backend.cc", "src/runner.cc"] {
+    for path in [
+        "src/lib.rs",
+        "src/bridge.h",
+        "src/backend.cc",
+        "src/runner.cc",
+    ] {
         println!("cargo:rerun-if-changed={path}");
     }
 }

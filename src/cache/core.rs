@@ -212,14 +212,15 @@ impl CacheCore {
         })
     }
 
-    /// The placeholders among a key's kernel and bias, each with a way to read it in.
-    fn deferred_of(state: &State, key: &LookUpKey) -> Vec<(Arc<DeferredData>, Option<Arc<Fill>>)> {
+    /// The placeholders among a key's kernel and bias, each with the ways to read it in (one per
+    /// live registration, newest first).
+    fn deferred_of(state: &State, key: &LookUpKey) -> Vec<(Arc<DeferredData>, Vec<Arc<Fill>>)> {
         [key.kernel, key.bias]
             .into_iter()
             .filter_map(|p| state.registered.get(&(p as usize)))
             .filter_map(|r| {
                 let d = r.deferred.clone()?;
-                Some((d, r.fills.last().map(|(_, f)| f.clone())))
+                Some((d, r.fills.iter().rev().map(|(_, f)| f.clone()).collect()))
             })
             .collect()
     }
@@ -251,12 +252,22 @@ impl PackedWeightsProvider for CacheCore {
                 // XNNPACK packs next, reading the unpacked bytes: read in any placeholder's.
                 let deferred = CacheCore::deferred_of(&state, key);
                 drop(state);
-                for (data, fill) in deferred {
-                    let fill = fill.unwrap_or_else(|| {
-                        Arc::new(|_: &mut [u8]| Err("no data source is registered".into()))
-                    });
-                    // A failure is recorded in `data`: what is packed from it is never kept.
-                    let _ = data.pin(&*fill);
+                for (data, fills) in deferred {
+                    // Any live registration's source will do: another init may end (and its
+                    // source close) while this one reads. A failure of all is recorded in `data`:
+                    // what is packed from it is never kept.
+                    let fill = move |bytes: &mut [u8]| {
+                        let mut last: Box<dyn std::error::Error + Send + Sync> =
+                            "no data source is registered".into();
+                        for f in &fills {
+                            match f(bytes) {
+                                Ok(()) => return Ok(()),
+                                Err(e) => last = e,
+                            }
+                        }
+                        Err(last)
+                    };
+                    let _ = data.pin(&fill);
                     self.counters.deferred_fills.fetch_add(1, Ordering::Relaxed);
                 }
             }

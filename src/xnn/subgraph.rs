@@ -918,7 +918,11 @@ impl<'data> Subgraph<'data> {
         output: u32,
         transpose_b: bool,
     ) -> Result<(), XnnError> {
-        let flags = if transpose_b { sys::XNN_FLAG_TRANSPOSE_B } else { 0 };
+        let flags = if transpose_b {
+            sys::XNN_FLAG_TRANSPOSE_B
+        } else {
+            0
+        };
         // SAFETY: plain values; XNNPACK validates the ids and flags.
         check("xnn_define_batch_matrix_multiply", unsafe {
             sys::xnn_define_batch_matrix_multiply(self.as_raw(), input1, input2, output, flags)

@@ -63,10 +63,12 @@ fn publishable(path: &Path) -> std::io::Result<()> {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
     };
+    static PROBES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let probe = dir.join(format!(
-        ".{}.probe-{}",
+        ".{}.probe-{}-{}",
         path.file_name().unwrap_or_default().to_string_lossy(),
-        std::process::id()
+        std::process::id(),
+        PROBES.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
     ));
     std::fs::OpenOptions::new()
         .write(true)
@@ -101,10 +103,7 @@ fn weights_for(
                     path.display()
                 )
             });
-            Ok((
-                Weights::Packed(backend.in_memory_cache().clone()),
-                warning,
-            ))
+            Ok((Weights::Packed(backend.in_memory_cache().clone()), warning))
         }
     }
 }
@@ -164,8 +163,8 @@ fn init(
 ) -> Result<(XnnDelegate, Option<String>), Outcome> {
     let backend = process_backend()?;
     let (weights, warning) = weights_for(backend, options)?;
-    let sharing = WorkspaceSharing::from_code(options.workspace_sharing_mode.into()).ok_or_else(
-        || {
+    let sharing =
+        WorkspaceSharing::from_code(options.workspace_sharing_mode.into()).ok_or_else(|| {
             Outcome::error(
                 Status::InvalidArgument,
                 format!(
@@ -173,8 +172,7 @@ fn init(
                     options.workspace_sharing_mode
                 ),
             )
-        },
-    )?;
+        })?;
     let model = backend
         .model_with_workspace(weights, sharing)
         .map_err(|e| Outcome::error(Status::Internal, chain(&e)))?;

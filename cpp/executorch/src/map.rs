@@ -4,9 +4,9 @@ use crate::ffi::{EtBuffer, EtDataMap};
 use cxx::UniquePtr;
 use parking_lot::Mutex;
 use std::sync::Arc;
-use xnnblob::tensor::XNN_EXTRA_BYTES;
 use xnnblob::aligned::AlignedBytes;
 use xnnblob::named_data::{Backing, DataBuffer, NamedDataError, NamedDataMap, TensorLayout};
+use xnnblob::tensor::XNN_EXTRA_BYTES;
 
 /// A method's named-data map, valid while its init runs. Closing it at the end of init makes any
 /// later use an error, never a use of a map ExecuTorch may have freed.
@@ -35,7 +35,8 @@ impl EtMap {
         // for as long as the program that owns it lives.
         let source = format!(
             "executorch-named-data@{:p}",
-            map.as_ref().map_or(std::ptr::null(), |m| m as *const EtDataMap)
+            map.as_ref()
+                .map_or(std::ptr::null(), |m| m as *const EtDataMap)
         );
         EtMap {
             map: Mutex::new(Some(map).filter(|m| !m.is_null())),
@@ -57,9 +58,9 @@ impl EtMap {
         let map = self.map.lock();
         match map.as_ref().and_then(|m| m.as_ref()) {
             Some(m) => call(m),
-            None => Err(NamedDataError::KeyNotFound {
-                key: key.to_string(),
+            None => Err(NamedDataError::Backend {
                 source: self.source.clone(),
+                message: format!("{key:?} asked for after the init that lent the map ended"),
             }),
         }
     }
@@ -92,12 +93,13 @@ impl NamedDataMap for EtMap {
             let bytes = unsafe { std::slice::from_raw_parts(b.data(), b.size()) };
             // Copied into memory xnnblob owns (with XNNPACK's slack): a shared constant may
             // outlive the program, and data loader, it came from.
-            let mut owned = AlignedBytes::zeroed(bytes.len() + XNN_EXTRA_BYTES, 64).ok_or_else(
-                || NamedDataError::Backend {
-                    source: self.source.clone(),
-                    message: format!("out of memory copying {key:?}"),
-                },
-            )?;
+            let mut owned =
+                AlignedBytes::zeroed(bytes.len() + XNN_EXTRA_BYTES, 64).ok_or_else(|| {
+                    NamedDataError::Backend {
+                        source: self.source.clone(),
+                        message: format!("out of memory copying {key:?}"),
+                    }
+                })?;
             owned.as_mut_slice()[..bytes.len()].copy_from_slice(bytes);
             Ok(DataBuffer::new(Arc::new(owned), 0, bytes.len()).expect("the copy holds it"))
         })

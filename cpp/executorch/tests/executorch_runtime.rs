@@ -1,0 +1,493 @@
+//! ExecuTorch 1.5.1's own runtime (the wheel's Module, executor, memory planning and kernels)
+//! running programs through xnnblob's "XnnpackBackend", with ExecuTorch's own XNNPACK backend as
+//! the witness in the same test. Each launch is a fresh `xnnblob-et-run` process.
+
+use serde_json::Value;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn data() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/data/executorch")
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("xnnblob-et-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// One runner launch: its key=value lines (and the raw stdout), or its stderr on failure.
+#[derive(Debug)]
+struct Run {
+    values: HashMap<String, String>,
+    stdout: String,
+}
+
+impl Run {
+    fn number(&self, key: &str) -> f64 {
+        self.values
+            .get(key)
+            .unwrap_or_else(|| panic!("no {key} in:\n{}", self.stdout))
+            .parse()
+            .unwrap()
+    }
+
+    /// The xnnblob cache line's counters for the cache at `which` ("memory" or a path).
+    fn cache(&self, which: &str) -> HashMap<String, u64> {
+        let line = self
+            .stdout
+            .lines()
+            .find(|l| l.starts_with(&format!("cache {which}:")))
+            .unwrap_or_else(|| panic!("no cache line for {which} in:\n{}", self.stdout));
+        let words: Vec<&str> = line.split_whitespace().skip(2).collect();
+        words
+            .chunks(2)
+            .map(|kv| (kv[0].to_string(), kv[1].parse().unwrap()))
+            .collect()
+    }
+}
+
+fn runner(args: &[String]) -> Result<Run, String> {
+    let out = Command::new(env!("CARGO_BIN_EXE_xnnblob-et-run"))
+        .args(args)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    if !out.status.success() {
+        return Err(format!(
+            "{:?}: {}\n{stdout}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    let values = stdout
+        .lines()
+        .filter_map(|l| l.split_once('='))
+        .filter(|(k, _)| !k.contains(' '))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    Ok(Run { values, stdout })
+}
+
+fn run_ok(args: &[String]) -> Run {
+    runner(args).unwrap_or_else(|e| panic!("xnnblob-et-run {args:?} failed: {e}"))
+}
+
+fn s(v: &str) -> String {
+    v.to_string()
+}
+
+fn f32s(bytes: &[u8]) -> Vec<f32> {
+    bytes
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+        .collect()
+}
+
+fn f16s(bytes: &[u8]) -> Vec<f32> {
+    bytes
+        .chunks_exact(2)
+        .map(|b| xnnblob::tensor::f16_to_f32(u16::from_le_bytes(b.try_into().unwrap())))
+        .collect()
+}
+
+/// The largest difference relative to the expected output's range.
+fn relative_difference(got: &[f32], expected: &[f32]) -> f32 {
+    assert_eq!(got.len(), expected.len());
+    let (lo, hi) = expected
+        .iter()
+        .fold((f32::INFINITY, f32::NEG_INFINITY), |(l, h), &v| {
+            (l.min(v), h.max(v))
+        });
+    let range = (hi - lo).max(f32::MIN_POSITIVE);
+    got.iter()
+        .zip(expected)
+        .map(|(a, b)| (a - b).abs() / range)
+        .fold(0.0, f32::max)
+}
+
+/// A runtime-c program's runner arguments and expected outputs per step.
+fn runtime_c(name: &str) -> (Vec<String>, Vec<Vec<(PathBuf, String)>>) {
+    let dir = data().join("runtime-c");
+    let io: Value =
+        serde_json::from_slice(&std::fs::read(dir.join(format!("{name}.io.json"))).unwrap())
+            .unwrap();
+    let mut args = vec![dir
+        .join(io["program"].as_str().unwrap())
+        .display()
+        .to_string()];
+    for d in io["data"].as_array().into_iter().flatten() {
+        args.extend([
+            s("--data"),
+            dir.join(d.as_str().unwrap()).display().to_string(),
+        ]);
+    }
+    let steps = io["steps"].as_array().unwrap();
+    for input in steps[0]["inputs"].as_array().unwrap() {
+        let file = input["file"].as_str().unwrap().replace(".s0.", ".s{step}.");
+        args.extend([
+            s("--input"),
+            dir.join(file).display().to_string(),
+            s("--dtype"),
+            input["dtype"].as_str().unwrap().to_string(),
+        ]);
+    }
+    args.extend([s("--steps"), steps.len().to_string()]);
+    let expected = steps
+        .iter()
+        .map(|step| {
+            step["outputs_et"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|o| {
+                    (
+                        dir.join(o["file"].as_str().unwrap()),
+                        o["dtype"].as_str().unwrap().to_string(),
+                    )
+                })
+                .collect()
+        })
+        .collect();
+    (args, expected)
+}
+
+/// Turns an output file's bytes into f32 values.
+type Decode = fn(&[u8]) -> Vec<f32>;
+
+/// Runs `args` with `backend`, writing outputs into a fresh directory; compares every step's
+/// outputs with `expected` within `tolerance` of their range; returns the largest difference.
+fn check_outputs(
+    label: &str,
+    backend: &str,
+    args: &[String],
+    expected: &[Vec<(PathBuf, String)>],
+    tolerance: f32,
+) -> f32 {
+    let out = scratch(&format!("{label}-{backend}"));
+    let mut all = args.to_vec();
+    all.extend([
+        s("--backend"),
+        s(backend),
+        s("--output-dir"),
+        out.display().to_string(),
+    ]);
+    let run = run_ok(&all);
+    let mut worst = 0.0f32;
+    for (step, outputs) in expected.iter().enumerate() {
+        for (j, (file, dtype)) in outputs.iter().enumerate() {
+            let (decode, ext): (Decode, &str) = match dtype.as_str() {
+                "float16" => (f16s, "f16"),
+                _ => (f32s, "f32"),
+            };
+            let name = if expected.len() > 1 {
+                format!("step{step}.output{j}.{ext}")
+            } else {
+                format!("output{j}.{ext}")
+            };
+            let got =
+                decode(&std::fs::read(out.join(&name)).unwrap_or_else(|e| {
+                    panic!("{label} ({backend}): {name}: {e}\n{}", run.stdout)
+                }));
+            let want = decode(&std::fs::read(file).unwrap());
+            let d = relative_difference(&got, &want);
+            assert!(
+                d <= tolerance,
+                "{label} ({backend}) step {step} output {j}: {d} > {tolerance}"
+            );
+            worst = worst.max(d);
+        }
+    }
+    worst
+}
+
+#[test]
+fn runtime_c_programs_match_executorch_with_both_backends() {
+    // (program, tolerance relative to the output range)
+    let programs = [
+        ("c_partial_xnn_external", 1e-5),
+        ("c_dynbatch_xnn_external", 1e-5),
+        ("c_shared_a_xnn_external", 1e-5),
+        ("c_shared_b_xnn_external", 1e-5),
+        // fp16 accumulation rounds differently in the XNNPACK xnnblob builds (README).
+        ("c_mlp_fp16_xnn_inline", 2e-3),
+    ];
+    for (name, tolerance) in programs {
+        let (args, expected) = runtime_c(name);
+        let witness = check_outputs(name, "executorch", &args, &expected, tolerance);
+        let ours = check_outputs(name, "xnnblob", &args, &expected, tolerance);
+        eprintln!("{name}: xnnblob {ours:e}, ExecuTorch's backend {witness:e} of the range");
+    }
+}
+
+#[test]
+fn stateful_kvcache_runs_three_steps_with_executorchs_backend_and_is_a_known_gap_for_ours() {
+    // ExecuTorch's own backend is the witness of the fixture itself.
+    let (args, expected) = runtime_c("c_kvcache_xnn_external");
+    check_outputs("c_kvcache", "executorch", &args, &expected, 1e-5);
+    // xnnblob's: ExecuTorch's named-data map answers NotFound to get_data for one key it lists
+    // (README, "Known gaps"); until that is understood, init fails with a clear error, no crash.
+    let mut ours = args.clone();
+    ours.extend([s("--backend"), s("xnnblob")]);
+    match runner(&ours) {
+        Ok(_) => {}
+        Err(e) => assert!(e.contains("error 0x24"), "{e}"),
+    }
+}
+
+/// (method, runner arguments) for each method of a program.
+type Methods = Vec<(String, Vec<String>)>;
+
+/// A fixture of tests/data/executorch: runner arguments and the expected output per method.
+fn fixture(name: &str) -> (Methods, Vec<PathBuf>, f32) {
+    let dir = data();
+    let m: Value =
+        serde_json::from_slice(&std::fs::read(dir.join(format!("{name}.json"))).unwrap()).unwrap();
+    let mut program = vec![dir
+        .join(m["pte"]["file"].as_str().unwrap())
+        .display()
+        .to_string()];
+    for p in m["ptd"].as_array().into_iter().flatten() {
+        program.extend([
+            s("--data"),
+            dir.join(p["file"].as_str().unwrap()).display().to_string(),
+        ]);
+    }
+    let (input, outputs, tolerance) = if let Some(io) = m.get("io") {
+        let input = io["inputs"][0]["f32"].as_str().unwrap().to_string();
+        if name.starts_with("cnn") {
+            (input, vec![format!("{name}.output_et.f32")], 1e-5)
+        } else {
+            (input, vec![format!("{name}.output_et.f32")], 1e-3)
+        }
+    } else {
+        let io = m["model"]["io"].as_str().unwrap();
+        let outputs = if io == "two_methods" {
+            vec![s("two_methods.output0.f32"), s("two_methods.output1.f32")]
+        } else {
+            vec![format!("{io}.output.f32")]
+        };
+        (format!("{io}.input.f32"), outputs, 1e-5)
+    };
+    let methods: Vec<String> = m["pte"]["methods"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap().to_string())
+        .collect();
+    let per_method = methods
+        .into_iter()
+        .map(|method| {
+            let mut args = program.clone();
+            args.extend([
+                s("--method"),
+                method.clone(),
+                s("--input"),
+                dir.join(&input).display().to_string(),
+            ]);
+            (method, args)
+        })
+        .collect();
+    (
+        per_method,
+        outputs.iter().map(|o| dir.join(o)).collect(),
+        tolerance,
+    )
+}
+
+#[test]
+fn every_xnnpack_fixture_matches_with_both_backends() {
+    for name in [
+        "mlp_xnn_inline",
+        "mlp_xnn_external",
+        "two_methods_xnn_external",
+        "cnn_xnn_external",
+        "mlp_qd8_qc8w_external",
+        "mlp_qc4w_inline",
+        "mlp_qb4w_inline",
+        "mlp_qb4w_gk_inline",
+    ] {
+        let (methods, outputs, tolerance) = fixture(name);
+        for ((method, args), expected) in methods.iter().zip(&outputs) {
+            let expected = vec![vec![(expected.clone(), s("float32"))]];
+            let label = format!("{name}.{method}");
+            let witness = check_outputs(&label, "executorch", args, &expected, tolerance);
+            let ours = check_outputs(&label, "xnnblob", args, &expected, tolerance);
+            eprintln!("{label}: xnnblob {ours:e}, ExecuTorch's backend {witness:e}");
+        }
+    }
+}
+
+#[test]
+fn two_programs_sharing_a_weight_pack_it_once() {
+    let (a, _) = runtime_c("c_shared_a_xnn_external");
+    let (b, _) = runtime_c("c_shared_b_xnn_external");
+    let packed = |args: Vec<String>| run_ok(&args).cache("memory")["packed"];
+    let alone = packed(a.clone()) + packed(b.clone());
+    let together = run_ok(&[a, b].concat()).cache("memory");
+    assert_eq!(
+        together["packed"],
+        alone - 1,
+        "the shared Linear is packed once"
+    );
+    assert_eq!(together["hits"], 1, "and found by the second program");
+}
+
+fn mlp_args() -> Vec<String> {
+    let dir = data();
+    vec![
+        dir.join("mlp_qd8_qc8w_external.pte").display().to_string(),
+        s("--data"),
+        dir.join("mlp_qd8_qc8w_external.ptd").display().to_string(),
+        s("--input"),
+        dir.join("mlp_qd8.input.f32").display().to_string(),
+    ]
+}
+
+#[test]
+fn a_warm_launch_with_the_file_loader_reads_no_weights_and_the_cache_does_not_grow() {
+    let dir = scratch("warm");
+    let cache = dir.join("weights.xbc");
+    let launch = |out: &str| {
+        let mut args = mlp_args();
+        args.extend([
+            s("--load-mode"),
+            s("file"),
+            s("--cache"),
+            cache.display().to_string(),
+            s("--output-dir"),
+            dir.join(out).display().to_string(),
+        ]);
+        std::fs::create_dir_all(dir.join(out)).unwrap();
+        run_ok(&args)
+    };
+    let weights = std::fs::metadata(data().join("mlp_qd8_qc8w_external.ptd"))
+        .unwrap()
+        .len() as f64;
+    let cold = launch("cold");
+    let c = cold.cache(&cache.display().to_string());
+    assert!(
+        c["packed"] > 0 && c["deferred_fills"] > 0,
+        "{}",
+        cold.stdout
+    );
+    let size = std::fs::metadata(&cache).unwrap().len();
+    let mut first_warm = None;
+    for i in 0..20 {
+        let warm = launch(&format!("warm{i}"));
+        let w = warm.cache(&cache.display().to_string());
+        assert_eq!(w["packed"], 0, "warm launch {i} packs nothing");
+        assert_eq!(w["deferred_fills"], 0, "no placeholder was read in");
+        assert_eq!(std::fs::metadata(&cache).unwrap().len(), size, "no growth");
+        first_warm.get_or_insert(warm.number("load_rchar"));
+        assert_eq!(
+            std::fs::read(dir.join(format!("warm{i}/output0.f32"))).unwrap(),
+            std::fs::read(dir.join("cold/output0.f32")).unwrap(),
+            "warm outputs are the cold ones"
+        );
+    }
+    let warm_read = first_warm.unwrap();
+    assert!(warm_read < 1024.0 * 1024.0);
+    assert!(
+        cold.number("load_rchar") - warm_read > 0.9 * weights,
+        "the cold launch read the weights ({} B), the warm one did not ({warm_read} B)",
+        cold.number("load_rchar")
+    );
+}
+
+#[test]
+fn eight_threads_loading_one_program_share_one_cache_file() {
+    let dir = scratch("threads");
+    let cache = dir.join("weights.xbc");
+    let mut args = mlp_args();
+    args.extend([
+        s("--cache"),
+        cache.display().to_string(),
+        s("--threads"),
+        s("8"),
+    ]);
+    // The runner fails if any thread's outputs differ from the first's.
+    let run = run_ok(&args);
+    let c = run.cache(&cache.display().to_string());
+    let single = {
+        let one = scratch("threads-one").join("weights.xbc");
+        let mut a = mlp_args();
+        a.extend([s("--cache"), one.display().to_string()]);
+        run_ok(&a);
+        std::fs::metadata(&one).unwrap().len()
+    };
+    assert_eq!(
+        std::fs::metadata(&cache).unwrap().len(),
+        single,
+        "one cache of 1x size"
+    );
+    let mut files: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    files.sort();
+    assert_eq!(
+        files,
+        ["weights.xbc", "weights.xbc.lock"],
+        "no stray temporary files"
+    );
+    assert_eq!(c["entries"], 3, "{}", run.stdout);
+}
+
+#[test]
+fn bad_input_gets_a_clear_executorch_error() {
+    let dir = data();
+    let pte = dir.join("mlp_qd8_qc8w_external.pte").display().to_string();
+    let input = dir.join("mlp_qd8.input.f32").display().to_string();
+    // A missing .ptd (ExecuTorch's own backend crashes here).
+    let missing = runner(&[pte.clone(), s("--input"), input.clone()]).unwrap_err();
+    assert!(missing.contains("error 0x24"), "{missing}");
+    assert!(!missing.contains("signal"), "{missing}");
+    // Another model's .ptd.
+    let other = runner(&[
+        pte.clone(),
+        s("--data"),
+        dir.join("mlp_xnn_external.ptd").display().to_string(),
+        s("--input"),
+        input.clone(),
+    ])
+    .unwrap_err();
+    assert!(other.contains("error 0x24"), "{other}");
+    // A corrupt payload: the program with its delegate segment's header flipped.
+    let bytes = std::fs::read(dir.join("mlp_xnn_inline.pte")).unwrap();
+    let at = bytes
+        .windows(4)
+        .position(|w| w == b"XH00")
+        .expect("an XNNPACK payload");
+    let mut corrupt = bytes.clone();
+    corrupt[at..at + 4].copy_from_slice(b"XX99");
+    let path = scratch("corrupt").join("corrupt.pte");
+    std::fs::write(&path, corrupt).unwrap();
+    let bad = runner(&[
+        path.display().to_string(),
+        s("--input"),
+        dir.join("mlp.input.f32").display().to_string(),
+    ])
+    .unwrap_err();
+    assert!(bad.contains("ExecuTorch error"), "{bad}");
+    assert!(!bad.contains("signal"), "{bad}");
+    // An unwritable cache path: falls back to memory, says so, and runs.
+    let mut args = mlp_args();
+    args.extend([
+        s("--cache"),
+        s("/proc/xnnblob-cannot-write-here/weights.xbc"),
+    ]);
+    let out = Command::new(env!("CARGO_BIN_EXE_xnnblob-et-run"))
+        .args(&args)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        stderr.matches("kept in memory").count(),
+        1,
+        "said once: {stderr}"
+    );
+}
