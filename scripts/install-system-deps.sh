@@ -14,6 +14,8 @@
 #   debian-archive-keyring the private apt configuration that fetches those tarballs checks their lists with it
 #   ca-certificates        cargo and apt reach the package registries over TLS
 #   qemu-user              tests re-run the quantized checks on an emulated AVX2-only CPU (x86-64 only)
+#   python3-venv           third_party/executorch-sys pip-installs ExecuTorch 1.5.1's wheel (its C++
+#                          runtime) with a throw-away venv
 set -euo pipefail
 
 multiarch=$(dpkg-architecture -qDEB_HOST_MULTIARCH 2>/dev/null || gcc -print-multiarch 2>/dev/null || echo x86_64-linux-gnu)
@@ -42,6 +44,8 @@ libclang_file() {
 # missing PACKAGE: prints PACKAGE when it is not installed or the file its user needs is absent.
 missing() {
   local pkg=$1
+  # Any python3 that can make a venv with pip will do (Debian's, or one installed by hand).
+  if [ "$pkg" = python3-venv ] && python3 -c 'import venv, ensurepip' 2>/dev/null; then return; fi
   dpkg_installed "$pkg" || { echo "$pkg"; return; }
   case $pkg in
     cmake) command -v cmake >/dev/null && cmake --version >/dev/null 2>&1 || echo "$pkg" ;;
@@ -54,10 +58,11 @@ missing() {
     debian-archive-keyring) [ -s /usr/share/keyrings/debian-archive-keyring.gpg ] || echo "$pkg" ;;
     ca-certificates) [ -s /etc/ssl/certs/ca-certificates.crt ] || echo "$pkg" ;;
     qemu-user) command -v qemu-x86_64 >/dev/null || echo "$pkg" ;;
+    python3-venv) python3 -c 'import venv, ensurepip' 2>/dev/null || echo "$pkg" ;;
   esac
 }
 
-packages=(cmake ninja-build libclang-dev g++ binutils xz-utils patch debian-archive-keyring ca-certificates)
+packages=(cmake ninja-build libclang-dev g++ binutils xz-utils patch debian-archive-keyring ca-certificates python3-venv)
 [ "$(uname -m)" = x86_64 ] && packages+=(qemu-user)
 
 # Packages dpkg calls installed whose files are gone (a half-removed library, a hand-deleted file)
