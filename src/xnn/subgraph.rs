@@ -1027,6 +1027,20 @@ impl<'data> Subgraph<'data> {
     }
 }
 
+/// Static data must be exactly the tensor's bytes (a shape too large for usize needs more bytes
+/// than any buffer holds).
+fn check_static_size(datatype: Datatype, dims: &[usize], given: usize) -> Result<(), XnnError> {
+    let expected = datatype.tensor_bytes(dims).unwrap_or(usize::MAX);
+    if given != expected {
+        return Err(XnnError::StaticDataSize {
+            datatype,
+            expected_bytes: expected,
+            given_bytes: given,
+        });
+    }
+    Ok(())
+}
+
 /// The data pointer, external id and flags of a value in `role`, after checking static data
 /// against the tensor's size and alignment.
 fn role_parts(
@@ -1037,15 +1051,7 @@ fn role_parts(
     Ok(match role {
         ValueRole::Internal => (std::ptr::null(), sys::XNN_INVALID_VALUE_ID, 0),
         ValueRole::Static(data) => {
-            // A shape too large for usize needs more bytes than any slice holds.
-            let expected = datatype.tensor_bytes(dims).unwrap_or(usize::MAX);
-            if data.len() != expected {
-                return Err(XnnError::StaticDataSize {
-                    datatype,
-                    expected_bytes: expected,
-                    given_bytes: data.len(),
-                });
-            }
+            check_static_size(datatype, dims, data.len())?;
             let alignment = datatype.alignment();
             if !data.is_empty() && !(data.as_ptr() as usize).is_multiple_of(alignment) {
                 return Err(XnnError::StaticDataAlignment {
@@ -1056,14 +1062,7 @@ fn role_parts(
             (data.as_ptr().cast(), sys::XNN_INVALID_VALUE_ID, 0)
         }
         ValueRole::Deferred(data) => {
-            let expected = datatype.tensor_bytes(dims).unwrap_or(usize::MAX);
-            if data.len() != expected {
-                return Err(XnnError::StaticDataSize {
-                    datatype,
-                    expected_bytes: expected,
-                    given_bytes: data.len(),
-                });
-            }
+            check_static_size(datatype, dims, data.len())?;
             // Page aligned, so aligned for every datatype.
             (data.address().cast(), sys::XNN_INVALID_VALUE_ID, 0)
         }
