@@ -49,7 +49,37 @@ impl Run {
     }
 }
 
+/// Builds `libxnnblob_executorch.so` beside the runner (where it looks for it), once: cargo
+/// builds only the rlib of this package for its tests, not the shared library.
+fn backend_library() {
+    static BUILT: std::sync::OnceLock<()> = std::sync::OnceLock::new();
+    BUILT.get_or_init(|| {
+        let bin_dir = Path::new(env!("CARGO_BIN_EXE_xnnblob-et-run"))
+            .parent()
+            .unwrap();
+        let target_dir = bin_dir.parent().unwrap();
+        let mut build = Command::new(std::env::var("CARGO").unwrap_or_else(|_| s("cargo")));
+        build
+            .args([
+                "build",
+                "--lib",
+                "-p",
+                "xnnblob-executorch",
+                "--manifest-path",
+            ])
+            .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml"))
+            .env("CARGO_TARGET_DIR", target_dir);
+        if bin_dir.file_name().is_some_and(|n| n == "release") {
+            build.arg("--release");
+        }
+        let status = build.status().unwrap();
+        assert!(status.success(), "building libxnnblob_executorch.so failed");
+        assert!(bin_dir.join("libxnnblob_executorch.so").is_file());
+    });
+}
+
 fn runner(args: &[String]) -> Result<Run, String> {
+    backend_library();
     let out = Command::new(env!("CARGO_BIN_EXE_xnnblob-et-run"))
         .args(args)
         .output()
