@@ -294,7 +294,12 @@ fn execute(delegate: &mut EtDelegate, mut call: Pin<&mut EtCall>) -> Result<(), 
             },
             |j, shape| {
                 let index = n_in + j;
-                let sizes: Vec<i64> = shape.dims().iter().map(|&d| d as i64).collect();
+                let mut sizes = [0i64; 16];
+                let rank = shape.rank().min(sizes.len());
+                for (to, &from) in sizes.iter_mut().zip(shape.dims()) {
+                    *to = from as i64;
+                }
+                let sizes = &sizes[..rank];
                 let mut arg = match describe(&call, index) {
                     Ok(arg) => arg,
                     Err(e) => {
@@ -306,7 +311,7 @@ fn execute(delegate: &mut EtDelegate, mut call: Pin<&mut EtCall>) -> Result<(), 
                         };
                     }
                 };
-                let code = call.as_mut().resize(index, &sizes, &mut arg);
+                let code = call.as_mut().resize(index, sizes, &mut arg);
                 if code != 0 {
                     failure.get_or_insert(Outcome::error(
                         Status::InvalidArgument,

@@ -73,9 +73,12 @@ struct Options {
 
 struct Failure {
   std::string what;
+  // A bad command line (exit 2, with the usage), not a failed run (exit 1).
+  bool usage = false;
 };
 
 [[noreturn]] void fail(const std::string& what) { throw Failure{what}; }
+[[noreturn]] void usage_error(const std::string& what) { throw Failure{what, true}; }
 
 std::string error_text(Error e) {
   char buf[64];
@@ -118,7 +121,7 @@ std::vector<int64_t> parse_shape(const std::string& text) {
   std::string part;
   while (std::getline(in, part, 'x')) {
     if (part.empty() || part.find_first_not_of("0123456789") != std::string::npos) {
-      fail("--shape " + text + ": expected dimensions like 2x12");
+      usage_error("--shape " + text + ": expected dimensions like 2x12");
     }
     dims.push_back(std::stoll(part));
   }
@@ -128,18 +131,18 @@ std::vector<int64_t> parse_shape(const std::string& text) {
 Options parse(int argc, char** argv) {
   Options o;
   auto value = [&](int& i) -> std::string {
-    if (i + 1 >= argc) fail(std::string(argv[i]) + " needs a value");
+    if (i + 1 >= argc) usage_error(std::string(argv[i]) + " needs a value");
     return argv[++i];
   };
   auto number = [&](int& i) -> int {
     std::string v = value(i);
     if (v.empty() || v.find_first_not_of("0123456789") != std::string::npos) {
-      fail(std::string(argv[i - 1]) + " " + v + ": expected a number");
+      usage_error(std::string(argv[i - 1]) + " " + v + ": expected a number");
     }
     return std::stoi(v);
   };
   auto program = [&](const std::string& option) -> Program& {
-    if (o.programs.empty()) fail(option + " must follow a program");
+    if (o.programs.empty()) usage_error(option + " must follow a program");
     return o.programs.back();
   };
   for (int i = 1; i < argc; ++i) {
@@ -148,7 +151,7 @@ Options parse(int argc, char** argv) {
     else if (a == "--backend") o.backend = value(i);
     else if (a == "--load-mode") {
       std::string m = value(i);
-      if (m != "file" && m != "mmap") fail("--load-mode " + m + ": file or mmap");
+      if (m != "file" && m != "mmap") usage_error("--load-mode " + m + ": file or mmap");
       o.mmap = m == "mmap";
     } else if (a == "--cache") o.cache = value(i);
     else if (a == "--no-weight-cache") o.weight_cache = false;
@@ -157,11 +160,11 @@ Options parse(int argc, char** argv) {
     else if (a == "--input") program(a).inputs.push_back(Input{value(i), std::nullopt, std::nullopt});
     else if (a == "--dtype" || a == "--shape") {
       auto& inputs = program(a).inputs;
-      if (inputs.empty()) fail(a + " must follow an --input");
+      if (inputs.empty()) usage_error(a + " must follow an --input");
       std::string v = value(i);
       if (a == "--dtype") {
         auto t = parse_dtype(v);
-        if (!t) fail("--dtype " + v + ": unknown");
+        if (!t) usage_error("--dtype " + v + ": unknown");
         inputs.back().dtype = *t;
       } else {
         inputs.back().shape = parse_shape(v);
@@ -173,10 +176,10 @@ Options parse(int argc, char** argv) {
     else if (a == "-h" || a == "--help") {
       std::fputs(kUsage, stdout);
       std::exit(0);
-    } else if (!a.empty() && a[0] == '-') fail("unknown option " + a);
+    } else if (!a.empty() && a[0] == '-') usage_error("unknown option " + a);
     else o.programs.push_back(Program{a, {}, "forward", {}});
   }
-  if (o.programs.empty()) fail("no program given");
+  if (o.programs.empty()) usage_error("no program given");
   return o;
 }
 
@@ -452,11 +455,8 @@ extern "C" int xnnblob_et_run_main(int argc, char** argv) {
     return run(argc, argv);
   } catch (const Failure& f) {
     std::fprintf(stderr, "xnnblob-et-run: %s\n", f.what.c_str());
-    bool usage = f.what.find("option") != std::string::npos ||
-                 f.what.find("no program") != std::string::npos ||
-                 f.what.find("needs a value") != std::string::npos;
-    if (usage) std::fputs(kUsage, stderr);
-    return usage ? 2 : 1;
+    if (f.usage) std::fputs(kUsage, stderr);
+    return f.usage ? 2 : 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "xnnblob-et-run: %s\n", e.what());
     return 1;
