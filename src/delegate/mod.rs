@@ -50,7 +50,15 @@ impl XnnDelegate {
         processed: DataBuffer,
         map: Arc<dyn NamedDataMap>,
     ) -> Result<XnnDelegate, DelegateError> {
-        let (runtime, timings) = compile::compile(processed, &*map, Some(map.clone()), model)?;
+        let compiled = match compile::compile(processed.clone(), &*map, Some(map.clone()), model) {
+            // A placeholder's bytes could not be read in when XNNPACK needed them (nothing packed
+            // from it was kept): read every constant up front instead, as `init` does.
+            Err(DelegateError::UnreadConstant { .. }) => {
+                compile::compile(processed, &*map, None, model)
+            }
+            other => other,
+        };
+        let (runtime, timings) = compiled?;
         Ok(XnnDelegate { runtime, timings })
     }
 
