@@ -9,13 +9,13 @@ fn main() {
     let include = PathBuf::from(env::var_os("DEP_EXECUTORCH_INCLUDE").expect("executorch-sys"));
     let lib = PathBuf::from(env::var_os("DEP_EXECUTORCH_LIB").expect("executorch-sys"));
     let c10 = include.join("executorch/runtime/core/portable_type/c10");
+    let defines = env::var("DEP_EXECUTORCH_DEFINES").expect("executorch-sys");
     let configure = |build: &mut cc::Build| {
         build
             .cpp(true)
             .std("c++17")
             .include(&include)
             .include(&c10)
-            .define("C10_USING_CUSTOM_GENERATED_MACROS", None)
             .define(
                 "XNNBLOB_ET_LIB_DIR",
                 Some(format!("\"{}\"", lib.display()).as_str()),
@@ -23,6 +23,9 @@ fn main() {
             .warnings(false)
             .flag_if_supported("-Wno-deprecated-declarations")
             .flag_if_supported("-fvisibility=hidden");
+        for define in defines.split_whitespace() {
+            build.define(define, None);
+        }
     };
 
     let mut backend = cxx_build::bridge("src/lib.rs");

@@ -49,6 +49,21 @@ fn main() {
         include.display()
     );
     println!("cargo:rustc-env=XNNBLOB_EXECUTORCH_LIB={}", lib.display());
+    // What the package's CMake config gives its consumers: the shipped libraries are compiled
+    // with the event tracer on (its scope classes change shape without it), and a runtime that
+    // ships its thread pool declares the parallel-for hooks extern.
+    let mut defines = vec![
+        "C10_USING_CUSTOM_GENERATED_MACROS",
+        "ET_EVENT_TRACER_ENABLED",
+    ];
+    if lib.join("libexecutorch_threadpool.so").is_file() {
+        defines.push("ET_USE_THREADPOOL");
+    }
+    println!("cargo:defines={}", defines.join(" "));
+    println!(
+        "cargo:rustc-env=XNNBLOB_EXECUTORCH_DEFINES={}",
+        defines.join(" ")
+    );
 }
 
 fn fail(why: &str) -> ! {

@@ -53,10 +53,12 @@ rust::String EtDataMap::key_at(uint32_t index) const {
   return key.ok() && *key != nullptr ? rust::String(*key) : rust::String();
 }
 
-static std::string_view view(rust::Str s) { return std::string_view(s.data(), s.size()); }
-
 std::unique_ptr<EtBuffer> EtDataMap::get_data(rust::Str key, uint32_t& error) const {
-  auto data = map_->get_data(view(key));
+  // ExecuTorch's maps take a string_view but compare keys as C strings (through its data()), so
+  // a view into a Rust string, which has no terminating NUL, matched only when the byte after it
+  // happened to be 0. Hand them a terminated copy.
+  const std::string terminated(key.data(), key.size());
+  auto data = map_->get_data(terminated);
   if (!data.ok()) {
     error = static_cast<uint32_t>(data.error());
     return nullptr;

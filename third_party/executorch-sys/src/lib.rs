@@ -14,8 +14,10 @@ pub const LIB_DIR: &str = env!("XNNBLOB_EXECUTORCH_LIB");
 /// ExecuTorch's headers include c10's by a path relative to this directory under [`INCLUDE_DIR`].
 pub const C10_INCLUDE_SUFFIX: &str = "executorch/runtime/core/portable_type/c10";
 
-/// The preprocessor definition ExecuTorch's headers need when c10 comes from its own copy.
-pub const DEFINES: &[&str] = &["C10_USING_CUSTOM_GENERATED_MACROS"];
+/// The preprocessor definitions a consumer of this ExecuTorch compiles with (space-separated), as
+/// its CMake package gives them: c10 from ExecuTorch's own copy, the event tracer the libraries
+/// were built with, and the thread pool where one ships.
+pub const DEFINES: &str = env!("XNNBLOB_EXECUTORCH_DEFINES");
 
 /// ExecuTorch's own XNNPACK backend library (the peer), as a path.
 pub fn executorch_xnnpack_backend() -> std::path::PathBuf {
