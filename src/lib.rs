@@ -21,6 +21,7 @@ pub mod link;
 pub mod mmap;
 pub mod named_data;
 pub mod program;
+pub mod program_writer;
 mod schema;
 pub mod sha256;
 pub mod shared_cache;

@@ -1,5 +1,6 @@
 //! Synthetic models for the load benchmark, written like ExecuTorch's exporter writes them: an
-//! XNNPACK payload (`<name>.xnn`) and its weights as named data (`<name>.ptd`).
+//! XNNPACK payload (`<name>.xnn`), its weights as named data (`<name>.ptd`), and the payload as a
+//! program (`<name>.pte`) for ExecuTorch's runtime.
 
 use crate::delegate::builder::{ConvGeometry, GraphBuilder};
 use crate::synthetic::SplitMix64;
@@ -107,6 +108,8 @@ impl ModelSpec {
 pub struct ModelFiles {
     pub payload: PathBuf,
     pub ptd: PathBuf,
+    /// The payload as an ExecuTorch program (method `forward`), for ExecuTorch's runtime.
+    pub pte: PathBuf,
 }
 
 /// Writes the model into `dir` unless it is there already.
@@ -114,14 +117,18 @@ pub fn ensure(spec: &ModelSpec, dir: &Path) -> std::io::Result<ModelFiles> {
     let files = ModelFiles {
         payload: dir.join(format!("{}.xnn", spec.name())),
         ptd: dir.join(format!("{}.ptd", spec.name())),
+        pte: dir.join(format!("{}.pte", spec.name())),
     };
-    if files.payload.exists() && files.ptd.exists() {
+    if files.payload.exists() && files.ptd.exists() && files.pte.exists() {
         return Ok(files);
     }
     std::fs::create_dir_all(dir)?;
     let built = build(spec);
     built
         .write_ptd(&files.ptd)
+        .map_err(|e| std::io::Error::other(e.to_string()))?;
+    built
+        .write_pte(&files.pte, "forward")
         .map_err(|e| std::io::Error::other(e.to_string()))?;
     std::fs::write(&files.payload, &built.payload)?;
     Ok(files)

@@ -156,6 +156,8 @@ pub struct BuiltGraph {
     pub payload: Vec<u8>,
     /// (key, bytes), each key once.
     pub blobs: Vec<(String, Vec<u8>)>,
+    /// The graph's fp32 inputs and outputs, by external id: what a program around it plans.
+    pub externals: Vec<crate::program_writer::External>,
 }
 
 impl BuiltGraph {
@@ -168,6 +170,17 @@ impl BuiltGraph {
         // XNNPACK may read past a constant: keep the last one away from the end of the file.
         store.add_named_blob("xnnblob.slack", &[0; 64], 16, "model", None)?;
         store.write_ptd("model", path)
+    }
+
+    /// An ExecuTorch program (`.pte`) whose method `method` is this graph, fully delegated to
+    /// `XnnpackBackend`; its weights are the `.ptd` of [`write_ptd`](Self::write_ptd).
+    pub fn write_pte(&self, path: &Path, method: &str) -> Result<(), StoreError> {
+        let program = crate::program_writer::DelegatedProgram {
+            method,
+            payload: &self.payload,
+            externals: &self.externals,
+        };
+        crate::named_data::write_atomically(path, &program.serialize())
     }
 
     /// The blobs as an in-memory map.
@@ -727,9 +740,25 @@ impl GraphBuilder {
         payload.resize(fb_offset, 0);
         payload.extend_from_slice(flatbuffer);
         payload.resize(const_offset, 0);
+        let mut externals: Vec<(u32, crate::program_writer::External)> = self
+            .inputs
+            .iter()
+            .map(|&v| (v, false))
+            .chain(self.outputs.iter().map(|&v| (v, true)))
+            .map(|(v, output)| {
+                let spec = &self.values[v as usize];
+                let dims = spec.dims.iter().map(|&d| d as usize).collect();
+                (
+                    spec.external_id,
+                    crate::program_writer::External::f32(dims, output),
+                )
+            })
+            .collect();
+        externals.sort_by_key(|(id, _)| *id);
         BuiltGraph {
             payload,
             blobs: self.blobs,
+            externals: externals.into_iter().map(|(_, e)| e).collect(),
         }
     }
 }

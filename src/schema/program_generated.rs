@@ -316,6 +316,136 @@ impl ::core::fmt::Debug for Null<'_> {
       ds.finish()
   }
 }
+pub enum AllocationDetailsOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+pub struct AllocationDetails<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for AllocationDetails<'a> {
+  type Inner = AllocationDetails<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> AllocationDetails<'a> {
+  pub const VT_MEMORY_ID: ::flatbuffers::VOffsetT = 4;
+  pub const VT_MEMORY_OFFSET_LOW: ::flatbuffers::VOffsetT = 6;
+  pub const VT_MEMORY_OFFSET_HIGH: ::flatbuffers::VOffsetT = 8;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    AllocationDetails { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args AllocationDetailsArgs
+  ) -> ::flatbuffers::WIPOffset<AllocationDetails<'bldr>> {
+    let mut builder = AllocationDetailsBuilder::new(_fbb);
+    builder.add_memory_offset_high(args.memory_offset_high);
+    builder.add_memory_offset_low(args.memory_offset_low);
+    builder.add_memory_id(args.memory_id);
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn memory_id(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(AllocationDetails::VT_MEMORY_ID, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn memory_offset_low(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(AllocationDetails::VT_MEMORY_OFFSET_LOW, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn memory_offset_high(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(AllocationDetails::VT_MEMORY_OFFSET_HIGH, Some(0)).unwrap()}
+  }
+}
+
+impl ::flatbuffers::Verifiable for AllocationDetails<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<u32>("memory_id", Self::VT_MEMORY_ID, false)?
+     .visit_field::<u32>("memory_offset_low", Self::VT_MEMORY_OFFSET_LOW, false)?
+     .visit_field::<u32>("memory_offset_high", Self::VT_MEMORY_OFFSET_HIGH, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct AllocationDetailsArgs {
+    pub memory_id: u32,
+    pub memory_offset_low: u32,
+    pub memory_offset_high: u32,
+}
+impl<'a> Default for AllocationDetailsArgs {
+  #[inline]
+  fn default() -> Self {
+    AllocationDetailsArgs {
+      memory_id: 0,
+      memory_offset_low: 0,
+      memory_offset_high: 0,
+    }
+  }
+}
+
+pub struct AllocationDetailsBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> AllocationDetailsBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_memory_id(&mut self, memory_id: u32) {
+    self.fbb_.push_slot::<u32>(AllocationDetails::VT_MEMORY_ID, memory_id, 0);
+  }
+  #[inline]
+  pub fn add_memory_offset_low(&mut self, memory_offset_low: u32) {
+    self.fbb_.push_slot::<u32>(AllocationDetails::VT_MEMORY_OFFSET_LOW, memory_offset_low, 0);
+  }
+  #[inline]
+  pub fn add_memory_offset_high(&mut self, memory_offset_high: u32) {
+    self.fbb_.push_slot::<u32>(AllocationDetails::VT_MEMORY_OFFSET_HIGH, memory_offset_high, 0);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> AllocationDetailsBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    AllocationDetailsBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<AllocationDetails<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for AllocationDetails<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("AllocationDetails");
+      ds.field("memory_id", &self.memory_id());
+      ds.field("memory_offset_low", &self.memory_offset_low());
+      ds.field("memory_offset_high", &self.memory_offset_high());
+      ds.finish()
+  }
+}
 pub enum TensorOffset {}
 #[derive(Copy, Clone, PartialEq)]
 
@@ -338,6 +468,7 @@ impl<'a> Tensor<'a> {
   pub const VT_DIM_ORDER: ::flatbuffers::VOffsetT = 10;
   pub const VT_REQUIRES_GRAD: ::flatbuffers::VOffsetT = 12;
   pub const VT_DATA_BUFFER_IDX: ::flatbuffers::VOffsetT = 14;
+  pub const VT_ALLOCATION_INFO: ::flatbuffers::VOffsetT = 16;
   pub const VT_LAYOUT: ::flatbuffers::VOffsetT = 18;
   pub const VT_SHAPE_DYNAMISM: ::flatbuffers::VOffsetT = 20;
 
@@ -351,6 +482,7 @@ impl<'a> Tensor<'a> {
     args: &'args TensorArgs<'args>
   ) -> ::flatbuffers::WIPOffset<Tensor<'bldr>> {
     let mut builder = TensorBuilder::new(_fbb);
+    if let Some(x) = args.allocation_info { builder.add_allocation_info(x); }
     builder.add_data_buffer_idx(args.data_buffer_idx);
     if let Some(x) = args.dim_order { builder.add_dim_order(x); }
     if let Some(x) = args.sizes { builder.add_sizes(x); }
@@ -406,6 +538,13 @@ impl<'a> Tensor<'a> {
     unsafe { self._tab.get::<u32>(Tensor::VT_DATA_BUFFER_IDX, Some(0)).unwrap()}
   }
   #[inline]
+  pub fn allocation_info(&self) -> Option<AllocationDetails<'a>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<AllocationDetails>>(Tensor::VT_ALLOCATION_INFO, None)}
+  }
+  #[inline]
   pub fn layout(&self) -> i8 {
     // Safety:
     // Created from valid Table for this object
@@ -433,6 +572,7 @@ impl ::flatbuffers::Verifiable for Tensor<'_> {
      .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, u8>>>("dim_order", Self::VT_DIM_ORDER, false)?
      .visit_field::<bool>("requires_grad", Self::VT_REQUIRES_GRAD, false)?
      .visit_field::<u32>("data_buffer_idx", Self::VT_DATA_BUFFER_IDX, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<AllocationDetails>>("allocation_info", Self::VT_ALLOCATION_INFO, false)?
      .visit_field::<i8>("layout", Self::VT_LAYOUT, false)?
      .visit_field::<i8>("shape_dynamism", Self::VT_SHAPE_DYNAMISM, false)?
      .finish();
@@ -446,6 +586,7 @@ pub struct TensorArgs<'a> {
     pub dim_order: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, u8>>>,
     pub requires_grad: bool,
     pub data_buffer_idx: u32,
+    pub allocation_info: Option<::flatbuffers::WIPOffset<AllocationDetails<'a>>>,
     pub layout: i8,
     pub shape_dynamism: i8,
 }
@@ -459,6 +600,7 @@ impl<'a> Default for TensorArgs<'a> {
       dim_order: None,
       requires_grad: false,
       data_buffer_idx: 0,
+      allocation_info: None,
       layout: 0,
       shape_dynamism: 0,
     }
@@ -495,6 +637,10 @@ impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> TensorBuilder<'a, 'b, A> {
     self.fbb_.push_slot::<u32>(Tensor::VT_DATA_BUFFER_IDX, data_buffer_idx, 0);
   }
   #[inline]
+  pub fn add_allocation_info(&mut self, allocation_info: ::flatbuffers::WIPOffset<AllocationDetails<'b >>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<AllocationDetails>>(Tensor::VT_ALLOCATION_INFO, allocation_info);
+  }
+  #[inline]
   pub fn add_layout(&mut self, layout: i8) {
     self.fbb_.push_slot::<i8>(Tensor::VT_LAYOUT, layout, 0);
   }
@@ -526,6 +672,7 @@ impl ::core::fmt::Debug for Tensor<'_> {
       ds.field("dim_order", &self.dim_order());
       ds.field("requires_grad", &self.requires_grad());
       ds.field("data_buffer_idx", &self.data_buffer_idx());
+      ds.field("allocation_info", &self.allocation_info());
       ds.field("layout", &self.layout());
       ds.field("shape_dynamism", &self.shape_dynamism());
       ds.finish()

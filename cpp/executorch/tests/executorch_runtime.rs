@@ -489,3 +489,37 @@ fn bad_input_gets_a_clear_executorch_error() {
         "said once: {stderr}"
     );
 }
+
+#[test]
+fn programs_written_by_xnnblob_run_in_executorch_with_both_backends() {
+    // A generated MLP written as a .pte and .ptd by xnnblob's program writer: ExecuTorch's
+    // runtime must load it as it loads an exported program, and both backends must compute the
+    // plain Rust reference.
+    let dir = scratch("written");
+    let mlp = xnnblob::synthetic::Mlp::random(&[48, 96, 64, 24], 17);
+    let built = xnnblob::synthetic::mlp_payload(&mlp, 2);
+    built.write_pte(&dir.join("mlp.pte"), "forward").unwrap();
+    built.write_ptd(&dir.join("mlp.ptd")).unwrap();
+    let input: Vec<f32> = (0..96).map(|i| ((i % 13) as f32 - 6.0) / 6.0).collect();
+    let bytes: Vec<u8> = input.iter().flat_map(|x| x.to_le_bytes()).collect();
+    std::fs::write(dir.join("input.f32"), bytes).unwrap();
+    let reference = mlp.reference_forward(&input, 2);
+    for backend in ["executorch", "xnnblob"] {
+        let out = dir.join(backend);
+        std::fs::create_dir_all(&out).unwrap();
+        run_ok(&[
+            dir.join("mlp.pte").display().to_string(),
+            s("--data"),
+            dir.join("mlp.ptd").display().to_string(),
+            s("--input"),
+            dir.join("input.f32").display().to_string(),
+            s("--backend"),
+            s(backend),
+            s("--output-dir"),
+            out.display().to_string(),
+        ]);
+        let got = f32s(&std::fs::read(out.join("output0.f32")).unwrap());
+        let d = relative_difference(&got, &reference);
+        assert!(d <= 1e-5, "{backend}: {d} of the range");
+    }
+}
