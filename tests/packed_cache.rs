@@ -271,22 +271,42 @@ fn another_cpu_fingerprint_forces_a_rebuild() {
 
 #[test]
 fn another_format_version_forces_a_rebuild() {
-    let dir = scratch("version");
+    // Version 1 (the hand-made checksum) and a future version alike.
+    for version in [1, format::FORMAT_VERSION + 1] {
+        let dir = scratch(&format!("version{version}"));
+        let path = dir.join("weights.xbc");
+        let mlp = model();
+        let (_, size) = cold(&path, &mlp);
+        let mut bytes = std::fs::read(&path).unwrap();
+        bytes[8..12].copy_from_slice(&version.to_le_bytes());
+        std::fs::write(&path, &bytes).unwrap();
+        let cache = reopen(&path);
+        assert!(matches!(
+            cache.load_outcome(),
+            LoadOutcome::Rejected(format::FileError::UnsupportedVersion { found }) if *found == version
+        ));
+        launch(&cache, &mlp);
+        assert_eq!(cache.stats().packed, 3);
+        drop(cache);
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), size);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
+
+#[test]
+fn packed_regions_check_with_any_xxh3_implementation() {
+    // The format promises XXH3-64 (seed 0) of each packed region: recompute it with the crate
+    // directly, not through xnnblob's checksum module.
+    let dir = scratch("xxh3");
     let path = dir.join("weights.xbc");
-    let mlp = model();
-    let (_, size) = cold(&path, &mlp);
-    let mut bytes = std::fs::read(&path).unwrap();
-    bytes[8..12].copy_from_slice(&(format::FORMAT_VERSION + 1).to_le_bytes());
-    std::fs::write(&path, &bytes).unwrap();
-    let cache = reopen(&path);
-    assert!(matches!(
-        cache.load_outcome(),
-        LoadOutcome::Rejected(format::FileError::UnsupportedVersion { .. })
-    ));
-    launch(&cache, &mlp);
-    assert_eq!(cache.stats().packed, 3);
-    drop(cache);
-    assert_eq!(std::fs::metadata(&path).unwrap().len(), size);
+    cold(&path, &model());
+    let bytes = std::fs::read(&path).unwrap();
+    let decoded = format::decode(&bytes, &default_compat()).unwrap();
+    assert!(!decoded.entries.is_empty());
+    for e in &decoded.entries {
+        let region = &bytes[e.offset as usize..(e.offset + e.size) as usize];
+        assert_eq!(xxhash_rust::xxh3::xxh3_64(region), e.checksum);
+    }
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

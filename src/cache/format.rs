@@ -16,7 +16,7 @@ use std::io::{self, Write};
 pub const MAGIC: [u8; 8] = *b"XBPWCAC\x01";
 pub const END_MAGIC: [u8; 8] = *b"XBPWEND\x01";
 /// Bump on any change of layout or meaning; older or newer files are rebuilt.
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
 /// Packed regions start at multiples of this (XNNPACK's largest SIMD alignment).
 pub const REGION_ALIGNMENT: usize = 64;
 pub const MAX_BUILD_ID: usize = 64;

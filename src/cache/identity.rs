@@ -1,6 +1,7 @@
 //! Content identities of unpacked weights: what a packed weight is looked up by.
 
-use crate::sha256::{sha256, to_hex, Sha256};
+use crate::sha256::{finish, sha256, to_hex, Sha256};
+use sha2::Digest;
 use std::fmt;
 
 /// The identity of an unpacked blob: the sha256 of its bytes (or of a combination of blobs that
@@ -28,7 +29,7 @@ impl BlobId {
             }
             h.update(&buf[..chunk.len() * 4]);
         }
-        BlobId(h.finalize())
+        BlobId(finish(h))
     }
 
     /// The identity a key already states: ExecuTorch keys XNNPACK constants by the lowercase
@@ -61,9 +62,9 @@ impl BlobId {
         let mut h = Sha256::new();
         h.update(b"xnnblob-combined-id");
         for p in parts {
-            h.update(&p.0);
+            h.update(p.0);
         }
-        BlobId(h.finalize())
+        BlobId(finish(h))
     }
 
     pub fn is_none(&self) -> bool {

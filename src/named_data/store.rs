@@ -5,10 +5,8 @@ use super::error::StoreError;
 use super::layout::TensorLayout;
 use super::ptd_format::{PtdHeader, HEADER_AT, HEADER_LENGTH, SEGMENT_ALIGNMENT};
 use crate::schema::ptd as fb;
-use std::collections::hash_map::DefaultHasher;
 use std::collections::HashMap;
 use std::fs::{self, File};
-use std::hash::{Hash, Hasher};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
@@ -35,11 +33,14 @@ pub struct NamedBlobStore {
     by_key: HashMap<String, usize>,
 }
 
+/// Buckets blobs by content before a byte comparison: the crate's one byte hash.
 fn content_hash(bytes: &[u8]) -> u64 {
-    let mut h = DefaultHasher::new();
-    bytes.hash(&mut h);
-    h.finish()
+    use std::hash::BuildHasher;
+    CONTENT_HASH.hash_one(bytes)
 }
+
+/// Fixed-seeded, so a store dedupes the same way every time it runs.
+static CONTENT_HASH: foldhash::quality::FixedState = foldhash::quality::FixedState::with_seed(0);
 
 fn align_up(value: usize, alignment: usize) -> usize {
     value.next_multiple_of(alignment)
