@@ -13,7 +13,9 @@ fn repository() -> PathBuf {
 
 /// Configures and builds the example for one backend; returns the executable.
 fn build_app(backend: &str, library: &Path, dir: &Path) -> PathBuf {
+    // Ninja: the setup installs it (for XNNPACK); make is not on a fresh machine.
     let configure = Command::new("cmake")
+        .args(["-G", "Ninja"])
         .arg("-S")
         .arg(repository().join("examples/executorch_app"))
         .arg("-B")
