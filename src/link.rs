@@ -21,8 +21,40 @@ pub const SECTION: &str = ".xnnblob_params";
 
 /// Writes `linked_params.rs` and one `param_<id>.bin` per parameter into `out_dir`; returns the
 /// `.rs` path (`include!` it). Each parameter keeps the alignment its segment has in the file
-/// (at least 16, at most 4096).
+/// (at least 16, at most 4096). The exported symbols are named after the file's stem (see
+/// [`generate_named`]).
 pub fn generate(ptd: &Path, out_dir: &Path) -> io::Result<PathBuf> {
+    let model = ptd
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    generate_named(ptd, out_dir, &model)
+}
+
+/// The model's part of exported symbol names: lowercase letters, digits and `_`.
+pub fn symbol_stem(model: &str) -> String {
+    let mut stem: String = model
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_lowercase()
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    if stem.is_empty() || stem.starts_with(|c: char| c.is_ascii_digit()) {
+        stem.insert(0, 'm');
+    }
+    stem
+}
+
+/// As [`generate`], naming the exported symbols after `model`, so that several models linked
+/// into one binary do not collide: the statics are `XNNBLOB_<MODEL>_PARAM_<id>` and the C
+/// lookup is `xnnblob_<model>_lookup_linked_param` (with [`symbol_stem`]`(model)`).
+pub fn generate_named(ptd: &Path, out_dir: &Path, model: &str) -> io::Result<PathBuf> {
+    let stem = symbol_stem(model);
+    let upper = stem.to_ascii_uppercase();
     let map = FileDataMap::open_ptd(ptd).map_err(|e| io::Error::other(e.to_string()))?;
     std::fs::create_dir_all(out_dir)?;
     let mut rs = String::new();
@@ -46,12 +78,13 @@ pub fn generate(ptd: &Path, out_dir: &Path) -> io::Result<PathBuf> {
             .get_data(&e.key)
             .map_err(|e| io::Error::other(e.to_string()))?;
         std::fs::write(out_dir.join(format!("param_{id}.bin")), bytes.data())?;
-        let _ = writeln!(rs, "/// `{}` ({} bytes)", e.key.replace('`', "'"), e.size);
-        let _ = writeln!(rs, "#[link_section = \"{SECTION}\"]");
-        let _ = writeln!(rs, "#[no_mangle]");
+        // The key is untrusted text: written escaped, it cannot end the comment line.
+        let _ = writeln!(rs, "/// Key {} ({} bytes)", escaped(&e.key), e.size);
+        let _ = writeln!(rs, "#[unsafe(link_section = \"{SECTION}\")]");
+        let _ = writeln!(rs, "#[unsafe(no_mangle)]");
         let _ = writeln!(
             rs,
-            "pub static XNNBLOB_PARAM_{id}: LinkedAlign{align}<{}> = LinkedAlign{align}(*include_bytes!(\"param_{id}.bin\"));",
+            "pub static XNNBLOB_{upper}_PARAM_{id}: LinkedAlign{align}<{}> = LinkedAlign{align}(*include_bytes!(\"param_{id}.bin\"));",
             e.size
         );
         keys.push((e.key.clone(), id));
@@ -68,7 +101,7 @@ pub fn generate(ptd: &Path, out_dir: &Path) -> io::Result<PathBuf> {
         "pub fn lookup_linked_param(id: u32) -> Option<&'static [u8]> {{\n    match id {{"
     );
     for (_, id) in &keys {
-        let _ = writeln!(rs, "        {id} => Some(&XNNBLOB_PARAM_{id}.0),");
+        let _ = writeln!(rs, "        {id} => Some(&XNNBLOB_{upper}_PARAM_{id}.0),");
     }
     let _ = writeln!(rs, "        _ => None,\n    }}\n}}");
     keys.sort();
@@ -77,22 +110,33 @@ pub fn generate(ptd: &Path, out_dir: &Path) -> io::Result<PathBuf> {
         "/// (key, id), sorted by key.\npub static LINKED_PARAM_KEYS: &[(&str, u32)] = &["
     );
     for (k, id) in &keys {
-        let _ = writeln!(rs, "    ({k:?}, {id}),");
+        let _ = writeln!(rs, "    ({}, {id}),", escaped(k));
     }
     let _ = writeln!(rs, "];");
     let _ = writeln!(
         rs,
         "/// C/C++: the bytes of parameter `id` (null if unknown); their length goes to `*len`.\n\
          ///\n/// # Safety\n/// `len` must be null or point to writable memory for one `usize`.\n\
-         #[no_mangle]\npub unsafe extern \"C\" fn xnnblob_lookup_linked_param(id: u32, len: *mut usize) -> *const u8 {{\n    \
+         #[unsafe(no_mangle)]\npub unsafe extern \"C\" fn xnnblob_{stem}_lookup_linked_param(id: u32, len: *mut usize) -> *const u8 {{\n    \
          let found = lookup_linked_param(id);\n    if !len.is_null() {{\n        \
          // SAFETY: the caller passes null or a valid pointer to one usize.\n        \
          unsafe {{ *len = found.map_or(0, <[u8]>::len) }};\n    }}\n    \
          found.map_or(std::ptr::null(), <[u8]>::as_ptr)\n}}"
     );
+    let _ = writeln!(
+        rs,
+        "/// The name of the C lookup above, as C and C++ code declares it.\n\
+         pub const C_LOOKUP_SYMBOL: &str = \"xnnblob_{stem}_lookup_linked_param\";"
+    );
     let path = out_dir.join("linked_params.rs");
     std::fs::write(&path, rs)?;
     Ok(path)
+}
+
+/// `text` as a Rust string literal: quotes, backslashes, newlines and every other control
+/// character escaped, so it stays one token on one line.
+fn escaped(text: &str) -> String {
+    format!("\"{}\"", text.escape_default())
 }
 
 /// Static bytes: the backing of linked parameters.

@@ -4,7 +4,13 @@
 /// The generated parameters (statics in section `.xnnblob_params`, lookup by id).
 #[allow(clippy::all)]
 pub mod params {
-    include!(concat!(env!("OUT_DIR"), "/linked_params.rs"));
+    include!(concat!(env!("OUT_DIR"), "/params/linked_params.rs"));
+}
+
+/// A second model's parameters, linked into the same binary under its own symbol names.
+#[allow(clippy::all)]
+pub mod second {
+    include!(concat!(env!("OUT_DIR"), "/second/linked_params.rs"));
 }
 
 use std::sync::Arc;

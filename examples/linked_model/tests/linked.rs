@@ -72,7 +72,7 @@ fn nm_lists_one_symbol_per_parameter_in_the_section_with_its_size() {
         .unwrap();
     let objdump = String::from_utf8_lossy(&objdump.stdout);
     for (id, e) in ptd.entries().iter().enumerate() {
-        let name = format!("XNNBLOB_PARAM_{id}");
+        let name = format!("XNNBLOB_MLP_XNN_EXTERNAL_PARAM_{id}");
         let line = nm
             .lines()
             .find(|l| l.split_whitespace().last() == Some(name.as_str()))
@@ -140,9 +140,51 @@ fn unknown_id_and_key_are_not_found() {
         .contains("not found"));
     let mut len = 7usize;
     // SAFETY: `len` is a valid usize.
-    let ptr = unsafe { linked_model::params::xnnblob_lookup_linked_param(9999, &mut len) };
+    let ptr = unsafe {
+        linked_model::params::xnnblob_mlp_xnn_external_lookup_linked_param(9999, &mut len)
+    };
     assert!(ptr.is_null() && len == 0);
     // SAFETY: as above.
-    let ptr = unsafe { linked_model::params::xnnblob_lookup_linked_param(0, &mut len) };
+    let ptr =
+        unsafe { linked_model::params::xnnblob_mlp_xnn_external_lookup_linked_param(0, &mut len) };
     assert!(!ptr.is_null() && len == map.by_id(0).unwrap().len());
+}
+
+#[test]
+fn two_models_link_into_one_binary_under_their_own_names() {
+    use linked_model::{params, second};
+    assert_eq!(
+        params::C_LOOKUP_SYMBOL,
+        "xnnblob_mlp_xnn_external_lookup_linked_param"
+    );
+    assert_eq!(
+        second::C_LOOKUP_SYMBOL,
+        "xnnblob_mlp_portable_external_lookup_linked_param"
+    );
+    // This test binary uses both models (below), so it holds both sets of symbols.
+    let nm = std::process::Command::new("nm")
+        .arg("--defined-only")
+        .arg(std::env::current_exe().unwrap())
+        .output()
+        .unwrap();
+    let nm = String::from_utf8_lossy(&nm.stdout);
+    assert!(params::lookup_linked_param(0).is_some());
+    for model in ["MLP_XNN_EXTERNAL", "MLP_PORTABLE_EXTERNAL"] {
+        assert!(
+            nm.contains(&format!("XNNBLOB_{model}_PARAM_0")),
+            "{model}'s parameters are in the binary"
+        );
+    }
+    // Each model's keys resolve to its own bytes.
+    let ptd = FileDataMap::open_ptd(data().join("mlp_portable_external.ptd")).unwrap();
+    let key = &ptd.entries()[0].key;
+    let id = second::LINKED_PARAM_KEYS
+        .iter()
+        .find(|(k, _)| k == key)
+        .map(|(_, id)| *id)
+        .unwrap();
+    assert_eq!(
+        second::lookup_linked_param(id).unwrap(),
+        ptd.get_data(key).unwrap().data()
+    );
 }
