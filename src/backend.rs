@@ -81,48 +81,17 @@ pub struct BackendOptions {
 }
 
 /// Why a backend or a model context could not be made.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 pub enum BackendError {
     /// XNNPACK refused the workspace or the thread pool.
-    Xnn(XnnError),
+    #[error("backend: {0}")]
+    Xnn(#[from] XnnError),
     /// The packed-weight cache file could not be opened.
-    Cache(CacheError),
+    #[error("backend: {0}")]
+    Cache(#[from] CacheError),
     /// An option has a value it cannot take.
+    #[error("backend: option {name} cannot be {value}")]
     InvalidOption { name: &'static str, value: String },
-}
-
-impl fmt::Display for BackendError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            BackendError::Xnn(e) => write!(f, "backend: {e}"),
-            BackendError::Cache(e) => write!(f, "backend: {e}"),
-            BackendError::InvalidOption { name, value } => {
-                write!(f, "backend: option {name} cannot be {value}")
-            }
-        }
-    }
-}
-
-impl std::error::Error for BackendError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            BackendError::Xnn(e) => Some(e),
-            BackendError::Cache(e) => Some(e),
-            BackendError::InvalidOption { .. } => None,
-        }
-    }
-}
-
-impl From<XnnError> for BackendError {
-    fn from(e: XnnError) -> Self {
-        BackendError::Xnn(e)
-    }
-}
-
-impl From<CacheError> for BackendError {
-    fn from(e: CacheError) -> Self {
-        BackendError::Cache(e)
-    }
 }
 
 struct State {

@@ -22,47 +22,56 @@ use std::path::Path;
 use std::sync::Arc;
 
 /// Why a program or method could not be loaded or run.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 pub enum ProgramError {
-    NamedData(NamedDataError),
+    // Not `transparent`: the source stays the named-data error itself, not its own source.
+    #[error("{0}")]
+    NamedData(#[from] NamedDataError),
     /// The program's flatbuffer failed validation.
+    #[error("{source}: {error}")]
     Format {
+        // Names the file; `#[source]` on `error` keeps thiserror from taking it as the cause.
         source: String,
+        #[source]
         error: FormatError,
     },
+    #[error("method {method:?}: {error}")]
     Delegate {
         method: String,
+        #[source]
         error: DelegateError,
     },
     /// The backend could not give the program its packed-weight cache or workspace.
-    Backend(BackendError),
+    #[error("{0}")]
+    Backend(#[from] BackendError),
+    #[error("no method {name:?}; the program has {available:?}")]
     NoSuchMethod {
         name: String,
         available: Vec<String>,
     },
     /// The method runs an operator outside a delegate (or a non-XNNPACK delegate).
-    NotDelegated {
-        method: String,
-        operator: String,
-    },
+    #[error("method {method:?} is not fully delegated to XNNPACK: it runs {operator}")]
+    NotDelegated { method: String, operator: String },
     /// The plan is malformed or uses what this runner does not support.
-    BadPlan {
-        method: String,
-        reason: String,
-    },
+    #[error("method {method:?}: {reason}")]
+    BadPlan { method: String, reason: String },
     /// `execute` with inputs that do not fit the method.
+    #[error("method {method:?}: {error}")]
     BadInput {
         method: String,
+        #[source]
         error: InputError,
     },
 }
 
 /// How an input does not fit its method.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum InputError {
     /// The wrong number of inputs.
+    #[error("{given} inputs given, the method takes {expected}")]
     Count { expected: usize, given: usize },
     /// Input `index` has another dtype than the method's.
+    #[error("input {index} is {given}, the method takes {expected}")]
     Dtype {
         index: usize,
         expected: DType,
@@ -70,115 +79,64 @@ pub enum InputError {
     },
     /// Input `index` has a shape outside the declared bound (or, for a static input, other
     /// than the declared shape).
+    #[error(fmt = input_shape)]
     Shape {
         index: usize,
         shapes: Box<ShapeMismatch>,
         dynamic: bool,
     },
     /// Input `index` holds fewer bytes than its shape needs (None: that size overflows).
+    #[error(fmt = input_bytes)]
     Bytes {
         index: usize,
         needed: Option<usize>,
         given: usize,
     },
     /// Output `index` was asked for but the method has fewer.
+    #[error("no output {index}: the method has {outputs}")]
     NoSuchOutput { index: usize, outputs: usize },
 }
 
-impl fmt::Display for InputError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            InputError::Count { expected, given } => {
-                write!(f, "{given} inputs given, the method takes {expected}")
-            }
-            InputError::Dtype {
-                index,
-                expected,
-                given,
-            } => write!(f, "input {index} is {given}, the method takes {expected}"),
-            InputError::Shape {
-                index,
-                shapes,
-                dynamic: true,
-            } => write!(
-                f,
-                "input {index} has shape {}, outside the method's bound {} \
-                 (each dimension at most the bound's)",
-                shapes.given, shapes.bound
-            ),
-            InputError::Shape {
-                index,
-                shapes,
-                dynamic: false,
-            } => write!(
-                f,
-                "input {index} has shape {}; the method's input is static, of shape {}",
-                shapes.given, shapes.bound
-            ),
-            InputError::Bytes {
-                index,
-                needed: Some(needed),
-                given,
-            } => write!(
-                f,
-                "input {index} holds {given} bytes, its shape needs {needed}"
-            ),
-            InputError::Bytes { index, given, .. } => write!(
-                f,
-                "input {index} holds {given} bytes; the size its shape needs overflows"
-            ),
-            InputError::NoSuchOutput { index, outputs } => {
-                write!(f, "no output {index}: the method has {outputs}")
-            }
-        }
+// The two messages below depend on a field's value (dynamic or static, size known or not),
+// which a format string cannot branch on.
+
+fn input_shape(
+    index: &usize,
+    shapes: &ShapeMismatch,
+    dynamic: &bool,
+    f: &mut fmt::Formatter<'_>,
+) -> fmt::Result {
+    if *dynamic {
+        write!(
+            f,
+            "input {index} has shape {}, outside the method's bound {} \
+             (each dimension at most the bound's)",
+            shapes.given, shapes.bound
+        )
+    } else {
+        write!(
+            f,
+            "input {index} has shape {}; the method's input is static, of shape {}",
+            shapes.given, shapes.bound
+        )
     }
 }
 
-impl std::error::Error for InputError {}
-
-impl fmt::Display for ProgramError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        use ProgramError::*;
-        match self {
-            NamedData(e) => write!(f, "{e}"),
-            Format { source, error } => write!(f, "{source}: {error}"),
-            Delegate { method, error } => write!(f, "method {method:?}: {error}"),
-            Backend(e) => write!(f, "{e}"),
-            NoSuchMethod { name, available } => {
-                write!(f, "no method {name:?}; the program has {available:?}")
-            }
-            NotDelegated { method, operator } => write!(
-                f,
-                "method {method:?} is not fully delegated to XNNPACK: it runs {operator}"
-            ),
-            BadPlan { method, reason } => write!(f, "method {method:?}: {reason}"),
-            BadInput { method, error } => write!(f, "method {method:?}: {error}"),
-        }
-    }
-}
-
-impl std::error::Error for ProgramError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            ProgramError::NamedData(e) => Some(e),
-            ProgramError::Format { error, .. } => Some(error),
-            ProgramError::Delegate { error, .. } => Some(error),
-            ProgramError::Backend(e) => Some(e),
-            ProgramError::BadInput { error, .. } => Some(error),
-            _ => None,
-        }
-    }
-}
-
-impl From<NamedDataError> for ProgramError {
-    fn from(e: NamedDataError) -> Self {
-        ProgramError::NamedData(e)
-    }
-}
-
-impl From<BackendError> for ProgramError {
-    fn from(e: BackendError) -> Self {
-        ProgramError::Backend(e)
+fn input_bytes(
+    index: &usize,
+    needed: &Option<usize>,
+    given: &usize,
+    f: &mut fmt::Formatter<'_>,
+) -> fmt::Result {
+    match needed {
+        Some(needed) => write!(
+            f,
+            "input {index} holds {given} bytes, its shape needs {needed}"
+        ),
+        None => write!(
+            f,
+            "input {index} holds {given} bytes; the size its shape needs overflows"
+        ),
     }
 }
 

@@ -51,22 +51,12 @@ impl PartialEq for InitCause {
 impl Eq for InitCause {}
 
 /// A stage of a transformed init that failed, and its error.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
+#[error("{stage}: {error}")]
 struct StageError {
     stage: &'static str,
+    #[source]
     error: Box<dyn std::error::Error + Send + Sync>,
-}
-
-impl fmt::Display for StageError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {}", self.stage, self.error)
-    }
-}
-
-impl std::error::Error for StageError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        Some(&*self.error)
-    }
 }
 
 /// An error of [`SharedDataCache`]. Clone, so that one failed init can be handed to the
@@ -86,6 +76,8 @@ pub enum SharedCacheError {
     BadAlignment { key: String, alignment: usize },
 }
 
+// Written by hand, not derived with `thiserror`: the source of `InitFailed` is the error inside
+// its `InitCause`, which is not itself an error type for `#[source]` to point at.
 impl fmt::Display for SharedCacheError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {

@@ -18,7 +18,6 @@ use crate::named_data::{DataBuffer, NamedDataError, NamedDataMap};
 use crate::tensor::{DType, Shape};
 use crate::xnn::{RawInput, RawOutput};
 use std::collections::HashMap;
-use std::fmt;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
@@ -132,35 +131,20 @@ unsafe impl MemoryBank for HostBank {
     }
 }
 
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 pub enum StateError {
-    NamedData(NamedDataError),
+    // Not `transparent`: the source stays the named-data error itself, not its own source.
+    #[error("{0}")]
+    NamedData(#[source] NamedDataError),
+    #[error("method {method:?}: {error}")]
     Delegate {
         method: String,
+        #[source]
         error: DelegateError,
     },
     /// A declaration, binding or bank that does not fit.
+    #[error("{0}")]
     Invalid(String),
-}
-
-impl fmt::Display for StateError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            StateError::NamedData(e) => write!(f, "{e}"),
-            StateError::Delegate { method, error } => write!(f, "method {method:?}: {error}"),
-            StateError::Invalid(m) => f.write_str(m),
-        }
-    }
-}
-
-impl std::error::Error for StateError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            StateError::NamedData(e) => Some(e),
-            StateError::Delegate { error, .. } => Some(error),
-            StateError::Invalid(_) => None,
-        }
-    }
 }
 
 fn invalid(m: impl Into<String>) -> StateError {

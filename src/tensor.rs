@@ -129,22 +129,11 @@ pub struct Shape {
 }
 
 /// A shape with more dimensions than XNNPACK takes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("a tensor of {rank} dimensions; XNNPACK takes at most {MAX_DIMS}")]
 pub struct TooManyDims {
     pub rank: usize,
 }
-
-impl fmt::Display for TooManyDims {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "a tensor of {} dimensions; XNNPACK takes at most {MAX_DIMS}",
-            self.rank
-        )
-    }
-}
-
-impl std::error::Error for TooManyDims {}
 
 impl Shape {
     /// The shape with these dimensions.
@@ -342,21 +331,21 @@ pub struct PaddedTensor {
 }
 
 /// A buffer whose size overflows or cannot be allocated.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("{}", allocation_message(*.bytes))]
 pub struct AllocationError {
     pub bytes: Option<usize>,
 }
 
-impl fmt::Display for AllocationError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.bytes {
-            Some(n) => write!(f, "could not allocate {n} bytes"),
-            None => f.write_str("a tensor size overflows"),
-        }
-    }
+/// The message of an [`AllocationError`], which depends on whether the size is known: a format
+/// string cannot branch, and `#[error(fmt = ...)]` takes enums only. It formats in place rather
+/// than into a `String`, as memory may be what ran out.
+fn allocation_message(bytes: Option<usize>) -> impl fmt::Display {
+    fmt::from_fn(move |f| match bytes {
+        Some(n) => write!(f, "could not allocate {n} bytes"),
+        None => f.write_str("a tensor size overflows"),
+    })
 }
-
-impl std::error::Error for AllocationError {}
 
 impl PaddedTensor {
     /// A zeroed tensor of `dtype` with room for `capacity` (its largest shape), holding that

@@ -10,7 +10,6 @@
 
 use super::checksum::checksum64;
 use super::identity::BlobId;
-use std::fmt;
 use std::io::{self, Write};
 
 pub const MAGIC: [u8; 8] = *b"XBPWCAC\x01";
@@ -77,49 +76,29 @@ pub struct Compat {
 }
 
 /// Why a whole file was rejected (it is then rebuilt).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum FileError {
+    #[error("{len} bytes is shorter than header and trailer")]
     TooShort { len: usize },
+    #[error("not an xnnblob packed-weight cache (bad magic)")]
     BadMagic,
+    #[error("format version {found}, this build reads {FORMAT_VERSION}")]
     UnsupportedVersion { found: u32 },
+    #[error("header size {found}, expected {HEADER_SIZE}")]
     BadHeaderSize { found: u32 },
+    #[error("header checksum mismatch")]
     HeaderChecksum,
+    #[error("packed by another XNNPACK build")]
     BuildMismatch,
+    #[error("packed for CPU features {file:#x}, this CPU has {this:#x}")]
     CpuMismatch { file: u64, this: u64 },
+    #[error("no valid trailer (torn or partial file)")]
     BadTrailer,
+    #[error("index lies outside the file")]
     IndexOutOfBounds,
+    #[error("index checksum mismatch")]
     IndexChecksum,
 }
-
-impl fmt::Display for FileError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        use FileError::*;
-        match self {
-            TooShort { len } => write!(f, "{len} bytes is shorter than header and trailer"),
-            BadMagic => f.write_str("not an xnnblob packed-weight cache (bad magic)"),
-            UnsupportedVersion { found } => {
-                write!(
-                    f,
-                    "format version {found}, this build reads {FORMAT_VERSION}"
-                )
-            }
-            BadHeaderSize { found } => write!(f, "header size {found}, expected {HEADER_SIZE}"),
-            HeaderChecksum => f.write_str("header checksum mismatch"),
-            BuildMismatch => f.write_str("packed by another XNNPACK build"),
-            CpuMismatch { file, this } => {
-                write!(
-                    f,
-                    "packed for CPU features {file:#x}, this CPU has {this:#x}"
-                )
-            }
-            BadTrailer => f.write_str("no valid trailer (torn or partial file)"),
-            IndexOutOfBounds => f.write_str("index lies outside the file"),
-            IndexChecksum => f.write_str("index checksum mismatch"),
-        }
-    }
-}
-
-impl std::error::Error for FileError {}
 
 /// Why one entry was dropped (it is then repacked).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

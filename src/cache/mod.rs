@@ -25,46 +25,24 @@ use crate::named_data::DataBuffer;
 use crate::xnn::{AsXnnWeightsCache, WeightsCache};
 use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 use std::thread::JoinHandle;
 
 /// An error of the cache: only I/O can fail; bad files are rebuilt, not reported as errors.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 pub enum CacheError {
+    #[error("packed-weight cache {path}: {error}")]
     Io {
         path: String,
+        #[source]
         error: std::io::Error,
     },
     /// The file is open in this process already, with other options: one file has one cache
     /// object, and it cannot follow two sets of options.
-    OpenWithOtherOptions {
-        path: PathBuf,
-    },
-}
-
-impl fmt::Display for CacheError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            CacheError::Io { path, error } => write!(f, "packed-weight cache {path}: {error}"),
-            CacheError::OpenWithOtherOptions { path } => write!(
-                f,
-                "packed-weight cache {}: already open in this process with other options",
-                path.display()
-            ),
-        }
-    }
-}
-
-impl std::error::Error for CacheError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            CacheError::Io { error, .. } => Some(error),
-            CacheError::OpenWithOtherOptions { .. } => None,
-        }
-    }
+    #[error("packed-weight cache {path}: already open in this process with other options")]
+    OpenWithOtherOptions { path: PathBuf },
 }
 
 /// Overrides of what a file must match; the defaults are this process's XNNPACK build and CPU.

@@ -38,11 +38,15 @@ impl Status {
 }
 
 /// An XNNPACK call failed, or a wrapper refused to make it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum XnnError {
     /// `call` returned `status`.
+    #[error("XNNPACK {call} failed: {status:?}")]
     Call { call: &'static str, status: Status },
     /// An external tensor's buffer does not match the shape the runtime expects.
+    #[error(
+        "external value {id}: buffer holds {given_elements} elements, the runtime expects {expected_elements}"
+    )]
     ExternalSize {
         id: u32,
         expected_elements: usize,
@@ -50,34 +54,45 @@ pub enum XnnError {
     },
     /// Static data does not have as many bytes as a tensor of its shape and datatype takes
     /// ([`Datatype::tensor_bytes`]; `usize::MAX` when that overflows).
+    #[error(
+        "static {datatype:?} data holds {given_bytes} bytes, its shape needs {expected_bytes}"
+    )]
     StaticDataSize {
         datatype: Datatype,
         expected_bytes: usize,
         given_bytes: usize,
     },
     /// Static data does not start at a multiple of its datatype's element size.
+    #[error("static {datatype:?} data is not aligned to {alignment} bytes")]
     StaticDataAlignment {
         datatype: Datatype,
         alignment: usize,
     },
     /// A quantized tensor was given a different number of scales than its shape needs.
+    #[error("quantized tensor given {given} scales, its shape needs {expected}")]
     QuantizationScales { expected: usize, given: usize },
     /// `id` is not an external value of this runtime, or is bound twice.
+    #[error("external value {id} is not an unbound input or output of this runtime")]
     UnknownExternal { id: u32 },
     /// The external input or output `id` was not bound.
+    #[error("external value {id} is not bound")]
     MissingExternal { id: u32 },
     /// An external value of a datatype no buffer can be bound to (per-channel, blockwise or
     /// dynamically quantized).
+    #[error("external value {id} is {datatype:?}, which no buffer can be bound to")]
     UnsupportedExternal { id: u32, datatype: Datatype },
     /// A buffer of `bytes` (None: a size that overflows) could not be allocated.
+    #[error(fmt = out_of_memory)]
     OutOfMemory { bytes: Option<usize> },
     /// A run was given the wrong number of inputs or outputs.
+    #[error("{given} {what} given, the graph has {expected}")]
     Arity {
         what: &'static str,
         expected: usize,
         given: usize,
     },
     /// Input or output `index` (by ascending external id) has another dtype than the graph's.
+    #[error("{what} {index} is {given}, the graph takes {expected}")]
     DtypeMismatch {
         what: &'static str,
         index: usize,
@@ -86,12 +101,19 @@ pub enum XnnError {
     },
     /// Input `index` has a shape outside the declared one (another rank, or a larger
     /// dimension).
+    #[error(
+        "input {index} has shape {}, outside the declared bound {} \
+         (same rank, each dimension at most the bound's)",
+        .shapes.given,
+        .shapes.bound
+    )]
     ShapeOutOfBounds {
         index: usize,
         shapes: Box<ShapeMismatch>,
     },
     /// Input or output `index` has fewer bytes than its shape needs (`needed` None: the size
     /// overflows).
+    #[error(fmt = buffer_too_small)]
     BufferTooSmall {
         what: &'static str,
         index: usize,
@@ -110,81 +132,34 @@ impl XnnError {
     }
 }
 
-impl fmt::Display for XnnError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            XnnError::Call { call, status } => write!(f, "XNNPACK {call} failed: {status:?}"),
-            XnnError::ExternalSize {
-                id,
-                expected_elements,
-                given_elements,
-            } => write!(
-                f,
-                "external value {id}: buffer holds {given_elements} elements, the runtime expects {expected_elements}"
-            ),
-            XnnError::StaticDataSize {
-                datatype,
-                expected_bytes,
-                given_bytes,
-            } => write!(
-                f,
-                "static {datatype:?} data holds {given_bytes} bytes, its shape needs {expected_bytes}"
-            ),
-            XnnError::StaticDataAlignment {
-                datatype,
-                alignment,
-            } => write!(
-                f,
-                "static {datatype:?} data is not aligned to {alignment} bytes"
-            ),
-            XnnError::QuantizationScales { expected, given } => write!(
-                f,
-                "quantized tensor given {given} scales, its shape needs {expected}"
-            ),
-            XnnError::MissingExternal { id } => write!(f, "external value {id} is not bound"),
-            XnnError::UnknownExternal { id } => {
-                write!(f, "external value {id} is not an unbound input or output of this runtime")
-            }
-            XnnError::UnsupportedExternal { id, datatype } => write!(
-                f,
-                "external value {id} is {datatype:?}, which no buffer can be bound to"
-            ),
-            XnnError::OutOfMemory { bytes: Some(n) } => write!(f, "could not allocate {n} bytes"),
-            XnnError::OutOfMemory { bytes: None } => f.write_str("a buffer size overflows"),
-            XnnError::Arity {
-                what,
-                expected,
-                given,
-            } => write!(f, "{given} {what} given, the graph has {expected}"),
-            XnnError::DtypeMismatch {
-                what,
-                index,
-                expected,
-                given,
-            } => write!(f, "{what} {index} is {given}, the graph takes {expected}"),
-            XnnError::ShapeOutOfBounds { index, shapes } => write!(
-                f,
-                "input {index} has shape {}, outside the declared bound {} \
-                 (same rank, each dimension at most the bound's)",
-                shapes.given, shapes.bound
-            ),
-            XnnError::BufferTooSmall {
-                what,
-                index,
-                needed: Some(needed),
-                given,
-            } => write!(f, "{what} {index} holds {given} bytes, its shape needs {needed}"),
-            XnnError::BufferTooSmall {
-                what, index, given, ..
-            } => write!(
-                f,
-                "{what} {index} holds {given} bytes; the size its shape needs overflows"
-            ),
-        }
+// The two messages below depend on whether a size is known, which a format string cannot
+// branch on.
+
+fn out_of_memory(bytes: &Option<usize>, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+    match bytes {
+        Some(n) => write!(f, "could not allocate {n} bytes"),
+        None => f.write_str("a buffer size overflows"),
     }
 }
 
-impl std::error::Error for XnnError {}
+fn buffer_too_small(
+    what: &&'static str,
+    index: &usize,
+    needed: &Option<usize>,
+    given: &usize,
+    f: &mut fmt::Formatter<'_>,
+) -> fmt::Result {
+    match needed {
+        Some(needed) => write!(
+            f,
+            "{what} {index} holds {given} bytes, its shape needs {needed}"
+        ),
+        None => write!(
+            f,
+            "{what} {index} holds {given} bytes; the size its shape needs overflows"
+        ),
+    }
+}
 
 /// Turns a raw status of `call` into a `Result`.
 pub(crate) fn check(call: &'static str, raw: sys::xnn_status) -> Result<(), XnnError> {
