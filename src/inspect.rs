@@ -1,7 +1,8 @@
 //! `xnnblob inspect`: what a `.ptd` or `.pte` file holds, as text or JSON.
 
-use crate::named_data::{FileDataMap, FileKind, NamedDataMap, TensorLayout};
+use crate::named_data::{FileDataMap, FileKind, NamedDataError, NamedDataMap, TensorLayout};
 use crate::sha256::{sha256, to_hex};
+use serde_json::json;
 use std::fmt::Write;
 
 /// The largest power of two (up to 4096, a page) that divides `offset`: the alignment a
@@ -21,84 +22,52 @@ fn kind_name(kind: FileKind) -> &'static str {
     }
 }
 
-fn json_string(out: &mut String, s: &str) {
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            c if (c as u32) < 0x20 => {
-                let _ = write!(out, "\\u{:04x}", c as u32);
-            }
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-}
-
-fn json_list<T: std::fmt::Display>(items: &[T]) -> String {
-    let parts: Vec<String> = items.iter().map(|i| i.to_string()).collect();
-    format!("[{}]", parts.join(", "))
-}
-
-fn json_layout(out: &mut String, layout: Option<&TensorLayout>) {
+fn json_layout(layout: Option<&TensorLayout>) -> serde_json::Value {
     match layout {
-        None => out.push_str("null"),
-        Some(l) => {
-            out.push_str("{\"scalar_type\": ");
-            json_string(out, &l.scalar_type().name());
-            let _ = write!(
-                out,
-                ", \"scalar_type_code\": {}, \"sizes\": {}, \"dim_order\": {}, \"nbytes\": {}}}",
-                l.scalar_type().code(),
-                json_list(l.sizes()),
-                json_list(l.dim_order()),
-                l.nbytes().map_or("null".to_string(), |n| n.to_string())
-            );
-        }
+        None => serde_json::Value::Null,
+        Some(l) => json!({
+            "scalar_type": l.scalar_type().name(),
+            "scalar_type_code": l.scalar_type().code(),
+            "sizes": l.sizes(),
+            "dim_order": l.dim_order(),
+            "nbytes": l.nbytes(),
+        }),
     }
 }
 
 /// One JSON object: `file`, `kind`, `segments` and `entries`, each entry
 /// `{key, segment_index, offset, size, layout}` (+ `sha256` when asked).
-pub fn to_json(map: &FileDataMap, with_sha256: bool) -> String {
-    let mut out = String::from("{\"file\": ");
-    json_string(&mut out, map.source());
-    let _ = write!(
-        out,
-        ", \"kind\": \"{}\", \"segments\": [",
-        kind_name(map.kind())
-    );
-    for (i, &(offset, size)) in map.segments().iter().enumerate() {
-        let sep = if i == 0 { "" } else { ", " };
-        let _ = write!(
-            out,
-            "{sep}{{\"index\": {i}, \"offset\": {offset}, \"size\": {size}, \"alignment\": {}}}",
-            alignment_of(offset)
-        );
-    }
-    out.push_str("], \"entries\": [");
-    for (i, e) in map.entries().iter().enumerate() {
-        out.push_str(if i == 0 { "{" } else { ", {" });
-        out.push_str("\"key\": ");
-        json_string(&mut out, &e.key);
-        let _ = write!(
-            out,
-            ", \"segment_index\": {}, \"offset\": {}, \"size\": {}, \"layout\": ",
-            e.segment_index, e.offset, e.size
-        );
-        json_layout(&mut out, e.layout.as_ref());
+pub fn to_json(map: &FileDataMap, with_sha256: bool) -> Result<String, NamedDataError> {
+    let segments: Vec<_> = map
+        .segments()
+        .iter()
+        .enumerate()
+        .map(|(i, &(offset, size))| {
+            json!({"index": i, "offset": offset, "size": size, "alignment": alignment_of(offset)})
+        })
+        .collect();
+    let mut entries = Vec::with_capacity(map.entries().len());
+    for e in map.entries() {
+        let mut entry = json!({
+            "key": e.key,
+            "segment_index": e.segment_index,
+            "offset": e.offset,
+            "size": e.size,
+            "layout": json_layout(e.layout.as_ref()),
+        });
         if with_sha256 {
-            let data = map.get_data(&e.key).expect("listed keys exist");
-            let _ = write!(out, ", \"sha256\": \"{}\"", to_hex(&sha256(&data)));
+            let data = map.get_data(&e.key)?;
+            entry["sha256"] = to_hex(&sha256(&data)).into();
         }
-        out.push('}');
+        entries.push(entry);
     }
-    out.push_str("]}");
-    out
+    let document = json!({
+        "file": map.source(),
+        "kind": kind_name(map.kind()),
+        "segments": segments,
+        "entries": entries,
+    });
+    Ok(document.to_string())
 }
 
 /// A readable listing: one line per segment, one per key.

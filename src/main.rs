@@ -80,7 +80,7 @@ fn inspect(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
     let file = file.ok_or_else(|| format!("inspect needs a FILE\n{USAGE}"))?;
     let map = FileDataMap::open(file)?;
     if json {
-        println!("{}", xnnblob::inspect::to_json(&map, sha));
+        println!("{}", xnnblob::inspect::to_json(&map, sha)?);
     } else {
         print!("{}", xnnblob::inspect::to_text(&map, sha));
     }

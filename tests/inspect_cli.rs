@@ -78,3 +78,33 @@ fn inspect_a_bad_file_fails_with_a_message() {
         "{err}"
     );
 }
+
+#[test]
+fn inspect_json_escapes_any_key() {
+    let dir = std::env::temp_dir().join(format!("xnnblob-inspect-keys-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let keys = [
+        "quote \" backslash \\ newline \n tab \t",
+        "control \u{1} \u{1f} del \u{7f}",
+        "unicode é ✓ \u{2028}",
+    ];
+    let mut store = xnnblob::named_data::NamedBlobStore::new();
+    for (i, key) in keys.iter().enumerate() {
+        store
+            .add_named_blob(key, &[i as u8; 32], 16, "m", None)
+            .unwrap();
+    }
+    let ptd = dir.join("odd \"name\".ptd");
+    store.write_ptd("m", &ptd).unwrap();
+    let json = inspect_json(&ptd);
+    assert_eq!(json["file"].as_str().unwrap(), ptd.display().to_string());
+    let listed: Vec<&str> = json["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["key"].as_str().unwrap())
+        .collect();
+    assert_eq!(listed, keys);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
