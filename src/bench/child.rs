@@ -43,7 +43,7 @@ impl Scenario {
 }
 
 /// What one launch measured (milliseconds, MiB).
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Launch {
     pub open: f64,
     pub load: f64,
@@ -189,34 +189,15 @@ pub fn launch(
 }
 
 impl Launch {
+    /// The child's report line: `LAUNCH ` and the measurements as one JSON object.
     pub fn to_line(&self) -> String {
-        format!(
-            "LAUNCH open={} load={} create={} finalize={} ready={} infer={} peak_rss={} weights_resident={} packed_resident={} packed={} checksum={}",
-            self.open, self.load, self.create, self.finalize, self.ready, self.infer, self.peak_rss,
-            self.weights_resident, self.packed_resident, self.packed, self.checksum
-        )
+        let json = serde_json::to_string(self).expect("plain numbers serialise");
+        format!("LAUNCH {json}")
     }
 
+    /// A report line back; None for any other line or a malformed one.
     pub fn from_line(line: &str) -> Option<Launch> {
-        let rest = line.strip_prefix("LAUNCH ")?;
-        let get = |k: &str| -> Option<f64> {
-            rest.split_whitespace()
-                .find_map(|kv| kv.strip_prefix(k)?.strip_prefix('='))
-                .and_then(|v| v.parse().ok())
-        };
-        Some(Launch {
-            open: get("open")?,
-            load: get("load")?,
-            create: get("create")?,
-            finalize: get("finalize")?,
-            ready: get("ready")?,
-            infer: get("infer")?,
-            peak_rss: get("peak_rss")?,
-            weights_resident: get("weights_resident")?,
-            packed_resident: get("packed_resident")?,
-            packed: get("packed")? as usize,
-            checksum: get("checksum")?,
-        })
+        serde_json::from_str(line.strip_prefix("LAUNCH ")?).ok()
     }
 }
 
@@ -251,4 +232,29 @@ pub fn reload_cycles(
         after.len() as i64 - before.len() as i64,
         after.modified().ok() == before.modified().ok()
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Launch;
+
+    #[test]
+    fn a_launch_line_round_trips() {
+        let launch = Launch {
+            open: 0.25,
+            load: 1.5,
+            create: 3.0,
+            finalize: 0.125,
+            ready: 4.875,
+            infer: 2.0,
+            peak_rss: 387.5,
+            weights_resident: 0.0,
+            packed_resident: 380.0,
+            packed: 48,
+            checksum: -12.5,
+        };
+        assert_eq!(Launch::from_line(&launch.to_line()), Some(launch));
+        assert_eq!(Launch::from_line("LAUNCH {\"open\": 1}"), None);
+        assert_eq!(Launch::from_line("RELOAD cycles=1"), None);
+    }
 }
