@@ -3,6 +3,8 @@
 
 mod common;
 
+use common::scratch;
+
 use std::path::Path;
 use xnnblob::synthetic::Mlp;
 
@@ -13,13 +15,6 @@ fn model(dir: &Path) -> (Vec<u8>, Vec<f32>, Vec<f32>) {
     let input: Vec<f32> = (0..24).map(|i| (i as f32 * 0.3).sin()).collect();
     let expected = mlp.reference_forward(&input, 1);
     (built.payload, input, expected)
-}
-
-fn scratch(name: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("xnnblob-cpp-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
 }
 
 #[test]

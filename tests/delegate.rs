@@ -4,19 +4,13 @@
 
 mod common;
 
-use std::path::PathBuf;
+use common::scratch;
+
 use xnnblob::cache::PackedWeightsCache;
 use xnnblob::delegate::builder::{BuiltGraph, ConvGeometry, GraphBuilder};
 use xnnblob::delegate::{DelegateError, XnnDelegate};
 use xnnblob::named_data::{DataBuffer, FileDataMap, InMemoryMap, NamedDataMap};
 use xnnblob::synthetic::{Mlp, SplitMix64};
-
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("xnnblob-delegate-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
 
 fn payload(bytes: &[u8]) -> DataBuffer {
     let mut map = InMemoryMap::new("payload");

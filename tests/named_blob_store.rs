@@ -1,18 +1,15 @@
 //! NamedBlobStore writes .ptd files that read back identically, laid out as ExecuTorch does.
 
-use std::path::{Path, PathBuf};
+mod common;
+
+use common::scratch as scratch_dir;
+
+use std::path::Path;
 use std::sync::Arc;
 use xnnblob::named_data::{
     ptd_format, FileDataMap, InMemoryMap, MergedMap, NamedBlobStore, NamedDataError, NamedDataMap,
     ScalarType, StoreError, TensorLayout,
 };
-
-fn scratch_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("xnnblob-test-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
 
 fn bytes(n: usize, seed: u8) -> Vec<u8> {
     (0..n)

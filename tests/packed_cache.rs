@@ -1,20 +1,17 @@
 //! The persistent packed-weight cache with real XNNPACK: cold packs and saves, warm packs
 //! nothing; stale, torn and corrupt files are rebuilt or repacked, never trusted.
 
-use std::path::{Path, PathBuf};
+mod common;
+
+use common::scratch;
+
+use std::path::Path;
 use std::sync::Arc;
 use xnnblob::cache::{
     format, verify_file, BlobId, CacheOptions, LoadOutcome, PackedWeightsCache, Registration,
 };
 use xnnblob::synthetic::{Mlp, MLP_INPUT, MLP_OUTPUT};
 use xnnblob::xnn::Runtime;
-
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("xnnblob-cache-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
 
 fn input_for(mlp: &Mlp) -> Vec<f32> {
     (0..mlp.input_width())

@@ -2,7 +2,10 @@
 //! the warm runtime (a new cache object on the same file, as a new process would have) makes no
 //! `reserve_space` call, and every run's outputs are bit-identical to XNNPACK without a cache.
 
-use std::path::PathBuf;
+mod common;
+
+use common::scratch;
+
 use xnnblob::cache::{BlobId, PackedWeightsCache, Registration};
 use xnnblob::synthetic::SplitMix64;
 use xnnblob::xnn::{
@@ -60,13 +63,6 @@ fn run(case: &Case<'_>, runtime: &mut Runtime<'_>) -> Vec<f32> {
         .invoke(&[(INPUT, &case.input)], &mut [(OUTPUT, &mut out)])
         .unwrap();
     out
-}
-
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("xnnblob-ops-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
 }
 
 fn cold_then_warm(case: Case<'_>, expected_packs: usize) {

@@ -4,17 +4,11 @@
 
 mod common;
 
-use std::path::PathBuf;
+use common::scratch;
+
 use xnnblob::named_data::pte_format;
 use xnnblob::program::Program;
 use xnnblob::synthetic::Mlp;
-
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("xnnblob-ptewriter-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
 
 #[test]
 fn a_written_mlp_program_runs_to_the_reference() {

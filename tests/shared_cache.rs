@@ -1,6 +1,10 @@
 //! SharedDataCache: one init per key under contention, shared failures, release with the last
 //! handle, mapped files released in transformed mode, modes and alignment, panicking inits.
 
+mod common;
+
+use common::scratch as scratch_dir;
+
 use std::panic::{self, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -20,16 +24,6 @@ fn bytes(n: usize, seed: u8) -> Vec<u8> {
     (0..n)
         .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
         .collect()
-}
-
-fn scratch_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!(
-        "xnnblob-shared-cache-{}-{name}",
-        std::process::id()
-    ));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir.canonicalize().unwrap()
 }
 
 /// Polls `condition` until it holds; panics (instead of hanging) if it never does.

@@ -1,8 +1,12 @@
 //! Stateful programs: state shared by methods through one arena, written back by explicit copy
 //! nodes, initial state through each bank's copy function.
 
+mod common;
+
+use common::scratch;
+
 use memmap2::{Mmap, MmapMut};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::ptr::NonNull;
 use std::sync::{Arc, Mutex};
 use xnnblob::delegate::builder::{BuiltGraph, GraphBuilder};
@@ -63,13 +67,6 @@ impl Reference {
         let y = fc(&self.window, &w.out, D);
         y.iter().zip(&self.cross).map(|(a, b)| a + b).collect()
     }
-}
-
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("xnnblob-state-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
 }
 
 fn payload(b: &BuiltGraph) -> DataBuffer {

@@ -73,9 +73,7 @@ fn run_app(app: &Path, program: &str, output: &Path, cache: &Path) -> Vec<u8> {
 #[test]
 fn the_same_app_source_runs_with_either_backend_by_its_link_line() {
     let library = support::backend_library();
-    let scratch = std::env::temp_dir().join(format!("xnnblob-cmake-app-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&scratch);
-    std::fs::create_dir_all(&scratch).unwrap();
+    let scratch = support::scratch("cmake-app");
     let program = "mlp_qd8_qc8w_external";
     let expected =
         std::fs::read(repository().join(format!("tests/data/executorch/{program}.output_et.f32")))
@@ -128,5 +126,4 @@ fn the_same_app_source_runs_with_either_backend_by_its_link_line() {
             "{name} cache {magic:?}"
         );
     }
-    let _ = std::fs::remove_dir_all(&scratch);
 }

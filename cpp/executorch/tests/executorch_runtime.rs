@@ -4,6 +4,8 @@
 
 mod support;
 
+use support::scratch;
+
 use serde_json::Value;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -11,13 +13,6 @@ use std::process::Command;
 
 fn data() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/data/executorch")
-}
-
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("xnnblob-et-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
 }
 
 /// One runner launch: its key=value lines (and the raw stdout), or its stderr on failure.
@@ -410,7 +405,8 @@ fn eight_threads_loading_one_program_share_one_cache_file() {
     let run = run_ok(&args);
     let c = run.cache(&cache.display().to_string());
     let single = {
-        let one = scratch("threads-one").join("weights.xbc");
+        let one_dir = scratch("threads-one");
+        let one = one_dir.join("weights.xbc");
         let mut a = mlp_args();
         a.extend([s("--cache"), one.display().to_string()]);
         run_ok(&a);
@@ -461,7 +457,8 @@ fn bad_input_gets_a_clear_executorch_error() {
         .expect("an XNNPACK payload");
     let mut corrupt = bytes.clone();
     corrupt[at..at + 4].copy_from_slice(b"XX99");
-    let path = scratch("corrupt").join("corrupt.pte");
+    let corrupt_dir = scratch("corrupt");
+    let path = corrupt_dir.join("corrupt.pte");
     std::fs::write(&path, corrupt).unwrap();
     let bad = runner(&[
         path.display().to_string(),

@@ -32,3 +32,32 @@ pub fn backend_library() -> PathBuf {
     });
     bin_dir.join("libxnnblob_executorch.so")
 }
+
+/// A test's own directory under the system temp dir, removed when it drops (a panicking test
+/// cleans up too). It reads as the `Path` it is.
+pub struct Scratch(tempfile::TempDir);
+
+impl std::ops::Deref for Scratch {
+    type Target = Path;
+
+    fn deref(&self) -> &Path {
+        self.0.path()
+    }
+}
+
+impl AsRef<Path> for Scratch {
+    fn as_ref(&self) -> &Path {
+        self.0.path()
+    }
+}
+
+/// A fresh scratch directory whose name starts with `xnnblob-<name>-`.
+#[allow(dead_code)] // the bench shares this module and makes none
+pub fn scratch(name: &str) -> Scratch {
+    Scratch(
+        tempfile::Builder::new()
+            .prefix(&format!("xnnblob-{name}-"))
+            .tempdir()
+            .expect("a temp dir"),
+    )
+}
