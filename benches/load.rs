@@ -1,8 +1,18 @@
 //! The load benchmark: `cargo bench --bench load [-- OPTIONS]` (see `xnnblob bench --help`).
 
+use clap::Parser;
+
+/// The load benchmark, as a bench target: the options of `xnnblob bench`.
+#[derive(Parser)]
+#[command(name = "load")]
+struct LoadBench {
+    #[command(flatten)]
+    args: xnnblob::bench::BenchArgs,
+}
+
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    if let Err(e) = xnnblob::bench::main(&args, false) {
+    let bench = LoadBench::parse();
+    if let Err(e) = xnnblob::bench::main(&bench.args, false) {
         eprintln!("bench: {e}");
         std::process::exit(1);
     }

@@ -1,59 +1,131 @@
 //! The `xnnblob` command line.
 
+use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser, Subcommand};
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use xnnblob::named_data::FileDataMap;
 
-const USAGE: &str = "\
-usage: xnnblob [demo [--mib N]]
-       xnnblob bench [OPTIONS]   (xnnblob bench --help)
-       xnnblob inspect FILE [--json] [--sha256]
-       xnnblob cache stats|verify|compact PATH
-       xnnblob link FILE.ptd --out DIR
-       xnnblob run PROGRAM.pte [--data FILE.ptd]... [--method NAME] [--cache PATH]
-                   (--input FILE [--dtype DTYPE] [--shape DxD...])... [--output-dir DIR]
+/// Fast, lean model loading for XNNPACK: run ExecuTorch programs with a persistent packed-weight
+/// cache, inspect their named data, link weights into binaries, measure load times.
+#[derive(Parser)]
+#[command(name = "xnnblob", version, about)]
+struct Cli {
+    /// What to do [default: demo].
+    #[command(subcommand)]
+    command: Option<Command>,
+}
 
-commands:
-  demo     generate a 256 MiB llm-like model (1184 weights) in a temp dir, launch it cold then
-           warm in fresh processes, print the warm speed-up and both peak RSS (the default)
-  bench    the load benchmark: no cache, XNNPACK's cache, xnnblob cold/warm, the floor
-  inspect  list the keys, segments (size, alignment) and tensor layouts of a .ptd or .pte;
-           --json prints one JSON object, --sha256 adds each blob's sha256
-  run      run a method of an ExecuTorch program fully delegated to XNNPACK: inputs are raw
-           little-endian files, of the dtype and shape given after each --input or else the
-           method's (a dynamic leading dimension is taken from the file's size); prints
-           load/execute timings and each output's dtype, shape and summary; --output-dir writes
-           output0.f32, output1.f16, ... (the extension is the dtype)
-  link     generate Rust source that links a .ptd's parameters into a binary (one static per
-           parameter in section .xnnblob_params, looked up by id): DIR/linked_params.rs + .bin files
-  cache    a packed-weight cache file: stats (header and index only), verify (checksums every
-           packed weight and drops bad entries so the next launch repacks them; exit 1 if any),
-           compact (rewrites only the valid entries, tightly)";
+#[derive(Subcommand)]
+enum Command {
+    /// Generate a 256 MiB llm-like model (1184 weights) in a temp dir, launch it cold then warm
+    /// in fresh processes, print the warm speed-up and both peak RSS.
+    Demo {
+        /// Weights in MiB.
+        #[arg(long, default_value_t = 256)]
+        mib: usize,
+    },
+    /// The load benchmark: no cache, XNNPACK's cache, xnnblob cold and warm, the floor.
+    Bench(xnnblob::bench::BenchArgs),
+    /// List the keys, segments (size, alignment) and tensor layouts of a .ptd or .pte.
+    Inspect {
+        /// A .ptd or .pte file.
+        file: PathBuf,
+        /// Print one JSON object.
+        #[arg(long)]
+        json: bool,
+        /// Add each blob's sha256.
+        #[arg(long)]
+        sha256: bool,
+    },
+    /// A packed-weight cache file: its header and index, its checksums, or a compacted copy.
+    Cache {
+        #[command(subcommand)]
+        action: CacheAction,
+    },
+    /// Generate Rust source that links a .ptd's parameters into a binary (one static per
+    /// parameter in section .xnnblob_params, looked up by id): DIR/linked_params.rs + .bin files.
+    Link {
+        /// The .ptd whose parameters to link.
+        ptd: PathBuf,
+        /// Where the source and parameter files go.
+        #[arg(long)]
+        out: PathBuf,
+        /// The name exported symbols carry [default: the file's stem].
+        #[arg(long)]
+        model: Option<String>,
+    },
+    /// Run a method of an ExecuTorch program fully delegated to XNNPACK. Inputs are raw
+    /// little-endian files, of the dtype and shape given after each --input or else the
+    /// method's (a dynamic leading dimension is taken from the file's size). Prints load and
+    /// execute timings and each output's dtype, shape and summary.
+    Run(RunArgs),
+}
+
+#[derive(Subcommand)]
+enum CacheAction {
+    /// The header and index only (reads no packed weight).
+    Stats {
+        /// The cache file.
+        path: PathBuf,
+    },
+    /// Checksum every packed weight and drop bad entries, so the next launch repacks them;
+    /// exits 1 if any was bad.
+    Verify {
+        /// The cache file.
+        path: PathBuf,
+    },
+    /// Rewrite only the valid entries, tightly.
+    Compact {
+        /// The cache file.
+        path: PathBuf,
+    },
+}
+
+#[derive(clap::Args)]
+struct RunArgs {
+    /// The program.
+    program: PathBuf,
+    /// Input files given without --input, in order.
+    inputs: Vec<String>,
+    /// A .ptd with the program's external data (repeatable).
+    #[arg(long)]
+    data: Vec<PathBuf>,
+    /// The method to run [default: the program's first].
+    #[arg(long)]
+    method: Option<String>,
+    /// A packed-weight cache file: the first launch packs and saves, later ones pack nothing.
+    #[arg(long)]
+    cache: Option<PathBuf>,
+    /// Write output0.f32, output1.f16, ... (the extension is the dtype) into this directory.
+    #[arg(long)]
+    output_dir: Option<PathBuf>,
+    /// An input file (repeatable; --dtype and --shape after it describe it).
+    #[arg(long)]
+    input: Vec<String>,
+    /// The dtype of the input named before it: float32, float16, bfloat16, int8, uint8, int32.
+    #[arg(long)]
+    dtype: Vec<String>,
+    /// The shape of the input named before it, like 2x12.
+    #[arg(long)]
+    shape: Vec<String>,
+}
 
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let result = match args.first().map(String::as_str) {
-        None | Some("demo") => xnnblob::bench::demo(&args[args.len().min(1)..]).map_err(Into::into),
-        Some("bench") if args.iter().any(|a| a == "--help" || a == "-h") => {
-            println!("{}", xnnblob::bench::USAGE);
-            Ok(())
+    let matches = Cli::command().get_matches();
+    let cli = match Cli::from_arg_matches(&matches) {
+        Ok(cli) => cli,
+        Err(e) => e.exit(),
+    };
+    let result = match cli.command.unwrap_or(Command::Demo { mib: 256 }) {
+        Command::Demo { mib } => xnnblob::bench::demo(mib).map_err(Into::into),
+        Command::Bench(args) => xnnblob::bench::main(&args, true).map_err(Into::into),
+        Command::Inspect { file, json, sha256 } => inspect(&file, json, sha256),
+        Command::Cache { action } => cache_command(action),
+        Command::Link { ptd, out, model } => link(&ptd, &out, model.as_deref()),
+        Command::Run(args) => {
+            let run = matches.subcommand_matches("run").expect("the run command");
+            input_args(&args, run).and_then(|inputs| run_command(&args, inputs))
         }
-        Some("bench") => xnnblob::bench::main(&args[1..], true).map_err(Into::into),
-        Some("inspect") => inspect(&args[1..]),
-        Some("cache") => cache_command(&args[1..]),
-        Some("run") => run_command(&args[1..]),
-        Some("link") => match &args[1..] {
-            [ptd, flag, out] if flag == "--out" => {
-                xnnblob::link::generate(std::path::Path::new(ptd), std::path::Path::new(out))
-                    .map(|p| println!("written {}", p.display()))
-                    .map_err(|e| format!("{ptd}: {e}").into())
-            }
-            _ => Err(format!("usage: xnnblob link FILE.ptd --out DIR\n{USAGE}").into()),
-        },
-        Some("-h" | "--help" | "help") => {
-            println!("{USAGE}");
-            Ok(())
-        }
-        Some(other) => Err(format!("unknown command '{other}'\n{USAGE}").into()),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -64,26 +136,23 @@ fn main() -> ExitCode {
     }
 }
 
-fn inspect(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
-    let (mut json, mut sha, mut file) = (false, false, None);
-    for a in args {
-        match a.as_str() {
-            "--json" => json = true,
-            "--sha256" => sha = true,
-            flag if flag.starts_with("--") => {
-                return Err(format!("unknown option {flag}\n{USAGE}").into())
-            }
-            path if file.is_none() => file = Some(path),
-            extra => return Err(format!("unexpected argument {extra}\n{USAGE}").into()),
-        }
-    }
-    let file = file.ok_or_else(|| format!("inspect needs a FILE\n{USAGE}"))?;
+fn inspect(file: &Path, json: bool, sha: bool) -> Result<(), Box<dyn std::error::Error>> {
     let map = FileDataMap::open(file)?;
     if json {
         println!("{}", xnnblob::inspect::to_json(&map, sha)?);
     } else {
         print!("{}", xnnblob::inspect::to_text(&map, sha));
     }
+    Ok(())
+}
+
+fn link(ptd: &Path, out: &Path, model: Option<&str>) -> Result<(), Box<dyn std::error::Error>> {
+    let written = match model {
+        Some(model) => xnnblob::link::generate_named(ptd, out, model),
+        None => xnnblob::link::generate(ptd, out),
+    };
+    let written = written.map_err(|e| format!("{}: {e}", ptd.display()))?;
+    println!("written {}", written.display());
     Ok(())
 }
 
@@ -105,64 +174,73 @@ fn parse_shape(text: &str) -> Result<Vec<usize>, String> {
         .collect()
 }
 
-fn run_command(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
+/// The inputs in command-line order, each with the `--dtype` and `--shape` that follow it: clap
+/// keeps each option's values apart, so their positions pair them.
+fn input_args(
+    args: &RunArgs,
+    run: &ArgMatches,
+) -> Result<Vec<InputArg>, Box<dyn std::error::Error>> {
+    use xnnblob::tensor::DType;
+    let positions =
+        |id: &str| -> Vec<usize> { run.indices_of(id).map_or(Vec::new(), Iterator::collect) };
+    let mut inputs: Vec<(usize, InputArg)> = positions("input")
+        .into_iter()
+        .zip(&args.input)
+        .chain(positions("inputs").into_iter().zip(&args.inputs))
+        .map(|(at, path)| {
+            (
+                at,
+                InputArg {
+                    path: path.clone(),
+                    dtype: None,
+                    shape: None,
+                },
+            )
+        })
+        .collect();
+    inputs.sort_by_key(|(at, _)| *at);
+    for (at, text) in positions("dtype").into_iter().zip(&args.dtype) {
+        let dtype = DType::parse(text).ok_or_else(|| {
+            format!("unknown dtype {text:?}: float32, float16, bfloat16, int8, uint8, int32")
+        })?;
+        described(&mut inputs, at, "--dtype")?.dtype = Some(dtype);
+    }
+    for (at, text) in positions("shape").into_iter().zip(&args.shape) {
+        let shape = parse_shape(text)?;
+        described(&mut inputs, at, "--shape")?.shape = Some(shape);
+    }
+    Ok(inputs.into_iter().map(|(_, input)| input).collect())
+}
+
+/// The input named last before command-line position `at`.
+fn described<'a>(
+    inputs: &'a mut [(usize, InputArg)],
+    at: usize,
+    flag: &str,
+) -> Result<&'a mut InputArg, String> {
+    inputs
+        .iter_mut()
+        .rev()
+        .find(|(input_at, _)| *input_at < at)
+        .map(|(_, input)| input)
+        .ok_or_else(|| format!("{flag} follows the --input it describes"))
+}
+
+fn run_command(args: &RunArgs, inputs: Vec<InputArg>) -> Result<(), Box<dyn std::error::Error>> {
     use std::time::Instant;
     use xnnblob::backend::{Backend, PackedCache};
-    use xnnblob::tensor::{DType, Shape, TensorRef};
-    let (mut program, mut data, mut inputs) = (None, Vec::new(), Vec::<InputArg>::new());
-    let (mut method, mut cache, mut out_dir) = (None, None, None);
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        let mut value = |flag: &str| {
-            it.next()
-                .cloned()
-                .ok_or_else(|| format!("{flag} needs a value\n{USAGE}"))
-        };
-        match a.as_str() {
-            "--data" => data.push(value("--data")?),
-            "--method" => method = Some(value("--method")?),
-            "--cache" => cache = Some(value("--cache")?),
-            "--output-dir" => out_dir = Some(value("--output-dir")?),
-            "--input" => inputs.push(InputArg {
-                path: value("--input")?,
-                dtype: None,
-                shape: None,
-            }),
-            "--dtype" => {
-                let text = value("--dtype")?;
-                let dtype = DType::parse(&text).ok_or_else(|| {
-                    format!(
-                        "unknown dtype {text:?}: float32, float16, bfloat16, int8, uint8, int32"
-                    )
-                })?;
-                inputs
-                    .last_mut()
-                    .ok_or("--dtype follows the --input it describes")?
-                    .dtype = Some(dtype);
-            }
-            "--shape" => {
-                let shape = parse_shape(&value("--shape")?)?;
-                inputs
-                    .last_mut()
-                    .ok_or("--shape follows the --input it describes")?
-                    .shape = Some(shape);
-            }
-            flag if flag.starts_with("--") => {
-                return Err(format!("unknown option {flag}\n{USAGE}").into())
-            }
-            path if program.is_none() => program = Some(path.to_string()),
-            extra => inputs.push(InputArg {
-                path: extra.to_string(),
-                dtype: None,
-                shape: None,
-            }),
-        }
-    }
-    let program_path = program.ok_or_else(|| format!("run needs a PROGRAM.pte\n{USAGE}"))?;
+    use xnnblob::tensor::{Shape, TensorRef};
+    let program_path = args.program.display().to_string();
+    let (data, method, cache, out_dir) = (
+        &args.data,
+        args.method.clone(),
+        args.cache.clone(),
+        &args.output_dir,
+    );
     let t = Instant::now();
     let backend = Backend::with_defaults()?;
-    let cache = cache.map(|p| PackedCache::File(p.into()));
-    let program = xnnblob::program::Program::load(&backend, &program_path, &data, cache.as_ref())?;
+    let cache = cache.map(PackedCache::File);
+    let program = xnnblob::program::Program::load(&backend, &args.program, data, cache.as_ref())?;
     let method_name = match method {
         Some(m) => m,
         None => program
@@ -216,7 +294,7 @@ fn run_command(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
     m.execute(&views)?;
     let exec_ms = t.elapsed().as_secs_f64() * 1e3;
     // Outputs are written before anything is printed: a closed stdout loses nothing.
-    if let Some(dir) = &out_dir {
+    if let Some(dir) = out_dir {
         std::fs::create_dir_all(dir)?;
         for i in 0..m.num_outputs() {
             let out = m.output(i)?;
@@ -254,18 +332,13 @@ fn run_command(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-fn cache_command(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
+fn cache_command(action: CacheAction) -> Result<(), Box<dyn std::error::Error>> {
     use xnnblob::cache::{compact_file, verify_file, CacheOptions};
-    let [verb, path] = args else {
-        return Err(format!("cache needs a command and a PATH\n{USAGE}").into());
-    };
-    let path = std::path::Path::new(path);
     let options = CacheOptions::default();
-    let report = match verb.as_str() {
-        "stats" => verify_file(path, &options, false, false)?,
-        "verify" => verify_file(path, &options, true, true)?,
-        "compact" => compact_file(path, &options)?,
-        other => return Err(format!("unknown cache command {other}\n{USAGE}").into()),
+    let (report, path, verify) = match &action {
+        CacheAction::Stats { path } => (verify_file(path, &options, false, false)?, path, false),
+        CacheAction::Verify { path } => (verify_file(path, &options, true, true)?, path, true),
+        CacheAction::Compact { path } => (compact_file(path, &options)?, path, false),
     };
     let report = report.map_err(|e| format!("{}: would be rebuilt: {e}", path.display()))?;
     println!(
@@ -289,7 +362,7 @@ fn cache_command(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
             path.display()
         );
     }
-    if verb == "verify" && !report.corrupt.is_empty() {
+    if verify && !report.corrupt.is_empty() {
         return Err(format!("{} corrupt entries", report.corrupt.len()).into());
     }
     Ok(())

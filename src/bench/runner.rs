@@ -1,0 +1,290 @@
+//! The benchmark's parent and child processes, and the demo (the `cli` feature).
+
+use super::child::{self, Launch, Scenario};
+use super::model::{self, Dtype, ModelSpec, Preset};
+use super::report::{self, Row};
+use indicatif::{ProgressBar, ProgressStyle};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// Options of a benchmark run (from the command line).
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub spec: ModelSpec,
+    pub repeats: usize,
+    pub cycles: usize,
+    pub out: PathBuf,
+    pub scenarios: Vec<Scenario>,
+    /// Children are launched as `xnnblob bench ...` (else: this executable, as the bench binary).
+    pub via_cli: bool,
+}
+
+/// `xnnblob bench`'s options (and `cargo bench --bench load -- ...`'s).
+#[derive(Debug, Clone, clap::Args)]
+pub struct BenchArgs {
+    /// The model: a chain of fully connected layers, or convolutions.
+    #[arg(long, value_parser = ["llm-like", "cnn"], default_value = "llm-like")]
+    preset: String,
+    /// Weight type (the cnn preset is fp32 only).
+    #[arg(long, value_parser = ["fp32", "qd8", "qd8-qc8w"], default_value = "fp32")]
+    dtype: String,
+    /// Weights in MiB [default: 512, cnn 64].
+    #[arg(long)]
+    mib: Option<usize>,
+    /// Weighted layers [default: 1184, cnn 32].
+    #[arg(long)]
+    layers: Option<usize>,
+    /// Fresh-process launches per scenario.
+    #[arg(long, default_value_t = 5)]
+    repeats: usize,
+    /// Unload/reload cycles in one process (0: skip).
+    #[arg(long, default_value_t = 100)]
+    cycles: usize,
+    /// Where models and results go [default: target/bench].
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Scenarios to run, comma-separated [default: all].
+    #[arg(long, value_delimiter = ',', value_parser = Scenario::ALL.map(Scenario::name))]
+    scenarios: Vec<String>,
+    /// A child launch of one scenario (the parent starts these).
+    #[arg(long, hide = true)]
+    child: Option<String>,
+    /// A child that runs N reload cycles.
+    #[arg(long, hide = true)]
+    child_reload: Option<usize>,
+    /// What `cargo bench` passes to every bench target.
+    #[arg(long, hide = true)]
+    bench: bool,
+}
+
+impl Options {
+    /// The run `args` describe.
+    pub fn from_args(args: &BenchArgs, via_cli: bool) -> Options {
+        let dtype = if args.dtype == "fp32" {
+            Dtype::Fp32
+        } else {
+            Dtype::Qd8
+        };
+        let mut spec = if args.preset == "cnn" {
+            ModelSpec::cnn(args.mib.unwrap_or(64))
+        } else {
+            ModelSpec::llm_like(args.mib.unwrap_or(512), dtype)
+        };
+        spec.layers = args.layers.unwrap_or(spec.layers).max(1);
+        let scenarios = if args.scenarios.is_empty() {
+            Scenario::ALL.to_vec()
+        } else {
+            // clap admits only the names of Scenario::ALL.
+            args.scenarios
+                .iter()
+                .filter_map(|s| Scenario::parse(s))
+                .collect()
+        };
+        Options {
+            spec,
+            repeats: args.repeats.max(1),
+            cycles: args.cycles,
+            out: args.out.clone().unwrap_or_else(default_out),
+            scenarios,
+            via_cli,
+        }
+    }
+
+    fn child_args(&self) -> Vec<String> {
+        let preset = match self.spec.preset {
+            Preset::LlmLike => "llm-like",
+            Preset::Cnn => "cnn",
+        };
+        let dtype = match self.spec.dtype {
+            Dtype::Fp32 => "fp32",
+            Dtype::Qd8 => "qd8",
+        };
+        vec![
+            "--preset".into(),
+            preset.into(),
+            "--dtype".into(),
+            dtype.into(),
+            "--mib".into(),
+            self.spec.mib.to_string(),
+            "--layers".into(),
+            self.spec.layers.to_string(),
+            "--out".into(),
+            self.out.display().to_string(),
+        ]
+    }
+
+    fn cache_path(&self) -> PathBuf {
+        self.out.join(format!("{}.xbc", self.spec.name()))
+    }
+}
+
+fn default_out() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("target/bench")
+}
+
+/// Entry point shared by `xnnblob bench` and the bench binary: a child launch when asked for
+/// one, else the whole benchmark.
+pub fn main(args: &BenchArgs, via_cli: bool) -> Result<(), String> {
+    let options = Options::from_args(args, via_cli);
+    let files =
+        model::ensure(&options.spec, &options.out.join("models")).map_err(|e| e.to_string())?;
+    if let Some(s) = &args.child {
+        let scenario = Scenario::parse(s).ok_or_else(|| format!("unknown scenario {s}"))?;
+        let launch = child::launch(
+            scenario,
+            &files,
+            &options.cache_path(),
+            options.spec.input_len(),
+        )?;
+        println!("{}", launch.to_line());
+        return Ok(());
+    }
+    if let Some(n) = args.child_reload {
+        println!(
+            "{}",
+            child::reload_cycles(&files, &options.cache_path(), n, options.spec.input_len())?
+        );
+        return Ok(());
+    }
+    run(&options)
+}
+
+/// Runs one child: `--child SCENARIO` or `--child-reload N`; returns its result line.
+fn spawn(options: &Options, extra: &[&str], prefix: &str) -> Result<String, String> {
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let mut cmd = Command::new(exe);
+    if options.via_cli {
+        cmd.arg("bench");
+    }
+    let out = cmd
+        .args(options.child_args())
+        .args(extra)
+        .output()
+        .map_err(|e| e.to_string())?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    stdout
+        .lines()
+        .find(|l| l.starts_with(prefix))
+        .map(str::to_string)
+        .ok_or_else(|| {
+            format!(
+                "child {extra:?} failed: {}{}",
+                stdout,
+                String::from_utf8_lossy(&out.stderr)
+            )
+        })
+}
+
+fn run(options: &Options) -> Result<(), String> {
+    let spec = &options.spec;
+    let title = format!(
+        "{} ({:.0} MiB of weights, {} layers, width {})",
+        spec.name(),
+        spec.weight_bytes() as f64 / (1 << 20) as f64,
+        spec.layers,
+        spec.width()
+    );
+    let total = options.scenarios.len() * options.repeats + usize::from(options.cycles > 0);
+    let bar = ProgressBar::new(total as u64);
+    bar.set_style(
+        ProgressStyle::with_template("{bar:40} {pos}/{len} {msg}").map_err(|e| e.to_string())?,
+    );
+    let cache = options.cache_path();
+    let mut rows = Vec::new();
+    for &scenario in &options.scenarios {
+        let mut launches = Vec::new();
+        for _ in 0..options.repeats {
+            bar.set_message(scenario.name());
+            match scenario {
+                Scenario::Cold => {
+                    let _ = std::fs::remove_file(&cache);
+                }
+                Scenario::Warm if !cache.exists() => {
+                    spawn(options, &["--child", Scenario::Cold.name()], "LAUNCH")?;
+                }
+                _ => {}
+            }
+            let line = spawn(options, &["--child", scenario.name()], "LAUNCH")?;
+            launches.push(Launch::from_line(&line).ok_or_else(|| format!("bad line {line}"))?);
+            bar.inc(1);
+        }
+        rows.push(Row { scenario, launches });
+    }
+    let reload = if options.cycles > 0 {
+        if !cache.exists() {
+            spawn(options, &["--child", Scenario::Cold.name()], "LAUNCH")?;
+        }
+        bar.set_message("reload cycles");
+        let cycles = options.cycles.to_string();
+        let line = spawn(options, &["--child-reload", &cycles], "RELOAD")?;
+        bar.inc(1);
+        Some(line.trim_start_matches("RELOAD ").to_string())
+    } else {
+        None
+    };
+    bar.finish_and_clear();
+    let cache_file = std::fs::metadata(&cache).map_or(0, |m| m.len());
+    let md = report::markdown(&title, &rows, cache_file, reload.as_deref());
+    println!("{md}");
+    std::fs::create_dir_all(&options.out).map_err(|e| e.to_string())?;
+    let md_path = options.out.join(format!("load-{}.md", spec.name()));
+    std::fs::write(&md_path, &md).map_err(|e| e.to_string())?;
+    let svg_path = options.out.join(format!("load-{}.svg", spec.name()));
+    report::svg(&svg_path, &title, &rows)?;
+    println!("written: {} and {}", md_path.display(), svg_path.display());
+    Ok(())
+}
+
+/// The main job: a 256 MiB llm-like model generated into a temporary directory, launched cold
+/// then warm in fresh processes.
+pub fn demo(mib: usize) -> Result<(), String> {
+    let dir = std::env::temp_dir().join(format!("xnnblob-demo-{}", std::process::id()));
+    let options = Options {
+        spec: ModelSpec::llm_like(mib, Dtype::Fp32),
+        repeats: 1,
+        cycles: 0,
+        out: dir.clone(),
+        scenarios: vec![Scenario::Cold, Scenario::Warm],
+        via_cli: true,
+    };
+    println!(
+        "xnnblob {} demo: generating a {} MiB llm-like fp32 model ({} fully connected weights) in {}",
+        env!("CARGO_PKG_VERSION"),
+        mib,
+        options.spec.layers,
+        dir.display()
+    );
+    let result = (|| {
+        let started = std::time::Instant::now();
+        model::ensure(&options.spec, &dir.join("models")).map_err(|e| e.to_string())?;
+        println!("generated in {:.1} s", started.elapsed().as_secs_f64());
+        let _ = std::fs::remove_file(options.cache_path());
+        let launch = |s: Scenario| -> Result<Launch, String> {
+            let line = spawn(&options, &["--child", s.name()], "LAUNCH")?;
+            Launch::from_line(&line).ok_or_else(|| format!("bad line {line}"))
+        };
+        let cold = launch(Scenario::Cold)?;
+        let warm = launch(Scenario::Warm)?;
+        let file = std::fs::metadata(options.cache_path()).map_or(0, |m| m.len());
+        println!(
+            "cold launch: ready in {:8.1} ms (packed {} weights, saved {:.0} MiB), peak RSS {:.0} MiB",
+            cold.ready,
+            cold.packed,
+            file as f64 / (1 << 20) as f64,
+            cold.peak_rss
+        );
+        println!(
+            "warm launch: ready in {:8.1} ms (packed {} weights), peak RSS {:.0} MiB",
+            warm.ready, warm.packed, warm.peak_rss
+        );
+        println!("warm speed-up: {:.0}x", cold.ready / warm.ready);
+        let identical = cold.checksum == warm.checksum;
+        println!("outputs identical: {identical}");
+        if !identical {
+            return Err("cold and warm outputs differ".into());
+        }
+        Ok(())
+    })();
+    let _ = std::fs::remove_dir_all(&dir);
+    result
+}
