@@ -11,7 +11,7 @@ use crate::schema::xnn as fb;
 use crate::shared_cache::SharedData;
 use crate::xnn::{
     AsXnnWeightsCache, BlockwiseQuantization, ChannelwiseQuantization, Datatype,
-    InMemoryWeightsCache, OwnedRuntime, Subgraph, ValueRole, WeightsCache, XnnpackWeightsCache,
+    InMemoryWeightsCache, Runtime, Subgraph, ValueRole, WeightsCache, XnnpackWeightsCache,
 };
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -20,6 +20,18 @@ const XNN_FLAG_EXTERNAL_INPUT: u32 = 1;
 const XNN_FLAG_EXTERNAL_OUTPUT: u32 = 2;
 /// XNNPACK may read this many bytes past any tensor data.
 const EXTRA_BYTES: usize = 16;
+
+self_cell::self_cell!(
+    /// A delegate's runtime together with everything its subgraph borrowed (the payload, the
+    /// loaded constants and scales, the weights cache), so it can be stored and moved freely:
+    /// the runtime borrows from the owner, which lives at a fixed heap address and is dropped
+    /// after it.
+    pub(crate) struct OwnedRuntime {
+        owner: Keep,
+        #[covariant]
+        dependent: Runtime,
+    }
+);
 
 /// Everything a delegate's runtime borrows: owned here so the runtime can live in a handle.
 pub(crate) struct Keep {
@@ -610,7 +622,7 @@ pub(crate) fn compile(
     map: &dyn NamedDataMap,
     deferral: Option<Arc<dyn NamedDataMap>>,
     model: &ModelContext,
-) -> Result<(OwnedRuntime<Keep>, InitTimings), DelegateError> {
+) -> Result<(OwnedRuntime, InitTimings), DelegateError> {
     let keep = Keep {
         payload: payload_bytes,
         loaded: std::sync::OnceLock::new(),
@@ -618,48 +630,49 @@ pub(crate) fn compile(
     };
     let deferral = deferral.filter(|_| matches!(model.weights(), Weights::Packed(_)));
     let started = std::time::Instant::now();
-    let (runtime, (registrations, load_time)) = OwnedRuntime::build(
-        keep,
-        model.runtime_options(),
-        |k: &Keep| k.cache.as_xnn(),
-        |k| -> Result<(Subgraph<'_>, Built), DelegateError> {
-            let p = payload::parse(&k.payload)?;
-            check_nodes(&p.graph)?;
-            let deferrable = match deferral {
-                Some(_) => deferrable_constants(&p.graph)?,
-                None => HashMap::new(),
-            };
-            let constants = load_constants(
-                &p.graph,
-                &k.payload,
-                p.constant_data,
-                p.header.constant_data_offset as usize,
-                map,
-                model,
-                &deferrable,
-            )?;
-            let scales = load_scales(&p.graph, &constants)?;
-            let loaded = k.loaded.get_or_init(|| Loaded {
-                constants,
-                scales,
-                pinned: parking_lot::Mutex::new(Vec::new()),
-            });
-            let load_time = started.elapsed();
-            let registrations = match &k.cache {
-                Weights::Packed(cache) => {
-                    register_constants(&p.graph, loaded, cache, deferral.as_ref())?
-                }
-                _ => Vec::new(),
-            };
-            let mut g = Subgraph::new(p.graph.num_externs()).map_err(at(|| "subgraph".into()))?;
-            let ids = define_values(&mut g, &p.graph, loaded)?;
-            let read_as_is = super::operators::define_nodes(&mut g, &p.graph, &ids)?;
-            pin_read_as_is(&p.graph, loaded, &read_as_is, deferral.as_ref())?;
-            Ok((g, (registrations, load_time)))
-        },
-    )?;
+    // What the builder hands out besides the runtime: registrations that must live while the
+    // runtime is created, and the time constants took.
+    let mut built: Option<Built> = None;
+    let runtime = OwnedRuntime::try_new(keep, |k| -> Result<Runtime<'_>, DelegateError> {
+        let p = payload::parse(&k.payload)?;
+        check_nodes(&p.graph)?;
+        let deferrable = match deferral {
+            Some(_) => deferrable_constants(&p.graph)?,
+            None => HashMap::new(),
+        };
+        let constants = load_constants(
+            &p.graph,
+            &k.payload,
+            p.constant_data,
+            p.header.constant_data_offset as usize,
+            map,
+            model,
+            &deferrable,
+        )?;
+        let scales = load_scales(&p.graph, &constants)?;
+        let loaded = k.loaded.get_or_init(|| Loaded {
+            constants,
+            scales,
+            pinned: parking_lot::Mutex::new(Vec::new()),
+        });
+        let load_time = started.elapsed();
+        let registrations = match &k.cache {
+            Weights::Packed(cache) => {
+                register_constants(&p.graph, loaded, cache, deferral.as_ref())?
+            }
+            _ => Vec::new(),
+        };
+        let mut g = Subgraph::new(p.graph.num_externs()).map_err(at(|| "subgraph".into()))?;
+        let ids = define_values(&mut g, &p.graph, loaded)?;
+        let read_as_is = super::operators::define_nodes(&mut g, &p.graph, &ids)?;
+        pin_read_as_is(&p.graph, loaded, &read_as_is, deferral.as_ref())?;
+        let runtime = Runtime::with_options(&g, k.cache.as_xnn(), model.runtime_options())?;
+        built = Some((registrations, load_time));
+        Ok(runtime)
+    })?;
+    let (registrations, load_time) = built.expect("set when the runtime was made");
     drop(registrations);
-    if let Some(error) = runtime.keep().loaded.get().and_then(failed_fill) {
+    if let Some(error) = runtime.borrow_owner().loaded.get().and_then(failed_fill) {
         return Err(error);
     }
     let mut timings = InitTimings {
@@ -668,7 +681,7 @@ pub(crate) fn compile(
         ..Default::default()
     };
     let started = std::time::Instant::now();
-    runtime.keep().cache.finalize()?;
+    runtime.borrow_owner().cache.finalize()?;
     timings.finalize = started.elapsed();
     Ok((runtime, timings))
 }

@@ -19,12 +19,12 @@ pub use error::DelegateError;
 use crate::backend::ModelContext;
 use crate::named_data::{DataBuffer, NamedDataMap};
 use crate::tensor::{Shape, TensorMut, TensorRef};
-use crate::xnn::{External, OwnedRuntime, RawInput, RawOutput};
+use crate::xnn::{External, RawInput, RawOutput};
 use std::sync::Arc;
 
 /// One initialised delegate (one lowered method or submodule).
 pub struct XnnDelegate {
-    runtime: OwnedRuntime<compile::Keep>,
+    runtime: compile::OwnedRuntime,
     timings: InitTimings,
 }
 
@@ -69,12 +69,12 @@ impl XnnDelegate {
 
     /// The external inputs, by ascending id: dtype, declared bound, last shape.
     pub fn inputs(&self) -> impl ExactSizeIterator<Item = &External> {
-        self.runtime.runtime().inputs()
+        self.runtime.borrow_dependent().inputs()
     }
 
     /// The external outputs, by ascending id; shapes are those of the last execute.
     pub fn outputs(&self) -> impl ExactSizeIterator<Item = &External> {
-        self.runtime.runtime().outputs()
+        self.runtime.borrow_dependent().outputs()
     }
 
     /// The declared (largest) shapes of the inputs, in order.
@@ -97,8 +97,7 @@ impl XnnDelegate {
         outputs: &mut [TensorMut<'_>],
     ) -> Result<(), DelegateError> {
         self.runtime
-            .runtime_mut()
-            .execute(inputs, outputs)
+            .with_dependent_mut(|_, runtime| runtime.execute(inputs, outputs))
             .map_err(execute_error)
     }
 
@@ -111,8 +110,12 @@ impl XnnDelegate {
         input: impl FnMut(usize) -> RawInput,
         output: impl FnMut(usize) -> RawOutput,
     ) -> Result<(), DelegateError> {
-        // SAFETY: forwarded contract.
-        unsafe { self.runtime.runtime_mut().execute_raw(input, output) }.map_err(execute_error)
+        self.runtime
+            .with_dependent_mut(|_, runtime| {
+                // SAFETY: forwarded contract.
+                unsafe { runtime.execute_raw(input, output) }
+            })
+            .map_err(execute_error)
     }
 
     /// As [`execute_raw`](Self::execute_raw), telling `output` each output's shape for this run
@@ -125,8 +128,11 @@ impl XnnDelegate {
         input: impl FnMut(usize) -> RawInput,
         output: impl FnMut(usize, &Shape) -> RawOutput,
     ) -> Result<(), DelegateError> {
-        // SAFETY: forwarded contract.
-        unsafe { self.runtime.runtime_mut().execute_raw_shaped(input, output) }
+        self.runtime
+            .with_dependent_mut(|_, runtime| {
+                // SAFETY: forwarded contract.
+                unsafe { runtime.execute_raw_shaped(input, output) }
+            })
             .map_err(execute_error)
     }
 

@@ -3,6 +3,7 @@
 #[allow(
     clippy::all,
     clippy::pedantic,
+    clippy::undocumented_unsafe_blocks,
     dead_code,
     unused_imports,
     unsafe_op_in_unsafe_fn,
@@ -15,6 +16,7 @@ mod flat_tensor_generated;
 #[allow(
     clippy::all,
     clippy::pedantic,
+    clippy::undocumented_unsafe_blocks,
     dead_code,
     unused_imports,
     unsafe_op_in_unsafe_fn,
@@ -27,6 +29,7 @@ mod program_generated;
 #[allow(
     clippy::all,
     clippy::pedantic,
+    clippy::undocumented_unsafe_blocks,
     dead_code,
     unused_imports,
     non_camel_case_types,

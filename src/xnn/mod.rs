@@ -14,7 +14,7 @@ pub use builtin_cache::XnnpackWeightsCache;
 pub use error::{Status, XnnError};
 pub use kernel_info::{qd8_gemm_kernel, Qd8Weights};
 pub use memory_cache::{InMemoryWeightsCache, ProviderStats};
-pub use runtime::{External, OwnedRuntime, RawInput, RawOutput, Runtime, RuntimeOptions};
+pub use runtime::{External, RawInput, RawOutput, Runtime, RuntimeOptions};
 pub use subgraph::{
     BlockwiseQuantization, ChannelwiseQuantization, Convolution2dParams, Datatype,
     DepthwiseConvolution2dParams, ExternalDecl, FullyConnectedFlags, Padding2d, Subgraph,
