@@ -32,15 +32,19 @@ impl AlignedBytes {
         Some(buf)
     }
 
+    /// The address of the first byte, aligned as requested: what C code (XNNPACK) is given to
+    /// write into.
     pub fn as_ptr(&self) -> *mut u8 {
         self.ptr.as_ptr()
     }
 
+    /// All [`len`](Self::len) bytes, borrowed for as long as the buffer.
     pub fn as_slice(&self) -> &[u8] {
         // SAFETY: ptr is valid for len initialised bytes for as long as self lives.
         unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
     }
 
+    /// All [`len`](Self::len) bytes, mutably borrowed.
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
         // SAFETY: as above, and &mut self makes the access exclusive.
         unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }

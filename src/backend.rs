@@ -71,6 +71,7 @@ pub enum PackedCache {
 /// How a backend is set up.
 #[derive(Debug, Clone, Default)]
 pub struct BackendOptions {
+    /// How the runtimes of the backend's models share XNNPACK's workspace.
     pub workspace_sharing: WorkspaceSharing,
     /// Threads XNNPACK splits operators across; 0 or 1: the calling thread only.
     pub threads: usize,
@@ -91,7 +92,12 @@ pub enum BackendError {
     Cache(#[from] CacheError),
     /// An option has a value it cannot take.
     #[error("backend: option {name} cannot be {value}")]
-    InvalidOption { name: &'static str, value: String },
+    InvalidOption {
+        /// The option, with the values it can take (e.g. `workspace_sharing_mode (0, 1 or 2)`).
+        name: &'static str,
+        /// The value it was given, as text.
+        value: String,
+    },
 }
 
 struct State {
@@ -121,6 +127,8 @@ impl fmt::Debug for Backend {
 }
 
 impl Backend {
+    /// A backend set up as `options` say: initialises XNNPACK (once per process) and makes the
+    /// global workspace and the thread pool if the options ask for them.
     pub fn new(options: BackendOptions) -> Result<Backend, BackendError> {
         crate::xnn::initialize()?;
         let global_workspace = OnceLock::new();
@@ -148,6 +156,7 @@ impl Backend {
         Backend::new(BackendOptions::default())
     }
 
+    /// The options the backend was made with.
     pub fn options(&self) -> &BackendOptions {
         &self.0.options
     }
@@ -175,7 +184,6 @@ impl Backend {
         Ok(cache)
     }
 
-    /// The packed-weight caches this backend holds open: the in-memory one, then each file.
     /// The placeholder ([`DeferredData`]) standing for the constant with content key `key` and
     /// `len` bytes: one per key across the backend while any delegate holds it, so programs
     /// sharing a weight share one address (and one packed entry).
@@ -194,6 +202,7 @@ impl Backend {
         Ok(d)
     }
 
+    /// The packed-weight caches this backend holds open: the in-memory one, then each file.
     pub fn packed_caches(&self) -> Vec<Arc<PackedWeightsCache>> {
         let mut all = vec![self.0.in_memory.clone()];
         all.extend(self.0.files.lock().values().cloned());
@@ -255,6 +264,7 @@ pub struct ModelContext {
 }
 
 impl ModelContext {
+    /// The backend the model was loaded through.
     pub fn backend(&self) -> &Backend {
         &self.backend
     }

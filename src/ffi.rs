@@ -17,40 +17,63 @@ use std::sync::Arc;
 mod bridge {
     /// A key's tensor layout; `present` is false for keys stored without one.
     struct TensorLayout {
+        /// Whether the key has a layout; the other fields are zero or empty when it has not.
         present: bool,
+        /// The ExecuTorch scalar type code of the elements.
         scalar_type: i8,
+        /// The dimensions (ExecuTorch's `sizes`).
         sizes: Vec<i32>,
+        /// ExecuTorch's `dim_order`: dimension indices from outermost to innermost in memory.
         dim_order: Vec<u8>,
+        /// The bytes a tensor of this layout takes (0 when that overflows).
         nbytes: usize,
     }
 
+    /// Counters of a backend's shared data cache, read together.
     struct SharedCacheStats {
+        /// Calls served by a live entry or by joining an init in flight.
         hits: usize,
+        /// Loads that succeeded.
         inits: usize,
+        /// Loads that failed or panicked (not cached: the next call loads again).
         failures: usize,
+        /// Live entries.
         entries: usize,
+        /// Bytes the live entries hold.
         bytes_held: usize,
     }
 
+    /// Counters of a packed-weight cache.
     struct WeightsCacheStats {
+        /// XNNPACK look-ups that found packed weights.
         hits: usize,
+        /// XNNPACK look-ups that found none (XNNPACK then packs).
         misses: usize,
+        /// Weights XNNPACK packed into this cache.
         packed: usize,
+        /// Entries known (loaded from the file and packed here).
         entries: usize,
+        /// Bytes of packed weights the known entries hold.
         packed_bytes: usize,
     }
 
     /// A mutable buffer of a stateful program; `initial_key` empty: zeros.
     struct StateDecl {
+        /// The name methods bind the buffer by, unique within the program.
         name: String,
+        /// The buffer's shape, in fp32 elements.
         shape: Vec<usize>,
+        /// The id of the memory bank the buffer lives in, counting from 0.
         bank: usize,
+        /// The named-data key of the buffer's initial fp32 bytes; empty: zeros.
         initial_key: String,
     }
 
     /// One of ExecuTorch's compile specs for a delegate.
     struct CompileSpec {
+        /// The spec's key (ExecuTorch's `CompileSpec::key`).
         key: String,
+        /// The spec's value, as uninterpreted bytes.
         value: Vec<u8>,
     }
 
@@ -86,22 +109,36 @@ mod bridge {
         /// An initialised method of a program.
         type Method;
 
+        /// xnnblob's crate version.
         fn version() -> &'static str;
+        /// The sha256 hex of the linked XNNPACK's build identifier (packed weights depend on it).
         fn xnnpack_build_identifier() -> String;
 
+        /// The named data of the `.ptd` or `.pte` at `path`, mapped (the weights are not read).
         fn open_data_map(path: &str) -> Result<Box<DataMap>>;
+        /// Your own C++ map, named `name` in errors; its keys are read once, here.
         fn data_map_from_cpp(map: SharedPtr<NamedDataMap>, name: &str) -> Result<Box<DataMap>>;
+        /// Both maps' keys as one map; a key in both is an error.
         fn merge_data_maps(first: &DataMap, second: &DataMap) -> Result<Box<DataMap>>;
+        /// The number of keys; `key_at` takes indices below it.
         fn num_keys(self: &DataMap) -> usize;
+        /// The key at `index`, in the map's own order.
         fn key_at(self: &DataMap, index: usize) -> Result<String>;
+        /// `key`'s bytes, zero-copy (not through the shared data cache).
         fn get_data(self: &DataMap, key: &str) -> Result<Box<Buffer>>;
+        /// The tensor layout stored with `key`.
         fn tensor_layout(self: &DataMap, key: &str) -> Result<TensorLayout>;
+        /// Copies `key`'s bytes into `out`, which must be exactly their size.
         fn load_data_into(self: &DataMap, key: &str, out: &mut [u8]) -> Result<()>;
 
+        /// The bytes (empty after `free`).
         fn data(self: &Buffer) -> &[u8];
+        /// Releases the hold on the bytes early (ExecuTorch's `FreeableBuffer::Free`).
         fn free(self: &mut Buffer);
 
+        /// The default config: no workspace sharing, the calling thread, packed weights in memory.
         fn default_backend_config() -> BackendConfig;
+        /// A backend set up as `config` says; throws on a `workspace_sharing_mode` not 0, 1 or 2.
         fn new_backend(config: &BackendConfig) -> Result<Box<Backend>>;
         /// The backend's shared data cache.
         fn shared_cache(self: &Backend) -> Box<SharedCache>;
@@ -115,23 +152,33 @@ mod bridge {
 
         /// Read-only mode: the map's zero-copy buffer, loaded once per key.
         fn get_or_load(self: &SharedCache, map: &DataMap, key: &str) -> Result<Box<Buffer>>;
+        /// The shared data cache's counters, read together.
         fn stats(self: &SharedCache) -> SharedCacheStats;
 
+        /// The packed-weight cache of the file at `path` (created on the first save).
         fn open_weights_cache(path: &str) -> Result<Box<WeightsCache>>;
+        /// A new packed-weight cache with no file: nothing persists.
         fn in_memory_weights_cache() -> Box<WeightsCache>;
         /// The `xnn_weights_cache_t` (as an address) for `xnn_create_runtime_v4`.
         fn xnn_weights_cache(self: &WeightsCache) -> usize;
+        /// Saves what was packed since the last save (if it has a file), on a background thread.
         fn finalize(self: &WeightsCache) -> Result<()>;
+        /// Waits for a background save to be durable on disk; throws its error.
         fn wait_saved(self: &WeightsCache) -> Result<()>;
+        /// The packed-weight cache's counters.
         fn stats(self: &WeightsCache) -> WeightsCacheStats;
 
+        /// Initialises a delegate from ExecuTorch's XNNPACK payload (`processed`), its constants
+        /// loaded from `map` through the backend's shared data cache; compile specs are ignored.
         fn delegate_init(
             processed: &[u8],
             compile_specs: &[CompileSpec],
             map: &DataMap,
             model: &Model,
         ) -> Result<Box<Delegate>>;
+        /// The number of external inputs, bound in ascending external id.
         fn num_inputs(self: &Delegate) -> usize;
+        /// The number of external outputs, bound in ascending external id.
         fn num_outputs(self: &Delegate) -> usize;
         /// The declared (largest) shape of an input.
         fn input_shape(self: &Delegate, index: usize) -> Result<Vec<usize>>;
@@ -139,6 +186,7 @@ mod bridge {
         fn input_scalar_type(self: &Delegate, index: usize) -> Result<i8>;
         /// The shape of an output after the last execute (declared before the first).
         fn output_shape(self: &Delegate, index: usize) -> Result<Vec<usize>>;
+        /// An ExecuTorch scalar type code.
         fn output_scalar_type(self: &Delegate, index: usize) -> Result<i8>;
         /// Writes output `index`'s shape into `dims`; returns its rank (no allocation).
         fn output_shape_into(self: &Delegate, index: usize, dims: &mut [usize]) -> Result<usize>;
@@ -171,8 +219,11 @@ mod bridge {
         /// Collects the C++ banks of a new instance.
         type InstanceBuilder;
 
+        /// An empty stateful-program builder.
         fn new_stateful_builder() -> Box<StatefulBuilder>;
+        /// Declares a mutable buffer.
         fn declare(self: &mut StatefulBuilder, decl: StateDecl);
+        /// Adds method `name`, whose graph is the XNNPACK payload `payload` (copied).
         fn add_method(self: &mut StatefulBuilder, name: &str, payload: &[u8]);
         /// Binds external `external_id` of method `method` to state `state` (read or write-back).
         fn bind(
@@ -182,15 +233,20 @@ mod bridge {
             state: &str,
             write: bool,
         );
+        /// Builds the program from what was collected (the builder is left empty).
         fn build(self: &mut StatefulBuilder, map: &DataMap, model: &Model)
             -> Result<Box<Stateful>>;
+        /// The bytes each memory bank must hold at least, by bank id.
         fn bank_sizes(self: &Stateful) -> Vec<usize>;
         /// An instance whose banks are host memory (memcpy).
         fn instantiate(self: &Stateful) -> Result<Box<StatefulInstance>>;
         /// Starts an instance whose banks are C++ banks, added in bank order.
         fn instance_builder(self: &Stateful) -> Box<InstanceBuilder>;
+        /// Adds the next bank (bank ids count from 0).
         fn add_bank(self: &mut InstanceBuilder, bank: UniquePtr<MemoryBank>);
+        /// The instance over the banks added, its state initialised.
         fn finish(self: &mut InstanceBuilder) -> Result<Box<StatefulInstance>>;
+        /// Sets every buffer back to its initial value.
         fn reset(self: &mut StatefulInstance) -> Result<()>;
         /// Runs `method` on its non-state inputs (flattened fp32, in external-id order,
         /// `input_sizes` elements each); returns its non-state outputs concatenated.
@@ -200,20 +256,26 @@ mod bridge {
             inputs: &[f32],
             input_sizes: &[usize],
         ) -> Result<Vec<f32>>;
+        /// A copy of buffer `name`'s current fp32 values.
         fn read_state(self: &mut StatefulInstance, name: &str) -> Result<Vec<f32>>;
 
-        /// `cache_path` empty: the backend's default packed-weight cache.
+        /// Loads a program from `pte` with its weights in the `.ptd` files `ptds`; `cache_path`
+        /// empty: the backend's default packed-weight cache.
         fn load_program(
             backend: &Backend,
             pte: &str,
             ptds: &[String],
             cache_path: &str,
         ) -> Result<Box<Program>>;
+        /// The names of the program's methods.
         fn method_names(self: &Program) -> Vec<String>;
+        /// Initialises method `name`.
         fn method(self: &Program, name: &str) -> Result<Box<Method>>;
+        /// The number of the method's inputs.
         fn num_inputs(self: &Method) -> usize;
         /// The declared (largest) shape of an input.
         fn input_shape(self: &Method, index: usize) -> Result<Vec<usize>>;
+        /// An ExecuTorch scalar type code.
         fn input_scalar_type(self: &Method, index: usize) -> Result<i8>;
         /// Binds input `index` for the next `execute`, in place (as for delegates).
         fn bind_input(
@@ -226,10 +288,13 @@ mod bridge {
         ) -> Result<()>;
         /// Runs on the bound inputs, then forgets them.
         fn execute(self: &mut Method) -> Result<()>;
+        /// The number of outputs.
         fn num_outputs(self: &Method) -> usize;
         /// Output `index` of the last execute, in place.
         fn output_data(self: &Method, index: usize) -> Result<&[u8]>;
+        /// The shape of output `index` after the last execute.
         fn output_shape(self: &Method, index: usize) -> Result<Vec<usize>>;
+        /// An ExecuTorch scalar type code.
         fn output_scalar_type(self: &Method, index: usize) -> Result<i8>;
     }
 
@@ -238,19 +303,28 @@ mod bridge {
 
         /// A named-data map implemented in C++ (see named_data.h for its contract).
         type NamedDataMap;
+        /// The number of keys.
         fn num_keys(self: &NamedDataMap) -> usize;
+        /// The key at `index` (below `num_keys`).
         fn key_at(self: &NamedDataMap, index: usize) -> Result<String>;
+        /// `key`'s bytes, valid and unchanged while the map lives.
         fn get_data(self: &NamedDataMap, key: &str) -> Result<&[u8]>;
 
         include!("xnnblob/memory_bank.h");
 
         /// A memory bank implemented in C++ (see memory_bank.h for its contract).
         type MemoryBank;
+        /// The bank's size in bytes.
         fn len(self: &MemoryBank) -> usize;
+        /// The bank's first byte: 64-aligned, at a fixed address for the bank's life.
         fn base(self: Pin<&mut MemoryBank>) -> *mut u8;
+        /// Writes `src` at `offset` bytes into the bank.
         fn copy_in(self: Pin<&mut MemoryBank>, offset: usize, src: &[u8]);
+        /// Reads the bank's bytes from `offset` into `dst`.
         fn copy_out(self: Pin<&mut MemoryBank>, offset: usize, dst: &mut [u8]);
+        /// Called before XNNPACK reads and writes the bank directly.
         fn begin_execute(self: Pin<&mut MemoryBank>);
+        /// Called once XNNPACK is done with the bank.
         fn end_execute(self: Pin<&mut MemoryBank>);
 
         include!("xnnblob/xnnblob.h");
@@ -268,11 +342,11 @@ mod bridge {
             count_in: u32,
             count_out: u32,
         ) -> Result<String>;
-        /// Runs `delegate` on one fp32 input and output through the C++ span `execute`
-        /// (cpp/tests/delegate_checks.cc), as a delegate author would, warm.
         /// A delegate made from C++ over a `.ptd` (a backend and in-memory packed weights of its
         /// own), for the test hooks below.
         fn cpp_make_delegate(ptd_path: &str, payload: &[u8]) -> Result<Box<Delegate>>;
+        /// Runs `delegate` on one fp32 input and output through the C++ span `execute`
+        /// (cpp/tests/delegate_checks.cc), as a delegate author would, warm.
         fn cpp_execute_f32(
             delegate: &mut Delegate,
             input: &[f32],
@@ -319,13 +393,17 @@ fn xnnpack_build_identifier() -> String {
     crate::sha256::to_hex(crate::xnn::build_identifier())
 }
 
+/// A named-data map, behind the bridge's `DataMap`.
 pub struct DataMap(Arc<dyn crate::named_data::NamedDataMap>);
 /// A buffer, and the shared-cache entry it came from (held so the entry lives as long).
 pub struct Buffer(DataBuffer, Option<crate::shared_cache::SharedData>);
 /// The backend's shared data cache (the backend handle, whose cache it is).
 pub struct SharedCache(crate::backend::Backend);
+/// A packed-weight cache, behind the bridge's `WeightsCache`.
 pub struct WeightsCache(Arc<PackedWeightsCache>);
+/// The backend-wide object, behind the bridge's `Backend`.
 pub struct Backend(crate::backend::Backend);
+/// What the delegates of one model share, behind the bridge's `Model`.
 pub struct Model(ModelContext);
 
 /// Buffers bound by C++ for the next execute: raw, because they are borrowed across two bridge
@@ -417,6 +495,7 @@ fn dtype_of(scalar_type: i8) -> Result<DType, String> {
         .ok_or_else(|| format!("scalar type {scalar_type} is not one xnnblob binds"))
 }
 
+/// An initialised XNNPACK delegate, and the C++ buffers bound for its next execute.
 pub struct Delegate {
     inner: XnnDelegate,
     bound: Bindings,
@@ -826,7 +905,9 @@ impl Delegate {
     }
 }
 
+/// An ExecuTorch program fully delegated to XNNPACK, behind the bridge's `Program`.
 pub struct Program(crate::program::Program);
+/// An initialised method of a program, and the C++ inputs bound for its next execute.
 pub struct Method {
     inner: crate::program::Method,
     inputs: Vec<Option<RawInput>>,
@@ -974,13 +1055,16 @@ unsafe impl crate::state::MemoryBank for CppBank {
     }
 }
 
+/// Collects the declarations and methods of a stateful program, for C++.
 #[derive(Default)]
 pub struct StatefulBuilder {
     specs: Vec<crate::state::StateSpec>,
     methods: Vec<crate::state::StatefulMethod>,
 }
 
+/// A stateful program (declarations, layout, methods), behind the bridge's `Stateful`.
 pub struct Stateful(Arc<crate::state::StatefulProgram>);
+/// One instance of a stateful program, with its own state.
 pub struct StatefulInstance(crate::state::Instance);
 
 fn new_stateful_builder() -> Box<StatefulBuilder> {
@@ -1051,6 +1135,7 @@ impl Stateful {
     }
 }
 
+/// Collects the C++ banks of a new instance, in bank order.
 pub struct InstanceBuilder {
     program: Arc<crate::state::StatefulProgram>,
     banks: Vec<Box<dyn crate::state::MemoryBank>>,

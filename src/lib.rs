@@ -5,8 +5,19 @@
 //! - [`named_data`]: ExecuTorch-compatible named data: `.ptd`/`.pte` readers, maps, the writer.
 //! - [`shared_cache`]: one shared copy of each named blob across a backend's models and methods.
 //! - [`cache`]: the persistent packed-weight cache bridged to XNNPACK's weights-cache callbacks.
+//! - [`deferred`]: constants whose bytes are read only if XNNPACK needs them (a cache miss).
+//! - [`backend`]: the backend-wide object (shared data, packed-weight caches, workspace,
+//!   threads) and the per-model context its delegates share.
+//! - [`delegate`]: ExecuTorch's XNNPACK delegate: a processed payload becomes a runtime.
+//! - [`program`], [`program_writer`], [`state`]: whole `.pte` programs fully delegated to
+//!   XNNPACK, a writer for them, and stateful programs' mutable buffers.
+//! - [`tensor`]: element types, shapes and tensor views at a delegate's boundary.
+//! - [`link`]: a `.ptd`'s blobs compiled into the binary; [`inspect`]: what a file holds.
+//! - [`aligned`], [`mmap`], [`sha256`]: aligned buffers, read-only file maps, content keys.
+//! - [`bench`](mod@bench): the load benchmark and the demo.
 //! - [`ffi`]: the cxx bridge that C++ reaches xnnblob through.
 #![deny(unsafe_op_in_unsafe_fn)]
+#![deny(missing_docs)]
 
 pub mod aligned;
 pub mod backend;

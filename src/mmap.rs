@@ -18,6 +18,8 @@ pub struct MappedFile {
 }
 
 impl MappedFile {
+    /// Maps the file at `path` read-only as it is now; a file later renamed over `path` does
+    /// not change what this map reads.
     pub fn open(path: &Path) -> io::Result<MappedFile> {
         let file = File::open(path)?;
         if file.metadata()?.len() == 0 {
@@ -29,6 +31,7 @@ impl MappedFile {
         Ok(MappedFile { map: Some(map) })
     }
 
+    /// The whole file as mapped, valid as long as `self` (empty for an empty file).
     pub fn bytes(&self) -> &[u8] {
         self.map.as_deref().unwrap_or(&[])
     }

@@ -24,41 +24,63 @@ use std::sync::Arc;
 /// Why a program or method could not be loaded or run.
 #[derive(Debug, thiserror::Error)]
 pub enum ProgramError {
+    /// A named-data file or map (the program's own, or external) could not be opened or read.
     // Not `transparent`: the source stays the named-data error itself, not its own source.
     #[error("{0}")]
     NamedData(#[from] NamedDataError),
     /// The program's flatbuffer failed validation.
     #[error("{source}: {error}")]
     Format {
+        /// The path of the `.pte` file.
         // Names the file; `#[source]` on `error` keeps thiserror from taking it as the cause.
         source: String,
+        /// The check the program's header or flatbuffer failed.
         #[source]
         error: FormatError,
     },
+    /// An XNNPACK delegate of the method failed to initialise or to run.
     #[error("method {method:?}: {error}")]
     Delegate {
+        /// The method whose delegate failed.
         method: String,
+        /// What the delegate reported.
         #[source]
         error: DelegateError,
     },
     /// The backend could not give the program its packed-weight cache or workspace.
     #[error("{0}")]
     Backend(#[from] BackendError),
+    /// The program has no method of this name.
     #[error("no method {name:?}; the program has {available:?}")]
     NoSuchMethod {
+        /// The method name asked for.
         name: String,
+        /// The names of the program's methods, in file order.
         available: Vec<String>,
     },
     /// The method runs an operator outside a delegate (or a non-XNNPACK delegate).
     #[error("method {method:?} is not fully delegated to XNNPACK: it runs {operator}")]
-    NotDelegated { method: String, operator: String },
+    NotDelegated {
+        /// The method's name.
+        method: String,
+        /// What it runs, as a phrase: `the operator aten::add.out`, `operator #3` (an index the
+        /// plan does not list) or `a delegate of backend "..."`.
+        operator: String,
+    },
     /// The plan is malformed or uses what this runner does not support.
     #[error("method {method:?}: {reason}")]
-    BadPlan { method: String, reason: String },
+    BadPlan {
+        /// The method's name.
+        method: String,
+        /// What is malformed or unsupported, in words.
+        reason: String,
+    },
     /// `execute` with inputs that do not fit the method.
     #[error("method {method:?}: {error}")]
     BadInput {
+        /// The method that was executed or read.
         method: String,
+        /// How the inputs (or the output index) do not fit.
         #[source]
         error: InputError,
     },
@@ -69,32 +91,51 @@ pub enum ProgramError {
 pub enum InputError {
     /// The wrong number of inputs.
     #[error("{given} inputs given, the method takes {expected}")]
-    Count { expected: usize, given: usize },
+    Count {
+        /// The number of inputs the method takes.
+        expected: usize,
+        /// The number of inputs given.
+        given: usize,
+    },
     /// Input `index` has another dtype than the method's.
     #[error("input {index} is {given}, the method takes {expected}")]
     Dtype {
+        /// The input's position among the method's inputs.
         index: usize,
+        /// The dtype the method declares for the input.
         expected: DType,
+        /// The dtype of the tensor given.
         given: DType,
     },
     /// Input `index` has a shape outside the declared bound (or, for a static input, other
     /// than the declared shape).
     #[error(fmt = input_shape)]
     Shape {
+        /// The input's position among the method's inputs.
         index: usize,
+        /// The shape given and the method's declared shape (the bound, for a dynamic input).
         shapes: Box<ShapeMismatch>,
+        /// Whether the input is dynamic (any shape within the bound) rather than static.
         dynamic: bool,
     },
     /// Input `index` holds fewer bytes than its shape needs (None: that size overflows).
     #[error(fmt = input_bytes)]
     Bytes {
+        /// The input's position among the method's inputs.
         index: usize,
+        /// The bytes the input's shape needs; None when that size overflows.
         needed: Option<usize>,
+        /// The bytes the input holds.
         given: usize,
     },
     /// Output `index` was asked for but the method has fewer.
     #[error("no output {index}: the method has {outputs}")]
-    NoSuchOutput { index: usize, outputs: usize },
+    NoSuchOutput {
+        /// The output index asked for.
+        index: usize,
+        /// The number of outputs the method has.
+        outputs: usize,
+    },
 }
 
 // The two messages below depend on a field's value (dynamic or static, size known or not),
@@ -146,6 +187,7 @@ const STATIC: i8 = 0;
 /// A tensor value as the plan declares it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ValueSpec {
+    /// The element type.
     pub dtype: DType,
     /// The declared sizes: the shape of a static tensor, the upper bound of a dynamic one.
     pub bound: Shape,
@@ -471,6 +513,7 @@ impl Program {
         })
     }
 
+    /// The names of the program's methods, in file order.
     pub fn method_names(&self) -> Vec<&str> {
         self.method_names.iter().map(String::as_str).collect()
     }
@@ -533,6 +576,7 @@ impl Program {
         self.model.backend().shared_data()
     }
 
+    /// The path of the `.pte` the program was loaded from, for error messages.
     pub fn source(&self) -> &str {
         &self.source
     }
@@ -695,6 +739,7 @@ impl Method {
         })
     }
 
+    /// The method's name in the program.
     pub fn name(&self) -> &str {
         &self.plan.name
     }

@@ -53,6 +53,7 @@ impl External {
 /// A program whose one method runs one XNNPACK payload.
 #[derive(Debug, Clone, Copy)]
 pub struct DelegatedProgram<'a> {
+    /// The name of the program's one method, which runtimes load it by (e.g. `forward`).
     pub method: &'a str,
     /// The delegate's processed bytes (`XH00` header, flatbuffer, inline constants).
     pub payload: &'a [u8],

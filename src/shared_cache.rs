@@ -64,16 +64,35 @@ struct StageError {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SharedCacheError {
     /// The init (or load, or transform) of `key` failed; nothing was cached.
-    InitFailed { key: String, cause: InitCause },
+    InitFailed {
+        /// The named-data key whose init failed.
+        key: String,
+        /// The init's error, the same one for every caller that waited for it.
+        cause: InitCause,
+    },
     /// The init of `key` panicked; nothing was cached.
-    InitPanicked { key: String },
+    InitPanicked {
+        /// The named-data key whose init panicked.
+        key: String,
+    },
     /// An init asked for its own key (which would wait for itself forever).
-    InitRecursion { key: String },
+    InitRecursion {
+        /// The key the init was running for and asked for again.
+        key: String,
+    },
     /// `key` is shared read-only and was requested transformed, or the other way round.
-    ModeMismatch { key: String },
+    ModeMismatch {
+        /// The key requested in the mode it is not held in.
+        key: String,
+    },
     /// `alignment` is not a power of two, or is above the alignment `key`'s shared copy was
     /// made with.
-    BadAlignment { key: String, alignment: usize },
+    BadAlignment {
+        /// The key requested.
+        key: String,
+        /// The alignment requested, in bytes.
+        alignment: usize,
+    },
 }
 
 // Written by hand, not derived with `thiserror`: the source of `InitFailed` is the error inside
@@ -245,6 +264,7 @@ pub struct SharedData {
 }
 
 impl SharedData {
+    /// The entry's bytes, shared by every handle (no copy).
     pub fn data(&self) -> &[u8] {
         self.entry.buffer.data()
     }
@@ -255,6 +275,7 @@ impl SharedData {
         &self.entry.buffer
     }
 
+    /// The named-data key this entry is shared under.
     pub fn key(&self) -> &str {
         &self.entry.key
     }
@@ -292,7 +313,7 @@ impl fmt::Debug for SharedData {
 /// Each key's init runs once however many callers race for it; the others wait and share its
 /// result, or its error. Failures are not cached: the next request runs init again. Init runs
 /// without the cache's lock held, so it may use the cache for other keys, but not for its own
-/// key (reported as [`SharedCacheError::InitFailed`] instead of deadlocking) nor in a cycle
+/// key (reported as [`SharedCacheError::InitRecursion`] instead of deadlocking) nor in a cycle
 /// through other keys' inits (not detected). Every
 /// caller of a key must produce the same data: whichever init runs first is what all share.
 pub struct SharedDataCache {
@@ -398,6 +419,7 @@ impl Drop for InitGuard {
 }
 
 impl SharedDataCache {
+    /// An empty cache.
     pub fn new() -> SharedDataCache {
         SharedDataCache {
             state: Arc::new(Mutex::new(State::default())),
@@ -538,6 +560,7 @@ impl SharedDataCache {
         }
     }
 
+    /// A snapshot of the cache's counters, all read at one instant.
     pub fn stats(&self) -> SharedCacheStats {
         self.state.lock().stats
     }
@@ -547,6 +570,7 @@ impl SharedDataCache {
         self.state.lock().stats.entries
     }
 
+    /// Whether the cache holds no live entry.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

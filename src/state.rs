@@ -37,9 +37,13 @@ pub enum InitialState {
 /// A declared mutable buffer (fp32).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StateSpec {
+    /// The name methods bind the buffer by, unique within the program.
     pub name: String,
+    /// The buffer's shape, in fp32 elements.
     pub shape: Vec<usize>,
+    /// The id of the memory bank the buffer lives in; ids count from 0.
     pub bank: usize,
+    /// What the buffer holds after instantiation and after each [`Instance::reset`].
     pub initial: InitialState,
 }
 
@@ -58,7 +62,9 @@ impl StateSpec {
 /// Where each buffer lives: (bank, byte offset), and each bank's size.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StateLayout {
+    /// (bank id, byte offset in that bank) of each buffer, in declaration order.
     pub offsets: Vec<(usize, usize)>,
+    /// The bytes each bank must hold, by bank id, including XNNPACK's over-read slack.
     pub bank_sizes: Vec<usize>,
 }
 
@@ -92,10 +98,13 @@ impl StateLayout {
 /// `base` must point to at least `len` bytes, aligned to 64, valid for reads and writes and not
 /// moving for as long as the bank lives; nothing else may access them while a method runs.
 pub unsafe trait MemoryBank: Send {
+    /// The bank's size in bytes.
     fn len(&self) -> usize;
+    /// Whether the bank has no bytes.
     fn is_empty(&self) -> bool {
         self.len() == 0
     }
+    /// The start of the bank's memory, which XNNPACK reads and writes in place.
     fn base(&mut self) -> NonNull<u8>;
     /// The bank's copy function: `src` into the bank at `offset`.
     fn copy_in(&mut self, offset: usize, src: &[u8]);
@@ -103,6 +112,7 @@ pub unsafe trait MemoryBank: Send {
     fn copy_out(&mut self, offset: usize, dst: &mut [u8]);
     /// Called before XNNPACK's operators run on the bank (and `end_execute` after).
     fn begin_execute(&mut self) {}
+    /// Called after XNNPACK's operators have run on the bank.
     fn end_execute(&mut self) {}
 }
 
@@ -110,6 +120,7 @@ pub unsafe trait MemoryBank: Send {
 pub struct HostBank(AlignedBytes);
 
 impl HostBank {
+    /// A zeroed, 64-byte-aligned bank of `len` bytes; None if it cannot be allocated.
     pub fn new(len: usize) -> Option<HostBank> {
         AlignedBytes::zeroed(len, ALIGNMENT).map(HostBank)
     }
@@ -131,14 +142,19 @@ unsafe impl MemoryBank for HostBank {
     }
 }
 
+/// Why a stateful program, instance or method could not be set up or run.
 #[derive(Debug, thiserror::Error)]
 pub enum StateError {
+    /// A buffer's initial value could not be read from the named data.
     // Not `transparent`: the source stays the named-data error itself, not its own source.
     #[error("{0}")]
     NamedData(#[source] NamedDataError),
+    /// A method's XNNPACK delegate failed to initialise or to run.
     #[error("method {method:?}: {error}")]
     Delegate {
+        /// The method whose delegate failed.
         method: String,
+        /// What the delegate reported.
         #[source]
         error: DelegateError,
     },
@@ -154,7 +170,9 @@ fn invalid(m: impl Into<String>) -> StateError {
 /// A method of a stateful program: its payload and which of its externals are state.
 #[derive(Debug, Clone)]
 pub struct StatefulMethod {
+    /// The name the method is loaded and executed by.
     pub name: String,
+    /// The method's XNNPACK delegate payload (the processed `XH00` blob).
     pub payload: DataBuffer,
     /// (external id, state name): inputs bound to the buffer (reads).
     pub reads: Vec<(u32, String)>,
@@ -218,6 +236,7 @@ impl StatefulProgram {
         })
     }
 
+    /// Where each buffer lives, and how large each bank must be.
     pub fn layout(&self) -> &StateLayout {
         &self.layout
     }

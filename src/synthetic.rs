@@ -5,14 +5,19 @@ use crate::xnn::{Subgraph, ValueRole, XnnError};
 
 /// A dense layer: `y = x · Wᵀ + b`, W stored [outputs, inputs] as XNNPACK expects.
 pub struct DenseLayer {
+    /// Width of the input rows (elements of `x`).
     pub inputs: usize,
+    /// Width of the output rows (elements of `y`).
     pub outputs: usize,
+    /// The weight matrix W, row-major `[outputs, inputs]`.
     pub weights: Vec<f32>,
+    /// The bias b, one value per output.
     pub bias: Vec<f32>,
 }
 
 /// A multi-layer perceptron with ReLU between layers and none after the last.
 pub struct Mlp {
+    /// The layers, first (input side) to last.
     pub layers: Vec<DenseLayer>,
 }
 
@@ -42,10 +47,12 @@ impl Mlp {
         Mlp { layers }
     }
 
+    /// Elements per input row (the first layer's inputs; 0 with no layers).
     pub fn input_width(&self) -> usize {
         self.layers.first().map_or(0, |l| l.inputs)
     }
 
+    /// Elements per output row (the last layer's outputs; 0 with no layers).
     pub fn output_width(&self) -> usize {
         self.layers.last().map_or(0, |l| l.outputs)
     }
@@ -101,6 +108,7 @@ impl Mlp {
 pub struct SplitMix64(pub u64);
 
 impl SplitMix64 {
+    /// The next value of the sequence, uniform over all of `u64`.
     pub fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = self.0;

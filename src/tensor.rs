@@ -132,6 +132,7 @@ pub struct Shape {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("a tensor of {rank} dimensions; XNNPACK takes at most {MAX_DIMS}")]
 pub struct TooManyDims {
+    /// The number of dimensions given.
     pub rank: usize,
 }
 
@@ -149,10 +150,12 @@ impl Shape {
         Ok(shape)
     }
 
+    /// The dimensions, outermost first (`rank` of them).
     pub fn dims(&self) -> &[usize] {
         &self.dims[..self.rank as usize]
     }
 
+    /// The number of dimensions (0 for a scalar).
     pub fn rank(&self) -> usize {
         self.rank as usize
     }
@@ -190,6 +193,7 @@ impl fmt::Display for Shape {
 /// A shape that does not fit where it was given, and what it had to fit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ShapeMismatch {
+    /// The shape the caller gave.
     pub given: Shape,
     /// The declared shape (the upper bound of a dynamic one).
     pub bound: Shape,
@@ -237,10 +241,12 @@ impl<'a> TensorRef<'a> {
         }
     }
 
+    /// The element type of the bytes.
     pub fn dtype(&self) -> DType {
         self.dtype
     }
 
+    /// The shape the bytes hold.
     pub fn shape(&self) -> &Shape {
         &self.shape
     }
@@ -291,6 +297,7 @@ impl<'a> TensorMut<'a> {
         TensorMut::new(DType::F32, bytes_of_f32_mut(data))
     }
 
+    /// The element type the writer must produce.
     pub fn dtype(&self) -> DType {
         self.dtype
     }
@@ -334,6 +341,7 @@ pub struct PaddedTensor {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("{}", allocation_message(*.bytes))]
 pub struct AllocationError {
+    /// The bytes that could not be allocated (slack included); `None` when the size overflows.
     pub bytes: Option<usize>,
 }
 
@@ -367,10 +375,12 @@ impl PaddedTensor {
         })
     }
 
+    /// The element type of the tensor.
     pub fn dtype(&self) -> DType {
         self.dtype
     }
 
+    /// The current shape (the capacity until [`set_shape`](Self::set_shape) changes it).
     pub fn shape(&self) -> &Shape {
         &self.shape
     }

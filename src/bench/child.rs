@@ -9,16 +9,23 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
+/// How a launch gets its packed weights: what the benchmark compares.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Scenario {
+    /// No weights cache: XNNPACK packs every weight privately.
     NoCache,
+    /// XNNPACK's own in-memory weights cache, new in each process.
     XnnpackCache,
+    /// xnnblob's packed-weight cache file, absent at launch: packs everything and saves it.
     Cold,
+    /// xnnblob's packed-weight cache file, saved by an earlier launch: packs nothing.
     Warm,
+    /// A provider already holding every packed weight: the best any cache can do.
     Floor,
 }
 
 impl Scenario {
+    /// Every scenario, in the order the benchmark runs and reports them.
     pub const ALL: [Scenario; 5] = [
         Scenario::NoCache,
         Scenario::XnnpackCache,
@@ -27,6 +34,7 @@ impl Scenario {
         Scenario::Floor,
     ];
 
+    /// The scenario's name on the command line (`--scenarios`) and in the report.
     pub fn name(self) -> &'static str {
         match self {
             Scenario::NoCache => "no-cache",
@@ -37,6 +45,7 @@ impl Scenario {
         }
     }
 
+    /// The scenario [`name`](Self::name) gives as `s`, if any.
     pub fn parse(s: &str) -> Option<Scenario> {
         Scenario::ALL.into_iter().find(|x| x.name() == s)
     }
@@ -45,16 +54,27 @@ impl Scenario {
 /// What one launch measured (milliseconds, MiB).
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Launch {
+    /// Opening the `.ptd`, reading the payload, making the backend and opening the cache file, ms.
     pub open: f64,
+    /// The delegate's init validating the payload and loading its constants, ms.
     pub load: f64,
+    /// The delegate's init building the subgraph and creating the runtime (packing), ms.
     pub create: f64,
+    /// The delegate's init finalizing the weights cache (a cold save starts here), ms.
     pub finalize: f64,
+    /// From the launch's start to a delegate ready to run (`open` plus the whole init), ms.
     pub ready: f64,
+    /// The first inference, ms.
     pub infer: f64,
+    /// The process's peak resident set size (VmHWM) after the first inference, MiB.
     pub peak_rss: f64,
+    /// The `.ptd`'s pages resident in the process after the first inference, MiB.
     pub weights_resident: f64,
+    /// The packed-weight cache file's pages resident after the first inference, MiB.
     pub packed_resident: f64,
+    /// Weights XNNPACK packed in this launch; `usize::MAX` when the scenario cannot count them.
     pub packed: usize,
+    /// The sum of the first output's values, for checking that scenarios compute the same.
     pub checksum: f64,
 }
 

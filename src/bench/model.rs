@@ -6,6 +6,7 @@ use crate::delegate::builder::{ConvGeometry, GraphBuilder};
 use crate::synthetic::SplitMix64;
 use std::path::{Path, PathBuf};
 
+/// The architecture of a benchmark model.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Preset {
     /// A long chain of fully connected layers, as an on-device LLM has (1184 weights by default).
@@ -14,16 +15,21 @@ pub enum Preset {
     Cnn,
 }
 
+/// The weight type of a benchmark model.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Dtype {
+    /// fp32 weights and activations.
     Fp32,
     /// qd8 activations, qc8w weights (one fp32 scale per output channel).
     Qd8,
 }
 
+/// A benchmark model: what [`ensure`] generates, and what its file names record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ModelSpec {
+    /// The architecture.
     pub preset: Preset,
+    /// The weight type (the CNN is fp32 only).
     pub dtype: Dtype,
     /// Total bytes of weights, in MiB.
     pub mib: usize,
@@ -32,6 +38,7 @@ pub struct ModelSpec {
 }
 
 impl ModelSpec {
+    /// An llm-like model of about `mib` MiB of `dtype` weights, in 1184 fully connected layers.
     pub fn llm_like(mib: usize, dtype: Dtype) -> ModelSpec {
         ModelSpec {
             preset: Preset::LlmLike,
@@ -41,6 +48,7 @@ impl ModelSpec {
         }
     }
 
+    /// A CNN of about `mib` MiB of fp32 weights, in 32 convolution + depthwise layers.
     pub fn cnn(mib: usize) -> ModelSpec {
         ModelSpec {
             preset: Preset::Cnn,
@@ -67,6 +75,8 @@ impl ModelSpec {
         ((per_layer as f64).sqrt() as u32 / 16 * 16).max(16)
     }
 
+    /// The model's file stem: preset, dtype, MiB, layers and width
+    /// (`llm-like-fp32-512mib-1184x<width>`).
     pub fn name(&self) -> String {
         let preset = match self.preset {
             Preset::LlmLike => "llm-like",
@@ -106,7 +116,9 @@ impl ModelSpec {
 /// Where a model's files are.
 #[derive(Debug, Clone)]
 pub struct ModelFiles {
+    /// The XNNPACK delegate payload (`<name>.xnn`).
     pub payload: PathBuf,
+    /// The weights as named data (`<name>.ptd`).
     pub ptd: PathBuf,
     /// The payload as an ExecuTorch program (method `forward`), for ExecuTorch's runtime.
     pub pte: PathBuf,

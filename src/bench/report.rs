@@ -7,11 +7,15 @@ use std::path::Path;
 /// Median, min and max of one measure over a scenario's launches.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Spread {
+    /// The middle value (the upper of the two for an even count), in the measure's unit.
     pub median: f64,
+    /// The smallest value, in the measure's unit.
     pub min: f64,
+    /// The largest value, in the measure's unit.
     pub max: f64,
 }
 
+/// The spread of `values`; all NaN when there are none.
 pub fn spread(values: impl Iterator<Item = f64>) -> Spread {
     let mut v: Vec<f64> = values.collect();
     v.sort_by(f64::total_cmp);
@@ -29,12 +33,16 @@ pub fn spread(values: impl Iterator<Item = f64>) -> Spread {
     }
 }
 
+/// One scenario's launches: a row of the report.
 pub struct Row {
+    /// The scenario launched.
     pub scenario: Scenario,
+    /// Its launches' measurements, in the order they ran.
     pub launches: Vec<Launch>,
 }
 
 impl Row {
+    /// The spread over the launches of the measure `f` picks (`|l| l.ready`).
     pub fn of(&self, f: impl Fn(&Launch) -> f64) -> Spread {
         spread(self.launches.iter().map(f))
     }

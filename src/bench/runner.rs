@@ -10,10 +10,15 @@ use std::process::Command;
 /// Options of a benchmark run (from the command line).
 #[derive(Debug, Clone)]
 pub struct Options {
+    /// The model to generate and launch.
     pub spec: ModelSpec,
+    /// Fresh-process launches per scenario (at least 1).
     pub repeats: usize,
+    /// Unload/reload cycles of the warm model in one process (0: skip).
     pub cycles: usize,
+    /// Where the models, the cache file and the report go.
     pub out: PathBuf,
+    /// The scenarios to run, in this order.
     pub scenarios: Vec<Scenario>,
     /// Children are launched as `xnnblob bench ...` (else: this executable, as the bench binary).
     pub via_cli: bool,
@@ -235,8 +240,8 @@ fn run(options: &Options) -> Result<(), String> {
     Ok(())
 }
 
-/// The main job: a 256 MiB llm-like model generated into a temporary directory, launched cold
-/// then warm in fresh processes.
+/// The demo: an llm-like fp32 model of `mib` MiB generated into a temporary directory, launched
+/// cold then warm in fresh processes.
 pub fn demo(mib: usize) -> Result<(), String> {
     let dir = std::env::temp_dir().join(format!("xnnblob-demo-{}", std::process::id()));
     let options = Options {

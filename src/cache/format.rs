@@ -12,12 +12,16 @@ use super::checksum::checksum64;
 use super::identity::BlobId;
 use std::io::{self, Write};
 
+/// The first 8 bytes of every cache file: marks it as an xnnblob packed-weight cache.
 pub const MAGIC: [u8; 8] = *b"XBPWCAC\x01";
+/// The last 8 bytes of a complete cache file; their absence means a torn or truncated file.
 pub const END_MAGIC: [u8; 8] = *b"XBPWEND\x01";
 /// Bump on any change of layout or meaning; older or newer files are rebuilt.
 pub const FORMAT_VERSION: u32 = 2;
 /// Packed regions start at multiples of this (XNNPACK's largest SIMD alignment).
 pub const REGION_ALIGNMENT: usize = 64;
+/// The most bytes of the XNNPACK build identifier the header holds; longer identifiers are
+/// truncated to this many, both when written and when compared.
 pub const MAX_BUILD_ID: usize = 64;
 
 // Header fields.
@@ -28,6 +32,7 @@ const CPU_AT: usize = HEADER_SIZE_AT + 4;
 const BUILD_ID_LEN_AT: usize = CPU_AT + 8;
 const RESERVED_AT: usize = BUILD_ID_LEN_AT + 4;
 const BUILD_ID_AT: usize = RESERVED_AT + 4;
+/// Size in bytes of the header at the start of the file; packed regions start after it.
 pub const HEADER_SIZE: usize = 128;
 /// Last in the header, covering every byte before it (reserved bytes must stay as written).
 const HEADER_CHECKSUM_AT: usize = HEADER_SIZE - 8;
@@ -41,6 +46,7 @@ const FLAGS_AT: usize = SEED_AT + 4;
 const OFFSET_AT: usize = FLAGS_AT + 4;
 const SIZE_AT: usize = OFFSET_AT + 8;
 const CHECKSUM_AT: usize = SIZE_AT + 8;
+/// Size in bytes of one index entry (kernel id, bias id, seed, flags, offset, size, checksum).
 pub const ENTRY_SIZE: usize = CHECKSUM_AT + 8;
 
 // Trailer fields.
@@ -48,54 +54,97 @@ const INDEX_OFFSET_AT: usize = 0;
 const COUNT_AT: usize = INDEX_OFFSET_AT + 8;
 const INDEX_CHECKSUM_AT: usize = COUNT_AT + 8;
 const END_MAGIC_AT: usize = INDEX_CHECKSUM_AT + 8;
+/// Size in bytes of the trailer at the end of the file (index offset, entry count, index
+/// checksum, end magic).
 pub const TRAILER_SIZE: usize = END_MAGIC_AT + 8;
 
 /// What a packed weight is looked up by: the identities of its unpacked kernel and bias, and
 /// XNNPACK's seed (its packing parameters).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct EntryKey {
+    /// Content id of the unpacked kernel (the weights XNNPACK packs).
     pub kernel: BlobId,
+    /// Content id of the unpacked bias; [`BlobId::NONE`] when the operator has none.
     pub bias: BlobId,
+    /// XNNPACK's look-up seed: a hash of the operator's packing parameters (tiling,
+    /// transposition, type), so another packing of the same weights is another entry.
     pub seed: u32,
 }
 
 /// One index entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FileEntry {
+    /// What the packed weights are looked up by.
     pub key: EntryKey,
+    /// Byte offset of the packed region from the start of the cache file (a multiple of
+    /// [`REGION_ALIGNMENT`]).
     pub offset: u64,
+    /// Length of the packed region in bytes.
     pub size: u64,
+    /// XXH3-64 (seed 0) of the region's packed bytes: checked when a file is rewritten or
+    /// verified, not when it is loaded.
     pub checksum: u64,
 }
 
 /// What must match for a file to be trusted at all.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Compat {
+    /// The identifier of the XNNPACK build the file must have been packed by
+    /// (`xnn_experimental_get_build_identifier_data`); only its first [`MAX_BUILD_ID`] bytes are
+    /// stored and compared.
     pub build_id: Vec<u8>,
+    /// The CPU feature bits that select XNNPACK's microkernels (see
+    /// [`cpu_fingerprint`](super::cpu_fingerprint)).
     pub cpu_fingerprint: u64,
 }
 
 /// Why a whole file was rejected (it is then rebuilt).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum FileError {
+    /// The file is too short to hold a header and a trailer.
     #[error("{len} bytes is shorter than header and trailer")]
-    TooShort { len: usize },
+    TooShort {
+        /// Length of the file in bytes.
+        len: usize,
+    },
+    /// The file does not start with [`MAGIC`]: it is not a packed-weight cache.
     #[error("not an xnnblob packed-weight cache (bad magic)")]
     BadMagic,
+    /// The file is in another format version than [`FORMAT_VERSION`], older or newer.
     #[error("format version {found}, this build reads {FORMAT_VERSION}")]
-    UnsupportedVersion { found: u32 },
+    UnsupportedVersion {
+        /// The format version the file's header states.
+        found: u32,
+    },
+    /// The header states another header size than [`HEADER_SIZE`].
     #[error("header size {found}, expected {HEADER_SIZE}")]
-    BadHeaderSize { found: u32 },
+    BadHeaderSize {
+        /// The header size in bytes that the file's header states.
+        found: u32,
+    },
+    /// The header's checksum does not match the header bytes before it (a damaged header).
     #[error("header checksum mismatch")]
     HeaderChecksum,
+    /// The file's XNNPACK build identifier is not the expected one (or its stated length exceeds
+    /// [`MAX_BUILD_ID`]): its packing code may differ.
     #[error("packed by another XNNPACK build")]
     BuildMismatch,
+    /// The file was packed for a CPU whose features select other microkernels.
     #[error("packed for CPU features {file:#x}, this CPU has {this:#x}")]
-    CpuMismatch { file: u64, this: u64 },
+    CpuMismatch {
+        /// The CPU fingerprint recorded in the file's header.
+        file: u64,
+        /// The CPU fingerprint expected: this CPU's, unless the cache options override it.
+        this: u64,
+    },
+    /// The file does not end with [`END_MAGIC`]: a torn, truncated or extended file.
     #[error("no valid trailer (torn or partial file)")]
     BadTrailer,
+    /// The trailer's index offset and entry count do not describe an index that starts after the
+    /// header and ends exactly where the trailer starts.
     #[error("index lies outside the file")]
     IndexOutOfBounds,
+    /// The index bytes do not match the trailer's checksum (a damaged index).
     #[error("index checksum mismatch")]
     IndexChecksum,
 }
@@ -103,17 +152,25 @@ pub enum FileError {
 /// Why one entry was dropped (it is then repacked).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EntryProblem {
+    /// Its offset is not a multiple of [`REGION_ALIGNMENT`].
     Misaligned,
+    /// Its region does not lie between the header and the index (or offset plus size overflows).
     OutOfBounds,
+    /// Its region overlaps the region of an entry earlier in the file, which is kept.
     Overlaps,
+    /// An earlier entry in the index has the same key.
     Duplicate,
+    /// Its flags field is not zero: it uses a feature this version does not know.
     Reserved,
 }
 
 /// A validated file: entries whose regions lie inside the data area, aligned, disjoint.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Decoded {
+    /// The entries that passed every check, in file order (ascending offset).
     pub entries: Vec<FileEntry>,
+    /// The entries that failed one: their position in the file's index (`usize::MAX` for
+    /// [`EntryProblem::Overlaps`]) and why.
     pub dropped: Vec<(usize, EntryProblem)>,
 }
 
@@ -265,6 +322,7 @@ pub struct Writer<W: Write> {
 }
 
 impl<W: Write> Writer<W> {
+    /// Starts a cache file on `out`: writes the header for `compat`.
     pub fn new(mut out: W, compat: &Compat) -> io::Result<Writer<W>> {
         out.write_all(&encode_header(compat))?;
         Ok(Writer {

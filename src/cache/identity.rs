@@ -67,6 +67,7 @@ impl BlobId {
         BlobId(finish(h))
     }
 
+    /// True for [`BlobId::NONE`], the identity that stands for no blob (a null bias).
     pub fn is_none(&self) -> bool {
         *self == BlobId::NONE
     }

@@ -33,23 +33,34 @@ use std::thread::JoinHandle;
 /// An error of the cache: only I/O can fail; bad files are rebuilt, not reported as errors.
 #[derive(Debug, thiserror::Error)]
 pub enum CacheError {
+    /// Reading, writing, locking, syncing or renaming a cache file failed.
     #[error("packed-weight cache {path}: {error}")]
     Io {
+        /// The file the operation failed on, as displayed: the cache file, or its `.lock`
+        /// sibling when taking the writer lock failed.
         path: String,
+        /// The operating system's error.
         #[source]
         error: std::io::Error,
     },
     /// The file is open in this process already, with other options: one file has one cache
     /// object, and it cannot follow two sets of options.
     #[error("packed-weight cache {path}: already open in this process with other options")]
-    OpenWithOtherOptions { path: PathBuf },
+    OpenWithOtherOptions {
+        /// The canonical path of the cache file that is open already.
+        path: PathBuf,
+    },
 }
 
 /// Overrides of what a file must match; the defaults are this process's XNNPACK build and CPU.
 /// (Tests use them to play another build or CPU.)
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct CacheOptions {
+    /// The XNNPACK build identifier to write into the file and require of it, instead of the
+    /// linked build's ([`build_identifier`](crate::xnn::build_identifier)).
     pub build_id: Option<Vec<u8>>,
+    /// The CPU fingerprint to write into the file and require of it, instead of this CPU's
+    /// ([`cpu_fingerprint`]).
     pub cpu_fingerprint: Option<u64>,
     /// Save inside `finalize` instead of on a background thread. Slower cold launches, but
     /// entries are re-pointed into the file before XNNPACK holds their addresses, so the heap
@@ -74,6 +85,7 @@ impl CacheOptions {
 pub struct CacheStats {
     /// XNNPACK look-ups that found packed weights.
     pub hits: usize,
+    /// XNNPACK look-ups that found no packed weights (XNNPACK packs them next).
     pub misses: usize,
     /// Weights XNNPACK packed (one `reserve_space` each).
     pub packed: usize,
@@ -81,6 +93,7 @@ pub struct CacheStats {
     pub unregistered: usize,
     /// Entries known (from the file and packed here).
     pub entries: usize,
+    /// Total size in bytes of the packed weights of every known entry.
     pub packed_bytes: usize,
     /// Entries packed here and not yet saved.
     pub unsaved: usize,
@@ -94,8 +107,12 @@ pub struct CacheStats {
 /// An entry whose packed bytes no longer match their checksum.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BadEntry {
+    /// What the entry is looked up by.
     pub key: EntryKey,
+    /// Byte offset of the packed region from the start of the mapped cache file (0 for an entry
+    /// whose packed bytes are in memory).
     pub offset: u64,
+    /// Length of the packed region in bytes.
     pub size: u64,
 }
 
@@ -150,6 +167,8 @@ impl PackedWeightsCache {
         PackedWeightsCache::open_with(path, CacheOptions::default())
     }
 
+    /// As [`open`](Self::open), with `options` overriding the build and CPU a file must match,
+    /// or making saves blocking.
     pub fn open_with(
         path: impl AsRef<Path>,
         options: CacheOptions,
@@ -199,6 +218,7 @@ impl PackedWeightsCache {
         self.xnn.provider()
     }
 
+    /// The canonical path of the cache file; None for an [`in_memory`](Self::in_memory) cache.
     pub fn path(&self) -> Option<&Path> {
         self.path.as_deref()
     }
@@ -303,6 +323,7 @@ impl PackedWeightsCache {
         self.saves.load(Ordering::Relaxed)
     }
 
+    /// A snapshot of the counters and of what the cache holds now.
     pub fn stats(&self) -> CacheStats {
         let core = self.core();
         let state = core.state.lock();

@@ -19,7 +19,12 @@ pub enum LoadOutcome {
     /// No file (or an in-memory cache): everything will be packed.
     Fresh,
     /// The file was valid; `dropped` entries failed their checks and will be repacked.
-    Loaded { entries: usize, dropped: usize },
+    Loaded {
+        /// Entries that passed every check: XNNPACK finds their packed weights in the file.
+        entries: usize,
+        /// Entries that failed a check (bounds, alignment, overlap, duplicate key, flags).
+        dropped: usize,
+    },
     /// The whole file was rejected and will be rebuilt.
     Rejected(FileError),
 }
@@ -244,8 +249,11 @@ pub(crate) fn save(core: &CacheCore, path: &Path, compat: &Compat) -> Result<usi
 /// What `verify_file` found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FileReport {
+    /// Length of the file in bytes, as it was read (before any rewrite).
     pub file_size: u64,
+    /// Entries that passed decoding, including any whose packed bytes fail their checksum.
     pub entries: usize,
+    /// Total size in bytes of those entries' packed regions.
     pub packed_bytes: u64,
     /// Entries dropped at decode (bad bounds, alignment, duplicates).
     pub invalid_entries: usize,

@@ -43,10 +43,13 @@ struct ValueSpec {
 /// Convolution geometry (NHWC input, filters `[out, kh, kw, in / groups]`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ConvGeometry {
+    /// Kernel size in pixels: (height, width).
     pub kernel: (u32, u32),
+    /// Step between output pixels, in input pixels: (vertical, horizontal).
     pub stride: (u32, u32),
-    /// top, right, bottom, left
+    /// Implicit zero padding of the input, in pixels: top, right, bottom, left.
     pub padding: [u32; 4],
+    /// Spacing between kernel taps, in input pixels (1: dense): (vertical, horizontal).
     pub dilation: (u32, u32),
 }
 
@@ -153,6 +156,7 @@ pub struct GraphBuilder {
 
 /// A built payload and the named data it refers to.
 pub struct BuiltGraph {
+    /// The delegate payload (ExecuTorch's "processed" bytes): `XH00` header, `XN01` flatbuffer.
     pub payload: Vec<u8>,
     /// (key, bytes), each key once.
     pub blobs: Vec<(String, Vec<u8>)>,
@@ -198,6 +202,7 @@ fn f32_bytes(v: &[f32]) -> Vec<u8> {
 }
 
 impl GraphBuilder {
+    /// An empty graph.
     pub fn new() -> GraphBuilder {
         GraphBuilder::default()
     }
@@ -482,10 +487,12 @@ impl GraphBuilder {
         out
     }
 
+    /// `clamp(a + b, min, max)` elementwise, fp32, of `a`'s shape.
     pub fn add(&mut self, a: Value, b: Value, min: f32, max: f32) -> Value {
         self.binary(fb::XNodeUnion::XNNAdd, a, b, Some((min, max)))
     }
 
+    /// `a * b` elementwise, fp32, of `a`'s shape.
     pub fn multiply(&mut self, a: Value, b: Value) -> Value {
         self.binary(fb::XNodeUnion::XNNMultiply, a, b, None)
     }
@@ -505,14 +512,17 @@ impl GraphBuilder {
         out
     }
 
+    /// `clamp(x, min, max)` elementwise.
     pub fn clamp(&mut self, x: Value, min: f32, max: f32) -> Value {
         self.unary(fb::XNodeUnion::XNNClamp, x, Some((min, max)))
     }
 
+    /// Softmax of `x` over its last dimension.
     pub fn softmax(&mut self, x: Value) -> Value {
         self.unary(fb::XNodeUnion::XNNSoftmax, x, None)
     }
 
+    /// `x` with the dims `shape` (the same number of elements).
     pub fn reshape(&mut self, x: Value, shape: &[u32]) -> Value {
         let out = self.fp32(shape.to_vec());
         self.node(
@@ -526,6 +536,7 @@ impl GraphBuilder {
         out
     }
 
+    /// `x` with its dimensions permuted: output dimension `i` is input dimension `perm[i]`.
     pub fn transpose(&mut self, x: Value, perm: &[u32]) -> Value {
         let d = self.dims(x).to_vec();
         let out = self.fp32(perm.iter().map(|&p| d[p as usize]).collect());

@@ -9,13 +9,21 @@ use crate::xnn::XnnError;
 pub enum DelegateError {
     /// The payload ends before its header does.
     #[error("XNNPACK payload truncated: {needed} bytes needed, {len} given")]
-    PayloadTruncated { needed: u64, len: u64 },
+    PayloadTruncated {
+        /// The bytes the payload needs to hold the header field being read.
+        needed: u64,
+        /// The payload's actual length, in bytes.
+        len: u64,
+    },
     /// Bytes 4..8 are not `XH00`.
     #[error(
         "not an XNNPACK payload: magic {:?}, expected \"XH00\"",
         String::from_utf8_lossy(.found)
     )]
-    PayloadMagic { found: [u8; 4] },
+    PayloadMagic {
+        /// The payload's bytes 4..8.
+        found: [u8; 4],
+    },
     /// The header's fields do not fit the payload.
     #[error("bad XNNPACK payload header: {0}")]
     PayloadHeader(String),
@@ -24,24 +32,38 @@ pub enum DelegateError {
     PayloadVerifier(String),
     /// A node kind this delegate does not build.
     #[error("node {index}: {name} is not supported by this delegate")]
-    UnsupportedNode { index: usize, name: String },
+    UnsupportedNode {
+        /// The node's position in the graph's node list.
+        index: usize,
+        /// The node's schema type (`XNNMaxPooling2d`), or `node type N` for an unknown code.
+        name: String,
+    },
     /// A value of a datatype this delegate does not build.
     #[error("value {value}: datatype {datatype} is not supported")]
-    UnsupportedDatatype { value: usize, datatype: i16 },
+    UnsupportedDatatype {
+        /// The value's position in the graph's value list.
+        value: usize,
+        /// The value's `XNNDatatype` code in the schema.
+        datatype: i16,
+    },
     /// A value, node or constant reference that does not make sense.
     #[error("bad XNNPACK graph: {0}")]
     BadGraph(String),
     /// A constant's named key is not in the named-data map (or could not be loaded).
     #[error("constant {key:?} could not be loaded: {source}")]
     MissingConstant {
+        /// The constant's named-data key, as the payload gives it.
         key: String,
+        /// Why the shared data cache could not load it (a missing key is an init failure).
         source: SharedCacheError,
     },
     /// A constant left unread (its packing was expected in the cache) is not in the named-data
     /// map, or could not be read when XNNPACK needed it after all.
     #[error("constant {key:?} could not be read: {source}")]
     UnreadConstant {
+        /// The constant's named-data key, as the payload gives it.
         key: String,
+        /// Why its bytes could not be read in.
         source: Box<dyn std::error::Error + Send + Sync>,
     },
     /// The packed-weight cache failed (I/O).
@@ -51,7 +73,9 @@ pub enum DelegateError {
     /// XNNPACK refused a value, a node, or the runtime; `what` says which.
     #[error("{what}: {error}")]
     Xnn {
+        /// What was being done: `node 3 (XNNConv2d)`, `value 5 (Fp32 [1, 8])`, `execute`, ...
         what: String,
+        /// The error XNNPACK, or the safe layer over it, reported.
         #[source]
         error: XnnError,
     },

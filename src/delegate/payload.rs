@@ -10,7 +10,9 @@
 use super::error::DelegateError;
 use crate::schema::xnn as fb;
 
+/// The header's magic, at bytes 4..8 of the payload.
 pub const MAGIC: [u8; 4] = *b"XH00";
+/// The file identifier of the graph flatbuffer (its bytes 4..8).
 pub const FLATBUFFER_IDENTIFIER: &str = "XN01";
 
 const MAGIC_AT: usize = 4;
@@ -27,14 +29,20 @@ pub const FLATBUFFER_ALIGNMENT: usize = 16;
 /// The `XH00` header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PayloadHeader {
+    /// The header's length in bytes (at least [`HEADER_LENGTH`]).
     pub length: u16,
+    /// Where the graph flatbuffer starts, in bytes from the start of the payload.
     pub flatbuffer_offset: u32,
+    /// The graph flatbuffer's length in bytes.
     pub flatbuffer_size: u32,
+    /// Where the inline constant data starts, in bytes from the start of the payload.
     pub constant_data_offset: u32,
+    /// The inline constant data's length in bytes (0 when every constant is named).
     pub constant_data_size: u64,
 }
 
 impl PayloadHeader {
+    /// The header's bytes as ExecuTorch lays them out (little-endian, [`MAGIC`] included).
     pub fn encode(&self) -> [u8; HEADER_LENGTH] {
         let mut h = [0u8; HEADER_LENGTH];
         h[MAGIC_AT..MAGIC_AT + 4].copy_from_slice(&MAGIC);
@@ -60,7 +68,9 @@ fn field<const N: usize>(bytes: &[u8], at: usize) -> Result<[u8; N], DelegateErr
 
 /// A validated payload: header checked against its length, flatbuffer verified.
 pub struct Payload<'a> {
+    /// The header, checked against the payload's length.
     pub header: PayloadHeader,
+    /// The verified `XNNGraph` flatbuffer, borrowed from the payload.
     pub graph: fb::XNNGraph<'a>,
     /// The inline constant data region (empty when constants are named).
     pub constant_data: &'a [u8],

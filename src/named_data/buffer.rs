@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 /// Memory that named data can be borrowed from: a mapped file, an aligned heap buffer, ...
 pub trait Backing: Send + Sync {
+    /// The whole memory. Buffers keep offsets into it, so every call must return the same bytes.
     fn bytes(&self) -> &[u8];
 
     /// Drops the resident pages of `[offset, offset + len)` if they can be read back unchanged
@@ -52,6 +53,7 @@ impl DataBuffer {
         })
     }
 
+    /// The bytes of the view; empty once freed.
     pub fn data(&self) -> &[u8] {
         match &self.backing {
             Some(b) => &b.bytes()[self.offset..self.offset + self.len],
@@ -59,6 +61,7 @@ impl DataBuffer {
         }
     }
 
+    /// The number of bytes in the view; 0 once freed.
     pub fn len(&self) -> usize {
         self.data().len()
     }
@@ -80,6 +83,7 @@ impl DataBuffer {
             .map_or(0, |b| b.bytes().len() - (self.offset + self.len))
     }
 
+    /// Whether the view has no bytes (also true once freed).
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -99,6 +103,7 @@ impl DataBuffer {
         self.len = 0;
     }
 
+    /// Whether [`free`](Self::free) has released the hold on the backing.
     pub fn is_freed(&self) -> bool {
         self.backing.is_none()
     }

@@ -131,6 +131,7 @@ impl FileDataMap {
         self.backing.bytes()
     }
 
+    /// The format the file was read as.
     pub fn kind(&self) -> FileKind {
         self.kind
     }

@@ -7,11 +7,15 @@ use crate::fast_hash::FastMap;
 /// One key: where its bytes are in the file, and its layout if it has one.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct IndexEntry {
+    /// The named-data key this entry answers to.
     pub key: String,
+    /// The segment holding the bytes, as an index into the file's segment list.
     pub segment_index: u32,
     /// Absolute offset of the bytes in the file.
     pub offset: usize,
+    /// The size of the bytes: the whole segment, as in ExecuTorch (a layout may describe less).
     pub size: usize,
+    /// The tensor layout stored with the key; always None in a `.pte`.
     pub layout: Option<TensorLayout>,
 }
 
@@ -74,14 +78,17 @@ impl NamedDataIndex {
         Ok(())
     }
 
+    /// Every entry, in file order.
     pub fn entries(&self) -> &[IndexEntry] {
         &self.entries
     }
 
+    /// The entry of `key` (a hash lookup); None if the file has no such key.
     pub fn get(&self, key: &str) -> Option<&IndexEntry> {
         self.by_key.get(key).map(|&i| &self.entries[i])
     }
 
+    /// Absolute (offset, size) in bytes of each segment, in file order.
     pub fn segments(&self) -> &[(usize, usize)] {
         &self.segments
     }

@@ -5,35 +5,65 @@ use std::fmt;
 /// ExecuTorch's `ScalarType` (its numbering is the file format's).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ScalarType {
+    /// `uint8` (code 0).
     Byte,
+    /// `int8` (code 1).
     Char,
+    /// `int16` (code 2).
     Short,
+    /// `int32` (code 3).
     Int,
+    /// `int64` (code 4).
     Long,
+    /// `float16`, IEEE half precision (code 5).
     Half,
+    /// `float32` (code 6).
     Float,
+    /// `float64` (code 7).
     Double,
+    /// `complex32`: two `float16` (code 8).
     ComplexHalf,
+    /// `complex64`: two `float32` (code 9).
     ComplexFloat,
+    /// `complex128`: two `float64` (code 10).
     ComplexDouble,
+    /// `bool`, one byte (code 11).
     Bool,
+    /// `qint8`: quantized signed 8-bit (code 12).
     QInt8,
+    /// `quint8`: quantized unsigned 8-bit (code 13).
     QUInt8,
+    /// `qint32`: quantized signed 32-bit (code 14).
     QInt32,
+    /// `bfloat16` (code 15).
     BFloat16,
+    /// `quint4x2`: two quantized unsigned 4-bit values per byte (code 16).
     QUInt4x2,
+    /// `quint2x4`: four quantized unsigned 2-bit values per byte (code 17).
     QUInt2x4,
+    /// `bits1x8`: eight uninterpreted 1-bit values per byte (code 18).
     Bits1x8,
+    /// `bits2x4`: four uninterpreted 2-bit values per byte (code 19).
     Bits2x4,
+    /// `bits4x2`: two uninterpreted 4-bit values per byte (code 20).
     Bits4x2,
+    /// `bits8`: eight uninterpreted bits (code 21).
     Bits8,
+    /// `bits16`: sixteen uninterpreted bits (code 22).
     Bits16,
+    /// `float8_e5m2`: 8-bit float, 5 exponent and 2 mantissa bits (code 23).
     Float8E5M2,
+    /// `float8_e4m3fn`: 8-bit float, 4 exponent and 3 mantissa bits, no infinities (code 24).
     Float8E4M3Fn,
+    /// `float8_e5m2fnuz`: as `float8_e5m2`, no infinities or negative zero (code 25).
     Float8E5M2Fnuz,
+    /// `float8_e4m3fnuz`: as `float8_e4m3fn`, no negative zero (code 26).
     Float8E4M3Fnuz,
+    /// `uint16` (code 27).
     UInt16,
+    /// `uint32` (code 28).
     UInt32,
+    /// `uint64` (code 29).
     UInt64,
     /// A code this build does not know; kept so nothing read is lost.
     Unknown(i8),
@@ -76,6 +106,8 @@ const BY_CODE: [ScalarType; 30] = {
 };
 
 impl ScalarType {
+    /// The type of an ExecuTorch code as stored in files; [`ScalarType::Unknown`] for codes
+    /// this build does not know.
     pub fn from_code(code: i8) -> ScalarType {
         usize::try_from(code)
             .ok()
@@ -83,6 +115,7 @@ impl ScalarType {
             .unwrap_or(ScalarType::Unknown(code))
     }
 
+    /// The ExecuTorch code stored in files; the inverse of [`from_code`](Self::from_code).
     pub fn code(self) -> i8 {
         match self {
             ScalarType::Unknown(code) => code,
@@ -209,14 +242,17 @@ impl TensorLayout {
         TensorLayout::new(scalar_type, sizes, dim_order)
     }
 
+    /// The type of the tensor's elements.
     pub fn scalar_type(&self) -> ScalarType {
         self.scalar_type
     }
 
+    /// The size of each dimension in elements, in dimension order (not memory order).
     pub fn sizes(&self) -> &[i32] {
         &self.sizes
     }
 
+    /// The dimensions in memory order, outermost first: a permutation of `0..sizes().len()`.
     pub fn dim_order(&self) -> &[u8] {
         &self.dim_order
     }

@@ -22,6 +22,7 @@ pub struct InMemoryMap {
 }
 
 impl InMemoryMap {
+    /// An empty map; `source` names it in error messages.
     pub fn new(source: impl Into<String>) -> InMemoryMap {
         InMemoryMap {
             source: source.into(),

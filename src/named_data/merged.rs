@@ -18,6 +18,8 @@ pub struct MergedMap {
 }
 
 impl MergedMap {
+    /// The union of `maps`, keys in map order then each map's own order; a key in two maps is
+    /// [`NamedDataError::DuplicateKeyAcrossMaps`].
     pub fn new(maps: Vec<Arc<dyn NamedDataMap>>) -> Result<MergedMap, NamedDataError> {
         let mut order: Vec<(usize, usize)> = Vec::new();
         let mut by_key: HashMap<String, usize> = HashMap::new();

@@ -55,6 +55,7 @@ pub trait NamedDataMap: Send + Sync {
         Ok(())
     }
 
+    /// The number of keys; [`key_at`](Self::key_at) takes indices below it.
     fn num_keys(&self) -> usize;
 
     /// The key at `index` (0..num_keys), in the map's own order.

@@ -13,7 +13,9 @@ use super::index::NamedDataIndex;
 use super::layout::{ScalarType, TensorLayout};
 use crate::schema::ptd as fb;
 
+/// The flatbuffer file identifier of a `.ptd`, at bytes 4..8.
 pub const FILE_IDENTIFIER: [u8; 4] = *b"FT01";
+/// The magic the header starts with, at bytes 8..12.
 pub const HEADER_MAGIC: [u8; 4] = *b"FH01";
 
 const IDENTIFIER_AT: usize = 4;
@@ -33,10 +35,15 @@ pub const SEGMENT_ALIGNMENT: usize = 128;
 /// The fields of the `FH01` header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PtdHeader {
+    /// The header's length in bytes, counted from the magic (40 here; longer is accepted).
     pub length: u32,
+    /// The file offset in bytes where the flatbuffer resumes after the header (48 as written).
     pub flatbuffer_offset: u64,
+    /// The flatbuffer's bytes from `flatbuffer_offset` on: the flatbuffer ends at their sum.
     pub flatbuffer_size: u64,
+    /// The file offset in bytes where the segment data starts; segment offsets count from it.
     pub segment_base_offset: u64,
+    /// The size in bytes of the segment data.
     pub segment_data_size: u64,
 }
 

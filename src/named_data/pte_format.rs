@@ -12,7 +12,9 @@ use super::error::FormatError;
 use super::index::NamedDataIndex;
 use crate::schema::pte as fb;
 
+/// The flatbuffer file identifier of a program, at bytes 4..8.
 pub const FILE_IDENTIFIER: [u8; 4] = *b"ET12";
+/// The magic of the extended header, at bytes 8..12; a program without segments has none.
 pub const HEADER_MAGIC: [u8; 4] = *b"eh00";
 
 const IDENTIFIER_AT: usize = 4;
@@ -25,13 +27,18 @@ const HEADER_END: usize = SEGMENT_SIZE_AT + 8;
 
 /// Headers of older programs stop before segment_data_size.
 const MIN_HEADER_LENGTH: u32 = (SEGMENT_SIZE_AT - HEADER_AT) as u32;
+/// The header length this version writes (32 bytes from the magic); older, shorter headers
+/// are read too.
 pub const HEADER_LENGTH: u32 = (HEADER_END - HEADER_AT) as u32;
 
 /// The `eh00` extended header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PteHeader {
+    /// The header's length in bytes, counted from the magic (32, or 24 in older programs).
     pub length: u32,
+    /// The size in bytes of the program flatbuffer, which starts at offset 0.
     pub program_size: u64,
+    /// The file offset in bytes where the segment data starts; segment offsets count from it.
     pub segment_base_offset: u64,
     /// Absent in headers shorter than 32 bytes: the segments then run to the end of the file.
     pub segment_data_size: u64,

@@ -47,6 +47,7 @@ fn align_up(value: usize, alignment: usize) -> usize {
 }
 
 impl NamedBlobStore {
+    /// An empty store.
     pub fn new() -> NamedBlobStore {
         NamedBlobStore::default()
     }

@@ -6,6 +6,8 @@ use super::weights_cache::AsXnnWeightsCache;
 use std::ptr::NonNull;
 use xnnpack_sys as sys;
 
+/// XNNPACK's built-in weights cache (`xnn_create_weights_cache`), owned and deleted on drop;
+/// kept as the baseline the packed-weight caches are compared with.
 pub struct XnnpackWeightsCache {
     raw: NonNull<sys::xnn_weights_cache_provider>,
 }
@@ -16,6 +18,7 @@ unsafe impl Send for XnnpackWeightsCache {}
 unsafe impl Sync for XnnpackWeightsCache {}
 
 impl XnnpackWeightsCache {
+    /// Creates an empty cache with `xnn_create_weights_cache`, initialising XNNPACK first.
     pub fn new() -> Result<XnnpackWeightsCache, XnnError> {
         super::initialize()?;
         let mut raw = std::ptr::null_mut();

@@ -27,11 +27,18 @@ struct State {
 /// Counters of what XNNPACK asked for; they tell whether a runtime packed anything.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ProviderStats {
+    /// `look_up` calls that found packed weights.
     pub look_up_hits: usize,
+    /// `look_up` calls that found nothing (XNNPACK packs next).
     pub look_up_misses: usize,
+    /// `reserve_space` calls: one per weight XNNPACK set out to pack (0: nothing was packed).
     pub reserve_space_calls: usize,
+    /// `look_up_or_insert` calls, including the null-pointer look-ups of XNNPACK's convolution
+    /// path.
     pub look_up_or_insert_calls: usize,
+    /// Packed weights the cache holds.
     pub entries: usize,
+    /// Total size in bytes of the packed weights held (without alignment padding).
     pub packed_bytes: usize,
 }
 
@@ -47,6 +54,7 @@ pub struct InMemoryWeightsCache {
 }
 
 impl InMemoryWeightsCache {
+    /// An empty cache, not finalized: XNNPACK can pack into it.
     pub fn new() -> InMemoryWeightsCache {
         InMemoryWeightsCache::default()
     }
@@ -56,6 +64,7 @@ impl InMemoryWeightsCache {
         self.finalized.store(true, Ordering::Release);
     }
 
+    /// The calls counted so far, and what the cache holds now.
     pub fn stats(&self) -> ProviderStats {
         let state = self.state.lock();
         ProviderStats {

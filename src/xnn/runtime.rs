@@ -29,7 +29,9 @@ pub struct RuntimeOptions {
 /// One external input or output: its declaration and its current shape.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct External {
+    /// Its external value id in the subgraph.
     pub id: u32,
+    /// The element type of the buffers bound to it.
     pub dtype: DType,
     /// The declared shape, the largest accepted in each dimension.
     pub bound: Shape,
@@ -46,10 +48,13 @@ struct Slot {
 /// An input as the runtime binds it.
 #[derive(Clone, Copy)]
 pub struct RawInput {
+    /// The first byte of the input tensor.
     pub data: *const u8,
     /// Readable bytes at `data` (not counting slack).
     pub len: usize,
+    /// The element type of the bytes; must be the graph's for this input.
     pub dtype: DType,
+    /// The shape of the tensor for this run; must fit within the declared bound.
     pub shape: Shape,
     /// XNN_EXTRA_BYTES past `data + len` are readable too.
     pub padded: bool,
@@ -58,9 +63,11 @@ pub struct RawInput {
 /// An output as the runtime binds it.
 #[derive(Clone, Copy)]
 pub struct RawOutput {
+    /// Where the output tensor is written.
     pub data: *mut u8,
     /// Writable bytes at `data`.
     pub capacity: usize,
+    /// The element type the caller expects; must be the graph's for this output.
     pub dtype: DType,
 }
 

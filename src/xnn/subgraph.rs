@@ -235,9 +235,13 @@ impl FullyConnectedFlags {
 /// Implicit zero padding around the 2-D input of a convolution.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Padding2d {
+    /// Rows of zeros above the input (`input_padding_top`).
     pub top: u32,
+    /// Columns of zeros right of the input (`input_padding_right`).
     pub right: u32,
+    /// Rows of zeros below the input (`input_padding_bottom`).
     pub bottom: u32,
+    /// Columns of zeros left of the input (`input_padding_left`).
     pub left: u32,
 }
 
@@ -261,16 +265,24 @@ impl Padding2d {
 pub struct Convolution2dParams {
     /// Must be all zero with `tensorflow_same_padding`.
     pub padding: Padding2d,
+    /// Filter height in taps (`kernel_height`).
     pub kernel_height: u32,
+    /// Filter width in taps (`kernel_width`).
     pub kernel_width: u32,
     /// Stride along the height (`subsampling_height`).
     pub stride_height: u32,
     /// Stride along the width (`subsampling_width`).
     pub stride_width: u32,
+    /// Distance in input rows between filter taps; 1 is no dilation (`dilation_height`).
     pub dilation_height: u32,
+    /// Distance in input columns between filter taps; 1 is no dilation (`dilation_width`).
     pub dilation_width: u32,
+    /// Groups the channels are split into, each convolved independently; 1 for an ordinary
+    /// convolution (`groups`).
     pub groups: u32,
+    /// Input channels per group (`group_input_channels`).
     pub group_input_channels: usize,
+    /// Output channels per group (`group_output_channels`).
     pub group_output_channels: usize,
     /// Lower bound the output is clamped to.
     pub output_min: f32,
@@ -315,15 +327,21 @@ impl Convolution2dParams {
 pub struct DepthwiseConvolution2dParams {
     /// Must be all zero with `tensorflow_same_padding`.
     pub padding: Padding2d,
+    /// Filter height in taps (`kernel_height`).
     pub kernel_height: u32,
+    /// Filter width in taps (`kernel_width`).
     pub kernel_width: u32,
     /// Stride along the height (`subsampling_height`).
     pub stride_height: u32,
     /// Stride along the width (`subsampling_width`).
     pub stride_width: u32,
+    /// Distance in input rows between filter taps; 1 is no dilation (`dilation_height`).
     pub dilation_height: u32,
+    /// Distance in input columns between filter taps; 1 is no dilation (`dilation_width`).
     pub dilation_width: u32,
+    /// Output channels per input channel (`depth_multiplier`).
     pub depth_multiplier: u32,
+    /// Channels of the input (`input_channels`).
     pub input_channels: usize,
     /// Lower bound the output is clamped to.
     pub output_min: f32,
@@ -384,7 +402,9 @@ fn refuse(call: &'static str) -> XnnError {
 /// An external input or output as the subgraph declares it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ExternalDecl {
+    /// The external value id (below the count given to [`Subgraph::new`]) a buffer is bound to.
     pub id: u32,
+    /// The XNNPACK element type of the value.
     pub datatype: Datatype,
     /// The declared shape: the largest a runtime accepts, dimension by dimension.
     pub shape: crate::tensor::Shape,

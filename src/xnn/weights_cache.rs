@@ -20,8 +20,11 @@ use xnnpack_sys as sys;
 /// parameters, and the addresses of the unpacked kernel and bias (bias may be null).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct LookUpKey {
+    /// A hash XNNPACK computes of the operator's packing parameters.
     pub seed: u32,
+    /// The address of the unpacked kernel (weights) XNNPACK packs from.
     pub kernel: *const c_void,
+    /// The address of the unpacked bias; null when the operator has none.
     pub bias: *const c_void,
 }
 
@@ -76,6 +79,7 @@ impl<T: PackedWeightsProvider + ?Sized> PackedWeightsProvider for std::sync::Arc
 /// The returned pointer must stay valid, and its callbacks callable from any thread, for as long
 /// as `self` is borrowed.
 pub unsafe trait AsXnnWeightsCache {
+    /// The `xnn_weights_cache_t` to pass to `xnn_create_runtime_v4`.
     fn as_xnn_weights_cache(&self) -> sys::xnn_weights_cache_t;
 }
 
@@ -92,6 +96,7 @@ unsafe impl<P: PackedWeightsProvider> Send for WeightsCache<P> {}
 unsafe impl<P: PackedWeightsProvider> Sync for WeightsCache<P> {}
 
 impl<P: PackedWeightsProvider> WeightsCache<P> {
+    /// Wraps `provider` in an `xnn_weights_cache_provider` whose callbacks call it.
     pub fn new(provider: P) -> WeightsCache<P> {
         let provider = Box::new(provider);
         let context = &*provider as *const P as *mut c_void;
@@ -107,6 +112,7 @@ impl<P: PackedWeightsProvider> WeightsCache<P> {
         WeightsCache { raw, provider }
     }
 
+    /// The provider XNNPACK's callbacks reach.
     pub fn provider(&self) -> &P {
         &self.provider
     }

@@ -8,7 +8,7 @@ use xnnpack_sys as sys;
 
 /// A workspace several runtimes may share: their internal tensors then live in one arena
 /// sized for the largest, instead of one each. Runtimes sharing it must not run at the same
-/// time (a reshape of one moves the memory the others use), so each holds [`Workspace::lock`]
+/// time (a reshape of one moves the memory the others use), so each holds the workspace's lock
 /// from its reshape to the end of its run.
 pub struct Workspace {
     raw: NonNull<sys::xnn_workspace>,
@@ -22,6 +22,7 @@ unsafe impl Send for Workspace {}
 unsafe impl Sync for Workspace {}
 
 impl Workspace {
+    /// Creates an empty workspace with `xnn_create_workspace`, initialising XNNPACK first.
     pub fn new() -> Result<Workspace, XnnError> {
         super::initialize()?;
         let mut raw = std::ptr::null_mut();
@@ -79,6 +80,8 @@ impl Threadpool {
         Ok(Threadpool { raw })
     }
 
+    /// How many threads the pool splits operators across, the caller's included
+    /// (`pthreadpool_get_threads_count`).
     pub fn threads(&self) -> usize {
         // SAFETY: the pool is valid.
         unsafe { sys::pthreadpool_get_threads_count(self.raw.as_ptr()) }
