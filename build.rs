@@ -7,12 +7,18 @@ fn main() {
         .include("cpp/include")
         .file("cpp/src/xnnblob.cc")
         .file("cpp/src/delegate.cc")
-        .file("cpp/examples/minimal_delegate.cc")
-        .file("cpp/tests/delegate_checks.cc")
-        .file("cpp/tests/program_run.cc")
-        .file("cpp/tests/stateful_checks.cc")
         .flag_if_supported("-Wall")
         .flag_if_supported("-Wextra");
+    // xnnblob's own C++ test hooks: only when its tests turn the feature on, so the library a
+    // user builds carries none of them.
+    if env::var_os("CARGO_FEATURE_TEST_HOOKS").is_some() {
+        build
+            .include("cpp/tests/include")
+            .file("cpp/examples/minimal_delegate.cc")
+            .file("cpp/tests/delegate_checks.cc")
+            .file("cpp/tests/program_run.cc")
+            .file("cpp/tests/stateful_checks.cc");
+    }
     // xnnpack-sys publishes its header directories (DEP_XNNPACK_INCLUDE).
     if let Some(dirs) = env::var_os("DEP_XNNPACK_INCLUDE") {
         for dir in env::split_paths(&dirs) {

@@ -331,6 +331,14 @@ mod bridge {
 
         /// One line naming xnnblob and XNNPACK, assembled in C++.
         fn describe() -> String;
+    }
+
+    // xnnblob's own C++ test hooks: compiled in only for its tests (the test-hooks feature,
+    // which the crate's dev-dependency on itself turns on), never into the library users get.
+    #[cfg(feature = "test-hooks")]
+    unsafe extern "C++" {
+        include!("xnnblob/test_hooks.h");
+
         /// docs/delegate.md's example (cpp/examples/minimal_delegate.cc).
         fn run_minimal_example(ptd_path: &str, payload: &[u8], input: &[f32]) -> Result<Vec<f32>>;
         /// C++ checks of the delegate API (cpp/tests/delegate_checks.cc): returns a report.
@@ -373,10 +381,15 @@ mod bridge {
     }
 }
 
+/// xnnblob's own C++ test hooks (the test-hooks feature; not part of the library).
+#[cfg(feature = "test-hooks")]
 pub use bridge::{
     cpp_delegate_checks, cpp_execute_f32, cpp_make_delegate, cpp_run_program, cpp_run_program_raw,
-    cpp_stateful_counter, describe, run_minimal_example, BackendConfig, CompileSpec,
-    SharedCacheStats, StateDecl, TensorLayout, WeightsCacheStats,
+    cpp_stateful_counter, run_minimal_example,
+};
+pub use bridge::{
+    describe, BackendConfig, CompileSpec, SharedCacheStats, StateDecl, TensorLayout,
+    WeightsCacheStats,
 };
 
 // SAFETY: named_data.h requires C++ maps to be safe to call from any thread (const methods,

@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "xnnblob/delegate.h"
-#include "xnnblob/xnnblob.h"
+#include "xnnblob/test_hooks.h"
 
 namespace xnnblob {
 

@@ -10,7 +10,7 @@
 
 #include "xnnblob/delegate.h"
 #include "xnnblob/named_data.h"
-#include "xnnblob/xnnblob.h"
+#include "xnnblob/test_hooks.h"
 
 namespace xnnblob {
 namespace {

@@ -5,7 +5,7 @@
 #include <string>
 
 #include "xnnblob/src/ffi.rs.h"
-#include "xnnblob/xnnblob.h"
+#include "xnnblob/test_hooks.h"
 
 namespace xnnblob {
 

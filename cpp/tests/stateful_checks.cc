@@ -9,7 +9,7 @@
 
 #include "xnnblob/memory_bank.h"
 #include "xnnblob/src/ffi.rs.h"
-#include "xnnblob/xnnblob.h"
+#include "xnnblob/test_hooks.h"
 
 namespace xnnblob {
 namespace {

@@ -1,5 +1,6 @@
 // xnnblob's C++ face: functions implemented in C++ that Rust calls (the bridge in src/ffi.rs).
-// For the delegate API, include "xnnblob/delegate.h".
+// For the delegate API, include "xnnblob/delegate.h". xnnblob's own C++ test hooks are in
+// cpp/tests/include/xnnblob/test_hooks.h, built only with the test-hooks feature.
 #pragma once
 
 #include <cstdint>
@@ -10,38 +11,5 @@ namespace xnnblob {
 
 // One line naming the xnnblob version and the XNNPACK it runs on (C++ and Rust both reached).
 rust::String describe();
-
-// docs/delegate.md's example: runs a payload over a .ptd through the C++ delegate API.
-rust::Vec<float> run_minimal_example(rust::Str ptd_path, rust::Slice<const std::uint8_t> payload,
-                                     rust::Slice<const float> input);
-
-// C++-side checks of the delegate API (exceptions, C++ maps); returns a report of what passed.
-rust::String cpp_delegate_checks(rust::Str ptd_path, rust::Slice<const std::uint8_t> payload,
-                                 rust::Slice<const float> input);
-
-// The stateful counter with a C++ bank whose copy function counts its calls
-// (cpp/tests/stateful_checks.cc); returns a report.
-rust::String cpp_stateful_counter(rust::Str ptd_path, rust::Slice<const std::uint8_t> payload,
-                                  std::uint32_t count_in, std::uint32_t count_out);
-
-struct Delegate;
-
-// A delegate over a .ptd, made the way a delegate author would (a test hook).
-rust::Box<Delegate> cpp_make_delegate(rust::Str ptd_path, rust::Slice<const std::uint8_t> payload);
-
-// Runs `delegate` on one fp32 input of `shape` and one output through the span `execute`
-// (a test hook: the allocation count of a warm execute from C++).
-void cpp_execute_f32(Delegate& delegate, rust::Slice<const float> input,
-                     rust::Slice<const std::size_t> shape, rust::Slice<float> output);
-
-// Runs a method on one raw input of any dtype and shape; returns output 0's bytes.
-rust::Vec<std::uint8_t> cpp_run_program_raw(rust::Str pte, const rust::Vec<rust::String>& ptds,
-                                            rust::Str method, std::int8_t scalar_type,
-                                            rust::Slice<const std::size_t> shape,
-                                            rust::Slice<const std::uint8_t> input);
-
-// Runs a method of an ExecuTorch program through the bridge (cpp/tests/program_run.cc).
-rust::Vec<float> cpp_run_program(rust::Str pte, const rust::Vec<rust::String>& ptds, rust::Str method,
-                                 rust::Slice<const float> input);
 
 }  // namespace xnnblob
