@@ -1,6 +1,13 @@
-use std::env;
-
 fn main() {
+    // Without the xnnpack feature the crate is the format layer: no C++ at all.
+    #[cfg(feature = "xnnpack")]
+    cxx_bridge();
+}
+
+/// The cxx bridge and the C++ delegate API, built against XNNPACK's headers.
+#[cfg(feature = "xnnpack")]
+fn cxx_bridge() {
+    use std::env;
     let mut build = cxx_build::bridge("src/ffi.rs");
     build
         .std("c++17")

@@ -20,23 +20,34 @@
 #![deny(missing_docs)]
 
 pub mod aligned;
+#[cfg(feature = "xnnpack")]
 pub mod backend;
+#[cfg(feature = "xnnpack")]
 pub mod bench;
 pub mod cache;
+#[cfg(feature = "xnnpack")]
 pub mod deferred;
+#[cfg(feature = "xnnpack")]
 pub mod delegate;
 mod fast_hash;
+#[cfg(feature = "xnnpack")]
 pub mod ffi;
 pub mod inspect;
 pub mod link;
 pub mod mmap;
 pub mod named_data;
+#[cfg(feature = "xnnpack")]
 pub mod program;
 pub mod program_writer;
 mod schema;
 pub mod sha256;
+#[cfg(feature = "xnnpack")]
 pub mod shared_cache;
+#[cfg(feature = "xnnpack")]
 pub mod state;
+#[cfg(feature = "xnnpack")]
 pub mod synthetic;
+#[cfg(feature = "xnnpack")]
 pub mod tensor;
+#[cfg(feature = "xnnpack")]
 pub mod xnn;

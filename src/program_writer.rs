@@ -62,6 +62,11 @@ pub struct DelegatedProgram<'a> {
 }
 
 impl DelegatedProgram<'_> {
+    /// Writes the program to `path` atomically: a crash leaves the old file or the new one.
+    pub fn write(&self, path: &std::path::Path) -> Result<(), crate::named_data::StoreError> {
+        crate::named_data::write_atomically(path, &self.serialize())
+    }
+
     /// The program's bytes: flatbuffer with the `eh00` header spliced in, then the payload as a
     /// segment.
     pub fn serialize(&self) -> Vec<u8> {

@@ -184,7 +184,7 @@ impl BuiltGraph {
             payload: &self.payload,
             externals: &self.externals,
         };
-        crate::named_data::write_atomically(path, &program.serialize())
+        program.write(path)
     }
 
     /// The blobs as an in-memory map.

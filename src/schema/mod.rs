@@ -42,4 +42,5 @@ mod xnnpack_generated;
 
 pub use flat_tensor_generated::xnnblob_fb::ptd;
 pub use program_generated::xnnblob_fb::pte;
+#[cfg(feature = "xnnpack")]
 pub use xnnpack_generated::xnnblob_fb::xnn;

@@ -1,0 +1,458 @@
+//! The packed-weight cache behind XNNPACK's weights-cache provider: registration of unpacked
+//! data by content, look-up and insertion from XNNPACK, the file it loads and saves.
+
+use super::checksum::checksum64;
+use super::core::{CacheCore, Location};
+use super::cpu::cpu_fingerprint;
+use super::format::{Compat, EntryKey, FileError};
+use super::identity::BlobId;
+use super::persist::{self, FileReport, LoadOutcome};
+use crate::deferred::{DeferredData, Fill};
+use crate::named_data::DataBuffer;
+use crate::xnn::{AsXnnWeightsCache, WeightsCache};
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock, Weak};
+use std::thread::JoinHandle;
+
+/// An error of the cache: only I/O can fail; bad files are rebuilt, not reported as errors.
+#[derive(Debug, thiserror::Error)]
+pub enum CacheError {
+    /// Reading, writing, locking, syncing or renaming a cache file failed.
+    #[error("packed-weight cache {path}: {error}")]
+    Io {
+        /// The file the operation failed on, as displayed: the cache file, or its `.lock`
+        /// sibling when taking the writer lock failed.
+        path: String,
+        /// The operating system's error.
+        #[source]
+        error: std::io::Error,
+    },
+    /// The file is open in this process already, with other options: one file has one cache
+    /// object, and it cannot follow two sets of options.
+    #[error("packed-weight cache {path}: already open in this process with other options")]
+    OpenWithOtherOptions {
+        /// The canonical path of the cache file that is open already.
+        path: PathBuf,
+    },
+}
+
+/// Overrides of what a file must match; the defaults are this process's XNNPACK build and CPU.
+/// (Tests use them to play another build or CPU.)
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CacheOptions {
+    /// The XNNPACK build identifier to write into the file and require of it, instead of the
+    /// linked build's ([`build_identifier`](crate::xnn::build_identifier)).
+    pub build_id: Option<Vec<u8>>,
+    /// The CPU fingerprint to write into the file and require of it, instead of this CPU's
+    /// ([`cpu_fingerprint`]).
+    pub cpu_fingerprint: Option<u64>,
+    /// Save inside `finalize` instead of on a background thread. Slower cold launches, but
+    /// entries are re-pointed into the file before XNNPACK holds their addresses, so the heap
+    /// copies of packed weights are freed at once.
+    pub blocking_save: bool,
+}
+
+impl CacheOptions {
+    fn compat(&self) -> Compat {
+        Compat {
+            build_id: self
+                .build_id
+                .clone()
+                .unwrap_or_else(|| crate::xnn::build_identifier().to_vec()),
+            cpu_fingerprint: self.cpu_fingerprint.unwrap_or_else(cpu_fingerprint),
+        }
+    }
+}
+
+/// What the cache has done in this process.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CacheStats {
+    /// XNNPACK look-ups that found packed weights.
+    pub hits: usize,
+    /// XNNPACK look-ups that found no packed weights (XNNPACK packs them next).
+    pub misses: usize,
+    /// Weights XNNPACK packed (one `reserve_space` each).
+    pub packed: usize,
+    /// Packed weights whose unpacked data was not registered: kept in memory, never saved.
+    pub unregistered: usize,
+    /// Entries known (from the file and packed here).
+    pub entries: usize,
+    /// Total size in bytes of the packed weights of every known entry.
+    pub packed_bytes: usize,
+    /// Entries packed here and not yet saved.
+    pub unsaved: usize,
+    /// Entries whose packed bytes live in memory rather than in a mapped file.
+    pub heap_entries: usize,
+    /// Placeholder constants whose bytes were read in because a look-up missed (0 on a warm
+    /// launch: no unpacked weight byte was read).
+    pub deferred_fills: usize,
+}
+
+/// An entry whose packed bytes no longer match their checksum.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BadEntry {
+    /// What the entry is looked up by.
+    pub key: EntryKey,
+    /// Byte offset of the packed region from the start of the mapped cache file (0 for an entry
+    /// whose packed bytes are in memory).
+    pub offset: u64,
+    /// Length of the packed region in bytes.
+    pub size: u64,
+}
+
+/// A packed-weight cache, persistent (one file) or in memory; an `xnn_weights_cache_t` for
+/// `xnn_create_runtime_v4` through [`AsXnnWeightsCache`].
+///
+/// Lifecycle: create runtimes, then [`finalize`](Self::finalize) (which saves what was packed),
+/// then set them up. The first `finalize` enables setup; afterwards runtimes may be created and
+/// set up at any time (packed memory never moves), and each later `finalize` saves again.
+pub struct PackedWeightsCache {
+    xnn: WeightsCache<Arc<CacheCore>>,
+    path: Option<PathBuf>,
+    compat: Compat,
+    outcome: LoadOutcome,
+    blocking_save: bool,
+    /// The save in progress, if any.
+    saver: Mutex<Option<JoinHandle<Result<(), CacheError>>>>,
+    saves: Arc<AtomicUsize>,
+    /// What it was opened with (a second open must ask for the same).
+    options: CacheOptions,
+}
+
+fn registry() -> &'static Mutex<HashMap<PathBuf, Weak<PackedWeightsCache>>> {
+    static REGISTRY: OnceLock<Mutex<HashMap<PathBuf, Weak<PackedWeightsCache>>>> = OnceLock::new();
+    REGISTRY.get_or_init(Default::default)
+}
+
+/// The path a file is known by in the registry, whether or not it exists yet.
+fn canonical(path: &Path) -> Result<PathBuf, CacheError> {
+    let io = |error| CacheError::Io {
+        path: path.display().to_string(),
+        error,
+    };
+    if let Ok(p) = path.canonicalize() {
+        return Ok(p);
+    }
+    let parent = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let name = path
+        .file_name()
+        .ok_or_else(|| io(std::io::Error::from(std::io::ErrorKind::InvalidInput)))?;
+    Ok(parent.canonicalize().map_err(io)?.join(name))
+}
+
+impl PackedWeightsCache {
+    /// The cache backed by the file at `path` (created on the first save). A file is loaded at
+    /// most once per process: opening a path that is open already returns the same cache, if
+    /// the options are the same ([`CacheError::OpenWithOtherOptions`] otherwise).
+    pub fn open(path: impl AsRef<Path>) -> Result<Arc<PackedWeightsCache>, CacheError> {
+        PackedWeightsCache::open_with(path, CacheOptions::default())
+    }
+
+    /// As [`open`](Self::open), with `options` overriding the build and CPU a file must match,
+    /// or making saves blocking.
+    pub fn open_with(
+        path: impl AsRef<Path>,
+        options: CacheOptions,
+    ) -> Result<Arc<PackedWeightsCache>, CacheError> {
+        crate::xnn::initialize().ok();
+        let path = canonical(path.as_ref())?;
+        let mut reg = registry().lock();
+        if let Some(existing) = reg.get(&path).and_then(Weak::upgrade) {
+            if existing.options != options {
+                return Err(CacheError::OpenWithOtherOptions { path });
+            }
+            return Ok(existing);
+        }
+        let compat = options.compat();
+        let core = CacheCore::default();
+        let outcome = persist::load(&core, &path, &compat)?;
+        let cache = Arc::new(PackedWeightsCache {
+            xnn: WeightsCache::new(Arc::new(core)),
+            path: Some(path.clone()),
+            compat,
+            outcome,
+            blocking_save: options.blocking_save,
+            saver: Mutex::new(None),
+            saves: Arc::new(AtomicUsize::new(0)),
+            options,
+        });
+        reg.retain(|_, w| w.strong_count() > 0);
+        reg.insert(path, Arc::downgrade(&cache));
+        Ok(cache)
+    }
+
+    /// A cache with no file: the same behaviour within this process, nothing persisted.
+    pub fn in_memory() -> Arc<PackedWeightsCache> {
+        Arc::new(PackedWeightsCache {
+            xnn: WeightsCache::new(Arc::new(CacheCore::default())),
+            path: None,
+            compat: CacheOptions::default().compat(),
+            outcome: LoadOutcome::Fresh,
+            blocking_save: true,
+            saver: Mutex::new(None),
+            saves: Arc::new(AtomicUsize::new(0)),
+            options: CacheOptions::default(),
+        })
+    }
+
+    fn core(&self) -> &Arc<CacheCore> {
+        self.xnn.provider()
+    }
+
+    /// The canonical path of the cache file; None for an [`in_memory`](Self::in_memory) cache.
+    pub fn path(&self) -> Option<&Path> {
+        self.path.as_deref()
+    }
+
+    /// What opening the file found.
+    pub fn load_outcome(&self) -> &LoadOutcome {
+        &self.outcome
+    }
+
+    /// Declares that `data` (about to be handed to XNNPACK as a kernel, bias or other packed
+    /// constant) is the blob `id`, for as long as the registration lives.
+    pub fn register<'a, T: Copy>(&'a self, data: &'a [T], id: BlobId) -> Registration<'a> {
+        let ptr = data.as_ptr().cast::<u8>();
+        self.core().register(ptr, id, None);
+        Registration { cache: self, ptr }
+    }
+
+    /// As [`register`](Self::register), for data from a named-data map: once XNNPACK has packed
+    /// it, its pages are released (if it is file-backed) so unpacked and packed copies are not
+    /// both resident.
+    pub fn register_buffer<'a>(&'a self, buffer: &'a DataBuffer, id: BlobId) -> Registration<'a> {
+        self.core()
+            .register(buffer.as_ptr(), id, Some(buffer.clone()));
+        Registration {
+            cache: self,
+            ptr: buffer.as_ptr(),
+        }
+    }
+
+    /// As [`register_buffer`](Self::register_buffer), without a borrow: the registration holds
+    /// the buffer (so its address cannot be reused while registered) and the cache.
+    pub fn register_owned(self: &Arc<Self>, buffer: DataBuffer, id: BlobId) -> OwnedRegistration {
+        self.core()
+            .register(buffer.as_ptr(), id, Some(buffer.clone()));
+        OwnedRegistration {
+            cache: self.clone(),
+            address: buffer.as_ptr() as usize,
+            token: None,
+            _held: Held::Buffer(buffer),
+        }
+    }
+
+    /// Registers a placeholder ([`DeferredData`]) under `id`: XNNPACK gets its address, and its
+    /// bytes are read in with `fill` only if a look-up misses (then released once packed). `fill`
+    /// is dropped with the registration, so it may use a data source that lives only as long.
+    pub fn register_deferred(
+        self: &Arc<Self>,
+        data: Arc<DeferredData>,
+        id: BlobId,
+        fill: Arc<Fill>,
+    ) -> OwnedRegistration {
+        static TOKENS: AtomicU64 = AtomicU64::new(1);
+        let token = TOKENS.fetch_add(1, Ordering::Relaxed);
+        self.core().register_deferred(&data, id, fill, token);
+        OwnedRegistration {
+            cache: self.clone(),
+            address: data.address() as usize,
+            token: Some(token),
+            _held: Held::Deferred(data),
+        }
+    }
+
+    /// Enables runtime setup and saves what was packed since the last save, on a background
+    /// thread (or here, with `blocking_save`); nothing new to save writes nothing. Safe to call
+    /// any number of times. An error of a background save is reported by the next `finalize`,
+    /// by [`wait_saved`](Self::wait_saved), and costs only a repack at the next launch.
+    pub fn finalize(&self) -> Result<(), CacheError> {
+        self.core().finalized.store(true, Ordering::Release);
+        let Some(path) = self.path.clone() else {
+            return Ok(());
+        };
+        let mut saver = self.saver.lock();
+        if let Some(previous) = saver.take() {
+            previous.join().unwrap_or(Ok(()))?;
+        }
+        if !self.core().state.lock().entries.iter().any(|e| e.unsaved) {
+            return Ok(());
+        }
+        let (core, compat, saves) = (self.core().clone(), self.compat.clone(), self.saves.clone());
+        let save = move || {
+            persist::save(&core, &path, &compat)?;
+            saves.fetch_add(1, Ordering::Relaxed);
+            Ok(())
+        };
+        if self.blocking_save {
+            return save();
+        }
+        *saver = Some(std::thread::spawn(save));
+        Ok(())
+    }
+
+    /// Waits for a background save to be durable on disk.
+    pub fn wait_saved(&self) -> Result<(), CacheError> {
+        match self.saver.lock().take() {
+            Some(handle) => handle.join().unwrap_or(Ok(())),
+            None => Ok(()),
+        }
+    }
+
+    /// How many times this cache wrote its file (completed saves).
+    pub fn saves(&self) -> usize {
+        self.saves.load(Ordering::Relaxed)
+    }
+
+    /// A snapshot of the counters and of what the cache holds now.
+    pub fn stats(&self) -> CacheStats {
+        let core = self.core();
+        let state = core.state.lock();
+        let c = &core.counters;
+        CacheStats {
+            hits: c.hits.load(Ordering::Relaxed),
+            misses: c.misses.load(Ordering::Relaxed),
+            packed: c.reserve_space_calls.load(Ordering::Relaxed),
+            unregistered: c.unregistered_packs.load(Ordering::Relaxed),
+            deferred_fills: c.deferred_fills.load(Ordering::Relaxed),
+            entries: state.by_key.len(),
+            packed_bytes: state.by_key.values().map(|&i| state.entries[i].size).sum(),
+            unsaved: state.entries.iter().filter(|e| e.unsaved).count(),
+            heap_entries: state
+                .entries
+                .iter()
+                .filter(|e| matches!(e.location, Location::Heap(_)))
+                .count(),
+        }
+    }
+
+    /// Checks every entry's packed bytes against its checksum (reads all of them: an explicit
+    /// or background operation, never part of a launch).
+    pub fn verify(&self) -> Vec<BadEntry> {
+        let state = self.core().state.lock();
+        let mut bad = Vec::new();
+        for e in &state.entries {
+            if let (Some(key), Some(sum)) = (e.key, e.checksum) {
+                if checksum64(state.bytes_of(e)) != sum {
+                    let offset = match e.location {
+                        Location::Mapped { offset, .. } => offset as u64,
+                        Location::Heap(_) => 0,
+                    };
+                    bad.push(BadEntry {
+                        key,
+                        offset,
+                        size: e.size as u64,
+                    });
+                }
+            }
+        }
+        bad
+    }
+}
+
+impl Drop for PackedWeightsCache {
+    fn drop(&mut self) {
+        // A save in progress completes; whatever was packed after the last finalize is saved
+        // now. A failure only costs a repack at the next launch.
+        let _ = self.wait_saved();
+        let unsaved = self.core().state.lock().entries.iter().any(|e| e.unsaved);
+        if let (Some(path), true) = (&self.path, unsaved) {
+            let _ = persist::save(self.core(), path, &self.compat);
+        }
+    }
+}
+
+/// The callbacks XNNPACK makes, callable from Rust too (benchmarks, custom integrations).
+impl crate::xnn::PackedWeightsProvider for PackedWeightsCache {
+    fn look_up(&self, key: &crate::xnn::LookUpKey) -> Option<usize> {
+        self.core().look_up(key)
+    }
+    fn reserve_space(&self, n: usize) -> Option<std::ptr::NonNull<u8>> {
+        self.core().reserve_space(n)
+    }
+    fn look_up_or_insert(
+        &self,
+        key: &crate::xnn::LookUpKey,
+        ptr: Option<std::ptr::NonNull<u8>>,
+        size: usize,
+    ) -> Option<usize> {
+        self.core().look_up_or_insert(key, ptr, size)
+    }
+    fn is_finalized(&self) -> bool {
+        self.core().is_finalized()
+    }
+    fn offset_to_addr(&self, offset: usize) -> Option<std::ptr::NonNull<u8>> {
+        self.core().offset_to_addr(offset)
+    }
+}
+
+// SAFETY: the provider struct lives in `xnn` (boxed, owned by self) for as long as self.
+unsafe impl AsXnnWeightsCache for PackedWeightsCache {
+    fn as_xnn_weights_cache(&self) -> xnnpack_sys::xnn_weights_cache_t {
+        self.xnn.as_xnn_weights_cache()
+    }
+}
+
+/// Checks a cache file (header, index, and with `check_data` every entry's checksum) against
+/// what this process would accept; with `drop_bad`, rewrites it without the bad entries so the
+/// next launch repacks them. The outer error is I/O; the inner one says why the whole file would
+/// be rejected.
+pub fn verify_file(
+    path: &Path,
+    options: &CacheOptions,
+    check_data: bool,
+    drop_bad: bool,
+) -> Result<Result<FileReport, FileError>, CacheError> {
+    persist::inspect_file(path, &options.compat(), check_data, drop_bad, false)
+}
+
+/// Rewrites a cache file with only its valid, checksum-clean entries, tightly packed.
+pub fn compact_file(
+    path: &Path,
+    options: &CacheOptions,
+) -> Result<Result<FileReport, FileError>, CacheError> {
+    persist::inspect_file(path, &options.compat(), true, true, true)
+}
+
+/// Keeps a pointer → identity registration alive; dropping it unregisters.
+pub struct Registration<'a> {
+    cache: &'a PackedWeightsCache,
+    ptr: *const u8,
+}
+
+/// A registration that owns its buffer and a reference to the cache; dropping it unregisters.
+pub struct OwnedRegistration {
+    cache: Arc<PackedWeightsCache>,
+    /// The registered address (a key, never dereferenced).
+    address: usize,
+    /// Names this registration's fill, for a placeholder.
+    token: Option<u64>,
+    _held: Held,
+}
+
+/// What a registration keeps alive so its address is not reused while registered.
+#[allow(dead_code)] // Kept alive, never read.
+enum Held {
+    Buffer(DataBuffer),
+    Deferred(Arc<DeferredData>),
+}
+
+impl Drop for OwnedRegistration {
+    fn drop(&mut self) {
+        self.cache
+            .core()
+            .unregister(self.address as *const u8, self.token);
+    }
+}
+
+impl Drop for Registration<'_> {
+    fn drop(&mut self) {
+        self.cache.core().unregister(self.ptr, None);
+    }
+}
