@@ -27,12 +27,23 @@ fn cxx_bridge() {
             .file("cpp/tests/stateful_checks.cc");
     }
     // xnnpack-sys publishes its header directories (DEP_XNNPACK_INCLUDE).
-    if let Some(dirs) = env::var_os("DEP_XNNPACK_INCLUDE") {
-        for dir in env::split_paths(&dirs) {
-            build.include(dir);
-        }
-    }
+    let xnnpack_include: Vec<_> = env::var_os("DEP_XNNPACK_INCLUDE")
+        .map(|dirs| env::split_paths(&dirs).collect())
+        .unwrap_or_default();
+    build.includes(&xnnpack_include);
     build.compile("xnnblob-cxx");
+    // The C ABI's own C consumer (tests/c_abi.rs), as a C99 compiler sees cpp/include/xnnblob.h.
+    #[cfg(feature = "test-hooks")]
+    {
+        cc::Build::new()
+            .std("c99")
+            .include("cpp/include")
+            .includes(&xnnpack_include)
+            .file("cpp/tests/c_cache_check.c")
+            .flag_if_supported("-Wall")
+            .flag_if_supported("-Wextra")
+            .compile("xnnblob-c-checks");
+    }
     for path in ["src/ffi.rs", "cpp"] {
         println!("cargo:rerun-if-changed={path}");
     }

@@ -26,6 +26,8 @@ pub mod backend;
 pub mod bench;
 pub mod cache;
 #[cfg(feature = "xnnpack")]
+pub mod capi;
+#[cfg(feature = "xnnpack")]
 pub mod deferred;
 #[cfg(feature = "xnnpack")]
 pub mod delegate;

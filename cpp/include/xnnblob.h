@@ -1,0 +1,87 @@
+/* xnnblob's C ABI (C99): the persistent packed-weight cache as XNNPACK's xnn_weights_cache_t.
+ *
+ * The first launch packs and saves; later launches map the file and XNNPACK packs nothing.
+ * Packed weights are found by what their unpacked bytes are (their SHA-256), never by address
+ * or name. Use it with XNNPACK as built with xnnblob (the one libxnnblob carries).
+ *
+ *   xnnblob_cache* cache;
+ *   xnnblob_cache_open_file("weights.xbc", &cache);
+ *   xnnblob_cache_register(cache, filter, filter_bytes, NULL);   // before defining the node
+ *   xnn_create_runtime_v4(subgraph, xnnblob_cache_xnn(cache), NULL, NULL, 0, &runtime);
+ *   xnnblob_cache_finalize(cache);                               // then set up and run
+ *
+ * Every call returns a status; after a failure, xnnblob_last_error() says what and where. Null
+ * arguments are errors, not crashes. */
+#ifndef XNNBLOB_H
+#define XNNBLOB_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum xnnblob_status {
+  XNNBLOB_OK = 0,
+  /* A pointer was null, a string not UTF-8, or an argument out of range. */
+  XNNBLOB_INVALID_ARGUMENT = 1,
+  /* A file could not be read or written. */
+  XNNBLOB_IO = 2,
+  /* A file's contents were rejected. */
+  XNNBLOB_INVALID_FORMAT = 3,
+  /* An internal error (a bug in xnnblob); the call did nothing it reported. */
+  XNNBLOB_INTERNAL = 4
+} xnnblob_status;
+
+/* The message of the last failed call on this thread ("" if none); valid until the next call on
+ * this thread. */
+const char* xnnblob_last_error(void);
+
+typedef struct xnnblob_cache xnnblob_cache;
+
+typedef struct xnnblob_cache_stats {
+  uint64_t hits;         /* look-ups that found packed weights */
+  uint64_t misses;       /* look-ups that found none (XNNPACK packed them next) */
+  uint64_t packed;       /* weights XNNPACK packed in this process */
+  uint64_t entries;      /* entries the cache holds (from its file and packed here) */
+  uint64_t packed_bytes; /* total bytes of packed weights it holds */
+} xnnblob_cache_stats;
+
+/* The cache kept in the file at `path` (created by the first save); a file already open in this
+ * process is shared. A stale, corrupt or foreign file is rebuilt, never trusted. */
+xnnblob_status xnnblob_cache_open_file(const char* path, xnnblob_cache** out);
+
+/* A cache in memory only, for this process. */
+xnnblob_status xnnblob_cache_open_memory(xnnblob_cache** out);
+
+/* The cache as XNNPACK's xnn_weights_cache_t (a `struct xnn_weights_cache_provider*`), for
+ * xnn_create_runtime_v4; valid until xnnblob_cache_close. NULL for a NULL cache. */
+void* xnnblob_cache_xnn(xnnblob_cache* cache);
+
+/* Declares that the `size` bytes at `data`, about to be handed to XNNPACK as a filter or bias,
+ * are the blob `sha256` (32 bytes, the SHA-256 of those bytes, as ExecuTorch keys them), or, with
+ * `sha256` NULL, hashes them now. The bytes stay valid and unchanged until unregistered. */
+xnnblob_status xnnblob_cache_register(xnnblob_cache* cache, const void* data, size_t size,
+                                      const uint8_t* sha256);
+
+/* Ends the registration of `data` (once the runtimes packing from it are created). */
+xnnblob_status xnnblob_cache_unregister(xnnblob_cache* cache, const void* data);
+
+/* After creating runtimes, before setting them up: enables setup and saves what was packed, in
+ * the background. */
+xnnblob_status xnnblob_cache_finalize(xnnblob_cache* cache);
+
+/* Waits until the last save is durable on disk, and reports its error. */
+xnnblob_status xnnblob_cache_wait_saved(xnnblob_cache* cache);
+
+xnnblob_status xnnblob_cache_get_stats(const xnnblob_cache* cache, xnnblob_cache_stats* out);
+
+/* Closes a handle (NULL is allowed); delete the runtimes created with it first. */
+void xnnblob_cache_close(xnnblob_cache* cache);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* XNNBLOB_H */

@@ -1,0 +1,182 @@
+//! The C ABI from C (cpp/tests/c_cache_check.c, compiled as C99 against cpp/include/xnnblob.h
+//! and XNNPACK's header): raw XNNPACK with xnnblob's cache. Each launch is a fresh process: the
+//! first packs and saves, the second packs nothing and computes the same outputs.
+
+use std::process::Command;
+
+/// `xnnblob_cache_stats` as C lays it out.
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+struct CacheStats {
+    hits: u64,
+    misses: u64,
+    packed: u64,
+    entries: u64,
+    packed_bytes: u64,
+}
+
+unsafe extern "C" {
+    fn xnnblob_c_cache_check(
+        path: *const std::ffi::c_char,
+        output: *mut f32,
+        stats: *mut CacheStats,
+    ) -> i32;
+    fn xnnblob_last_error() -> *const std::ffi::c_char;
+}
+
+const CHILD: &str = "XNNBLOB_C_ABI_CHILD";
+
+/// In a child process: runs the C program once and prints its outputs and counters.
+#[test]
+fn c_launch() {
+    let Ok(path) = std::env::var(CHILD) else {
+        return; // Only as a child of the test below.
+    };
+    let path = std::ffi::CString::new(path).unwrap();
+    let mut output = [f32::NAN; 8];
+    let mut stats = CacheStats::default();
+    // SAFETY: a NUL-terminated path, 8 writable floats, a writable stats struct.
+    let result = unsafe { xnnblob_c_cache_check(path.as_ptr(), output.as_mut_ptr(), &mut stats) };
+    // SAFETY: xnnblob_last_error returns a NUL-terminated string valid until the next call.
+    let error = unsafe { std::ffi::CStr::from_ptr(xnnblob_last_error()) };
+    assert_eq!(result, 0, "step {result}: {error:?}");
+    let bits: Vec<String> = output.iter().map(|v| v.to_bits().to_string()).collect();
+    println!(
+        "RESULT packed={} hits={} entries={} outputs={}",
+        stats.packed,
+        stats.hits,
+        stats.entries,
+        bits.join(",")
+    );
+}
+
+fn launch(path: &std::path::Path) -> (u64, u64, u64, String) {
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "c_launch", "--nocapture", "--test-threads", "1"])
+        .env(CHILD, path)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let line = stdout
+        .lines()
+        .find_map(|l| l.split_once("RESULT ").map(|(_, rest)| rest))
+        .unwrap_or_else(|| panic!("no result in {stdout}"));
+    let field = |name: &str| -> String {
+        line.split_whitespace()
+            .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('='))
+            .unwrap()
+            .to_string()
+    };
+    (
+        field("packed").parse().unwrap(),
+        field("hits").parse().unwrap(),
+        field("entries").parse().unwrap(),
+        field("outputs"),
+    )
+}
+
+#[test]
+fn a_c_program_packs_once_and_a_second_process_packs_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("weights.xbc");
+    let (packed, hits, entries, cold) = launch(&path);
+    assert_eq!((packed, hits, entries), (2, 0, 2), "cold");
+    assert!(path.is_file());
+    let size = std::fs::metadata(&path).unwrap().len();
+    let (packed, hits, entries, warm) = launch(&path);
+    assert_eq!((packed, hits, entries), (0, 2, 2), "warm");
+    assert_eq!(warm, cold, "identical outputs");
+    assert_eq!(std::fs::metadata(&path).unwrap().len(), size);
+}
+
+#[test]
+fn null_arguments_are_errors_with_a_message() {
+    // SAFETY: the C ABI's contract allows null for each of these.
+    unsafe {
+        let status = xnnblob::capi::xnnblob_cache_open_file(std::ptr::null(), std::ptr::null_mut());
+        assert_eq!(status, xnnblob::capi::XnnblobStatus::InvalidArgument);
+        let message = std::ffi::CStr::from_ptr(xnnblob_last_error());
+        assert_eq!(message.to_str().unwrap(), "path is null");
+        let status = xnnblob::capi::xnnblob_cache_finalize(std::ptr::null_mut());
+        assert_eq!(status, xnnblob::capi::XnnblobStatus::InvalidArgument);
+        assert!(xnnblob::capi::xnnblob_cache_xnn(std::ptr::null_mut()).is_null());
+        xnnblob::capi::xnnblob_cache_close(std::ptr::null_mut());
+    }
+}
+
+/// The C header declares exactly the functions the Rust side exports, with as many parameters.
+#[test]
+fn the_header_matches_the_rust_side() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let header = std::fs::read_to_string(root.join("cpp/include/xnnblob.h")).unwrap();
+    let rust = std::fs::read_to_string(root.join("src/capi.rs")).unwrap();
+    // Parameters, ignoring a trailing comma (rustfmt writes one) and C's `(void)`.
+    let arity = |params: &str| {
+        params
+            .split(',')
+            .filter(|p| !p.trim().is_empty() && p.trim() != "void")
+            .count()
+    };
+    // Comments hold examples with calls in them: drop them first.
+    let mut header_code = String::new();
+    let mut rest = header.as_str();
+    while let Some(start) = rest.find("/*") {
+        header_code.push_str(&rest[..start]);
+        let end = rest[start..].find("*/").expect("closed comment");
+        rest = &rest[start + end + 2..];
+    }
+    header_code.push_str(rest);
+    // Declarations: `<type> name(params);` possibly over several lines.
+    let flat = header_code.split_whitespace().collect::<Vec<_>>().join(" ");
+    let mut declared: Vec<(String, usize)> = flat
+        .split(';')
+        .filter_map(|decl| {
+            let open = decl.find('(')?;
+            let name = decl[..open].split([' ', '*']).next_back()?.to_string();
+            let close = decl.rfind(')')?;
+            name.starts_with("xnnblob_")
+                .then(|| (name, arity(&decl[open + 1..close])))
+        })
+        .collect();
+    let flat = rust.split_whitespace().collect::<Vec<_>>().join(" ");
+    let mut exported: Vec<(String, usize)> = flat
+        .split("extern \"C\" fn ")
+        .skip(1)
+        .map(|rest| {
+            let open = rest.find('(').unwrap();
+            let close = rest.find(')').unwrap();
+            (
+                rest[..open].to_string(),
+                arity(&rest[open + 1..close].replace(", )", ")")),
+            )
+        })
+        .collect();
+    declared.sort();
+    exported.sort();
+    assert_eq!(declared, exported);
+    assert_eq!(std::mem::size_of::<xnnblob::capi::XnnblobCacheStats>(), 40);
+    for (name, value) in [
+        ("XNNBLOB_OK", xnnblob::capi::XnnblobStatus::Ok),
+        (
+            "XNNBLOB_INVALID_ARGUMENT",
+            xnnblob::capi::XnnblobStatus::InvalidArgument,
+        ),
+        ("XNNBLOB_IO", xnnblob::capi::XnnblobStatus::Io),
+        (
+            "XNNBLOB_INVALID_FORMAT",
+            xnnblob::capi::XnnblobStatus::InvalidFormat,
+        ),
+        ("XNNBLOB_INTERNAL", xnnblob::capi::XnnblobStatus::Internal),
+    ] {
+        assert!(
+            header.contains(&format!("{name} = {}", value as i32)),
+            "{name} = {}",
+            value as i32
+        );
+    }
+}
