@@ -1,12 +1,13 @@
-//! xnnblob's C ABI (`include/xnnblob.h`): the packed-weight cache as an `xnn_weights_cache_t`
+//! xnnblob's C ABI (`cpp/include/xnnblob.h`): the packed-weight cache as an `xnn_weights_cache_t`
 //! for C programs and other XNNPACK front ends that take one (LiteRT's XNNPACK delegate, raw
-//! XNNPACK users).
+//! XNNPACK users), and ExecuTorch named data (`.ptd`, `.pte`) read zero-copy.
 //!
 //! Every call returns an [`XnnblobStatus`]; on failure the message is kept per thread for
 //! [`xnnblob_last_error`]. Null pointers and misuse are errors, never crashes, and no panic
 //! crosses the boundary (it becomes [`XnnblobStatus::Internal`]).
 
 use crate::cache::{BlobId, CacheError, PackedWeightsCache};
+use crate::named_data::{DataBuffer, FileDataMap, NamedDataError, NamedDataMap};
 use crate::xnn::AsXnnWeightsCache;
 use std::cell::RefCell;
 use std::ffi::{c_char, c_void, CStr, CString};
@@ -27,6 +28,8 @@ pub enum XnnblobStatus {
     InvalidFormat = 3,
     /// A panic inside xnnblob (a bug): the call did nothing it reported.
     Internal = 4,
+    /// No entry has the key, or an index is past the last key.
+    NotFound = 5,
 }
 
 thread_local! {
@@ -285,5 +288,329 @@ pub unsafe extern "C" fn xnnblob_cache_close(cache: *mut XnnblobCache) {
     let _ = catch_unwind(AssertUnwindSafe(|| {
         // SAFETY: a live handle from Box::into_raw, closed once, per the contract.
         drop(unsafe { Box::from_raw(cache) });
+    }));
+}
+
+fn map_status(error: NamedDataError) -> XnnblobStatus {
+    let status = match &error {
+        NamedDataError::Io { .. } => XnnblobStatus::Io,
+        NamedDataError::Format { .. } => XnnblobStatus::InvalidFormat,
+        NamedDataError::KeyNotFound { .. } | NamedDataError::IndexOutOfRange { .. } => {
+            XnnblobStatus::NotFound
+        }
+        _ => XnnblobStatus::InvalidArgument,
+    };
+    fail(status, error.to_string())
+}
+
+/// A C string argument as `&str`, or the status to return.
+///
+/// # Safety
+/// `text` is null or NUL-terminated and valid for the returned lifetime.
+unsafe fn text_arg<'a>(text: *const c_char, what: &str) -> Result<&'a str, XnnblobStatus> {
+    if text.is_null() {
+        return Err(fail(
+            XnnblobStatus::InvalidArgument,
+            format!("{what} is null"),
+        ));
+    }
+    // SAFETY: non-null and NUL-terminated, per the caller's contract.
+    unsafe { CStr::from_ptr(text) }.to_str().map_err(|_| {
+        fail(
+            XnnblobStatus::InvalidArgument,
+            format!("{what} is not UTF-8"),
+        )
+    })
+}
+
+/// An open named-data file for C: the map and its keys as C strings (made once, at open, so
+/// `xnnblob_map_key_at` hands out pointers that live as long as the map).
+pub struct XnnblobMap {
+    map: FileDataMap,
+    keys: Vec<CString>,
+}
+
+/// One blob's bytes for C, in place in the mapped file; the map stays open while it lives.
+pub struct XnnblobBuffer {
+    data: DataBuffer,
+}
+
+/// A tensor layout for C: the dtype code and sizes ExecuTorch stored with a blob.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct XnnblobLayout {
+    /// ExecuTorch's scalar type code (6: float32, 5: float16, 1: int8, ...).
+    pub scalar_type: i8,
+    /// How many of `sizes` and `dim_order` are used.
+    pub num_dims: u32,
+    /// The size of each dimension, outermost first.
+    pub sizes: [i32; 16],
+    /// The memory order of the dimensions, outermost first.
+    pub dim_order: [u8; 16],
+}
+
+/// Opens an ExecuTorch `.ptd` or `.pte` file (told apart by its contents): mapped, validated,
+/// nothing copied. `*out` receives the handle, to [`xnnblob_map_close`].
+///
+/// # Safety
+/// `path` is null or NUL-terminated; `out` is null or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn xnnblob_map_open(
+    path: *const c_char,
+    out: *mut *mut XnnblobMap,
+) -> XnnblobStatus {
+    // SAFETY: forwarded contract.
+    let path = match unsafe { text_arg(path, "path") } {
+        Ok(path) => path,
+        Err(status) => return status,
+    };
+    if out.is_null() {
+        return fail(XnnblobStatus::InvalidArgument, "out is null");
+    }
+    guarded(|| {
+        let map = match FileDataMap::open(path) {
+            Ok(map) => map,
+            Err(e) => return map_status(e),
+        };
+        let mut keys = Vec::with_capacity(map.num_keys());
+        for i in 0..map.num_keys() {
+            match map.key_at(i).map(|k| CString::new(k)) {
+                Ok(Ok(key)) => keys.push(key),
+                Ok(Err(_)) => {
+                    return fail(
+                        XnnblobStatus::InvalidFormat,
+                        format!("{path}: key {i} holds a NUL byte"),
+                    )
+                }
+                Err(e) => return map_status(e),
+            }
+        }
+        let handle = Box::into_raw(Box::new(XnnblobMap { map, keys }));
+        // SAFETY: `out` is non-null and writable, per the contract.
+        unsafe { *out = handle };
+        XnnblobStatus::Ok
+    })
+}
+
+/// The number of keys.
+///
+/// # Safety
+/// `map` is null or a live handle; `out` is null or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn xnnblob_map_num_keys(
+    map: *const XnnblobMap,
+    out: *mut usize,
+) -> XnnblobStatus {
+    // SAFETY: null or a live handle, per the contract.
+    let Some(handle) = (unsafe { map.as_ref() }) else {
+        return fail(XnnblobStatus::InvalidArgument, "map is null");
+    };
+    if out.is_null() {
+        return fail(XnnblobStatus::InvalidArgument, "out is null");
+    }
+    // SAFETY: non-null and writable, per the contract.
+    unsafe { *out = handle.keys.len() };
+    XnnblobStatus::Ok
+}
+
+/// The key at `index` (below the key count), NUL-terminated, valid while the map is open.
+///
+/// # Safety
+/// `map` is null or a live handle; `out` is null or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn xnnblob_map_key_at(
+    map: *const XnnblobMap,
+    index: usize,
+    out: *mut *const c_char,
+) -> XnnblobStatus {
+    // SAFETY: null or a live handle, per the contract.
+    let Some(handle) = (unsafe { map.as_ref() }) else {
+        return fail(XnnblobStatus::InvalidArgument, "map is null");
+    };
+    if out.is_null() {
+        return fail(XnnblobStatus::InvalidArgument, "out is null");
+    }
+    let Some(key) = handle.keys.get(index) else {
+        return map_status(NamedDataError::IndexOutOfRange {
+            index,
+            len: handle.keys.len(),
+        });
+    };
+    // SAFETY: non-null and writable, per the contract.
+    unsafe { *out = key.as_ptr() };
+    XnnblobStatus::Ok
+}
+
+/// `key`'s bytes, in place: `*out` receives a buffer handle, to [`xnnblob_buffer_release`].
+///
+/// # Safety
+/// `map` is null or a live handle; `key` is null or NUL-terminated; `out` is null or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn xnnblob_map_get_data(
+    map: *const XnnblobMap,
+    key: *const c_char,
+    out: *mut *mut XnnblobBuffer,
+) -> XnnblobStatus {
+    // SAFETY: null or a live handle, per the contract.
+    let Some(handle) = (unsafe { map.as_ref() }) else {
+        return fail(XnnblobStatus::InvalidArgument, "map is null");
+    };
+    // SAFETY: forwarded contract.
+    let key = match unsafe { text_arg(key, "key") } {
+        Ok(key) => key,
+        Err(status) => return status,
+    };
+    if out.is_null() {
+        return fail(XnnblobStatus::InvalidArgument, "out is null");
+    }
+    guarded(|| match handle.map.get_data(key) {
+        Ok(data) => {
+            let buffer = Box::into_raw(Box::new(XnnblobBuffer { data }));
+            // SAFETY: non-null and writable, per the contract.
+            unsafe { *out = buffer };
+            XnnblobStatus::Ok
+        }
+        Err(e) => map_status(e),
+    })
+}
+
+/// A buffer's first byte (null for a null buffer).
+///
+/// # Safety
+/// `buffer` is null or a live buffer handle.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn xnnblob_buffer_data(buffer: *const XnnblobBuffer) -> *const c_void {
+    // SAFETY: null or a live handle, per the contract.
+    unsafe { buffer.as_ref() }.map_or(std::ptr::null(), |b| b.data.as_ptr().cast())
+}
+
+/// A buffer's length in bytes (0 for a null buffer).
+///
+/// # Safety
+/// `buffer` is null or a live buffer handle.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn xnnblob_buffer_size(buffer: *const XnnblobBuffer) -> usize {
+    // SAFETY: null or a live handle, per the contract.
+    unsafe { buffer.as_ref() }.map_or(0, |b| b.data.len())
+}
+
+/// Releases a buffer (null is allowed); its bytes may be unmapped once no buffer or map holds
+/// them.
+///
+/// # Safety
+/// `buffer` is null or a live buffer handle, not used again.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn xnnblob_buffer_release(buffer: *mut XnnblobBuffer) {
+    if buffer.is_null() {
+        return;
+    }
+    let _ = catch_unwind(AssertUnwindSafe(|| {
+        // SAFETY: a live handle from Box::into_raw, released once, per the contract.
+        drop(unsafe { Box::from_raw(buffer) });
+    }));
+}
+
+/// Copies `key`'s bytes into `destination`, which holds exactly `size` bytes (the blob's size).
+///
+/// # Safety
+/// `map` is null or a live handle; `key` is null or NUL-terminated; `destination` is null or
+/// writable for `size` bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn xnnblob_map_load_into(
+    map: *const XnnblobMap,
+    key: *const c_char,
+    destination: *mut c_void,
+    size: usize,
+) -> XnnblobStatus {
+    // SAFETY: null or a live handle, per the contract.
+    let Some(handle) = (unsafe { map.as_ref() }) else {
+        return fail(XnnblobStatus::InvalidArgument, "map is null");
+    };
+    // SAFETY: forwarded contract.
+    let key = match unsafe { text_arg(key, "key") } {
+        Ok(key) => key,
+        Err(status) => return status,
+    };
+    if destination.is_null() {
+        return fail(XnnblobStatus::InvalidArgument, "destination is null");
+    }
+    // SAFETY: writable for `size` bytes, per the contract.
+    let destination = unsafe { std::slice::from_raw_parts_mut(destination.cast::<u8>(), size) };
+    guarded(|| match handle.map.load_data_into(key, destination) {
+        Ok(()) => XnnblobStatus::Ok,
+        Err(e) => map_status(e),
+    })
+}
+
+/// The layout stored with `key`: `*has_layout` is 1 and `*out` filled, or 0 when the blob was
+/// stored without one.
+///
+/// # Safety
+/// `map` is null or a live handle; `key` is null or NUL-terminated; `out` and `has_layout` are
+/// null or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn xnnblob_map_layout(
+    map: *const XnnblobMap,
+    key: *const c_char,
+    out: *mut XnnblobLayout,
+    has_layout: *mut i32,
+) -> XnnblobStatus {
+    // SAFETY: null or a live handle, per the contract.
+    let Some(handle) = (unsafe { map.as_ref() }) else {
+        return fail(XnnblobStatus::InvalidArgument, "map is null");
+    };
+    // SAFETY: forwarded contract.
+    let key = match unsafe { text_arg(key, "key") } {
+        Ok(key) => key,
+        Err(status) => return status,
+    };
+    if out.is_null() || has_layout.is_null() {
+        return fail(XnnblobStatus::InvalidArgument, "out or has_layout is null");
+    }
+    guarded(|| match handle.map.get_tensor_layout(key) {
+        Ok(None) => {
+            // SAFETY: non-null and writable, per the contract.
+            unsafe { *has_layout = 0 };
+            XnnblobStatus::Ok
+        }
+        Ok(Some(layout)) if layout.sizes().len() > 16 => fail(
+            XnnblobStatus::InvalidFormat,
+            format!(
+                "{key}: {} dimensions, C layouts hold 16",
+                layout.sizes().len()
+            ),
+        ),
+        Ok(Some(layout)) => {
+            let mut c = XnnblobLayout {
+                scalar_type: layout.scalar_type().code(),
+                num_dims: layout.sizes().len() as u32,
+                sizes: [0; 16],
+                dim_order: [0; 16],
+            };
+            c.sizes[..layout.sizes().len()].copy_from_slice(layout.sizes());
+            c.dim_order[..layout.dim_order().len()].copy_from_slice(layout.dim_order());
+            // SAFETY: non-null and writable, per the contract.
+            unsafe {
+                *out = c;
+                *has_layout = 1;
+            }
+            XnnblobStatus::Ok
+        }
+        Err(e) => map_status(e),
+    })
+}
+
+/// Closes a map (null is allowed); buffers still held keep their bytes mapped.
+///
+/// # Safety
+/// `map` is null or a live handle, not used again.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn xnnblob_map_close(map: *mut XnnblobMap) {
+    if map.is_null() {
+        return;
+    }
+    let _ = catch_unwind(AssertUnwindSafe(|| {
+        // SAFETY: a live handle from Box::into_raw, closed once, per the contract.
+        drop(unsafe { Box::from_raw(map) });
     }));
 }

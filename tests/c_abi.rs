@@ -22,6 +22,12 @@ unsafe extern "C" {
         stats: *mut CacheStats,
     ) -> i32;
     fn xnnblob_last_error() -> *const std::ffi::c_char;
+    fn xnnblob_c_map_check(
+        path: *const std::ffi::c_char,
+        keys: *mut usize,
+        bytes: *mut usize,
+        with_layout: *mut usize,
+    ) -> i32;
 }
 
 const CHILD: &str = "XNNBLOB_C_ABI_CHILD";
@@ -160,6 +166,10 @@ fn the_header_matches_the_rust_side() {
     exported.sort();
     assert_eq!(declared, exported);
     assert_eq!(std::mem::size_of::<xnnblob::capi::XnnblobCacheStats>(), 40);
+    assert_eq!(
+        std::mem::size_of::<xnnblob::capi::XnnblobLayout>(),
+        4 + 4 + 64 + 16
+    );
     for (name, value) in [
         ("XNNBLOB_OK", xnnblob::capi::XnnblobStatus::Ok),
         (
@@ -172,11 +182,42 @@ fn the_header_matches_the_rust_side() {
             xnnblob::capi::XnnblobStatus::InvalidFormat,
         ),
         ("XNNBLOB_INTERNAL", xnnblob::capi::XnnblobStatus::Internal),
+        ("XNNBLOB_NOT_FOUND", xnnblob::capi::XnnblobStatus::NotFound),
     ] {
         assert!(
             header.contains(&format!("{name} = {}", value as i32)),
             "{name} = {}",
             value as i32
         );
+    }
+}
+
+#[test]
+fn a_c_program_reads_every_key_of_a_ptd_as_rust_does() {
+    use xnnblob::named_data::{FileDataMap, NamedDataMap};
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/executorch");
+    for name in ["mlp_portable_external.ptd", "mlp_qd8_qc8w_external.ptd"] {
+        let path = root.join(name);
+        let map = FileDataMap::open(&path).unwrap();
+        let (mut keys, mut bytes, mut with_layout) = (0usize, 0usize, 0usize);
+        let c_path = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
+        // SAFETY: a NUL-terminated path and three writable counters.
+        let result = unsafe {
+            xnnblob_c_map_check(c_path.as_ptr(), &mut keys, &mut bytes, &mut with_layout)
+        };
+        assert_eq!(result, 0, "{name}: step {result}");
+        assert_eq!(keys, map.num_keys(), "{name}");
+        let expected: usize = (0..map.num_keys())
+            .map(|i| map.data_size(map.key_at(i).unwrap()).unwrap())
+            .sum();
+        assert_eq!(bytes, expected, "{name}");
+        let layouts = (0..map.num_keys())
+            .filter(|&i| {
+                map.get_tensor_layout(map.key_at(i).unwrap())
+                    .unwrap()
+                    .is_some()
+            })
+            .count();
+        assert_eq!(with_layout, layouts, "{name}");
     }
 }

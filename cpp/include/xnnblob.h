@@ -1,4 +1,5 @@
-/* xnnblob's C ABI (C99): the persistent packed-weight cache as XNNPACK's xnn_weights_cache_t.
+/* xnnblob's C ABI (C99): the persistent packed-weight cache as XNNPACK's xnn_weights_cache_t,
+ * and ExecuTorch named data (.ptd, .pte) read in place.
  *
  * The first launch packs and saves; later launches map the file and XNNPACK packs nothing.
  * Packed weights are found by what their unpacked bytes are (their SHA-256), never by address
@@ -31,7 +32,9 @@ typedef enum xnnblob_status {
   /* A file's contents were rejected. */
   XNNBLOB_INVALID_FORMAT = 3,
   /* An internal error (a bug in xnnblob); the call did nothing it reported. */
-  XNNBLOB_INTERNAL = 4
+  XNNBLOB_INTERNAL = 4,
+  /* No entry has the key, or an index is past the last key. */
+  XNNBLOB_NOT_FOUND = 5
 } xnnblob_status;
 
 /* The message of the last failed call on this thread ("" if none); valid until the next call on
@@ -79,6 +82,44 @@ xnnblob_status xnnblob_cache_get_stats(const xnnblob_cache* cache, xnnblob_cache
 
 /* Closes a handle (NULL is allowed); delete the runtimes created with it first. */
 void xnnblob_cache_close(xnnblob_cache* cache);
+
+/* ---- Named data: ExecuTorch .ptd and .pte files, mapped, validated, read without copies ---- */
+
+typedef struct xnnblob_map xnnblob_map;
+typedef struct xnnblob_buffer xnnblob_buffer;
+
+typedef struct xnnblob_layout {
+  int8_t scalar_type;    /* ExecuTorch's code: 6 float32, 5 float16, 1 int8, ... */
+  uint32_t num_dims;     /* how many of sizes and dim_order are used */
+  int32_t sizes[16];     /* outermost first */
+  uint8_t dim_order[16]; /* memory order of the dimensions, outermost first */
+} xnnblob_layout;
+
+/* Opens a .ptd or .pte (told apart by its contents); nothing is copied. */
+xnnblob_status xnnblob_map_open(const char* path, xnnblob_map** out);
+
+xnnblob_status xnnblob_map_num_keys(const xnnblob_map* map, size_t* out);
+
+/* The key at `index`, NUL-terminated, valid while the map is open. */
+xnnblob_status xnnblob_map_key_at(const xnnblob_map* map, size_t index, const char** out);
+
+/* `key`'s bytes in place in the mapped file; release the buffer when done (it keeps the file
+ * mapped, even past xnnblob_map_close). */
+xnnblob_status xnnblob_map_get_data(const xnnblob_map* map, const char* key, xnnblob_buffer** out);
+const void* xnnblob_buffer_data(const xnnblob_buffer* buffer);
+size_t xnnblob_buffer_size(const xnnblob_buffer* buffer);
+void xnnblob_buffer_release(xnnblob_buffer* buffer);
+
+/* Copies `key`'s bytes into `destination`, which holds exactly `size` bytes (the blob's size). */
+xnnblob_status xnnblob_map_load_into(const xnnblob_map* map, const char* key, void* destination,
+                                     size_t size);
+
+/* The layout stored with `key`: *has_layout is 1 and *out filled, or 0 when it has none. */
+xnnblob_status xnnblob_map_layout(const xnnblob_map* map, const char* key, xnnblob_layout* out,
+                                  int32_t* has_layout);
+
+/* Closes a map (NULL is allowed). */
+void xnnblob_map_close(xnnblob_map* map);
 
 #ifdef __cplusplus
 }
