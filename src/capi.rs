@@ -374,7 +374,7 @@ pub unsafe extern "C" fn xnnblob_map_open(
         };
         let mut keys = Vec::with_capacity(map.num_keys());
         for i in 0..map.num_keys() {
-            match map.key_at(i).map(|k| CString::new(k)) {
+            match map.key_at(i).map(CString::new) {
                 Ok(Ok(key)) => keys.push(key),
                 Ok(Err(_)) => {
                     return fail(
