@@ -1,11 +1,13 @@
 //! xnnblob's C ABI (`cpp/include/xnnblob.h`): the packed-weight cache as an `xnn_weights_cache_t`
 //! for C programs and other XNNPACK front ends that take one (LiteRT's XNNPACK delegate, raw
-//! XNNPACK users), and ExecuTorch named data (`.ptd`, `.pte`) read zero-copy.
+//! XNNPACK users), ExecuTorch named data (`.ptd`, `.pte`) read zero-copy, and the backend object
+//! that owns a process's caches.
 //!
 //! Every call returns an [`XnnblobStatus`]; on failure the message is kept per thread for
 //! [`xnnblob_last_error`]. Null pointers and misuse are errors, never crashes, and no panic
 //! crosses the boundary (it becomes [`XnnblobStatus::Internal`]).
 
+use crate::backend::{Backend, BackendError, BackendOptions};
 use crate::cache::{BlobId, CacheError, PackedWeightsCache};
 use crate::named_data::{DataBuffer, FileDataMap, NamedDataError, NamedDataMap};
 use crate::xnn::AsXnnWeightsCache;
@@ -30,6 +32,8 @@ pub enum XnnblobStatus {
     Internal = 4,
     /// No entry has the key, or an index is past the last key.
     NotFound = 5,
+    /// XNNPACK refused a call (initialisation, a thread pool, a workspace).
+    Xnnpack = 6,
 }
 
 thread_local! {
@@ -612,5 +616,89 @@ pub unsafe extern "C" fn xnnblob_map_close(map: *mut XnnblobMap) {
     let _ = catch_unwind(AssertUnwindSafe(|| {
         // SAFETY: a live handle from Box::into_raw, closed once, per the contract.
         drop(unsafe { Box::from_raw(map) });
+    }));
+}
+
+/// A backend handle for C: one per process or per app, owning its caches.
+pub struct XnnblobBackend {
+    backend: Backend,
+}
+
+/// Makes a backend whose models split operators across `threads` threads (0 or 1: the calling
+/// thread); initialises XNNPACK once per process.
+///
+/// # Safety
+/// `out` is null or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn xnnblob_backend_new(
+    threads: u32,
+    out: *mut *mut XnnblobBackend,
+) -> XnnblobStatus {
+    if out.is_null() {
+        return fail(XnnblobStatus::InvalidArgument, "out is null");
+    }
+    guarded(|| {
+        let options = BackendOptions {
+            threads: threads as usize,
+            ..BackendOptions::default()
+        };
+        match Backend::new(options) {
+            Ok(backend) => {
+                let handle = Box::into_raw(Box::new(XnnblobBackend { backend }));
+                // SAFETY: non-null and writable, per the contract.
+                unsafe { *out = handle };
+                XnnblobStatus::Ok
+            }
+            Err(BackendError::Cache(e)) => cache_status(e),
+            Err(e) => fail(XnnblobStatus::Xnnpack, e.to_string()),
+        }
+    })
+}
+
+/// The backend's packed-weight cache: its file cache at `path`, held open as long as the
+/// backend lives and shared by everything loaded through it, or with `path` NULL its in-memory
+/// cache. `*out` receives a cache handle, to [`xnnblob_cache_close`].
+///
+/// # Safety
+/// `backend` is null or a live handle; `path` is null or NUL-terminated; `out` is null or
+/// writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn xnnblob_backend_cache(
+    backend: *const XnnblobBackend,
+    path: *const c_char,
+    out: *mut *mut XnnblobCache,
+) -> XnnblobStatus {
+    // SAFETY: null or a live handle, per the contract.
+    let Some(handle) = (unsafe { backend.as_ref() }) else {
+        return fail(XnnblobStatus::InvalidArgument, "backend is null");
+    };
+    if path.is_null() {
+        return open(out, || Ok(handle.backend.in_memory_cache().clone()));
+    }
+    // SAFETY: forwarded contract.
+    let path = match unsafe { text_arg(path, "path") } {
+        Ok(path) => path,
+        Err(status) => return status,
+    };
+    open(out, || {
+        handle
+            .backend
+            .file_cache(std::path::Path::new(path))
+            .map_err(cache_status)
+    })
+}
+
+/// Frees a backend (null is allowed); caches and runtimes made through it may outlive it.
+///
+/// # Safety
+/// `backend` is null or a live handle, not used again.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn xnnblob_backend_free(backend: *mut XnnblobBackend) {
+    if backend.is_null() {
+        return;
+    }
+    let _ = catch_unwind(AssertUnwindSafe(|| {
+        // SAFETY: a live handle from Box::into_raw, freed once, per the contract.
+        drop(unsafe { Box::from_raw(backend) });
     }));
 }

@@ -183,6 +183,7 @@ fn the_header_matches_the_rust_side() {
         ),
         ("XNNBLOB_INTERNAL", xnnblob::capi::XnnblobStatus::Internal),
         ("XNNBLOB_NOT_FOUND", xnnblob::capi::XnnblobStatus::NotFound),
+        ("XNNBLOB_XNNPACK", xnnblob::capi::XnnblobStatus::Xnnpack),
     ] {
         assert!(
             header.contains(&format!("{name} = {}", value as i32)),
@@ -219,5 +220,51 @@ fn a_c_program_reads_every_key_of_a_ptd_as_rust_does() {
             })
             .count();
         assert_eq!(with_layout, layouts, "{name}");
+    }
+}
+
+#[test]
+fn a_backend_hands_out_its_caches() {
+    use xnnblob::capi::*;
+    let dir = tempfile::tempdir().unwrap();
+    let path = std::ffi::CString::new(dir.path().join("b.xbc").to_str().unwrap()).unwrap();
+    // SAFETY: writable out-pointers, NUL-terminated paths, handles used once each.
+    unsafe {
+        let mut backend = std::ptr::null_mut();
+        assert_eq!(xnnblob_backend_new(2, &mut backend), XnnblobStatus::Ok);
+        let (mut a, mut b, mut memory) = (
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+        );
+        assert_eq!(
+            xnnblob_backend_cache(backend, path.as_ptr(), &mut a),
+            XnnblobStatus::Ok
+        );
+        assert_eq!(
+            xnnblob_backend_cache(backend, path.as_ptr(), &mut b),
+            XnnblobStatus::Ok
+        );
+        assert_eq!(
+            xnnblob_backend_cache(backend, std::ptr::null(), &mut memory),
+            XnnblobStatus::Ok
+        );
+        // One file, one cache: both handles give XNNPACK the same provider.
+        assert_eq!(xnnblob_cache_xnn(a), xnnblob_cache_xnn(b));
+        assert_ne!(xnnblob_cache_xnn(a), xnnblob_cache_xnn(memory));
+        let mut stats = XnnblobCacheStats::default();
+        assert_eq!(xnnblob_cache_get_stats(a, &mut stats), XnnblobStatus::Ok);
+        assert_eq!(stats.entries, 0);
+        xnnblob_backend_free(backend);
+        // The caches outlive the backend.
+        assert_eq!(xnnblob_cache_finalize(a), XnnblobStatus::Ok);
+        xnnblob_cache_close(a);
+        xnnblob_cache_close(b);
+        xnnblob_cache_close(memory);
+        let mut none = std::ptr::null_mut();
+        assert_eq!(
+            xnnblob_backend_cache(std::ptr::null(), path.as_ptr(), &mut none),
+            XnnblobStatus::InvalidArgument
+        );
     }
 }

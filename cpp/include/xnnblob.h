@@ -34,7 +34,9 @@ typedef enum xnnblob_status {
   /* An internal error (a bug in xnnblob); the call did nothing it reported. */
   XNNBLOB_INTERNAL = 4,
   /* No entry has the key, or an index is past the last key. */
-  XNNBLOB_NOT_FOUND = 5
+  XNNBLOB_NOT_FOUND = 5,
+  /* XNNPACK refused a call (initialisation, a thread pool, a workspace). */
+  XNNBLOB_XNNPACK = 6
 } xnnblob_status;
 
 /* The message of the last failed call on this thread ("" if none); valid until the next call on
@@ -120,6 +122,22 @@ xnnblob_status xnnblob_map_layout(const xnnblob_map* map, const char* key, xnnbl
 
 /* Closes a map (NULL is allowed). */
 void xnnblob_map_close(xnnblob_map* map);
+
+/* ---- The backend: one per process or app, owning its caches ---- */
+
+typedef struct xnnblob_backend xnnblob_backend;
+
+/* A backend whose models split operators across `threads` threads (0 or 1: the calling thread);
+ * initialises XNNPACK once per process. */
+xnnblob_status xnnblob_backend_new(uint32_t threads, xnnblob_backend** out);
+
+/* The backend's file cache at `path` (held open while the backend lives, shared by all it
+ * loads), or with `path` NULL its in-memory cache; close the handle with xnnblob_cache_close. */
+xnnblob_status xnnblob_backend_cache(const xnnblob_backend* backend, const char* path,
+                                     xnnblob_cache** out);
+
+/* Frees a backend (NULL is allowed); caches made through it may outlive it. */
+void xnnblob_backend_free(xnnblob_backend* backend);
 
 #ifdef __cplusplus
 }
