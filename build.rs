@@ -39,12 +39,14 @@ fn cxx_bridge() {
             .std("c99")
             .include("cpp/include")
             .includes(&xnnpack_include)
-            .file("cpp/tests/c_cache_check.c")
+            .define("XNNBLOB_EXAMPLE_AS_LIBRARY", None)
+            .file("examples/c_xnnpack/c_xnnpack.c")
+            .file("cpp/tests/c_map_check.c")
             .flag_if_supported("-Wall")
             .flag_if_supported("-Wextra")
             .compile("xnnblob-c-checks");
     }
-    for path in ["src/ffi.rs", "cpp"] {
+    for path in ["src/ffi.rs", "cpp", "examples/c_xnnpack"] {
         println!("cargo:rerun-if-changed={path}");
     }
 }

@@ -62,7 +62,7 @@ missing() {
   esac
 }
 
-packages=(cmake ninja-build libclang-dev g++ binutils xz-utils patch debian-archive-keyring ca-certificates python3-venv)
+packages=(cmake ninja-build pkg-config libclang-dev g++ binutils xz-utils patch debian-archive-keyring ca-certificates python3-venv)
 [ "$(uname -m)" = x86_64 ] && packages+=(qemu-user)
 
 # Packages dpkg calls installed whose files are gone (a half-removed library, a hand-deleted file)

@@ -1,5 +1,5 @@
-//! The C ABI from C (cpp/tests/c_cache_check.c, compiled as C99 against cpp/include/xnnblob.h
-//! and XNNPACK's header): raw XNNPACK with xnnblob's cache. Each launch is a fresh process: the
+//! The C ABI from C (examples/c_xnnpack and cpp/tests/c_map_check.c, compiled as C99 against
+//! cpp/include/xnnblob.h and XNNPACK's header): raw XNNPACK with xnnblob's cache. Each launch is a fresh process: the
 //! first packs and saves, the second packs nothing and computes the same outputs.
 
 use std::process::Command;

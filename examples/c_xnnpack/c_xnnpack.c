@@ -1,7 +1,12 @@
-/* A plain C program's use of xnnblob's C ABI with raw XNNPACK: a two-layer fully connected
- * graph whose weights go through xnnblob's cache. Built only for xnnblob's tests (test-hooks);
- * tests/c_abi.rs runs it in fresh processes. */
+/* A plain C program using raw XNNPACK with xnnblob's packed-weight cache: a two-layer fully
+ * connected graph whose weights are packed by the first run and found packed by every later one.
+ *
+ *   c_xnnpack CACHE_FILE     prints "packed=N hits=M" and the outputs (as exact hex floats)
+ *
+ * Built against an installed xnnblob with CMake (CMakeLists.txt here), and by xnnblob's own
+ * tests as a library (XNNBLOB_EXAMPLE_AS_LIBRARY, no main). */
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 #include <xnnpack.h>
@@ -104,44 +109,22 @@ done:
   return result;
 }
 
-/* A C program reading a .ptd through the C ABI: every key's bytes in place and by copy, and
- * each layout. Returns 0 and the key count and total bytes, or a negative step number. */
-int xnnblob_c_map_check(const char* path, size_t* keys, size_t* bytes, size_t* with_layout) {
-  xnnblob_map* map = NULL;
-  if (xnnblob_map_open(path, &map) != XNNBLOB_OK) return -1;
-  int result = 0;
-  *bytes = 0;
-  *with_layout = 0;
-  if (xnnblob_map_num_keys(map, keys) != XNNBLOB_OK) { result = -2; goto done; }
-  for (size_t i = 0; i < *keys; ++i) {
-    const char* key = NULL;
-    xnnblob_buffer* buffer = NULL;
-    if (xnnblob_map_key_at(map, i, &key) != XNNBLOB_OK) { result = -3; goto done; }
-    if (xnnblob_map_get_data(map, key, &buffer) != XNNBLOB_OK) { result = -4; goto done; }
-    size_t size = xnnblob_buffer_size(buffer);
-    unsigned char copy[1 << 16];
-    if (size <= sizeof(copy)) {
-      if (xnnblob_map_load_into(map, key, copy, size) != XNNBLOB_OK ||
-          memcmp(copy, xnnblob_buffer_data(buffer), size) != 0) {
-        xnnblob_buffer_release(buffer);
-        result = -5;
-        goto done;
-      }
-    }
-    *bytes += size;
-    xnnblob_buffer_release(buffer);
-    xnnblob_layout layout;
-    int32_t has_layout = 0;
-    if (xnnblob_map_layout(map, key, &layout, &has_layout) != XNNBLOB_OK) { result = -6; goto done; }
-    *with_layout += (size_t)has_layout;
+#ifndef XNNBLOB_EXAMPLE_AS_LIBRARY
+int main(int argc, char** argv) {
+  if (argc != 2) {
+    fprintf(stderr, "usage: c_xnnpack CACHE_FILE\n");
+    return 2;
   }
-  {
-    xnnblob_buffer* missing = NULL;
-    if (xnnblob_map_get_data(map, "no such key", &missing) != XNNBLOB_NOT_FOUND) result = -7;
-    const char* key = NULL;
-    if (xnnblob_map_key_at(map, *keys, &key) != XNNBLOB_NOT_FOUND) result = -8;
+  float output[OUT];
+  xnnblob_cache_stats stats;
+  int result = xnnblob_c_cache_check(argv[1], output, &stats);
+  if (result != 0) {
+    fprintf(stderr, "c_xnnpack: failed at step %d: %s\n", -result, xnnblob_last_error());
+    return 1;
   }
-done:
-  xnnblob_map_close(map);
-  return result;
+  printf("packed=%llu hits=%llu\n", (unsigned long long)stats.packed,
+         (unsigned long long)stats.hits);
+  for (int i = 0; i < OUT; ++i) printf("%a\n", (double)output[i]);
+  return 0;
 }
+#endif

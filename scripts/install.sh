@@ -1,0 +1,146 @@
+#!/usr/bin/env bash
+# Installs xnnblob for C and C++ projects under PREFIX:
+#   lib/libxnnblob.a            the C ABI, the C++ delegate API, XNNPACK and pthreadpool
+#   lib/libxnnblob.so           the C ABI only (its XNNPACK stays private)
+#   lib/libxnnblob_executorch.so  the drop-in XnnpackBackend for ExecuTorch's runtime
+#   include/xnnblob.h           C; include/xnnblob/*.h (C++, with the cxx bridge's headers);
+#   include/xnnblob/xnnpack/    the XNNPACK headers libxnnblob.a was built with
+#   lib/pkgconfig/              xnnblob.pc (the static library), xnnblob-shared.pc
+#   lib/cmake/xnnblob/          find_package(xnnblob): xnnblob::xnnblob (static),
+#                               xnnblob::shared, xnnblob::executorch_backend
+#
+#   scripts/install.sh PREFIX [--debug]
+#
+# cargo-c is not used: it builds cargo itself as a library (minutes, plus OpenSSL headers) on
+# every fresh machine, and xnnblob's install also needs its C++ headers and XNNPACK's, which
+# cargo-c does not know about.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+[ $# -ge 1 ] || { echo "usage: scripts/install.sh PREFIX [--debug]" >&2; exit 2; }
+prefix=$(mkdir -p "$1" && cd "$1" && pwd)
+profile=release
+cargo_profile=(--release)
+if [ "${2:-}" = "--debug" ]; then
+  profile=debug
+  cargo_profile=()
+fi
+
+messages=$(mktemp)
+trap 'rm -f "$messages"' EXIT
+cargo build "${cargo_profile[@]}" -p xnnblob-capi -p xnnblob-executorch \
+  --message-format=json-render-diagnostics >"$messages"
+
+# Where the build put things, from cargo's own messages and metadata.
+read -r target_dir capi_out < <(python3 - "$messages" <<'PY'
+import json, subprocess, sys
+out_dir = None
+for line in open(sys.argv[1]):
+    try:
+        m = json.loads(line)
+    except ValueError:
+        continue
+    if m.get("reason") == "build-script-executed" and "xnnblob-capi" in m.get("package_id", "") \
+            or m.get("reason") == "build-script-executed" and "/cpp/capi#" in m.get("package_id", ""):
+        out_dir = m["out_dir"]
+meta = json.loads(subprocess.check_output(["cargo", "metadata", "--format-version", "1", "--no-deps"]))
+if out_dir is None:
+    sys.exit("install: cargo reported no build script run for xnnblob-capi")
+print(meta["target_directory"], out_dir)
+PY
+)
+built="$target_dir/$profile"
+cxxbridge=$(sed -n 's/^cxxbridge_include=//p' "$capi_out/install-headers.txt")
+xnnpack_include=$(sed -n 's/^xnnpack_include=//p' "$capi_out/install-headers.txt")
+
+install -d "$prefix/lib/pkgconfig" "$prefix/lib/cmake/xnnblob" "$prefix/include/xnnblob/src" \
+  "$prefix/include/xnnblob/xnnpack" "$prefix/include/rust"
+install -m 644 "$built/libxnnblob.a" "$prefix/lib/"
+install -m 755 "$built/libxnnblob.so" "$built/libxnnblob_executorch.so" "$prefix/lib/"
+install -m 644 cpp/include/xnnblob.h "$prefix/include/"
+install -m 644 cpp/include/xnnblob/delegate.h cpp/include/xnnblob/named_data.h \
+  cpp/include/xnnblob/memory_bank.h cpp/include/xnnblob/xnnblob.h "$prefix/include/xnnblob/"
+install -m 644 "$cxxbridge/xnnblob/src/ffi.rs.h" "$prefix/include/xnnblob/src/"
+install -m 644 "$cxxbridge/rust/cxx.h" "$prefix/include/rust/"
+IFS=: read -ra xnnpack_dirs <<<"$xnnpack_include"
+for dir in "${xnnpack_dirs[@]}"; do
+  for header in xnnpack.h pthreadpool.h; do
+    if [ -f "$dir/$header" ]; then install -m 644 "$dir/$header" "$prefix/include/xnnblob/xnnpack/"; fi
+  done
+done
+[ -f "$prefix/include/xnnblob/xnnpack/xnnpack.h" ] || { echo "install: no xnnpack.h in $xnnpack_include" >&2; exit 1; }
+
+version=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
+# What a Rust static library needs from the system on Linux, and the C++ runtime for the
+# delegate API.
+system_libs="-lstdc++ -lgcc_s -lutil -lrt -lpthread -lm -ldl -lc"
+
+# Two modules: xnnblob, the static library with XNNPACK and the C++ API (named explicitly, so a
+# linker that finds libxnnblob.so too does not pick it); xnnblob-shared, the C ABI alone.
+cat >"$prefix/lib/pkgconfig/xnnblob.pc" <<PC
+prefix=$prefix
+libdir=\${prefix}/lib
+includedir=\${prefix}/include
+
+Name: xnnblob
+Description: Fast, lean on-device model loading for XNNPACK: a persistent packed-weight cache and ExecuTorch named data (static, with XNNPACK)
+Version: $version
+Libs: \${libdir}/libxnnblob.a $system_libs
+Cflags: -I\${includedir} -I\${includedir}/xnnblob/xnnpack
+PC
+cat >"$prefix/lib/pkgconfig/xnnblob-shared.pc" <<PC
+prefix=$prefix
+libdir=\${prefix}/lib
+includedir=\${prefix}/include
+
+Name: xnnblob-shared
+Description: xnnblob's C ABI as a shared library (its XNNPACK is private)
+Version: $version
+Libs: -L\${libdir} -Wl,-rpath,\${libdir} -lxnnblob
+Cflags: -I\${includedir}
+PC
+
+cat >"$prefix/lib/cmake/xnnblob/xnnblob-config-version.cmake" <<CMAKE
+set(PACKAGE_VERSION "$version")
+if(PACKAGE_FIND_VERSION VERSION_GREATER PACKAGE_VERSION)
+  set(PACKAGE_VERSION_COMPATIBLE FALSE)
+else()
+  set(PACKAGE_VERSION_COMPATIBLE TRUE)
+  if(PACKAGE_FIND_VERSION STREQUAL PACKAGE_VERSION)
+    set(PACKAGE_VERSION_EXACT TRUE)
+  endif()
+endif()
+CMAKE
+
+cat >"$prefix/lib/cmake/xnnblob/xnnblob-config.cmake" <<'CMAKE'
+# xnnblob's CMake package (written by scripts/install.sh). Targets:
+#   xnnblob::xnnblob            libxnnblob.a: the C ABI (xnnblob.h), the C++ delegate API
+#                               (xnnblob/delegate.h) and the XNNPACK it carries (xnnpack.h)
+#   xnnblob::shared             libxnnblob.so: the C ABI only
+#   xnnblob::executorch_backend libxnnblob_executorch.so, kept on the link line: ExecuTorch's
+#                               "XnnpackBackend", registered when the library loads
+cmake_minimum_required(VERSION 3.16)
+include(CMakeFindDependencyMacro)
+find_dependency(Threads)
+get_filename_component(_xnnblob_prefix "${CMAKE_CURRENT_LIST_DIR}/../../.." ABSOLUTE)
+if(NOT TARGET xnnblob::xnnblob)
+  add_library(xnnblob::xnnblob STATIC IMPORTED)
+  set_target_properties(xnnblob::xnnblob PROPERTIES
+    IMPORTED_LOCATION "${_xnnblob_prefix}/lib/libxnnblob.a"
+    INTERFACE_INCLUDE_DIRECTORIES "${_xnnblob_prefix}/include;${_xnnblob_prefix}/include/xnnblob/xnnpack"
+    INTERFACE_LINK_LIBRARIES "Threads::Threads;stdc++;gcc_s;util;rt;m;dl")
+  add_library(xnnblob::shared SHARED IMPORTED)
+  set_target_properties(xnnblob::shared PROPERTIES
+    IMPORTED_LOCATION "${_xnnblob_prefix}/lib/libxnnblob.so"
+    IMPORTED_NO_SONAME TRUE
+    INTERFACE_INCLUDE_DIRECTORIES "${_xnnblob_prefix}/include")
+  add_library(xnnblob::executorch_backend INTERFACE IMPORTED)
+  set_target_properties(xnnblob::executorch_backend PROPERTIES
+    INTERFACE_LINK_LIBRARIES
+      "-Wl,--push-state,--no-as-needed,${_xnnblob_prefix}/lib/libxnnblob_executorch.so,--pop-state"
+    INTERFACE_LINK_OPTIONS "-Wl,-rpath,${_xnnblob_prefix}/lib")
+endif()
+set(xnnblob_FOUND TRUE)
+CMAKE
+
+echo "installed xnnblob $version ($profile) under $prefix"
