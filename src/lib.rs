@@ -41,6 +41,7 @@ pub mod named_data;
 #[cfg(feature = "xnnpack")]
 pub mod program;
 pub mod program_writer;
+mod publish;
 mod schema;
 pub mod sha256;
 #[cfg(feature = "xnnpack")]

@@ -7,6 +7,7 @@ use super::core::{CacheCore, Location, Source};
 use super::format::{self, Compat, EntryKey, FileEntry, FileError};
 use super::CacheError;
 use crate::mmap::MappedFile;
+use crate::publish::Staged;
 use std::collections::HashSet;
 use std::fs::{self, File};
 use std::io::BufWriter;
@@ -72,13 +73,6 @@ fn sibling(path: &Path, suffix: &str) -> PathBuf {
     path.with_file_name(format!("{name}{suffix}"))
 }
 
-fn parent_dir(path: &Path) -> PathBuf {
-    match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-        _ => PathBuf::from("."),
-    }
-}
-
 /// Holds the advisory lock that serialises writers of one cache file (readers need none: a
 /// file is only ever replaced whole, by rename).
 pub(crate) struct WriterLock(#[allow(dead_code)] File);
@@ -102,16 +96,8 @@ pub(crate) fn commit<'a>(
     compat: &Compat,
     entries: impl Iterator<Item = (EntryKey, &'a [u8], u64)>,
 ) -> Result<(MappedFile, Vec<FileEntry>), CacheError> {
-    let tmp = sibling(
-        path,
-        &format!(
-            ".tmp-{}-{:?}",
-            std::process::id(),
-            std::thread::current().id()
-        ),
-    );
     let result = (|| {
-        let file = File::create(&tmp)?;
+        let (staged, file) = Staged::create(path)?;
         let mut w = format::Writer::new(BufWriter::with_capacity(1 << 20, file), compat)?;
         let mut written = Vec::new();
         for (key, data, checksum) in entries {
@@ -125,18 +111,11 @@ pub(crate) fn commit<'a>(
         }
         let (buf, _) = w.finish()?;
         let file = buf.into_inner().map_err(|e| e.into_error())?;
-        file.sync_all()?;
-        drop(file);
         // Map before the rename: what we map is what we wrote, whoever renames next.
-        let map = MappedFile::open(&tmp)?;
-        fs::rename(&tmp, path)?;
-        File::open(parent_dir(path))?.sync_all()?;
+        let map = staged.publish(file, MappedFile::open)?;
         Ok((map, written))
     })();
-    result.map_err(|e| {
-        let _ = fs::remove_file(&tmp);
-        io_error(path, e)
-    })
+    result.map_err(|e| io_error(path, e))
 }
 
 /// Saves every persistable entry (merged with entries other processes saved meanwhile),

@@ -6,8 +6,6 @@ use super::layout::TensorLayout;
 use super::ptd_format::{PtdHeader, HEADER_AT, HEADER_LENGTH, SEGMENT_ALIGNMENT};
 use crate::schema::ptd as fb;
 use std::collections::HashMap;
-use std::fs::{self, File};
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 struct Blob {
@@ -276,35 +274,10 @@ impl NamedBlobStore {
     }
 }
 
-/// Temp file in the same directory, fsync, rename over `path`, fsync the directory.
+/// Replaces `path` with `bytes` atomically and durably ([`crate::publish`]).
 pub(crate) fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), StoreError> {
-    let io_err = |p: &Path, error| StoreError::Io {
-        path: p.display().to_string(),
+    crate::publish::write_atomically(path, bytes).map_err(|error| StoreError::Io {
+        path: path.display().to_string(),
         error,
-    };
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    let name = path
-        .file_name()
-        .ok_or_else(|| io_err(path, std::io::Error::from(std::io::ErrorKind::InvalidInput)))?;
-    let tmp = dir.join(format!(
-        ".{}.tmp-{}",
-        name.to_string_lossy(),
-        std::process::id()
-    ));
-    let result = (|| {
-        let mut f = File::create(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-        drop(f);
-        fs::rename(&tmp, path)?;
-        File::open(&dir)?.sync_all()
-    })();
-    if let Err(error) = result {
-        let _ = fs::remove_file(&tmp);
-        return Err(io_err(path, error));
-    }
-    Ok(())
+    })
 }

@@ -1,0 +1,134 @@
+//! Publishing a file atomically and durably, the one way xnnblob replaces a file (a `.ptd`, a
+//! `.pte`, a packed-weight cache): the new contents go to a temporary sibling, are synced, the
+//! sibling is renamed over the destination, and the directory is synced. A crash at any point
+//! leaves the old file or the complete new one under the destination's name, never a part.
+//!
+//! Temporary names carry the writer's process id (`.<name>.tmp-<pid>-<n>`), so what a killed
+//! writer left behind can be told apart from a live writer's.
+
+use std::fs::{self, File};
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// A temporary sibling of a destination, removed unless published.
+pub(crate) struct Staged {
+    temporary: PathBuf,
+    destination: PathBuf,
+    published: bool,
+}
+
+/// The directory `path` is in (`.` for a bare name).
+fn directory_of(path: &Path) -> &Path {
+    match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir,
+        _ => Path::new("."),
+    }
+}
+
+impl Staged {
+    /// Creates the temporary sibling of `destination`, empty, for writing.
+    pub(crate) fn create(destination: &Path) -> io::Result<(Staged, File)> {
+        static SEQUENCE: AtomicU64 = AtomicU64::new(0);
+        let name = destination
+            .file_name()
+            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no file name"))?;
+        let temporary = directory_of(destination).join(format!(
+            ".{}.tmp-{}-{}",
+            name.to_string_lossy(),
+            std::process::id(),
+            SEQUENCE.fetch_add(1, Ordering::Relaxed)
+        ));
+        let file = File::create(&temporary)?;
+        let staged = Staged {
+            temporary,
+            destination: destination.to_path_buf(),
+            published: false,
+        };
+        Ok((staged, file))
+    }
+
+    /// Syncs and closes `file` (the one [`create`](Self::create) returned, fully written),
+    /// runs `before_rename` on the temporary path (to map what was written, say), renames it
+    /// over the destination and syncs the directory.
+    pub(crate) fn publish<T>(
+        mut self,
+        file: File,
+        before_rename: impl FnOnce(&Path) -> io::Result<T>,
+    ) -> io::Result<T> {
+        file.sync_all()?;
+        drop(file);
+        let value = before_rename(&self.temporary)?;
+        fs::rename(&self.temporary, &self.destination)?;
+        self.published = true;
+        File::open(directory_of(&self.destination))?.sync_all()?;
+        Ok(value)
+    }
+}
+
+impl Drop for Staged {
+    fn drop(&mut self) {
+        if !self.published {
+            let _ = fs::remove_file(&self.temporary);
+        }
+    }
+}
+
+/// Replaces `destination` with `bytes`, atomically and durably.
+pub(crate) fn write_atomically(destination: &Path, bytes: &[u8]) -> io::Result<()> {
+    use std::io::Write;
+    let (staged, mut file) = Staged::create(destination)?;
+    file.write_all(bytes)?;
+    staged.publish(file, |_| Ok(()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn siblings(dir: &Path) -> Vec<String> {
+        let mut names: Vec<String> = fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    }
+
+    #[test]
+    fn a_publish_replaces_the_file_and_leaves_no_temporary() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("model.ptd");
+        fs::write(&path, b"old").unwrap();
+        write_atomically(&path, b"new contents").unwrap();
+        assert_eq!(fs::read(&path).unwrap(), b"new contents");
+        assert_eq!(siblings(dir.path()), ["model.ptd"]);
+    }
+
+    #[test]
+    fn a_failed_or_abandoned_publish_keeps_the_old_file_and_removes_the_temporary() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("weights.xbc");
+        fs::write(&path, b"old").unwrap();
+        let (staged, mut file) = Staged::create(&path).unwrap();
+        std::io::Write::write_all(&mut file, b"half").unwrap();
+        let temporary = staged.temporary.clone();
+        let name = temporary
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .into_owned();
+        assert!(
+            name.starts_with(&format!(".weights.xbc.tmp-{}-", std::process::id())),
+            "{name}"
+        );
+        let failed: io::Result<()> =
+            staged.publish(file, |_| Err(io::Error::other("refused before the rename")));
+        assert!(failed.is_err());
+        assert_eq!(fs::read(&path).unwrap(), b"old");
+        assert!(!temporary.exists());
+        let (abandoned, _file) = Staged::create(&path).unwrap();
+        drop(abandoned);
+        assert_eq!(siblings(dir.path()), ["weights.xbc"]);
+    }
+}
