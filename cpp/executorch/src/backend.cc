@@ -298,6 +298,12 @@ const bool registered_at_load = [] {
            "first; link one of them only",
            kBackendId, static_cast<int>(e));
   }
+  if (e == Error::Ok) {
+    // XNNPACK's initialisation and the thread pool take milliseconds (threads must start):
+    // begun now, they are ready by the time an app loads its first program. ExecuTorch's own
+    // backend initialises XNNPACK when it is loaded too.
+    prepare_backend();
+  }
   return e == Error::Ok;
 }();
 

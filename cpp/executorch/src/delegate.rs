@@ -50,6 +50,18 @@ fn process_backend() -> Result<&'static Backend, Outcome> {
         .map_err(|e| Outcome::error(Status::Internal, format!("xnnblob backend: {e}")))
 }
 
+/// Makes the process-wide backend on a background thread; a load that comes first waits for it
+/// (`process_backend` is a `OnceLock`), so nothing is made twice.
+pub(crate) fn prepare_backend() {
+    let spawned = std::thread::Builder::new()
+        .name("xnnblob-prepare".into())
+        .spawn(|| {
+            let _ = catch_unwind(process_backend);
+        });
+    // Without a thread, the first load makes the backend itself.
+    drop(spawned);
+}
+
 /// Paths already reported as unusable (said once per path, not once per load).
 fn reported_paths() -> &'static Mutex<HashSet<PathBuf>> {
     static REPORTED: OnceLock<Mutex<HashSet<PathBuf>>> = OnceLock::new();

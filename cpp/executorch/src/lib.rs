@@ -118,6 +118,10 @@ pub mod ffi {
 
         /// What the packed-weight caches did in this process, one line (for runners and tests).
         fn cache_report() -> String;
+
+        /// Starts making the process-wide backend (XNNPACK's initialisation, the thread pool)
+        /// on a background thread, so the first load finds it ready.
+        fn prepare_backend();
     }
 }
 
@@ -137,7 +141,7 @@ impl ffi::Outcome {
     }
 }
 
-use delegate::{cache_report, delegate_execute, delegate_init, save_caches};
+use delegate::{cache_report, delegate_execute, delegate_init, prepare_backend, save_caches};
 
 /// Whether loading this library registered its backend under "XnnpackBackend" with ExecuTorch
 /// (false: another XNNPACK backend was registered first). Exported for runners that `dlopen` it;

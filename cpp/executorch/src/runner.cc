@@ -41,7 +41,7 @@ const char kUsage[] =
     "         [--no-weight-cache] [--workspace-sharing 0|1|2] [--steps N] [--repeat N]\n"
     "         [--threads N] [--output-dir DIR]\n"
     "--data, --method and --input apply to the program named last. An input path may hold\n"
-    "{step}, replaced by the step number (0..N-1) for stateful programs.\n";
+    "{step}, replaced by the step number (0..N-1) for stateful programs. --steps 0 loads only.\n";
 
 struct Input {
   std::string path;
@@ -169,7 +169,7 @@ Options parse(int argc, char** argv) {
       } else {
         inputs.back().shape = parse_shape(v);
       }
-    } else if (a == "--steps") o.steps = std::max(1, number(i));
+    } else if (a == "--steps") o.steps = std::max(0, number(i));
     else if (a == "--repeat") o.repeat = std::max(1, number(i));
     else if (a == "--threads") o.threads = std::max(1, number(i));
     else if (a == "--output-dir") o.output_dir = value(i);
@@ -283,7 +283,7 @@ Launch launch(const Options& o, const Program& p, std::unique_ptr<Module>& keep)
 
   auto meta = module.method_meta(p.method);
   if (!meta.ok()) fail("method " + p.method + ": " + error_text(meta.error()));
-  if (p.inputs.size() != meta->num_inputs()) {
+  if (o.steps > 0 && p.inputs.size() != meta->num_inputs()) {
     fail("method " + p.method + " takes " + std::to_string(meta->num_inputs()) + " inputs, " +
          std::to_string(p.inputs.size()) + " given");
   }
@@ -355,10 +355,12 @@ void report(const Options& o, size_t p, const Launch& r) {
   std::printf("%sprogram=%s\n", prefix.c_str(), o.programs[p].path.c_str());
   std::printf("%sload_mode=%s\n", prefix.c_str(), o.mmap ? "mmap" : "file");
   std::printf("%sload_to_ready_ms=%.3f\n", prefix.c_str(), r.load_to_ready_ms);
-  std::printf("%sfirst_execute_ms=%.3f\n", prefix.c_str(), r.first_execute_ms);
   std::vector<double> sorted = r.execute_ms;
   std::sort(sorted.begin(), sorted.end());
-  std::printf("%sexecute_ms=%.3f\n", prefix.c_str(), sorted[sorted.size() / 2]);
+  if (!sorted.empty()) {  // --steps 0 loads only
+    std::printf("%sfirst_execute_ms=%.3f\n", prefix.c_str(), r.first_execute_ms);
+    std::printf("%sexecute_ms=%.3f\n", prefix.c_str(), sorted[sorted.size() / 2]);
+  }
   std::printf("%sload_rchar=%llu\n", prefix.c_str(), r.load_rchar);
   std::printf("%sload_read_bytes=%llu\n", prefix.c_str(), r.load_read_bytes);
   for (size_t s = 0; s < r.steps.size(); ++s) {
