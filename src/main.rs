@@ -24,8 +24,9 @@ enum Command {
         #[arg(long, default_value_t = 256)]
         mib: usize,
     },
-    /// The load benchmark: no cache, XNNPACK's cache, xnnblob cold and warm, the floor.
-    Bench(xnnblob::bench::BenchArgs),
+    /// The load benchmark: no cache, XNNPACK's cache, xnnblob cold and warm, the floor; or
+    /// `compare` two bench results.
+    Bench(BenchCommand),
     /// List the keys, segments (size, alignment) and tensor layouts of a .ptd or .pte.
     Inspect {
         /// A .ptd or .pte file.
@@ -59,6 +60,30 @@ enum Command {
     /// method's (a dynamic leading dimension is taken from the file's size). Prints load and
     /// execute timings and each output's dtype, shape and summary.
     Run(RunArgs),
+}
+
+#[derive(clap::Args)]
+#[command(args_conflicts_with_subcommands = true)]
+struct BenchCommand {
+    #[command(subcommand)]
+    action: Option<BenchAction>,
+    #[command(flatten)]
+    args: xnnblob::bench::BenchArgs,
+}
+
+#[derive(Subcommand)]
+enum BenchAction {
+    /// The change of every scenario two results share (the peer bench's peer.json); exits 1 if
+    /// one got slower by more than --max-regression percent.
+    Compare {
+        /// The reference results.
+        base: PathBuf,
+        /// The results to check.
+        new: PathBuf,
+        /// The largest slowdown of a median allowed, in percent.
+        #[arg(long, default_value_t = 10.0)]
+        max_regression: f64,
+    },
 }
 
 #[derive(Subcommand)]
@@ -118,7 +143,27 @@ fn main() -> ExitCode {
     };
     let result = match cli.command.unwrap_or(Command::Demo { mib: 256 }) {
         Command::Demo { mib } => xnnblob::bench::demo(mib).map_err(Into::into),
-        Command::Bench(args) => xnnblob::bench::main(&args, true).map_err(Into::into),
+        Command::Bench(BenchCommand {
+            action:
+                Some(BenchAction::Compare {
+                    base,
+                    new,
+                    max_regression,
+                }),
+            ..
+        }) => match xnnblob::bench::compare::compare(&base, &new, max_regression) {
+            Ok((report, regressed)) => {
+                print!("{report}");
+                if regressed {
+                    return ExitCode::FAILURE;
+                }
+                Ok(())
+            }
+            Err(e) => Err(e.into()),
+        },
+        Command::Bench(BenchCommand { args, .. }) => {
+            xnnblob::bench::main(&args, true).map_err(Into::into)
+        }
         Command::Inspect { file, json, sha256 } => inspect(&file, json, sha256),
         Command::Cache { action } => cache_command(action),
         Command::Link { ptd, out, model } => link(&ptd, &out, model.as_deref()),

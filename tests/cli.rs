@@ -73,3 +73,23 @@ fn run_pairs_dtype_and_shape_with_the_input_before_them() {
     let out = xnnblob(&["run", "x.pte", "--input", "a.bin", "--dtype", "float64"]);
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown dtype \"float64\""));
 }
+
+#[test]
+fn bench_compare_exits_1_on_a_regression_beyond_the_threshold() {
+    let dir = tempfile::tempdir().unwrap();
+    let write = |name: &str, load: f64| {
+        let path = dir.path().join(name);
+        let json = serde_json::json!({"results": [{
+            "model": "m", "load_mode": "mmap", "scenario": "xnnblob, warm",
+            "load_to_ready_ms": {"median": load}
+        }]});
+        std::fs::write(&path, json.to_string()).unwrap();
+        path.display().to_string()
+    };
+    let (base, slower) = (write("base.json", 1.0), write("slower.json", 1.3));
+    let out = xnnblob(&["bench", "compare", &base, &slower, "--max-regression", "20"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("+30.0%"));
+    let out = xnnblob(&["bench", "compare", &base, &slower, "--max-regression", "40"]);
+    assert!(out.status.success());
+}

@@ -5,6 +5,8 @@
 
 #[cfg(feature = "cli")]
 pub mod child;
+#[cfg(feature = "cli")]
+pub mod compare;
 pub mod model;
 #[cfg(feature = "cli")]
 pub mod report;
