@@ -69,24 +69,23 @@ fn reported_paths() -> &'static Mutex<HashSet<PathBuf>> {
 }
 
 /// Whether a cache file can be published at `path`: the save writes a temporary file beside it
-/// and renames it into place, so the directory must take a new file.
+/// and renames it into place, so the directory must take a new file. Asked of the kernel
+/// (`access(W_OK)`: permissions, a read-only mount, a missing directory) rather than by writing a
+/// probe file, so that a warm launch writes nothing.
 fn publishable(path: &Path) -> std::io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
     };
-    static PROBES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let probe = dir.join(format!(
-        ".{}.probe-{}-{}",
-        path.file_name().unwrap_or_default().to_string_lossy(),
-        std::process::id(),
-        PROBES.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-    ));
-    std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .open(&probe)?;
-    std::fs::remove_file(&probe)
+    let dir = std::ffi::CString::new(dir.as_os_str().as_bytes())
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+    // SAFETY: `dir` is a NUL-terminated path that lives across the call; access only reads it.
+    if unsafe { libc::access(dir.as_ptr(), libc::W_OK) } == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
 }
 
 /// The packed-weight cache a load asked for, and a warning when it fell back to memory.
