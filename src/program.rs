@@ -169,16 +169,7 @@ fn input_bytes(
     given: &usize,
     f: &mut fmt::Formatter<'_>,
 ) -> fmt::Result {
-    match needed {
-        Some(needed) => write!(
-            f,
-            "input {index} holds {given} bytes, its shape needs {needed}"
-        ),
-        None => write!(
-            f,
-            "input {index} holds {given} bytes; the size its shape needs overflows"
-        ),
-    }
+    crate::xnn::buffer_too_small(&"input", index, needed, given, f)
 }
 
 /// ExecuTorch's `TensorShapeDynamism::STATIC`.

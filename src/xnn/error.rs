@@ -202,7 +202,8 @@ fn out_of_memory(bytes: &Option<usize>, f: &mut fmt::Formatter<'_>) -> fmt::Resu
     }
 }
 
-fn buffer_too_small(
+/// The message of a buffer shorter than its shape needs (here and for a method's inputs).
+pub(crate) fn buffer_too_small(
     what: &&'static str,
     index: &usize,
     needed: &Option<usize>,

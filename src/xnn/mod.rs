@@ -11,6 +11,7 @@ mod weights_cache;
 mod workspace;
 
 pub use builtin_cache::XnnpackWeightsCache;
+pub(crate) use error::buffer_too_small;
 pub use error::{Status, XnnError};
 pub use kernel_info::{qd8_gemm_kernel, Qd8Weights};
 pub use memory_cache::{InMemoryWeightsCache, ProviderStats};

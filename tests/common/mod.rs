@@ -155,30 +155,6 @@ pub fn new_backend() -> xnnblob::backend::Backend {
     xnnblob::backend::Backend::with_defaults().unwrap()
 }
 
-/// A test's own directory under the system temp dir, removed when it drops, so a failing test
-/// (a panic) cleans up too. It reads as the `Path` it is.
-pub struct Scratch(tempfile::TempDir);
-
-impl std::ops::Deref for Scratch {
-    type Target = Path;
-
-    fn deref(&self) -> &Path {
-        self.0.path()
-    }
-}
-
-impl AsRef<Path> for Scratch {
-    fn as_ref(&self) -> &Path {
-        self.0.path()
-    }
-}
-
-/// A fresh scratch directory whose name starts with `xnnblob-<name>-`.
-pub fn scratch(name: &str) -> Scratch {
-    Scratch(
-        tempfile::Builder::new()
-            .prefix(&format!("xnnblob-{name}-"))
-            .tempdir()
-            .expect("a temp dir"),
-    )
-}
+mod scratch;
+#[allow(unused_imports)] // each test crate uses its own subset
+pub use scratch::{scratch, Scratch};

@@ -110,9 +110,15 @@ fn the_same_app_source_runs_with_either_backend_by_its_link_line() {
             &scratch.join(format!("{name}.warm.f32")),
             &cache,
         );
-        // Same kernels as ExecuTorch's export-time run: bit-identical, cold and warm.
-        assert_eq!(cold, expected, "{name} cold output");
-        assert_eq!(warm, expected, "{name} warm output");
+        // A warm launch computes what the cold one did, bit for bit; both match ExecuTorch's
+        // stored outputs within 1e-3 of their range (bit-identical on the machine that stored
+        // them, but another CPU class may pick other quantized kernels).
+        assert_eq!(warm, cold, "{name}: warm output differs from cold");
+        let d = support::relative_difference(&support::f32s(&cold), &support::f32s(&expected));
+        assert!(
+            d <= 1e-3,
+            "{name}: {d} of the range from ExecuTorch's stored output"
+        );
         assert_eq!(
             std::fs::metadata(&cache).unwrap().len(),
             size,

@@ -4,7 +4,7 @@
 
 mod support;
 
-use support::scratch;
+use support::{f32s, relative_difference, scratch};
 
 use serde_json::Value;
 use std::collections::HashMap;
@@ -77,33 +77,11 @@ fn s(v: &str) -> String {
     v.to_string()
 }
 
-fn f32s(bytes: &[u8]) -> Vec<f32> {
-    bytes
-        .chunks_exact(4)
-        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
-        .collect()
-}
-
 fn f16s(bytes: &[u8]) -> Vec<f32> {
     bytes
         .chunks_exact(2)
         .map(|b| xnnblob::tensor::f16_to_f32(u16::from_le_bytes(b.try_into().unwrap())))
         .collect()
-}
-
-/// The largest difference relative to the expected output's range.
-fn relative_difference(got: &[f32], expected: &[f32]) -> f32 {
-    assert_eq!(got.len(), expected.len());
-    let (lo, hi) = expected
-        .iter()
-        .fold((f32::INFINITY, f32::NEG_INFINITY), |(l, h), &v| {
-            (l.min(v), h.max(v))
-        });
-    let range = (hi - lo).max(f32::MIN_POSITIVE);
-    got.iter()
-        .zip(expected)
-        .map(|(a, b)| (a - b).abs() / range)
-        .fold(0.0, f32::max)
 }
 
 /// A runtime-c program's runner arguments and expected outputs per step.

@@ -33,31 +33,33 @@ pub fn backend_library() -> PathBuf {
     bin_dir.join("libxnnblob_executorch.so")
 }
 
-/// A test's own directory under the system temp dir, removed when it drops (a panicking test
-/// cleans up too). It reads as the `Path` it is.
-pub struct Scratch(tempfile::TempDir);
-
-impl std::ops::Deref for Scratch {
-    type Target = Path;
-
-    fn deref(&self) -> &Path {
-        self.0.path()
-    }
-}
-
-impl AsRef<Path> for Scratch {
-    fn as_ref(&self) -> &Path {
-        self.0.path()
-    }
-}
-
-/// A fresh scratch directory whose name starts with `xnnblob-<name>-`.
+#[path = "../../../../tests/common/scratch.rs"]
 #[allow(dead_code)] // the bench shares this module and makes none
-pub fn scratch(name: &str) -> Scratch {
-    Scratch(
-        tempfile::Builder::new()
-            .prefix(&format!("xnnblob-{name}-"))
-            .tempdir()
-            .expect("a temp dir"),
-    )
+mod scratch;
+#[allow(unused_imports)] // the bench shares this module and makes none
+pub use scratch::scratch;
+
+/// Output bytes as little-endian f32 values.
+#[allow(dead_code)] // each test crate uses its own subset
+pub fn f32s(bytes: &[u8]) -> Vec<f32> {
+    bytes
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+        .collect()
+}
+
+/// The largest difference relative to the expected output's range.
+#[allow(dead_code)]
+pub fn relative_difference(got: &[f32], expected: &[f32]) -> f32 {
+    assert_eq!(got.len(), expected.len());
+    let (lo, hi) = expected
+        .iter()
+        .fold((f32::INFINITY, f32::NEG_INFINITY), |(l, h), &v| {
+            (l.min(v), h.max(v))
+        });
+    let range = (hi - lo).max(f32::MIN_POSITIVE);
+    got.iter()
+        .zip(expected)
+        .map(|(a, b)| (a - b).abs() / range)
+        .fold(0.0, f32::max)
 }
