@@ -54,6 +54,40 @@ fn cache_status(error: CacheError) -> XnnblobStatus {
     fail(status, error.to_string())
 }
 
+/// The value of a `Result` whose error is the status to return from the C call.
+macro_rules! try_arg {
+    ($result:expr) => {
+        match $result {
+            Ok(value) => value,
+            Err(status) => return status,
+        }
+    };
+}
+
+/// A handle argument as a reference, or `InvalidArgument` when it is null.
+///
+/// # Safety
+/// `handle` is null or points to a live handle for the returned lifetime.
+unsafe fn live<'a, T>(handle: *const T, what: &str) -> Result<&'a T, XnnblobStatus> {
+    // SAFETY: null or live, per the caller's contract.
+    unsafe { handle.as_ref() }
+        .ok_or_else(|| fail(XnnblobStatus::InvalidArgument, format!("{what} is null")))
+}
+
+/// Frees a handle made by `Box::into_raw` (null is allowed); a panic in its drop stays here.
+///
+/// # Safety
+/// `handle` is null or a live handle from `Box::into_raw`, not used again.
+unsafe fn free_handle<T>(handle: *mut T) {
+    if handle.is_null() {
+        return;
+    }
+    let _ = catch_unwind(AssertUnwindSafe(|| {
+        // SAFETY: a live handle from Box::into_raw, freed once, per the caller's contract.
+        drop(unsafe { Box::from_raw(handle) });
+    }));
+}
+
 /// Runs `body`, turning a panic into [`XnnblobStatus::Internal`] with its message.
 fn guarded(body: impl FnOnce() -> XnnblobStatus) -> XnnblobStatus {
     match catch_unwind(AssertUnwindSafe(body)) {
@@ -175,9 +209,7 @@ pub unsafe extern "C" fn xnnblob_cache_register(
     sha256: *const u8,
 ) -> XnnblobStatus {
     // SAFETY: null or a live handle, per the contract.
-    let Some(handle) = (unsafe { cache.as_ref() }) else {
-        return fail(XnnblobStatus::InvalidArgument, "cache is null");
-    };
+    let handle = try_arg!(unsafe { live(cache, "cache") });
     if data.is_null() {
         return fail(XnnblobStatus::InvalidArgument, "data is null");
     }
@@ -207,9 +239,7 @@ pub unsafe extern "C" fn xnnblob_cache_unregister(
     data: *const c_void,
 ) -> XnnblobStatus {
     // SAFETY: null or a live handle, per the contract.
-    let Some(handle) = (unsafe { cache.as_ref() }) else {
-        return fail(XnnblobStatus::InvalidArgument, "cache is null");
-    };
+    let handle = try_arg!(unsafe { live(cache, "cache") });
     guarded(|| {
         handle.cache.unregister_raw(data.cast());
         XnnblobStatus::Ok
@@ -224,9 +254,7 @@ pub unsafe extern "C" fn xnnblob_cache_unregister(
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn xnnblob_cache_finalize(cache: *mut XnnblobCache) -> XnnblobStatus {
     // SAFETY: null or a live handle, per the contract.
-    let Some(handle) = (unsafe { cache.as_ref() }) else {
-        return fail(XnnblobStatus::InvalidArgument, "cache is null");
-    };
+    let handle = try_arg!(unsafe { live(cache, "cache") });
     guarded(|| match handle.cache.finalize() {
         Ok(()) => XnnblobStatus::Ok,
         Err(e) => cache_status(e),
@@ -240,9 +268,7 @@ pub unsafe extern "C" fn xnnblob_cache_finalize(cache: *mut XnnblobCache) -> Xnn
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn xnnblob_cache_wait_saved(cache: *mut XnnblobCache) -> XnnblobStatus {
     // SAFETY: null or a live handle, per the contract.
-    let Some(handle) = (unsafe { cache.as_ref() }) else {
-        return fail(XnnblobStatus::InvalidArgument, "cache is null");
-    };
+    let handle = try_arg!(unsafe { live(cache, "cache") });
     guarded(|| match handle.cache.wait_saved() {
         Ok(()) => XnnblobStatus::Ok,
         Err(e) => cache_status(e),
@@ -259,9 +285,7 @@ pub unsafe extern "C" fn xnnblob_cache_get_stats(
     out: *mut XnnblobCacheStats,
 ) -> XnnblobStatus {
     // SAFETY: null or a live handle, per the contract.
-    let Some(handle) = (unsafe { cache.as_ref() }) else {
-        return fail(XnnblobStatus::InvalidArgument, "cache is null");
-    };
+    let handle = try_arg!(unsafe { live(cache, "cache") });
     if out.is_null() {
         return fail(XnnblobStatus::InvalidArgument, "out is null");
     }
@@ -286,13 +310,8 @@ pub unsafe extern "C" fn xnnblob_cache_get_stats(
 /// `cache` is null or a live handle, not used again.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn xnnblob_cache_close(cache: *mut XnnblobCache) {
-    if cache.is_null() {
-        return;
-    }
-    let _ = catch_unwind(AssertUnwindSafe(|| {
-        // SAFETY: a live handle from Box::into_raw, closed once, per the contract.
-        drop(unsafe { Box::from_raw(cache) });
-    }));
+    // SAFETY: forwarded contract.
+    unsafe { free_handle(cache) }
 }
 
 fn map_status(error: NamedDataError) -> XnnblobStatus {
@@ -364,10 +383,7 @@ pub unsafe extern "C" fn xnnblob_map_open(
     out: *mut *mut XnnblobMap,
 ) -> XnnblobStatus {
     // SAFETY: forwarded contract.
-    let path = match unsafe { text_arg(path, "path") } {
-        Ok(path) => path,
-        Err(status) => return status,
-    };
+    let path = try_arg!(unsafe { text_arg(path, "path") });
     if out.is_null() {
         return fail(XnnblobStatus::InvalidArgument, "out is null");
     }
@@ -406,9 +422,7 @@ pub unsafe extern "C" fn xnnblob_map_num_keys(
     out: *mut usize,
 ) -> XnnblobStatus {
     // SAFETY: null or a live handle, per the contract.
-    let Some(handle) = (unsafe { map.as_ref() }) else {
-        return fail(XnnblobStatus::InvalidArgument, "map is null");
-    };
+    let handle = try_arg!(unsafe { live(map, "map") });
     if out.is_null() {
         return fail(XnnblobStatus::InvalidArgument, "out is null");
     }
@@ -428,9 +442,7 @@ pub unsafe extern "C" fn xnnblob_map_key_at(
     out: *mut *const c_char,
 ) -> XnnblobStatus {
     // SAFETY: null or a live handle, per the contract.
-    let Some(handle) = (unsafe { map.as_ref() }) else {
-        return fail(XnnblobStatus::InvalidArgument, "map is null");
-    };
+    let handle = try_arg!(unsafe { live(map, "map") });
     if out.is_null() {
         return fail(XnnblobStatus::InvalidArgument, "out is null");
     }
@@ -456,14 +468,9 @@ pub unsafe extern "C" fn xnnblob_map_get_data(
     out: *mut *mut XnnblobBuffer,
 ) -> XnnblobStatus {
     // SAFETY: null or a live handle, per the contract.
-    let Some(handle) = (unsafe { map.as_ref() }) else {
-        return fail(XnnblobStatus::InvalidArgument, "map is null");
-    };
+    let handle = try_arg!(unsafe { live(map, "map") });
     // SAFETY: forwarded contract.
-    let key = match unsafe { text_arg(key, "key") } {
-        Ok(key) => key,
-        Err(status) => return status,
-    };
+    let key = try_arg!(unsafe { text_arg(key, "key") });
     if out.is_null() {
         return fail(XnnblobStatus::InvalidArgument, "out is null");
     }
@@ -505,13 +512,8 @@ pub unsafe extern "C" fn xnnblob_buffer_size(buffer: *const XnnblobBuffer) -> us
 /// `buffer` is null or a live buffer handle, not used again.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn xnnblob_buffer_release(buffer: *mut XnnblobBuffer) {
-    if buffer.is_null() {
-        return;
-    }
-    let _ = catch_unwind(AssertUnwindSafe(|| {
-        // SAFETY: a live handle from Box::into_raw, released once, per the contract.
-        drop(unsafe { Box::from_raw(buffer) });
-    }));
+    // SAFETY: forwarded contract.
+    unsafe { free_handle(buffer) }
 }
 
 /// Copies `key`'s bytes into `destination`, which holds exactly `size` bytes (the blob's size).
@@ -527,14 +529,9 @@ pub unsafe extern "C" fn xnnblob_map_load_into(
     size: usize,
 ) -> XnnblobStatus {
     // SAFETY: null or a live handle, per the contract.
-    let Some(handle) = (unsafe { map.as_ref() }) else {
-        return fail(XnnblobStatus::InvalidArgument, "map is null");
-    };
+    let handle = try_arg!(unsafe { live(map, "map") });
     // SAFETY: forwarded contract.
-    let key = match unsafe { text_arg(key, "key") } {
-        Ok(key) => key,
-        Err(status) => return status,
-    };
+    let key = try_arg!(unsafe { text_arg(key, "key") });
     if destination.is_null() {
         return fail(XnnblobStatus::InvalidArgument, "destination is null");
     }
@@ -560,14 +557,9 @@ pub unsafe extern "C" fn xnnblob_map_layout(
     has_layout: *mut i32,
 ) -> XnnblobStatus {
     // SAFETY: null or a live handle, per the contract.
-    let Some(handle) = (unsafe { map.as_ref() }) else {
-        return fail(XnnblobStatus::InvalidArgument, "map is null");
-    };
+    let handle = try_arg!(unsafe { live(map, "map") });
     // SAFETY: forwarded contract.
-    let key = match unsafe { text_arg(key, "key") } {
-        Ok(key) => key,
-        Err(status) => return status,
-    };
+    let key = try_arg!(unsafe { text_arg(key, "key") });
     if out.is_null() || has_layout.is_null() {
         return fail(XnnblobStatus::InvalidArgument, "out or has_layout is null");
     }
@@ -610,13 +602,8 @@ pub unsafe extern "C" fn xnnblob_map_layout(
 /// `map` is null or a live handle, not used again.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn xnnblob_map_close(map: *mut XnnblobMap) {
-    if map.is_null() {
-        return;
-    }
-    let _ = catch_unwind(AssertUnwindSafe(|| {
-        // SAFETY: a live handle from Box::into_raw, closed once, per the contract.
-        drop(unsafe { Box::from_raw(map) });
-    }));
+    // SAFETY: forwarded contract.
+    unsafe { free_handle(map) }
 }
 
 /// A backend handle for C: one per process or per app, owning its caches.
@@ -669,17 +656,12 @@ pub unsafe extern "C" fn xnnblob_backend_cache(
     out: *mut *mut XnnblobCache,
 ) -> XnnblobStatus {
     // SAFETY: null or a live handle, per the contract.
-    let Some(handle) = (unsafe { backend.as_ref() }) else {
-        return fail(XnnblobStatus::InvalidArgument, "backend is null");
-    };
+    let handle = try_arg!(unsafe { live(backend, "backend") });
     if path.is_null() {
         return open(out, || Ok(handle.backend.in_memory_cache().clone()));
     }
     // SAFETY: forwarded contract.
-    let path = match unsafe { text_arg(path, "path") } {
-        Ok(path) => path,
-        Err(status) => return status,
-    };
+    let path = try_arg!(unsafe { text_arg(path, "path") });
     open(out, || {
         handle
             .backend
@@ -694,11 +676,6 @@ pub unsafe extern "C" fn xnnblob_backend_cache(
 /// `backend` is null or a live handle, not used again.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn xnnblob_backend_free(backend: *mut XnnblobBackend) {
-    if backend.is_null() {
-        return;
-    }
-    let _ = catch_unwind(AssertUnwindSafe(|| {
-        // SAFETY: a live handle from Box::into_raw, freed once, per the contract.
-        drop(unsafe { Box::from_raw(backend) });
-    }));
+    // SAFETY: forwarded contract.
+    unsafe { free_handle(backend) }
 }
