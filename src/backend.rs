@@ -68,6 +68,12 @@ pub enum PackedCache {
     Disabled,
 }
 
+/// The threads this machine runs at once (1 when it cannot tell): the thread count ExecuTorch's
+/// own backend uses.
+pub fn machine_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
 /// How a backend is set up.
 #[derive(Debug, Clone, Default)]
 pub struct BackendOptions {
@@ -79,6 +85,10 @@ pub struct BackendOptions {
     pub packed_cache: PackedCache,
     /// What packed-weight cache files must match (this build and CPU by default).
     pub cache_options: CacheOptions,
+    /// Leave packing to runtime creation, one weight after another on the loading thread, as
+    /// XNNPACK does. By default, weights a packed-weight cache does not hold yet are packed
+    /// ahead of creation on `threads` threads ([`crate::delegate::prepack`]).
+    pub pack_serially: bool,
 }
 
 /// Why a backend or a model context could not be made.
@@ -285,5 +295,16 @@ impl ModelContext {
     /// The workspace and thread pool the model's runtimes are created with.
     pub fn runtime_options(&self) -> &RuntimeOptions {
         &self.runtime
+    }
+
+    /// How many threads the backend runs (and packs) on.
+    pub fn threads(&self) -> usize {
+        self.backend.0.options.threads.max(1)
+    }
+
+    /// Whether weights missing from the packed-weight cache are packed ahead of runtime
+    /// creation, in parallel.
+    pub fn prepack(&self) -> bool {
+        !self.backend.0.options.pack_serially && self.threads() > 1
     }
 }

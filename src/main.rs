@@ -133,6 +133,9 @@ struct RunArgs {
     /// The shape of the input named before it, like 2x12.
     #[arg(long)]
     shape: Vec<String>,
+    /// Threads XNNPACK runs on, and a cold launch packs on [default: the machine's cores].
+    #[arg(long)]
+    threads: Option<usize>,
 }
 
 fn main() -> ExitCode {
@@ -283,7 +286,12 @@ fn run_command(args: &RunArgs, inputs: Vec<InputArg>) -> Result<(), Box<dyn std:
         &args.output_dir,
     );
     let t = Instant::now();
-    let backend = Backend::with_defaults()?;
+    let backend = Backend::new(xnnblob::backend::BackendOptions {
+        threads: args
+            .threads
+            .unwrap_or_else(xnnblob::backend::machine_threads),
+        ..Default::default()
+    })?;
     let cache = cache.map(PackedCache::File);
     let program = xnnblob::program::Program::load(&backend, &args.program, data, cache.as_ref())?;
     let method_name = match method {

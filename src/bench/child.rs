@@ -1,7 +1,7 @@
 //! One launch, measured inside a fresh process: what each scenario of the benchmark runs.
 
 use super::model::ModelFiles;
-use crate::backend::Backend;
+use crate::backend::{machine_threads, Backend, BackendOptions};
 use crate::delegate::{Weights, XnnDelegate};
 use crate::named_data::{FileDataMap, InMemoryMap, NamedDataMap};
 use crate::xnn::{InMemoryWeightsCache, WeightsCache, XnnpackWeightsCache};
@@ -138,7 +138,12 @@ pub fn launch(
     let start = Instant::now();
     let map = FileDataMap::open_ptd(&files.ptd).map_err(|x| e(&x))?;
     let payload = payload_buffer(&files.payload)?;
-    let backend = Backend::with_defaults().map_err(|x| e(&x))?;
+    // As an app's backend: as many threads as cores (a cold launch packs on them).
+    let backend = Backend::new(BackendOptions {
+        threads: machine_threads(),
+        ..Default::default()
+    })
+    .map_err(|x| e(&x))?;
     let packed_cache = match scenario {
         Scenario::Cold | Scenario::Warm => Some(backend.file_cache(cache_path).map_err(|x| e(&x))?),
         _ => None,

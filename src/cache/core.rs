@@ -192,6 +192,34 @@ impl CacheCore {
         }
     }
 
+    /// The identity `ptr` is registered under.
+    pub fn registered_id(&self, ptr: *const u8) -> Option<BlobId> {
+        self.state
+            .lock()
+            .registered
+            .get(&(ptr as usize))
+            .map(|r| r.id)
+    }
+
+    /// Which of `kernels` (registered addresses) no entry is packed from yet, under any seed
+    /// or bias: by index into `kernels`. An unregistered address counts as not packed.
+    pub fn unpacked_kernels(&self, kernels: &[*const u8]) -> Vec<usize> {
+        let state = self.state.lock();
+        let packed: std::collections::HashSet<BlobId, foldhash::fast::RandomState> =
+            state.by_key.keys().map(|k| k.kernel).collect();
+        kernels
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| {
+                state
+                    .registered
+                    .get(&(**p as usize))
+                    .is_none_or(|r| !packed.contains(&r.id))
+            })
+            .map(|(i, _)| i)
+            .collect()
+    }
+
     /// The content key of XNNPACK's pointer key; None if a non-null pointer is unknown.
     fn entry_key(state: &State, key: &LookUpKey) -> Option<EntryKey> {
         let id = |p: *const std::ffi::c_void| -> Option<BlobId> {

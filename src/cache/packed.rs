@@ -122,6 +122,16 @@ pub struct PackedWeightsCache {
     options: CacheOptions,
 }
 
+/// Puts the calling (saving) thread in the idle scheduling class: a save runs right after a cold
+/// load, while the app runs its first inferences on every core, and a thread pool waits for its
+/// slowest thread. The save gets the cycles inference leaves; exit still waits for it.
+fn yield_to_inference() {
+    let param = libc::sched_param { sched_priority: 0 };
+    // SAFETY: pid 0 is the calling thread; `param` is a valid sched_param for SCHED_IDLE. A
+    // refusal leaves the thread as it was.
+    unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) };
+}
+
 fn registry() -> &'static Mutex<HashMap<PathBuf, Weak<PackedWeightsCache>>> {
     static REGISTRY: OnceLock<Mutex<HashMap<PathBuf, Weak<PackedWeightsCache>>>> = OnceLock::new();
     REGISTRY.get_or_init(Default::default)
@@ -260,6 +270,17 @@ impl PackedWeightsCache {
         self.core().unregister(ptr, None);
     }
 
+    /// Which of `kernels` (addresses registered with this cache) have no packed entry yet, by
+    /// index: the weights a runtime created now would pack.
+    pub(crate) fn unpacked_kernels(&self, kernels: &[*const u8]) -> Vec<usize> {
+        self.core().unpacked_kernels(kernels)
+    }
+
+    /// The identity `ptr` is registered under, if it is.
+    pub(crate) fn registered_id(&self, ptr: *const u8) -> Option<BlobId> {
+        self.core().registered_id(ptr)
+    }
+
     /// Registers a placeholder ([`DeferredData`]) under `id`: XNNPACK gets its address, and its
     /// bytes are read in with `fill` only if a look-up misses (then released once packed). `fill`
     /// is dropped with the registration, so it may use a data source that lives only as long.
@@ -305,7 +326,10 @@ impl PackedWeightsCache {
         if self.blocking_save {
             return save();
         }
-        *saver = Some(std::thread::spawn(save));
+        *saver = Some(std::thread::spawn(move || {
+            yield_to_inference();
+            save()
+        }));
         Ok(())
     }
 

@@ -3,6 +3,7 @@
 
 use super::error::{at, DelegateError};
 use super::payload;
+use super::prepack::Prepacked;
 use crate::backend::ModelContext;
 use crate::cache::{BlobId, OwnedRegistration, PackedWeightsCache};
 use crate::deferred::{DeferredData, Fill};
@@ -19,7 +20,7 @@ use std::sync::Arc;
 const XNN_FLAG_EXTERNAL_INPUT: u32 = 1;
 const XNN_FLAG_EXTERNAL_OUTPUT: u32 = 2;
 /// XNNPACK may read this many bytes past any tensor data.
-const EXTRA_BYTES: usize = 16;
+pub(super) const EXTRA_BYTES: usize = 16;
 
 self_cell::self_cell!(
     /// A delegate's runtime together with everything its subgraph borrowed (the payload, the
@@ -42,7 +43,7 @@ pub(crate) struct Keep {
 }
 
 /// The constants and scales the runtime borrows.
-struct Loaded {
+pub(super) struct Loaded {
     /// By constant_data index (0 is "no constant").
     constants: Vec<Option<Constant>>,
     /// Scales by value index, copied out of the payload or named data as typed arrays.
@@ -140,8 +141,16 @@ impl Weights {
 pub struct InitTimings {
     /// Validating the payload and loading (mapping) its constants.
     pub load: std::time::Duration,
+    /// Packing, on the backend's threads, the weights the cache did not hold yet (see
+    /// [`prepack`](super::prepack)).
+    pub prepack: std::time::Duration,
     /// Building the subgraph and creating the XNNPACK runtime (packing, or finding packed).
     pub create: std::time::Duration,
+    /// What packing ahead of creation did.
+    pub prepacked: Prepacked,
+    /// Weights XNNPACK packed inside the runtime's creation (0 when packing ahead found them
+    /// all, or when every weight was in the cache).
+    pub packed_at_creation: usize,
     /// Finalizing the weights cache (a background save starts here).
     pub finalize: std::time::Duration,
 }
@@ -479,74 +488,105 @@ fn define_values<'k>(
 ) -> Result<HashMap<u32, u32>, DelegateError> {
     let mut ids = HashMap::new();
     for (i, v) in graph.xvalues().iter().flatten().enumerate() {
-        let (t, q) = tensor_of(v, i)?;
-        let dims = dims_of(&t);
-        let dt = datatype(t.datatype(), i)?;
-        let index = constant_index(&t);
-        let role = if index != 0 {
-            let c = keep
-                .constants
-                .get(index)
-                .and_then(|c| c.as_ref())
-                .ok_or_else(|| {
-                    DelegateError::BadGraph(format!("value {i}: constant {index} does not exist"))
-                })?;
-            match c {
-                Constant::Deferred { data, .. } => ValueRole::Deferred(data),
-                c => ValueRole::Static(c.buffer().expect("not deferred").data()),
-            }
-        } else if t.flags() & XNN_FLAG_EXTERNAL_INPUT != 0 {
-            ValueRole::Input(t.external_id())
-        } else if t.flags() & XNN_FLAG_EXTERNAL_OUTPUT != 0 {
-            ValueRole::Output(t.external_id())
-        } else {
-            ValueRole::Internal
-        };
-        let what = || format!("value {i} ({dt:?} {dims:?})");
-        let id = match q {
-            None => g.define_tensor(dt, &dims, role).map_err(at(what))?,
-            Some(q) => {
-                if let Some(p) = q.quant_params_as_per_tensor_quant() {
-                    g.define_quantized_tensor(dt, &dims, p.zero_point(), p.scale(), role)
-                        .map_err(at(what))?
-                } else if let Some(p) = q.quant_params_as_per_token_dynamic_quant() {
-                    g.define_dynamically_quantized_tensor(dt, &dims, p.num_nonbatch_dims() as usize)
-                        .map_err(at(what))?
-                } else if let Some(p) = q.quant_params_as_per_channel_quant() {
-                    let Some(Scales::F32(scales)) = keep.scales.get(&i) else {
-                        return Err(DelegateError::BadGraph(format!("value {i}: no scales")));
-                    };
-                    let quantization = ChannelwiseQuantization {
-                        // ExecuTorch stores 4-bit weights as unsigned nibbles (value + 8).
-                        zero_point: if dt == Datatype::Qcint4 { 8 } else { 0 },
-                        scales,
-                        channel_dim: p.channel_dim() as usize,
-                    };
-                    g.define_channelwise_quantized_tensor(dt, &dims, quantization, role)
-                        .map_err(at(what))?
-                } else if let Some(p) = q.quant_params_as_per_channel_group_quant() {
-                    let Some(Scales::Bf16(scales)) = keep.scales.get(&i) else {
-                        return Err(DelegateError::BadGraph(format!("value {i}: no scales")));
-                    };
-                    let quantization = BlockwiseQuantization {
-                        zero_point: 8,
-                        scales,
-                        channel_dim: p.channel_dim() as usize,
-                        block_size: p.group_size() as usize,
-                    };
-                    g.define_blockwise_quantized_tensor(dt, &dims, quantization, role)
-                        .map_err(at(what))?
-                } else {
-                    return Err(DelegateError::BadGraph(format!(
-                        "value {i}: unknown quantization {}",
-                        q.quant_params_type().0
-                    )));
-                }
-            }
-        };
-        ids.insert(t.id_out(), id);
+        let (t, _) = tensor_of(v, i)?;
+        let role = role_of(&t, i, keep)?;
+        ids.insert(t.id_out(), define_value(g, v, i, keep, role)?);
     }
     Ok(ids)
+}
+
+/// The named key and placeholder of value `t`, if its constant is deferred.
+pub(super) fn deferred_constant<'k>(
+    t: &fb::XNNTensorValue<'_>,
+    keep: &'k Loaded,
+) -> Option<(&'k str, &'k Arc<DeferredData>)> {
+    match keep.constants.get(constant_index(t))? {
+        Some(Constant::Deferred { key, data }) => Some((key, data)),
+        _ => None,
+    }
+}
+
+/// What value `i` is in the subgraph: constant data (or its placeholder), an external input or
+/// output, or internal.
+pub(super) fn role_of<'k>(
+    t: &fb::XNNTensorValue<'_>,
+    i: usize,
+    keep: &'k Loaded,
+) -> Result<ValueRole<'k>, DelegateError> {
+    let index = constant_index(t);
+    Ok(if index != 0 {
+        let c = keep
+            .constants
+            .get(index)
+            .and_then(|c| c.as_ref())
+            .ok_or_else(|| {
+                DelegateError::BadGraph(format!("value {i}: constant {index} does not exist"))
+            })?;
+        match c {
+            Constant::Deferred { data, .. } => ValueRole::Deferred(data),
+            c => ValueRole::Static(c.buffer().expect("not deferred").data()),
+        }
+    } else if t.flags() & XNN_FLAG_EXTERNAL_INPUT != 0 {
+        ValueRole::Input(t.external_id())
+    } else if t.flags() & XNN_FLAG_EXTERNAL_OUTPUT != 0 {
+        ValueRole::Output(t.external_id())
+    } else {
+        ValueRole::Internal
+    })
+}
+
+/// Defines value `i` of the payload in `g` as `role`, with its datatype, shape and quantization;
+/// returns its subgraph id.
+pub(super) fn define_value<'k>(
+    g: &mut Subgraph<'k>,
+    v: fb::XValue<'_>,
+    i: usize,
+    keep: &'k Loaded,
+    role: ValueRole<'k>,
+) -> Result<u32, DelegateError> {
+    let (t, q) = tensor_of(v, i)?;
+    let dims = dims_of(&t);
+    let dt = datatype(t.datatype(), i)?;
+    let what = || format!("value {i} ({dt:?} {dims:?})");
+    let Some(q) = q else {
+        return g.define_tensor(dt, &dims, role).map_err(at(what));
+    };
+    if let Some(p) = q.quant_params_as_per_tensor_quant() {
+        g.define_quantized_tensor(dt, &dims, p.zero_point(), p.scale(), role)
+            .map_err(at(what))
+    } else if let Some(p) = q.quant_params_as_per_token_dynamic_quant() {
+        g.define_dynamically_quantized_tensor(dt, &dims, p.num_nonbatch_dims() as usize)
+            .map_err(at(what))
+    } else if let Some(p) = q.quant_params_as_per_channel_quant() {
+        let Some(Scales::F32(scales)) = keep.scales.get(&i) else {
+            return Err(DelegateError::BadGraph(format!("value {i}: no scales")));
+        };
+        let quantization = ChannelwiseQuantization {
+            // ExecuTorch stores 4-bit weights as unsigned nibbles (value + 8).
+            zero_point: if dt == Datatype::Qcint4 { 8 } else { 0 },
+            scales,
+            channel_dim: p.channel_dim() as usize,
+        };
+        g.define_channelwise_quantized_tensor(dt, &dims, quantization, role)
+            .map_err(at(what))
+    } else if let Some(p) = q.quant_params_as_per_channel_group_quant() {
+        let Some(Scales::Bf16(scales)) = keep.scales.get(&i) else {
+            return Err(DelegateError::BadGraph(format!("value {i}: no scales")));
+        };
+        let quantization = BlockwiseQuantization {
+            zero_point: 8,
+            scales,
+            channel_dim: p.channel_dim() as usize,
+            block_size: p.group_size() as usize,
+        };
+        g.define_blockwise_quantized_tensor(dt, &dims, quantization, role)
+            .map_err(at(what))
+    } else {
+        Err(DelegateError::BadGraph(format!(
+            "value {i}: unknown quantization {}",
+            q.quant_params_type().0
+        )))
+    }
 }
 
 /// Rejects unsupported nodes before anything is loaded.
@@ -565,9 +605,25 @@ fn check_nodes(graph: &fb::XNNGraph<'_>) -> Result<(), DelegateError> {
     Ok(())
 }
 
-/// What building the graph hands back besides the subgraph: the registrations that must
-/// outlive runtime creation, and how long loading took.
-type Built = (Vec<OwnedRegistration>, std::time::Duration);
+/// What building the runtime hands back besides it.
+struct Built {
+    /// Registrations that must outlive runtime creation.
+    registrations: Vec<OwnedRegistration>,
+    /// How long loading the constants took.
+    load: std::time::Duration,
+    /// What packing ahead of creation did, and how long it took.
+    prepacked: (Prepacked, std::time::Duration),
+    /// Weights the creation itself packed.
+    packed_at_creation: usize,
+}
+
+/// How many weights the packed-weight cache has packed so far (0 for other caches).
+fn packs(weights: &Weights) -> usize {
+    match weights {
+        Weights::Packed(cache) => cache.stats().packed,
+        _ => 0,
+    }
+}
 
 /// Pins (reads in, for the runtime's lifetime) the placeholders of values some node reads as
 /// they are.
@@ -666,18 +722,42 @@ pub(crate) fn compile(
         let ids = define_values(&mut g, &p.graph, loaded)?;
         let read_as_is = super::operators::define_nodes(&mut g, &p.graph, &ids)?;
         pin_read_as_is(&p.graph, loaded, &read_as_is, deferral.as_ref())?;
+        let prepacked = match &k.cache {
+            Weights::Packed(cache) if model.prepack() => {
+                let started = std::time::Instant::now();
+                let done = super::prepack::prepack(
+                    &p.graph,
+                    loaded,
+                    cache,
+                    deferral.as_deref(),
+                    model.threads(),
+                )?;
+                (done, started.elapsed())
+            }
+            _ => Default::default(),
+        };
+        let packs_before = packs(&k.cache);
         let runtime = Runtime::with_options(&g, k.cache.as_xnn(), model.runtime_options())?;
-        built = Some((registrations, load_time));
+        built = Some(Built {
+            registrations,
+            load: load_time,
+            prepacked,
+            packed_at_creation: packs(&k.cache) - packs_before,
+        });
         Ok(runtime)
     })?;
-    let (registrations, load_time) = built.expect("set when the runtime was made");
-    drop(registrations);
+    let built = built.expect("set when the runtime was made");
+    drop(built.registrations);
+    let load_time = built.load;
     if let Some(error) = runtime.borrow_owner().loaded.get().and_then(failed_fill) {
         return Err(error);
     }
     let mut timings = InitTimings {
         load: load_time,
-        create: started.elapsed() - load_time,
+        prepack: built.prepacked.1,
+        create: started.elapsed() - load_time - built.prepacked.1,
+        prepacked: built.prepacked.0,
+        packed_at_creation: built.packed_at_creation,
         ..Default::default()
     };
     let started = std::time::Instant::now();

@@ -12,6 +12,7 @@ mod compile;
 mod error;
 pub mod operators;
 pub mod payload;
+pub mod prepack;
 
 pub use compile::{InitTimings, Weights};
 pub use error::DelegateError;

@@ -198,26 +198,56 @@ pub(crate) fn define_nodes(
     graph: &fb::XNNGraph<'_>,
     ids: &HashMap<u32, u32>,
 ) -> Result<HashSet<u32>, DelegateError> {
-    let read_as_is = RefCell::new(HashSet::new());
     let values: Vec<fb::XValue<'_>> = graph.xvalues().iter().flatten().collect();
+    let mut read_as_is = HashSet::new();
     for (index, node) in graph.xnodes().iter().flatten().enumerate() {
-        let kind = node.xnode_union_type();
-        let op = find(kind).ok_or_else(|| DelegateError::UnsupportedNode {
-            index,
-            name: kind
-                .variant_name()
-                .map_or_else(|| format!("node type {}", kind.0), str::to_string),
-        })?;
-        let cx = Node {
-            index,
-            name: op.node,
-            ids,
-            values: &values,
-            read_as_is: &read_as_is,
-        };
-        (op.define)(g, &node, &cx)?;
+        read_as_is.extend(define_node(g, &values, index, &node, ids)?);
     }
+    Ok(read_as_is)
+}
+
+/// Defines node `index` of the graph, whose payload value ids `ids` maps to subgraph ids.
+/// Returns the payload ids of the operands it may read as they are (not only to pack).
+pub(crate) fn define_node(
+    g: &mut Subgraph<'_>,
+    values: &[fb::XValue<'_>],
+    index: usize,
+    node: &fb::XNode<'_>,
+    ids: &HashMap<u32, u32>,
+) -> Result<HashSet<u32>, DelegateError> {
+    let kind = node.xnode_union_type();
+    let op = find(kind).ok_or_else(|| DelegateError::UnsupportedNode {
+        index,
+        name: kind
+            .variant_name()
+            .map_or_else(|| format!("node type {}", kind.0), str::to_string),
+    })?;
+    let read_as_is = RefCell::new(HashSet::new());
+    let cx = Node {
+        index,
+        name: op.node,
+        ids,
+        values,
+        read_as_is: &read_as_is,
+    };
+    (op.define)(g, node, &cx)?;
     Ok(read_as_is.into_inner())
+}
+
+/// The operands of a node whose weights XNNPACK packs (fully connected and 2-D convolution):
+/// its input, filter, bias (`None` without one) and output payload ids.
+pub(crate) fn packing_operands(node: &fb::XNode<'_>) -> Option<(u32, u32, Option<u32>, u32)> {
+    let (input, filter, bias, output) = if let Some(fc) = node.xnode_union_as_xnnfully_connected() {
+        (fc.input1_id(), fc.filter_id(), fc.bias_id(), fc.output_id())
+    } else if let Some(c) = node
+        .xnode_union_as_xnnconv_2d()
+        .or_else(|| node.xnode_union_as_xnndepthwise_conv_2d())
+    {
+        (c.input1_id(), c.filter_id(), c.bias_id(), c.output_id())
+    } else {
+        return None;
+    };
+    Some((input, filter, (bias != NO_VALUE).then_some(bias), output))
 }
 
 fn min_max(node: &fb::XNode<'_>) -> (f32, f32) {

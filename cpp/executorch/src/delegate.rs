@@ -26,28 +26,41 @@ impl EtDelegate {
     }
 }
 
+static BACKEND: OnceLock<Result<Backend, String>> = OnceLock::new();
+
 /// The backend every program of the process shares: one shared data cache, one in-memory
 /// packed-weight cache, at most one cache per file, one thread pool as wide as the machine (as
 /// ExecuTorch's own backend uses).
 fn process_backend() -> Result<&'static Backend, Outcome> {
-    static BACKEND: OnceLock<Result<Backend, String>> = OnceLock::new();
     BACKEND
         .get_or_init(|| {
-            let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-            Backend::new(BackendOptions {
-                threads,
-                // Saved within init: an app may exit at any time after loading, and nothing
-                // of a process-wide backend runs at exit.
-                cache_options: xnnblob::cache::CacheOptions {
-                    blocking_save: true,
-                    ..Default::default()
-                },
+            let backend = Backend::new(BackendOptions {
+                threads: xnnblob::backend::machine_threads(),
                 ..Default::default()
             })
-            .map_err(|e| e.to_string())
+            .map_err(|e| e.to_string());
+            if backend.is_ok() {
+                // Saves run in the background, off the load: nothing of a process-wide backend
+                // is dropped at exit, so exit waits for them here.
+                // SAFETY: registers a function that takes no arguments and does not unwind.
+                unsafe { libc::atexit(wait_for_saves) };
+            }
+            backend
         })
         .as_ref()
         .map_err(|e| Outcome::error(Status::Internal, format!("xnnblob backend: {e}")))
+}
+
+/// Waits for every background save of the process's caches to be durable (at exit; a save that
+/// fails costs only a repack at the next launch).
+extern "C" fn wait_for_saves() {
+    let _ = catch_unwind(|| {
+        if let Some(Ok(backend)) = BACKEND.get() {
+            for cache in backend.packed_caches() {
+                let _ = cache.wait_saved();
+            }
+        }
+    });
 }
 
 /// Makes the process-wide backend on a background thread; a load that comes first waits for it

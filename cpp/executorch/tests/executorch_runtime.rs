@@ -339,8 +339,11 @@ fn a_warm_launch_with_the_file_loader_reads_no_weights_and_the_cache_does_not_gr
         .len() as f64;
     let cold = launch("cold");
     let c = cold.cache(&cache.display().to_string());
+    // Packed ahead of runtime creation on the backend's threads, from the loader's own bytes
+    // (no placeholder read in), then found by the creation.
+    let parallel = xnnblob::backend::machine_threads() > 1;
     assert!(
-        c["packed"] > 0 && c["deferred_fills"] > 0,
+        c["packed"] > 0 && (!parallel || (c["hits"] == c["packed"] && c["deferred_fills"] == 0)),
         "{}",
         cold.stdout
     );

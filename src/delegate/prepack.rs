@@ -1,0 +1,231 @@
+//! Parallel cold packing.
+//!
+//! XNNPACK packs a runtime's weights one after another, inside `xnn_create_runtime`, on the
+//! calling thread. Before a delegate's runtime is created, each fully connected or convolution
+//! node whose filter the packed-weight cache holds no packing of yet is packed on its own: a
+//! one-node runtime over the same filter and bias (the same addresses, so the same look-up keys)
+//! and the same cache, created on one of as many threads as the backend's pool has. XNNPACK's
+//! look-up key is the operator's parameters and the filter and bias, not the rest of the graph,
+//! so the real creation then finds every weight packed and packs none.
+//!
+//! A filter or bias that stands behind a placeholder (see [`crate::deferred`]) is not read into
+//! it: the one-node runtime packs from the data source's own bytes (mapped by the mmap loader),
+//! registered under the placeholder's identity while it packs, and their pages are released
+//! once packed. So a cold launch copies no unpacked weight.
+//!
+//! Nothing here can change a result: a weight the one-node runtime failed to pack, or packed
+//! under another key, is packed by the real creation as before.
+
+use super::compile::{
+    deferred_constant, define_value, dims_of, role_of, tensor_of, Loaded, EXTRA_BYTES,
+};
+use super::error::{at, DelegateError};
+use super::operators::{define_node, packing_operands};
+use crate::cache::{OwnedRegistration, PackedWeightsCache};
+use crate::named_data::{DataBuffer, NamedDataMap};
+use crate::schema::xnn as fb;
+use crate::xnn::{Datatype, Runtime, RuntimeOptions, Subgraph, ValueRole};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+/// What [`prepack`] did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Prepacked {
+    /// Nodes whose filter had no packing in the cache yet.
+    pub missing: usize,
+    /// Of those, the nodes a one-node runtime was created for (its weights are in the cache).
+    pub packed: usize,
+    /// Threads the packing ran on (0: nothing was missing).
+    pub threads: usize,
+}
+
+/// A node to pack: its index, and the payload ids of its operands.
+struct Job<'g> {
+    index: usize,
+    node: fb::XNode<'g>,
+    input: u32,
+    filter: u32,
+    bias: Option<u32>,
+    output: u32,
+    /// The filter's size in elements, to hand out the largest first.
+    size: usize,
+}
+
+/// Packs into `cache`, on up to `threads` threads, the weights of every node of `graph` whose
+/// filter `cache` has not packed yet. `loaded` holds the constants the real runtime will be
+/// created with (registered with `cache`); `source` is the map placeholders are read from.
+pub(super) fn prepack(
+    graph: &fb::XNNGraph<'_>,
+    loaded: &Loaded,
+    cache: &Arc<PackedWeightsCache>,
+    source: Option<&dyn NamedDataMap>,
+    threads: usize,
+) -> Result<Prepacked, DelegateError> {
+    let values: Vec<fb::XValue<'_>> = graph.xvalues().iter().flatten().collect();
+    let mut by_id = HashMap::with_capacity(values.len());
+    for (i, v) in values.iter().enumerate() {
+        by_id.insert(tensor_of(*v, i)?.0.id_out(), i);
+    }
+    // Only filters XNNPACK packs through the cache: a depthwise convolution's packing is not
+    // kept there, so packing it ahead would be repeated at every launch.
+    let through_cache = super::operators::packed_operands(graph);
+    let mut jobs = Vec::new();
+    let mut kernels = Vec::new();
+    for (index, node) in graph.xnodes().iter().flatten().enumerate() {
+        let Some((input, filter, bias, output)) = packing_operands(&node) else {
+            continue;
+        };
+        if !through_cache.contains(&filter) {
+            continue;
+        }
+        let Some(&f) = by_id.get(&filter) else {
+            continue;
+        };
+        let (t, _) = tensor_of(values[f], f)?;
+        let address = match role_of(&t, f, loaded)? {
+            ValueRole::Static(bytes) => bytes.as_ptr(),
+            ValueRole::Deferred(data) => data.address(),
+            _ => continue,
+        };
+        kernels.push(address);
+        jobs.push(Job {
+            index,
+            node,
+            input,
+            filter,
+            bias,
+            output,
+            size: dims_of(&t).iter().product(),
+        });
+    }
+    let missing = cache.unpacked_kernels(&kernels);
+    if missing.is_empty() {
+        return Ok(Prepacked::default());
+    }
+    let mut missing: Vec<Job<'_>> = {
+        let mut keep = vec![false; jobs.len()];
+        missing.iter().for_each(|&i| keep[i] = true);
+        jobs.into_iter()
+            .zip(keep)
+            .filter_map(|(j, k)| k.then_some(j))
+            .collect()
+    };
+    missing.sort_by_key(|j| std::cmp::Reverse(j.size));
+    let threads = threads.clamp(1, missing.len());
+    let next = AtomicUsize::new(0);
+    let packed = AtomicUsize::new(0);
+    let work = || {
+        while let Some(job) = missing.get(next.fetch_add(1, Ordering::Relaxed)) {
+            // A failure here is the real creation's to report (it packs the weight itself).
+            if pack_one(&values, &by_id, job, loaded, cache, source).is_ok() {
+                packed.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    };
+    std::thread::scope(|s| {
+        for _ in 1..threads {
+            let spawned = std::thread::Builder::new()
+                .name("xnnblob-pack".into())
+                .spawn_scoped(s, work);
+            // Without another thread, this one does all the work.
+            drop(spawned);
+        }
+        work();
+    });
+    Ok(Prepacked {
+        missing: missing.len(),
+        packed: packed.into_inner(),
+        threads,
+    })
+}
+
+/// The source's own bytes of a placeholder's constant, registered under its identity, when
+/// the source can give them with XNNPACK's over-read room.
+fn source_bytes(
+    t: &fb::XNNTensorValue<'_>,
+    loaded: &Loaded,
+    cache: &Arc<PackedWeightsCache>,
+    source: Option<&dyn NamedDataMap>,
+) -> Option<(DataBuffer, OwnedRegistration)> {
+    let (key, placeholder) = deferred_constant(t, loaded)?;
+    let id = cache.registered_id(placeholder.address())?;
+    let buffer = source?.get_data(key).ok()?;
+    if buffer.len() != placeholder.len() || buffer.slack_after() < EXTRA_BYTES {
+        return None;
+    }
+    let registration = cache.register_owned(buffer.clone(), id);
+    Some((buffer, registration))
+}
+
+/// Creates (and drops) a one-node runtime for `job` with `cache`: input external 0, output
+/// external 1, filter and bias as the real graph defines them (or as their source's bytes).
+fn pack_one(
+    values: &[fb::XValue<'_>],
+    by_id: &HashMap<u32, usize>,
+    job: &Job<'_>,
+    loaded: &Loaded,
+    cache: &Arc<PackedWeightsCache>,
+    source: Option<&dyn NamedDataMap>,
+) -> Result<(), DelegateError> {
+    let value = |id: u32| {
+        by_id.get(&id).copied().ok_or_else(|| {
+            DelegateError::BadGraph(format!("node {}: value {id} is not defined", job.index))
+        })
+    };
+    let what = |part: &'static str| move || format!("node {}: {part}", job.index);
+    let operands: Vec<u32> = std::iter::once(job.filter).chain(job.bias).collect();
+    // Outlive the subgraph and its runtime.
+    let read = operands
+        .iter()
+        .map(|&id| {
+            let i = value(id)?;
+            let (t, _) = tensor_of(values[i], i)?;
+            Ok(source_bytes(&t, loaded, cache, source))
+        })
+        .collect::<Result<Vec<_>, DelegateError>>()?;
+    let mut g = Subgraph::new(2).map_err(at(|| "subgraph".into()))?;
+    let mut ids = HashMap::new();
+
+    let i = value(job.input)?;
+    let (t, q) = tensor_of(values[i], i)?;
+    let dynamic = q.is_some_and(|q| q.quant_params_as_per_token_dynamic_quant().is_some());
+    let input = if dynamic {
+        // XNNPACK takes a dynamically quantized tensor only from a convert node.
+        let x = g
+            .define_tensor(Datatype::Fp32, &dims_of(&t), ValueRole::Input(0))
+            .map_err(at(what("input")))?;
+        let quantized = define_value(&mut g, values[i], i, loaded, ValueRole::Internal)?;
+        g.define_convert(x, quantized)
+            .map_err(at(what("input conversion")))?;
+        quantized
+    } else {
+        define_value(&mut g, values[i], i, loaded, ValueRole::Input(0))?
+    };
+    ids.insert(job.input, input);
+
+    for (&id, read) in operands.iter().zip(&read) {
+        let i = value(id)?;
+        let (t, _) = tensor_of(values[i], i)?;
+        let role = match (role_of(&t, i, loaded)?, read) {
+            (ValueRole::Deferred(_), Some((bytes, _))) => ValueRole::Static(bytes.data()),
+            (role @ (ValueRole::Static(_) | ValueRole::Deferred(_)), _) => role,
+            _ => {
+                return Err(DelegateError::BadGraph(format!(
+                    "node {}: operand {id} is not constant",
+                    job.index
+                )))
+            }
+        };
+        ids.insert(id, define_value(&mut g, values[i], i, loaded, role)?);
+    }
+
+    let o = value(job.output)?;
+    let output = define_value(&mut g, values[o], o, loaded, ValueRole::Output(1))?;
+    ids.insert(job.output, output);
+
+    define_node(&mut g, values, job.index, &job.node, &ids)?;
+    let cache: &PackedWeightsCache = cache;
+    Runtime::with_options(&g, Some(cache), &RuntimeOptions::default())?;
+    Ok(())
+}

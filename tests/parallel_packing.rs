@@ -1,0 +1,178 @@
+//! Parallel cold packing: with a thread pool, the weights a packed-weight cache lacks are packed
+//! ahead of runtime creation on the backend's threads, so creation itself packs none; outputs
+//! are bit-identical to packing inside creation, and a warm launch packs nothing ahead.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use xnnblob::backend::{Backend, BackendOptions, PackedCache};
+use xnnblob::cache::PackedWeightsCache;
+use xnnblob::program::Program;
+
+/// Programs with fully connected and convolution weights of every packing kind the fixtures
+/// have: fp32, qd8 with 8-bit, 4-bit channelwise and blockwise weights, a CNN, two methods.
+const PROGRAMS: &[(&str, bool)] = &[
+    ("mlp_xnn_external", true),
+    ("mlp_qd8_qc8w_external", true),
+    ("mlp_qc4w_inline", false),
+    ("mlp_qb4w_inline", false),
+    ("cnn_xnn_external", true),
+    ("two_methods_xnn_external", true),
+];
+
+fn files(name: &str, external: bool) -> (PathBuf, Vec<PathBuf>) {
+    let dir = common::dir();
+    let ptds = if external {
+        vec![dir.join(format!("{name}.ptd"))]
+    } else {
+        Vec::new()
+    };
+    (dir.join(format!("{name}.pte")), ptds)
+}
+
+fn backend(pack_serially: bool) -> Backend {
+    Backend::new(BackendOptions {
+        threads: 2,
+        pack_serially,
+        ..Default::default()
+    })
+    .unwrap()
+}
+
+/// Deterministic inputs of every method's declared shapes.
+fn inputs(program: &Program, method: &str) -> Vec<Vec<f32>> {
+    program
+        .input_shapes(method)
+        .unwrap()
+        .iter()
+        .map(|shape| {
+            let n: usize = shape.iter().product();
+            (0..n).map(|i| ((i % 23) as f32 - 11.0) / 7.0).collect()
+        })
+        .collect()
+}
+
+struct Launch {
+    outputs: Vec<Vec<Vec<f32>>>,
+    /// Per delegate: (weights missing before creation, packed ahead, packed by creation).
+    delegates: Vec<(usize, usize, usize)>,
+}
+
+fn launch(backend: &Backend, name: &str, external: bool, cache: Option<&Path>) -> Launch {
+    let (pte, ptds) = files(name, external);
+    let cache = cache.map(|p| PackedCache::File(p.to_path_buf()));
+    let program = Program::load(backend, &pte, &ptds, cache.as_ref()).unwrap();
+    let mut outputs = Vec::new();
+    let mut delegates = Vec::new();
+    for method in program.method_names() {
+        let mut m = program.method(method).unwrap();
+        for d in m.delegates() {
+            let t = d.init_timings();
+            delegates.push((
+                t.prepacked.missing,
+                t.prepacked.packed,
+                t.packed_at_creation,
+            ));
+        }
+        let data = inputs(&program, method);
+        let refs: Vec<&[f32]> = data.iter().map(Vec::as_slice).collect();
+        outputs.push(m.execute_f32(&refs).unwrap());
+    }
+    Launch { outputs, delegates }
+}
+
+fn same_bits(a: &[Vec<Vec<f32>>], b: &[Vec<Vec<f32>>]) -> bool {
+    let bits = |x: &[Vec<Vec<f32>>]| -> Vec<u32> {
+        x.iter().flatten().flatten().map(|v| v.to_bits()).collect()
+    };
+    bits(a) == bits(b)
+}
+
+#[test]
+fn a_cold_launch_packs_every_weight_ahead_and_runtime_creation_packs_none() {
+    let dir = common::scratch("parallel-packing-cold");
+    for &(name, external) in PROGRAMS {
+        let serial = launch(&backend(true), name, external, None);
+        assert!(
+            serial.delegates.iter().all(|&(missing, _, _)| missing == 0),
+            "{name}: packing ahead ran although serial packing was asked for"
+        );
+        let path = dir.join(format!("{name}.cache"));
+        let parallel_backend = backend(false);
+        let parallel = launch(&parallel_backend, name, external, Some(&path));
+        let packed_ahead: usize = parallel.delegates.iter().map(|d| d.1).sum();
+        assert!(packed_ahead > 0, "{name}: nothing was packed ahead");
+        for (i, &(missing, packed, at_creation)) in parallel.delegates.iter().enumerate() {
+            assert_eq!(
+                missing, packed,
+                "{name}, delegate {i}: a one-node packing failed"
+            );
+            assert_eq!(
+                at_creation, 0,
+                "{name}, delegate {i}: creation packed weights"
+            );
+        }
+        let cache = parallel_backend.file_cache(&path).unwrap();
+        assert_eq!(cache.stats().packed, packed_ahead, "{name}");
+        assert!(
+            same_bits(&serial.outputs, &parallel.outputs),
+            "{name}: outputs differ from packing inside creation"
+        );
+    }
+}
+
+#[test]
+fn a_warm_launch_packs_nothing_ahead_and_gives_the_cold_outputs() {
+    let dir = common::scratch("parallel-packing-warm");
+    for &(name, external) in PROGRAMS {
+        let path = dir.join(format!("{name}.cache"));
+        let cold_backend = backend(false);
+        let cold = launch(&cold_backend, name, external, Some(&path));
+        cold_backend
+            .file_cache(&path)
+            .unwrap()
+            .wait_saved()
+            .unwrap();
+        drop(cold_backend);
+        let warm_backend = backend(false);
+        let warm = launch(&warm_backend, name, external, Some(&path));
+        assert!(
+            warm.delegates.iter().all(|&d| d == (0, 0, 0)),
+            "{name}: a warm launch packed: {:?}",
+            warm.delegates
+        );
+        assert_eq!(
+            warm_backend.file_cache(&path).unwrap().stats().packed,
+            0,
+            "{name}"
+        );
+        assert!(same_bits(&cold.outputs, &warm.outputs), "{name}");
+    }
+}
+
+#[test]
+fn eight_threads_loading_one_program_cold_share_one_packing_of_each_weight() {
+    let dir = common::scratch("parallel-packing-threads");
+    let (name, external) = ("mlp_qd8_qc8w_external", true);
+    let serial = launch(&backend(true), name, external, None);
+    let path = dir.join("shared.cache");
+    let shared = backend(false);
+    let results: Vec<Launch> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..8)
+            .map(|_| s.spawn(|| launch(&shared, name, external, Some(&path))))
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for r in &results {
+        assert!(same_bits(&serial.outputs, &r.outputs));
+    }
+    let cache: Arc<PackedWeightsCache> = shared.file_cache(&path).unwrap();
+    let weights = serial.delegates.len().max(1);
+    let stats = cache.stats();
+    assert!(stats.entries >= weights, "{stats:?}");
+    // Each weight is kept once however many threads packed it at the same time.
+    let unique = launch(&backend(false), name, external, None);
+    let per_launch: usize = unique.delegates.iter().map(|d| d.1).sum();
+    assert_eq!(stats.entries, per_launch, "{stats:?}");
+}
