@@ -121,7 +121,14 @@ struct State {
     global_workspace: OnceLock<Arc<Workspace>>,
     threadpool: Option<Arc<Threadpool>>,
     /// Placeholders of constants not read yet, one per content key while any delegate uses it.
-    deferred: Mutex<HashMap<String, Weak<DeferredData>>>,
+    deferred: Mutex<Placeholders>,
+}
+
+/// The backend's placeholders by content key, and when dropped ones are next swept out.
+#[derive(Default)]
+struct Placeholders {
+    entries: HashMap<String, Weak<DeferredData>>,
+    sweep_at: usize,
 }
 
 /// The backend-wide object. See the module documentation.
@@ -156,7 +163,7 @@ impl Backend {
             files: Mutex::new(HashMap::new()),
             global_workspace,
             threadpool,
-            deferred: Mutex::new(HashMap::new()),
+            deferred: Mutex::new(Placeholders::default()),
         })))
     }
 
@@ -199,7 +206,7 @@ impl Backend {
     /// sharing a weight share one address (and one packed entry).
     pub fn deferred_constant(&self, key: &str, len: usize) -> std::io::Result<Arc<DeferredData>> {
         let mut table = self.0.deferred.lock();
-        if let Some(d) = table.get(key).and_then(Weak::upgrade) {
+        if let Some(d) = table.entries.get(key).and_then(Weak::upgrade) {
             if d.len() == len {
                 return Ok(d);
             }
@@ -207,8 +214,13 @@ impl Backend {
             return DeferredData::reserve(len).map(Arc::new);
         }
         let d = Arc::new(DeferredData::reserve(len)?);
-        table.retain(|_, w| w.strong_count() > 0);
-        table.insert(key.to_string(), Arc::downgrade(&d));
+        // Entries of dropped placeholders are swept when the table has doubled since the last
+        // sweep: sweeping at every insertion made a thousand-weight load quadratic.
+        if table.entries.len() >= table.sweep_at {
+            table.entries.retain(|_, w| w.strong_count() > 0);
+            table.sweep_at = (table.entries.len() * 2).max(64);
+        }
+        table.entries.insert(key.to_string(), Arc::downgrade(&d));
         Ok(d)
     }
 

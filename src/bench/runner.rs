@@ -1,9 +1,10 @@
 //! The benchmark's parent and child processes, and the demo (the `cli` feature).
 
 use super::child::{self, Launch, Scenario};
-use super::model::{self, Dtype, ModelSpec, Preset};
+use super::model::{self, Dtype, ModelFiles, ModelSpec, Preset};
 use super::report::{self, Row};
 use indicatif::{ProgressBar, ProgressStyle};
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -261,7 +262,7 @@ pub fn demo(mib: usize) -> Result<(), String> {
     );
     let result = (|| {
         let started = std::time::Instant::now();
-        model::ensure(&options.spec, &dir.join("models")).map_err(|e| e.to_string())?;
+        let files = model::ensure(&options.spec, &dir.join("models")).map_err(|e| e.to_string())?;
         println!("generated in {:.1} s", started.elapsed().as_secs_f64());
         let _ = std::fs::remove_file(options.cache_path());
         let launch = |s: Scenario| -> Result<Launch, String> {
@@ -288,8 +289,95 @@ pub fn demo(mib: usize) -> Result<(), String> {
         if !identical {
             return Err("cold and warm outputs differ".into());
         }
-        Ok(())
+        against_executorch(&options.spec, &files, &dir)
     })();
     let _ = std::fs::remove_dir_all(&dir);
     result
+}
+
+/// ExecuTorch's runner (`xnnblob-et-run`, built beside this binary by `cargo build --release
+/// --workspace`), if it is there.
+fn executorch_runner() -> Option<PathBuf> {
+    let exe = std::env::current_exe().ok()?;
+    let runner = exe.with_file_name("xnnblob-et-run");
+    runner.is_file().then_some(runner)
+}
+
+/// One launch of ExecuTorch's runner: its `key=value` lines.
+fn run_executorch(runner: &Path, args: &[String]) -> Result<HashMap<String, String>, String> {
+    let out = Command::new(runner)
+        .args(args)
+        .output()
+        .map_err(|e| format!("{}: {e}", runner.display()))?;
+    if !out.status.success() {
+        return Err(format!(
+            "{} {}: {}",
+            runner.display(),
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_once('='))
+        .filter(|(k, _)| !k.contains(' '))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect())
+}
+
+/// The demo's second half: the same program in ExecuTorch's own runtime (`Module`, mmap loader),
+/// with ExecuTorch's XNNPACK backend and its packed-weight cache, then with xnnblob's backend,
+/// each cold then warm in fresh processes.
+fn against_executorch(spec: &ModelSpec, files: &ModelFiles, dir: &Path) -> Result<(), String> {
+    let Some(runner) = executorch_runner() else {
+        println!(
+            "ExecuTorch comparison skipped: xnnblob-et-run is not built beside this binary \
+             (cargo build --release --workspace builds it)"
+        );
+        return Ok(());
+    };
+    let input = dir.join("input.f32");
+    let values: Vec<u8> = (0..spec.input_len())
+        .flat_map(|i| (((i % 17) as f32 - 8.0) / 8.0).to_le_bytes())
+        .collect();
+    std::fs::write(&input, values).map_err(|e| e.to_string())?;
+    println!("in ExecuTorch 1.5.1's runtime (Module, mmap loader), the same program:");
+    let mut ready = HashMap::new();
+    for backend in ["executorch", "xnnblob"] {
+        let cache = dir.join(format!("{backend}.cache"));
+        let _ = std::fs::remove_file(&cache);
+        let args: Vec<String> = [
+            files.pte.display().to_string(),
+            "--data".into(),
+            files.ptd.display().to_string(),
+            "--input".into(),
+            input.display().to_string(),
+            "--backend".into(),
+            backend.into(),
+            "--load-mode".into(),
+            "mmap".into(),
+            "--cache".into(),
+            cache.display().to_string(),
+        ]
+        .into();
+        for launch in ["cold", "warm"] {
+            let values = run_executorch(&runner, &args)?;
+            let ms = values
+                .get("load_to_ready_ms")
+                .and_then(|v| v.parse::<f64>().ok())
+                .ok_or("the runner printed no load_to_ready_ms")?;
+            let who = match backend {
+                "executorch" => "ExecuTorch's backend",
+                _ => "xnnblob's backend",
+            };
+            println!("  {:<26} ready in {ms:8.1} ms", format!("{who}, {launch}:"));
+            ready.insert((backend, launch), ms);
+        }
+    }
+    println!(
+        "xnnblob against ExecuTorch's own cache: cold {:.1}x faster, warm {:.1}x faster",
+        ready[&("executorch", "cold")] / ready[&("xnnblob", "cold")],
+        ready[&("executorch", "warm")] / ready[&("xnnblob", "warm")]
+    );
+    Ok(())
 }

@@ -250,9 +250,12 @@ fn deferrable_constants(graph: &fb::XNNGraph<'_>) -> Result<HashMap<usize, usize
     Ok(deferrable)
 }
 
-/// Whether `map` lists `key` (from its index: nothing is read).
-fn has_key(map: &dyn NamedDataMap, key: &str) -> bool {
-    (0..map.num_keys()).any(|i| map.key_at(i).is_ok_and(|k| k == key))
+/// The keys `map` lists (from its index: nothing is read), gathered once per delegate: a
+/// program with a thousand weights asks a thousand times.
+fn listed_keys(map: &dyn NamedDataMap) -> std::collections::HashSet<&str> {
+    (0..map.num_keys())
+        .filter_map(|i| map.key_at(i).ok())
+        .collect()
 }
 
 /// Loads every constant the graph refers to, through the shared data cache; the `deferrable`
@@ -268,12 +271,17 @@ fn load_constants(
 ) -> Result<Vec<Option<Constant>>, DelegateError> {
     let shared = model.backend().shared_data();
     let mut out: Vec<Option<Constant>> = vec![None];
+    let listed = if deferrable.is_empty() {
+        Default::default()
+    } else {
+        listed_keys(map)
+    };
     for (i, c) in graph.constant_data().iter().flatten().enumerate().skip(1) {
         let key = c.named_key().unwrap_or("");
         // Left unread only when the map lists the key (from its index: nothing is read) and,
         // where the index tells sizes, at the right size; a size it cannot tell is checked when
         // the bytes are read in. A key it does not list is loaded as usual (or found missing).
-        let deferred_len = deferrable.get(&i).filter(|_| has_key(map, key));
+        let deferred_len = deferrable.get(&i).filter(|_| listed.contains(key));
         if let Some(&len) = deferred_len {
             if let Ok(size) = map.data_size(key) {
                 if size != len {

@@ -13,6 +13,8 @@ use xnnblob::tensor::XNN_EXTRA_BYTES;
 pub(crate) struct EtMap {
     map: Mutex<Option<UniquePtr<EtDataMap>>>,
     keys: Vec<String>,
+    /// The same keys, to answer "is it listed" without a scan per constant.
+    listed: std::collections::HashSet<String>,
     source: String,
 }
 
@@ -40,6 +42,7 @@ impl EtMap {
         );
         EtMap {
             map: Mutex::new(Some(map).filter(|m| !m.is_null())),
+            listed: keys.iter().cloned().collect(),
             keys,
             source,
         }
@@ -109,7 +112,7 @@ impl NamedDataMap for EtMap {
     /// XNNPACK exporter writes (they carry no layout, and FlatTensorDataMap dereferences the
     /// missing one). The size of a constant left unread is checked when it is read in.
     fn data_size(&self, key: &str) -> Result<usize, NamedDataError> {
-        if !self.keys.iter().any(|k| k == key) {
+        if !self.listed.contains(key) {
             return Err(NamedDataError::KeyNotFound {
                 key: key.to_string(),
                 source: self.source.clone(),
