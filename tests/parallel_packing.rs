@@ -168,9 +168,7 @@ fn eight_threads_loading_one_program_cold_share_one_packing_of_each_weight() {
         assert!(same_bits(&serial.outputs, &r.outputs));
     }
     let cache: Arc<PackedWeightsCache> = shared.file_cache(&path).unwrap();
-    let weights = serial.delegates.len().max(1);
     let stats = cache.stats();
-    assert!(stats.entries >= weights, "{stats:?}");
     // Each weight is kept once however many threads packed it at the same time.
     let unique = launch(&backend(false), name, external, None);
     let per_launch: usize = unique.delegates.iter().map(|d| d.1).sum();

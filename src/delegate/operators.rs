@@ -239,10 +239,7 @@ pub(crate) fn define_node(
 pub(crate) fn packing_operands(node: &fb::XNode<'_>) -> Option<(u32, u32, Option<u32>, u32)> {
     let (input, filter, bias, output) = if let Some(fc) = node.xnode_union_as_xnnfully_connected() {
         (fc.input1_id(), fc.filter_id(), fc.bias_id(), fc.output_id())
-    } else if let Some(c) = node
-        .xnode_union_as_xnnconv_2d()
-        .or_else(|| node.xnode_union_as_xnndepthwise_conv_2d())
-    {
+    } else if let Some(c) = node.xnode_union_as_xnnconv_2d() {
         (c.input1_id(), c.filter_id(), c.bias_id(), c.output_id())
     } else {
         return None;

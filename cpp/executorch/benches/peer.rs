@@ -183,12 +183,7 @@ fn launch(args: &[String]) -> HashMap<String, String> {
         "xnnblob-et-run {args:?}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|l| l.split_once('='))
-        .filter(|(k, _)| !k.contains(' '))
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect()
+    xnnblob::bench::runner_values(&String::from_utf8_lossy(&out.stdout))
 }
 
 fn number(values: &HashMap<String, String>, key: &str) -> f64 {
