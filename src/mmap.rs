@@ -53,6 +53,37 @@ impl MappedFile {
         }
     }
 
+    /// Whether the pages at `samples` evenly spaced offsets are all in the page cache (a cheap
+    /// guess at "the file was read recently"; `mincore` per sampled page).
+    pub fn looks_resident(&self, samples: usize) -> bool {
+        const PAGE: usize = 4096;
+        let Some(map) = &self.map else { return true };
+        let pages = map.len().div_ceil(PAGE);
+        (0..samples.max(1)).all(|i| {
+            let page = pages.saturating_sub(1) * i / samples.max(2).saturating_sub(1).max(1);
+            let mut resident = 0u8;
+            // SAFETY: the address is page-aligned (a map starts on a page) and the one page
+            // lies inside the mapping; mincore only writes one byte to `resident`.
+            let ok = unsafe {
+                libc::mincore(
+                    map.as_ptr().add(page * PAGE) as *mut libc::c_void,
+                    PAGE,
+                    &mut resident,
+                )
+            } == 0;
+            !ok || resident & 1 == 1
+        })
+    }
+
+    /// Starts reading the whole file into the page cache (`MADV_WILLNEED`). The kernel queues
+    /// the reads and returns once they are submitted, which for a large file takes a while:
+    /// call it off the critical path.
+    pub fn read_ahead(&self) {
+        let Some(map) = &self.map else { return };
+        // A failure only means no read ahead.
+        let _ = map.advise(memmap2::Advice::WillNeed);
+    }
+
     /// The start of the mapping (for address arithmetic on validated offsets).
     pub fn as_ptr(&self) -> *const u8 {
         self.bytes().as_ptr()
@@ -62,5 +93,62 @@ impl MappedFile {
 impl AsRef<[u8]> for MappedFile {
     fn as_ref(&self) -> &[u8] {
         self.bytes()
+    }
+}
+
+/// Asks the kernel to read the pages under `bytes` now, and only those: where `bytes` is part
+/// of a file mapping (an ExecuTorch mmap loader's segment, say), touching it later would
+/// otherwise fault in a whole read-around window (the device's readahead, 8 MiB on some disks)
+/// for a constant of a few KiB. The pages arrive in the background; anonymous memory is left
+/// as it is. Advice only: nothing is changed, and a failure changes nothing either.
+pub fn advise_read_soon(bytes: &[u8]) {
+    const PAGE: usize = 4096;
+    if bytes.is_empty() {
+        return;
+    }
+    let start = bytes.as_ptr() as usize / PAGE * PAGE;
+    let end = (bytes.as_ptr() as usize + bytes.len()).next_multiple_of(PAGE);
+    // SAFETY: [start, end) covers only pages that hold `bytes`, which are mapped for as long
+    // as the borrow lives; MADV_WILLNEED changes neither contents nor mapping (it starts
+    // readahead of a file mapping's pages), and a failure (memory it does not apply to) is
+    // ignored.
+    let _ = unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_WILLNEED) };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::MappedFile;
+    use std::io::Write;
+
+    #[test]
+    fn a_file_out_of_the_page_cache_is_seen_and_read_ahead() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("packed");
+        let mut f = std::fs::File::create(&path).unwrap();
+        f.write_all(&vec![7u8; 4 << 20]).unwrap();
+        f.sync_all().unwrap();
+        let map = MappedFile::open(&path).unwrap();
+        assert_eq!(map.bytes()[1 << 20], 7);
+        assert!(MappedFile::open(&path).unwrap().looks_resident(16));
+        drop(map);
+        {
+            use std::os::fd::AsRawFd;
+            // SAFETY: a valid descriptor; the advice changes no data.
+            unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+        }
+        let map = MappedFile::open(&path).unwrap();
+        if map.looks_resident(16) {
+            eprintln!("skipped: this file system keeps dropped pages (tmpfs?)");
+            return;
+        }
+        map.read_ahead();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !map.looks_resident(16) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the read ahead never arrived"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
     }
 }

@@ -9,6 +9,8 @@ pub mod child;
 pub mod compare;
 pub mod model;
 #[cfg(feature = "cli")]
+pub mod peer;
+#[cfg(feature = "cli")]
 pub mod report;
 #[cfg(feature = "cli")]
 mod runner;

@@ -22,7 +22,13 @@ pub enum Dtype {
     Fp32,
     /// qd8 activations, qc8w weights (one fp32 scale per output channel).
     Qd8,
+    /// qd8 activations, qb4w weights: 4-bit, one bf16 scale per [`QB4W_GROUP`] inputs of each
+    /// output (the format on-device LLMs export).
+    Qb4w,
 }
+
+/// Inputs per bf16 scale of the qb4w models.
+pub const QB4W_GROUP: u32 = 32;
 
 /// A benchmark model: what [`ensure`] generates, and what its file names record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -58,21 +64,28 @@ impl ModelSpec {
         }
     }
 
-    fn element_bytes(&self) -> usize {
+    /// Bits per weight, scales left out.
+    fn element_bits(&self) -> usize {
         match self.dtype {
-            Dtype::Fp32 => 4,
-            Dtype::Qd8 => 1,
+            Dtype::Fp32 => 32,
+            Dtype::Qd8 => 8,
+            Dtype::Qb4w => 4,
         }
     }
 
     /// The width (features or channels) that gives `mib` MiB over `layers` layers.
     pub fn width(&self) -> u32 {
-        let per_layer = (self.mib << 20) / self.layers.max(1) / self.element_bytes();
+        let per_layer = (self.mib << 20) * 8 / self.layers.max(1) / self.element_bits();
         let per_layer = match self.preset {
             Preset::LlmLike => per_layer,
             Preset::Cnn => per_layer / 9,
         };
-        ((per_layer as f64).sqrt() as u32 / 16 * 16).max(16)
+        // qb4w rows hold whole scale groups.
+        let step = match self.dtype {
+            Dtype::Qb4w => QB4W_GROUP,
+            _ => 16,
+        };
+        ((per_layer as f64).sqrt() as u32 / step * step).max(step)
     }
 
     /// The model's file stem: preset, dtype, MiB, layers and width
@@ -85,6 +98,7 @@ impl ModelSpec {
         let dtype = match self.dtype {
             Dtype::Fp32 => "fp32",
             Dtype::Qd8 => "qd8-qc8w",
+            Dtype::Qb4w => "qd8-qb4w",
         };
         format!(
             "{preset}-{dtype}-{}mib-{}x{}",
@@ -94,14 +108,19 @@ impl ModelSpec {
         )
     }
 
-    /// Bytes of weights actually generated.
+    /// Bytes of weights actually generated (qb4w's scales included).
     pub fn weight_bytes(&self) -> usize {
         let w = self.width() as usize;
         let per = match self.preset {
             Preset::LlmLike => w * w,
             Preset::Cnn => 9 * w * w + 9 * w,
         };
-        per * self.layers * self.element_bytes()
+        let scales = match self.dtype {
+            Dtype::Fp32 => 0,
+            Dtype::Qd8 => w * 4,
+            Dtype::Qb4w => w * (w / QB4W_GROUP as usize) * 2,
+        };
+        (per * self.element_bits() / 8 + scales) * self.layers
     }
 
     /// The model's input length (fp32 elements).
@@ -146,6 +165,12 @@ pub fn ensure(spec: &ModelSpec, dir: &Path) -> std::io::Result<ModelFiles> {
     Ok(files)
 }
 
+/// `x` rounded to bfloat16 (to nearest, ties to even), as its bits.
+fn bf16(x: f32) -> u16 {
+    let bits = x.to_bits();
+    ((bits + 0x7fff + ((bits >> 16) & 1)) >> 16) as u16
+}
+
 fn build(spec: &ModelSpec) -> crate::delegate::builder::BuiltGraph {
     let w = spec.width();
     let mut rng = SplitMix64(0x5EED ^ spec.layers as u64);
@@ -170,6 +195,16 @@ fn build(spec: &ModelSpec) -> crate::delegate::builder::BuiltGraph {
                         let scales: Vec<f32> = (0..w).map(|_| scale * 1.7 / 127.0).collect();
                         let xq = g.convert_qd8(x);
                         let wv = g.constant_qc8w(&[w, w], &q, &scales);
+                        g.fully_connected(xq, wv, None, min, f32::INFINITY)
+                    }
+                    Dtype::Qb4w => {
+                        let nibbles: Vec<u8> =
+                            (0..w * w / 2).map(|_| rng.next_u64() as u8).collect();
+                        // A 4-bit weight is -8..7: scale so that a layer keeps its input's size.
+                        let group_scale = bf16(scale * 1.7 / 8.0);
+                        let scales = vec![group_scale; (w * (w / QB4W_GROUP)) as usize];
+                        let xq = g.convert_qd8(x);
+                        let wv = g.constant_qb4w(&[w, w], &nibbles, &scales, QB4W_GROUP);
                         g.fully_connected(xq, wv, None, min, f32::INFINITY)
                     }
                 };

@@ -2,6 +2,7 @@
 
 use super::child::{self, Launch, Scenario};
 use super::model::{self, Dtype, ModelFiles, ModelSpec, Preset};
+use super::peer::{self, PeerOptions};
 use super::report::{self, Row};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::collections::HashMap;
@@ -32,7 +33,7 @@ pub struct BenchArgs {
     #[arg(long, value_parser = ["llm-like", "cnn"], default_value = "llm-like")]
     preset: String,
     /// Weight type (the cnn preset is fp32 only).
-    #[arg(long, value_parser = ["fp32", "qd8", "qd8-qc8w"], default_value = "fp32")]
+    #[arg(long, value_parser = ["fp32", "qd8", "qd8-qc8w", "qb4w", "qd8-qb4w"], default_value = "fp32")]
     dtype: String,
     /// Weights in MiB [default: 512, cnn 64].
     #[arg(long)]
@@ -61,15 +62,57 @@ pub struct BenchArgs {
     /// What `cargo bench` passes to every bench target.
     #[arg(long, hide = true)]
     bench: bool,
+    /// The peer bench instead: ExecuTorch's own backend and cache against xnnblob's, in
+    /// ExecuTorch's runtime (`xnnblob-et-run`, built beside this binary).
+    #[arg(long)]
+    peer: bool,
+    /// The peer bench's models, comma-separated [default: all].
+    #[arg(long, value_delimiter = ',', value_parser = super::peer::MODEL_NAMES, requires = "peer")]
+    models: Vec<String>,
+}
+
+/// The peer bench's settings from `args`, launching `runner`.
+fn peer_options(args: &BenchArgs, runner: PathBuf) -> Result<PeerOptions, String> {
+    let names: Vec<&str> = if args.models.is_empty() {
+        peer::DEFAULT_MODELS.to_vec()
+    } else {
+        args.models.iter().map(String::as_str).collect()
+    };
+    Ok(PeerOptions {
+        runner,
+        repeats: args.repeats,
+        models: names
+            .into_iter()
+            .map(peer::peer_model)
+            .collect::<Result<_, _>>()?,
+        out: args
+            .out
+            .clone()
+            .unwrap_or_else(|| default_out().join("peer")),
+    })
+}
+
+/// A peer bench target's `main` (`cargo bench --bench peer -- OPTIONS`, the options of
+/// `xnnblob bench --peer`), launching `runner`.
+pub fn peer_bench_main(runner: PathBuf) -> Result<(), String> {
+    #[derive(clap::Parser)]
+    #[command(name = "peer")]
+    struct PeerBench {
+        #[command(flatten)]
+        args: BenchArgs,
+    }
+    use clap::Parser as _;
+    let bench = PeerBench::try_parse().map_err(|e| e.to_string())?;
+    peer::run(&peer_options(&bench.args, runner)?).map(drop)
 }
 
 impl Options {
     /// The run `args` describe.
     pub fn from_args(args: &BenchArgs, via_cli: bool) -> Options {
-        let dtype = if args.dtype == "fp32" {
-            Dtype::Fp32
-        } else {
-            Dtype::Qd8
+        let dtype = match args.dtype.as_str() {
+            "fp32" => Dtype::Fp32,
+            "qb4w" | "qd8-qb4w" => Dtype::Qb4w,
+            _ => Dtype::Qd8,
         };
         let mut spec = if args.preset == "cnn" {
             ModelSpec::cnn(args.mib.unwrap_or(64))
@@ -104,6 +147,7 @@ impl Options {
         let dtype = match self.spec.dtype {
             Dtype::Fp32 => "fp32",
             Dtype::Qd8 => "qd8",
+            Dtype::Qb4w => "qb4w",
         };
         vec![
             "--preset".into(),
@@ -131,6 +175,9 @@ fn default_out() -> PathBuf {
 /// Entry point shared by `xnnblob bench` and the bench binary: a child launch when asked for
 /// one, else the whole benchmark.
 pub fn main(args: &BenchArgs, via_cli: bool) -> Result<(), String> {
+    if args.peer {
+        return peer::run(&peer_options(args, peer::runner_near_executable()?)?).map(drop);
+    }
     let options = Options::from_args(args, via_cli);
     let files =
         model::ensure(&options.spec, &options.out.join("models")).map_err(|e| e.to_string())?;

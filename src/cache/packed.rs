@@ -53,6 +53,11 @@ pub struct CacheOptions {
     /// entries are re-pointed into the file before XNNPACK holds their addresses, so the heap
     /// copies of packed weights are freed at once.
     pub blocking_save: bool,
+    /// Never read a loaded file ahead. By default, when a file found valid at open looks out of
+    /// the page cache (a device restarted, memory pressure), a background thread asks the
+    /// kernel to read it in, so the first inference does not wait on a fault per read-around
+    /// window; a file in the page cache costs a few `mincore` calls.
+    pub no_prefetch: bool,
 }
 
 impl CacheOptions {
@@ -181,7 +186,7 @@ impl PackedWeightsCache {
         }
         let compat = options.compat();
         let core = CacheCore::default();
-        let outcome = persist::load(&core, &path, &compat)?;
+        let outcome = persist::load(&core, &path, &compat, !options.no_prefetch)?;
         let cache = Arc::new(PackedWeightsCache {
             xnn: WeightsCache::new(Arc::new(core)),
             path: Some(path.clone()),

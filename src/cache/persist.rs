@@ -39,10 +39,14 @@ fn io_error(path: &Path, error: std::io::Error) -> CacheError {
 
 /// Maps `path` and adds its valid entries to the provider. A missing or invalid file is not an
 /// error: the cache starts empty and the next save rebuilds the file.
+///
+/// With `prefetch`, a valid file that looks out of the page cache is read ahead on a background
+/// thread (see [`CacheOptions::no_prefetch`](super::CacheOptions::no_prefetch)).
 pub(crate) fn load(
     core: &CacheCore,
     path: &Path,
     compat: &Compat,
+    prefetch: bool,
 ) -> Result<LoadOutcome, CacheError> {
     let map = match MappedFile::open(path) {
         Ok(m) => m,
@@ -53,9 +57,17 @@ pub(crate) fn load(
         Ok(d) => d,
         Err(e) => return Ok(LoadOutcome::Rejected(e)),
     };
+    let map = Arc::new(map);
+    if prefetch && !map.looks_resident(16) {
+        let ahead = map.clone();
+        // Without a thread the first inference faults the packed pages in as it goes.
+        let _ = std::thread::Builder::new()
+            .name("xnnblob-prefetch".into())
+            .spawn(move || ahead.read_ahead());
+    }
     let mut state = core.state.lock();
     let m = state.maps.len();
-    state.maps.push(Arc::new(map));
+    state.maps.push(map);
     for e in &decoded.entries {
         state.insert_mapped(e.key, m, e.offset as usize, e.size as usize, e.checksum);
     }

@@ -14,7 +14,7 @@ use crate::xnn::{
     AsXnnWeightsCache, BlockwiseQuantization, ChannelwiseQuantization, Datatype,
     InMemoryWeightsCache, Runtime, Subgraph, ValueRole, WeightsCache, XnnpackWeightsCache,
 };
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 const XNN_FLAG_EXTERNAL_INPUT: u32 = 1;
@@ -250,9 +250,23 @@ fn deferrable_constants(graph: &fb::XNNGraph<'_>) -> Result<HashMap<usize, usize
     Ok(deferrable)
 }
 
+/// The constants (by constant_data index) behind an operand XNNPACK packs into the weights
+/// cache: a warm launch finds their packing and never reads them.
+fn packed_constants(graph: &fb::XNNGraph<'_>) -> Result<HashSet<usize>, DelegateError> {
+    let packed = super::operators::packed_operands(graph);
+    let mut out = HashSet::new();
+    for (i, v) in graph.xvalues().iter().flatten().enumerate() {
+        let (t, _) = tensor_of(v, i)?;
+        if packed.contains(&t.id_out()) {
+            out.insert(constant_index(&t));
+        }
+    }
+    Ok(out)
+}
+
 /// The keys `map` lists (from its index: nothing is read), gathered once per delegate: a
 /// program with a thousand weights asks a thousand times.
-fn listed_keys(map: &dyn NamedDataMap) -> std::collections::HashSet<&str> {
+fn listed_keys(map: &dyn NamedDataMap) -> HashSet<&str> {
     (0..map.num_keys())
         .filter_map(|i| map.key_at(i).ok())
         .collect()
@@ -270,6 +284,7 @@ fn load_constants(
     deferrable: &HashMap<usize, usize>,
 ) -> Result<Vec<Option<Constant>>, DelegateError> {
     let shared = model.backend().shared_data();
+    let packed = packed_constants(graph)?;
     let mut out: Vec<Option<Constant>> = vec![None];
     let listed = if deferrable.is_empty() {
         Default::default()
@@ -308,6 +323,11 @@ fn load_constants(
                     key: key.to_string(),
                     source,
                 })?;
+            if !packed.contains(&i) {
+                // XNNPACK reads this one at every launch (a depthwise filter, a scale): ask
+                // for exactly its pages now, before a fault reads a window around them.
+                data.buffer().read_soon();
+            }
             Constant::Shared(data)
         } else {
             let (offset, size) = (c.offset(), c.size());

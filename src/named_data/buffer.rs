@@ -11,11 +11,21 @@ pub trait Backing: Send + Sync {
     /// Drops the resident pages of `[offset, offset + len)` if they can be read back unchanged
     /// later (file-backed memory); a no-op otherwise.
     fn release_pages(&self, _offset: usize, _len: usize) {}
+
+    /// Starts reading `[offset, offset + len)` in, and only that, if it comes from a file by
+    /// page faults (file-backed memory); a no-op otherwise.
+    fn read_soon(&self, _offset: usize, _len: usize) {}
 }
 
 impl Backing for crate::mmap::MappedFile {
     fn bytes(&self) -> &[u8] {
         crate::mmap::MappedFile::bytes(self)
+    }
+
+    fn read_soon(&self, offset: usize, len: usize) {
+        if let Some(bytes) = self.bytes().get(offset..offset.saturating_add(len)) {
+            crate::mmap::advise_read_soon(bytes);
+        }
     }
 
     fn release_pages(&self, offset: usize, len: usize) {
@@ -94,6 +104,15 @@ impl DataBuffer {
     pub fn release_pages(&self) {
         if let Some(b) = &self.backing {
             b.release_pages(self.offset, self.len);
+        }
+    }
+
+    /// Starts reading this data's pages in, and only those, when it is a mapped file's: for data
+    /// read at every launch, so a fault does not read the device's whole readahead window
+    /// around a few KiB. A no-op for memory that is not file-backed.
+    pub fn read_soon(&self) {
+        if let Some(b) = &self.backing {
+            b.read_soon(self.offset, self.len);
         }
     }
 

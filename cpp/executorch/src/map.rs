@@ -94,6 +94,9 @@ impl NamedDataMap for EtMap {
             // SAFETY: ExecuTorch's FreeableBuffer holds `size` readable bytes at `data` until
             // it is freed, which dropping `buffer` (after the copy) does.
             let bytes = unsafe { std::slice::from_raw_parts(b.data(), b.size()) };
+            // An mmap loader's segment is read by faults: without this, each fault reads the
+            // device's whole readahead window around a blob of a few KiB.
+            xnnblob::mmap::advise_read_soon(bytes);
             // Copied into memory xnnblob owns (with XNNPACK's slack): a shared constant may
             // outlive the program, and data loader, it came from.
             let mut owned =

@@ -501,3 +501,157 @@ fn programs_written_by_xnnblob_run_in_executorch_with_both_backends() {
         assert!(d <= 1e-5, "{backend}: {d} of the range");
     }
 }
+
+/// A peer bench model at `mib`, written into `dir`, with an input file: its runner arguments.
+fn bench_model(spec: xnnblob::bench::model::ModelSpec, dir: &Path) -> Vec<String> {
+    let files = xnnblob::bench::model::ensure(&spec, dir).unwrap();
+    let input: Vec<u8> = (0..spec.input_len())
+        .flat_map(|i| (((i % 17) as f32 - 8.0) / 8.0).to_le_bytes())
+        .collect();
+    let input_path = dir.join(format!("{}.input.f32", spec.name()));
+    std::fs::write(&input_path, input).unwrap();
+    vec![
+        files.pte.display().to_string(),
+        s("--data"),
+        files.ptd.display().to_string(),
+        s("--input"),
+        input_path.display().to_string(),
+    ]
+}
+
+#[test]
+fn every_peer_bench_model_runs_alike_in_both_backends() {
+    // The peer bench compares load times only if both backends compute the same model: every
+    // kind it generates (fp32, qd8 with qc8w or qb4w weights, a CNN) runs in ExecuTorch's own
+    // backend and in xnnblob's, cold and warm, to the same outputs.
+    use xnnblob::bench::model::{Dtype, ModelSpec, Preset};
+    let dir = scratch("peer-models");
+    let llm = |dtype| ModelSpec {
+        preset: Preset::LlmLike,
+        dtype,
+        mib: 2,
+        layers: 3,
+    };
+    let specs = [
+        llm(Dtype::Fp32),
+        llm(Dtype::Qd8),
+        llm(Dtype::Qb4w),
+        ModelSpec {
+            layers: 3,
+            ..ModelSpec::cnn(2)
+        },
+    ];
+    for spec in specs {
+        let program = bench_model(spec, &dir);
+        let mut outputs = Vec::new();
+        for (backend, launch) in [
+            ("executorch", "cold"),
+            ("xnnblob", "cold"),
+            ("xnnblob", "warm"),
+        ] {
+            let out = dir.join(format!("{}-{backend}-{launch}", spec.name()));
+            std::fs::create_dir_all(&out).unwrap();
+            let mut args = program.clone();
+            args.extend([
+                s("--backend"),
+                s(backend),
+                s("--load-mode"),
+                s("mmap"),
+                s("--cache"),
+                dir.join(format!("{}.{backend}.cache", spec.name()))
+                    .display()
+                    .to_string(),
+                s("--output-dir"),
+                out.display().to_string(),
+            ]);
+            run_ok(&args);
+            outputs.push(f32s(&std::fs::read(out.join("output0.f32")).unwrap()));
+        }
+        assert!(
+            outputs[0].iter().all(|v| v.is_finite()) && outputs[0].iter().any(|v| *v != 0.0),
+            "{}: a live output",
+            spec.name()
+        );
+        // ExecuTorch bundles another XNNPACK build: its kernels may round differently, and in a
+        // chain of dynamically quantized layers one quantization step apart in one layer moves
+        // the next layer's input. A wrong weight layout or scale is off by the whole range.
+        let tolerance = match spec.dtype {
+            Dtype::Fp32 => 1e-4,
+            Dtype::Qd8 | Dtype::Qb4w => 1e-2,
+        };
+        let d = relative_difference(&outputs[1], &outputs[0]);
+        assert!(d <= tolerance, "{}: {d} of the range apart", spec.name());
+        assert_eq!(outputs[1], outputs[2], "{}: warm is cold", spec.name());
+    }
+}
+
+/// The fraction of `path`'s pages in the page cache (`mincore` over a map of it).
+fn resident_fraction(path: &Path) -> f64 {
+    let map = xnnblob::mmap::MappedFile::open(path).unwrap();
+    let pages = map.bytes().len().div_ceil(4096);
+    let resident = (0..pages)
+        .filter(|p| {
+            let mut v = 0u8;
+            // SAFETY: a page-aligned page inside the live map; mincore writes one byte.
+            unsafe {
+                libc::mincore(
+                    map.as_ptr().add(p * 4096) as *mut libc::c_void,
+                    4096,
+                    &mut v,
+                )
+            };
+            v & 1 == 1
+        })
+        .count();
+    resident as f64 / pages as f64
+}
+
+fn drop_from_page_cache(path: &Path) {
+    use std::os::fd::AsRawFd;
+    let f = std::fs::File::open(path).unwrap();
+    // SAFETY: a valid descriptor; the advice changes no data.
+    unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+}
+
+#[test]
+fn a_warm_launch_with_the_mmap_loader_leaves_the_weights_on_disk() {
+    // Depthwise filters are packed at every launch (XNNPACK keeps no cache entry for them), so
+    // a warm launch reads those few KiB: it must not fault in the device's readahead window
+    // around each (8 MiB on some disks), which read a CNN's whole weight file before.
+    let dir = scratch("mmap-warm-disk");
+    let spec = xnnblob::bench::model::ModelSpec::cnn(48);
+    let mut args = bench_model(spec, &dir);
+    let ptd = PathBuf::from(&args[2]);
+    args.extend([
+        s("--backend"),
+        s("xnnblob"),
+        s("--load-mode"),
+        s("mmap"),
+        s("--cache"),
+        dir.join("cnn.cache").display().to_string(),
+        s("--steps"),
+        s("0"),
+    ]);
+    run_ok(&args);
+    std::fs::File::open(&ptd).unwrap().sync_all().unwrap();
+    drop_from_page_cache(&ptd);
+    if resident_fraction(&ptd) > 0.01 {
+        eprintln!(
+            "skipped: {} stays in the page cache after POSIX_FADV_DONTNEED (tmpfs?)",
+            ptd.display()
+        );
+        return;
+    }
+    let warm = run_ok(&args);
+    assert_eq!(
+        warm.cache(&dir.join("cnn.cache").display().to_string())["packed"],
+        0
+    );
+    // ExecuTorch's loader reads the file's header itself (and a window around it).
+    let resident = resident_fraction(&ptd);
+    assert!(
+        resident < 0.3,
+        "{:.0}% of the weight file was read by a warm launch",
+        resident * 100.0
+    );
+}

@@ -1,0 +1,724 @@
+//! The peer bench: xnnblob's backend against ExecuTorch's own XNNPACK backend and its persistent
+//! cache, inside ExecuTorch 1.5.1's runtime, in one run. Each launch is a fresh `xnnblob-et-run`
+//! process on a generated program (`.pte` + `.ptd`), under both of `Module`'s load modes.
+//!
+//! ```sh
+//! xnnblob bench --peer [--repeats N] [--models fp32,qd8,qb4w,llm1184,cnn] [--out DIR]
+//! cargo bench -p xnnblob-executorch --bench peer -- [the same options]
+//! ```
+//!
+//! Scenarios: ExecuTorch without a cache, with its cache cold (file removed before each launch)
+//! and warm; xnnblob cold and warm; and both warm launches again with the program, data and cache
+//! files dropped from the page cache first (`posix_fadvise(DONTNEED)`), where the first output
+//! waits for the disk. Elsewhere files stay in the page cache between launches: those scenarios
+//! measure work, not the disk.
+//!
+//! Writes `peer.md` (the table, the ratios and each target's verdict), `peer.json` (what
+//! `xnnblob bench compare` reads) and `peer.svg` under `--out` (default `target/bench/peer`).
+
+use super::model::{ensure, Dtype, ModelSpec, Preset};
+use super::report::{spread, Spread};
+use super::runner_values;
+use plotters::prelude::*;
+use serde_json::json;
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// One scenario: which backend, and what happens to its cache file around each launch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Scenario {
+    /// The name the report and the JSON use.
+    pub name: &'static str,
+    /// `xnnblob-et-run --backend`: `executorch` or `xnnblob`.
+    pub backend: &'static str,
+    /// What happens to the cache file.
+    pub cache: CacheUse,
+}
+
+/// What a scenario does with its cache file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CacheUse {
+    /// No packed-weight cache (`weight_cache_enabled=false`).
+    Off,
+    /// The cache file is removed before every launch.
+    Cold,
+    /// One untimed launch fills the file; the measured launches find it.
+    Warm,
+    /// As `Warm`, with the program, data and cache files dropped from the page cache before
+    /// each launch.
+    WarmFromDisk,
+}
+
+/// Every scenario, in the order they run and are reported.
+pub const SCENARIOS: [Scenario; 7] = [
+    Scenario {
+        name: "executorch, no cache",
+        backend: "executorch",
+        cache: CacheUse::Off,
+    },
+    Scenario {
+        name: "executorch cache, cold",
+        backend: "executorch",
+        cache: CacheUse::Cold,
+    },
+    Scenario {
+        name: "executorch cache, warm",
+        backend: "executorch",
+        cache: CacheUse::Warm,
+    },
+    Scenario {
+        name: "xnnblob, cold",
+        backend: "xnnblob",
+        cache: CacheUse::Cold,
+    },
+    Scenario {
+        name: "xnnblob, warm",
+        backend: "xnnblob",
+        cache: CacheUse::Warm,
+    },
+    Scenario {
+        name: "executorch cache, warm, cold page cache",
+        backend: "executorch",
+        cache: CacheUse::WarmFromDisk,
+    },
+    Scenario {
+        name: "xnnblob, warm, cold page cache",
+        backend: "xnnblob",
+        cache: CacheUse::WarmFromDisk,
+    },
+];
+
+/// The load modes of ExecuTorch's `Module` every model is launched under.
+pub const LOAD_MODES: [&str; 2] = ["file", "mmap"];
+
+/// What the launches of one scenario measured.
+#[derive(Debug, Clone, Copy)]
+pub struct Measured {
+    /// From `Module`'s construction to the method loaded, ms.
+    pub load_to_ready_ms: Spread,
+    /// The first `execute`, ms.
+    pub first_execute_ms: Spread,
+    /// Load plus first execute: when the first output is there, ms.
+    pub first_output_ms: Spread,
+    /// The process's peak resident set, MiB.
+    pub peak_rss_mib: Spread,
+    /// Bytes the load read through `read` calls (`rchar`), MiB.
+    pub read_mib: Spread,
+    /// Bytes the load read from the disk (`read_bytes`: page faults of mapped files included),
+    /// MiB.
+    pub disk_read_mib: Spread,
+    /// The cache file's size after the launches, MiB (0 without one).
+    pub cache_file_mib: f64,
+}
+
+/// One row of the results: a model under a load mode in one scenario.
+#[derive(Debug, Clone)]
+pub struct PeerResult {
+    /// The model's file stem ([`ModelSpec::name`]).
+    pub model: String,
+    /// Its weights, MiB.
+    pub weights_mib: f64,
+    /// `file` or `mmap`.
+    pub load_mode: &'static str,
+    /// The scenario.
+    pub scenario: Scenario,
+    /// What its launches measured.
+    pub measured: Measured,
+}
+
+/// A peer bench run's settings.
+#[derive(Debug, Clone)]
+pub struct PeerOptions {
+    /// `xnnblob-et-run` (with `libxnnblob_executorch.so` beside it).
+    pub runner: PathBuf,
+    /// Fresh-process launches per scenario (at least 1).
+    pub repeats: usize,
+    /// The models to generate and launch.
+    pub models: Vec<ModelSpec>,
+    /// Where the models and the reports go.
+    pub out: PathBuf,
+}
+
+/// The model names `--models` takes.
+pub const MODEL_NAMES: [&str; 5] = ["fp32", "qd8", "qb4w", "llm1184", "cnn"];
+
+/// The models measured by default.
+pub const DEFAULT_MODELS: [&str; 5] = MODEL_NAMES;
+
+/// A measured model by name: `fp32` (384 MiB, 48 Linear), `qd8` (96 MiB qd8/qc8w, 48 Linear),
+/// `qb4w` (96 MiB of blockwise 4-bit weights with bf16 scales, 48 Linear: the LLM format),
+/// `llm1184` (96 MiB qd8/qc8w in 1184 Linear: an on-device LLM's count of cache entries), `cnn`
+/// (64 MiB of fp32 convolutions and depthwise convolutions).
+pub fn peer_model(name: &str) -> Result<ModelSpec, String> {
+    let llm = |dtype, mib, layers| ModelSpec {
+        preset: Preset::LlmLike,
+        dtype,
+        mib,
+        layers,
+    };
+    Ok(match name {
+        "fp32" => llm(Dtype::Fp32, 384, 48),
+        "qd8" => llm(Dtype::Qd8, 96, 48),
+        "qb4w" => llm(Dtype::Qb4w, 96, 48),
+        "llm1184" => ModelSpec::llm_like(96, Dtype::Qd8),
+        "cnn" => ModelSpec::cnn(64),
+        other => {
+            return Err(format!(
+                "unknown model {other:?}: one of {}",
+                MODEL_NAMES.join(", ")
+            ))
+        }
+    })
+}
+
+/// `xnnblob-et-run` beside the running executable (where `cargo build --release --workspace`
+/// puts it, and where a bench binary's `deps/` parent has it).
+pub fn runner_near_executable() -> Result<PathBuf, String> {
+    let exe = std::env::current_exe().map_err(|e| format!("this executable's path: {e}"))?;
+    let dir = exe.parent().ok_or("this executable has no directory")?;
+    [dir, dir.parent().unwrap_or(dir)]
+        .iter()
+        .map(|d| d.join("xnnblob-et-run"))
+        .find(|p| p.is_file())
+        .ok_or_else(|| {
+            format!(
+                "xnnblob-et-run is not beside {}: `cargo build --release --workspace` builds it",
+                exe.display()
+            )
+        })
+}
+
+/// Drops `files` from the page cache. Only clean pages that no process maps go: between
+/// launches, that is every page of these files.
+fn drop_from_page_cache(files: &[&Path]) {
+    use std::os::fd::AsRawFd;
+    for path in files {
+        let Ok(file) = std::fs::File::open(path) else {
+            continue;
+        };
+        // SAFETY: a valid open descriptor; the advice changes no data.
+        unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    }
+}
+
+fn launch(runner: &Path, args: &[String]) -> Result<HashMap<String, String>, String> {
+    let out = Command::new(runner)
+        .args(args)
+        .output()
+        .map_err(|e| format!("{}: {e}", runner.display()))?;
+    if !out.status.success() {
+        return Err(format!(
+            "{} {}: {}",
+            runner.display(),
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim_end()
+        ));
+    }
+    Ok(runner_values(&String::from_utf8_lossy(&out.stdout)))
+}
+
+fn number(values: &HashMap<String, String>, key: &str) -> Result<f64, String> {
+    values
+        .get(key)
+        .and_then(|v| v.parse().ok())
+        .ok_or_else(|| format!("xnnblob-et-run printed no number for {key}"))
+}
+
+/// The files a launch reads: `program` (runner arguments) names the `.pte` and `.ptd`.
+struct Launches<'a> {
+    runner: &'a Path,
+    program: Vec<String>,
+    pte: &'a Path,
+    ptd: &'a Path,
+}
+
+impl Launches<'_> {
+    fn measure(
+        &self,
+        scenario: Scenario,
+        mode: &str,
+        cache: &Path,
+        repeats: usize,
+    ) -> Result<Measured, String> {
+        let mut args = self.program.clone();
+        args.extend([
+            "--backend".into(),
+            scenario.backend.into(),
+            "--load-mode".into(),
+            mode.into(),
+        ]);
+        match scenario.cache {
+            CacheUse::Off => args.push("--no-weight-cache".into()),
+            _ => args.extend(["--cache".into(), cache.display().to_string()]),
+        }
+        let _ = std::fs::remove_file(cache);
+        if matches!(scenario.cache, CacheUse::Warm | CacheUse::WarmFromDisk) {
+            launch(self.runner, &args)?;
+        }
+        let mut runs = Vec::with_capacity(repeats);
+        for _ in 0..repeats {
+            match scenario.cache {
+                CacheUse::Cold => {
+                    let _ = std::fs::remove_file(cache);
+                }
+                CacheUse::WarmFromDisk => drop_from_page_cache(&[self.pte, self.ptd, cache]),
+                CacheUse::Off | CacheUse::Warm => {}
+            }
+            runs.push(launch(self.runner, &args)?);
+        }
+        let of = |key: &str, scale: f64| -> Result<Spread, String> {
+            let values = runs
+                .iter()
+                .map(|r| number(r, key).map(|v| v * scale))
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok(spread(values.into_iter()))
+        };
+        let first_output = runs
+            .iter()
+            .map(|r| Ok(number(r, "load_to_ready_ms")? + number(r, "first_execute_ms")?))
+            .collect::<Result<Vec<f64>, String>>()?;
+        Ok(Measured {
+            load_to_ready_ms: of("load_to_ready_ms", 1.0)?,
+            first_execute_ms: of("first_execute_ms", 1.0)?,
+            first_output_ms: spread(first_output.into_iter()),
+            peak_rss_mib: of("peak_rss_kib", 1.0 / 1024.0)?,
+            read_mib: of("load_rchar", 1.0 / 1048576.0)?,
+            disk_read_mib: of("load_read_bytes", 1.0 / 1048576.0)?,
+            cache_file_mib: std::fs::metadata(cache).map_or(0.0, |m| m.len() as f64 / 1048576.0),
+        })
+    }
+}
+
+/// Runs every scenario of every model under both load modes and writes the reports; returns
+/// the results.
+pub fn run(o: &PeerOptions) -> Result<Vec<PeerResult>, String> {
+    if o.repeats == 0 {
+        return Err("--repeats must be at least 1".into());
+    }
+    std::fs::create_dir_all(&o.out).map_err(|e| format!("{}: {e}", o.out.display()))?;
+    let mut results = Vec::new();
+    for spec in &o.models {
+        let files = ensure(spec, &o.out.join("models"))
+            .map_err(|e| format!("generating {}: {e}", spec.name()))?;
+        let input = o.out.join(format!("{}.input.f32", spec.name()));
+        let values: Vec<u8> = (0..spec.input_len())
+            .flat_map(|i| (((i % 17) as f32 - 8.0) / 8.0).to_le_bytes())
+            .collect();
+        std::fs::write(&input, values).map_err(|e| format!("{}: {e}", input.display()))?;
+        let launches = Launches {
+            runner: &o.runner,
+            program: vec![
+                files.pte.display().to_string(),
+                "--data".into(),
+                files.ptd.display().to_string(),
+                "--input".into(),
+                input.display().to_string(),
+            ],
+            pte: &files.pte,
+            ptd: &files.ptd,
+        };
+        for mode in LOAD_MODES {
+            for scenario in SCENARIOS {
+                eprintln!("peer: {} {mode}: {}", spec.name(), scenario.name);
+                let cache = o
+                    .out
+                    .join(format!("{}.{}.cache", spec.name(), scenario.backend));
+                let measured = launches.measure(scenario, mode, &cache, o.repeats)?;
+                results.push(PeerResult {
+                    model: spec.name(),
+                    weights_mib: spec.weight_bytes() as f64 / 1048576.0,
+                    load_mode: mode,
+                    scenario,
+                    measured,
+                });
+            }
+        }
+    }
+    let md = markdown(&results, o.repeats);
+    print!("{md}");
+    let write = |name: &str, text: &str| {
+        let path = o.out.join(name);
+        std::fs::write(&path, text).map_err(|e| format!("{}: {e}", path.display()))
+    };
+    write("peer.md", &md)?;
+    write("peer.json", &to_json(&results, o.repeats))?;
+    svg(&o.out.join("peer.svg"), &results)?;
+    eprintln!(
+        "wrote peer.md, peer.json and peer.svg in {}",
+        o.out.display()
+    );
+    Ok(results)
+}
+
+/// The results as `peer.json`: `results`, one object per model, load mode and scenario, with
+/// the median, min and max of each timed measure.
+pub fn to_json(results: &[PeerResult], repeats: usize) -> String {
+    let s = |s: Spread| json!({"median": s.median, "min": s.min, "max": s.max});
+    let rows: Vec<_> = results
+        .iter()
+        .map(|r| {
+            let m = &r.measured;
+            json!({
+                "model": r.model,
+                "weights_mib": r.weights_mib,
+                "load_mode": r.load_mode,
+                "scenario": r.scenario.name,
+                "repeats": repeats,
+                "load_to_ready_ms": s(m.load_to_ready_ms),
+                "first_execute_ms": s(m.first_execute_ms),
+                "first_output_ms": s(m.first_output_ms),
+                "peak_rss_mib": m.peak_rss_mib.median,
+                "read_during_load_mib": m.read_mib.median,
+                "disk_read_during_load_mib": m.disk_read_mib.median,
+                "cache_file_mib": m.cache_file_mib,
+            })
+        })
+        .collect();
+    serde_json::to_string_pretty(&json!({ "repeats": repeats, "results": rows }))
+        .unwrap_or_default()
+}
+
+/// The results of one model under one load mode, by scenario name.
+fn group<'a>(
+    results: &'a [PeerResult],
+    model: &str,
+    mode: &str,
+) -> HashMap<&'static str, &'a Measured> {
+    results
+        .iter()
+        .filter(|r| r.model == model && r.load_mode == mode)
+        .map(|r| (r.scenario.name, &r.measured))
+        .collect()
+}
+
+/// The models of `results`, in the order they ran.
+fn models(results: &[PeerResult]) -> Vec<(String, f64)> {
+    let mut out: Vec<(String, f64)> = Vec::new();
+    for r in results {
+        if !out.iter().any(|(m, _)| *m == r.model) {
+            out.push((r.model.clone(), r.weights_mib));
+        }
+    }
+    out
+}
+
+/// The table, the ratios, and each of the issue's targets with its verdict.
+pub fn markdown(results: &[PeerResult], repeats: usize) -> String {
+    let mut md = format!(
+        "Each cell: median (min-max) of {repeats} fresh processes; ms unless named.\n\n\
+         | model | load mode | scenario | load-to-ready ms | first execute ms | first output ms | peak RSS MiB | read() during load MiB | from disk during load MiB | cache file MiB |\n\
+         |---|---|---|---|---|---|---|---|---|---|\n"
+    );
+    let cell = |s: Spread| {
+        let d = if s.median < 10.0 { 2 } else { 1 };
+        format!("{:.d$} ({:.d$}-{:.d$})", s.median, s.min, s.max)
+    };
+    for r in results {
+        let m = &r.measured;
+        let _ = writeln!(
+            md,
+            "| {} ({:.0} MiB) | {} | {} | {} | {} | {} | {:.0} | {:.1} | {:.1} | {:.1} |",
+            r.model,
+            r.weights_mib,
+            r.load_mode,
+            r.scenario.name,
+            cell(m.load_to_ready_ms),
+            cell(m.first_execute_ms),
+            cell(m.first_output_ms),
+            m.peak_rss_mib.median,
+            m.read_mib.median,
+            m.disk_read_mib.median,
+            m.cache_file_mib
+        );
+    }
+    md.push_str("\nRatios of medians (ExecuTorch's / xnnblob's: above 1, xnnblob is faster):\n\n");
+    let mut verdicts = String::new();
+    let mut verdict = |what: String, ratio: f64, limit: f64| {
+        let met = ratio <= limit;
+        let _ = writeln!(
+            verdicts,
+            "- {what}: {ratio:.3} (target <= {limit}): {}",
+            if met { "met" } else { "NOT met" }
+        );
+    };
+    for (model, _) in models(results) {
+        for mode in LOAD_MODES {
+            let g = group(results, &model, mode);
+            let ready = |name: &str| g.get(name).map(|m| m.load_to_ready_ms.median);
+            let first_output = |name: &str| g.get(name).map(|m| m.first_output_ms.median);
+            let (
+                Some(et_none),
+                Some(et_cold),
+                Some(et_warm),
+                Some(xb_cold),
+                Some(xb_warm),
+                Some(et_disk),
+                Some(xb_disk),
+            ) = (
+                ready("executorch, no cache"),
+                ready("executorch cache, cold"),
+                ready("executorch cache, warm"),
+                ready("xnnblob, cold"),
+                ready("xnnblob, warm"),
+                first_output("executorch cache, warm, cold page cache"),
+                first_output("xnnblob, warm, cold page cache"),
+            )
+            else {
+                continue;
+            };
+            let _ = writeln!(
+                md,
+                "- {model} ({mode}): warm {:.1}x; cold {:.1}x against ExecuTorch's cold with its cache, {:.1}x against no cache; first output after a warm launch from disk {:.1}x",
+                et_warm / xb_warm,
+                et_cold / xb_cold,
+                et_none / xb_cold,
+                et_disk / xb_disk
+            );
+            let warm_limit = if mode == "mmap" { 0.5 } else { 0.01 };
+            verdict(
+                format!("{model} ({mode}): warm load-to-ready / ExecuTorch's warm"),
+                xb_warm / et_warm,
+                warm_limit,
+            );
+            verdict(
+                format!("{model} ({mode}): cold / ExecuTorch's cold with its cache"),
+                xb_cold / et_cold,
+                0.4,
+            );
+            verdict(
+                format!("{model} ({mode}): cold / ExecuTorch without a cache"),
+                xb_cold / et_none,
+                0.7,
+            );
+            if let (Some(cold), Some(warm)) = (g.get("xnnblob, cold"), g.get("xnnblob, warm")) {
+                // The cache file holds the packed weights (and a small index).
+                let budget = warm.cache_file_mib + 64.0;
+                verdict(
+                    format!(
+                        "{model} ({mode}): cold peak RSS {:.0} MiB / (packed {:.0} MiB + 64 MiB)",
+                        cold.peak_rss_mib.median, warm.cache_file_mib
+                    ),
+                    cold.peak_rss_mib.median / budget,
+                    1.0,
+                );
+            }
+            verdict(
+                format!("{model} ({mode}): first output from a cold page cache / ExecuTorch's"),
+                xb_disk / et_disk,
+                0.8,
+            );
+        }
+    }
+    let _ = write!(
+        md,
+        "\nTargets:\n\n{verdicts}\nThe 1184-weight warm launch against XNNPACK's runtime-creation floor is measured by the load bench (`xnnblob bench --dtype qd8 --mib 96 --scenarios xnnblob-warm,floor`).\n"
+    );
+    md
+}
+
+/// Short labels of the scenarios, in [`SCENARIOS`] order.
+const SHORT: [&str; 7] = [
+    "ET none",
+    "ET cold",
+    "ET warm",
+    "xnnblob cold",
+    "xnnblob warm",
+    "ET disk*",
+    "xnnblob disk*",
+];
+
+/// One panel per model and load mode: each scenario's load-to-ready (first output for the
+/// from-disk scenarios), on a log scale, ExecuTorch in red and xnnblob in blue.
+pub fn svg(path: &Path, results: &[PeerResult]) -> Result<(), String> {
+    let models = models(results);
+    let height = 40 + 260 * models.len().max(1) as u32;
+    let root = SVGBackend::new(path, (1200, height)).into_drawing_area();
+    let e = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
+    root.fill(&WHITE).map_err(|x| e(&x))?;
+    let root = root
+        .titled(
+            "load-to-ready, ms (log); * = first output after a warm launch from a cold page cache",
+            ("sans-serif", 16),
+        )
+        .map_err(|x| e(&x))?;
+    let panels = root.split_evenly((models.len().max(1), LOAD_MODES.len()));
+    for (i, panel) in panels.iter().enumerate() {
+        let Some((model, mib)) = models.get(i / LOAD_MODES.len()) else {
+            continue;
+        };
+        let mode = LOAD_MODES[i % LOAD_MODES.len()];
+        let g = group(results, model, mode);
+        let values: Vec<f64> = SCENARIOS
+            .iter()
+            .map(|s| {
+                g.get(s.name).map_or(f64::NAN, |m| match s.cache {
+                    CacheUse::WarmFromDisk => m.first_output_ms.median,
+                    _ => m.load_to_ready_ms.median,
+                })
+            })
+            .collect();
+        let top = values
+            .iter()
+            .cloned()
+            .filter(|v| v.is_finite())
+            .fold(1.0, f64::max)
+            * 3.0;
+        let mut chart = ChartBuilder::on(panel)
+            .margin(8)
+            .x_label_area_size(24)
+            .y_label_area_size(48)
+            .caption(
+                format!("{model} ({mib:.0} MiB), {mode}"),
+                ("sans-serif", 13),
+            )
+            .build_cartesian_2d(
+                (0..SCENARIOS.len() as i32).into_segmented(),
+                (0.1f64..top).log_scale(),
+            )
+            .map_err(|x| e(&x))?;
+        chart
+            .configure_mesh()
+            .disable_x_mesh()
+            .x_label_style(("sans-serif", 10))
+            .x_label_formatter(&|x| match x {
+                SegmentValue::CenterOf(i) => SHORT.get(*i as usize).unwrap_or(&"").to_string(),
+                _ => String::new(),
+            })
+            .draw()
+            .map_err(|x| e(&x))?;
+        chart
+            .draw_series(
+                values
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, v)| v.is_finite())
+                    .map(|(i, v)| {
+                        let color = if SCENARIOS[i].backend == "xnnblob" {
+                            BLUE
+                        } else {
+                            RED
+                        };
+                        let i = i as i32;
+                        Rectangle::new(
+                            [
+                                (SegmentValue::Exact(i), 0.1),
+                                (SegmentValue::Exact(i + 1), v.max(0.1)),
+                            ],
+                            color.mix(0.6).filled(),
+                        )
+                    }),
+            )
+            .map_err(|x| e(&x))?;
+        chart
+            .draw_series(
+                values
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, v)| v.is_finite())
+                    .map(|(i, v)| {
+                        Text::new(
+                            if *v < 10.0 {
+                                format!("{v:.1}")
+                            } else {
+                                format!("{v:.0}")
+                            },
+                            (SegmentValue::CenterOf(i as i32), v.max(0.1) * 1.15),
+                            ("sans-serif", 10),
+                        )
+                    }),
+            )
+            .map_err(|x| e(&x))?;
+    }
+    root.present().map_err(|x| e(&x))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn flat(ms: f64) -> Spread {
+        Spread {
+            median: ms,
+            min: ms * 0.9,
+            max: ms * 1.1,
+        }
+    }
+
+    /// One model's results under both load modes, with `xnnblob_warm_ms` for xnnblob's warm.
+    fn results(xnnblob_warm_ms: f64) -> Vec<PeerResult> {
+        let mut out = Vec::new();
+        for mode in LOAD_MODES {
+            for scenario in SCENARIOS {
+                let ms = match (scenario.backend, scenario.cache) {
+                    ("xnnblob", CacheUse::Warm) => xnnblob_warm_ms,
+                    ("xnnblob", _) => 50.0,
+                    (_, CacheUse::Warm) => 10.0,
+                    _ => 200.0,
+                };
+                out.push(PeerResult {
+                    model: "m".into(),
+                    weights_mib: 96.0,
+                    load_mode: mode,
+                    scenario,
+                    measured: Measured {
+                        load_to_ready_ms: flat(ms),
+                        first_execute_ms: flat(20.0),
+                        first_output_ms: flat(ms + 20.0),
+                        peak_rss_mib: flat(120.0),
+                        read_mib: flat(0.5),
+                        disk_read_mib: flat(0.0),
+                        cache_file_mib: 100.0,
+                    },
+                });
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn the_report_states_each_target_and_compare_reads_the_json() {
+        let md = markdown(&results(1.0), 5);
+        // Warm 1 ms against ExecuTorch's 10: 0.1, met under mmap (0.5), not under file (0.01).
+        assert!(
+            md.contains(
+                "m (mmap): warm load-to-ready / ExecuTorch's warm: 0.100 (target <= 0.5): met"
+            ),
+            "{md}"
+        );
+        assert!(
+            md.contains(
+                "m (file): warm load-to-ready / ExecuTorch's warm: 0.100 (target <= 0.01): NOT met"
+            ),
+            "{md}"
+        );
+        assert!(md.contains("cold / ExecuTorch's cold with its cache: 0.250 (target <= 0.4): met"));
+        assert_eq!(md.matches("| m (96 MiB) |").count(), 2 * SCENARIOS.len());
+
+        let dir = tempfile::tempdir().unwrap();
+        let (base, new) = (dir.path().join("base.json"), dir.path().join("new.json"));
+        std::fs::write(&base, to_json(&results(1.0), 5)).unwrap();
+        std::fs::write(&new, to_json(&results(1.5), 5)).unwrap();
+        let (report, regressed) = super::super::compare::compare(&base, &new, 20.0).unwrap();
+        assert!(regressed, "{report}");
+        assert!(report.contains("m | mmap | xnnblob, warm"), "{report}");
+        let (_, regressed) = super::super::compare::compare(&base, &base, 0.0).unwrap();
+        assert!(!regressed);
+
+        let chart = dir.path().join("peer.svg");
+        svg(&chart, &results(1.0)).unwrap();
+        let text = std::fs::read_to_string(&chart).unwrap();
+        assert!(text.starts_with("<svg") && text.contains("m (96 MiB), mmap"));
+    }
+
+    #[test]
+    fn models_are_named_and_unknown_names_say_which_exist() {
+        for name in MODEL_NAMES {
+            peer_model(name).unwrap();
+        }
+        assert_eq!(peer_model("qb4w").unwrap().dtype, Dtype::Qb4w);
+        let e = peer_model("resnet").unwrap_err();
+        assert!(e.contains("resnet") && e.contains("llm1184"), "{e}");
+    }
+}
