@@ -212,6 +212,24 @@ fn encode_entry(e: &FileEntry) -> [u8; ENTRY_SIZE] {
     b
 }
 
+/// Where `bytes`' header, index and trailer claim to be, read from the trailer without checking
+/// anything: for asking the kernel to read those bytes in, never for trusting them ([`decode`]
+/// validates).
+pub fn metadata_ranges(bytes: &[u8]) -> Vec<std::ops::Range<usize>> {
+    let len = bytes.len();
+    if len < HEADER_SIZE + TRAILER_SIZE {
+        return vec![0..len];
+    }
+    let mut ranges = vec![0..HEADER_SIZE, len - TRAILER_SIZE..len];
+    let index_offset = u64_at(&bytes[len - TRAILER_SIZE..], INDEX_OFFSET_AT);
+    if let Ok(start) = usize::try_from(index_offset) {
+        if start < len - TRAILER_SIZE {
+            ranges.push(start..len - TRAILER_SIZE);
+        }
+    }
+    ranges
+}
+
 /// Validates a whole file: header, trailer, index checksum, then each entry. Reads the header,
 /// the index and the trailer only, never the packed bytes.
 pub fn decode(bytes: &[u8], expect: &Compat) -> Result<Decoded, FileError> {

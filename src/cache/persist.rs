@@ -41,7 +41,7 @@ fn io_error(path: &Path, error: std::io::Error) -> CacheError {
 /// error: the cache starts empty and the next save rebuilds the file.
 ///
 /// With `prefetch`, a valid file that looks out of the page cache is read ahead on a background
-/// thread (see [`CacheOptions::no_prefetch`](super::CacheOptions::no_prefetch)).
+/// thread (see [`CacheOptions::prefetch`](super::CacheOptions::prefetch)).
 pub(crate) fn load(
     core: &CacheCore,
     path: &Path,
@@ -53,6 +53,11 @@ pub(crate) fn load(
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(LoadOutcome::Fresh),
         Err(e) => return Err(io_error(path, e)),
     };
+    // Only the header, index and trailer are read here: asked for exactly, a fault on each does
+    // not read the device's readahead window around it (8 MiB on some disks) into the load.
+    for range in format::metadata_ranges(map.bytes()) {
+        crate::mmap::advise_read_soon(&map.bytes()[range]);
+    }
     let decoded = match format::decode(map.bytes(), compat) {
         Ok(d) => d,
         Err(e) => return Ok(LoadOutcome::Rejected(e)),
