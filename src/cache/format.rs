@@ -218,7 +218,8 @@ fn encode_entry(e: &FileEntry) -> [u8; ENTRY_SIZE] {
 pub fn metadata_ranges(bytes: &[u8]) -> Vec<std::ops::Range<usize>> {
     let len = bytes.len();
     if len < HEADER_SIZE + TRAILER_SIZE {
-        return Vec::from([0..len]);
+        // Too short to hold the layout: the whole file is the metadata.
+        return std::iter::once(0..len).collect();
     }
     let mut ranges = vec![0..HEADER_SIZE, len - TRAILER_SIZE..len];
     let index_offset = u64_at(&bytes[len - TRAILER_SIZE..], INDEX_OFFSET_AT);
