@@ -174,3 +174,50 @@ fn eight_threads_loading_one_program_cold_share_one_packing_of_each_weight() {
     let per_launch: usize = unique.delegates.iter().map(|d| d.1).sum();
     assert_eq!(stats.entries, per_launch, "{stats:?}");
 }
+
+#[test]
+fn a_cold_launch_saves_packed_weights_in_graph_order() {
+    // Packed ahead on two threads, the weights reach the cache out of order; the file must
+    // still hold them in the order the runtime uses them, so that a first inference from a
+    // cold page cache reads it front to back (one readahead stream, not two interleaved).
+    use xnnblob::cache::{format, BlobId, Compat};
+    use xnnblob::delegate::builder::GraphBuilder;
+    let dir = common::scratch("parallel-packing-order");
+    // Each layer larger than the one before: packing ahead takes the largest first.
+    let mut g = GraphBuilder::new();
+    let mut x = g.input(&[1, 16]);
+    let mut expected = Vec::new();
+    for layer in 0..12u32 {
+        let (inputs, outputs) = (16 * (layer + 1), 16 * (layer + 2));
+        let w: Vec<f32> = (0..inputs * outputs)
+            .map(|i| ((i * 7 + layer * 13) % 31) as f32 / 31.0 - 0.5)
+            .collect();
+        let bytes: Vec<u8> = w.iter().flat_map(|v| v.to_le_bytes()).collect();
+        expected.push(BlobId(xnnblob::sha256::sha256(&bytes)));
+        let wv = g.constant_f32(&[outputs, inputs], &w);
+        x = g.fully_connected(x, wv, None, f32::NEG_INFINITY, f32::INFINITY);
+    }
+    g.output(x);
+    let built = g.finish();
+    let (pte, ptd) = (dir.join("chain.pte"), dir.join("chain.ptd"));
+    built.write_pte(&pte, "forward").unwrap();
+    built.write_ptd(&ptd).unwrap();
+
+    let path = dir.join("chain.cache");
+    let backend = backend(false);
+    let cache = PackedCache::File(path.clone());
+    let program = Program::load(&backend, &pte, &[ptd], Some(&cache)).unwrap();
+    drop(program.method("forward").unwrap());
+    let file_cache = backend.file_cache(&path).unwrap();
+    file_cache.wait_saved().unwrap();
+    assert_eq!(file_cache.stats().packed, expected.len());
+
+    let bytes = std::fs::read(&path).unwrap();
+    let compat = Compat {
+        build_id: xnnblob::xnn::build_identifier().to_vec(),
+        cpu_fingerprint: xnnblob::cache::cpu_fingerprint(),
+    };
+    let decoded = format::decode(&bytes, &compat).unwrap();
+    let in_file: Vec<BlobId> = decoded.entries.iter().map(|e| e.key.kernel).collect();
+    assert_eq!(in_file, expected, "file order is graph order");
+}

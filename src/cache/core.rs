@@ -32,6 +32,10 @@ pub(crate) struct Entry {
     pub checksum: Option<u64>,
     /// Looked up (found) in this process.
     pub hit: bool,
+    /// The order of its first look-up that found it in this process (runtime creation looks
+    /// weights up in graph order): a save writes entries in this order, so that a first
+    /// inference from a cold page cache reads the file front to back.
+    pub first_hit: Option<u64>,
     /// Packed in this process and not yet saved.
     pub unsaved: bool,
     /// Packed in this process (saved or not).
@@ -57,6 +61,8 @@ pub(crate) struct State {
     pub maps: Vec<Arc<MappedFile>>,
     pub entries: Vec<Entry>,
     pub by_key: FastMap<EntryKey, usize>,
+    /// Look-ups that found an entry for the first time, so far.
+    first_hits: u64,
     pending: FastMap<usize, AlignedBytes>,
     registered: FastMap<usize, Registered>,
 }
@@ -112,6 +118,7 @@ impl State {
             location: Location::Mapped { map, offset },
             checksum: Some(checksum),
             hit: false,
+            first_hit: None,
             unsaved: false,
             packed_here: false,
             resolved: false,
@@ -273,6 +280,10 @@ impl PackedWeightsProvider for CacheCore {
         match found {
             Some(i) => {
                 state.entries[i].hit = true;
+                if state.entries[i].first_hit.is_none() {
+                    state.entries[i].first_hit = Some(state.first_hits);
+                    state.first_hits += 1;
+                }
                 self.counters.hits.fetch_add(1, Ordering::Relaxed);
             }
             None => {
@@ -354,6 +365,7 @@ impl PackedWeightsProvider for CacheCore {
             location: Location::Heap(Arc::new(block)),
             checksum: None,
             hit: false,
+            first_hit: None,
             unsaved: content_key.is_some(),
             packed_here: true,
             resolved: false,

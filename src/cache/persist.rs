@@ -3,7 +3,7 @@
 //! rename, fsync the directory).
 
 use super::checksum::checksum64;
-use super::core::{CacheCore, Location, Source};
+use super::core::{CacheCore, Entry, Location, Source};
 use super::format::{self, Compat, EntryKey, FileEntry, FileError};
 use super::CacheError;
 use crate::mmap::MappedFile;
@@ -151,9 +151,12 @@ pub(crate) fn save(core: &CacheCore, path: &Path, compat: &Compat) -> Result<usi
             .filter(|e| e.packed_here)
             .filter_map(|e| e.key.map(|k| (k.kernel, k.bias, k.seed)))
             .collect();
-        let ours: Vec<(EntryKey, Source, Option<u64>, bool)> = state
-            .entries
-            .iter()
+        // Entries found by this process's runtimes in the order they were first found (graph
+        // order); those packed but not yet found after them, in the order they were packed.
+        let mut in_order: Vec<&Entry> = state.entries.iter().collect();
+        in_order.sort_by_key(|e| e.first_hit.unwrap_or(u64::MAX));
+        let ours: Vec<(EntryKey, Source, Option<u64>, bool)> = in_order
+            .into_iter()
             .filter_map(|e| {
                 e.key
                     .map(|k| (k, state.source_of(e), e.checksum, e.hit || e.packed_here))
