@@ -355,24 +355,27 @@ pub fn run(o: &PeerOptions) -> Result<Vec<PeerResult>, String> {
 /// The results as `peer.json`: `results`, one object per model, load mode and scenario, with
 /// the median, min and max of each timed measure.
 pub fn to_json(results: &[PeerResult], repeats: usize) -> String {
-    let s = |s: Spread| json!({"median": s.median, "min": s.min, "max": s.max});
+    // Three decimals: a microsecond, a KiB; more digits are noise.
+    let round = |x: f64| (x * 1000.0).round() / 1000.0;
+    let s =
+        |s: Spread| json!({"median": round(s.median), "min": round(s.min), "max": round(s.max)});
     let rows: Vec<_> = results
         .iter()
         .map(|r| {
             let m = &r.measured;
             json!({
                 "model": r.model,
-                "weights_mib": r.weights_mib,
+                "weights_mib": round(r.weights_mib),
                 "load_mode": r.load_mode,
                 "scenario": r.scenario.name,
                 "repeats": repeats,
                 "load_to_ready_ms": s(m.load_to_ready_ms),
                 "first_execute_ms": s(m.first_execute_ms),
                 "first_output_ms": s(m.first_output_ms),
-                "peak_rss_mib": m.peak_rss_mib.median,
-                "read_during_load_mib": m.read_mib.median,
-                "disk_read_during_load_mib": m.disk_read_mib.median,
-                "cache_file_mib": m.cache_file_mib,
+                "peak_rss_mib": round(m.peak_rss_mib.median),
+                "read_during_load_mib": round(m.read_mib.median),
+                "disk_read_during_load_mib": round(m.disk_read_mib.median),
+                "cache_file_mib": round(m.cache_file_mib),
             })
         })
         .collect();
