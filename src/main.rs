@@ -5,6 +5,23 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use xnnblob::named_data::FileDataMap;
 
+/// Writes to stdout, returning the error instead of panicking: a reader that goes away (`| head`,
+/// `| true`) ends the output, and [`main`] treats the broken pipe as a normal end.
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        write!(std::io::stdout(), $($arg)*)?
+    }};
+}
+
+/// [`out!`] with a newline.
+macro_rules! outln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        writeln!(std::io::stdout(), $($arg)*)?
+    }};
+}
+
 /// Fast, lean model loading for XNNPACK: run ExecuTorch programs with a persistent packed-weight
 /// cache, inspect their named data, link weights into binaries, measure load times.
 #[derive(Parser)]
@@ -136,6 +153,10 @@ struct RunArgs {
     /// Threads XNNPACK runs on, and a cold launch packs on [default: the machine's cores].
     #[arg(long)]
     threads: Option<usize>,
+    /// Fail when the --cache path cannot hold a cache file, instead of warning and running
+    /// without persistence.
+    #[arg(long, requires = "cache")]
+    require_cache: bool,
 }
 
 fn main() -> ExitCode {
@@ -156,11 +177,14 @@ fn main() -> ExitCode {
             ..
         }) => match xnnblob::bench::compare::compare(&base, &new, max_regression) {
             Ok((report, regressed)) => {
-                print!("{report}");
+                let printed = (|| -> Result<(), Box<dyn std::error::Error>> {
+                    out!("{report}");
+                    Ok(())
+                })();
                 if regressed {
                     return ExitCode::FAILURE;
                 }
-                Ok(())
+                printed
             }
             Err(e) => Err(e.into()),
         },
@@ -177,6 +201,13 @@ fn main() -> ExitCode {
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        // The reader of stdout went away: everything else (outputs, the cache) is done.
+        Err(e)
+            if e.downcast_ref::<std::io::Error>()
+                .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe) =>
+        {
+            ExitCode::SUCCESS
+        }
         Err(e) => {
             eprintln!("xnnblob: {e}");
             ExitCode::FAILURE
@@ -187,9 +218,9 @@ fn main() -> ExitCode {
 fn inspect(file: &Path, json: bool, sha: bool) -> Result<(), Box<dyn std::error::Error>> {
     let map = FileDataMap::open(file)?;
     if json {
-        println!("{}", xnnblob::inspect::to_json(&map, sha)?);
+        outln!("{}", xnnblob::inspect::to_json(&map, sha)?);
     } else {
-        print!("{}", xnnblob::inspect::to_text(&map, sha));
+        out!("{}", xnnblob::inspect::to_text(&map, sha));
     }
     Ok(())
 }
@@ -200,7 +231,7 @@ fn link(ptd: &Path, out: &Path, model: Option<&str>) -> Result<(), Box<dyn std::
         None => xnnblob::link::generate(ptd, out),
     };
     let written = written.map_err(|e| format!("{}: {e}", ptd.display()))?;
-    println!("written {}", written.display());
+    outln!("written {}", written.display());
     Ok(())
 }
 
@@ -292,7 +323,20 @@ fn run_command(args: &RunArgs, inputs: Vec<InputArg>) -> Result<(), Box<dyn std:
             .unwrap_or_else(xnnblob::backend::machine_threads),
         ..Default::default()
     })?;
-    let cache = cache.map(PackedCache::File);
+    let cache = match cache {
+        None => None,
+        Some(path) => match xnnblob::cache::PackedWeightsCache::check_path(&path)
+            .and_then(|()| backend.file_cache(&path))
+        {
+            Ok(_) => Some(PackedCache::File(path)),
+            Err(e) if args.require_cache => return Err(e.into()),
+            // One rule for every unusable path: run right, without persistence, and say so once.
+            Err(e) => {
+                eprintln!("xnnblob: warning: {e}; running without a persistent cache");
+                Some(PackedCache::InMemory)
+            }
+        },
+    };
     let program = xnnblob::program::Program::load(&backend, &args.program, data, cache.as_ref())?;
     let method_name = match method {
         Some(m) => m,
@@ -355,34 +399,39 @@ fn run_command(args: &RunArgs, inputs: Vec<InputArg>) -> Result<(), Box<dyn std:
             std::fs::write(std::path::Path::new(dir).join(name), out.data())?;
         }
     }
-    let (packed, hits) = program
-        .weights_cache()
-        .map_or((0, 0), |c| (c.stats().packed, c.stats().hits));
-    println!(
-        "{program_path} method {method_name:?}: loaded in {load_ms:.2} ms ({packed} weights packed, {hits} found packed), executed in {exec_ms:.2} ms"
-    );
-    for i in 0..m.num_outputs() {
-        let out = m.output(i)?;
-        let values = xnnblob::tensor::to_f32_lossy(out.dtype(), out.data());
-        let (min, max) = values
-            .iter()
-            .fold((f32::INFINITY, f32::NEG_INFINITY), |(a, b), v| {
-                (a.min(*v), b.max(*v))
-            });
-        let mean = values.iter().map(|v| *v as f64).sum::<f64>() / values.len().max(1) as f64;
-        let head: Vec<String> = values.iter().take(6).map(|v| format!("{v:.5}")).collect();
-        println!(
-            "output {i}: {} {}, {} values, min {min:.5}, max {max:.5}, mean {mean:.5}, first [{}]",
-            out.dtype(),
-            out.shape(),
-            values.len(),
-            head.join(", ")
+    // Printed in a closure so that a reader that went away still lets the save finish below.
+    let print = || -> Result<(), Box<dyn std::error::Error>> {
+        let (packed, hits) = program
+            .weights_cache()
+            .map_or((0, 0), |c| (c.stats().packed, c.stats().hits));
+        outln!(
+            "{program_path} method {method_name:?}: loaded in {load_ms:.2} ms ({packed} weights packed, {hits} found packed), executed in {exec_ms:.2} ms"
         );
-    }
+        for i in 0..m.num_outputs() {
+            let out = m.output(i)?;
+            let values = xnnblob::tensor::to_f32_lossy(out.dtype(), out.data());
+            let (min, max) = values
+                .iter()
+                .fold((f32::INFINITY, f32::NEG_INFINITY), |(a, b), v| {
+                    (a.min(*v), b.max(*v))
+                });
+            let mean = values.iter().map(|v| *v as f64).sum::<f64>() / values.len().max(1) as f64;
+            let head: Vec<String> = values.iter().take(6).map(|v| format!("{v:.5}")).collect();
+            outln!(
+                "output {i}: {} {}, {} values, min {min:.5}, max {max:.5}, mean {mean:.5}, first [{}]",
+                out.dtype(),
+                out.shape(),
+                values.len(),
+                head.join(", ")
+            );
+        }
+        Ok(())
+    };
+    let printed = print();
     if let Some(Err(e)) = program.weights_cache().map(|c| c.wait_saved()) {
         eprintln!("xnnblob: the packed-weight cache was not saved: {e}");
     }
-    Ok(())
+    printed
 }
 
 fn cache_command(action: CacheAction) -> Result<(), Box<dyn std::error::Error>> {
@@ -394,7 +443,7 @@ fn cache_command(action: CacheAction) -> Result<(), Box<dyn std::error::Error>> 
         CacheAction::Compact { path } => (compact_file(path, &options)?, path, false),
     };
     let report = report.map_err(|e| format!("{}: would be rebuilt: {e}", path.display()))?;
-    println!(
+    outln!(
         "{}: {} entries, {} packed bytes, file {} bytes ({:.3}x packed), {} invalid entries",
         path.display(),
         report.entries,
@@ -404,13 +453,17 @@ fn cache_command(action: CacheAction) -> Result<(), Box<dyn std::error::Error>> 
         report.invalid_entries
     );
     for bad in &report.corrupt {
-        println!(
+        outln!(
             "corrupt entry: kernel {} bias {} seed {:#010x} at offset {} ({} bytes)",
-            bad.key.kernel, bad.key.bias, bad.key.seed, bad.offset, bad.size
+            bad.key.kernel,
+            bad.key.bias,
+            bad.key.seed,
+            bad.offset,
+            bad.size
         );
     }
     if report.rewritten {
-        println!(
+        outln!(
             "rewrote {} without bad entries; the next launch repacks them",
             path.display()
         );

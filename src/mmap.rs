@@ -8,7 +8,6 @@
 //! they have validated.
 
 use memmap2::{Mmap, UncheckedAdvice};
-use std::fs::File;
 use std::io;
 use std::path::Path;
 
@@ -20,9 +19,23 @@ pub struct MappedFile {
 impl MappedFile {
     /// Maps the file at `path` read-only as it is now; a file later renamed over `path` does
     /// not change what this map reads.
+    /// Anything but a regular file (a directory, a FIFO, a device) is refused with
+    /// [`io::ErrorKind::InvalidInput`], without blocking: opening a FIFO for reading would wait
+    /// for a writer forever.
     pub fn open(path: &Path) -> io::Result<MappedFile> {
-        let file = File::open(path)?;
-        if file.metadata()?.len() == 0 {
+        use std::os::unix::fs::OpenOptionsExt;
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(path)?;
+        let metadata = file.metadata()?;
+        if !metadata.is_file() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{}, not a regular file", kind_of(&metadata.file_type())),
+            ));
+        }
+        if metadata.len() == 0 {
             return Ok(MappedFile { map: None });
         }
         // SAFETY: see the module docs: published files are replaced by rename, never modified
@@ -93,6 +106,28 @@ impl MappedFile {
 impl AsRef<[u8]> for MappedFile {
     fn as_ref(&self) -> &[u8] {
         self.bytes()
+    }
+}
+
+/// What a file type is, for messages: "a directory", "a FIFO", ...
+pub fn kind_of(t: &std::fs::FileType) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    if t.is_file() {
+        "a regular file"
+    } else if t.is_dir() {
+        "a directory"
+    } else if t.is_symlink() {
+        "a symbolic link"
+    } else if t.is_fifo() {
+        "a FIFO"
+    } else if t.is_char_device() {
+        "a character device"
+    } else if t.is_block_device() {
+        "a block device"
+    } else if t.is_socket() {
+        "a socket"
+    } else {
+        "not a file"
     }
 }
 

@@ -59,6 +59,7 @@ impl Staged {
         file.sync_all()?;
         drop(file);
         let value = before_rename(&self.temporary)?;
+        refuse_non_regular(&self.destination)?;
         fs::rename(&self.temporary, &self.destination)?;
         self.published = true;
         File::open(directory_of(&self.destination))?.sync_all()?;
@@ -71,6 +72,22 @@ impl Drop for Staged {
         if !self.published {
             let _ = fs::remove_file(&self.temporary);
         }
+    }
+}
+
+/// Refuses a destination that exists and is not a regular file: a rename would replace a
+/// device, a FIFO, a directory's entry or a symbolic link (dangling or not) with a regular file.
+pub(crate) fn refuse_non_regular(destination: &Path) -> io::Result<()> {
+    match fs::symlink_metadata(destination) {
+        Ok(m) if !m.file_type().is_file() => Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "{} is {}, not a regular file: it is not replaced",
+                destination.display(),
+                crate::mmap::kind_of(&m.file_type())
+            ),
+        )),
+        _ => Ok(()),
     }
 }
 
@@ -130,5 +147,30 @@ mod tests {
         let (abandoned, _file) = Staged::create(&path).unwrap();
         drop(abandoned);
         assert_eq!(siblings(dir.path()), ["weights.xbc"]);
+    }
+
+    #[test]
+    fn a_publish_never_replaces_what_is_not_a_regular_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let sub = dir.path().join("a-directory");
+        fs::create_dir(&sub).unwrap();
+        let dangling = dir.path().join("dangling");
+        std::os::unix::fs::symlink(dir.path().join("nowhere"), &dangling).unwrap();
+        let target = dir.path().join("target");
+        fs::write(&target, b"kept").unwrap();
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        for path in [&sub, &dangling, &link] {
+            let e = write_atomically(path, b"new").unwrap_err();
+            assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{e}");
+            assert!(e.to_string().contains("not a regular file"), "{e}");
+        }
+        assert!(sub.is_dir());
+        assert!(fs::symlink_metadata(&dangling).unwrap().is_symlink());
+        assert_eq!(fs::read(&link).unwrap(), b"kept");
+        assert_eq!(
+            siblings(dir.path()),
+            ["a-directory", "dangling", "link", "target"]
+        );
     }
 }

@@ -86,3 +86,174 @@ fn run_reports_clear_errors() {
     ]);
     assert!(!ok && text.contains("no method"), "{text}");
 }
+
+fn scratch(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("xnnblob-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// The MLP fixture's run arguments with `--cache path`.
+fn mlp_with_cache(path: &Path) -> Vec<String> {
+    [
+        "mlp_xnn_external.pte",
+        "--data",
+        "mlp_xnn_external.ptd",
+        "--input",
+        "mlp.input.f32",
+        "--cache",
+        path.to_str().unwrap(),
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
+/// As [`run`], failing the test if the run has not ended after a minute (a FIFO as cache path
+/// once hung it forever).
+fn run_strings(args: &[String]) -> (bool, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_xnnblob"))
+        .arg("run")
+        .args(args)
+        .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/executorch"))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("xnnblob run {args:?} did not end within a minute");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+#[test]
+fn a_cache_path_that_is_not_a_regular_file_is_never_replaced_nor_waited_on() {
+    use std::os::unix::fs::FileTypeExt;
+    let dir = scratch("non-regular-cache");
+    let fifo = dir.join("fifo");
+    let status = Command::new("mkfifo").arg(&fifo).status().unwrap();
+    assert!(status.success());
+    let directory = dir.join("a-directory");
+    std::fs::create_dir(&directory).unwrap();
+    let dangling = dir.join("dangling");
+    std::os::unix::fs::symlink(dir.join("nowhere"), &dangling).unwrap();
+    // A character device of our own (as root): the test must not risk the machine's /dev/null.
+    let device = dir.join("null-device");
+    let made_device = Command::new("mknod")
+        .args([device.to_str().unwrap(), "c", "1", "3"])
+        .status()
+        .is_ok_and(|s| s.success());
+    if !made_device {
+        eprintln!("not root: the character device case is skipped");
+    }
+    let mut cases = vec![
+        (fifo.clone(), "a FIFO"),
+        (directory.clone(), "a directory"),
+        (dangling.clone(), "a symbolic link to nothing"),
+    ];
+    if made_device {
+        cases.push((device.clone(), "a character device"));
+    }
+    for (path, kind) in &cases {
+        let (ok, text) = run_strings(&mlp_with_cache(path));
+        assert!(ok, "{kind}: runs without persistence: {text}");
+        assert!(
+            text.contains(kind) && text.contains("not a regular file"),
+            "{kind}: one clear warning: {text}"
+        );
+        assert_eq!(text.matches("warning").count(), 1, "{text}");
+        let mut strict = mlp_with_cache(path);
+        strict.push("--require-cache".into());
+        let (ok, text) = run_strings(&strict);
+        assert!(
+            !ok && text.contains(kind),
+            "{kind}, --require-cache: {text}"
+        );
+    }
+    let t = std::fs::symlink_metadata(&fifo).unwrap().file_type();
+    assert!(t.is_fifo(), "the FIFO is still a FIFO");
+    assert!(std::fs::symlink_metadata(&directory).unwrap().is_dir());
+    assert!(std::fs::symlink_metadata(&dangling)
+        .unwrap()
+        .file_type()
+        .is_symlink());
+    if made_device {
+        let t = std::fs::symlink_metadata(&device).unwrap().file_type();
+        assert!(t.is_char_device(), "the device is still a device");
+    }
+    let leftovers: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains(".tmp-"))
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+    // The same for --data: a clear error, no hang.
+    let (ok, text) = run_strings(
+        &[
+            "mlp_xnn_external.pte",
+            "--data",
+            fifo.to_str().unwrap(),
+            "--input",
+            "mlp.input.f32",
+        ]
+        .map(String::from),
+    );
+    assert!(!ok && text.contains("a FIFO, not a regular file"), "{text}");
+    let (ok, text) = run(&[
+        "mlp_xnn_external.pte",
+        "--data",
+        directory.to_str().unwrap(),
+        "--input",
+        "mlp.input.f32",
+    ]);
+    assert!(
+        !ok && text.contains("a directory, not a regular file"),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_closed_stdout_ends_the_run_normally_with_its_outputs_written() {
+    let dir = scratch("closed-stdout");
+    for i in 0..5 {
+        let out_dir = dir.join(format!("out{i}"));
+        let mut child = Command::new(env!("CARGO_BIN_EXE_xnnblob"))
+            .args([
+                "run",
+                "mlp_xnn_external.pte",
+                "--data",
+                "mlp_xnn_external.ptd",
+                "--input",
+                "mlp.input.f32",
+                "--output-dir",
+                out_dir.to_str().unwrap(),
+            ])
+            .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/executorch"))
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        // The reader goes away before anything is printed (`| true`).
+        drop(child.stdout.take());
+        let out = child.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "{:?}: {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(String::from_utf8_lossy(&out.stderr).is_empty());
+        assert!(out_dir.join("output0.f32").is_file());
+    }
+}

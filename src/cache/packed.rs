@@ -30,6 +30,17 @@ pub enum CacheError {
         #[source]
         error: std::io::Error,
     },
+    /// The cache path names something other than a regular file (a directory, a FIFO, a
+    /// device, a symbolic link to nothing): it is neither read nor replaced.
+    #[error(
+        "packed-weight cache {path}: {kind}, not a regular file; it is neither read nor replaced"
+    )]
+    NotARegularFile {
+        /// The path as given (made absolute).
+        path: PathBuf,
+        /// What is there ("a directory", "a FIFO", ...).
+        kind: &'static str,
+    },
     /// The file is open in this process already, with other options: one file has one cache
     /// object, and it cannot follow two sets of options.
     #[error("packed-weight cache {path}: already open in this process with other options")]
@@ -146,6 +157,52 @@ fn registry() -> &'static Mutex<HashMap<PathBuf, Weak<PackedWeightsCache>>> {
 }
 
 /// The path a file is known by in the registry, whether or not it exists yet.
+/// [`CacheError::NotARegularFile`] when something other than a regular file is at `path`
+/// (absence is fine: the first save creates the file). Symbolic links to files are resolved by
+/// [`canonical`] before this; one left here points nowhere.
+fn refuse_non_regular(path: &Path) -> Result<(), CacheError> {
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if !m.file_type().is_file() => Err(CacheError::NotARegularFile {
+            path: path.to_path_buf(),
+            kind: if m.file_type().is_symlink() {
+                "a symbolic link to nothing"
+            } else {
+                crate::mmap::kind_of(&m.file_type())
+            },
+        }),
+        _ => Ok(()),
+    }
+}
+
+impl PackedWeightsCache {
+    /// Whether a cache file can live at `path`: nothing or a regular file is there, and its
+    /// directory takes new files (the save writes a temporary file beside it and renames it into
+    /// place). Asked of the kernel (`access(W_OK)`: permissions, a read-only mount, a missing
+    /// directory) rather than by writing a probe file, so a warm launch writes nothing.
+    pub fn check_path(path: &Path) -> Result<(), CacheError> {
+        use std::os::unix::ffi::OsStrExt;
+        let path = canonical(path)?;
+        refuse_non_regular(&path)?;
+        let io = |error| CacheError::Io {
+            path: path.display().to_string(),
+            error,
+        };
+        let dir = match path.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d,
+            _ => Path::new("."),
+        };
+        let dir = std::ffi::CString::new(dir.as_os_str().as_bytes())
+            .map_err(|e| io(std::io::Error::new(std::io::ErrorKind::InvalidInput, e)))?;
+        // SAFETY: `dir` is a NUL-terminated path that lives across the call; access only reads
+        // it.
+        if unsafe { libc::access(dir.as_ptr(), libc::W_OK) } == 0 {
+            Ok(())
+        } else {
+            Err(io(std::io::Error::last_os_error()))
+        }
+    }
+}
+
 fn canonical(path: &Path) -> Result<PathBuf, CacheError> {
     let io = |error| CacheError::Io {
         path: path.display().to_string(),
@@ -180,6 +237,7 @@ impl PackedWeightsCache {
     ) -> Result<Arc<PackedWeightsCache>, CacheError> {
         crate::xnn::initialize().ok();
         let path = canonical(path.as_ref())?;
+        refuse_non_regular(&path)?;
         let mut reg = registry().lock();
         if let Some(existing) = reg.get(&path).and_then(Weak::upgrade) {
             if existing.options != options {

@@ -6,7 +6,7 @@ use cxx::UniquePtr;
 use parking_lot::Mutex;
 use std::collections::HashSet;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::{Arc, OnceLock};
 use xnnblob::backend::{Backend, BackendOptions, WorkspaceSharing};
@@ -81,26 +81,6 @@ fn reported_paths() -> &'static Mutex<HashSet<PathBuf>> {
     REPORTED.get_or_init(Default::default)
 }
 
-/// Whether a cache file can be published at `path`: the save writes a temporary file beside it
-/// and renames it into place, so the directory must take a new file. Asked of the kernel
-/// (`access(W_OK)`: permissions, a read-only mount, a missing directory) rather than by writing a
-/// probe file, so that a warm launch writes nothing.
-fn publishable(path: &Path) -> std::io::Result<()> {
-    use std::os::unix::ffi::OsStrExt;
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => Path::new("."),
-    };
-    let dir = std::ffi::CString::new(dir.as_os_str().as_bytes())
-        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
-    // SAFETY: `dir` is a NUL-terminated path that lives across the call; access only reads it.
-    if unsafe { libc::access(dir.as_ptr(), libc::W_OK) } == 0 {
-        Ok(())
-    } else {
-        Err(std::io::Error::last_os_error())
-    }
-}
-
 /// The packed-weight cache a load asked for, and a warning when it fell back to memory.
 fn weights_for(
     backend: &Backend,
@@ -113,9 +93,9 @@ fn weights_for(
         return Ok((Weights::Packed(backend.in_memory_cache().clone()), None));
     }
     let path = PathBuf::from(&options.packed_cache_path);
-    let opened = publishable(&path)
-        .map_err(|e| e.to_string())
-        .and_then(|()| backend.file_cache(&path).map_err(|e| e.to_string()));
+    let opened = xnnblob::cache::PackedWeightsCache::check_path(&path)
+        .and_then(|()| backend.file_cache(&path))
+        .map_err(|e| e.to_string());
     match opened {
         Ok(cache) => Ok((Weights::Packed(cache), None)),
         Err(why) => {
