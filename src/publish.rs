@@ -75,6 +75,50 @@ impl Drop for Staged {
     }
 }
 
+/// Removes the temporaries of `destination` left by writers that no longer run (a save killed
+/// midway): their names carry the writer's process id, and a process that is gone will never
+/// publish them. A live writer's, this process's, and any whose name does not parse are kept.
+/// Call it holding the destination's writer lock, so no new writer starts meanwhile. Returns
+/// how many were removed.
+pub(crate) fn reclaim_abandoned(destination: &Path) -> usize {
+    let Some(name) = destination.file_name() else {
+        return 0;
+    };
+    let prefix = format!(".{}.tmp-", name.to_string_lossy());
+    let Ok(entries) = fs::read_dir(directory_of(destination)) else {
+        return 0;
+    };
+    let mut removed = 0;
+    for entry in entries.flatten() {
+        let file_name = entry.file_name();
+        let Some(rest) = file_name.to_str().and_then(|n| n.strip_prefix(&prefix)) else {
+            continue;
+        };
+        let Some(pid) = rest
+            .split_once('-')
+            .and_then(|(pid, _)| pid.parse::<libc::pid_t>().ok())
+            .filter(|&pid| pid > 0)
+        else {
+            continue;
+        };
+        if pid as u32 != std::process::id()
+            && !process_exists(pid)
+            && fs::remove_file(entry.path()).is_ok()
+        {
+            removed += 1;
+        }
+    }
+    removed
+}
+
+/// Whether process `pid` exists (signal 0 checks without sending anything; a process of another
+/// user exists too).
+fn process_exists(pid: libc::pid_t) -> bool {
+    // SAFETY: kill with signal 0 sends nothing; it only reports whether `pid` can be signalled.
+    let r = unsafe { libc::kill(pid, 0) };
+    r == 0 || io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
+}
+
 /// Refuses a destination that exists and is not a regular file: a rename would replace a
 /// device, a FIFO, a directory's entry or a symbolic link (dangling or not) with a regular file.
 pub(crate) fn refuse_non_regular(destination: &Path) -> io::Result<()> {
@@ -172,5 +216,33 @@ mod tests {
             siblings(dir.path()),
             ["a-directory", "dangling", "link", "target"]
         );
+    }
+
+    #[test]
+    fn temporaries_of_writers_that_are_gone_are_reclaimed_and_no_others() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("weights.xbc");
+        fs::write(&path, b"published").unwrap();
+        let mut gone = std::process::Command::new("true").spawn().unwrap();
+        let gone_pid = gone.id();
+        gone.wait().unwrap();
+        let own = std::process::id();
+        let names = [
+            format!(".weights.xbc.tmp-{gone_pid}-0"),
+            format!(".weights.xbc.tmp-{gone_pid}-7"),
+            format!(".weights.xbc.tmp-{own}-3"),
+            // pid 1 always runs.
+            ".weights.xbc.tmp-1-0".to_string(),
+            ".weights.xbc.tmp-garbage".to_string(),
+            format!(".other.xbc.tmp-{gone_pid}-0"),
+        ];
+        for n in &names {
+            fs::write(dir.path().join(n), b"part").unwrap();
+        }
+        assert_eq!(reclaim_abandoned(&path), 2);
+        let mut kept: Vec<String> = names[2..].to_vec();
+        kept.push("weights.xbc".into());
+        kept.sort();
+        assert_eq!(siblings(dir.path()), kept);
     }
 }

@@ -257,3 +257,31 @@ fn a_closed_stdout_ends_the_run_normally_with_its_outputs_written() {
         assert!(out_dir.join("output0.f32").is_file());
     }
 }
+
+#[test]
+fn a_save_reclaims_the_temporaries_of_killed_saves() {
+    let dir = scratch("reclaim");
+    let cache = dir.join("w.xbc");
+    let mut gone = Command::new("true").spawn().unwrap();
+    let gone_pid = gone.id();
+    gone.wait().unwrap();
+    // What 3 saves killed midway leave: a part-written temporary each.
+    for n in 0..3 {
+        std::fs::write(
+            dir.join(format!(".w.xbc.tmp-{gone_pid}-{n}")),
+            vec![7u8; 4096],
+        )
+        .unwrap();
+    }
+    let (ok, text) = run_strings(&mlp_with_cache(&cache));
+    assert!(ok, "{text}");
+    let names: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        names.iter().all(|n| !n.contains(".tmp-")),
+        "left behind: {names:?}"
+    );
+    assert!(cache.is_file());
+}

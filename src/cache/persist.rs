@@ -141,6 +141,7 @@ pub(crate) fn commit<'a>(
 /// can be set up and run while a save is in progress.
 pub(crate) fn save(core: &CacheCore, path: &Path, compat: &Compat) -> Result<usize, CacheError> {
     let _lock = lock_writers(path)?;
+    crate::publish::reclaim_abandoned(path);
 
     // Snapshot: what this process knows, with bytes that stay valid without the lock.
     let (ours, repacked) = {
@@ -273,7 +274,9 @@ pub(crate) fn inspect_file(
     force_rewrite: bool,
 ) -> Result<Result<FileReport, FileError>, CacheError> {
     let _lock = if rewrite {
-        Some(lock_writers(path)?)
+        let lock = lock_writers(path)?;
+        crate::publish::reclaim_abandoned(path);
+        Some(lock)
     } else {
         None
     };
