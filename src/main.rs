@@ -338,6 +338,9 @@ fn run_command(args: &RunArgs, inputs: Vec<InputArg>) -> Result<(), Box<dyn std:
         },
     };
     let program = xnnblob::program::Program::load(&backend, &args.program, data, cache.as_ref())?;
+    if let Some(note) = program.weights_cache().and_then(|c| c.load_note()) {
+        eprintln!("xnnblob: {note}");
+    }
     let method_name = match method {
         Some(m) => m,
         None => program

@@ -80,6 +80,7 @@ impl Drop for Staged {
 /// publish them. A live writer's, this process's, and any whose name does not parse are kept.
 /// Call it holding the destination's writer lock, so no new writer starts meanwhile. Returns
 /// how many were removed.
+#[cfg(feature = "xnnpack")]
 pub(crate) fn reclaim_abandoned(destination: &Path) -> usize {
     let Some(name) = destination.file_name() else {
         return 0;
@@ -113,6 +114,7 @@ pub(crate) fn reclaim_abandoned(destination: &Path) -> usize {
 
 /// Whether process `pid` exists (signal 0 checks without sending anything; a process of another
 /// user exists too).
+#[cfg(feature = "xnnpack")]
 fn process_exists(pid: libc::pid_t) -> bool {
     // SAFETY: kill with signal 0 sends nothing; it only reports whether `pid` can be signalled.
     let r = unsafe { libc::kill(pid, 0) };
@@ -219,6 +221,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg(feature = "xnnpack")]
     fn temporaries_of_writers_that_are_gone_are_reclaimed_and_no_others() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("weights.xbc");

@@ -285,3 +285,25 @@ fn a_save_reclaims_the_temporaries_of_killed_saves() {
     );
     assert!(cache.is_file());
 }
+
+#[test]
+fn a_rejected_cache_file_is_rebuilt_and_the_reason_said_once() {
+    let dir = scratch("rejected");
+    let cache = dir.join("w.xbc");
+    let (ok, text) = run_strings(&mlp_with_cache(&cache));
+    assert!(ok && !text.contains("rejected"), "{text}");
+    let bytes = std::fs::read(&cache).unwrap();
+    // A torn save: the file cut short.
+    std::fs::write(&cache, &bytes[..bytes.len() / 2]).unwrap();
+    let (ok, text) = run_strings(&mlp_with_cache(&cache));
+    assert!(ok, "{text}");
+    assert_eq!(
+        text.matches("was rejected (no valid trailer (torn or partial file))")
+            .count(),
+        1,
+        "{text}"
+    );
+    assert_eq!(std::fs::read(&cache).unwrap(), bytes, "rebuilt as it was");
+    let (ok, text) = run_strings(&mlp_with_cache(&cache));
+    assert!(ok && !text.contains("rejected"), "{text}");
+}

@@ -286,6 +286,23 @@ impl PackedWeightsCache {
         self.path.as_deref()
     }
 
+    /// What a user should hear, once, about the file this cache opened: why a whole file was
+    /// rejected (stale build, another CPU, torn, checksum), or how many entries failed their
+    /// checks. None when the file was valid or absent.
+    pub fn load_note(&self) -> Option<String> {
+        let path = self.path.as_ref()?.display();
+        match &self.outcome {
+            LoadOutcome::Rejected(why) => Some(format!(
+                "packed-weight cache {path} was rejected ({why}); it is rebuilt at the next save"
+            )),
+            LoadOutcome::Loaded { dropped, .. } if *dropped > 0 => Some(format!(
+                "packed-weight cache {path}: {dropped} entries failed their checks; they are \
+                 repacked and rewritten at the next save"
+            )),
+            _ => None,
+        }
+    }
+
     /// What opening the file found.
     pub fn load_outcome(&self) -> &LoadOutcome {
         &self.outcome

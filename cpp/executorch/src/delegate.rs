@@ -97,7 +97,13 @@ fn weights_for(
         .and_then(|()| backend.file_cache(&path))
         .map_err(|e| e.to_string());
     match opened {
-        Ok(cache) => Ok((Weights::Packed(cache), None)),
+        Ok(cache) => {
+            // A rejected file is rebuilt without fuss, but said once: why it was not used.
+            let note = cache
+                .load_note()
+                .filter(|_| reported_paths().lock().insert(path.clone()));
+            Ok((Weights::Packed(cache), note))
+        }
         Err(why) => {
             let first = reported_paths().lock().insert(path.clone());
             let warning = first.then(|| {
