@@ -52,5 +52,7 @@ pub mod state;
 pub mod synthetic;
 #[cfg(feature = "xnnpack")]
 pub mod tensor;
+#[cfg(feature = "cli")]
+pub mod torture;
 #[cfg(feature = "xnnpack")]
 pub mod xnn;

@@ -116,6 +116,24 @@ enum CacheAction {
         /// The cache file.
         path: PathBuf,
     },
+    /// A kill -9 campaign: launches of a generated model killed at random moments (packing,
+    /// saving, renaming); after each kill a launch must complete with the outputs of a run
+    /// without cache and the file must verify; at the end the file must be the size of one built
+    /// from scratch with no temporary file left. Prints the counts; exits 1 if a promise broke.
+    Torture {
+        /// Launches to kill.
+        #[arg(long, default_value_t = 1000)]
+        kills: usize,
+        /// Weights of the generated qd8 model, MiB.
+        #[arg(long, default_value_t = 8)]
+        mib: usize,
+        /// Seeds the kill moments.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Where the model, caches and outputs go [default: a new temporary directory].
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
     /// Rewrite only the valid entries, tightly.
     Compact {
         /// The cache file.
@@ -437,6 +455,36 @@ fn run_command(args: &RunArgs, inputs: Vec<InputArg>) -> Result<(), Box<dyn std:
     printed
 }
 
+/// `xnnblob cache torture`: the campaign in `dir`, or in a temporary directory it removes after.
+fn torture_command(
+    kills: usize,
+    mib: usize,
+    seed: u64,
+    dir: Option<PathBuf>,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let scratch = dir
+        .is_none()
+        .then(|| std::env::temp_dir().join(format!("xnnblob-torture-{}", std::process::id())));
+    let run_dir = dir.or(scratch.clone()).unwrap_or_default();
+    let report = xnnblob::torture::torture(&xnnblob::torture::TortureOptions {
+        kills,
+        mib,
+        seed,
+        dir: run_dir,
+        exe: std::env::current_exe()?,
+    });
+    if let Some(s) = scratch {
+        let _ = std::fs::remove_dir_all(s);
+    }
+    let report = report?;
+    outln!("{report}");
+    if report.passed() {
+        Ok(())
+    } else {
+        Err("the torture campaign broke a promise (counts above)".into())
+    }
+}
+
 fn cache_command(action: CacheAction) -> Result<(), Box<dyn std::error::Error>> {
     use xnnblob::cache::{compact_file, verify_file, CacheOptions};
     let options = CacheOptions::default();
@@ -444,6 +492,12 @@ fn cache_command(action: CacheAction) -> Result<(), Box<dyn std::error::Error>> 
         CacheAction::Stats { path } => (verify_file(path, &options, false, false)?, path, false),
         CacheAction::Verify { path } => (verify_file(path, &options, true, true)?, path, true),
         CacheAction::Compact { path } => (compact_file(path, &options)?, path, false),
+        CacheAction::Torture {
+            kills,
+            mib,
+            seed,
+            dir,
+        } => return torture_command(*kills, *mib, *seed, dir.clone()),
     };
     let report = report.map_err(|e| format!("{}: would be rebuilt: {e}", path.display()))?;
     outln!(

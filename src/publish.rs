@@ -77,9 +77,8 @@ impl Drop for Staged {
 
 /// Removes the temporaries of `destination` left by writers that no longer run (a save killed
 /// midway): their names carry the writer's process id, and a process that is gone will never
-/// publish them. A live writer's, this process's, and any whose name does not parse are kept.
-/// Call it holding the destination's writer lock, so no new writer starts meanwhile. Returns
-/// how many were removed.
+/// publish them (only its writer renames a temporary), so no lock is needed. A live writer's,
+/// this process's, and any whose name does not parse are kept. Returns how many were removed.
 #[cfg(feature = "xnnpack")]
 pub(crate) fn reclaim_abandoned(destination: &Path) -> usize {
     let Some(name) = destination.file_name() else {

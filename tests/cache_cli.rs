@@ -71,3 +71,33 @@ fn stats_verify_and_compact() {
     assert!(!ok && out.contains("rebuilt"), "{out}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn a_short_kill_9_campaign_loses_nothing() {
+    // The short run of `xnnblob cache torture` (the long one is in the README): launches
+    // killed while packing, saving or renaming; each next launch must give the outputs of a run
+    // without cache, the file must verify, and at the end it must be the size of one built from
+    // scratch with no temporary file left.
+    let dir = std::env::temp_dir().join(format!("xnnblob-torture-test-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let (ok, text) = xnnblob(&[
+        "cache",
+        "torture",
+        "--kills",
+        "60",
+        "--mib",
+        "4",
+        "--dir",
+        dir.to_str().unwrap(),
+    ]);
+    assert!(ok, "{text}");
+    assert!(text.contains("kills: 60 ("), "{text}");
+    assert!(
+        text.contains("failed: 0, wrong outputs: 0")
+            && text.contains("0 failed of 60")
+            && text.contains("0 temporary files left, file 1.000x")
+            && text.contains("PASS"),
+        "{text}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

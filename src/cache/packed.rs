@@ -247,6 +247,10 @@ impl PackedWeightsCache {
         }
         let compat = options.compat();
         let core = CacheCore::default();
+        // Temporaries of saves killed midway are reclaimed here too, not only by a save: a
+        // process that never saves again (every later launch warm) would keep them forever. A
+        // temporary whose writer is gone can never be published, so no lock is needed.
+        crate::publish::reclaim_abandoned(&path);
         let outcome = persist::load(&core, &path, &compat, options.prefetch)?;
         let cache = Arc::new(PackedWeightsCache {
             xnn: WeightsCache::new(Arc::new(core)),
