@@ -449,8 +449,21 @@ fn run_command(args: &RunArgs, inputs: Vec<InputArg>) -> Result<(), Box<dyn std:
         Ok(())
     };
     let printed = print();
-    if let Some(Err(e)) = program.weights_cache().map(|c| c.wait_saved()) {
-        eprintln!("xnnblob: the packed-weight cache was not saved: {e}");
+    if let Some(cache) = program.weights_cache() {
+        if let Err(e) = cache.wait_saved() {
+            eprintln!("xnnblob: the packed-weight cache was not saved: {e}");
+        }
+        let corrupt = cache.stats().corrupt_found;
+        if corrupt > 0 {
+            eprintln!(
+                "xnnblob: warning: {corrupt} packed weights of {} failed their checksum: this \
+                 launch used them, its outputs may be wrong; the file was rewritten without them \
+                 and the next launch repacks them",
+                cache
+                    .path()
+                    .map_or("the cache".into(), |p| p.display().to_string())
+            );
+        }
     }
     printed
 }

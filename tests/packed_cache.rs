@@ -655,3 +655,53 @@ fn issue_22779_unpacked_constants_stay_readable_after_packing_and_finalize() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn a_damaged_entry_is_never_used_when_checked_before_use() {
+    let dir = scratch("verify-before-use");
+    let path = dir.join("weights.xbc");
+    let mlp = model();
+    let (expected, size) = cold(&path, &mlp);
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes[format::HEADER_SIZE + 100] ^= 0x10; // inside the first packed region
+    std::fs::write(&path, &bytes).unwrap();
+
+    let options = CacheOptions {
+        verify: xnnblob::cache::VerifyPacked::BeforeUse,
+        ..Default::default()
+    };
+    let cache = PackedWeightsCache::open_with(&path, options).unwrap();
+    assert_eq!(cache.stats().corrupt_found, 1, "found at open");
+    let out = launch(&cache, &mlp);
+    assert_eq!(out, expected, "this very launch computes right");
+    assert_eq!(cache.stats().packed, 1, "the damaged entry is repacked");
+    drop(cache);
+    assert_eq!(std::fs::metadata(&path).unwrap().len(), size);
+    assert!(verify_file(&path, &CacheOptions::default(), true, false)
+        .unwrap()
+        .unwrap()
+        .corrupt
+        .is_empty());
+}
+
+#[test]
+fn a_damaged_entry_found_in_the_background_is_repacked_by_the_next_launch() {
+    let dir = scratch("verify-background");
+    let path = dir.join("weights.xbc");
+    let mlp = model();
+    let (expected, _) = cold(&path, &mlp);
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes[format::HEADER_SIZE + 100] ^= 0x10;
+    std::fs::write(&path, &bytes).unwrap();
+
+    let cache = reopen(&path);
+    launch(&cache, &mlp);
+    cache.wait_saved().unwrap();
+    assert_eq!(cache.stats().corrupt_found, 1);
+    drop(cache);
+    let cache = reopen(&path);
+    assert_eq!(launch(&cache, &mlp), expected);
+    assert_eq!(cache.stats().packed, 1, "repacked by the next launch");
+    cache.wait_saved().unwrap();
+    assert_eq!(cache.stats().corrupt_found, 0);
+}

@@ -307,3 +307,60 @@ fn a_rejected_cache_file_is_rebuilt_and_the_reason_said_once() {
     let (ok, text) = run_strings(&mlp_with_cache(&cache));
     assert!(ok && !text.contains("rejected"), "{text}");
 }
+
+#[test]
+fn damaged_packed_bytes_are_found_after_the_launch_and_repacked_by_the_next() {
+    use xnnblob::cache::{format, Compat};
+    let dir = scratch("damaged");
+    let cache = dir.join("w.xbc");
+    let launch = |out: &str| {
+        let mut args = mlp_with_cache(&cache);
+        args.extend(["--output-dir".into(), dir.join(out).display().to_string()]);
+        let (ok, text) = run_strings(&args);
+        assert!(ok, "{text}");
+        (
+            text,
+            std::fs::read(dir.join(out).join("output0.f32")).unwrap(),
+        )
+    };
+    let (_, cold) = launch("cold");
+    let mut bytes = std::fs::read(&cache).unwrap();
+    let compat = Compat {
+        build_id: xnnblob::xnn::build_identifier().to_vec(),
+        cpu_fingerprint: xnnblob::cache::cpu_fingerprint(),
+    };
+    let entries = format::decode(&bytes, &compat).unwrap().entries;
+    let victim = &entries[0];
+    // One flipped byte in the middle of a packed weight, as a bad sector would leave it.
+    bytes[(victim.offset + victim.size / 2) as usize] ^= 0x40;
+    std::fs::write(&cache, &bytes).unwrap();
+
+    let (text, _) = launch("damaged");
+    assert!(
+        text.contains("1 packed weights of") && text.contains("failed their checksum"),
+        "the launch that used it says so: {text}"
+    );
+    let (ok, text) = {
+        let out = Command::new(env!("CARGO_BIN_EXE_xnnblob"))
+            .args(["cache", "verify", cache.to_str().unwrap()])
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
+    };
+    assert!(ok, "the file was rewritten without it: {text}");
+    assert!(
+        text.contains(&format!("{} entries", entries.len() - 1)),
+        "{text}"
+    );
+
+    let (text, next) = launch("next");
+    assert!(
+        text.contains("(1 weights packed"),
+        "the next launch repacks it: {text}"
+    );
+    assert!(!text.contains("checksum"), "{text}");
+    assert_eq!(next, cold, "and computes the cold outputs");
+}

@@ -1,6 +1,7 @@
 //! The provider XNNPACK calls: packed weights by content identity, from a mapped cache file or
 //! from memory packed in this process.
 
+use super::checksum::checksum64;
 use super::format::{EntryKey, REGION_ALIGNMENT};
 use super::identity::BlobId;
 use crate::aligned::AlignedBytes;
@@ -36,6 +37,8 @@ pub(crate) struct Entry {
     /// weights up in graph order): a save writes entries in this order, so that a first
     /// inference from a cold page cache reads the file front to back.
     pub first_hit: Option<u64>,
+    /// Its packed bytes were checked against its checksum in this process.
+    pub checked: bool,
     /// Packed in this process and not yet saved.
     pub unsaved: bool,
     /// Packed in this process (saved or not).
@@ -65,6 +68,14 @@ pub(crate) struct State {
     first_hits: u64,
     pending: FastMap<usize, AlignedBytes>,
     registered: FastMap<usize, Registered>,
+}
+
+/// An entry of a file that [`CacheCore::forget_corrupt`] has yet to check.
+fn unchecked(e: &Entry, all: bool) -> bool {
+    !e.checked
+        && e.checksum.is_some()
+        && (all || e.hit)
+        && matches!(e.location, Location::Mapped { .. })
 }
 
 /// Packed bytes that stay valid without the state lock: a save reads them while XNNPACK goes on.
@@ -119,6 +130,7 @@ impl State {
             checksum: Some(checksum),
             hit: false,
             first_hit: None,
+            checked: false,
             unsaved: false,
             packed_here: false,
             resolved: false,
@@ -136,6 +148,8 @@ pub(crate) struct Counters {
     pub unregistered_packs: AtomicUsize,
     /// Placeholders read in because a look-up missed.
     pub deferred_fills: AtomicUsize,
+    /// Entries of a file whose packed bytes no longer matched their checksum when checked.
+    pub corrupt_found: AtomicUsize,
 }
 
 #[derive(Default)]
@@ -146,6 +160,54 @@ pub(crate) struct CacheCore {
 }
 
 impl CacheCore {
+    /// Whether entries of a file wait for [`forget_corrupt`](Self::forget_corrupt): found by a
+    /// look-up (or, with `all`, any), not checked yet.
+    pub fn has_unchecked(&self, all: bool) -> bool {
+        let state = self.state.lock();
+        state.entries.iter().any(|e| unchecked(e, all))
+    }
+
+    /// Checks the packed bytes of the file's entries that look-ups found in this process (with
+    /// `all`, of every entry of the file) against their recorded checksums, without holding the
+    /// lock while hashing. A mismatch is forgotten: a later look-up misses and repacks, and a
+    /// save leaves it out of the file. Returns how many were forgotten.
+    pub fn forget_corrupt(&self, all: bool) -> usize {
+        let to_check: Vec<(usize, Source, u64)> = {
+            let mut state = self.state.lock();
+            let picked: Vec<usize> = (0..state.entries.len())
+                .filter(|&i| unchecked(&state.entries[i], all))
+                .collect();
+            picked
+                .into_iter()
+                .filter_map(|i| {
+                    state.entries[i].checked = true;
+                    let e = &state.entries[i];
+                    Some((i, state.source_of(e), e.checksum?))
+                })
+                .collect()
+        };
+        let bad: Vec<usize> = to_check
+            .into_iter()
+            .filter(|(_, source, sum)| checksum64(source.bytes()) != *sum)
+            .map(|(i, _, _)| i)
+            .collect();
+        if bad.is_empty() {
+            return 0;
+        }
+        let mut state = self.state.lock();
+        for &i in &bad {
+            if let Some(key) = state.entries[i].key {
+                if state.by_key.get(&key) == Some(&i) {
+                    state.by_key.remove(&key);
+                }
+            }
+        }
+        self.counters
+            .corrupt_found
+            .fetch_add(bad.len(), Ordering::Relaxed);
+        bad.len()
+    }
+
     pub fn register(&self, ptr: *const u8, id: BlobId, release: Option<DataBuffer>) {
         let mut state = self.state.lock();
         let r = state
@@ -366,6 +428,7 @@ impl PackedWeightsProvider for CacheCore {
             checksum: None,
             hit: false,
             first_hit: None,
+            checked: false,
             unsaved: content_key.is_some(),
             packed_here: true,
             resolved: false,

@@ -72,6 +72,27 @@ pub struct CacheOptions {
     /// fast, and the read ahead competed with the load for the disk. A file in the page cache
     /// costs a few `mincore` calls either way.
     pub prefetch: bool,
+    /// When the packed bytes a file holds are checked against their checksums.
+    pub verify: VerifyPacked,
+}
+
+/// When a cache checks the packed bytes it found in its file against the checksums recorded for
+/// them. Damaged bytes (a bad sector, a stray write) would otherwise give wrong outputs at every
+/// launch until someone ran `xnnblob cache verify`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum VerifyPacked {
+    /// After the load, on a background thread at idle priority: the entries this process's
+    /// runtimes found. A damaged entry is forgotten (later runtimes of the process repack it)
+    /// and the file is rewritten without it, so the next launch repacks it; the launch that
+    /// found it has already handed it to XNNPACK. Costs the warm launch a thread start, and
+    /// one pass over the packed bytes it uses, off the critical path.
+    #[default]
+    Background,
+    /// At open, before any look-up, every entry of the file: no launch ever uses a damaged
+    /// entry, at the cost of reading every packed byte on the load path.
+    BeforeUse,
+    /// Never (`xnnblob cache verify` checks by hand).
+    Off,
 }
 
 impl CacheOptions {
@@ -108,6 +129,9 @@ pub struct CacheStats {
     /// Placeholder constants whose bytes were read in because a look-up missed (0 on a warm
     /// launch: no unpacked weight byte was read).
     pub deferred_fills: usize,
+    /// Entries of the file whose packed bytes failed their checksum when checked (see
+    /// [`VerifyPacked`]): forgotten, and left out of the file at the next save.
+    pub corrupt_found: usize,
 }
 
 /// An entry whose packed bytes no longer match their checksum.
@@ -156,7 +180,6 @@ fn registry() -> &'static Mutex<HashMap<PathBuf, Weak<PackedWeightsCache>>> {
     REGISTRY.get_or_init(Default::default)
 }
 
-/// The path a file is known by in the registry, whether or not it exists yet.
 /// [`CacheError::NotARegularFile`] when something other than a regular file is at `path`
 /// (absence is fine: the first save creates the file). Symbolic links to files are resolved by
 /// [`canonical`] before this; one left here points nowhere.
@@ -203,6 +226,7 @@ impl PackedWeightsCache {
     }
 }
 
+/// The path a file is known by in the registry, whether or not it exists yet.
 fn canonical(path: &Path) -> Result<PathBuf, CacheError> {
     let io = |error| CacheError::Io {
         path: path.display().to_string(),
@@ -252,6 +276,9 @@ impl PackedWeightsCache {
         // temporary whose writer is gone can never be published, so no lock is needed.
         crate::publish::reclaim_abandoned(&path);
         let outcome = persist::load(&core, &path, &compat, options.prefetch)?;
+        if options.verify == VerifyPacked::BeforeUse {
+            core.forget_corrupt(true);
+        }
         let cache = Arc::new(PackedWeightsCache {
             xnn: WeightsCache::new(Arc::new(core)),
             path: Some(path.clone()),
@@ -401,13 +428,21 @@ impl PackedWeightsCache {
         if let Some(previous) = saver.take() {
             previous.join().unwrap_or(Ok(()))?;
         }
-        if !self.core().state.lock().entries.iter().any(|e| e.unsaved) {
+        let unsaved = self.core().state.lock().entries.iter().any(|e| e.unsaved);
+        let check = self.options.verify == VerifyPacked::Background
+            && !self.blocking_save
+            && self.core().has_unchecked(false);
+        if !unsaved && !check {
             return Ok(());
         }
         let (core, compat, saves) = (self.core().clone(), self.compat.clone(), self.saves.clone());
         let save = move || {
-            persist::save(&core, &path, &compat)?;
-            saves.fetch_add(1, Ordering::Relaxed);
+            // A damaged entry found here is left out of the file the save writes.
+            let corrupt = if check { core.forget_corrupt(false) } else { 0 };
+            if unsaved || corrupt > 0 {
+                persist::save(&core, &path, &compat)?;
+                saves.fetch_add(1, Ordering::Relaxed);
+            }
             Ok(())
         };
         if self.blocking_save {
@@ -444,6 +479,7 @@ impl PackedWeightsCache {
             packed: c.reserve_space_calls.load(Ordering::Relaxed),
             unregistered: c.unregistered_packs.load(Ordering::Relaxed),
             deferred_fills: c.deferred_fills.load(Ordering::Relaxed),
+            corrupt_found: c.corrupt_found.load(Ordering::Relaxed),
             entries: state.by_key.len(),
             packed_bytes: state.by_key.values().map(|&i| state.entries[i].size).sum(),
             unsaved: state.entries.iter().filter(|e| e.unsaved).count(),
