@@ -68,8 +68,11 @@ impl std::fmt::Display for TortureReport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         writeln!(
             f,
-            "kills: {} ({} of launches that started cold, {} that had already ended)",
-            self.kills, self.cold_kills, self.ended_before_kill
+            "kills: {} ({} mid-launch; {} of launches that started cold; {} that had already ended)",
+            self.kills,
+            self.kills - self.ended_before_kill,
+            self.cold_kills,
+            self.ended_before_kill
         )?;
         writeln!(
             f,
@@ -163,8 +166,15 @@ pub fn torture(o: &TortureOptions) -> Result<TortureReport, String> {
     args.extend(["--cache".into(), fresh.display().to_string()]);
     let started = Instant::now();
     launch(&o.exe, &args)?;
-    // Kill moments spread over a cold launch and its save (with a margin past its end).
-    let window = started.elapsed().mul_f64(1.3).max(Duration::from_millis(5));
+    let cold_time = started.elapsed();
+    let started = Instant::now();
+    launch(&o.exe, &args)?;
+    let warm_time = started.elapsed();
+    // Kill moments spread over the launch, its save and its exit, with a little margin past.
+    let window = |cold: bool| {
+        let t = if cold { cold_time } else { warm_time };
+        t.mul_f64(1.1).max(Duration::from_millis(2))
+    };
     let fresh_size = std::fs::metadata(&fresh).map_err(|e| io(&fresh, e))?.len();
 
     let cache = o.dir.join("tortured.xbc");
@@ -188,7 +198,7 @@ pub fn torture(o: &TortureOptions) -> Result<TortureReport, String> {
             .stderr(Stdio::null())
             .spawn()
             .map_err(|e| format!("{}: {e}", o.exe.display()))?;
-        let at = window.mul_f64((rng.next_u64() % 10_000) as f64 / 10_000.0);
+        let at = window(cold).mul_f64((rng.next_u64() % 10_000) as f64 / 10_000.0);
         std::thread::sleep(at);
         if child.try_wait().map_err(|e| e.to_string())?.is_some() {
             report.ended_before_kill += 1;
