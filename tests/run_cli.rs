@@ -364,3 +364,188 @@ fn damaged_packed_bytes_are_found_after_the_launch_and_repacked_by_the_next() {
     assert!(!text.contains("checksum"), "{text}");
     assert_eq!(next, cold, "and computes the cold outputs");
 }
+
+/// A tmpfs of `size` at `dir` (root only): unmounted when dropped; None, said on stderr, where
+/// mounting is not allowed.
+struct Tmpfs(std::path::PathBuf);
+
+impl Tmpfs {
+    fn mount(dir: &Path, options: &str) -> Option<Tmpfs> {
+        std::fs::create_dir_all(dir).unwrap();
+        let ok = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", options, "tmpfs", dir.to_str().unwrap()])
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        if !ok {
+            eprintln!("skipped: cannot mount a tmpfs here (not root, or no CAP_SYS_ADMIN)");
+            return None;
+        }
+        Some(Tmpfs(dir.to_path_buf()))
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+    }
+}
+
+#[test]
+fn a_full_or_read_only_disk_runs_right_without_persistence_and_warns_once() {
+    let dir = scratch("full-disk");
+    let spec = xnnblob::bench::model::ModelSpec {
+        preset: xnnblob::bench::model::Preset::LlmLike,
+        dtype: xnnblob::bench::model::Dtype::Qd8,
+        mib: 4,
+        layers: 8,
+    };
+    let files = xnnblob::bench::model::ensure(&spec, &dir.join("models")).unwrap();
+    let input = dir.join("input.f32");
+    let values: Vec<u8> = (0..spec.input_len())
+        .flat_map(|i| (((i % 17) as f32 - 8.0) / 8.0).to_le_bytes())
+        .collect();
+    std::fs::write(&input, values).unwrap();
+    let args = |cache: Option<&Path>, out: &str| {
+        let mut a = vec![
+            files.pte.display().to_string(),
+            "--data".into(),
+            files.ptd.display().to_string(),
+            "--input".into(),
+            input.display().to_string(),
+            "--output-dir".into(),
+            dir.join(out).display().to_string(),
+        ];
+        if let Some(c) = cache {
+            a.extend(["--cache".into(), c.display().to_string()]);
+        }
+        a
+    };
+    let (ok, text) = run_strings(&args(None, "reference"));
+    assert!(ok, "{text}");
+    let reference = std::fs::read(dir.join("reference/output0.f32")).unwrap();
+
+    // 1 MiB of disk for 4 MiB of packed weights: the save fails with ENOSPC.
+    let Some(full) = Tmpfs::mount(&dir.join("full"), "size=1m") else {
+        return;
+    };
+    let cache = full.0.join("w.xbc");
+    for launch in 0..2 {
+        let out = format!("full{launch}");
+        let (ok, text) = run_strings(&args(Some(&cache), &out));
+        assert!(ok, "{text}");
+        assert_eq!(
+            std::fs::read(dir.join(&out).join("output0.f32")).unwrap(),
+            reference,
+            "right outputs"
+        );
+        assert_eq!(
+            text.matches("not saved").count(),
+            1,
+            "one warning per launch: {text}"
+        );
+        assert!(text.contains("No space left on device"), "{text}");
+        let names: Vec<_> = std::fs::read_dir(&full.0).unwrap().flatten().collect();
+        assert!(
+            names
+                .iter()
+                .all(|e| !e.file_name().to_string_lossy().contains(".tmp-")),
+            "no temporary left on the full disk"
+        );
+    }
+    drop(full);
+
+    // A read-only mount, and a path under /proc: warned once before the load.
+    let Some(read_only) = Tmpfs::mount(&dir.join("ro"), "size=1m,ro") else {
+        return;
+    };
+    for cache in [
+        read_only.0.join("w.xbc"),
+        Path::new("/proc/xnnblob.xbc").to_path_buf(),
+    ] {
+        let (ok, text) = run_strings(&args(Some(&cache), "ro-out"));
+        assert!(ok, "{}: {text}", cache.display());
+        assert_eq!(
+            std::fs::read(dir.join("ro-out/output0.f32")).unwrap(),
+            reference
+        );
+        assert_eq!(
+            text.matches("warning").count() + text.matches("not saved").count(),
+            1,
+            "{}: one warning: {text}",
+            cache.display()
+        );
+    }
+}
+
+#[test]
+fn eight_processes_cold_starting_one_path_leave_one_valid_file() {
+    let dir = scratch("eight-processes");
+    let cache = dir.join("w.xbc");
+    let one = |out: &Path| {
+        let mut args = mlp_with_cache(&cache);
+        args.extend(["--output-dir".into(), out.display().to_string()]);
+        Command::new(env!("CARGO_BIN_EXE_xnnblob"))
+            .arg("run")
+            .args(&args)
+            .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/executorch"))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let (ok, text) = run(&[
+        "mlp_xnn_external.pte",
+        "--data",
+        "mlp_xnn_external.ptd",
+        "--input",
+        "mlp.input.f32",
+        "--output-dir",
+        dir.join("reference").to_str().unwrap(),
+    ]);
+    assert!(ok, "{text}");
+    let reference = std::fs::read(dir.join("reference/output0.f32")).unwrap();
+    let mut size = None;
+    for round in 0..5 {
+        let _ = std::fs::remove_file(&cache);
+        let children: Vec<_> = (0..8)
+            .map(|p| one(&dir.join(format!("r{round}p{p}"))))
+            .collect();
+        for (p, child) in children.into_iter().enumerate() {
+            let out = child.wait_with_output().unwrap();
+            assert!(
+                out.status.success(),
+                "round {round}, process {p}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            assert_eq!(
+                std::fs::read(dir.join(format!("r{round}p{p}/output0.f32"))).unwrap(),
+                reference,
+                "round {round}, process {p}"
+            );
+        }
+        let (ok, text) = {
+            let out = Command::new(env!("CARGO_BIN_EXE_xnnblob"))
+                .args(["cache", "stats", cache.to_str().unwrap()])
+                .output()
+                .unwrap();
+            (
+                out.status.success(),
+                String::from_utf8_lossy(&out.stdout).into_owned(),
+            )
+        };
+        assert!(ok && text.contains("0 invalid entries"), "{text}");
+        let len = std::fs::metadata(&cache).unwrap().len();
+        assert_eq!(
+            *size.get_or_insert(len),
+            len,
+            "round {round}: 1x, every round"
+        );
+        let temporaries = std::fs::read_dir(&dir)
+            .unwrap()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().contains(".tmp-"))
+            .count();
+        assert_eq!(temporaries, 0, "round {round}");
+    }
+}
