@@ -54,6 +54,10 @@ enum Command {
         /// Add each blob's sha256.
         #[arg(long)]
         sha256: bool,
+        /// Check that every key named by content (a sha256, as ExecuTorch's exporter names
+        /// blobs) is the sha256 of its bytes (reads every such blob); exits 1 if one is not.
+        #[arg(long, conflicts_with_all = ["json", "sha256"])]
+        verify_keys: bool,
     },
     /// A packed-weight cache file: its header and index, its checksums, or a compacted copy.
     Cache {
@@ -209,7 +213,14 @@ fn main() -> ExitCode {
         Command::Bench(BenchCommand { args, .. }) => {
             xnnblob::bench::main(&args, true).map_err(Into::into)
         }
-        Command::Inspect { file, json, sha256 } => inspect(&file, json, sha256),
+        Command::Inspect {
+            file,
+            verify_keys: true,
+            ..
+        } => inspect_keys(&file),
+        Command::Inspect {
+            file, json, sha256, ..
+        } => inspect(&file, json, sha256),
         Command::Cache { action } => cache_command(action),
         Command::Link { ptd, out, model } => link(&ptd, &out, model.as_deref()),
         Command::Run(args) => {
@@ -241,6 +252,31 @@ fn inspect(file: &Path, json: bool, sha: bool) -> Result<(), Box<dyn std::error:
         out!("{}", xnnblob::inspect::to_text(&map, sha));
     }
     Ok(())
+}
+
+/// `xnnblob inspect --verify-keys`.
+fn inspect_keys(file: &Path) -> Result<(), Box<dyn std::error::Error>> {
+    let map = FileDataMap::open(file)?;
+    let (checked, mismatches) = xnnblob::inspect::verify_keys(&map)?;
+    for m in &mismatches {
+        outln!("key {} holds bytes whose sha256 is {}", m.key, m.actual);
+    }
+    outln!(
+        "{}: {checked} keys named by content checked, {} do not match their bytes",
+        file.display(),
+        mismatches.len()
+    );
+    if mismatches.is_empty() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{}: {} keys do not name their bytes: a packed-weight cache would serve the packing \
+             of other bytes for them",
+            file.display(),
+            mismatches.len()
+        )
+        .into())
+    }
 }
 
 fn link(ptd: &Path, out: &Path, model: Option<&str>) -> Result<(), Box<dyn std::error::Error>> {
