@@ -619,15 +619,44 @@ pub(super) fn define_value<'k>(
 
 /// Rejects unsupported nodes before anything is loaded.
 fn check_nodes(graph: &fb::XNNGraph<'_>) -> Result<(), DelegateError> {
+    let mut reads: HashMap<u32, usize> = HashMap::new();
+    let mut writer: HashMap<u32, usize> = HashMap::new();
     for (n, node) in graph.xnodes().iter().flatten().enumerate() {
         let kind = node.xnode_union_type();
-        if super::operators::find(kind).is_none() {
+        let io = super::operators::find(kind).and(super::operators::node_io(&node));
+        let Some((inputs, output)) = io else {
             return Err(DelegateError::UnsupportedNode {
                 index: n,
                 name: kind
                     .variant_name()
                     .map_or_else(|| format!("node type {}", kind.0), str::to_string),
             });
+        };
+        for i in inputs {
+            *reads.entry(i).or_default() += 1;
+        }
+        if let Some(first) = writer.insert(output, n) {
+            return Err(DelegateError::BadGraph(format!(
+                "value {output} is written by nodes {first} and {n}"
+            )));
+        }
+    }
+    // XNNPACK drops a node whose output nothing reads, but not what fed it, and then aborts the
+    // process in its fusion pass: such a graph (no exporter writes one) is refused here.
+    let outputs: HashSet<u32> = graph
+        .xvalues()
+        .iter()
+        .flatten()
+        .enumerate()
+        .filter_map(|(i, v)| tensor_of(v, i).ok())
+        .filter(|(t, _)| t.flags() & XNN_FLAG_EXTERNAL_OUTPUT != 0)
+        .map(|(t, _)| t.id_out())
+        .collect();
+    for (&value, &n) in &writer {
+        if !reads.contains_key(&value) && !outputs.contains(&value) {
+            return Err(DelegateError::BadGraph(format!(
+                "node {n} writes value {value}, which no node reads and which is no output"
+            )));
         }
     }
     Ok(())

@@ -162,6 +162,55 @@ pub(crate) fn find(kind: fb::XNodeUnion) -> Option<&'static Operator> {
     OPERATORS.iter().find(|o| o.kind == kind)
 }
 
+/// The payload ids a supported node reads (an absent bias left out) and the one it writes.
+pub(crate) fn node_io(node: &fb::XNode<'_>) -> Option<(Vec<u32>, u32)> {
+    const NONE: u32 = u32::MAX;
+    let present = |ids: &[u32]| ids.iter().copied().filter(|&i| i != NONE).collect();
+    if let Some(n) = node
+        .xnode_union_as_xnnconvert()
+        .or_else(|| node.xnode_union_as_xnnclamp())
+        .or_else(|| node.xnode_union_as_xnnsoftmax())
+        .or_else(|| node.xnode_union_as_xnnglobal_avg_pooling_2d())
+    {
+        return Some((vec![n.input_id()], n.output_id()));
+    }
+    if let Some(n) = node
+        .xnode_union_as_xnnadd()
+        .or_else(|| node.xnode_union_as_xnnmultiply())
+        .or_else(|| node.xnode_union_as_xnnbatch_matrix_multiply())
+    {
+        return Some((vec![n.input1_id(), n.input2_id()], n.output_id()));
+    }
+    if let Some(n) = node
+        .xnode_union_as_xnnconv_2d()
+        .or_else(|| node.xnode_union_as_xnndepthwise_conv_2d())
+    {
+        return Some((
+            present(&[n.input1_id(), n.filter_id(), n.bias_id()]),
+            n.output_id(),
+        ));
+    }
+    if let Some(n) = node.xnode_union_as_xnnfully_connected() {
+        return Some((
+            present(&[n.input1_id(), n.filter_id(), n.bias_id()]),
+            n.output_id(),
+        ));
+    }
+    if let Some(n) = node.xnode_union_as_xnnconcatenate_2() {
+        return Some((vec![n.input1_id(), n.input2_id()], n.output_id()));
+    }
+    if let Some(n) = node.xnode_union_as_xnnstatic_reshape() {
+        return Some((vec![n.input_id()], n.output_id()));
+    }
+    if let Some(n) = node.xnode_union_as_xnnstatic_transpose() {
+        return Some((vec![n.input_id()], n.output_id()));
+    }
+    if let Some(n) = node.xnode_union_as_xnnstatic_slice() {
+        return Some((vec![n.input_id()], n.output_id()));
+    }
+    None
+}
+
 /// Whether the node named `node` in ExecuTorch's XNNPACK schema is supported.
 pub fn is_supported(node: &str) -> bool {
     OPERATORS.iter().any(|o| o.node == node)

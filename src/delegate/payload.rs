@@ -112,7 +112,8 @@ pub fn parse(bytes: &[u8]) -> Result<Payload<'_>, DelegateError> {
         )));
     }
     let fb_bytes = &bytes[fb_start as usize..fb_end as usize];
-    if !fb::xnngraph_buffer_has_identifier(fb_bytes) {
+    // The identifier check asserts (panics) on fewer bytes than a root offset and identifier.
+    if fb_bytes.len() < 8 || !fb::xnngraph_buffer_has_identifier(fb_bytes) {
         return Err(DelegateError::PayloadVerifier(format!(
             "flatbuffer identifier is not {FLATBUFFER_IDENTIFIER}"
         )));
