@@ -368,7 +368,6 @@ pub fn to_json(results: &[PeerResult], repeats: usize) -> String {
                 "weights_mib": round(r.weights_mib),
                 "load_mode": r.load_mode,
                 "scenario": r.scenario.name,
-                "repeats": repeats,
                 "load_to_ready_ms": s(m.load_to_ready_ms),
                 "first_execute_ms": s(m.first_execute_ms),
                 "first_output_ms": s(m.first_output_ms),
