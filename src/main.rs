@@ -375,6 +375,11 @@ fn run_command(args: &RunArgs, inputs: Vec<InputArg>) -> Result<(), Box<dyn std:
         threads: args
             .threads
             .unwrap_or_else(xnnblob::backend::machine_threads),
+        // A command run once can afford the check of what it used, after its load.
+        cache_options: xnnblob::cache::CacheOptions {
+            verify: xnnblob::cache::VerifyPacked::Background,
+            ..Default::default()
+        },
         ..Default::default()
     })?;
     let cache = match cache {

@@ -694,12 +694,16 @@ fn a_damaged_entry_found_in_the_background_is_repacked_by_the_next_launch() {
     bytes[format::HEADER_SIZE + 100] ^= 0x10;
     std::fs::write(&path, &bytes).unwrap();
 
-    let cache = reopen(&path);
+    let background = CacheOptions {
+        verify: xnnblob::cache::VerifyPacked::Background,
+        ..Default::default()
+    };
+    let cache = PackedWeightsCache::open_with(&path, background.clone()).unwrap();
     launch(&cache, &mlp);
     cache.wait_saved().unwrap();
     assert_eq!(cache.stats().corrupt_found, 1);
     drop(cache);
-    let cache = reopen(&path);
+    let cache = PackedWeightsCache::open_with(&path, background).unwrap();
     assert_eq!(launch(&cache, &mlp), expected);
     assert_eq!(cache.stats().packed, 1, "repacked by the next launch");
     cache.wait_saved().unwrap();

@@ -84,14 +84,17 @@ pub enum VerifyPacked {
     /// After the load, on a background thread at idle priority: the entries this process's
     /// runtimes found. A damaged entry is forgotten (later runtimes of the process repack it)
     /// and the file is rewritten without it, so the next launch repacks it; the launch that
-    /// found it has already handed it to XNNPACK. Costs the warm launch a thread start, and
-    /// one pass over the packed bytes it uses, off the critical path.
-    #[default]
+    /// found it has already handed it to XNNPACK. `xnnblob run` uses it. Not the library's
+    /// default: on a 2-core machine the thread and its pass over the packed bytes took a warm
+    /// launch of 48 qd8 weights from 1.4 to 2.6-2.9 ms, and its first output from 5.9 to
+    /// 7.9-8.9 ms (`xnnblob bench --peer --models qd8`).
     Background,
     /// At open, before any look-up, every entry of the file: no launch ever uses a damaged
     /// entry, at the cost of reading every packed byte on the load path.
     BeforeUse,
-    /// Never (`xnnblob cache verify` checks by hand).
+    /// Never (`xnnblob cache verify` checks by hand; a rewrite of the file checks what it
+    /// copies).
+    #[default]
     Off,
 }
 
