@@ -203,7 +203,8 @@ fn drop_from_page_cache(files: &[&Path]) {
     }
 }
 
-fn launch(runner: &Path, args: &[String]) -> Result<HashMap<String, String>, String> {
+/// One launch of `xnnblob-et-run` (the peer bench's, and the demo's): its `key=value` lines.
+pub(crate) fn launch(runner: &Path, args: &[String]) -> Result<HashMap<String, String>, String> {
     let out = Command::new(runner)
         .args(args)
         .output()

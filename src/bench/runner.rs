@@ -350,23 +350,6 @@ fn executorch_runner() -> Option<PathBuf> {
     runner.is_file().then_some(runner)
 }
 
-/// One launch of ExecuTorch's runner: its `key=value` lines.
-fn run_executorch(runner: &Path, args: &[String]) -> Result<HashMap<String, String>, String> {
-    let out = Command::new(runner)
-        .args(args)
-        .output()
-        .map_err(|e| format!("{}: {e}", runner.display()))?;
-    if !out.status.success() {
-        return Err(format!(
-            "{} {}: {}",
-            runner.display(),
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr)
-        ));
-    }
-    Ok(runner_values(&String::from_utf8_lossy(&out.stdout)))
-}
-
 /// The `key=value` lines `xnnblob-et-run` prints (lines whose key has a space are not values).
 pub fn runner_values(stdout: &str) -> HashMap<String, String> {
     stdout
@@ -416,7 +399,7 @@ fn against_executorch(spec: &ModelSpec, files: &ModelFiles, dir: &Path) -> Resul
             // Warm launches are a few ms, so one is noise: the median of three.
             let mut times = Vec::new();
             for _ in 0..repeats {
-                let values = run_executorch(&runner, &args)?;
+                let values = peer::launch(&runner, &args)?;
                 times.push(
                     values
                         .get("load_to_ready_ms")
