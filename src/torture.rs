@@ -148,10 +148,7 @@ pub fn torture(o: &TortureOptions) -> Result<TortureReport, String> {
     };
     let files = ensure(&spec, &o.dir.join("models")).map_err(|e| e.to_string())?;
     let input = o.dir.join("input.f32");
-    let values: Vec<u8> = (0..spec.input_len())
-        .flat_map(|i| (((i % 17) as f32 - 8.0) / 8.0).to_le_bytes())
-        .collect();
-    std::fs::write(&input, values).map_err(|e| io(&input, e))?;
+    spec.write_input(&input).map_err(|e| io(&input, e))?;
 
     // The truth: a launch with no cache at all.
     let reference_dir = o.dir.join("reference");

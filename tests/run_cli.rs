@@ -391,10 +391,7 @@ fn a_full_or_read_only_disk_runs_right_without_persistence_and_warns_once() {
     };
     let files = xnnblob::bench::model::ensure(&spec, &dir.join("models")).unwrap();
     let input = dir.join("input.f32");
-    let values: Vec<u8> = (0..spec.input_len())
-        .flat_map(|i| (((i % 17) as f32 - 8.0) / 8.0).to_le_bytes())
-        .collect();
-    std::fs::write(&input, values).unwrap();
+    spec.write_input(&input).unwrap();
     let args = |cache: Option<&Path>, out: &str| {
         let mut a = vec![
             files.pte.display().to_string(),

@@ -123,6 +123,21 @@ impl ModelSpec {
         (per * self.element_bits() / 8 + scales) * self.layers
     }
 
+    /// The deterministic input every launch of the model gets ([`input_len`](Self::input_len)
+    /// values in [-1, 1)).
+    pub fn input(&self) -> Vec<f32> {
+        (0..self.input_len())
+            .map(|i| ((i % 17) as f32 - 8.0) / 8.0)
+            .collect()
+    }
+
+    /// Writes [`input`](Self::input) to `path` as raw little-endian f32 (what `xnnblob run
+    /// --input` and `xnnblob-et-run --input` read).
+    pub fn write_input(&self, path: &Path) -> std::io::Result<()> {
+        let bytes: Vec<u8> = self.input().iter().flat_map(|v| v.to_le_bytes()).collect();
+        std::fs::write(path, bytes)
+    }
+
     /// The model's input length (fp32 elements).
     pub fn input_len(&self) -> usize {
         match self.preset {

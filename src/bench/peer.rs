@@ -304,10 +304,8 @@ pub fn run(o: &PeerOptions) -> Result<Vec<PeerResult>, String> {
         let files = ensure(spec, &o.out.join("models"))
             .map_err(|e| format!("generating {}: {e}", spec.name()))?;
         let input = o.out.join(format!("{}.input.f32", spec.name()));
-        let values: Vec<u8> = (0..spec.input_len())
-            .flat_map(|i| (((i % 17) as f32 - 8.0) / 8.0).to_le_bytes())
-            .collect();
-        std::fs::write(&input, values).map_err(|e| format!("{}: {e}", input.display()))?;
+        spec.write_input(&input)
+            .map_err(|e| format!("{}: {e}", input.display()))?;
         let launches = Launches {
             runner: &o.runner,
             program: vec![

@@ -372,10 +372,7 @@ fn against_executorch(spec: &ModelSpec, files: &ModelFiles, dir: &Path) -> Resul
         return Ok(());
     };
     let input = dir.join("input.f32");
-    let values: Vec<u8> = (0..spec.input_len())
-        .flat_map(|i| (((i % 17) as f32 - 8.0) / 8.0).to_le_bytes())
-        .collect();
-    std::fs::write(&input, values).map_err(|e| e.to_string())?;
+    spec.write_input(&input).map_err(|e| e.to_string())?;
     println!("in ExecuTorch 1.5.1's runtime (Module, mmap loader), the same program:");
     let mut ready = HashMap::new();
     for backend in ["executorch", "xnnblob"] {

@@ -505,11 +505,8 @@ fn programs_written_by_xnnblob_run_in_executorch_with_both_backends() {
 /// A peer bench model at `mib`, written into `dir`, with an input file: its runner arguments.
 fn bench_model(spec: xnnblob::bench::model::ModelSpec, dir: &Path) -> Vec<String> {
     let files = xnnblob::bench::model::ensure(&spec, dir).unwrap();
-    let input: Vec<u8> = (0..spec.input_len())
-        .flat_map(|i| (((i % 17) as f32 - 8.0) / 8.0).to_le_bytes())
-        .collect();
     let input_path = dir.join(format!("{}.input.f32", spec.name()));
-    std::fs::write(&input_path, input).unwrap();
+    spec.write_input(&input_path).unwrap();
     vec![
         files.pte.display().to_string(),
         s("--data"),
