@@ -70,6 +70,16 @@ fn cold(path: &Path, mlp: &Mlp) -> (Vec<f32>, u64) {
     (out, std::fs::metadata(path).unwrap().len())
 }
 
+/// A cold launch, then one flipped bit inside the first packed region (a bad sector's worth):
+/// the outputs and the file's size.
+fn cold_then_damaged(path: &Path, mlp: &Mlp) -> (Vec<f32>, u64) {
+    let (expected, size) = cold(path, mlp);
+    let mut bytes = std::fs::read(path).unwrap();
+    bytes[format::HEADER_SIZE + 100] ^= 0x10;
+    std::fs::write(path, &bytes).unwrap();
+    (expected, size)
+}
+
 #[test]
 fn cold_then_warm_packs_nothing_and_gives_identical_outputs() {
     let dir = scratch("cold-warm");
@@ -435,10 +445,7 @@ fn corrupt_packed_data_is_reported_by_verify_and_repacked_next_launch() {
     let dir = scratch("data-flip");
     let path = dir.join("weights.xbc");
     let mlp = model();
-    let (expected, size) = cold(&path, &mlp);
-    let mut bytes = std::fs::read(&path).unwrap();
-    bytes[format::HEADER_SIZE + 100] ^= 0x10; // inside the first packed region
-    std::fs::write(&path, &bytes).unwrap();
+    let (expected, size) = cold_then_damaged(&path, &mlp);
 
     let options = CacheOptions::default();
     let report = verify_file(&path, &options, true, false).unwrap().unwrap();
@@ -661,10 +668,7 @@ fn a_damaged_entry_is_never_used_when_checked_before_use() {
     let dir = scratch("verify-before-use");
     let path = dir.join("weights.xbc");
     let mlp = model();
-    let (expected, size) = cold(&path, &mlp);
-    let mut bytes = std::fs::read(&path).unwrap();
-    bytes[format::HEADER_SIZE + 100] ^= 0x10; // inside the first packed region
-    std::fs::write(&path, &bytes).unwrap();
+    let (expected, size) = cold_then_damaged(&path, &mlp);
 
     let options = CacheOptions {
         verify: xnnblob::cache::VerifyPacked::BeforeUse,
@@ -689,10 +693,7 @@ fn a_damaged_entry_found_in_the_background_is_repacked_by_the_next_launch() {
     let dir = scratch("verify-background");
     let path = dir.join("weights.xbc");
     let mlp = model();
-    let (expected, _) = cold(&path, &mlp);
-    let mut bytes = std::fs::read(&path).unwrap();
-    bytes[format::HEADER_SIZE + 100] ^= 0x10;
-    std::fs::write(&path, &bytes).unwrap();
+    let (expected, _) = cold_then_damaged(&path, &mlp);
 
     let background = CacheOptions {
         verify: xnnblob::cache::VerifyPacked::Background,
