@@ -54,23 +54,13 @@ fn process_backend() -> Result<&'static Backend, Outcome> {
 /// Waits for every background save of the process's caches to be durable (at exit; a save that
 /// fails costs only a repack at the next launch).
 extern "C" fn wait_for_saves() {
-    let _ =
-        catch_unwind(|| {
-            if let Some(Ok(backend)) = BACKEND.get() {
-                for cache in backend.packed_caches() {
-                    let _ = cache.wait_saved();
-                    let corrupt = cache.stats().corrupt_found;
-                    if corrupt > 0 {
-                        eprintln!(
-                        "xnnblob: {corrupt} packed weights of {} failed their checksum: this run \
-                         used them; the file was rewritten without them and the next launch \
-                         repacks them",
-                        cache.path().map_or("a cache".into(), |p| p.display().to_string())
-                    );
-                    }
-                }
+    let _ = catch_unwind(|| {
+        if let Some(Ok(backend)) = BACKEND.get() {
+            for cache in backend.packed_caches() {
+                let _ = cache.wait_saved();
             }
-        });
+        }
+    });
 }
 
 /// Makes the process-wide backend on a background thread; a load that comes first waits for it
