@@ -48,6 +48,7 @@ pub mod sha256;
 pub mod shared_cache;
 #[cfg(feature = "xnnpack")]
 pub mod state;
+pub mod storage;
 #[cfg(feature = "xnnpack")]
 pub mod synthetic;
 #[cfg(feature = "xnnpack")]

@@ -6,13 +6,15 @@
 //! Temporary names carry the writer's process id (`.<name>.tmp-<pid>-<n>`), so what a killed
 //! writer left behind can be told apart from a live writer's.
 
-use std::fs::{self, File};
-use std::io;
+use crate::storage::{Storage, StorageFile};
+use std::fs;
+use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// A temporary sibling of a destination, removed unless published.
-pub(crate) struct Staged {
+pub(crate) struct Staged<'s> {
+    storage: &'s dyn Storage,
     temporary: PathBuf,
     destination: PathBuf,
     published: bool,
@@ -26,9 +28,12 @@ fn directory_of(path: &Path) -> &Path {
     }
 }
 
-impl Staged {
-    /// Creates the temporary sibling of `destination`, empty, for writing.
-    pub(crate) fn create(destination: &Path) -> io::Result<(Staged, File)> {
+impl<'s> Staged<'s> {
+    /// Creates the temporary sibling of `destination` in `storage`, empty, for writing.
+    pub(crate) fn create(
+        storage: &'s dyn Storage,
+        destination: &Path,
+    ) -> io::Result<(Staged<'s>, Box<dyn StorageFile>)> {
         static SEQUENCE: AtomicU64 = AtomicU64::new(0);
         let name = destination
             .file_name()
@@ -36,11 +41,12 @@ impl Staged {
         let temporary = directory_of(destination).join(format!(
             ".{}.tmp-{}-{}",
             name.to_string_lossy(),
-            std::process::id(),
+            storage.process_id(),
             SEQUENCE.fetch_add(1, Ordering::Relaxed)
         ));
-        let file = File::create(&temporary)?;
+        let file = storage.create_new(&temporary)?;
         let staged = Staged {
+            storage,
             temporary,
             destination: destination.to_path_buf(),
             published: false,
@@ -53,24 +59,26 @@ impl Staged {
     /// over the destination and syncs the directory.
     pub(crate) fn publish<T>(
         mut self,
-        file: File,
-        before_rename: impl FnOnce(&Path) -> io::Result<T>,
+        mut file: Box<dyn StorageFile>,
+        before_rename: impl FnOnce(&'s dyn Storage, &Path) -> io::Result<T>,
     ) -> io::Result<T> {
-        file.sync_all()?;
+        file.flush()?;
+        file.sync()?;
         drop(file);
-        let value = before_rename(&self.temporary)?;
+        let value = before_rename(self.storage, &self.temporary)?;
         refuse_non_regular(&self.destination)?;
-        fs::rename(&self.temporary, &self.destination)?;
+        self.storage.rename(&self.temporary, &self.destination)?;
         self.published = true;
-        File::open(directory_of(&self.destination))?.sync_all()?;
+        self.storage
+            .sync_directory(directory_of(&self.destination))?;
         Ok(value)
     }
 }
 
-impl Drop for Staged {
+impl Drop for Staged<'_> {
     fn drop(&mut self) {
         if !self.published {
-            let _ = fs::remove_file(&self.temporary);
+            let _ = self.storage.remove(&self.temporary);
         }
     }
 }
@@ -80,7 +88,7 @@ impl Drop for Staged {
 /// publish them (only its writer renames a temporary), so no lock is needed. A live writer's,
 /// this process's, and any whose name does not parse are kept. Returns how many were removed.
 #[cfg(feature = "xnnpack")]
-pub(crate) fn reclaim_abandoned(destination: &Path) -> usize {
+pub(crate) fn reclaim_abandoned(storage: &dyn Storage, destination: &Path) -> usize {
     let Some(name) = destination.file_name() else {
         return 0;
     };
@@ -103,7 +111,7 @@ pub(crate) fn reclaim_abandoned(destination: &Path) -> usize {
         };
         if pid as u32 != std::process::id()
             && !process_exists(pid)
-            && fs::remove_file(entry.path()).is_ok()
+            && storage.remove(&entry.path()).is_ok()
         {
             removed += 1;
         }
@@ -138,15 +146,15 @@ pub(crate) fn refuse_non_regular(destination: &Path) -> io::Result<()> {
 
 /// Replaces `destination` with `bytes`, atomically and durably.
 pub(crate) fn write_atomically(destination: &Path, bytes: &[u8]) -> io::Result<()> {
-    use std::io::Write;
-    let (staged, mut file) = Staged::create(destination)?;
+    let (staged, mut file) = Staged::create(&crate::storage::OsStorage, destination)?;
     file.write_all(bytes)?;
-    staged.publish(file, |_| Ok(()))
+    staged.publish(file, |_, _| Ok(()))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::storage::OsStorage;
 
     fn siblings(dir: &Path) -> Vec<String> {
         let mut names: Vec<String> = fs::read_dir(dir)
@@ -172,7 +180,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("weights.xbc");
         fs::write(&path, b"old").unwrap();
-        let (staged, mut file) = Staged::create(&path).unwrap();
+        let (staged, mut file) = Staged::create(&OsStorage, &path).unwrap();
         std::io::Write::write_all(&mut file, b"half").unwrap();
         let temporary = staged.temporary.clone();
         let name = temporary
@@ -184,12 +192,13 @@ mod tests {
             name.starts_with(&format!(".weights.xbc.tmp-{}-", std::process::id())),
             "{name}"
         );
-        let failed: io::Result<()> =
-            staged.publish(file, |_| Err(io::Error::other("refused before the rename")));
+        let failed: io::Result<()> = staged.publish(file, |_, _| {
+            Err(io::Error::other("refused before the rename"))
+        });
         assert!(failed.is_err());
         assert_eq!(fs::read(&path).unwrap(), b"old");
         assert!(!temporary.exists());
-        let (abandoned, _file) = Staged::create(&path).unwrap();
+        let (abandoned, _file) = Staged::create(&OsStorage, &path).unwrap();
         drop(abandoned);
         assert_eq!(siblings(dir.path()), ["weights.xbc"]);
     }
@@ -241,7 +250,7 @@ mod tests {
         for n in &names {
             fs::write(dir.path().join(n), b"part").unwrap();
         }
-        assert_eq!(reclaim_abandoned(&path), 2);
+        assert_eq!(reclaim_abandoned(&OsStorage, &path), 2);
         let mut kept: Vec<String> = names[2..].to_vec();
         kept.push("weights.xbc".into());
         kept.sort();

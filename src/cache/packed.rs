@@ -9,6 +9,7 @@ use super::identity::BlobId;
 use super::persist::{self, FileReport, LoadOutcome};
 use crate::deferred::{DeferredData, Fill};
 use crate::named_data::DataBuffer;
+use crate::storage::SharedStorage;
 use crate::xnn::{AsXnnWeightsCache, WeightsCache};
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -74,6 +75,9 @@ pub struct CacheOptions {
     pub prefetch: bool,
     /// When the packed bytes a file holds are checked against their checksums.
     pub verify: VerifyPacked,
+    /// Where the file is read, written, synced, renamed and locked: the operating system's files
+    /// by default; tests put a [`FaultyStorage`](crate::storage::faults::FaultyStorage) here.
+    pub storage: SharedStorage,
 }
 
 /// When a cache checks the packed bytes it found in its file against the checksums recorded for
@@ -277,8 +281,9 @@ impl PackedWeightsCache {
         // Temporaries of saves killed midway are reclaimed here too, not only by a save: a
         // process that never saves again (every later launch warm) would keep them forever. A
         // temporary whose writer is gone can never be published, so no lock is needed.
-        crate::publish::reclaim_abandoned(&path);
-        let outcome = persist::load(&core, &path, &compat, options.prefetch)?;
+        let storage = options.storage.get();
+        crate::publish::reclaim_abandoned(storage, &path);
+        let outcome = persist::load(&core, storage, &path, &compat, options.prefetch)?;
         if options.verify == VerifyPacked::BeforeUse {
             core.forget_corrupt(true);
         }
@@ -439,11 +444,12 @@ impl PackedWeightsCache {
             return Ok(());
         }
         let (core, compat, saves) = (self.core().clone(), self.compat.clone(), self.saves.clone());
+        let storage = self.options.storage.clone();
         let save = move || {
             // A damaged entry found here is left out of the file the save writes.
             let corrupt = if check { core.forget_corrupt(false) } else { 0 };
             if unsaved || corrupt > 0 {
-                persist::save(&core, &path, &compat)?;
+                persist::save(&core, storage.get(), &path, &compat)?;
                 saves.fetch_add(1, Ordering::Relaxed);
             }
             Ok(())
@@ -525,7 +531,7 @@ impl Drop for PackedWeightsCache {
         let _ = self.wait_saved();
         let unsaved = self.core().state.lock().entries.iter().any(|e| e.unsaved);
         if let (Some(path), true) = (&self.path, unsaved) {
-            let _ = persist::save(self.core(), path, &self.compat);
+            let _ = persist::save(self.core(), self.options.storage.get(), path, &self.compat);
         }
     }
 }
@@ -571,7 +577,14 @@ pub fn verify_file(
     check_data: bool,
     drop_bad: bool,
 ) -> Result<Result<FileReport, FileError>, CacheError> {
-    persist::inspect_file(path, &options.compat(), check_data, drop_bad, false)
+    persist::inspect_file(
+        options.storage.get(),
+        path,
+        &options.compat(),
+        check_data,
+        drop_bad,
+        false,
+    )
 }
 
 /// Rewrites a cache file with only its valid, checksum-clean entries, tightly packed.
@@ -579,7 +592,14 @@ pub fn compact_file(
     path: &Path,
     options: &CacheOptions,
 ) -> Result<Result<FileReport, FileError>, CacheError> {
-    persist::inspect_file(path, &options.compat(), true, true, true)
+    persist::inspect_file(
+        options.storage.get(),
+        path,
+        &options.compat(),
+        true,
+        true,
+        true,
+    )
 }
 
 /// Keeps a pointer → identity registration alive; dropping it unregisters.

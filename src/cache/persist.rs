@@ -8,8 +8,9 @@ use super::format::{self, Compat, EntryKey, FileEntry, FileError};
 use super::CacheError;
 use crate::mmap::MappedFile;
 use crate::publish::Staged;
+use crate::storage::Storage;
 use std::collections::HashSet;
-use std::fs::{self, File};
+use std::fs::File;
 use std::io::BufWriter;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -44,11 +45,12 @@ fn io_error(path: &Path, error: std::io::Error) -> CacheError {
 /// thread (see [`CacheOptions::prefetch`](super::CacheOptions::prefetch)).
 pub(crate) fn load(
     core: &CacheCore,
+    storage: &dyn Storage,
     path: &Path,
     compat: &Compat,
     prefetch: bool,
 ) -> Result<LoadOutcome, CacheError> {
-    let map = match MappedFile::open(path) {
+    let map = match storage.map(path) {
         Ok(m) => m,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(LoadOutcome::Fresh),
         Err(e) => return Err(io_error(path, e)),
@@ -94,27 +96,24 @@ fn sibling(path: &Path, suffix: &str) -> PathBuf {
 /// file is only ever replaced whole, by rename).
 pub(crate) struct WriterLock(#[allow(dead_code)] File);
 
-pub(crate) fn lock_writers(path: &Path) -> Result<WriterLock, CacheError> {
+pub(crate) fn lock_writers(storage: &dyn Storage, path: &Path) -> Result<WriterLock, CacheError> {
     let lock_path = sibling(path, ".lock");
-    let f = fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&lock_path)
+    let f = storage
+        .lock_exclusive(&lock_path)
         .map_err(|e| io_error(&lock_path, e))?;
-    f.lock().map_err(|e| io_error(&lock_path, e))?;
     Ok(WriterLock(f))
 }
 
 /// Writes `bytes_of` each kept entry to a temporary file next to `path`, makes it durable,
 /// maps it, and renames it over `path`. Returns the map and each written entry's offset.
 pub(crate) fn commit<'a>(
+    storage: &dyn Storage,
     path: &Path,
     compat: &Compat,
     entries: impl Iterator<Item = (EntryKey, &'a [u8], u64)>,
 ) -> Result<(MappedFile, Vec<FileEntry>), CacheError> {
     let result = (|| {
-        let (staged, file) = Staged::create(path)?;
+        let (staged, file) = Staged::create(storage, path)?;
         let mut w = format::Writer::new(BufWriter::with_capacity(1 << 20, file), compat)?;
         let mut written = Vec::new();
         for (key, data, checksum) in entries {
@@ -129,7 +128,7 @@ pub(crate) fn commit<'a>(
         let (buf, _) = w.finish()?;
         let file = buf.into_inner().map_err(|e| e.into_error())?;
         // Map before the rename: what we map is what we wrote, whoever renames next.
-        let map = staged.publish(file, MappedFile::open)?;
+        let map = staged.publish(file, |storage, temporary| storage.map(temporary))?;
         Ok((map, written))
     })();
     result.map_err(|e| io_error(path, e))
@@ -139,9 +138,14 @@ pub(crate) fn commit<'a>(
 /// then points unresolved entries at the new file so their heap copies are freed. The state
 /// lock is held only to take a snapshot and to re-point entries, not during I/O, so runtimes
 /// can be set up and run while a save is in progress.
-pub(crate) fn save(core: &CacheCore, path: &Path, compat: &Compat) -> Result<usize, CacheError> {
-    let _lock = lock_writers(path)?;
-    crate::publish::reclaim_abandoned(path);
+pub(crate) fn save(
+    core: &CacheCore,
+    storage: &dyn Storage,
+    path: &Path,
+    compat: &Compat,
+) -> Result<usize, CacheError> {
+    let _lock = lock_writers(storage, path)?;
+    crate::publish::reclaim_abandoned(storage, path);
 
     // Snapshot: what this process knows, with bytes that stay valid without the lock.
     let (ours, repacked) = {
@@ -174,7 +178,7 @@ pub(crate) fn save(core: &CacheCore, path: &Path, compat: &Compat) -> Result<usi
     };
 
     // What is on disk now (another process may have saved since we loaded).
-    let disk = match MappedFile::open(path) {
+    let disk = match storage.map(path) {
         Ok(map) => format::decode(map.bytes(), compat)
             .ok()
             .map(|d| (Arc::new(map), d)),
@@ -212,6 +216,7 @@ pub(crate) fn save(core: &CacheCore, path: &Path, compat: &Compat) -> Result<usi
         }
     }
     let (map, written) = commit(
+        storage,
         path,
         compat,
         rows.iter()
@@ -267,6 +272,7 @@ pub struct FileReport {
 /// `rewrite`, replaces the file (under the writer lock) with only the good entries, tightly
 /// packed, when anything was bad or `force_rewrite` is set.
 pub(crate) fn inspect_file(
+    storage: &dyn Storage,
     path: &Path,
     compat: &Compat,
     check_data: bool,
@@ -274,13 +280,13 @@ pub(crate) fn inspect_file(
     force_rewrite: bool,
 ) -> Result<Result<FileReport, FileError>, CacheError> {
     let _lock = if rewrite {
-        let lock = lock_writers(path)?;
-        crate::publish::reclaim_abandoned(path);
+        let lock = lock_writers(storage, path)?;
+        crate::publish::reclaim_abandoned(storage, path);
         Some(lock)
     } else {
         None
     };
-    let map = MappedFile::open(path).map_err(|e| io_error(path, e))?;
+    let map = storage.map(path).map_err(|e| io_error(path, e))?;
     let decoded = match format::decode(map.bytes(), compat) {
         Ok(d) => d,
         Err(e) => return Ok(Err(e)),
@@ -311,7 +317,7 @@ pub(crate) fn inspect_file(
             .iter()
             .filter(|e| !report.corrupt.contains(e))
             .map(|e| (e.key, data(e), e.checksum));
-        commit(path, compat, good)?;
+        commit(storage, path, compat, good)?;
         report.rewritten = true;
     }
     Ok(Ok(report))

@@ -1,0 +1,140 @@
+//! The file-system calls a durable write makes, behind one small trait: creating a file,
+//! writing and syncing it, renaming it, syncing its directory, mapping it, locking, removing.
+//! [`OsStorage`] makes the real calls; [`faults::FaultyStorage`] makes the same calls and fails,
+//! tears or cuts the power under them on request, so tests can show that every call of a save
+//! may fail without losing a file.
+//!
+//! Only what changes the disk, or reads what a save just wrote, goes through the trait. Checks
+//! of what is at a path (`symlink_metadata`, listing a directory) stay direct: a fault there
+//! only changes which error a caller reports.
+
+pub mod faults;
+
+use crate::mmap::MappedFile;
+use std::fmt;
+use std::fs::File;
+use std::io::{self, Write};
+use std::path::Path;
+use std::sync::{Arc, OnceLock};
+
+/// A file being written: its bytes reach the disk only once [`sync`](Self::sync) returns.
+pub trait StorageFile: Write + Send {
+    /// Makes everything written so far durable (`fsync`).
+    fn sync(&mut self) -> io::Result<()>;
+}
+
+/// Where files are created, written, renamed, synced, mapped and locked.
+pub trait Storage: Send + Sync {
+    /// Creates the file at `path`, which must not exist, empty and open for writing.
+    fn create_new(&self, path: &Path) -> io::Result<Box<dyn StorageFile>>;
+    /// Renames `from` over `to`, atomically replacing whatever file `to` names.
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()>;
+    /// Makes the directory's entries durable: a file created or renamed in it survives a
+    /// power cut only after this.
+    fn sync_directory(&self, dir: &Path) -> io::Result<()>;
+    /// Maps the regular file at `path` read-only ([`MappedFile::open`]).
+    fn map(&self, path: &Path) -> io::Result<MappedFile>;
+    /// Takes the exclusive advisory lock on the file at `path` (created if absent), held until
+    /// the returned file is closed.
+    fn lock_exclusive(&self, path: &Path) -> io::Result<File>;
+    /// Removes the file at `path`.
+    fn remove(&self, path: &Path) -> io::Result<()>;
+    /// The process id written into temporary names: a temporary whose process is gone is
+    /// abandoned and may be removed by anyone.
+    fn process_id(&self) -> u32 {
+        std::process::id()
+    }
+}
+
+/// The operating system's files.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct OsStorage;
+
+impl StorageFile for File {
+    fn sync(&mut self) -> io::Result<()> {
+        self.sync_all()
+    }
+}
+
+impl Storage for OsStorage {
+    fn create_new(&self, path: &Path) -> io::Result<Box<dyn StorageFile>> {
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(path)?;
+        Ok(Box::new(file))
+    }
+
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        std::fs::rename(from, to)
+    }
+
+    fn sync_directory(&self, dir: &Path) -> io::Result<()> {
+        File::open(dir)?.sync_all()
+    }
+
+    fn map(&self, path: &Path) -> io::Result<MappedFile> {
+        MappedFile::open(path)
+    }
+
+    fn lock_exclusive(&self, path: &Path) -> io::Result<File> {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(path)?;
+        file.lock()?;
+        Ok(file)
+    }
+
+    fn remove(&self, path: &Path) -> io::Result<()> {
+        std::fs::remove_file(path)
+    }
+}
+
+/// A shared [`Storage`], as options hold it: the default is the operating system's; two
+/// handles are equal when they are the same storage object.
+#[derive(Clone)]
+pub struct SharedStorage(Arc<dyn Storage>);
+
+impl SharedStorage {
+    /// Wraps `storage`.
+    pub fn new(storage: Arc<dyn Storage>) -> SharedStorage {
+        SharedStorage(storage)
+    }
+
+    /// The storage itself.
+    pub fn get(&self) -> &dyn Storage {
+        &*self.0
+    }
+
+    fn address(&self) -> *const () {
+        Arc::as_ptr(&self.0).cast()
+    }
+}
+
+impl Default for SharedStorage {
+    fn default() -> SharedStorage {
+        static OS: OnceLock<SharedStorage> = OnceLock::new();
+        OS.get_or_init(|| SharedStorage(Arc::new(OsStorage)))
+            .clone()
+    }
+}
+
+impl PartialEq for SharedStorage {
+    fn eq(&self, other: &SharedStorage) -> bool {
+        self.address() == other.address()
+    }
+}
+
+impl Eq for SharedStorage {}
+
+impl fmt::Debug for SharedStorage {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if *self == SharedStorage::default() {
+            f.write_str("SharedStorage(os)")
+        } else {
+            write!(f, "SharedStorage({:p})", self.address())
+        }
+    }
+}

@@ -1,0 +1,349 @@
+//! A packed-weight cache save under every failure of every call it makes, through the fault
+//! injector (`xnnblob::storage::faults`): an error (EIO, ENOSPC), a kill, a power cut after the
+//! call, a torn write. Each test first runs the save without a fault to list its calls, then
+//! once per call with the fault there. After each:
+//!
+//! - the file at the path is the old one, byte for byte, or the new one, complete (every entry of
+//!   both models, each checksum right);
+//! - the launch whose save failed still gave the right outputs;
+//! - the next launch (real storage) gives outputs bit-identical to a run without a cache, for
+//!   both models, and leaves no temporary behind;
+//! - nothing else in the directory changed.
+
+mod common;
+
+use common::scratch;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use xnnblob::cache::{verify_file, BlobId, CacheError, CacheOptions, PackedWeightsCache};
+use xnnblob::storage::faults::{Call, Fault, FaultyStorage};
+use xnnblob::storage::SharedStorage;
+use xnnblob::synthetic::{Mlp, MLP_INPUT, MLP_OUTPUT};
+use xnnblob::xnn::Runtime;
+
+/// The model already in the file before the faulty save.
+fn old_model() -> Mlp {
+    Mlp::random(&[64, 96, 32], 3)
+}
+
+/// The model the faulty launch packs: one layer of 1 MiB so the save writes in several calls.
+fn new_model() -> Mlp {
+    Mlp::random(&[64, 512, 512, 16], 4)
+}
+
+/// Entries of each model in the file: one per layer (its weights and bias packed together).
+fn entries_of(mlp: &Mlp) -> usize {
+    mlp.layers.len()
+}
+
+fn input_for(mlp: &Mlp) -> Vec<f32> {
+    (0..mlp.input_width())
+        .map(|i| ((i % 13) as f32 - 6.0) / 6.0)
+        .collect()
+}
+
+/// A model load through `cache`: registers the weights, creates a runtime, finalizes (with a
+/// blocking save, that is the save), runs once. The outputs, and what finalize said.
+fn launch(cache: &PackedWeightsCache, mlp: &Mlp) -> (Vec<f32>, Result<(), CacheError>) {
+    let registrations: Vec<_> = mlp
+        .layers
+        .iter()
+        .flat_map(|l| {
+            [
+                cache.register(&l.weights, BlobId::of_f32s(&l.weights)),
+                cache.register(&l.bias, BlobId::of_f32s(&l.bias)),
+            ]
+        })
+        .collect();
+    let graph = mlp.subgraph(1).unwrap();
+    let mut runtime = Runtime::new(&graph, Some(cache)).unwrap();
+    drop(registrations);
+    let saved = cache.finalize();
+    let input = input_for(mlp);
+    let mut out = vec![f32::NAN; mlp.output_width()];
+    runtime
+        .invoke(&[(MLP_INPUT, &input)], &mut [(MLP_OUTPUT, &mut out)])
+        .unwrap();
+    (out, saved)
+}
+
+/// Outputs without any cache file.
+fn uncached(mlp: &Mlp) -> Vec<f32> {
+    launch(&PackedWeightsCache::in_memory(), mlp).0
+}
+
+/// The id of a process that has exited: temporaries named with it are a dead writer's.
+fn dead_pid() -> u32 {
+    let mut child = std::process::Command::new("true").spawn().unwrap();
+    let pid = child.id();
+    child.wait().unwrap();
+    pid
+}
+
+fn listing(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+/// A directory with the old model's cache file and a bystander file.
+struct Before {
+    dir: common::Scratch,
+    path: PathBuf,
+    old_bytes: Vec<u8>,
+    bystander: PathBuf,
+}
+
+fn before(name: &str) -> Before {
+    let dir = scratch(name);
+    let path = dir.join("weights.xbc");
+    let cache = PackedWeightsCache::open_with(
+        &path,
+        CacheOptions {
+            blocking_save: true,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    launch(&cache, &old_model()).1.unwrap();
+    drop(cache);
+    let bystander = dir.join("model.ptd");
+    std::fs::write(&bystander, b"not the cache's to touch").unwrap();
+    let old_bytes = std::fs::read(&path).unwrap();
+    Before {
+        dir,
+        path,
+        old_bytes,
+        bystander,
+    }
+}
+
+/// What one faulty launch left, and what its save said.
+struct Faulty {
+    calls: Vec<Call>,
+    saved: Result<(), CacheError>,
+    gone: bool,
+}
+
+/// A launch of the new model whose every file operation goes through `fault`, playing a
+/// process that has died by the end (a dead pid names its temporaries).
+fn faulty_launch(b: &Before, fault: Fault) -> Faulty {
+    let storage = Arc::new(FaultyStorage::new(fault).with_process_id(dead_pid()));
+    let options = CacheOptions {
+        blocking_save: true,
+        storage: SharedStorage::new(storage.clone()),
+        ..Default::default()
+    };
+    let saved = match PackedWeightsCache::open_with(&b.path, options) {
+        Ok(cache) => {
+            let (out, saved) = launch(&cache, &new_model());
+            assert_eq!(out, uncached(&new_model()), "{fault:?}: the launch itself");
+            drop(cache);
+            saved
+        }
+        Err(e) => Err(e),
+    };
+    Faulty {
+        calls: storage.calls(),
+        saved,
+        gone: storage.is_gone(),
+    }
+}
+
+/// Checks the properties in this file's header after `fault`; returns whether the file was
+/// replaced.
+fn check_after(b: &Before, fault: Fault) -> bool {
+    let bytes = std::fs::read(&b.path).expect("the cache file is never lost");
+    let replaced = bytes != b.old_bytes;
+    if replaced {
+        let report = verify_file(&b.path, &CacheOptions::default(), true, false)
+            .unwrap()
+            .unwrap_or_else(|e| panic!("{fault:?}: a replaced file is a valid one: {e}"));
+        assert!(report.corrupt.is_empty(), "{fault:?}: {report:?}");
+        assert_eq!(report.invalid_entries, 0, "{fault:?}");
+        assert_eq!(
+            report.entries,
+            entries_of(&old_model()) + entries_of(&new_model()),
+            "{fault:?}: the new file has every entry"
+        );
+    }
+    assert_eq!(
+        std::fs::read(&b.bystander).unwrap(),
+        b"not the cache's to touch"
+    );
+
+    // The next launch, a real process: right outputs, warm where the file had the entries.
+    let next = PackedWeightsCache::open_with(
+        &b.path,
+        CacheOptions {
+            blocking_save: true,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    for mlp in [old_model(), new_model()] {
+        let (out, saved) = launch(&next, &mlp);
+        saved.unwrap();
+        assert_eq!(out, uncached(&mlp), "{fault:?}: outputs after the fault");
+    }
+    let repacked = if replaced {
+        0
+    } else {
+        entries_of(&new_model())
+    };
+    assert_eq!(next.stats().packed, repacked, "{fault:?}");
+    drop(next);
+    assert_eq!(
+        listing(&b.dir),
+        ["model.ptd", "weights.xbc", "weights.xbc.lock"],
+        "{fault:?}: nothing left behind"
+    );
+    let report = verify_file(&b.path, &CacheOptions::default(), true, false)
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        report.entries,
+        entries_of(&old_model()) + entries_of(&new_model()),
+        "{fault:?}: 1x after the next launch"
+    );
+    replaced
+}
+
+/// The calls of a save without a fault.
+fn calls_of_a_save() -> Vec<Call> {
+    let b = before("save-calls");
+    let run = faulty_launch(&b, Fault::None);
+    run.saved.unwrap();
+    assert!(check_after(&b, Fault::None));
+    run.calls
+}
+
+/// Runs `fault_at(call)` for each call index `at` that `which` selects; returns how many runs
+/// kept the old file and how many replaced it.
+fn at_every(
+    name: &str,
+    which: impl Fn(&Call) -> bool,
+    fault_at: impl Fn(usize) -> Fault,
+) -> (usize, usize) {
+    let calls = calls_of_a_save();
+    let (mut kept, mut replaced) = (0, 0);
+    for (at, call) in calls.iter().enumerate().filter(|(_, c)| which(c)) {
+        let b = before(name);
+        let fault = fault_at(at);
+        let run = faulty_launch(&b, fault);
+        assert_eq!(
+            std::mem::discriminant(&run.calls[at]),
+            std::mem::discriminant(call),
+            "{fault:?}: the same calls as without it"
+        );
+        if check_after(&b, fault) {
+            replaced += 1;
+        } else {
+            kept += 1;
+        }
+        // A save that stopped before its rename reported it (the launch itself still ran).
+        let renamed = run.calls[..at].iter().any(|c| matches!(c, Call::Rename(_)));
+        if !renamed && !run.gone {
+            assert!(run.saved.is_err(), "{fault:?}: the failure is reported");
+        }
+    }
+    eprintln!("{name}: {kept} kept the old file, {replaced} replaced it");
+    assert!(kept + replaced > 0);
+    (kept, replaced)
+}
+
+fn any(_: &Call) -> bool {
+    true
+}
+
+fn is_write(c: &Call) -> bool {
+    matches!(c, Call::Write(_))
+}
+
+#[test]
+fn a_save_syncs_its_file_before_the_rename_and_the_directory_after() {
+    let calls = calls_of_a_save();
+    let rename = calls
+        .iter()
+        .position(|c| matches!(c, Call::Rename(to) if to.ends_with("weights.xbc")))
+        .expect("a rename over the cache file");
+    let last_write = calls.iter().rposition(is_write).unwrap();
+    let sync = calls.iter().rposition(|c| *c == Call::Sync).unwrap();
+    assert!(last_write < sync && sync < rename, "{calls:?}");
+    assert_eq!(calls.last(), Some(&Call::SyncDirectory), "{calls:?}");
+    assert!(
+        calls.iter().filter(|c| is_write(c)).count() >= 3,
+        "{calls:?}"
+    );
+}
+
+#[test]
+fn save_survives_eio_at_every_call() {
+    at_every("eio", any, |call| Fault::FailCall {
+        call,
+        errno: libc::EIO,
+    });
+}
+
+#[test]
+fn save_survives_enospc_at_every_write() {
+    // One write fails; the save reports it, and the retry when the cache closes may succeed.
+    at_every("enospc", is_write, |call| Fault::FailCall {
+        call,
+        errno: libc::ENOSPC,
+    });
+}
+
+#[test]
+fn save_survives_a_disk_that_fills_up_at_every_write() {
+    let (kept, replaced) = at_every("full", is_write, |call| Fault::FullFromCall { call });
+    assert_eq!((kept > 0, replaced), (true, 0), "no save completes");
+}
+
+#[test]
+fn save_survives_a_kill_before_every_call() {
+    let (kept, replaced) = at_every("kill", any, |call| Fault::KillBeforeCall { call });
+    assert!(
+        kept > 0 && replaced > 0,
+        "killed after the rename: the new file"
+    );
+}
+
+#[test]
+fn save_survives_a_power_cut_after_every_call() {
+    let (kept, replaced) = at_every("power", any, |call| Fault::PowerCutAfterCall { call });
+    assert!(kept > 0 && replaced > 0);
+}
+
+#[test]
+fn save_survives_a_torn_write_at_every_write() {
+    let (kept, _) = at_every("torn", is_write, |call| Fault::TornWrite { call });
+    assert!(kept > 0);
+}
+
+#[test]
+fn a_save_that_skips_its_fsync_is_caught_by_the_power_cut() {
+    // The injector must be able to tell: a file renamed into place without its data synced
+    // loses the data at a power cut. Played here by hand with the injector's own calls.
+    use std::io::Write;
+    use xnnblob::storage::Storage;
+    let dir = scratch("no-fsync");
+    let path = dir.join("data");
+    let temporary = dir.join(".data.tmp");
+    let storage = FaultyStorage::new(Fault::PowerCutAfterCall { call: 3 });
+    let mut file = storage.create_new(&temporary).unwrap();
+    file.write_all(b"never synced").unwrap();
+    drop(file);
+    storage.rename(&temporary, &path).unwrap();
+    storage.sync_directory(&dir).unwrap();
+    assert!(storage.is_gone());
+    assert_eq!(
+        std::fs::read(&path).unwrap(),
+        b"",
+        "unsynced bytes are lost"
+    );
+    assert!(storage.map(&path).is_err(), "nothing runs after the cut");
+}
