@@ -347,3 +347,46 @@ fn a_save_that_skips_its_fsync_is_caught_by_the_power_cut() {
     );
     assert!(storage.map(&path).is_err(), "nothing runs after the cut");
 }
+
+#[test]
+fn compaction_survives_a_power_cut_or_kill_at_every_call() {
+    use xnnblob::cache::compact_file;
+    let compact = |b: &Before, fault: Fault| {
+        let storage = Arc::new(FaultyStorage::new(fault).with_process_id(dead_pid()));
+        let options = CacheOptions {
+            storage: SharedStorage::new(storage.clone()),
+            ..Default::default()
+        };
+        let result = compact_file(&b.path, &options);
+        (storage.calls(), result.is_ok())
+    };
+    let (calls, ok) = compact(&before("compact-calls"), Fault::None);
+    assert!(ok && calls.iter().any(|c| matches!(c, Call::Rename(_))));
+    for at in 0..calls.len() {
+        for fault in [
+            Fault::KillBeforeCall { call: at },
+            Fault::PowerCutAfterCall { call: at },
+            Fault::FullFromCall { call: at },
+        ] {
+            let b = before("compact");
+            compact(&b, fault);
+            let bytes = std::fs::read(&b.path).expect("the cache file is never lost");
+            let report = verify_file(&b.path, &CacheOptions::default(), true, false)
+                .unwrap()
+                .unwrap_or_else(|e| panic!("{fault:?}: {e}"));
+            assert!(report.corrupt.is_empty() && report.invalid_entries == 0);
+            assert_eq!(report.entries, entries_of(&old_model()), "{fault:?}");
+            assert!(bytes == b.old_bytes || report.file_size <= b.old_bytes.len() as u64);
+            let next = PackedWeightsCache::open(&b.path).unwrap();
+            let (out, _) = launch(&next, &old_model());
+            assert_eq!(next.stats().packed, 0, "{fault:?}: still warm");
+            assert_eq!(out, uncached(&old_model()));
+            drop(next);
+            assert_eq!(
+                listing(&b.dir),
+                ["model.ptd", "weights.xbc", "weights.xbc.lock"],
+                "{fault:?}"
+            );
+        }
+    }
+}
