@@ -109,7 +109,8 @@ enum BenchAction {
 
 #[derive(Subcommand)]
 enum CacheAction {
-    /// The header and index only (reads no packed weight).
+    /// The header and index only (reads no packed weight): entries, sizes, and the live, stale
+    /// and evictable bytes under the default budget (twice the live bytes).
     Stats {
         /// The cache file.
         path: PathBuf,
@@ -138,7 +139,8 @@ enum CacheAction {
         #[arg(long)]
         dir: Option<PathBuf>,
     },
-    /// Rewrite only the valid entries, tightly.
+    /// Rewrite only the valid entries, tightly, without the stale ones beyond twice the live
+    /// bytes (what the next save would evict).
     Compact {
         /// The cache file.
         path: PathBuf,
@@ -563,6 +565,20 @@ fn cache_command(action: CacheAction) -> Result<(), Box<dyn std::error::Error>> 
         report.file_size as f64 / report.packed_bytes.max(1) as f64,
         report.invalid_entries
     );
+    outln!(
+        "live {} bytes (used by the last save, number {}), stale {} bytes, evictable {} bytes \
+         (beyond twice the live bytes)",
+        report.live_bytes,
+        report.last_save,
+        report.stale_bytes,
+        report.evictable_bytes
+    );
+    if report.evicted > 0 {
+        outln!(
+            "evicted {} stale entries beyond twice the live bytes",
+            report.evicted
+        );
+    }
     for bad in &report.corrupt {
         outln!(
             "corrupt entry: kernel {} bias {} seed {:#010x} at offset {} ({} bytes)",

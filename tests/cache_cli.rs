@@ -49,6 +49,10 @@ fn stats_verify_and_compact() {
     let (ok, out) = xnnblob(&["cache", "stats", p]);
     assert!(ok, "{out}");
     assert!(out.contains("2 entries"), "{out}");
+    assert!(
+        out.contains("stale 0 bytes, evictable 0 bytes"),
+        "one save, all live: {out}"
+    );
     let (ok, out) = xnnblob(&["cache", "verify", p]);
     assert!(ok && !out.contains("corrupt"), "{out}");
 

@@ -2,7 +2,7 @@
 //! from memory packed in this process.
 
 use super::checksum::checksum64;
-use super::format::{EntryKey, REGION_ALIGNMENT};
+use super::format::{EntryKey, FileEntry, REGION_ALIGNMENT};
 use super::identity::BlobId;
 use crate::aligned::AlignedBytes;
 use crate::deferred::{DeferredData, Fill};
@@ -43,6 +43,9 @@ pub(crate) struct Entry {
     pub unsaved: bool,
     /// Packed in this process (saved or not).
     pub packed_here: bool,
+    /// The number of the last save that used it, as its file recorded (0 for an entry packed
+    /// here: the next save gives it its own number).
+    pub last_used: u64,
     /// Its address was handed to XNNPACK: the memory must not move or be freed.
     pub resolved: bool,
 }
@@ -111,23 +114,21 @@ impl State {
         }
     }
 
-    pub fn insert_mapped(
-        &mut self,
-        key: EntryKey,
-        map: usize,
-        offset: usize,
-        size: usize,
-        checksum: u64,
-    ) {
-        if self.by_key.contains_key(&key) {
+    /// Adds the entry `e` of the file `maps[map]`, unless its key is known already.
+    pub fn insert_mapped(&mut self, map: usize, e: &FileEntry) {
+        if self.by_key.contains_key(&e.key) {
             return;
         }
-        self.by_key.insert(key, self.entries.len());
+        self.by_key.insert(e.key, self.entries.len());
         self.entries.push(Entry {
-            key: Some(key),
-            size,
-            location: Location::Mapped { map, offset },
-            checksum: Some(checksum),
+            key: Some(e.key),
+            size: e.size as usize,
+            location: Location::Mapped {
+                map,
+                offset: e.offset as usize,
+            },
+            checksum: Some(e.checksum),
+            last_used: e.last_used,
             hit: false,
             first_hit: None,
             checked: false,
@@ -150,6 +151,8 @@ pub(crate) struct Counters {
     pub deferred_fills: AtomicUsize,
     /// Entries of a file whose packed bytes no longer matched their checksum when checked.
     pub corrupt_found: AtomicUsize,
+    /// Entries saves left out to keep the file within its budget.
+    pub evicted: AtomicUsize,
 }
 
 #[derive(Default)]
@@ -426,6 +429,7 @@ impl PackedWeightsProvider for CacheCore {
             size,
             location: Location::Heap(Arc::new(block)),
             checksum: None,
+            last_used: 0,
             hit: false,
             first_hit: None,
             checked: false,

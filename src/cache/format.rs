@@ -4,7 +4,7 @@
 //! ```text
 //! [0, 128)            header: magic, version, CPU fingerprint, XNNPACK build id, checksum
 //! [128, index)        packed regions, each at a multiple of 64
-//! [index, trailer)    entries, 96 bytes each
+//! [index, trailer)    entries, 104 bytes each
 //! [len - 32, len)     trailer: index offset, entry count, index checksum, end magic
 //! ```
 
@@ -17,7 +17,7 @@ pub const MAGIC: [u8; 8] = *b"XBPWCAC\x01";
 /// The last 8 bytes of a complete cache file; their absence means a torn or truncated file.
 pub const END_MAGIC: [u8; 8] = *b"XBPWEND\x01";
 /// Bump on any change of layout or meaning; older or newer files are rebuilt.
-pub const FORMAT_VERSION: u32 = 2;
+pub const FORMAT_VERSION: u32 = 3;
 /// Packed regions start at multiples of this (XNNPACK's largest SIMD alignment).
 pub const REGION_ALIGNMENT: usize = 64;
 /// The most bytes of the XNNPACK build identifier the header holds; longer identifiers are
@@ -46,8 +46,10 @@ const FLAGS_AT: usize = SEED_AT + 4;
 const OFFSET_AT: usize = FLAGS_AT + 4;
 const SIZE_AT: usize = OFFSET_AT + 8;
 const CHECKSUM_AT: usize = SIZE_AT + 8;
-/// Size in bytes of one index entry (kernel id, bias id, seed, flags, offset, size, checksum).
-pub const ENTRY_SIZE: usize = CHECKSUM_AT + 8;
+const LAST_USED_AT: usize = CHECKSUM_AT + 8;
+/// Size in bytes of one index entry (kernel id, bias id, seed, flags, offset, size, checksum,
+/// last use).
+pub const ENTRY_SIZE: usize = LAST_USED_AT + 8;
 
 // Trailer fields.
 const INDEX_OFFSET_AT: usize = 0;
@@ -84,6 +86,10 @@ pub struct FileEntry {
     /// XXH3-64 (seed 0) of the region's packed bytes: checked when a file is rewritten or
     /// verified, not when it is loaded.
     pub checksum: u64,
+    /// The number of the last save whose process used the entry (looked it up or packed it).
+    /// Saves are numbered in the file, one more than the largest number in it, so the entry with
+    /// the smallest number is the one not used for longest; evictions take those first.
+    pub last_used: u64,
 }
 
 /// What must match for a file to be trusted at all.
@@ -209,6 +215,7 @@ fn encode_entry(e: &FileEntry) -> [u8; ENTRY_SIZE] {
     b[OFFSET_AT..OFFSET_AT + 8].copy_from_slice(&e.offset.to_le_bytes());
     b[SIZE_AT..SIZE_AT + 8].copy_from_slice(&e.size.to_le_bytes());
     b[CHECKSUM_AT..CHECKSUM_AT + 8].copy_from_slice(&e.checksum.to_le_bytes());
+    b[LAST_USED_AT..LAST_USED_AT + 8].copy_from_slice(&e.last_used.to_le_bytes());
     b
 }
 
@@ -298,6 +305,7 @@ pub fn decode(bytes: &[u8], expect: &Compat) -> Result<Decoded, FileError> {
             offset: u64_at(raw, OFFSET_AT),
             size: u64_at(raw, SIZE_AT),
             checksum: u64_at(raw, CHECKSUM_AT),
+            last_used: u64_at(raw, LAST_USED_AT),
         };
         let end = e.offset.checked_add(e.size);
         let problem = if u32_at(raw, FLAGS_AT) != 0 {
@@ -362,8 +370,15 @@ impl<W: Write> Writer<W> {
         Ok(())
     }
 
-    /// Appends one packed region with its checksum; returns its file offset.
-    pub fn add(&mut self, key: EntryKey, data: &[u8], checksum: u64) -> io::Result<u64> {
+    /// Appends one packed region with its checksum and the number of the save that last used
+    /// it; returns its file offset.
+    pub fn add(
+        &mut self,
+        key: EntryKey,
+        data: &[u8],
+        checksum: u64,
+        last_used: u64,
+    ) -> io::Result<u64> {
         self.pad_to(REGION_ALIGNMENT as u64)?;
         let offset = self.pos;
         self.out.write_all(data)?;
@@ -373,6 +388,7 @@ impl<W: Write> Writer<W> {
             offset,
             size: data.len() as u64,
             checksum,
+            last_used,
         });
         Ok(offset)
     }

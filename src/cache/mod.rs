@@ -10,6 +10,7 @@
 //! The file format (`format`, `checksum64`, `BlobId`) needs no XNNPACK; the cache itself
 //! (`PackedWeightsCache`, its XNNPACK provider, load and save) comes with the `xnnpack` feature.
 
+pub mod budget;
 mod checksum;
 #[cfg(feature = "xnnpack")]
 mod core;
@@ -21,6 +22,7 @@ mod packed;
 #[cfg(feature = "xnnpack")]
 mod persist;
 
+pub use budget::CacheBudget;
 pub use checksum::checksum64;
 pub use cpu::cpu_fingerprint;
 pub use format::{Compat, EntryKey, FileError};

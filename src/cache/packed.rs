@@ -1,6 +1,7 @@
 //! The packed-weight cache behind XNNPACK's weights-cache provider: registration of unpacked
 //! data by content, look-up and insertion from XNNPACK, the file it loads and saves.
 
+use super::budget::CacheBudget;
 use super::checksum::checksum64;
 use super::core::{CacheCore, Location};
 use super::cpu::cpu_fingerprint;
@@ -75,6 +76,9 @@ pub struct CacheOptions {
     pub prefetch: bool,
     /// When the packed bytes a file holds are checked against their checksums.
     pub verify: VerifyPacked,
+    /// How many bytes of packed weights the file may hold; each save evicts the entries not
+    /// used for longest beyond it (see [`CacheBudget`]).
+    pub budget: CacheBudget,
     /// Where the file is read, written, synced, renamed and locked: the operating system's files
     /// by default; tests put a [`FaultyStorage`](crate::storage::faults::FaultyStorage) here.
     pub storage: SharedStorage,
@@ -139,6 +143,8 @@ pub struct CacheStats {
     /// Entries of the file whose packed bytes failed their checksum when checked (see
     /// [`VerifyPacked`]): forgotten, and left out of the file at the next save.
     pub corrupt_found: usize,
+    /// Entries this process's saves left out of the file to keep it within its budget.
+    pub evicted: usize,
 }
 
 /// An entry whose packed bytes no longer match their checksum.
@@ -445,11 +451,15 @@ impl PackedWeightsCache {
         }
         let (core, compat, saves) = (self.core().clone(), self.compat.clone(), self.saves.clone());
         let storage = self.options.storage.clone();
+        let budget = self.options.budget;
         let save = move || {
             // A damaged entry found here is left out of the file the save writes.
             let corrupt = if check { core.forget_corrupt(false) } else { 0 };
             if unsaved || corrupt > 0 {
-                persist::save(&core, storage.get(), &path, &compat)?;
+                let saved = persist::save(&core, storage.get(), &path, &compat, budget)?;
+                core.counters
+                    .evicted
+                    .fetch_add(saved.evicted, Ordering::Relaxed);
                 saves.fetch_add(1, Ordering::Relaxed);
             }
             Ok(())
@@ -489,6 +499,7 @@ impl PackedWeightsCache {
             unregistered: c.unregistered_packs.load(Ordering::Relaxed),
             deferred_fills: c.deferred_fills.load(Ordering::Relaxed),
             corrupt_found: c.corrupt_found.load(Ordering::Relaxed),
+            evicted: c.evicted.load(Ordering::Relaxed),
             entries: state.by_key.len(),
             packed_bytes: state.by_key.values().map(|&i| state.entries[i].size).sum(),
             unsaved: state.entries.iter().filter(|e| e.unsaved).count(),
@@ -531,7 +542,13 @@ impl Drop for PackedWeightsCache {
         let _ = self.wait_saved();
         let unsaved = self.core().state.lock().entries.iter().any(|e| e.unsaved);
         if let (Some(path), true) = (&self.path, unsaved) {
-            let _ = persist::save(self.core(), self.options.storage.get(), path, &self.compat);
+            let _ = persist::save(
+                self.core(),
+                self.options.storage.get(),
+                path,
+                &self.compat,
+                self.options.budget,
+            );
         }
     }
 }
@@ -583,11 +600,13 @@ pub fn verify_file(
         &options.compat(),
         check_data,
         drop_bad,
+        options.budget,
         false,
     )
 }
 
-/// Rewrites a cache file with only its valid, checksum-clean entries, tightly packed.
+/// Rewrites a cache file with only its valid, checksum-clean entries, tightly packed, less what
+/// `options.budget` evicts when the last save's entries are the live ones.
 pub fn compact_file(
     path: &Path,
     options: &CacheOptions,
@@ -598,6 +617,7 @@ pub fn compact_file(
         &options.compat(),
         true,
         true,
+        options.budget,
         true,
     )
 }

@@ -2,6 +2,7 @@
 //! `docs/cache-format.md` (lock, merge with what is on disk, write a temporary file, fsync,
 //! rename, fsync the directory).
 
+use super::budget::{self, CacheBudget};
 use super::checksum::checksum64;
 use super::core::{CacheCore, Entry, Location, Source};
 use super::format::{self, Compat, EntryKey, FileEntry, FileError};
@@ -76,7 +77,7 @@ pub(crate) fn load(
     let m = state.maps.len();
     state.maps.push(map);
     for e in &decoded.entries {
-        state.insert_mapped(e.key, m, e.offset as usize, e.size as usize, e.checksum);
+        state.insert_mapped(m, e);
     }
     Ok(LoadOutcome::Loaded {
         entries: decoded.entries.len(),
@@ -104,25 +105,27 @@ pub(crate) fn lock_writers(storage: &dyn Storage, path: &Path) -> Result<WriterL
     Ok(WriterLock(f))
 }
 
-/// Writes `bytes_of` each kept entry to a temporary file next to `path`, makes it durable,
-/// maps it, and renames it over `path`. Returns the map and each written entry's offset.
+/// Writes each kept entry (key, packed bytes, checksum, last use) to a temporary file next to
+/// `path`, makes it durable, maps it, and renames it over `path`. Returns the map and each
+/// written entry's offset.
 pub(crate) fn commit<'a>(
     storage: &dyn Storage,
     path: &Path,
     compat: &Compat,
-    entries: impl Iterator<Item = (EntryKey, &'a [u8], u64)>,
+    entries: impl Iterator<Item = (EntryKey, &'a [u8], u64, u64)>,
 ) -> Result<(MappedFile, Vec<FileEntry>), CacheError> {
     let result = (|| {
         let (staged, file) = Staged::create(storage, path)?;
         let mut w = format::Writer::new(BufWriter::with_capacity(1 << 20, file), compat)?;
         let mut written = Vec::new();
-        for (key, data, checksum) in entries {
-            let offset = w.add(key, data, checksum)?;
+        for (key, data, checksum, last_used) in entries {
+            let offset = w.add(key, data, checksum, last_used)?;
             written.push(FileEntry {
                 key,
                 offset,
                 size: data.len() as u64,
                 checksum,
+                last_used,
             });
         }
         let (buf, _) = w.finish()?;
@@ -134,16 +137,26 @@ pub(crate) fn commit<'a>(
     result.map_err(|e| io_error(path, e))
 }
 
-/// Saves every persistable entry (merged with entries other processes saved meanwhile),
-/// then points unresolved entries at the new file so their heap copies are freed. The state
-/// lock is held only to take a snapshot and to re-point entries, not during I/O, so runtimes
-/// can be set up and run while a save is in progress.
+/// What a save left out of the file.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Saved {
+    /// Entries whose packed bytes failed their checksum.
+    pub corrupt: usize,
+    /// Entries evicted to fit the budget.
+    pub evicted: usize,
+}
+
+/// Saves every persistable entry (merged with entries other processes saved meanwhile), less
+/// what `budget` evicts, then points unresolved entries at the new file so their heap copies
+/// are freed. The state lock is held only to take a snapshot and to re-point entries, not
+/// during I/O, so runtimes can be set up and run while a save is in progress.
 pub(crate) fn save(
     core: &CacheCore,
     storage: &dyn Storage,
     path: &Path,
     compat: &Compat,
-) -> Result<usize, CacheError> {
+    budget: CacheBudget,
+) -> Result<Saved, CacheError> {
     let _lock = lock_writers(storage, path)?;
     crate::publish::reclaim_abandoned(storage, path);
 
@@ -160,11 +173,16 @@ pub(crate) fn save(
         // order); those packed but not yet found after them, in the order they were packed.
         let mut in_order: Vec<&Entry> = state.entries.iter().collect();
         in_order.sort_by_key(|e| e.first_hit.unwrap_or(u64::MAX));
-        let ours: Vec<(EntryKey, Source, Option<u64>, bool)> = in_order
+        let ours: Vec<Ours> = in_order
             .into_iter()
             .filter_map(|e| {
-                e.key
-                    .map(|k| (k, state.source_of(e), e.checksum, e.hit || e.packed_here))
+                e.key.map(|key| Ours {
+                    key,
+                    source: state.source_of(e),
+                    checksum: e.checksum,
+                    used: e.hit || e.packed_here,
+                    last_used: e.last_used,
+                })
             })
             .collect();
         (ours, repacked)
@@ -186,21 +204,40 @@ pub(crate) fn save(
         Err(e) => return Err(io_error(path, e)),
     };
 
-    let mut rows: Vec<(EntryKey, Source, u64)> = Vec::new();
+    // This save's number: one more than any recorded, here or on disk.
+    let this_save = 1 + ours
+        .iter()
+        .map(|o| o.last_used)
+        .chain(
+            disk.iter()
+                .flat_map(|(_, d)| d.entries.iter().map(|e| e.last_used)),
+        )
+        .max()
+        .unwrap_or(0);
+
+    let mut rows: Vec<(FileEntry, Source)> = Vec::new();
     let mut known: HashSet<EntryKey> = HashSet::new();
-    let mut corrupt = 0usize;
-    for (key, source, recorded, used) in ours {
-        if superseded(&key, used) {
+    let mut saved = Saved::default();
+    let row = |key, source: &Source, checksum, last_used| FileEntry {
+        key,
+        offset: 0,
+        size: source.bytes().len() as u64,
+        checksum,
+        last_used,
+    };
+    for o in ours {
+        if superseded(&o.key, o.used) {
             continue;
         }
-        let sum = checksum64(source.bytes());
+        let sum = checksum64(o.source.bytes());
         // A mapped entry is copied only if its bytes still match what was recorded.
-        if recorded.is_some_and(|c| c != sum) {
-            corrupt += 1;
+        if o.checksum.is_some_and(|c| c != sum) {
+            saved.corrupt += 1;
             continue;
         }
-        known.insert(key);
-        rows.push((key, source, sum));
+        known.insert(o.key);
+        let last_used = if o.used { this_save } else { o.last_used };
+        rows.push((row(o.key, &o.source, sum, last_used), o.source));
     }
     if let Some((map, decoded)) = &disk {
         for fe in &decoded.entries {
@@ -209,18 +246,24 @@ pub(crate) fn save(
             }
             let source = Source::Mapped(map.clone(), fe.offset as usize, fe.size as usize);
             if checksum64(source.bytes()) != fe.checksum {
-                corrupt += 1;
+                saved.corrupt += 1;
                 continue;
             }
-            rows.push((fe.key, source, fe.checksum));
+            rows.push((*fe, source));
         }
     }
+    let entries: Vec<FileEntry> = rows.iter().map(|(e, _)| *e).collect();
+    let evictions = budget::plan(&entries, this_save, budget);
+    saved.evicted = evictions.evicted.len();
+    let evicted: HashSet<usize> = evictions.evicted.into_iter().collect();
     let (map, written) = commit(
         storage,
         path,
         compat,
         rows.iter()
-            .map(|(k, source, sum)| (*k, source.bytes(), *sum)),
+            .enumerate()
+            .filter(|(i, _)| !evicted.contains(i))
+            .map(|(_, (e, source))| (e.key, source.bytes(), e.checksum, e.last_used)),
     )?;
     drop(rows);
 
@@ -241,14 +284,24 @@ pub(crate) fn save(
                     };
                     e.checksum = Some(fe.checksum);
                 }
+                e.last_used = fe.last_used;
             }
             // Saved by another process: look-up-able here too.
-            None => {
-                state.insert_mapped(fe.key, m, fe.offset as usize, fe.size as usize, fe.checksum)
-            }
+            None => state.insert_mapped(m, &fe),
         }
     }
-    Ok(corrupt)
+    Ok(saved)
+}
+
+/// An entry this process knows, as a save snapshots it.
+struct Ours {
+    key: EntryKey,
+    source: Source,
+    /// Recorded for an entry read from or written to a file.
+    checksum: Option<u64>,
+    /// Found or packed in this process.
+    used: bool,
+    last_used: u64,
 }
 
 /// What `verify_file` found.
@@ -266,18 +319,33 @@ pub struct FileReport {
     pub corrupt: Vec<format::FileEntry>,
     /// Whether the file was rewritten without the bad entries.
     pub rewritten: bool,
+    /// The number of the last save that wrote the file (the largest last-use number in it).
+    pub last_save: u64,
+    /// Packed bytes of the entries the last save's process used.
+    pub live_bytes: u64,
+    /// Packed bytes of the others: used by earlier saves only (an older model, another
+    /// process's).
+    pub stale_bytes: u64,
+    /// Packed bytes the next save would evict under the budget asked for, if its process used
+    /// what the last one did.
+    pub evictable_bytes: u64,
+    /// Entries a compaction evicted to fit the budget.
+    pub evicted: usize,
 }
 
 /// Reads a cache file as `compat` expects it; with `check_data`, checksums every entry; with
 /// `rewrite`, replaces the file (under the writer lock) with only the good entries, tightly
-/// packed, when anything was bad or `force_rewrite` is set.
+/// packed, when anything was bad or a `compaction` budget is given; that budget also evicts
+/// (the last save's entries are the live ones). `budget` is what the report's evictable bytes
+/// are counted under.
 pub(crate) fn inspect_file(
     storage: &dyn Storage,
     path: &Path,
     compat: &Compat,
     check_data: bool,
     rewrite: bool,
-    force_rewrite: bool,
+    budget: CacheBudget,
+    compaction: bool,
 ) -> Result<Result<FileReport, FileError>, CacheError> {
     let _lock = if rewrite {
         let lock = lock_writers(storage, path)?;
@@ -302,23 +370,42 @@ pub(crate) fn inspect_file(
     } else {
         Vec::new()
     };
+    let last_save = decoded
+        .entries
+        .iter()
+        .map(|e| e.last_used)
+        .max()
+        .unwrap_or(0);
+    let evictions = budget::plan(&decoded.entries, last_save, budget);
     let mut report = FileReport {
+        last_save,
+        live_bytes: evictions.live_bytes,
+        stale_bytes: evictions.stale_bytes,
+        evictable_bytes: evictions.evicted_bytes,
         file_size: map.bytes().len() as u64,
         entries: decoded.entries.len(),
         packed_bytes: decoded.entries.iter().map(|e| e.size).sum(),
         invalid_entries: decoded.dropped.len(),
         corrupt,
         rewritten: false,
+        evicted: 0,
     };
     let anything_bad = !report.corrupt.is_empty() || report.invalid_entries > 0;
-    if rewrite && (anything_bad || force_rewrite) {
+    if rewrite && (anything_bad || compaction) {
+        let evicted: HashSet<usize> = if compaction {
+            evictions.evicted.into_iter().collect()
+        } else {
+            HashSet::new()
+        };
         let good = decoded
             .entries
             .iter()
-            .filter(|e| !report.corrupt.contains(e))
-            .map(|e| (e.key, data(e), e.checksum));
+            .enumerate()
+            .filter(|(i, e)| !report.corrupt.contains(e) && !evicted.contains(i))
+            .map(|(_, e)| (e.key, data(e), e.checksum, e.last_used));
         commit(storage, path, compat, good)?;
         report.rewritten = true;
+        report.evicted = evicted.len();
     }
     Ok(Ok(report))
 }
