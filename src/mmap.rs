@@ -14,6 +14,40 @@ use std::path::Path;
 /// The bytes of a file, mapped read-only (or empty for an empty file, which cannot be mapped).
 pub struct MappedFile {
     map: Option<Mmap>,
+    identity: FileIdentity,
+}
+
+/// Which version of which file: device, inode, size and modification time, as `fstat` tells
+/// them. A file replaced (by rename, or rewritten and given a new mtime) gets another identity;
+/// one rewritten in place with the same size and its old mtime put back does not, which is what
+/// trusting an identity rests on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct FileIdentity {
+    /// The device the file is on.
+    pub device: u64,
+    /// Its inode number.
+    pub inode: u64,
+    /// Its length in bytes.
+    pub size: u64,
+    /// Its modification time, in nanoseconds since the Unix epoch (0 before it).
+    pub modified_ns: u64,
+}
+
+impl FileIdentity {
+    /// The identity `metadata` describes.
+    pub fn of(metadata: &std::fs::Metadata) -> FileIdentity {
+        use std::os::unix::fs::MetadataExt;
+        let modified_ns = u64::try_from(metadata.mtime())
+            .unwrap_or(0)
+            .saturating_mul(1_000_000_000)
+            .saturating_add(metadata.mtime_nsec().max(0) as u64);
+        FileIdentity {
+            device: metadata.dev(),
+            inode: metadata.ino(),
+            size: metadata.len(),
+            modified_ns,
+        }
+    }
 }
 
 impl MappedFile {
@@ -35,13 +69,25 @@ impl MappedFile {
                 format!("{}, not a regular file", kind_of(&metadata.file_type())),
             ));
         }
+        let identity = FileIdentity::of(&metadata);
         if metadata.len() == 0 {
-            return Ok(MappedFile { map: None });
+            return Ok(MappedFile {
+                map: None,
+                identity,
+            });
         }
         // SAFETY: see the module docs: published files are replaced by rename, never modified
         // in place, and every byte read from the map is validated before use.
         let map = unsafe { Mmap::map(&file)? };
-        Ok(MappedFile { map: Some(map) })
+        Ok(MappedFile {
+            map: Some(map),
+            identity,
+        })
+    }
+
+    /// The identity of the file as it was when mapped.
+    pub fn identity(&self) -> FileIdentity {
+        self.identity
     }
 
     /// The whole file as mapped, valid as long as `self` (empty for an empty file).

@@ -326,7 +326,7 @@ fn edit_index(path: &Path, edit: impl Fn(&mut format::FileEntry)) {
     entries.sort_by_key(|e| e.offset);
     entries.iter_mut().for_each(edit);
     bytes.truncate(at as usize);
-    bytes.extend_from_slice(&format::encode_index(&entries, at));
+    bytes.extend_from_slice(&format::encode_index(&entries, &decoded.sources, at));
     std::fs::write(path, &bytes).unwrap();
 }
 

@@ -7,7 +7,7 @@ use super::identity::BlobId;
 use crate::aligned::AlignedBytes;
 use crate::deferred::{DeferredData, Fill};
 use crate::fast_hash::FastMap;
-use crate::mmap::MappedFile;
+use crate::mmap::{FileIdentity, MappedFile};
 use crate::named_data::DataBuffer;
 use crate::xnn::{LookUpKey, PackedWeightsProvider};
 use parking_lot::Mutex;
@@ -71,6 +71,11 @@ pub(crate) struct State {
     first_hits: u64,
     pending: FastMap<usize, AlignedBytes>,
     registered: FastMap<usize, Registered>,
+    /// Data files whose named keys were checked against their bytes, the most recently
+    /// checked first: their keys are taken as content identities without hashing.
+    pub sources: Vec<FileIdentity>,
+    /// A source was checked since the last save.
+    pub sources_unsaved: bool,
 }
 
 /// An entry of a file that [`CacheCore::forget_corrupt`] has yet to check.
@@ -98,6 +103,20 @@ impl Source {
 }
 
 impl State {
+    /// Whether a save has anything new to write.
+    pub fn has_unsaved(&self) -> bool {
+        self.sources_unsaved || self.entries.iter().any(|e| e.unsaved)
+    }
+
+    /// Records that `file`'s keys matched its bytes.
+    pub fn add_source(&mut self, file: FileIdentity) {
+        if self.sources.first() != Some(&file) {
+            self.sources.retain(|s| *s != file);
+            self.sources.insert(0, file);
+            self.sources_unsaved = true;
+        }
+    }
+
     pub fn source_of(&self, e: &Entry) -> Source {
         match &e.location {
             Location::Mapped { map, offset } => {
@@ -153,6 +172,8 @@ pub(crate) struct Counters {
     pub corrupt_found: AtomicUsize,
     /// Entries saves left out to keep the file within its budget.
     pub evicted: AtomicUsize,
+    /// Named keys that did not match their bytes.
+    pub key_mismatches: AtomicUsize,
 }
 
 #[derive(Default)]

@@ -4,12 +4,14 @@
 //! ```text
 //! [0, 128)            header: magic, version, CPU fingerprint, XNNPACK build id, checksum
 //! [128, index)        packed regions, each at a multiple of 64
-//! [index, trailer)    entries, 104 bytes each
-//! [len - 32, len)     trailer: index offset, entry count, index checksum, end magic
+//! [index, sources)    entries, 104 bytes each
+//! [sources, trailer)  data files whose keys were checked, 32 bytes each
+//! [len - 48, len)     trailer: index offset, entry count, index checksum, source count, end magic
 //! ```
 
 use super::checksum::checksum64;
 use super::identity::BlobId;
+use crate::mmap::FileIdentity;
 use std::io::{self, Write};
 
 /// The first 8 bytes of every cache file: marks it as an xnnblob packed-weight cache.
@@ -51,13 +53,25 @@ const LAST_USED_AT: usize = CHECKSUM_AT + 8;
 /// last use).
 pub const ENTRY_SIZE: usize = LAST_USED_AT + 8;
 
+// Source fields.
+const DEVICE_AT: usize = 0;
+const INODE_AT: usize = DEVICE_AT + 8;
+const FILE_SIZE_AT: usize = INODE_AT + 8;
+const MODIFIED_AT: usize = FILE_SIZE_AT + 8;
+/// Size in bytes of one source record (device, inode, size, modification time).
+pub const SOURCE_SIZE: usize = MODIFIED_AT + 8;
+/// The most source records a file keeps (the most recently checked first).
+pub const MAX_SOURCES: usize = 256;
+
 // Trailer fields.
 const INDEX_OFFSET_AT: usize = 0;
 const COUNT_AT: usize = INDEX_OFFSET_AT + 8;
 const INDEX_CHECKSUM_AT: usize = COUNT_AT + 8;
-const END_MAGIC_AT: usize = INDEX_CHECKSUM_AT + 8;
+const SOURCE_COUNT_AT: usize = INDEX_CHECKSUM_AT + 8;
+const TRAILER_RESERVED_AT: usize = SOURCE_COUNT_AT + 8;
+const END_MAGIC_AT: usize = TRAILER_RESERVED_AT + 8;
 /// Size in bytes of the trailer at the end of the file (index offset, entry count, index
-/// checksum, end magic).
+/// checksum, source count, reserved, end magic).
 pub const TRAILER_SIZE: usize = END_MAGIC_AT + 8;
 
 /// What a packed weight is looked up by: the identities of its unpacked kernel and bias, and
@@ -175,6 +189,9 @@ pub enum EntryProblem {
 pub struct Decoded {
     /// The entries that passed every check, in file order (ascending offset).
     pub entries: Vec<FileEntry>,
+    /// The data files whose named keys were checked against their bytes: a key of one of these
+    /// (same device, inode, size and mtime) is taken as its bytes' sha256 without hashing.
+    pub sources: Vec<FileIdentity>,
     /// The entries that failed one: their position in the file's index (`usize::MAX` for
     /// [`EntryProblem::Overlaps`]) and why.
     pub dropped: Vec<(usize, EntryProblem)>,
@@ -279,18 +296,34 @@ pub fn decode(bytes: &[u8], expect: &Compat) -> Result<Decoded, FileError> {
     }
     let index_offset = u64_at(t, INDEX_OFFSET_AT);
     let count = u64_at(t, COUNT_AT);
-    let index_end = count
+    let source_count = u64_at(t, SOURCE_COUNT_AT);
+    let entries_end = count
         .checked_mul(ENTRY_SIZE as u64)
         .and_then(|n| n.checked_add(index_offset));
-    // The index must end exactly where the trailer starts: a file cut or extended anywhere
-    // fails here or at the magic.
+    let index_end = source_count
+        .checked_mul(SOURCE_SIZE as u64)
+        .and_then(|n| n.checked_add(entries_end?));
+    // The index and sources must end exactly where the trailer starts: a file cut or extended
+    // anywhere fails here or at the magic.
     if index_offset < HEADER_SIZE as u64 || index_end != Some((len - TRAILER_SIZE) as u64) {
         return Err(FileError::IndexOutOfBounds);
     }
-    let index = &bytes[index_offset as usize..len - TRAILER_SIZE];
-    if u64_at(t, INDEX_CHECKSUM_AT) != checksum64(index) {
+    let whole_index = &bytes[index_offset as usize..len - TRAILER_SIZE];
+    if u64_at(t, INDEX_CHECKSUM_AT) != checksum64(whole_index)
+        || u64_at(t, TRAILER_RESERVED_AT) != 0
+    {
         return Err(FileError::IndexChecksum);
     }
+    let (index, source_bytes) = whole_index.split_at(count as usize * ENTRY_SIZE);
+    let sources = source_bytes
+        .chunks_exact(SOURCE_SIZE)
+        .map(|raw| FileIdentity {
+            device: u64_at(raw, DEVICE_AT),
+            inode: u64_at(raw, INODE_AT),
+            size: u64_at(raw, FILE_SIZE_AT),
+            modified_ns: u64_at(raw, MODIFIED_AT),
+        })
+        .collect();
 
     let mut entries: Vec<FileEntry> = Vec::with_capacity(count as usize);
     let mut dropped = Vec::new();
@@ -337,6 +370,7 @@ pub fn decode(bytes: &[u8], expect: &Compat) -> Result<Decoded, FileError> {
     }
     Ok(Decoded {
         entries: kept,
+        sources,
         dropped,
     })
 }
@@ -393,39 +427,39 @@ impl<W: Write> Writer<W> {
         Ok(offset)
     }
 
-    /// Writes index and trailer; returns the writer and the file length.
-    pub fn finish(mut self) -> io::Result<(W, u64)> {
+    /// Writes the index, the `sources` (at most [`MAX_SOURCES`], the first ones) and the
+    /// trailer; returns the writer and the file length.
+    pub fn finish(mut self, sources: &[FileIdentity]) -> io::Result<(W, u64)> {
         self.pad_to(8)?;
         let index_offset = self.pos;
-        let mut index = Vec::with_capacity(self.entries.len() * ENTRY_SIZE);
-        for e in &self.entries {
-            index.extend_from_slice(&encode_entry(e));
-        }
+        let index = encode_index(&self.entries, sources, index_offset);
         self.out.write_all(&index)?;
-        let mut t = [0u8; TRAILER_SIZE];
-        t[INDEX_OFFSET_AT..INDEX_OFFSET_AT + 8].copy_from_slice(&index_offset.to_le_bytes());
-        t[COUNT_AT..COUNT_AT + 8].copy_from_slice(&(self.entries.len() as u64).to_le_bytes());
-        t[INDEX_CHECKSUM_AT..INDEX_CHECKSUM_AT + 8]
-            .copy_from_slice(&checksum64(&index).to_le_bytes());
-        t[END_MAGIC_AT..END_MAGIC_AT + 8].copy_from_slice(&END_MAGIC);
-        self.out.write_all(&t)?;
-        let len = index_offset + index.len() as u64 + TRAILER_SIZE as u64;
-        Ok((self.out, len))
+        Ok((self.out, index_offset + index.len() as u64))
     }
 }
 
-/// Re-encodes a decoded file's index with changed entries (for tools and tests that rewrite
-/// keys without moving data): returns the new index + trailer bytes to put at `index_offset`.
-pub fn encode_index(entries: &[FileEntry], index_offset: u64) -> Vec<u8> {
-    let mut out = Vec::with_capacity(entries.len() * ENTRY_SIZE + TRAILER_SIZE);
+/// Encodes an index with `entries` and `sources` (at most [`MAX_SOURCES`], the first ones) and
+/// its trailer, for an index at `index_offset`: what [`Writer::finish`] writes, and what tools
+/// and tests that rewrite keys without moving data put at `index_offset`.
+pub fn encode_index(entries: &[FileEntry], sources: &[FileIdentity], index_offset: u64) -> Vec<u8> {
+    let sources = &sources[..sources.len().min(MAX_SOURCES)];
+    let mut out =
+        Vec::with_capacity(entries.len() * ENTRY_SIZE + sources.len() * SOURCE_SIZE + TRAILER_SIZE);
     for e in entries {
         out.extend_from_slice(&encode_entry(e));
     }
-    let sum = checksum64(&out);
-    out.extend_from_slice(&index_offset.to_le_bytes());
-    out.extend_from_slice(&(entries.len() as u64).to_le_bytes());
-    out.extend_from_slice(&sum.to_le_bytes());
-    out.extend_from_slice(&END_MAGIC);
+    for s in sources {
+        for field in [s.device, s.inode, s.size, s.modified_ns] {
+            out.extend_from_slice(&field.to_le_bytes());
+        }
+    }
+    let mut t = [0u8; TRAILER_SIZE];
+    t[INDEX_OFFSET_AT..INDEX_OFFSET_AT + 8].copy_from_slice(&index_offset.to_le_bytes());
+    t[COUNT_AT..COUNT_AT + 8].copy_from_slice(&(entries.len() as u64).to_le_bytes());
+    t[INDEX_CHECKSUM_AT..INDEX_CHECKSUM_AT + 8].copy_from_slice(&checksum64(&out).to_le_bytes());
+    t[SOURCE_COUNT_AT..SOURCE_COUNT_AT + 8].copy_from_slice(&(sources.len() as u64).to_le_bytes());
+    t[END_MAGIC_AT..END_MAGIC_AT + 8].copy_from_slice(&END_MAGIC);
+    out.extend_from_slice(&t);
     out
 }
 

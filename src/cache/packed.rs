@@ -9,6 +9,7 @@ use super::format::{Compat, EntryKey, FileError};
 use super::identity::BlobId;
 use super::persist::{self, FileReport, LoadOutcome};
 use crate::deferred::{DeferredData, Fill};
+use crate::mmap::FileIdentity;
 use crate::named_data::DataBuffer;
 use crate::storage::SharedStorage;
 use crate::xnn::{AsXnnWeightsCache, WeightsCache};
@@ -76,12 +77,33 @@ pub struct CacheOptions {
     pub prefetch: bool,
     /// When the packed bytes a file holds are checked against their checksums.
     pub verify: VerifyPacked,
+    /// Whether a data file's named keys are checked against its bytes before they are taken as
+    /// content identities (see [`KeyTrust`]).
+    pub key_trust: KeyTrust,
     /// How many bytes of packed weights the file may hold; each save evicts the entries not
     /// used for longest beyond it (see [`CacheBudget`]).
     pub budget: CacheBudget,
     /// Where the file is read, written, synced, renamed and locked: the operating system's files
     /// by default; tests put a [`FaultyStorage`](crate::storage::faults::FaultyStorage) here.
     pub storage: SharedStorage,
+}
+
+/// Whether named keys that state a sha256 (ExecuTorch's XNNPACK exporter names each constant by
+/// the sha256 of its bytes) are taken as the bytes' identity. Taken blindly, a `.ptd` made by
+/// hand or modified after export, with the same keys over other bytes, would be given the old
+/// packing by a warm launch: wrong outputs, and `cache verify` passes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum KeyTrust {
+    /// The first launch that sees a data file (by device, inode, size and mtime) hashes the
+    /// constants it packs and compares each with its key; a key that does not match its bytes
+    /// is not used (the bytes' own hash is), and a file whose keys all matched is recorded in
+    /// the cache file, so later launches with the same file hash nothing. Data without a file
+    /// identity (memory, ExecuTorch's data maps) is taken as keyed.
+    #[default]
+    CheckEachFile,
+    /// Keys are taken as identities without hashing (for files whose integrity is already
+    /// checked, e.g. signed).
+    TrustKeys,
 }
 
 /// When a cache checks the packed bytes it found in its file against the checksums recorded for
@@ -145,6 +167,9 @@ pub struct CacheStats {
     pub corrupt_found: usize,
     /// Entries this process's saves left out of the file to keep it within its budget.
     pub evicted: usize,
+    /// Named keys whose bytes did not hash to what the key states (see [`KeyTrust`]): their
+    /// bytes' own hash was used instead.
+    pub key_mismatches: usize,
 }
 
 /// An entry whose packed bytes no longer match their checksum.
@@ -353,6 +378,27 @@ impl PackedWeightsCache {
         &self.outcome
     }
 
+    /// Whether `file`'s named keys must be checked against its bytes before they are taken as
+    /// identities: [`KeyTrust::CheckEachFile`] and no check of this file recorded yet.
+    pub fn must_check_keys_of(&self, file: &FileIdentity) -> bool {
+        self.options.key_trust == KeyTrust::CheckEachFile
+            && !self.core().state.lock().sources.contains(file)
+    }
+
+    /// Records the outcome of checking `file`'s keys: `mismatches` keys did not match their
+    /// bytes. A file whose keys all matched is saved as checked (the next save writes it even
+    /// with no new entry); one with a mismatch is checked again at every launch.
+    pub fn keys_checked(&self, file: FileIdentity, mismatches: usize) {
+        if mismatches == 0 {
+            self.core().state.lock().add_source(file);
+        } else {
+            self.core()
+                .counters
+                .key_mismatches
+                .fetch_add(mismatches, Ordering::Relaxed);
+        }
+    }
+
     /// Declares that `data` (about to be handed to XNNPACK as a kernel, bias or other packed
     /// constant) is the blob `id`, for as long as the registration lives.
     pub fn register<'a, T: Copy>(&'a self, data: &'a [T], id: BlobId) -> Registration<'a> {
@@ -442,7 +488,7 @@ impl PackedWeightsCache {
         if let Some(previous) = saver.take() {
             previous.join().unwrap_or(Ok(()))?;
         }
-        let unsaved = self.core().state.lock().entries.iter().any(|e| e.unsaved);
+        let unsaved = self.core().state.lock().has_unsaved();
         let check = self.options.verify == VerifyPacked::Background
             && !self.blocking_save
             && self.core().has_unchecked(false);
@@ -500,6 +546,7 @@ impl PackedWeightsCache {
             deferred_fills: c.deferred_fills.load(Ordering::Relaxed),
             corrupt_found: c.corrupt_found.load(Ordering::Relaxed),
             evicted: c.evicted.load(Ordering::Relaxed),
+            key_mismatches: c.key_mismatches.load(Ordering::Relaxed),
             entries: state.by_key.len(),
             packed_bytes: state.by_key.values().map(|&i| state.entries[i].size).sum(),
             unsaved: state.entries.iter().filter(|e| e.unsaved).count(),
@@ -540,7 +587,7 @@ impl Drop for PackedWeightsCache {
         // A save in progress completes; whatever was packed after the last finalize is saved
         // now. A failure only costs a repack at the next launch.
         let _ = self.wait_saved();
-        let unsaved = self.core().state.lock().entries.iter().any(|e| e.unsaved);
+        let unsaved = self.core().state.lock().has_unsaved();
         if let (Some(path), true) = (&self.path, unsaved) {
             let _ = persist::save(
                 self.core(),

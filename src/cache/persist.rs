@@ -7,7 +7,7 @@ use super::checksum::checksum64;
 use super::core::{CacheCore, Entry, Location, Source};
 use super::format::{self, Compat, EntryKey, FileEntry, FileError};
 use super::CacheError;
-use crate::mmap::MappedFile;
+use crate::mmap::{FileIdentity, MappedFile};
 use crate::publish::Staged;
 use crate::storage::Storage;
 use std::collections::HashSet;
@@ -79,6 +79,7 @@ pub(crate) fn load(
     for e in &decoded.entries {
         state.insert_mapped(m, e);
     }
+    state.sources = decoded.sources.clone();
     Ok(LoadOutcome::Loaded {
         entries: decoded.entries.len(),
         dropped: decoded.dropped.len(),
@@ -113,6 +114,7 @@ pub(crate) fn commit<'a>(
     path: &Path,
     compat: &Compat,
     entries: impl Iterator<Item = (EntryKey, &'a [u8], u64, u64)>,
+    sources: &[FileIdentity],
 ) -> Result<(MappedFile, Vec<FileEntry>), CacheError> {
     let result = (|| {
         let (staged, file) = Staged::create(storage, path)?;
@@ -128,7 +130,7 @@ pub(crate) fn commit<'a>(
                 last_used,
             });
         }
-        let (buf, _) = w.finish()?;
+        let (buf, _) = w.finish(sources)?;
         let file = buf.into_inner().map_err(|e| e.into_error())?;
         // Map before the rename: what we map is what we wrote, whoever renames next.
         let map = staged.publish(file, |storage, temporary| storage.map(temporary))?;
@@ -161,7 +163,7 @@ pub(crate) fn save(
     crate::publish::reclaim_abandoned(storage, path);
 
     // Snapshot: what this process knows, with bytes that stay valid without the lock.
-    let (ours, repacked) = {
+    let (ours, repacked, mut sources) = {
         let state = core.state.lock();
         let repacked: HashSet<_> = state
             .entries
@@ -185,7 +187,7 @@ pub(crate) fn save(
                 })
             })
             .collect();
-        (ours, repacked)
+        (ours, repacked, state.sources.clone())
     };
     // Entries a repack in this process superseded: same weights, another seed, not used.
     let superseded = |k: &EntryKey, used: bool| {
@@ -252,6 +254,13 @@ pub(crate) fn save(
             rows.push((*fe, source));
         }
     }
+    if let Some((_, decoded)) = &disk {
+        for s in &decoded.sources {
+            if !sources.contains(s) {
+                sources.push(*s);
+            }
+        }
+    }
     let entries: Vec<FileEntry> = rows.iter().map(|(e, _)| *e).collect();
     let evictions = budget::plan(&entries, this_save, budget);
     saved.evicted = evictions.evicted.len();
@@ -264,10 +273,17 @@ pub(crate) fn save(
             .enumerate()
             .filter(|(i, _)| !evicted.contains(i))
             .map(|(_, (e, source))| (e.key, source.bytes(), e.checksum, e.last_used)),
+        &sources,
     )?;
     drop(rows);
 
     let mut state = core.state.lock();
+    state.sources_unsaved = false;
+    for s in sources {
+        if !state.sources.contains(&s) {
+            state.sources.push(s);
+        }
+    }
     let m = state.maps.len();
     state.maps.push(Arc::new(map));
     for fe in written {
@@ -403,7 +419,7 @@ pub(crate) fn inspect_file(
             .enumerate()
             .filter(|(i, e)| !report.corrupt.contains(e) && !evicted.contains(i))
             .map(|(_, e)| (e.key, data(e), e.checksum, e.last_used));
-        commit(storage, path, compat, good)?;
+        commit(storage, path, compat, good, &decoded.sources)?;
         report.rewritten = true;
         report.evicted = evicted.len();
     }

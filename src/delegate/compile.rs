@@ -7,6 +7,7 @@ use super::prepack::Prepacked;
 use crate::backend::ModelContext;
 use crate::cache::{BlobId, OwnedRegistration, PackedWeightsCache};
 use crate::deferred::{DeferredData, Fill};
+use crate::mmap::FileIdentity;
 use crate::named_data::{DataBuffer, NamedDataMap};
 use crate::schema::xnn as fb;
 use crate::shared_cache::SharedData;
@@ -436,16 +437,106 @@ fn load_scales(
     Ok(scales)
 }
 
-/// The identity of a constant as packed weights are looked up by: named keys of ExecuTorch's
-/// XNNPACK exporter are the sha256 of the bytes (no hashing needed); anything else is hashed.
-fn identity(graph: &fb::XNNGraph<'_>, index: usize, keep: &Loaded) -> Option<BlobId> {
+/// The named key of constant `index`, if it has one.
+fn named_key<'g>(graph: &fb::XNNGraph<'g>, index: usize) -> Option<&'g str> {
     let all = graph.constant_data()?;
-    if index >= all.len() {
-        return None;
+    (index < all.len()).then(|| all.get(index).named_key())?
+}
+
+/// Checks named keys against their bytes before they are taken as identities ([`KeyTrust`]):
+/// the first time an init meets a data file the cache has no check of, every key of that file
+/// that states a sha256 is hashed and compared, at once, so that the file can be recorded as
+/// checked whichever delegates later use which of its keys. Keys that do not match get their
+/// bytes' own hash as identity.
+///
+/// [`KeyTrust`]: crate::cache::KeyTrust
+struct KeyCheck<'a> {
+    map: &'a dyn NamedDataMap,
+    cache: &'a PackedWeightsCache,
+    /// Files seen in this init, and whether they still need a check.
+    files: HashMap<FileIdentity, bool>,
+    /// Keys whose bytes did not match, with their bytes' hash.
+    mismatched: HashMap<String, BlobId>,
+}
+
+impl<'a> KeyCheck<'a> {
+    fn new(map: &'a dyn NamedDataMap, cache: &'a PackedWeightsCache) -> KeyCheck<'a> {
+        KeyCheck {
+            map,
+            cache,
+            files: HashMap::new(),
+            mismatched: HashMap::new(),
+        }
     }
-    let key = all.get(index).named_key().unwrap_or("");
+
+    /// The file `key`'s bytes come from, if `key` states a sha256 and that file has no check
+    /// recorded (a file checked in this init counts as checked).
+    fn unchecked_file(&mut self, key: &str) -> Option<FileIdentity> {
+        BlobId::from_named_key(key)?;
+        let file = self.map.file_identity(key)?;
+        let cache = self.cache;
+        let unchecked = *self
+            .files
+            .entry(file)
+            .or_insert_with(|| cache.must_check_keys_of(&file));
+        unchecked.then_some(file)
+    }
+
+    /// Hashes every sha256-named key of `file` in the map, records what did not match, and
+    /// tells the cache. A key that cannot be read is left to the load to report.
+    fn check_file(&mut self, file: FileIdentity) {
+        let mut mismatches = 0;
+        for i in 0..self.map.num_keys() {
+            let Ok(key) = self.map.key_at(i) else {
+                continue;
+            };
+            let Some(claimed) = BlobId::from_named_key(key) else {
+                continue;
+            };
+            if self.map.file_identity(key) != Some(file) {
+                continue;
+            }
+            let Ok(data) = self.map.get_data(key) else {
+                continue;
+            };
+            let actual = BlobId::of_bytes(data.data());
+            // Packing reads them again soon, from the page cache; until then they need not
+            // count against this process's memory.
+            data.release_pages();
+            if actual != claimed {
+                mismatches += 1;
+                self.mismatched.insert(key.to_string(), actual);
+            }
+        }
+        self.files.insert(file, false);
+        self.cache.keys_checked(file, mismatches);
+    }
+
+    /// The identity of the bytes named `key`, which claims `claimed`: the bytes' own hash
+    /// where a check found them different.
+    fn identity(&mut self, key: &str, claimed: BlobId) -> BlobId {
+        if let Some(file) = self.unchecked_file(key) {
+            self.check_file(file);
+        }
+        self.mismatched.get(key).copied().unwrap_or(claimed)
+    }
+}
+
+/// The identity of a constant as packed weights are looked up by: named keys of ExecuTorch's
+/// XNNPACK exporter are the sha256 of the bytes (hashed only to check a new data file's keys);
+/// anything else is hashed.
+fn identity(
+    graph: &fb::XNNGraph<'_>,
+    index: usize,
+    keep: &Loaded,
+    check: &mut KeyCheck<'_>,
+) -> Option<BlobId> {
+    let key = named_key(graph, index).unwrap_or("");
     let constant = keep.constants.get(index)?.as_ref()?;
-    BlobId::from_named_key(key).or_else(|| Some(BlobId::of_bytes(constant.buffer()?.data())))
+    match BlobId::from_named_key(key) {
+        Some(claimed) => Some(check.identity(key, claimed)),
+        None => Some(BlobId::of_bytes(constant.buffer()?.data())),
+    }
 }
 
 /// Registers the data of every constant value with the packed-weight cache, under its content
@@ -455,6 +546,7 @@ fn register_constants(
     keep: &Loaded,
     cache: &Arc<PackedWeightsCache>,
     deferral: Option<&Arc<dyn NamedDataMap>>,
+    check: &mut KeyCheck<'_>,
 ) -> Result<Vec<OwnedRegistration>, DelegateError> {
     let mut registrations = Vec::new();
     for (i, v) in graph.xvalues().iter().flatten().enumerate() {
@@ -463,7 +555,7 @@ fn register_constants(
         if index == 0 {
             continue;
         }
-        let Some(mut id) = identity(graph, index, keep) else {
+        let Some(mut id) = identity(graph, index, keep, check) else {
             continue;
         };
         if let Some(q) = q {
@@ -476,7 +568,7 @@ fn register_constants(
                 })
                 .unwrap_or(0) as usize;
             let scale_id = if scale_index != 0 {
-                identity(graph, scale_index, keep)
+                identity(graph, scale_index, keep, check)
             } else {
                 match keep.scales.get(&i) {
                     Some(Scales::F32(s)) => Some(BlobId::of_f32s(s)),
@@ -749,10 +841,24 @@ pub(crate) fn compile(
     let runtime = OwnedRuntime::try_new(keep, |k| -> Result<Runtime<'_>, DelegateError> {
         let p = payload::parse(&k.payload)?;
         check_nodes(&p.graph)?;
-        let deferrable = match deferral {
+        let mut deferrable = match deferral {
             Some(_) => deferrable_constants(&p.graph)?,
             None => HashMap::new(),
         };
+        let mut check = match &k.cache {
+            Weights::Packed(cache) => Some(KeyCheck::new(map, cache)),
+            _ => None,
+        };
+        if let Some(check) = &mut check {
+            // A key whose check finds another identity is packed from its bytes; the check
+            // comes first, so that placeholders are made only for keys that matched.
+            deferrable.retain(|&i, _| {
+                named_key(&p.graph, i).is_none_or(|key| {
+                    BlobId::from_named_key(key)
+                        .is_none_or(|claimed| check.identity(key, claimed) == claimed)
+                })
+            });
+        }
         let constants = load_constants(
             &p.graph,
             &k.payload,
@@ -769,9 +875,9 @@ pub(crate) fn compile(
             pinned: parking_lot::Mutex::new(Vec::new()),
         });
         let load_time = started.elapsed();
-        let registrations = match &k.cache {
-            Weights::Packed(cache) => {
-                register_constants(&p.graph, loaded, cache, deferral.as_ref())?
+        let registrations = match (&k.cache, &mut check) {
+            (Weights::Packed(cache), Some(check)) => {
+                register_constants(&p.graph, loaded, cache, deferral.as_ref(), check)?
             }
             _ => Vec::new(),
         };

@@ -44,6 +44,8 @@ pub struct FileDataMap {
     source: String,
     backing: Arc<dyn Backing>,
     index: NamedDataIndex,
+    /// The mapped file's, for a map opened from a path.
+    identity: Option<crate::mmap::FileIdentity>,
 }
 
 impl FileDataMap {
@@ -68,7 +70,10 @@ impl FileDataMap {
             source: source.clone(),
             error,
         })?;
-        FileDataMap::from_backing(Arc::new(mapped), kind, source)
+        let identity = mapped.identity();
+        let mut map = FileDataMap::from_backing(Arc::new(mapped), kind, source)?;
+        map.identity = Some(identity);
+        Ok(map)
     }
 
     /// Validates bytes already in memory (copied once into an aligned buffer so that
@@ -116,6 +121,7 @@ impl FileDataMap {
             source,
             backing,
             index,
+            identity: None,
         })
     }
 
@@ -188,5 +194,10 @@ impl NamedDataMap for FileDataMap {
 
     fn source(&self) -> &str {
         &self.source
+    }
+
+    fn file_identity(&self, key: &str) -> Option<crate::mmap::FileIdentity> {
+        self.entry(key).ok()?;
+        self.identity
     }
 }

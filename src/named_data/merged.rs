@@ -98,4 +98,8 @@ impl NamedDataMap for MergedMap {
     fn source(&self) -> &str {
         &self.source
     }
+
+    fn file_identity(&self, key: &str) -> Option<crate::mmap::FileIdentity> {
+        self.map_of(key).ok()?.file_identity(key)
+    }
 }

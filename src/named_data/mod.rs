@@ -63,4 +63,12 @@ pub trait NamedDataMap: Send + Sync {
 
     /// What the map reads from (a path, or a name), for error messages.
     fn source(&self) -> &str;
+
+    /// The identity of the file `key`'s bytes are read from, when the map knows it (a `.ptd` or
+    /// `.pte` it mapped itself); None for memory, or a map that does not tell. A packed-weight
+    /// cache checks a file's keys against its bytes once per identity.
+    fn file_identity(&self, key: &str) -> Option<crate::mmap::FileIdentity> {
+        let _ = key;
+        None
+    }
 }
