@@ -116,13 +116,19 @@ mod tests {
         assert_eq!(p.evicted, [3, 2]);
         assert_eq!(p.evicted_bytes, 400);
 
-        assert_eq!(plan(&entries, 5, CacheBudget::Unlimited).evicted, [0usize; 0]);
+        assert_eq!(
+            plan(&entries, 5, CacheBudget::Unlimited).evicted,
+            [0usize; 0]
+        );
         let all_stale = plan(&entries, 5, CacheBudget::Bytes(0));
         assert_eq!(
             all_stale.evicted,
             [3, 2, 4],
             "live entries stay beyond the budget"
         );
-        assert_eq!(plan(&entries, 5, CacheBudget::Bytes(800)).evicted, [0usize; 0]);
+        assert_eq!(
+            plan(&entries, 5, CacheBudget::Bytes(800)).evicted,
+            [0usize; 0]
+        );
     }
 }
