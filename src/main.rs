@@ -181,6 +181,10 @@ struct RunArgs {
     /// without persistence.
     #[arg(long, requires = "cache")]
     require_cache: bool,
+    /// Take the data files' sha256 keys as their bytes' identity without checking them once per
+    /// file (for files whose integrity is checked otherwise, e.g. signed).
+    #[arg(long)]
+    trust_keys: bool,
 }
 
 fn main() -> ExitCode {
@@ -380,6 +384,11 @@ fn run_command(args: &RunArgs, inputs: Vec<InputArg>) -> Result<(), Box<dyn std:
         // A command run once can afford the check of what it used, after its load.
         cache_options: xnnblob::cache::CacheOptions {
             verify: xnnblob::cache::VerifyPacked::Background,
+            key_trust: if args.trust_keys {
+                xnnblob::cache::KeyTrust::TrustKeys
+            } else {
+                xnnblob::cache::KeyTrust::CheckEachFile
+            },
             ..Default::default()
         },
         ..Default::default()
@@ -496,7 +505,16 @@ fn run_command(args: &RunArgs, inputs: Vec<InputArg>) -> Result<(), Box<dyn std:
         if let Err(e) = cache.wait_saved() {
             eprintln!("xnnblob: the packed-weight cache was not saved: {e}");
         }
-        let corrupt = cache.stats().corrupt_found;
+        let stats = cache.stats();
+        if stats.key_mismatches > 0 {
+            eprintln!(
+                "xnnblob: warning: {} named keys of the data do not match their bytes (the file \
+                 was changed after export?): their bytes' own hash was used, so they were packed \
+                 from what the file holds; `xnnblob inspect --verify-keys` lists them",
+                stats.key_mismatches
+            );
+        }
+        let corrupt = stats.corrupt_found;
         if corrupt > 0 {
             eprintln!(
                 "xnnblob: warning: {corrupt} packed weights of {} failed their checksum: this \
