@@ -443,6 +443,9 @@ fn named_key<'g>(graph: &fb::XNNGraph<'g>, index: usize) -> Option<&'g str> {
     (index < all.len()).then(|| all.get(index).named_key())?
 }
 
+/// A named key, the identity it claims, and the bytes it names.
+type Claimed<'k> = (&'k str, BlobId, DataBuffer);
+
 /// Checks named keys against their bytes before they are taken as identities ([`KeyTrust`]):
 /// the first time an init meets a data file the cache has no check of, every key of that file
 /// that states a sha256 is hashed and compared, at once, so that the file can be recorded as
@@ -453,6 +456,8 @@ fn named_key<'g>(graph: &fb::XNNGraph<'g>, index: usize) -> Option<&'g str> {
 struct KeyCheck<'a> {
     map: &'a dyn NamedDataMap,
     cache: &'a PackedWeightsCache,
+    /// Threads the hashing may use.
+    threads: usize,
     /// Files seen in this init, and whether they still need a check.
     files: HashMap<FileIdentity, bool>,
     /// Keys whose bytes did not match, with their bytes' hash.
@@ -460,10 +465,15 @@ struct KeyCheck<'a> {
 }
 
 impl<'a> KeyCheck<'a> {
-    fn new(map: &'a dyn NamedDataMap, cache: &'a PackedWeightsCache) -> KeyCheck<'a> {
+    fn new(
+        map: &'a dyn NamedDataMap,
+        cache: &'a PackedWeightsCache,
+        threads: usize,
+    ) -> KeyCheck<'a> {
         KeyCheck {
             map,
             cache,
+            threads: threads.max(1),
             files: HashMap::new(),
             mismatched: HashMap::new(),
         }
@@ -485,29 +495,57 @@ impl<'a> KeyCheck<'a> {
     /// Hashes every sha256-named key of `file` in the map, records what did not match, and
     /// tells the cache. A key that cannot be read is left to the load to report.
     fn check_file(&mut self, file: FileIdentity) {
-        let mut mismatches = 0;
-        for i in 0..self.map.num_keys() {
-            let Ok(key) = self.map.key_at(i) else {
-                continue;
-            };
-            let Some(claimed) = BlobId::from_named_key(key) else {
-                continue;
-            };
-            if self.map.file_identity(key) != Some(file) {
-                continue;
-            }
-            let Ok(data) = self.map.get_data(key) else {
-                continue;
-            };
-            let actual = BlobId::of_bytes(data.data());
-            // Packing reads them again soon, from the page cache; until then they need not
-            // count against this process's memory.
-            data.release_pages();
-            if actual != claimed {
-                mismatches += 1;
-                self.mismatched.insert(key.to_string(), actual);
-            }
+        let map = self.map;
+        let mut blobs: Vec<Claimed<'_>> = (0..map.num_keys())
+            .filter_map(|i| {
+                let key = map.key_at(i).ok()?;
+                let claimed = BlobId::from_named_key(key)?;
+                (map.file_identity(key) == Some(file))
+                    .then(|| Some((key, claimed, map.get_data(key).ok()?)))?
+            })
+            .collect();
+        // Largest first, each to the thread with the fewest bytes so far: the threads finish
+        // together.
+        blobs.sort_by_key(|(_, _, data)| std::cmp::Reverse(data.len()));
+        let mut shares: Vec<(usize, Vec<&Claimed<'_>>)> = (0..self.threads.min(blobs.len()).max(1))
+            .map(|_| (0, Vec::new()))
+            .collect();
+        for blob in &blobs {
+            let share = shares
+                .iter_mut()
+                .min_by_key(|(bytes, _)| *bytes)
+                .expect("a share");
+            share.0 += blob.2.len();
+            share.1.push(blob);
         }
+        let hash = |share: &[&Claimed<'_>]| -> Vec<(String, BlobId)> {
+            let mut differ = Vec::new();
+            for (key, claimed, data) in share {
+                let actual = BlobId::of_bytes(data.data());
+                // Packing reads them again soon, from the page cache; until then they need
+                // not count against this process's memory.
+                data.release_pages();
+                if actual != *claimed {
+                    differ.push((key.to_string(), actual));
+                }
+            }
+            differ
+        };
+        let differ: Vec<(String, BlobId)> = std::thread::scope(|scope| {
+            let (first, rest) = shares.split_first().expect("a share");
+            let others: Vec<_> = rest
+                .iter()
+                .map(|(_, share)| (share, scope.spawn(|| hash(share))))
+                .collect();
+            let mut all = hash(&first.1);
+            for (share, other) in others {
+                // Hashing does not panic; if a thread ever did, its share is hashed again here.
+                all.extend(other.join().unwrap_or_else(|_| hash(share)));
+            }
+            all
+        });
+        let mismatches = differ.len();
+        self.mismatched.extend(differ);
         self.files.insert(file, false);
         self.cache.keys_checked(file, mismatches);
     }
@@ -709,8 +747,18 @@ pub(super) fn define_value<'k>(
     }
 }
 
-/// Rejects unsupported nodes before anything is loaded.
+/// Rejects unsupported nodes, and more external ids than values, before anything is loaded.
 fn check_nodes(graph: &fb::XNNGraph<'_>) -> Result<(), DelegateError> {
+    // XNNPACK allocates a value slot (some 200 bytes) for every external id up front: a count
+    // taken on trust let a 1.5 KB payload make it allocate and zero 3 GB (found by fuzzing).
+    // Each external id is held by a value of the graph, so no exporter writes more.
+    let values = graph.xvalues().map_or(0, |v| v.len());
+    if graph.num_externs() as usize > values {
+        return Err(DelegateError::BadGraph(format!(
+            "{} external ids for {values} values",
+            graph.num_externs()
+        )));
+    }
     let mut reads: HashMap<u32, usize> = HashMap::new();
     let mut writer: HashMap<u32, usize> = HashMap::new();
     for (n, node) in graph.xnodes().iter().flatten().enumerate() {
@@ -846,7 +894,7 @@ pub(crate) fn compile(
             None => HashMap::new(),
         };
         let mut check = match &k.cache {
-            Weights::Packed(cache) => Some(KeyCheck::new(map, cache)),
+            Weights::Packed(cache) => Some(KeyCheck::new(map, cache, model.threads())),
             _ => None,
         };
         if let Some(check) = &mut check {
