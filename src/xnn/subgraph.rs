@@ -399,6 +399,11 @@ fn refuse(call: &'static str) -> XnnError {
     }
 }
 
+/// The element count a filter or bias must have: the product of `parts`; None on overflow.
+fn elements(parts: &[usize]) -> Option<usize> {
+    parts.iter().try_fold(1usize, |n, &p| n.checked_mul(p))
+}
+
 /// An external input or output as the subgraph declares it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ExternalDecl {
@@ -667,6 +672,13 @@ impl<'data> Subgraph<'data> {
         );
     }
 
+    /// Whether value `id` was defined here with exactly `count` elements (None: the count the
+    /// caller's parameters imply overflowed, which no value holds).
+    fn holds(&self, id: u32, count: Option<usize>) -> bool {
+        let held = self.values.get(&id).and_then(|v| elements(&v.dims));
+        held.is_some() && held == count
+    }
+
     /// Defines `output = clamp(input · filterᵀ + bias, output_min, output_max)` with a filter of
     /// shape [output_channels, input_channels].
     pub fn define_fully_connected(
@@ -696,7 +708,8 @@ impl<'data> Subgraph<'data> {
     /// The wrapper refuses transposed qbint4 filters, which this XNNPACK has no packing for,
     /// and transposed qcint4 filters with an odd dimension: XNNPACK reads those as nibbles
     /// running on across rows and, on some CPUs, a whole row past the last one, which is not
-    /// the byte-per-row layout [`Datatype::tensor_bytes`] sized the data for.
+    /// the byte-per-row layout [`Datatype::tensor_bytes`] sized the data for. It refuses a bias
+    /// of another element count than the filter has output channels (XNNPACK reads that many).
     // Mirrors xnn_define_fully_connected's own parameter list.
     #[allow(clippy::too_many_arguments)]
     pub fn define_fully_connected_with_flags(
@@ -722,7 +735,20 @@ impl<'data> Subgraph<'data> {
                 _ => {}
             }
         }
-        // SAFETY: plain values; XNNPACK validates the ids against this subgraph.
+        // XNNPACK reads as many biases as the filter has output channels, whatever the bias
+        // holds.
+        if let Some(bias) = bias {
+            let dim = usize::from(flags.transpose_weights);
+            let outputs = self
+                .values
+                .get(&filter)
+                .and_then(|f| f.dims.get(dim).copied());
+            if !self.holds(bias, outputs) {
+                return Err(refuse(CALL));
+            }
+        }
+        // SAFETY: plain values; XNNPACK validates the ids against this subgraph, and the bias
+        // holds what it reads (checked above).
         check(CALL, unsafe {
             sys::xnn_define_fully_connected(
                 self.as_raw(),
@@ -738,6 +764,8 @@ impl<'data> Subgraph<'data> {
     }
 
     /// Defines a 2-D convolution over NHWC tensors; see [`Convolution2dParams`] for the shapes.
+    /// The wrapper refuses a filter or bias of another element count than the parameters give
+    /// it (XNNPACK reads that many).
     pub fn define_convolution_2d(
         &mut self,
         params: &Convolution2dParams,
@@ -746,9 +774,27 @@ impl<'data> Subgraph<'data> {
         bias: Option<u32>,
         output: u32,
     ) -> Result<(), XnnError> {
+        const CALL: &str = "xnn_define_convolution_2d";
         let p = params;
-        // SAFETY: plain values; XNNPACK validates the ids and parameters.
-        check("xnn_define_convolution_2d", unsafe {
+        // XNNPACK checks only the filter's output channels, then packs kernel_height *
+        // kernel_width * group_input_channels weights for each, and as many biases, from
+        // whatever the operands hold: a filter smaller than its kernel was read past its end
+        // (found by fuzzing the delegate).
+        let outputs = elements(&[p.groups as usize, p.group_output_channels]);
+        let weights = outputs.and_then(|o| {
+            elements(&[
+                o,
+                p.kernel_height as usize,
+                p.kernel_width as usize,
+                p.group_input_channels,
+            ])
+        });
+        if !self.holds(filter, weights) || bias.is_some_and(|b| !self.holds(b, outputs)) {
+            return Err(refuse(CALL));
+        }
+        // SAFETY: plain values; XNNPACK validates the ids and the other parameters, and the
+        // filter and bias hold what it reads (checked above).
+        check(CALL, unsafe {
             sys::xnn_define_convolution_2d(
                 self.as_raw(),
                 p.padding.top,
@@ -776,7 +822,8 @@ impl<'data> Subgraph<'data> {
     }
 
     /// Defines a 2-D depthwise convolution over NHWC tensors; see
-    /// [`DepthwiseConvolution2dParams`] for the shapes.
+    /// [`DepthwiseConvolution2dParams`] for the shapes. The wrapper refuses a filter or bias of
+    /// another element count than the parameters give it (XNNPACK reads that many).
     pub fn define_depthwise_convolution_2d(
         &mut self,
         params: &DepthwiseConvolution2dParams,
@@ -785,9 +832,19 @@ impl<'data> Subgraph<'data> {
         bias: Option<u32>,
         output: u32,
     ) -> Result<(), XnnError> {
+        const CALL: &str = "xnn_define_depthwise_convolution_2d";
         let p = params;
-        // SAFETY: plain values; XNNPACK validates the ids and parameters.
-        check("xnn_define_depthwise_convolution_2d", unsafe {
+        // As for the convolution: XNNPACK reads kernel_height * kernel_width weights and one
+        // bias per output channel, unchecked.
+        let outputs = elements(&[p.input_channels, p.depth_multiplier as usize]);
+        let weights =
+            outputs.and_then(|o| elements(&[o, p.kernel_height as usize, p.kernel_width as usize]));
+        if !self.holds(filter, weights) || bias.is_some_and(|b| !self.holds(b, outputs)) {
+            return Err(refuse(CALL));
+        }
+        // SAFETY: plain values; XNNPACK validates the ids and the other parameters, and the
+        // filter and bias hold what it reads (checked above).
+        check(CALL, unsafe {
             sys::xnn_define_depthwise_convolution_2d(
                 self.as_raw(),
                 p.padding.top,

@@ -1,0 +1,140 @@
+//! What the coverage-guided fuzz targets (`fuzz/`, docs/fuzzing.md) found, held fixed. The
+//! inputs themselves are kept in the seed corpora (`fuzz/corpus/*/regression-*`), which
+//! `tests/fuzz_short.rs` runs; these tests state each fix where it was made.
+
+use xnnblob::backend::{Backend, PackedCache};
+use xnnblob::delegate::XnnDelegate;
+use xnnblob::named_data::{InMemoryMap, NamedDataMap};
+use xnnblob::xnn::{Convolution2dParams, DepthwiseConvolution2dParams, Subgraph, ValueRole};
+
+const INPUT: u32 = 0;
+const OUTPUT: u32 = 1;
+
+#[test]
+fn a_payload_claiming_more_external_ids_than_values_is_refused_before_xnnpack_allocates() {
+    // One byte of a payload's external id count changed: XNNPACK reserved 16 million values,
+    // some 3 GB, when the subgraph was created.
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fuzz/corpus/payload/regression-num-externs.xnn");
+    let bytes = std::fs::read(path).unwrap();
+    let mut holder = InMemoryMap::new("payload");
+    holder.insert("p", &bytes, 64, None).unwrap();
+    let backend = Backend::with_defaults().unwrap();
+    let model = backend.model(Some(&PackedCache::Disabled)).unwrap();
+    let empty = InMemoryMap::new("no constants");
+    let e = XnnDelegate::init(&model, holder.get_data("p").unwrap(), &empty)
+        .err()
+        .expect("refused");
+    assert!(e.to_string().contains("external ids for"), "{e}");
+}
+
+/// An input `[1, 5, 5, 3]`, a static filter and bias of the given shapes, and an output.
+fn operands<'d>(
+    g: &mut Subgraph<'d>,
+    filter_dims: &[usize],
+    filter: &'d [f32],
+    bias: &'d [f32],
+    out_channels: usize,
+) -> (u32, u32, u32, u32) {
+    let input = g
+        .define_f32_tensor(&[1, 5, 5, 3], ValueRole::Input(INPUT))
+        .unwrap();
+    let f = g
+        .define_f32_tensor(filter_dims, ValueRole::static_f32(filter))
+        .unwrap();
+    let b = g
+        .define_f32_tensor(&[bias.len()], ValueRole::static_f32(bias))
+        .unwrap();
+    let output = g
+        .define_f32_tensor(&[1, 5, 5, out_channels], ValueRole::Output(OUTPUT))
+        .unwrap();
+    (input, f, b, output)
+}
+
+#[test]
+fn a_convolution_whose_filter_or_bias_is_smaller_than_its_parameters_is_refused() {
+    // Found as a kernel height of 4099 over a 3x3 filter: XNNPACK checks only the filter's
+    // output channels and packed 4099 * 3 rows of weights from past its end (a segfault).
+    let filter = vec![0.5f32; 4 * 3 * 3 * 3];
+    let bias = vec![0.0f32; 4];
+    let mut p = Convolution2dParams::new(3, 3, 3, 4);
+    p.padding = xnnblob::xnn::Padding2d {
+        top: 1,
+        right: 1,
+        bottom: 1,
+        left: 1,
+    };
+    let mut g = Subgraph::new(2).unwrap();
+    let (input, f, b, output) = operands(&mut g, &[4, 3, 3, 3], &filter, &bias, 4);
+    g.define_convolution_2d(&p, input, f, Some(b), output)
+        .expect("a filter of the kernel's size");
+
+    for (kernel_height, bias_len) in [(4099, 4), (3, 3)] {
+        let bias = vec![0.0f32; bias_len];
+        let mut g = Subgraph::new(2).unwrap();
+        let (input, f, b, output) = operands(&mut g, &[4, 3, 3, 3], &filter, &bias, 4);
+        let p = Convolution2dParams { kernel_height, ..p };
+        assert!(
+            g.define_convolution_2d(&p, input, f, Some(b), output)
+                .is_err(),
+            "kernel height {kernel_height}, {bias_len} biases"
+        );
+    }
+}
+
+#[test]
+fn a_depthwise_convolution_whose_filter_or_bias_is_smaller_than_its_parameters_is_refused() {
+    let filter = vec![0.5f32; 3 * 3 * 3];
+    let mut p = DepthwiseConvolution2dParams::new(3, 3, 3, 1);
+    p.padding = xnnblob::xnn::Padding2d {
+        top: 1,
+        right: 1,
+        bottom: 1,
+        left: 1,
+    };
+    let bias = vec![0.0f32; 3];
+    let mut g = Subgraph::new(2).unwrap();
+    let (input, f, b, output) = operands(&mut g, &[1, 3, 3, 3], &filter, &bias, 3);
+    g.define_depthwise_convolution_2d(&p, input, f, Some(b), output)
+        .expect("a filter of the kernel's size");
+
+    for (kernel_width, multiplier, bias_len) in [(5, 1, 3), (3, 2, 6), (3, 1, 2)] {
+        let bias = vec![0.0f32; bias_len];
+        let mut g = Subgraph::new(2).unwrap();
+        let (input, f, b, output) = operands(&mut g, &[1, 3, 3, 3], &filter, &bias, 3 * multiplier);
+        let p = DepthwiseConvolution2dParams {
+            kernel_width,
+            depth_multiplier: multiplier as u32,
+            ..p
+        };
+        assert!(
+            g.define_depthwise_convolution_2d(&p, input, f, Some(b), output)
+                .is_err(),
+            "kernel width {kernel_width}, multiplier {multiplier}, {bias_len} biases"
+        );
+    }
+}
+
+#[test]
+fn a_fully_connected_bias_of_another_size_than_the_output_channels_is_refused() {
+    // XNNPACK reads one bias per output channel of the filter, whatever the bias holds.
+    let weights = vec![0.25f32; 8 * 4];
+    for (bias_len, ok) in [(8, true), (2, false), (9, false)] {
+        let bias = vec![0.0f32; bias_len];
+        let mut g = Subgraph::new(2).unwrap();
+        let input = g
+            .define_f32_tensor(&[1, 4], ValueRole::Input(INPUT))
+            .unwrap();
+        let f = g
+            .define_f32_tensor(&[8, 4], ValueRole::static_f32(&weights))
+            .unwrap();
+        let b = g
+            .define_f32_tensor(&[bias_len], ValueRole::static_f32(&bias))
+            .unwrap();
+        let output = g
+            .define_f32_tensor(&[1, 8], ValueRole::Output(OUTPUT))
+            .unwrap();
+        let defined = g.define_fully_connected(input, f, Some(b), output, f32::MIN, f32::MAX);
+        assert_eq!(defined.is_ok(), ok, "{bias_len} biases for 8 outputs");
+    }
+}
