@@ -467,19 +467,21 @@ impl<'data> Subgraph<'data> {
     /// here) and returns its value id.
     ///
     /// [`Runtime::invoke`](super::Runtime::invoke) binds f32 buffers, so external inputs and
-    /// outputs read by it should be fp32; convert inside the graph.
+    /// outputs read by it should be fp32; convert inside the graph. Inputs and static tensors
+    /// (of this and every other kind) have at least one dimension: the wrapper refuses scalars.
     pub fn define_tensor(
         &mut self,
         datatype: Datatype,
         dims: &[usize],
         role: ValueRole<'data>,
     ) -> Result<u32, XnnError> {
-        let (data, external_id, flags) = role_parts(datatype, dims, role)?;
+        const CALL: &str = "xnn_define_tensor_value";
+        let (data, external_id, flags) = role_parts(CALL, datatype, dims, role)?;
         let mut id = sys::XNN_INVALID_VALUE_ID;
         // SAFETY: `dims` is read during the call only; `data` is null or holds the tensor's
         // bytes (checked above), borrowed for 'data, which outlives the subgraph and every
         // runtime made from it.
-        check("xnn_define_tensor_value", unsafe {
+        check(CALL, unsafe {
             sys::xnn_define_tensor_value(
                 self.as_raw(),
                 datatype.to_raw(),
@@ -506,10 +508,11 @@ impl<'data> Subgraph<'data> {
         scale: f32,
         role: ValueRole<'data>,
     ) -> Result<u32, XnnError> {
-        let (data, external_id, flags) = role_parts(datatype, dims, role)?;
+        const CALL: &str = "xnn_define_quantized_tensor_value";
+        let (data, external_id, flags) = role_parts(CALL, datatype, dims, role)?;
         let mut id = sys::XNN_INVALID_VALUE_ID;
         // SAFETY: as in `define_tensor`.
-        check("xnn_define_quantized_tensor_value", unsafe {
+        check(CALL, unsafe {
             sys::xnn_define_quantized_tensor_value(
                 self.as_raw(),
                 datatype.to_raw(),
@@ -546,7 +549,7 @@ impl<'data> Subgraph<'data> {
                 given: quantization.scales.len(),
             });
         }
-        let (data, external_id, flags) = role_parts(datatype, dims, role)?;
+        let (data, external_id, flags) = role_parts(CALL, datatype, dims, role)?;
         let mut id = sys::XNN_INVALID_VALUE_ID;
         // SAFETY: as in `define_tensor`; XNNPACK reads `dims[channel_dim]` scales, which is how
         // many the slice holds (checked above), and keeps the pointer, borrowed for 'data.
@@ -592,7 +595,7 @@ impl<'data> Subgraph<'data> {
                 given: quantization.scales.len(),
             });
         }
-        let (data, external_id, flags) = role_parts(datatype, dims, role)?;
+        let (data, external_id, flags) = role_parts(CALL, datatype, dims, role)?;
         let mut id = sys::XNN_INVALID_VALUE_ID;
         // SAFETY: as in `define_tensor`; `dims` has the two entries XNNPACK reads, the block
         // size is non-zero, and XNNPACK reads `dims[0] * dims[1] / block_size` scales, which is
@@ -1014,16 +1017,22 @@ impl<'data> Subgraph<'data> {
         })
     }
 
-    /// Defines a reshape of `input` to `new_shape` (same number of elements).
+    /// Defines a reshape of `input` to `new_shape` (same number of elements, at least one
+    /// dimension).
     pub fn define_static_reshape(
         &mut self,
         new_shape: &[usize],
         input: u32,
         output: u32,
     ) -> Result<(), XnnError> {
+        const CALL: &str = "xnn_define_static_reshape";
+        // To a scalar: refused, as scalar tensors are (see `role_parts`).
+        if new_shape.is_empty() {
+            return Err(refuse(CALL));
+        }
         // SAFETY: `new_shape` is read during the call only (XNNPACK checks its length against
         // XNN_MAX_TENSOR_DIMS first); XNNPACK validates the ids.
-        check("xnn_define_static_reshape", unsafe {
+        check(CALL, unsafe {
             sys::xnn_define_static_reshape(
                 self.as_raw(),
                 new_shape.len(),
@@ -1121,10 +1130,18 @@ fn check_static_size(datatype: Datatype, dims: &[usize], given: usize) -> Result
 /// The data pointer, external id and flags of a value in `role`, after checking static data
 /// against the tensor's size and alignment.
 fn role_parts(
+    call: &'static str,
     datatype: Datatype,
     dims: &[usize],
     role: ValueRole<'_>,
 ) -> Result<(*const std::ffi::c_void, u32, u32), XnnError> {
+    // Shapes start at inputs and constants; every node keeps its input's rank or makes one of
+    // its own (a reshape's, refused empty too), so no value is ever a scalar. XNNPACK's fully
+    // connected node writes the output's last dimension at rank - 1 and copies rank - 1 leading
+    // ones, unchecked: a scalar input wrote past the runtime's values (found by fuzzing).
+    if dims.is_empty() && !matches!(role, ValueRole::Internal | ValueRole::Output(_)) {
+        return Err(refuse(call));
+    }
     Ok(match role {
         ValueRole::Internal => (std::ptr::null(), sys::XNN_INVALID_VALUE_ID, 0),
         ValueRole::Static(data) => {
