@@ -161,3 +161,21 @@ fn scalar_inputs_constants_and_reshapes_are_refused() {
     g.define_static_reshape(&[1, 1], c, out)
         .expect("a reshape to a shape of its own");
 }
+
+#[test]
+fn tensors_larger_than_any_buffer_are_refused() {
+    // A payload declared an external input of more than 2^64 bytes; XNNPACK sizes tensors in
+    // size_t, unchecked, so its size would wrap to a small one.
+    let huge = [1usize << 62, 8];
+    let mut g = Subgraph::new(2).unwrap();
+    assert!(g.define_f32_tensor(&huge, ValueRole::Input(INPUT)).is_err());
+    assert!(g.define_f32_tensor(&huge, ValueRole::Internal).is_err());
+    assert!(g
+        .define_f32_tensor(&[usize::MAX / 4 + 1], ValueRole::Output(OUTPUT))
+        .is_err());
+    assert!(g
+        .define_dynamically_quantized_tensor(xnnblob::xnn::Datatype::Qdint8, &huge, 1)
+        .is_err());
+    g.define_f32_tensor(&[1 << 20, 8], ValueRole::Internal)
+        .expect("a large tensor that fits");
+}

@@ -468,7 +468,8 @@ impl<'data> Subgraph<'data> {
     ///
     /// [`Runtime::invoke`](super::Runtime::invoke) binds f32 buffers, so external inputs and
     /// outputs read by it should be fp32; convert inside the graph. Inputs and static tensors
-    /// (of this and every other kind) have at least one dimension: the wrapper refuses scalars.
+    /// (of this and every other kind) have at least one dimension: the wrapper refuses scalars,
+    /// and tensors of any role larger than `isize::MAX` bytes.
     pub fn define_tensor(
         &mut self,
         datatype: Datatype,
@@ -631,9 +632,11 @@ impl<'data> Subgraph<'data> {
         dims: &[usize],
         num_non_batch_dims: usize,
     ) -> Result<u32, XnnError> {
+        const CALL: &str = "xnn_define_dynamically_quantized_tensor_value";
+        check_size(CALL, datatype, dims)?;
         let mut id = sys::XNN_INVALID_VALUE_ID;
         // SAFETY: `dims` is read during the call only; `id` is a valid out-pointer.
-        check("xnn_define_dynamically_quantized_tensor_value", unsafe {
+        check(CALL, unsafe {
             sys::xnn_define_dynamically_quantized_tensor_value(
                 self.as_raw(),
                 datatype.to_raw(),
@@ -1127,6 +1130,16 @@ fn check_static_size(datatype: Datatype, dims: &[usize], given: usize) -> Result
     Ok(())
 }
 
+/// Refuses a tensor whose size in bytes exceeds what any buffer can hold (`isize::MAX`):
+/// XNNPACK computes sizes in `size_t`, unchecked, so a wrapped size would plan a small buffer for
+/// a huge shape (found by fuzzing: a payload declared an external of more than 2^64 bytes).
+fn check_size(call: &'static str, datatype: Datatype, dims: &[usize]) -> Result<(), XnnError> {
+    match datatype.tensor_bytes(dims) {
+        Some(bytes) if bytes <= isize::MAX as usize => Ok(()),
+        _ => Err(refuse(call)),
+    }
+}
+
 /// The data pointer, external id and flags of a value in `role`, after checking static data
 /// against the tensor's size and alignment.
 fn role_parts(
@@ -1142,7 +1155,7 @@ fn role_parts(
     if dims.is_empty() && !matches!(role, ValueRole::Internal | ValueRole::Output(_)) {
         return Err(refuse(call));
     }
-    Ok(match role {
+    let parts = match role {
         ValueRole::Internal => (std::ptr::null(), sys::XNN_INVALID_VALUE_ID, 0),
         ValueRole::Static(data) => {
             check_static_size(datatype, dims, data.len())?;
@@ -1162,7 +1175,10 @@ fn role_parts(
         }
         ValueRole::Input(id) => (std::ptr::null(), id, sys::XNN_VALUE_FLAG_EXTERNAL_INPUT),
         ValueRole::Output(id) => (std::ptr::null(), id, sys::XNN_VALUE_FLAG_EXTERNAL_OUTPUT),
-    })
+    };
+    // After the static checks, which name a static size that overflows as such.
+    check_size(call, datatype, dims)?;
+    Ok(parts)
 }
 
 impl Drop for Subgraph<'_> {
