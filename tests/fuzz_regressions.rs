@@ -140,25 +140,28 @@ fn a_fully_connected_bias_of_another_size_than_the_output_channels_is_refused() 
 }
 
 #[test]
-fn scalar_inputs_constants_and_reshapes_are_refused() {
+fn scalar_tensors_and_reshapes_to_a_scalar_are_refused() {
     // A payload's input declared with no dimensions, into a fully connected node: at reshape
     // XNNPACK copied rank - 1 (that is, usize::MAX) dimensions into the output's shape, past
-    // the end of the runtime's values (glibc: "munmap_chunk(): invalid pointer").
+    // the end of the runtime's values (glibc: "munmap_chunk(): invalid pointer"). Then the same
+    // through an internal value that no node writes, which keeps its declared shape.
     let one = [1.0f32];
     let mut g = Subgraph::new(2).unwrap();
-    assert!(g.define_f32_tensor(&[], ValueRole::Input(INPUT)).is_err());
+    for role in [
+        ValueRole::Input(INPUT),
+        ValueRole::static_f32(&one),
+        ValueRole::Internal,
+        ValueRole::Output(OUTPUT),
+    ] {
+        assert!(g.define_f32_tensor(&[], role).is_err());
+    }
     assert!(g
-        .define_f32_tensor(&[], ValueRole::static_f32(&one))
+        .define_dynamically_quantized_tensor(xnnblob::xnn::Datatype::Qdint8, &[], 0)
         .is_err());
     let x = g.define_f32_tensor(&[1], ValueRole::Input(INPUT)).unwrap();
-    let c = g
-        .define_f32_tensor(&[1], ValueRole::static_f32(&one))
-        .unwrap();
-    // Internal values and outputs take their shapes from the nodes that write them.
-    let y = g.define_f32_tensor(&[], ValueRole::Internal).unwrap();
-    let out = g.define_f32_tensor(&[], ValueRole::Output(OUTPUT)).unwrap();
+    let y = g.define_f32_tensor(&[1], ValueRole::Internal).unwrap();
     assert!(g.define_static_reshape(&[], x, y).is_err());
-    g.define_static_reshape(&[1, 1], c, out)
+    g.define_static_reshape(&[1, 1], x, y)
         .expect("a reshape to a shape of its own");
 }
 

@@ -467,9 +467,9 @@ impl<'data> Subgraph<'data> {
     /// here) and returns its value id.
     ///
     /// [`Runtime::invoke`](super::Runtime::invoke) binds f32 buffers, so external inputs and
-    /// outputs read by it should be fp32; convert inside the graph. Inputs and static tensors
-    /// (of this and every other kind) have at least one dimension: the wrapper refuses scalars,
-    /// and tensors of any role larger than `isize::MAX` bytes.
+    /// outputs read by it should be fp32; convert inside the graph. Tensors of this and every
+    /// other kind have at least one dimension and at most `isize::MAX` bytes: the wrapper
+    /// refuses scalars and larger ones.
     pub fn define_tensor(
         &mut self,
         datatype: Datatype,
@@ -633,6 +633,10 @@ impl<'data> Subgraph<'data> {
         num_non_batch_dims: usize,
     ) -> Result<u32, XnnError> {
         const CALL: &str = "xnn_define_dynamically_quantized_tensor_value";
+        // No scalars, as in `role_parts`.
+        if dims.is_empty() {
+            return Err(refuse(CALL));
+        }
         check_size(CALL, datatype, dims)?;
         let mut id = sys::XNN_INVALID_VALUE_ID;
         // SAFETY: `dims` is read during the call only; `id` is a valid out-pointer.
@@ -1148,11 +1152,12 @@ fn role_parts(
     dims: &[usize],
     role: ValueRole<'_>,
 ) -> Result<(*const std::ffi::c_void, u32, u32), XnnError> {
-    // Shapes start at inputs and constants; every node keeps its input's rank or makes one of
-    // its own (a reshape's, refused empty too), so no value is ever a scalar. XNNPACK's fully
-    // connected node writes the output's last dimension at rank - 1 and copies rank - 1 leading
-    // ones, unchecked: a scalar input wrote past the runtime's values (found by fuzzing).
-    if dims.is_empty() && !matches!(role, ValueRole::Internal | ValueRole::Output(_)) {
+    // XNNPACK's fully connected node writes the output's last dimension at rank - 1 and copies
+    // rank - 1 leading ones, unchecked: a scalar input wrote past the runtime's values (found by
+    // fuzzing, as an input and as an internal value nothing writes, which keeps its declared
+    // shape). With no scalar declared, and none made by a reshape (refused too), every node
+    // keeps its input's rank or makes one of at least one.
+    if dims.is_empty() {
         return Err(refuse(call));
     }
     let parts = match role {
