@@ -182,3 +182,24 @@ fn tensors_larger_than_any_buffer_are_refused() {
     g.define_f32_tensor(&[1 << 20, 8], ValueRole::Internal)
         .expect("a large tensor that fits");
 }
+
+#[test]
+fn a_node_writing_an_input_or_a_constant_is_refused() {
+    // A concatenation whose output id went missing (0, the first input's): XNNPACK wrote 32
+    // floats into the caller's 8-float input buffer.
+    let weights = [0.5f32; 8];
+    let mut g = Subgraph::new(2).unwrap();
+    let x = g
+        .define_f32_tensor(&[1, 8], ValueRole::Input(INPUT))
+        .unwrap();
+    let c = g
+        .define_f32_tensor(&[1, 8], ValueRole::static_f32(&weights))
+        .unwrap();
+    let y = g
+        .define_f32_tensor(&[2, 8], ValueRole::Output(OUTPUT))
+        .unwrap();
+    assert!(g.define_concatenate2(0, c, x, x).is_err());
+    assert!(g.define_concatenate2(0, x, x, c).is_err());
+    assert!(g.define_copy(x, c).is_err());
+    g.define_concatenate2(0, x, c, y).expect("into the output");
+}

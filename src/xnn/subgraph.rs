@@ -389,6 +389,8 @@ fn same_padding_flag(tensorflow_same_padding: bool) -> u32 {
 struct ValueInfo {
     datatype: Datatype,
     dims: Vec<usize>,
+    /// Internal or an external output: a node may write it.
+    writable: bool,
 }
 
 /// A call the wrapper refuses to make, reported as XNNPACK reports invalid arguments.
@@ -673,13 +675,26 @@ impl<'data> Subgraph<'data> {
             }),
             _ => {}
         }
+        let writable = matches!(role, ValueRole::Internal | ValueRole::Output(_));
         self.values.insert(
             id,
             ValueInfo {
                 datatype,
                 dims: dims.to_vec(),
+                writable,
             },
         );
+    }
+
+    /// Refuses `output` as what a node writes unless it is an internal value or an external
+    /// output of this subgraph. XNNPACK writes a node's output wherever the value lives,
+    /// unchecked: an input's buffer is the caller's (found by fuzzing: a concatenation whose
+    /// output id went missing wrote 32 floats into an 8-float input), a constant's the model's.
+    fn writable(&self, output: u32, call: &'static str) -> Result<(), XnnError> {
+        match self.values.get(&output) {
+            Some(v) if v.writable => Ok(()),
+            _ => Err(refuse(call)),
+        }
     }
 
     /// Whether value `id` was defined here with exactly `count` elements (None: the count the
@@ -757,6 +772,7 @@ impl<'data> Subgraph<'data> {
                 return Err(refuse(CALL));
             }
         }
+        self.writable(output, CALL)?;
         // SAFETY: plain values; XNNPACK validates the ids against this subgraph, and the bias
         // holds what it reads (checked above).
         check(CALL, unsafe {
@@ -802,6 +818,7 @@ impl<'data> Subgraph<'data> {
         if !self.holds(filter, weights) || bias.is_some_and(|b| !self.holds(b, outputs)) {
             return Err(refuse(CALL));
         }
+        self.writable(output, CALL)?;
         // SAFETY: plain values; XNNPACK validates the ids and the other parameters, and the
         // filter and bias hold what it reads (checked above).
         check(CALL, unsafe {
@@ -852,6 +869,7 @@ impl<'data> Subgraph<'data> {
         if !self.holds(filter, weights) || bias.is_some_and(|b| !self.holds(b, outputs)) {
             return Err(refuse(CALL));
         }
+        self.writable(output, CALL)?;
         // SAFETY: plain values; XNNPACK validates the ids and the other parameters, and the
         // filter and bias hold what it reads (checked above).
         check(CALL, unsafe {
@@ -903,6 +921,7 @@ impl<'data> Subgraph<'data> {
         } else {
             0
         };
+        self.writable(output, CALL)?;
         // SAFETY: `input` is a tensor of this subgraph with at least three dimensions (checked
         // above), which is all XNNPACK reads before validating the rest.
         check(CALL, unsafe {
@@ -921,6 +940,7 @@ impl<'data> Subgraph<'data> {
     /// dynamically quantized qdint8 tensor (`xnn_define_unary` with `xnn_unary_convert`;
     /// `xnn_define_convert` is deprecated in this header).
     pub fn define_convert(&mut self, input: u32, output: u32) -> Result<(), XnnError> {
+        self.writable(output, "xnn_define_unary")?;
         // SAFETY: convert takes no parameters, so null is allowed; XNNPACK validates the ids.
         check("xnn_define_unary", unsafe {
             sys::xnn_define_unary(
@@ -946,6 +966,7 @@ impl<'data> Subgraph<'data> {
         let params = sys::xnn_unary_params {
             clamp: sys::xnn_unary_params__bindgen_ty_1 { min, max },
         };
+        self.writable(output, "xnn_define_unary")?;
         // SAFETY: `params` is a clamp parameter block that lives through the call (XNNPACK
         // copies it); XNNPACK validates the ids.
         check("xnn_define_unary", unsafe {
@@ -982,6 +1003,7 @@ impl<'data> Subgraph<'data> {
         input2: u32,
         output: u32,
     ) -> Result<(), XnnError> {
+        self.writable(output, "xnn_define_binary")?;
         // SAFETY: the parameters are optional (null: no clamping); XNNPACK validates the ids.
         check("xnn_define_binary", unsafe {
             sys::xnn_define_binary(
@@ -1010,6 +1032,7 @@ impl<'data> Subgraph<'data> {
         } else {
             0
         };
+        self.writable(output, "xnn_define_batch_matrix_multiply")?;
         // SAFETY: plain values; XNNPACK validates the ids and flags.
         check("xnn_define_batch_matrix_multiply", unsafe {
             sys::xnn_define_batch_matrix_multiply(self.as_raw(), input1, input2, output, flags)
@@ -1018,6 +1041,7 @@ impl<'data> Subgraph<'data> {
 
     /// Defines a softmax over the innermost dimension.
     pub fn define_softmax(&mut self, input: u32, output: u32) -> Result<(), XnnError> {
+        self.writable(output, "xnn_define_softmax")?;
         // SAFETY: plain values; XNNPACK validates the ids.
         check("xnn_define_softmax", unsafe {
             sys::xnn_define_softmax(self.as_raw(), input, output, 0)
@@ -1037,6 +1061,7 @@ impl<'data> Subgraph<'data> {
         if new_shape.is_empty() {
             return Err(refuse(CALL));
         }
+        self.writable(output, CALL)?;
         // SAFETY: `new_shape` is read during the call only (XNNPACK checks its length against
         // XNN_MAX_TENSOR_DIMS first); XNNPACK validates the ids.
         check(CALL, unsafe {
@@ -1058,6 +1083,7 @@ impl<'data> Subgraph<'data> {
         input: u32,
         output: u32,
     ) -> Result<(), XnnError> {
+        self.writable(output, "xnn_define_static_transpose")?;
         // SAFETY: `perm` is read during the call only (XNNPACK checks its length against
         // XNN_MAX_TENSOR_DIMS first); XNNPACK validates the permutation and the ids.
         check("xnn_define_static_transpose", unsafe {
@@ -1083,6 +1109,7 @@ impl<'data> Subgraph<'data> {
         if offsets.len() != sizes.len() {
             return Err(refuse("xnn_define_static_slice"));
         }
+        self.writable(output, "xnn_define_static_slice")?;
         // SAFETY: both arrays hold `offsets.len()` entries and are read during the call only.
         check("xnn_define_static_slice", unsafe {
             sys::xnn_define_static_slice(
@@ -1105,6 +1132,7 @@ impl<'data> Subgraph<'data> {
         input2: u32,
         output: u32,
     ) -> Result<(), XnnError> {
+        self.writable(output, "xnn_define_concatenate2")?;
         // SAFETY: plain values; XNNPACK validates the axis and the ids.
         check("xnn_define_concatenate2", unsafe {
             sys::xnn_define_concatenate2(self.as_raw(), axis, input1, input2, output, 0)
@@ -1113,6 +1141,7 @@ impl<'data> Subgraph<'data> {
 
     /// Defines `output = input` (an explicit copy, e.g. a state write-back).
     pub fn define_copy(&mut self, input: u32, output: u32) -> Result<(), XnnError> {
+        self.writable(output, "xnn_define_copy")?;
         // SAFETY: plain values; XNNPACK validates the ids.
         check("xnn_define_copy", unsafe {
             sys::xnn_define_copy(self.as_raw(), input, output, 0)
