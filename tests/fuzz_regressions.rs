@@ -5,7 +5,9 @@
 use xnnblob::backend::{Backend, PackedCache};
 use xnnblob::delegate::XnnDelegate;
 use xnnblob::named_data::{InMemoryMap, NamedDataMap};
-use xnnblob::xnn::{Convolution2dParams, DepthwiseConvolution2dParams, Subgraph, ValueRole};
+use xnnblob::xnn::{
+    Convolution2dParams, DepthwiseConvolution2dParams, Runtime, Subgraph, ValueRole,
+};
 
 const INPUT: u32 = 0;
 const OUTPUT: u32 = 1;
@@ -202,4 +204,81 @@ fn a_node_writing_an_input_or_a_constant_is_refused() {
     assert!(g.define_concatenate2(0, x, x, c).is_err());
     assert!(g.define_copy(x, c).is_err());
     g.define_concatenate2(0, x, c, y).expect("into the output");
+}
+
+/// Creates a runtime for `g` and runs it once on zeros: Ok, or the first error.
+fn run_once(g: &Subgraph<'_>, input_len: usize, output_len: usize) -> Result<(), String> {
+    let mut runtime = Runtime::new(g, None).map_err(|e| e.to_string())?;
+    let input = vec![0.0f32; input_len];
+    let mut output = vec![0.0f32; output_len];
+    runtime
+        .invoke(&[(INPUT, &input)], &mut [(OUTPUT, &mut output)])
+        .map_err(|e| e.to_string())
+}
+
+#[test]
+fn operands_whose_shapes_do_not_match_the_node_are_refused_at_reshape() {
+    // XNNPACK (patches/0002): a fully connected input declared [1, 131088] over a [8, 16]
+    // filter made the GEMM write 8193 rows into an output of one; a convolution reads the
+    // operator's channels per pixel, whatever the input holds.
+    let weights = vec![0.25f32; 8 * 16];
+    for (input_dims, ok) in [([1usize, 16], true), ([1, 32], false), ([2, 8], false)] {
+        let mut g = Subgraph::new(2).unwrap();
+        let x = g
+            .define_f32_tensor(&input_dims, ValueRole::Input(INPUT))
+            .unwrap();
+        let f = g
+            .define_f32_tensor(&[8, 16], ValueRole::static_f32(&weights))
+            .unwrap();
+        let y = g
+            .define_f32_tensor(&[input_dims[0], 8], ValueRole::Output(OUTPUT))
+            .unwrap();
+        g.define_fully_connected(x, f, None, y, f32::MIN, f32::MAX)
+            .unwrap();
+        let ran = run_once(&g, input_dims.iter().product(), input_dims[0] * 8);
+        assert_eq!(ran.is_ok(), ok, "input {input_dims:?}: {ran:?}");
+    }
+
+    let filter = vec![0.5f32; 4 * 3 * 3 * 3];
+    let depthwise = vec![0.5f32; 3 * 3 * 3];
+    for (channels, ok) in [(3usize, true), (2, false)] {
+        let mut g = Subgraph::new(2).unwrap();
+        let x = g
+            .define_f32_tensor(&[1, 5, 5, channels], ValueRole::Input(INPUT))
+            .unwrap();
+        let f = g
+            .define_f32_tensor(&[4, 3, 3, 3], ValueRole::static_f32(&filter))
+            .unwrap();
+        let y = g
+            .define_f32_tensor(&[1, 3, 3, 4], ValueRole::Output(OUTPUT))
+            .unwrap();
+        g.define_convolution_2d(&Convolution2dParams::new(3, 3, 3, 4), x, f, None, y)
+            .unwrap();
+        let ran = run_once(&g, 25 * channels, 36);
+        assert_eq!(
+            ran.is_ok(),
+            ok,
+            "convolution over {channels} channels: {ran:?}"
+        );
+
+        let mut g = Subgraph::new(2).unwrap();
+        let x = g
+            .define_f32_tensor(&[1, 5, 5, channels], ValueRole::Input(INPUT))
+            .unwrap();
+        let f = g
+            .define_f32_tensor(&[1, 3, 3, 3], ValueRole::static_f32(&depthwise))
+            .unwrap();
+        let y = g
+            .define_f32_tensor(&[1, 3, 3, 3], ValueRole::Output(OUTPUT))
+            .unwrap();
+        let p = DepthwiseConvolution2dParams::new(3, 3, 3, 1);
+        g.define_depthwise_convolution_2d(&p, x, f, None, y)
+            .unwrap();
+        let ran = run_once(&g, 25 * channels, 27);
+        assert_eq!(
+            ran.is_ok(),
+            ok,
+            "depthwise over {channels} channels: {ran:?}"
+        );
+    }
 }
