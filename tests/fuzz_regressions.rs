@@ -282,3 +282,23 @@ fn operands_whose_shapes_do_not_match_the_node_are_refused_at_reshape() {
         );
     }
 }
+
+#[test]
+fn an_external_id_defined_twice_is_refused() {
+    // An output given its input's external id: XNNPACK keeps both in the id's one slot, so the
+    // graph's output would be written into the caller's input.
+    let mut g = Subgraph::new(2).unwrap();
+    g.define_f32_tensor(&[1, 8], ValueRole::Input(INPUT))
+        .unwrap();
+    assert!(g
+        .define_f32_tensor(&[1, 8], ValueRole::Output(INPUT))
+        .is_err());
+    assert!(g
+        .define_f32_tensor(&[1, 8], ValueRole::Input(INPUT))
+        .is_err());
+    g.define_f32_tensor(&[1, 8], ValueRole::Output(OUTPUT))
+        .unwrap();
+    assert!(g
+        .define_f32_tensor(&[1, 8], ValueRole::Output(OUTPUT))
+        .is_err());
+}

@@ -479,6 +479,7 @@ impl<'data> Subgraph<'data> {
         role: ValueRole<'data>,
     ) -> Result<u32, XnnError> {
         const CALL: &str = "xnn_define_tensor_value";
+        self.fresh_external(CALL, role)?;
         let (data, external_id, flags) = role_parts(CALL, datatype, dims, role)?;
         let mut id = sys::XNN_INVALID_VALUE_ID;
         // SAFETY: `dims` is read during the call only; `data` is null or holds the tensor's
@@ -512,6 +513,7 @@ impl<'data> Subgraph<'data> {
         role: ValueRole<'data>,
     ) -> Result<u32, XnnError> {
         const CALL: &str = "xnn_define_quantized_tensor_value";
+        self.fresh_external(CALL, role)?;
         let (data, external_id, flags) = role_parts(CALL, datatype, dims, role)?;
         let mut id = sys::XNN_INVALID_VALUE_ID;
         // SAFETY: as in `define_tensor`.
@@ -552,6 +554,7 @@ impl<'data> Subgraph<'data> {
                 given: quantization.scales.len(),
             });
         }
+        self.fresh_external(CALL, role)?;
         let (data, external_id, flags) = role_parts(CALL, datatype, dims, role)?;
         let mut id = sys::XNN_INVALID_VALUE_ID;
         // SAFETY: as in `define_tensor`; XNNPACK reads `dims[channel_dim]` scales, which is how
@@ -598,6 +601,7 @@ impl<'data> Subgraph<'data> {
                 given: quantization.scales.len(),
             });
         }
+        self.fresh_external(CALL, role)?;
         let (data, external_id, flags) = role_parts(CALL, datatype, dims, role)?;
         let mut id = sys::XNN_INVALID_VALUE_ID;
         // SAFETY: as in `define_tensor`; `dims` has the two entries XNNPACK reads, the block
@@ -684,6 +688,20 @@ impl<'data> Subgraph<'data> {
                 writable,
             },
         );
+    }
+
+    /// Refuses an external id already defined here: XNNPACK keeps an external value in the slot
+    /// of its id, so a second definition replaces the first without a word, and an input and an
+    /// output sharing an id are one value bound to two buffers (found by fuzzing).
+    fn fresh_external(&self, call: &'static str, role: ValueRole<'_>) -> Result<(), XnnError> {
+        let id = match role {
+            ValueRole::Input(id) | ValueRole::Output(id) => id,
+            _ => return Ok(()),
+        };
+        if self.inputs.iter().chain(&self.outputs).any(|e| e.id == id) {
+            return Err(refuse(call));
+        }
+        Ok(())
     }
 
     /// Refuses `output` as what a node writes unless it is an internal value or an external
