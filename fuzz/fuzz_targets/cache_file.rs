@@ -48,7 +48,7 @@ fn fixed_up(data: &[u8]) -> Option<Vec<u8>> {
     Some(d)
 }
 
-fuzz_target!(|data: &[u8]| {
+fuzz_target!(init: xnnblob_fuzz::limit_address_space(), |data: &[u8]| {
     check(data);
     if let Some(d) = fixed_up(data) {
         check(&d);

@@ -5,7 +5,7 @@
 use libfuzzer_sys::fuzz_target;
 use xnnblob::named_data::{ptd_format, FileDataMap, FileKind, NamedDataMap};
 
-fuzz_target!(|data: &[u8]| {
+fuzz_target!(init: xnnblob_fuzz::limit_address_space(), |data: &[u8]| {
     if let Ok(index) = ptd_format::parse(data) {
         for e in index.entries() {
             assert!(e.offset + e.size <= data.len());
