@@ -4,7 +4,7 @@
 
 use xnnblob::backend::{Backend, PackedCache};
 use xnnblob::delegate::XnnDelegate;
-use xnnblob::named_data::{InMemoryMap, NamedDataMap};
+use xnnblob::named_data::{FileDataMap, FileKind, InMemoryMap, NamedDataMap};
 use xnnblob::xnn::{
     Convolution2dParams, DepthwiseConvolution2dParams, Runtime, Subgraph, ValueRole,
 };
@@ -301,4 +301,23 @@ fn an_external_id_defined_twice_is_refused() {
     assert!(g
         .define_f32_tensor(&[1, 8], ValueRole::Output(OUTPUT))
         .is_err());
+}
+
+#[test]
+fn keys_in_an_empty_segment_region_past_the_end_of_the_file_read_as_empty() {
+    // A .ptd whose segment region is empty may start past the end of the file; its empty
+    // segments did too, and `get_data` on their keys panicked ("validated index entries lie
+    // inside the backing").
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fuzz/corpus/ptd/regression-empty-segments-past-the-end.ptd");
+    let bytes = std::fs::read(path).unwrap();
+    let map = FileDataMap::from_bytes(&bytes, Some(FileKind::Ptd), "regression").unwrap();
+    assert!(map.num_keys() > 0);
+    for i in 0..map.num_keys() {
+        let key = map.key_at(i).unwrap();
+        assert!(map.get_data(key).unwrap().is_empty());
+    }
+    for e in map.entries() {
+        assert!(e.offset + e.size <= bytes.len());
+    }
 }

@@ -158,6 +158,10 @@ pub fn parse(bytes: &[u8]) -> Result<NamedDataIndex, FormatError> {
         flatbuffers::root_with_opts::<fb::FlatTensor>(&verifier_options(), &bytes[..fb_end])
             .map_err(verifier_error)?;
 
+    // An empty segment region may start past the end of the file (see `parse_header`), and so
+    // would its (empty) segments: they are put at the end instead, so that every entry's bytes
+    // lie inside the file (found by fuzzing: `get_data` panicked on such an entry).
+    let base = header.segment_base_offset.min(bytes.len() as u64);
     let mut segments = Vec::new();
     for (index, seg) in flat_tensor.segments().iter().flatten().enumerate() {
         let end = end_of(seg.offset(), seg.size(), "segment")?;
@@ -170,10 +174,7 @@ pub fn parse(bytes: &[u8]) -> Result<NamedDataIndex, FormatError> {
             });
         }
         // In bounds of the file (checked with the header), so these fit in usize.
-        segments.push((
-            (header.segment_base_offset + seg.offset()) as usize,
-            seg.size() as usize,
-        ));
+        segments.push(((base + seg.offset()) as usize, seg.size() as usize));
     }
 
     let mut index = NamedDataIndex::new(segments);

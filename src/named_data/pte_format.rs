@@ -114,6 +114,9 @@ pub fn parse(bytes: &[u8]) -> Result<NamedDataIndex, FormatError> {
 
     // Without an extended header there is no segment data: only empty segments can exist.
     let (base, data_size) = header.map_or((0, 0), |h| (h.segment_base_offset, h.segment_data_size));
+    // As in the .ptd parser: an empty segment region past the end of the file puts its empty
+    // segments at the end, so that every entry's bytes lie inside the file.
+    let base = base.min(bytes.len() as u64);
     let mut segments = Vec::new();
     for (index, seg) in program.segments().iter().flatten().enumerate() {
         let end = end_of(seg.offset(), seg.size(), "segment")?;
