@@ -394,9 +394,12 @@ fn read_plan(pte: &FileDataMap, name: &str) -> Result<MethodPlan, ProgramError> 
                 let data = inline.get(r.index() as usize).ok_or_else(|| {
                     plan_error(name, format!("inline payload {} does not exist", r.index()))
                 })?;
-                // The bytes are inside the mapped file: view them there, zero-copy.
-                let offset = data.as_ptr() as usize - bytes.as_ptr() as usize;
-                file.slice(offset, data.len())
+                // The bytes are inside the mapped file: view them there, zero-copy. An entry
+                // without data is an empty slice from elsewhere (found by fuzzing: the offset
+                // overflowed), refused below as out of range.
+                (data.as_ptr() as usize)
+                    .checked_sub(bytes.as_ptr() as usize)
+                    .and_then(|offset| file.slice(offset, data.len()))
             }
             1 => pte
                 .segments()

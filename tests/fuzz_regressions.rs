@@ -207,6 +207,7 @@ fn a_node_writing_an_input_or_a_constant_is_refused() {
 }
 
 /// Creates a runtime for `g` and runs it once on zeros: Ok, or the first error.
+/// (XNNPACK patch 0002 checks these at reshape, where internal values have their real shapes.)
 fn run_once(g: &Subgraph<'_>, input_len: usize, output_len: usize) -> Result<(), String> {
     let mut runtime = Runtime::new(g, None).map_err(|e| e.to_string())?;
     let input = vec![0.0f32; input_len];
@@ -319,5 +320,68 @@ fn keys_in_an_empty_segment_region_past_the_end_of_the_file_read_as_empty() {
     }
     for e in map.entries() {
         assert!(e.offset + e.size <= bytes.len());
+    }
+}
+
+#[test]
+fn concatenation_inputs_that_differ_off_the_axis_are_refused_at_reshape() {
+    // A fuzzed payload concatenated [3, 8] and [1, 264] along axis 0: XNNPACK sized the output
+    // from the first input and copied 264 floats per row of the second into it.
+    let rows = [0.5f32; 3 * 8];
+    for (second, ok) in [([1usize, 8], true), ([1, 264], false), ([1, 4], false)] {
+        let mut g = Subgraph::new(2).unwrap();
+        let a = g
+            .define_f32_tensor(&[3, 8], ValueRole::static_f32(&rows))
+            .unwrap();
+        let b = g
+            .define_f32_tensor(&second, ValueRole::Input(INPUT))
+            .unwrap();
+        let y = g
+            .define_f32_tensor(&[4, 8], ValueRole::Output(OUTPUT))
+            .unwrap();
+        g.define_concatenate2(0, a, b, y).unwrap();
+        let ran = run_once(&g, second.iter().product(), 4 * 8);
+        assert_eq!(ran.is_ok(), ok, "[3, 8] and {second:?}: {ran:?}");
+    }
+}
+
+#[test]
+fn a_transpose_of_an_input_of_another_rank_than_its_permutation_is_refused_at_reshape() {
+    // The internal value is declared [2, 2, 2], but the reshape writing it makes it [8]: its
+    // permutation's rank was checked against the declaration only.
+    let mut g = Subgraph::new(2).unwrap();
+    let x = g
+        .define_f32_tensor(&[2, 4], ValueRole::Input(INPUT))
+        .unwrap();
+    let flat = g
+        .define_f32_tensor(&[2, 2, 2], ValueRole::Internal)
+        .unwrap();
+    let y = g
+        .define_f32_tensor(&[2, 2, 2], ValueRole::Output(OUTPUT))
+        .unwrap();
+    g.define_static_reshape(&[8], x, flat).unwrap();
+    g.define_static_transpose(&[2, 1, 0], flat, y).unwrap();
+    assert!(run_once(&g, 8, 8).is_err());
+}
+
+#[test]
+fn an_inline_delegate_payload_without_data_is_an_error() {
+    // The plan reader took an entry without data (an empty slice from outside the file) as a
+    // view of the file: computing its offset overflowed (a panic with overflow checks).
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fuzz/corpus/plan/regression-inline-payload-without-data.pte");
+    let backend = Backend::with_defaults().unwrap();
+    let none: [&std::path::Path; 0] = [];
+    let program =
+        xnnblob::program::Program::load(&backend, &path, &none, Some(&PackedCache::Disabled))
+            .unwrap();
+    let names: Vec<String> = program
+        .method_names()
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    assert!(!names.is_empty());
+    for name in names {
+        assert!(program.method(&name).is_err(), "{name}");
     }
 }
