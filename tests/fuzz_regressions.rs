@@ -385,3 +385,20 @@ fn an_inline_delegate_payload_without_data_is_an_error() {
         assert!(program.method(&name).is_err(), "{name}");
     }
 }
+
+#[test]
+fn a_slice_of_more_dimensions_than_xnnpack_holds_is_refused() {
+    // A payload's slice offsets and sizes pointed at a 16-entry vector: XNNPACK copied 16 of
+    // each into its node's arrays of 6, over the node's input and output ids.
+    let mut g = Subgraph::new(2).unwrap();
+    let x = g
+        .define_f32_tensor(&[2, 4], ValueRole::Input(INPUT))
+        .unwrap();
+    let y = g
+        .define_f32_tensor(&[2, 2], ValueRole::Output(OUTPUT))
+        .unwrap();
+    assert!(g.define_static_slice(&[0; 16], &[2; 16], x, y).is_err());
+    assert!(g.define_static_slice(&[], &[], x, y).is_err());
+    g.define_static_slice(&[0, 1], &[2, 2], x, y)
+        .expect("a slice of the input's rank");
+}

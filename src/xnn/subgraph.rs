@@ -1116,7 +1116,8 @@ impl<'data> Subgraph<'data> {
         })
     }
 
-    /// Defines `output = input[offsets .. offsets + sizes]` (one offset and size per dimension).
+    /// Defines `output = input[offsets .. offsets + sizes]` (one offset and size per dimension,
+    /// at most `XNN_MAX_TENSOR_DIMS` of them).
     pub fn define_static_slice(
         &mut self,
         offsets: &[usize],
@@ -1124,11 +1125,15 @@ impl<'data> Subgraph<'data> {
         input: u32,
         output: u32,
     ) -> Result<(), XnnError> {
-        if offsets.len() != sizes.len() {
+        // XNNPACK copies `offsets.len()` of each into arrays of XNN_MAX_TENSOR_DIMS without
+        // checking the count (found by fuzzing: a slice of 16 dimensions overwrote its node).
+        let dims = offsets.len();
+        if dims != sizes.len() || dims == 0 || dims > sys::XNN_MAX_TENSOR_DIMS as usize {
             return Err(refuse("xnn_define_static_slice"));
         }
         self.writable(output, "xnn_define_static_slice")?;
-        // SAFETY: both arrays hold `offsets.len()` entries and are read during the call only.
+        // SAFETY: both arrays hold `offsets.len()` entries, at most XNN_MAX_TENSOR_DIMS (checked
+        // above), and are read during the call only.
         check("xnn_define_static_slice", unsafe {
             sys::xnn_define_static_slice(
                 self.as_raw(),
