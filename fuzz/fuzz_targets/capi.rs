@@ -1,7 +1,7 @@
 //! xnnblob's C ABI (`xnnblob::capi`) with fuzzer-chosen bytes and lengths: a file of any bytes
 //! opened as named data (`xnnblob_map_open`, every key, its bytes in place and copied, its
 //! layout, a fuzzer-chosen key and destination size, an index past the keys) and as a
-//! packed-weight cache (`xnnblob_cache_open_file`, or a backend's file cache with 0-2 threads;
+//! packed-weight cache (`xnnblob_cache_open_file`, or a backend's file cache with 0 or 1 threads;
 //! registration of fuzzer bytes under a given or computed digest, stats, a save), plus null
 //! arguments. Decoded by `xnnblob_fuzz::capi_input`. Pointers passed are always valid: the ABI's
 //! contract makes the caller answer for those.

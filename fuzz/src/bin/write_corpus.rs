@@ -257,7 +257,7 @@ fn capi_seeds(ptd: &[u8], layouts: &[u8], pte: &[u8], cache: &[u8]) -> Seeds {
         assert_eq!(CapiInput::decode(&bytes), inp, "round-trips");
         bytes
     };
-    let two_threads = 2 << capi::THREADS_SHIFT;
+    let one_thread = 1 << capi::THREADS_SHIFT;
     vec![
         ("ptd".into(), seed(capi::MAP, &first_key, first_len, ptd)),
         (
@@ -277,7 +277,7 @@ fn capi_seeds(ptd: &[u8], layouts: &[u8], pte: &[u8], cache: &[u8]) -> Seeds {
         (
             "cache_backend".into(),
             seed(
-                capi::CACHE | capi::VIA_BACKEND | capi::GIVEN_DIGEST | two_threads,
+                capi::CACHE | capi::VIA_BACKEND | capi::GIVEN_DIGEST | one_thread,
                 "",
                 0,
                 cache,
