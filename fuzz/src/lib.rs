@@ -17,7 +17,7 @@ use xnnblob::synthetic::SplitMix64;
 
 /// The keys, sizes and values a stateful program's initial states may name (besides the
 /// graphs' own constants): one key for each buffer size the state methods use, one of a size
-/// no state has, and one no map holds.
+/// none of them uses, and one no map holds.
 pub const INITIAL_KEYS: [(&str, usize); 4] = [
     ("init_1x8", 8),
     ("init_4x8", 32),
