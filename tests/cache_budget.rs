@@ -7,7 +7,7 @@ use common::scratch;
 use std::path::Path;
 use std::sync::Arc;
 use xnnblob::cache::{
-    compact_file, verify_file, BlobId, CacheBudget, CacheOptions, FileReport, PackedWeightsCache,
+    compact_file, verify_file, CacheBudget, CacheOptions, FileReport, PackedWeightsCache,
 };
 use xnnblob::synthetic::{Mlp, MLP_INPUT, MLP_OUTPUT};
 use xnnblob::xnn::Runtime;
@@ -31,16 +31,7 @@ fn open(path: &Path, budget: CacheBudget) -> Arc<PackedWeightsCache> {
 
 /// Loads and runs each model through `cache`, then finalizes (the save); returns the outputs.
 fn launch(cache: &PackedWeightsCache, models: &[&Mlp]) -> Vec<Vec<f32>> {
-    let registrations: Vec<_> = models
-        .iter()
-        .flat_map(|m| &m.layers)
-        .flat_map(|l| {
-            [
-                cache.register(&l.weights, BlobId::of_f32s(&l.weights)),
-                cache.register(&l.bias, BlobId::of_f32s(&l.bias)),
-            ]
-        })
-        .collect();
+    let registrations = common::register_mlps(cache, models);
     let graphs: Vec<_> = models.iter().map(|m| m.subgraph(1).unwrap()).collect();
     let mut runtimes: Vec<_> = graphs
         .iter()

@@ -1,8 +1,10 @@
 //! `xnnblob cache stats|verify|compact` on a real cache file.
 
+mod common;
+
 use std::path::Path;
 use std::process::Command;
-use xnnblob::cache::{format, BlobId, PackedWeightsCache};
+use xnnblob::cache::{format, PackedWeightsCache};
 use xnnblob::synthetic::Mlp;
 use xnnblob::xnn::Runtime;
 
@@ -22,16 +24,7 @@ fn xnnblob(args: &[&str]) -> (bool, String) {
 fn make_cache(path: &Path) {
     let mlp = Mlp::random(&[32, 32, 16], 4);
     let cache = PackedWeightsCache::open(path).unwrap();
-    let _regs: Vec<_> = mlp
-        .layers
-        .iter()
-        .flat_map(|l| {
-            [
-                cache.register(&l.weights, BlobId::of_f32s(&l.weights)),
-                cache.register(&l.bias, BlobId::of_f32s(&l.bias)),
-            ]
-        })
-        .collect();
+    let _regs = common::register_mlps(&cache, &[&mlp]);
     let graph = mlp.subgraph(1).unwrap();
     let _rt = Runtime::new(&graph, Some(&*cache)).unwrap();
     cache.finalize().unwrap();

@@ -1,5 +1,7 @@
 //! `xnnblob inspect` prints what the fixture manifests say.
 
+mod common;
+
 use serde_json::Value;
 use std::path::Path;
 use std::process::Command;
@@ -111,7 +113,6 @@ fn inspect_json_escapes_any_key() {
 
 #[test]
 fn verify_keys_finds_a_weight_edited_after_export() {
-    use xnnblob::named_data::{FileDataMap, NamedDataMap};
     let fixture =
         Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/executorch/mlp_xnn_external.ptd");
     let verify = |file: &Path| {
@@ -131,21 +132,9 @@ fn verify_keys_finds_a_weight_edited_after_export() {
     assert!(ok && text.contains("0 do not match"), "{text}");
 
     // Negate the floats of one weight in place, its key unchanged (finding 4 of issue 17).
-    let map = FileDataMap::open(&fixture).unwrap();
-    let key = map.key_at(0).unwrap().to_string();
-    let blob = map.get_data(&key).unwrap().data().to_vec();
-    let mut bytes = std::fs::read(&fixture).unwrap();
-    let at = bytes
-        .windows(blob.len())
-        .position(|w| w == blob.as_slice())
-        .unwrap();
-    for b in bytes[at + 3..at + blob.len()].iter_mut().step_by(4) {
-        *b ^= 0x80;
-    }
     let dir = std::env::temp_dir().join(format!("xnnblob-verify-keys-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let edited = dir.join("edited.ptd");
-    std::fs::write(&edited, &bytes).unwrap();
+    let (edited, key) = common::ptd_with_first_weight_negated(&dir);
     let (ok, text) = verify(&edited);
     assert!(!ok, "{text}");
     assert!(

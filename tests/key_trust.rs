@@ -5,11 +5,10 @@
 
 mod common;
 
-use common::{dir, f32s, scratch};
+use common::{dir, f32s, ptd_with_first_weight_negated, scratch};
 use std::path::{Path, PathBuf};
 use xnnblob::backend::{Backend, BackendOptions, PackedCache};
 use xnnblob::cache::{CacheOptions, CacheStats, KeyTrust};
-use xnnblob::named_data::{FileDataMap, NamedDataMap};
 use xnnblob::program::Program;
 
 fn pte() -> PathBuf {
@@ -61,32 +60,12 @@ fn uncached(ptd: &Path) -> Vec<f32> {
         .remove(0)
 }
 
-/// A copy of the fixture's `.ptd` with the floats of its first weight negated in place, keys
-/// unchanged (what a hand edit after export leaves).
-fn edited_copy(to: &Path) -> PathBuf {
-    let fixture = dir().join("mlp_xnn_external.ptd");
-    let map = FileDataMap::open(&fixture).unwrap();
-    let key = map.key_at(0).unwrap().to_string();
-    let blob = map.get_data(&key).unwrap().data().to_vec();
-    let mut bytes = std::fs::read(&fixture).unwrap();
-    let at = bytes
-        .windows(blob.len())
-        .position(|w| w == blob.as_slice())
-        .unwrap();
-    for b in bytes[at + 3..at + blob.len()].iter_mut().step_by(4) {
-        *b ^= 0x80;
-    }
-    let edited = to.join("edited.ptd");
-    std::fs::write(&edited, &bytes).unwrap();
-    edited
-}
-
 #[test]
 fn a_ptd_edited_after_export_never_gets_the_originals_packing() {
     let scratch = scratch("edited-ptd");
     let original = scratch.join("model.ptd");
     std::fs::copy(dir().join("mlp_xnn_external.ptd"), &original).unwrap();
-    let edited = edited_copy(&scratch);
+    let (edited, _) = ptd_with_first_weight_negated(&scratch);
     let cache = scratch.join("w.xbc");
 
     let (cold, stats) = launch(&original, &cache, KeyTrust::CheckEachFile);

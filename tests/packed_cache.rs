@@ -20,15 +20,7 @@ fn input_for(mlp: &Mlp) -> Vec<f32> {
 }
 
 fn register<'a>(cache: &'a PackedWeightsCache, mlp: &'a Mlp) -> Vec<Registration<'a>> {
-    mlp.layers
-        .iter()
-        .flat_map(|l| {
-            [
-                cache.register(&l.weights, BlobId::of_f32s(&l.weights)),
-                cache.register(&l.bias, BlobId::of_f32s(&l.bias)),
-            ]
-        })
-        .collect()
+    common::register_mlps(cache, &[mlp])
 }
 
 /// Creates a runtime through the cache, finalizes, runs once: what a model load does.

@@ -15,7 +15,7 @@ mod common;
 use common::scratch;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use xnnblob::cache::{verify_file, BlobId, CacheError, CacheOptions, PackedWeightsCache};
+use xnnblob::cache::{verify_file, CacheError, CacheOptions, PackedWeightsCache};
 use xnnblob::storage::faults::{Call, Fault, FaultyStorage};
 use xnnblob::storage::SharedStorage;
 use xnnblob::synthetic::{Mlp, MLP_INPUT, MLP_OUTPUT};
@@ -45,16 +45,7 @@ fn input_for(mlp: &Mlp) -> Vec<f32> {
 /// A model load through `cache`: registers the weights, creates a runtime, finalizes (with a
 /// blocking save, that is the save), runs once. The outputs, and what finalize said.
 fn launch(cache: &PackedWeightsCache, mlp: &Mlp) -> (Vec<f32>, Result<(), CacheError>) {
-    let registrations: Vec<_> = mlp
-        .layers
-        .iter()
-        .flat_map(|l| {
-            [
-                cache.register(&l.weights, BlobId::of_f32s(&l.weights)),
-                cache.register(&l.bias, BlobId::of_f32s(&l.bias)),
-            ]
-        })
-        .collect();
+    let registrations = common::register_mlps(cache, &[mlp]);
     let graph = mlp.subgraph(1).unwrap();
     let mut runtime = Runtime::new(&graph, Some(cache)).unwrap();
     drop(registrations);

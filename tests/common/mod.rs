@@ -155,6 +155,47 @@ pub fn new_backend() -> xnnblob::backend::Backend {
     xnnblob::backend::Backend::with_defaults().unwrap()
 }
 
+/// Registers the weights and bias of every layer of `models` with `cache` under their content
+/// ids, as a model load does before it creates runtimes.
+pub fn register_mlps<'a>(
+    cache: &'a xnnblob::cache::PackedWeightsCache,
+    models: &[&'a xnnblob::synthetic::Mlp],
+) -> Vec<xnnblob::cache::Registration<'a>> {
+    use xnnblob::cache::BlobId;
+    models
+        .iter()
+        .flat_map(|m| &m.layers)
+        .flat_map(|l| {
+            [
+                cache.register(&l.weights, BlobId::of_f32s(&l.weights)),
+                cache.register(&l.bias, BlobId::of_f32s(&l.bias)),
+            ]
+        })
+        .collect()
+}
+
+/// Writes into `dir` a copy of the fixture `mlp_xnn_external.ptd` with the floats of its first
+/// weight negated in place and its keys unchanged (what a hand edit after export leaves, finding
+/// 4 of issue 17). Returns the copy's path and the edited key.
+pub fn ptd_with_first_weight_negated(dir: &Path) -> (PathBuf, String) {
+    use xnnblob::named_data::{FileDataMap, NamedDataMap};
+    let fixture = self::dir().join("mlp_xnn_external.ptd");
+    let map = FileDataMap::open(&fixture).unwrap();
+    let key = map.key_at(0).unwrap().to_string();
+    let blob = map.get_data(&key).unwrap().data().to_vec();
+    let mut bytes = std::fs::read(&fixture).unwrap();
+    let at = bytes
+        .windows(blob.len())
+        .position(|w| w == blob.as_slice())
+        .unwrap();
+    for b in bytes[at + 3..at + blob.len()].iter_mut().step_by(4) {
+        *b ^= 0x80;
+    }
+    let edited = dir.join("edited.ptd");
+    std::fs::write(&edited, &bytes).unwrap();
+    (edited, key)
+}
+
 mod scratch;
 #[allow(unused_imports)] // each test crate uses its own subset
 pub use scratch::{scratch, Scratch};
