@@ -79,8 +79,12 @@ pub fn machine_threads() -> usize {
 pub struct BackendOptions {
     /// How the runtimes of the backend's models share XNNPACK's workspace.
     pub workspace_sharing: WorkspaceSharing,
-    /// Threads XNNPACK splits operators across; 0 or 1: the calling thread only.
+    /// Threads XNNPACK splits operators across; 0 or 1: the calling thread only. The pool is
+    /// xnnblob's own ([`Threadpool::new`]), which never waits for a thread that is not running.
     pub threads: usize,
+    /// A pool to run on instead (for example the host runtime's own, [`Threadpool::with_ops`]);
+    /// `threads` is then ignored.
+    pub threadpool: Option<Arc<Threadpool>>,
     /// The packed-weight cache models use unless their load says otherwise.
     pub packed_cache: PackedCache,
     /// What packed-weight cache files must match (this build and CPU by default).
@@ -152,9 +156,10 @@ impl Backend {
         if options.workspace_sharing == WorkspaceSharing::Global {
             let _ = global_workspace.set(Arc::new(Workspace::new()?));
         }
-        let threadpool = match options.threads {
-            0 | 1 => None,
-            n => Some(Arc::new(Threadpool::new(n)?)),
+        let threadpool = match (&options.threadpool, options.threads) {
+            (Some(pool), _) => Some(pool.clone()),
+            (None, 0 | 1) => None,
+            (None, n) => Some(Arc::new(Threadpool::new(n)?)),
         };
         Ok(Backend(Arc::new(State {
             options,
@@ -309,9 +314,16 @@ impl ModelContext {
         &self.runtime
     }
 
-    /// How many threads the backend runs (and packs) on.
+    /// How many threads the model runs (and packs) on: its pool's, now.
     pub fn threads(&self) -> usize {
-        self.backend.0.options.threads.max(1)
+        self.runtime.threadpool.as_ref().map_or(1, |p| p.threads())
+    }
+
+    /// The same context with runtimes that run on the calling thread alone (ExecuTorch's
+    /// backend under a `NoThreadPoolGuard`).
+    pub fn without_threadpool(mut self) -> ModelContext {
+        self.runtime.threadpool = None;
+        self
     }
 
     /// Whether weights missing from the packed-weight cache are packed ahead of runtime

@@ -679,3 +679,60 @@ pub unsafe extern "C" fn xnnblob_backend_free(backend: *mut XnnblobBackend) {
     // SAFETY: forwarded contract.
     unsafe { free_handle(backend) }
 }
+
+/// A thread pool handle for C: xnnblob's own pool, for runtimes a caller creates itself.
+pub struct XnnblobThreadpool {
+    pool: crate::xnn::Threadpool,
+}
+
+/// Makes a pool of `threads` threads, the caller's counted as one (0 is taken as 1). XNNPACK
+/// linked from xnnblob's static library serves its thread-pool calls with xnnblob's pools, which
+/// never wait for a worker that is not running; pthreadpool's own `pthreadpool_create` is not
+/// in the library. Pass [`xnnblob_threadpool_pthreadpool`] to `xnn_create_runtime_v4`.
+///
+/// # Safety
+/// `out` is null or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn xnnblob_threadpool_new(
+    threads: u32,
+    out: *mut *mut XnnblobThreadpool,
+) -> XnnblobStatus {
+    if out.is_null() {
+        return fail(XnnblobStatus::InvalidArgument, "out is null");
+    }
+    guarded(|| match crate::xnn::Threadpool::new(threads as usize) {
+        Ok(pool) => {
+            let handle = Box::into_raw(Box::new(XnnblobThreadpool { pool }));
+            // SAFETY: non-null and writable, per the contract.
+            unsafe { *out = handle };
+            XnnblobStatus::Ok
+        }
+        Err(e) => fail(XnnblobStatus::Xnnpack, e.to_string()),
+    })
+}
+
+/// The pool as XNNPACK's `pthreadpool_t` (NULL for a NULL pool); valid until
+/// [`xnnblob_threadpool_free`], which must come after every runtime created with it is deleted.
+///
+/// # Safety
+/// `pool` is null or a live handle.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn xnnblob_threadpool_pthreadpool(
+    pool: *const XnnblobThreadpool,
+) -> *mut c_void {
+    // SAFETY: null or a live handle, per the contract.
+    match unsafe { pool.as_ref() } {
+        Some(p) => p.pool.as_pthreadpool(),
+        None => std::ptr::null_mut(),
+    }
+}
+
+/// Stops and frees a pool (NULL is allowed).
+///
+/// # Safety
+/// `pool` is null or a live handle, not used again, and no runtime created with it is left.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn xnnblob_threadpool_free(pool: *mut XnnblobThreadpool) {
+    // SAFETY: forwarded contract.
+    unsafe { free_handle(pool) }
+}

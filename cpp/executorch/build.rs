@@ -32,6 +32,7 @@ fn main() {
     configure(&mut backend);
     backend
         .file("src/backend.cc")
+        .file("src/et_pool.cc")
         .compile("xnnblob-executorch-cxx");
 
     // The runner: compiled to objects linked into the binary only, so the libraries never carry
@@ -48,6 +49,12 @@ fn main() {
 
     println!("cargo:rustc-link-search=native={}", lib.display());
     println!("cargo:rustc-link-lib=dylib=executorch");
+    // XNNPACK runs on ExecuTorch's own thread pool (src/et_pool.cc), as ExecuTorch's backend
+    // does; the runner resizes it or keeps it out (--pool-threads, --no-pool).
+    if defines.split_whitespace().any(|d| d == "ET_USE_THREADPOOL") {
+        println!("cargo:rustc-link-lib=dylib=executorch_threadpool");
+        println!("cargo:rustc-link-arg-bin=xnnblob-et-run=-lexecutorch_threadpool");
+    }
     // The kernels register themselves in static initialisers: keep the library although nothing
     // names a symbol of it.
     for arg in [
@@ -67,6 +74,7 @@ fn main() {
         "src/lib.rs",
         "src/bridge.h",
         "src/backend.cc",
+        "src/et_pool.cc",
         "src/runner.cc",
     ] {
         println!("cargo:rerun-if-changed={path}");

@@ -123,6 +123,22 @@ xnnblob_status xnnblob_map_layout(const xnnblob_map* map, const char* key, xnnbl
 /* Closes a map (NULL is allowed). */
 void xnnblob_map_close(xnnblob_map* map);
 
+/* ---- Thread pools: xnnblob's own, for runtimes a caller creates ---- */
+
+/* XNNPACK in libxnnblob.a runs operators on xnnblob's pools (pthreadpool's API is served by
+ * xnnblob; pthreadpool_create is not in the library). A pool of `threads` threads, the caller's
+ * counted as one, never waits for a worker the scheduler is not running. */
+typedef struct xnnblob_threadpool xnnblob_threadpool;
+
+xnnblob_status xnnblob_threadpool_new(uint32_t threads, xnnblob_threadpool** out);
+
+/* The pool as a pthreadpool_t for xnn_create_runtime_v4 (NULL for NULL); valid until the pool
+ * is freed, after every runtime created with it. */
+void* xnnblob_threadpool_pthreadpool(const xnnblob_threadpool* pool);
+
+/* Stops and frees a pool (NULL is allowed). */
+void xnnblob_threadpool_free(xnnblob_threadpool* pool);
+
 /* ---- The backend: one per process or app, owning its caches ---- */
 
 typedef struct xnnblob_backend xnnblob_backend;

@@ -42,6 +42,12 @@ int xnnblob_c_cache_check(const char* path, float* output, xnnblob_cache_stats* 
   xnnblob_status status =
       path[0] ? xnnblob_cache_open_file(path, &cache) : xnnblob_cache_open_memory(&cache);
   if (status != XNNBLOB_OK) return -2;
+  /* Two threads: XNNPACK's thread-pool calls are served by xnnblob's pool. */
+  xnnblob_threadpool* pool = NULL;
+  if (xnnblob_threadpool_new(2, &pool) != XNNBLOB_OK) {
+    xnnblob_cache_close(cache);
+    return -11;
+  }
 
   xnn_subgraph_t subgraph = NULL;
   int result = 0;
@@ -80,7 +86,8 @@ int xnnblob_c_cache_check(const char* path, float* output, xnnblob_cache_stats* 
     result = -5;
     goto done;
   }
-  if (xnn_create_runtime_v4(subgraph, (xnn_weights_cache_t)xnnblob_cache_xnn(cache), NULL, NULL, 0,
+  if (xnn_create_runtime_v4(subgraph, (xnn_weights_cache_t)xnnblob_cache_xnn(cache), NULL,
+                            (pthreadpool_t)xnnblob_threadpool_pthreadpool(pool), 0,
                             &runtime) != xnn_status_success) {
     result = -6;
     goto done;
@@ -106,6 +113,7 @@ done:
   xnnblob_cache_unregister(cache, w2);
   xnnblob_cache_unregister(cache, b2);
   xnnblob_cache_close(cache);
+  xnnblob_threadpool_free(pool);
   return result;
 }
 

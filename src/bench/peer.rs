@@ -49,10 +49,12 @@ pub enum CacheUse {
     /// As `Warm`, with the program, data and cache files dropped from the page cache before
     /// each launch.
     WarmFromDisk,
+    /// As `Warm`, with one thread per core spinning in the bench's process during each launch.
+    WarmBusy,
 }
 
 /// Every scenario, in the order they run and are reported.
-pub const SCENARIOS: [Scenario; 7] = [
+pub const SCENARIOS: [Scenario; 9] = [
     Scenario {
         name: "executorch, no cache",
         backend: "executorch",
@@ -88,6 +90,16 @@ pub const SCENARIOS: [Scenario; 7] = [
         backend: "xnnblob",
         cache: CacheUse::WarmFromDisk,
     },
+    Scenario {
+        name: "executorch cache, warm, busy cores",
+        backend: "executorch",
+        cache: CacheUse::WarmBusy,
+    },
+    Scenario {
+        name: "xnnblob, warm, busy cores",
+        backend: "xnnblob",
+        cache: CacheUse::WarmBusy,
+    },
 ];
 
 /// The load modes of ExecuTorch's `Module` every model is launched under.
@@ -100,6 +112,8 @@ pub struct Measured {
     pub load_to_ready_ms: Spread,
     /// The first `execute`, ms.
     pub first_execute_ms: Spread,
+    /// The median of each launch's later executes, ms (the first again when it ran once).
+    pub steady_execute_ms: Spread,
     /// Load plus first execute: when the first output is there, ms.
     pub first_output_ms: Spread,
     /// The process's peak resident set, MiB.
@@ -254,8 +268,18 @@ impl Launches<'_> {
             CacheUse::Off => args.push("--no-weight-cache".into()),
             _ => args.extend(["--cache".into(), cache.display().to_string()]),
         }
+        match scenario.cache {
+            CacheUse::Warm | CacheUse::WarmFromDisk => {
+                args.extend(["--repeat".into(), "10".into()])
+            }
+            CacheUse::WarmBusy => args.extend(["--repeat".into(), "20".into()]),
+            CacheUse::Off | CacheUse::Cold => {}
+        }
         let _ = std::fs::remove_file(cache);
-        if matches!(scenario.cache, CacheUse::Warm | CacheUse::WarmFromDisk) {
+        if matches!(
+            scenario.cache,
+            CacheUse::Warm | CacheUse::WarmFromDisk | CacheUse::WarmBusy
+        ) {
             launch(self.runner, &args)?;
         }
         let mut runs = Vec::with_capacity(repeats);
@@ -265,9 +289,12 @@ impl Launches<'_> {
                     let _ = std::fs::remove_file(cache);
                 }
                 CacheUse::WarmFromDisk => drop_from_page_cache(&[self.pte, self.ptd, cache]),
-                CacheUse::Off | CacheUse::Warm => {}
+                CacheUse::Off | CacheUse::Warm | CacheUse::WarmBusy => {}
             }
-            runs.push(launch(self.runner, &args)?);
+            let busy = (scenario.cache == CacheUse::WarmBusy).then(BusyCores::start);
+            let run = launch(self.runner, &args);
+            drop(busy);
+            runs.push(run?);
         }
         let of = |key: &str, scale: f64| -> Result<Spread, String> {
             let values = runs
@@ -283,12 +310,45 @@ impl Launches<'_> {
         Ok(Measured {
             load_to_ready_ms: of("load_to_ready_ms", 1.0)?,
             first_execute_ms: of("first_execute_ms", 1.0)?,
+            steady_execute_ms: of("execute_ms", 1.0)?,
             first_output_ms: spread(first_output.into_iter()),
             peak_rss_mib: of("peak_rss_kib", 1.0 / 1024.0)?,
             read_mib: of("load_rchar", 1.0 / 1048576.0)?,
             disk_read_mib: of("load_read_bytes", 1.0 / 1048576.0)?,
             cache_file_mib: std::fs::metadata(cache).map_or(0.0, |m| m.len() as f64 / 1048576.0),
         })
+    }
+}
+
+/// One thread per core spinning until dropped: the other apps of a busy phone.
+struct BusyCores {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl BusyCores {
+    fn start() -> BusyCores {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let threads = (0..crate::backend::machine_threads())
+            .map(|_| {
+                let stop = stop.clone();
+                std::thread::spawn(move || {
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        std::hint::spin_loop();
+                    }
+                })
+            })
+            .collect();
+        BusyCores { stop, threads }
+    }
+}
+
+impl Drop for BusyCores {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
     }
 }
 
@@ -369,6 +429,7 @@ pub fn to_json(results: &[PeerResult], repeats: usize) -> String {
                 "scenario": r.scenario.name,
                 "load_to_ready_ms": s(m.load_to_ready_ms),
                 "first_execute_ms": s(m.first_execute_ms),
+                "steady_execute_ms": s(m.steady_execute_ms),
                 "first_output_ms": s(m.first_output_ms),
                 "peak_rss_mib": round(m.peak_rss_mib.median),
                 "read_during_load_mib": round(m.read_mib.median),
@@ -409,8 +470,8 @@ fn models(results: &[PeerResult]) -> Vec<(String, f64)> {
 pub fn markdown(results: &[PeerResult], repeats: usize) -> String {
     let mut md = format!(
         "Each cell: median (min-max) of {repeats} fresh processes; ms unless named.\n\n\
-         | model | load mode | scenario | load-to-ready ms | first execute ms | first output ms | peak RSS MiB | read() during load MiB | from disk during load MiB | cache file MiB |\n\
-         |---|---|---|---|---|---|---|---|---|---|\n"
+         | model | load mode | scenario | load-to-ready ms | first execute ms | steady execute ms | first output ms | peak RSS MiB | read() during load MiB | from disk during load MiB | cache file MiB |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|\n"
     );
     let cell = |s: Spread| {
         let d = if s.median < 10.0 { 2 } else { 1 };
@@ -420,13 +481,14 @@ pub fn markdown(results: &[PeerResult], repeats: usize) -> String {
         let m = &r.measured;
         let _ = writeln!(
             md,
-            "| {} ({:.0} MiB) | {} | {} | {} | {} | {} | {:.0} | {:.1} | {:.1} | {:.1} |",
+            "| {} ({:.0} MiB) | {} | {} | {} | {} | {} | {} | {:.0} | {:.1} | {:.1} | {:.1} |",
             r.model,
             r.weights_mib,
             r.load_mode,
             r.scenario.name,
             cell(m.load_to_ready_ms),
             cell(m.first_execute_ms),
+            cell(m.steady_execute_ms),
             cell(m.first_output_ms),
             m.peak_rss_mib.median,
             m.read_mib.median,
@@ -510,6 +572,29 @@ pub fn markdown(results: &[PeerResult], repeats: usize) -> String {
                 xb_disk / et_disk,
                 0.8,
             );
+            if let (Some(et), Some(xb)) = (g.get("executorch cache, warm"), g.get("xnnblob, warm"))
+            {
+                verdict(
+                    format!("{model} ({mode}): steady execute, idle / ExecuTorch's"),
+                    xb.steady_execute_ms.median / et.steady_execute_ms.median,
+                    1.0,
+                );
+            }
+            if let (Some(et), Some(xb)) = (
+                g.get("executorch cache, warm, busy cores"),
+                g.get("xnnblob, warm, busy cores"),
+            ) {
+                verdict(
+                    format!("{model} ({mode}): first execute beside busy cores, worst / ExecuTorch's worst"),
+                    xb.first_execute_ms.max / et.first_execute_ms.max,
+                    1.2,
+                );
+                verdict(
+                    format!("{model} ({mode}): steady execute beside busy cores, worst / ExecuTorch's worst"),
+                    xb.steady_execute_ms.max / et.steady_execute_ms.max,
+                    1.2,
+                );
+            }
         }
     }
     let _ = write!(
@@ -520,7 +605,7 @@ pub fn markdown(results: &[PeerResult], repeats: usize) -> String {
 }
 
 /// Short labels of the scenarios, in [`SCENARIOS`] order.
-const SHORT: [&str; 7] = [
+const SHORT: [&str; 9] = [
     "ET none",
     "ET cold",
     "ET warm",
@@ -528,6 +613,8 @@ const SHORT: [&str; 7] = [
     "xnnblob warm",
     "ET disk*",
     "xnnblob disk*",
+    "ET busy+",
+    "xnnblob busy+",
 ];
 
 /// One panel per model and load mode: each scenario's load-to-ready (first output for the
@@ -540,7 +627,8 @@ pub fn svg(path: &Path, results: &[PeerResult]) -> Result<(), String> {
     root.fill(&WHITE).map_err(|x| e(&x))?;
     let root = root
         .titled(
-            "load-to-ready, ms (log); * = first output after a warm launch from a cold page cache",
+            "load-to-ready, ms (log); * = first output after a warm launch from a cold page cache; \
+             + = worst first execute beside one busy thread per core",
             ("sans-serif", 16),
         )
         .map_err(|x| e(&x))?;
@@ -556,6 +644,7 @@ pub fn svg(path: &Path, results: &[PeerResult]) -> Result<(), String> {
             .map(|s| {
                 g.get(s.name).map_or(f64::NAN, |m| match s.cache {
                     CacheUse::WarmFromDisk => m.first_output_ms.median,
+                    CacheUse::WarmBusy => m.first_execute_ms.max,
                     _ => m.load_to_ready_ms.median,
                 })
             })
@@ -666,6 +755,7 @@ mod tests {
                     measured: Measured {
                         load_to_ready_ms: flat(ms),
                         first_execute_ms: flat(20.0),
+                        steady_execute_ms: flat(5.0),
                         first_output_ms: flat(ms + 20.0),
                         peak_rss_mib: flat(120.0),
                         read_mib: flat(0.5),

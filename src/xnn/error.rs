@@ -57,11 +57,20 @@ pub enum XnnError {
     /// `call` returned `status`.
     #[error("XNNPACK {call} failed: {status:?}")]
     Call {
-        /// The function called: an XNNPACK entry point such as `"xnn_create_runtime_v4"`, or
-        /// `"pthreadpool_create"`.
+        /// The function called: an XNNPACK entry point such as `"xnn_create_runtime_v4"`.
         call: &'static str,
         /// The status it returned.
         status: Status,
+    },
+    /// A thread pool could not start one of its worker threads.
+    #[error("thread pool of {threads} threads: cannot start worker {index}: {reason}")]
+    PoolThread {
+        /// The worker that failed (1 is the first; the caller is 0).
+        index: usize,
+        /// The threads the pool was to have.
+        threads: usize,
+        /// The operating system's reason.
+        reason: String,
     },
     /// An external tensor's buffer does not match the shape the runtime expects.
     #[error(

@@ -7,6 +7,7 @@ mod kernel_info;
 mod memory_cache;
 mod runtime;
 mod subgraph;
+mod threadpool;
 mod weights_cache;
 mod workspace;
 
@@ -21,8 +22,11 @@ pub use subgraph::{
     DepthwiseConvolution2dParams, ExternalDecl, FullyConnectedFlags, Padding2d, Subgraph,
     ValueRole,
 };
+pub use threadpool::Threadpool;
 pub use weights_cache::{AsXnnWeightsCache, LookUpKey, PackedWeightsProvider, WeightsCache};
-pub use workspace::{Threadpool, Workspace};
+pub use workspace::Workspace;
+/// The two operations a pool gives XNNPACK ([`Threadpool::with_ops`]).
+pub use xnnpack_sys::pool::{PoolOps, RangeFn};
 
 use std::sync::OnceLock;
 use xnnpack_sys as sys;

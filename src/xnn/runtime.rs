@@ -8,8 +8,9 @@
 
 use super::error::{check, XnnError};
 use super::subgraph::{ExternalDecl, Subgraph};
+use super::threadpool::Threadpool;
 use super::weights_cache::AsXnnWeightsCache;
-use super::workspace::{Threadpool, Workspace};
+use super::workspace::Workspace;
 use crate::aligned::AlignedBytes;
 use crate::tensor::{DType, Shape, ShapeMismatch, TensorMut, TensorRef, XNN_EXTRA_BYTES};
 use std::marker::PhantomData;

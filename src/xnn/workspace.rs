@@ -1,5 +1,5 @@
-//! XNNPACK's workspace (the memory runtimes plan their internal tensors in) and thread pool,
-//! as owned handles that runtimes share.
+//! XNNPACK's workspace (the memory runtimes plan their internal tensors in), as an owned handle
+//! that runtimes share.
 
 use super::error::{check, XnnError};
 use parking_lot::{Mutex, MutexGuard};
@@ -55,46 +55,5 @@ impl Drop for Workspace {
         // SAFETY: XNNPACK reference-counts the workspace: runtimes created with it keep it alive
         // until they are deleted, whatever the order.
         unsafe { sys::xnn_release_workspace(self.raw.as_ptr()) };
-    }
-}
-
-/// A pool of worker threads XNNPACK splits each operator across.
-pub struct Threadpool {
-    raw: NonNull<sys::pthreadpool>,
-}
-
-// SAFETY: pthreadpool is thread-safe: concurrent parallelize calls are serialised inside it.
-unsafe impl Send for Threadpool {}
-// SAFETY: as above.
-unsafe impl Sync for Threadpool {}
-
-impl Threadpool {
-    /// A pool of `threads` threads (the caller's thread counts as one).
-    pub fn new(threads: usize) -> Result<Threadpool, XnnError> {
-        // SAFETY: pthreadpool_create has no preconditions; null means it failed.
-        let raw =
-            NonNull::new(unsafe { sys::pthreadpool_create(threads) }).ok_or(XnnError::Call {
-                call: "pthreadpool_create",
-                status: super::Status::OutOfMemory,
-            })?;
-        Ok(Threadpool { raw })
-    }
-
-    /// How many threads the pool splits operators across, the caller's included
-    /// (`pthreadpool_get_threads_count`).
-    pub fn threads(&self) -> usize {
-        // SAFETY: the pool is valid.
-        unsafe { sys::pthreadpool_get_threads_count(self.raw.as_ptr()) }
-    }
-
-    pub(super) fn as_raw(&self) -> sys::pthreadpool_t {
-        self.raw.as_ptr()
-    }
-}
-
-impl Drop for Threadpool {
-    fn drop(&mut self) {
-        // SAFETY: runtimes hold an Arc of the pool, so none that uses it is left.
-        unsafe { sys::pthreadpool_destroy(self.raw.as_ptr()) };
     }
 }

@@ -83,8 +83,12 @@ const CMAKE_OPTIONS: &[&str] = &[
     "-DCMAKE_POSITION_INDEPENDENT_CODE=ON",
 ];
 
-/// Static libraries of our own build, in link order (dependents first).
-const OWN_LIBS: [&str; 4] = ["XNNPACK", "microkernels-prod", "cpuinfo", "pthreadpool"];
+/// Static libraries of our own build, in link order (dependents first). pthreadpool is not among
+/// them: XNNPACK's calls to it are served by `src/pool.c`, linked between XNNPACK and cpuinfo.
+const OWN_LIBS: [&str; 3] = ["XNNPACK", "microkernels-prod", "cpuinfo"];
+
+/// The static library `src/pool.c` is compiled into.
+const POOL_LIB: &str = "xnnblob_pool";
 
 /// What to run when a tool the build needs is missing.
 const INSTALL_HINT: &str =
@@ -98,7 +102,8 @@ How to provide XNNPACK:
   * or put the six .orig.tar.xz tarballs listed in third_party/xnnpack-sys/build.rs in a
     directory and set XNNBLOB_XNNPACK_SOURCES=that directory (no network needed);
   * or point at an XNNPACK you already built: XNNPACK_INCLUDE_DIR=<dirs with xnnpack.h and
-    pthreadpool.h> XNNPACK_LIB_DIR=<dirs with libXNNPACK, libcpuinfo, libpthreadpool>.";
+    pthreadpool.h> XNNPACK_LIB_DIR=<dirs with libXNNPACK and libcpuinfo> (its pthreadpool is
+    not linked: xnnblob serves XNNPACK's thread-pool calls itself).";
 
 fn fail(what: &str) -> ! {
     eprintln!("\nerror: xnnpack-sys cannot provide XNNPACK: {what}\n\n{HELP}\n");
@@ -137,6 +142,7 @@ fn main() {
     install.check_quantization_padding();
     // Before XNNPACK's libraries: the shim's references to them must precede them on the link line.
     install.build_kernel_info();
+    install.build_pool();
     install.emit_link_directives();
     generate_bindings(&install.include_dirs);
 }
@@ -337,11 +343,34 @@ impl Install {
         println!("cargo:rustc-cfg=xnnpack_kernel_info");
     }
 
+    /// Compiles src/pool.c, pthreadpool's API over xnnblob's pools; linked by
+    /// `emit_link_directives` after XNNPACK (which calls it) and before cpuinfo (which it calls).
+    fn build_pool(&self) {
+        let source = PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets it"))
+            .join("src/pool.c");
+        println!("cargo:rerun-if-changed={}", source.display());
+        cc::Build::new()
+            .file(&source)
+            .includes(&self.include_dirs)
+            .warnings(false)
+            // Hidden: linked into a program beside ExecuTorch's own pthreadpool library, these
+            // definitions must not take the place of that library's (its pool would then be
+            // run by this code); XNNPACK's calls bind to them when the program is linked.
+            .flag("-fvisibility=hidden")
+            .cargo_metadata(false)
+            .compile(POOL_LIB);
+        let out = PathBuf::from(env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
+        println!("cargo:rustc-link-search=native={}", out.display());
+    }
+
     fn emit_link_directives(&self) {
         for d in &self.lib_dirs {
             println!("cargo:rustc-link-search=native={}", d.display());
         }
         for (name, is_static) in &self.libs {
+            if name == "cpuinfo" {
+                println!("cargo:rustc-link-lib=static={POOL_LIB}");
+            }
             let kind = if *is_static { "static" } else { "dylib" };
             println!("cargo:rustc-link-lib={kind}={name}");
         }
@@ -778,8 +807,10 @@ fn generate_bindings(include_dirs: &[PathBuf]) {
         .header_contents("wrapper.h", "#include <xnnpack.h>\n")
         .clang_args(include_dirs.iter().map(|d| format!("-I{}", d.display())))
         .allowlist_function("xnn_.*")
-        // The thread pool XNNPACK runs on (xnnpack.h includes pthreadpool.h).
-        .allowlist_function("pthreadpool_(create|destroy|get_threads_count)")
+        // The thread pool XNNPACK runs on (xnnpack.h includes pthreadpool.h): the handle type
+        // and the flags; src/pool.c implements the calls.
+        .allowlist_type("pthreadpool_t")
+        .allowlist_var("PTHREADPOOL_FLAG_.*")
         .allowlist_type("xnn_.*")
         .allowlist_var("XNN_.*")
         .prepend_enum_name(false)

@@ -13,7 +13,7 @@ use xnnblob::backend::{Backend, BackendOptions, WorkspaceSharing};
 use xnnblob::delegate::{DelegateError, Weights, XnnDelegate};
 use xnnblob::named_data::DataBuffer;
 use xnnblob::tensor::{DType, Shape};
-use xnnblob::xnn::{RawInput, RawOutput, XnnError};
+use xnnblob::xnn::{PoolOps, RawInput, RawOutput, Threadpool, XnnError};
 
 /// The delegate of one `init` (empty when init failed: ExecuTorch never runs it then).
 pub struct EtDelegate {
@@ -28,14 +28,31 @@ impl EtDelegate {
 
 static BACKEND: OnceLock<Result<Backend, String>> = OnceLock::new();
 
+unsafe extern "C" {
+    /// ExecuTorch's thread pool as pool operations (src/et_pool.cc).
+    fn xnnblob_et_pool_ops() -> *const PoolOps;
+    /// False under a `NoThreadPoolGuard`, or in a runtime without ExecuTorch's pool.
+    fn xnnblob_et_pool_in_use() -> bool;
+    /// Operator calls run on ExecuTorch's pool, and on the caller for want of one, so far.
+    fn xnnblob_et_pool_runs(on_pool: *mut u64, on_caller: *mut u64);
+}
+
+/// ExecuTorch's own thread pool, as the pool every runtime of the backend runs on.
+fn executorch_threadpool() -> Threadpool {
+    // SAFETY: the ops are a static table of src/et_pool.cc, valid for the process's life; they
+    // ignore their pool argument (each call asks ExecuTorch for its current pool) and are
+    // thread-safe as ExecuTorch's pthreadpool is.
+    unsafe { Threadpool::with_ops(&*xnnblob_et_pool_ops(), std::ptr::null_mut()) }
+}
+
 /// The backend every program of the process shares: one shared data cache, one in-memory
-/// packed-weight cache, at most one cache per file, one thread pool as wide as the machine (as
-/// ExecuTorch's own backend uses).
+/// packed-weight cache, at most one cache per file, and ExecuTorch's own thread pool (the one
+/// its XNNPACK backend runs on, at the size the app gave it).
 fn process_backend() -> Result<&'static Backend, Outcome> {
     BACKEND
         .get_or_init(|| {
             let backend = Backend::new(BackendOptions {
-                threads: xnnblob::backend::machine_threads(),
+                threadpool: Some(Arc::new(executorch_threadpool())),
                 ..Default::default()
             })
             .map_err(|e| e.to_string());
@@ -183,9 +200,14 @@ fn init(
                 ),
             )
         })?;
-    let model = backend
+    let mut model = backend
         .model_with_workspace(weights, sharing)
         .map_err(|e| Outcome::error(Status::Internal, chain(&e)))?;
+    // SAFETY: a plain query of ExecuTorch's thread-pool state, no arguments.
+    if !unsafe { xnnblob_et_pool_in_use() } {
+        // As ExecuTorch's backend: a runtime created under a NoThreadPoolGuard has no pool.
+        model = model.without_threadpool();
+    }
     let processed = Arc::new(Processed(processed));
     let len = xnnblob::named_data::Backing::bytes(&*processed).len();
     let payload = DataBuffer::new(processed, 0, len).expect("the whole buffer");
@@ -374,7 +396,17 @@ pub(crate) fn cache_report() -> String {
     let Ok(backend) = process_backend() else {
         return String::new();
     };
-    let mut lines = Vec::new();
+    let (mut on_pool, mut on_caller) = (0u64, 0u64);
+    // SAFETY: two valid out-pointers.
+    unsafe { xnnblob_et_pool_runs(&mut on_pool, &mut on_caller) };
+    let threads = backend
+        .options()
+        .threadpool
+        .as_ref()
+        .map_or(1, |p| p.threads());
+    let mut lines = vec![format!(
+        "pool executorch: threads {threads} operator_runs {on_pool} inline_runs {on_caller}"
+    )];
     for cache in backend.packed_caches() {
         let s = cache.stats();
         lines.push(format!(

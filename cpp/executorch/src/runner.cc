@@ -11,6 +11,11 @@
 #include <executorch/runtime/backend/backend_options_map.h>
 #include <executorch/runtime/backend/options.h>
 
+#if defined(ET_USE_THREADPOOL)
+#include <executorch/extension/threadpool/threadpool_guard.h>
+#endif
+
+#include <dirent.h>
 #include <dlfcn.h>
 #include <unistd.h>
 
@@ -34,14 +39,33 @@ using executorch::extension::Module;
 using executorch::runtime::Error;
 using executorch::runtime::EValue;
 
+}  // namespace
+
+// libexecutorch_threadpool's pool. The wheel ships no header for it (threadpool.h needs
+// pthreadpool.h, which it does not ship), so the one call used is declared as the library
+// defines it.
+#if defined(ET_USE_THREADPOOL)
+namespace executorch::extension::threadpool {
+class ThreadPool {
+ public:
+  bool _unsafe_reset_threadpool(uint32_t new_thread_count);
+};
+ThreadPool* get_threadpool();
+}  // namespace executorch::extension::threadpool
+#endif
+
+namespace {
+
 const char kUsage[] =
     "usage: xnnblob-et-run PROGRAM.pte [--data FILE.ptd]... [--method NAME]\n"
     "         [--input FILE [--dtype D] [--shape AxBx..]]... [PROGRAM2.pte ...]\n"
     "         [--backend xnnblob|executorch|LIB.so] [--load-mode file|mmap] [--cache PATH]\n"
     "         [--no-weight-cache] [--workspace-sharing 0|1|2] [--steps N] [--repeat N]\n"
-    "         [--threads N] [--output-dir DIR]\n"
+    "         [--threads N] [--pool-threads N] [--no-pool] [--output-dir DIR]\n"
     "--data, --method and --input apply to the program named last. An input path may hold\n"
-    "{step}, replaced by the step number (0..N-1) for stateful programs. --steps 0 loads only.\n";
+    "{step}, replaced by the step number (0..N-1) for stateful programs. --steps 0 loads only.\n"
+    "--threads N loads and runs in N threads at once; --pool-threads N resizes ExecuTorch's\n"
+    "thread pool first; --no-pool holds a NoThreadPoolGuard in each of them.\n";
 
 struct Input {
   std::string path;
@@ -68,6 +92,10 @@ struct Options {
   int steps = 1;
   int repeat = 1;
   int threads = 1;
+  // ExecuTorch's thread pool: resized first (0: left as it is), or kept out of every launch by a
+  // NoThreadPoolGuard.
+  int pool_threads = 0;
+  bool no_pool = false;
   std::string output_dir;
 };
 
@@ -172,6 +200,8 @@ Options parse(int argc, char** argv) {
     } else if (a == "--steps") o.steps = std::max(0, number(i));
     else if (a == "--repeat") o.repeat = std::max(1, number(i));
     else if (a == "--threads") o.threads = std::max(1, number(i));
+    else if (a == "--pool-threads") o.pool_threads = std::max(1, number(i));
+    else if (a == "--no-pool") o.no_pool = true;
     else if (a == "--output-dir") o.output_dir = value(i);
     else if (a == "-h" || a == "--help") {
       std::fputs(kUsage, stdout);
@@ -384,6 +414,21 @@ void report(const Options& o, size_t p, const Launch& r) {
   }
 }
 
+// Threads of this process whose name starts with `prefix`.
+int threads_named(const std::string& prefix) {
+  int n = 0;
+  if (DIR* tasks = opendir("/proc/self/task")) {
+    while (const dirent* e = readdir(tasks)) {
+      if (e->d_name[0] == '.') continue;
+      std::ifstream comm(std::string("/proc/self/task/") + e->d_name + "/comm");
+      std::string name;
+      if (std::getline(comm, name) && name.compare(0, prefix.size(), prefix) == 0) ++n;
+    }
+    closedir(tasks);
+  }
+  return n;
+}
+
 int run(int argc, char** argv) {
   Options o = parse(argc, argv);
   std::string library = backend_library(o.backend);
@@ -399,7 +444,19 @@ int run(int argc, char** argv) {
   // sharing weights are in the process together.
   std::vector<std::vector<Launch>> launches(static_cast<size_t>(o.threads));
   std::vector<std::string> errors(launches.size());
+#if defined(ET_USE_THREADPOOL)
+  if (o.pool_threads > 0) {
+    executorch::extension::threadpool::get_threadpool()->_unsafe_reset_threadpool(
+        static_cast<uint32_t>(o.pool_threads));
+  }
+#else
+  if (o.pool_threads > 0 || o.no_pool) fail("this ExecuTorch runtime has no thread pool");
+#endif
   auto one = [&](size_t t) {
+#if defined(ET_USE_THREADPOOL)
+    std::optional<executorch::extension::threadpool::NoThreadPoolGuard> guard;
+    if (o.no_pool) guard.emplace();
+#endif
     std::vector<std::unique_ptr<Module>> modules(o.programs.size());
     try {
       for (size_t p = 0; p < o.programs.size(); ++p) {
@@ -437,6 +494,7 @@ int run(int argc, char** argv) {
   std::printf("backend=%s\n", library.c_str());
   std::printf("peak_rss_kib=%ld\n", peak_rss_kib());
   std::printf("threads=%d\n", o.threads);
+  std::printf("own_pool_threads=%d\n", threads_named("xnnblob-pool"));
   for (size_t p = 0; p < o.programs.size(); ++p) {
     report(o, p, launches[0][p]);
   }

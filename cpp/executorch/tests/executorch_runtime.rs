@@ -652,3 +652,114 @@ fn a_warm_launch_with_the_mmap_loader_leaves_the_weights_on_disk() {
         resident * 100.0
     );
 }
+
+/// The CNN fixture's runner arguments, writing its outputs into `out` (made here).
+fn cnn_args(out: &Path) -> Vec<String> {
+    std::fs::create_dir_all(out).unwrap();
+    let dir = data();
+    vec![
+        dir.join("cnn_xnn_external.pte").display().to_string(),
+        s("--data"),
+        dir.join("cnn_xnn_external.ptd").display().to_string(),
+        s("--input"),
+        dir.join("cnn.input.f32").display().to_string(),
+        s("--repeat"),
+        s("3"),
+        s("--output-dir"),
+        out.display().to_string(),
+    ]
+}
+
+/// The runner's `pool executorch:` line: threads, operator calls run on ExecuTorch's pool, and
+/// run on the caller for want of one.
+fn pool_line(run: &Run) -> (u64, u64, u64) {
+    let line = run
+        .stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("pool executorch: "))
+        .unwrap_or_else(|| panic!("no pool line in:\n{}", run.stdout));
+    let words: Vec<&str> = line.split_whitespace().collect();
+    let value = |key: &str| -> u64 {
+        let at = words.iter().position(|w| *w == key).unwrap();
+        words[at + 1].parse().unwrap()
+    };
+    (
+        value("threads"),
+        value("operator_runs"),
+        value("inline_runs"),
+    )
+}
+
+#[test]
+fn xnnblob_runs_on_executorchs_own_thread_pool_at_the_size_the_app_gives_it() {
+    let dir = scratch("et-pool");
+    let witness_dir = dir.join("executorch");
+    let mut witness = cnn_args(&witness_dir);
+    witness.extend([s("--backend"), s("executorch")]);
+    run_ok(&witness);
+    let expected = f32s(&std::fs::read(witness_dir.join("output0.f32")).unwrap());
+    let machine = xnnblob::backend::machine_threads() as u64;
+
+    let cases: [(&str, &[&str]); 4] = [
+        ("default", &[]),
+        ("three", &["--pool-threads", "3"]),
+        ("one", &["--pool-threads", "1"]),
+        ("guarded", &["--no-pool"]),
+    ];
+    for (name, extra) in cases {
+        let out = dir.join(name);
+        let mut args = cnn_args(&out);
+        args.extend(extra.iter().map(|a| a.to_string()));
+        let run = run_ok(&args);
+        let got = f32s(&std::fs::read(out.join("output0.f32")).unwrap());
+        assert_eq!(got.len(), expected.len(), "{name}: output length");
+        let diff = relative_difference(&got, &expected);
+        assert!(
+            diff <= 1e-5,
+            "{name}: {diff} of the range from ExecuTorch's backend"
+        );
+        // No pool of xnnblob's own: every worker the process had was ExecuTorch's.
+        assert_eq!(
+            run.number("own_pool_threads"),
+            0.0,
+            "{name}:\n{}",
+            run.stdout
+        );
+        let (threads, on_pool, inline) = pool_line(&run);
+        match name {
+            "default" => {
+                assert_eq!(
+                    threads, machine,
+                    "ExecuTorch's default: one thread per core"
+                );
+                if machine > 1 {
+                    assert!(
+                        on_pool > 0,
+                        "operators ran on ExecuTorch's pool:\n{}",
+                        run.stdout
+                    );
+                }
+            }
+            "three" => {
+                assert_eq!(threads, 3, "_unsafe_reset_threadpool(3) is honoured");
+                assert!(
+                    on_pool > 0,
+                    "operators ran on ExecuTorch's pool:\n{}",
+                    run.stdout
+                );
+            }
+            "one" => {
+                assert_eq!(threads, 1);
+                assert_eq!(
+                    on_pool, 0,
+                    "a pool of one runs on the caller:\n{}",
+                    run.stdout
+                );
+            }
+            _ => {
+                // Created under a NoThreadPoolGuard: the runtime has no pool, as ExecuTorch's.
+                assert_eq!((on_pool, inline), (0, 0), "{}", run.stdout);
+            }
+        }
+    }
+}

@@ -39,3 +39,48 @@ pub unsafe extern "C" fn xnnblob_qd8_gemm_kernel(
 
 /// Whether [`xnnblob_qd8_gemm_kernel`] can name kernels in this build.
 pub const HAS_KERNEL_INFO: bool = cfg!(xnnpack_kernel_info);
+
+/// The pthreadpool that XNNPACK calls (`src/pool.c`): a `pthreadpool_t` is a [`PoolHandle`], and
+/// every `pthreadpool_parallelize_*` call becomes one [`PoolOps::run`] over a flat range of
+/// items, so a pool is two functions, whoever implements them.
+pub mod pool {
+    use core::ffi::c_void;
+
+    /// Runs items `begin..end` of a job on the thread numbered `thread`.
+    pub type RangeFn =
+        unsafe extern "C" fn(job: *mut c_void, thread: usize, begin: usize, end: usize);
+
+    /// What a pool does for XNNPACK.
+    #[repr(C)]
+    pub struct PoolOps {
+        /// Threads one call is split across, the caller's included (at least 1).
+        pub threads: unsafe extern "C" fn(pool: *mut c_void) -> usize,
+        /// Calls `range(job, thread, begin, end)` over sub-ranges covering `0..count` exactly
+        /// once, `thread` below `threads(pool)` and distinct among concurrent calls, and returns
+        /// when every call has returned. `flags` are pthreadpool's (`PTHREADPOOL_FLAG_*`).
+        pub run: unsafe extern "C" fn(
+            pool: *mut c_void,
+            range: RangeFn,
+            job: *mut c_void,
+            count: usize,
+            flags: u32,
+        ),
+    }
+
+    /// The object a `pthreadpool_t` points to.
+    #[repr(C)]
+    pub struct PoolHandle {
+        /// The pool's operations.
+        pub ops: *const PoolOps,
+        /// The pool they are called with.
+        pub pool: *mut c_void,
+    }
+
+    unsafe extern "C" {
+        /// Puts the calling thread's floating-point state as `flags` ask for a job
+        /// (`PTHREADPOOL_FLAG_DISABLE_DENORMALS`), returning the state to restore.
+        pub fn xnnblob_pool_enter(flags: u32) -> u64;
+        /// Restores what [`xnnblob_pool_enter`] returned.
+        pub fn xnnblob_pool_leave(flags: u32, saved: u64);
+    }
+}

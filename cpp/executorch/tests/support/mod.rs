@@ -58,8 +58,10 @@ pub fn relative_difference(got: &[f32], expected: &[f32]) -> f32 {
             (l.min(v), h.max(v))
         });
     let range = (hi - lo).max(f32::MIN_POSITIVE);
+    // A NaN anywhere is the largest difference (f32::max would drop it).
     got.iter()
         .zip(expected)
         .map(|(a, b)| (a - b).abs() / range)
+        .map(|d| if d.is_nan() { f32::INFINITY } else { d })
         .fold(0.0, f32::max)
 }
