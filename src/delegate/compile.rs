@@ -760,11 +760,12 @@ fn check_nodes(graph: &fb::XNNGraph<'_>) -> Result<(), DelegateError> {
         )));
     }
     let mut reads: HashMap<u32, usize> = HashMap::new();
-    let mut writer: HashMap<u32, usize> = HashMap::new();
+    // Each written value: its node, and how many values that node writes.
+    let mut writer: HashMap<u32, (usize, usize)> = HashMap::new();
     for (n, node) in graph.xnodes().iter().flatten().enumerate() {
         let kind = node.xnode_union_type();
         let io = super::operators::find(kind).and(super::operators::node_io(&node));
-        let Some((inputs, output)) = io else {
+        let Some((inputs, outputs)) = io else {
             return Err(DelegateError::UnsupportedNode {
                 index: n,
                 name: kind
@@ -775,10 +776,12 @@ fn check_nodes(graph: &fb::XNNGraph<'_>) -> Result<(), DelegateError> {
         for i in inputs {
             *reads.entry(i).or_default() += 1;
         }
-        if let Some(first) = writer.insert(output, n) {
-            return Err(DelegateError::BadGraph(format!(
-                "value {output} is written by nodes {first} and {n}"
-            )));
+        for &output in &outputs {
+            if let Some((first, _)) = writer.insert(output, (n, outputs.len())) {
+                return Err(DelegateError::BadGraph(format!(
+                    "value {output} is written by nodes {first} and {n}"
+                )));
+            }
         }
     }
     // XNNPACK drops a node whose output nothing reads, but not what fed it, and then aborts the
@@ -792,8 +795,11 @@ fn check_nodes(graph: &fb::XNNGraph<'_>) -> Result<(), DelegateError> {
         .filter(|(t, _)| t.flags() & XNN_FLAG_EXTERNAL_OUTPUT != 0)
         .map(|(t, _)| t.id_out())
         .collect();
-    for (&value, &n) in &writer {
-        if !reads.contains_key(&value) && !outputs.contains(&value) {
+    // A node of several outputs (argmax pooling's values and indices) is kept while one is used.
+    let used = |value: &u32| reads.contains_key(value) || outputs.contains(value);
+    for (&value, &(n, written)) in &writer {
+        let node_used = written > 1 && writer.iter().any(|(v, &(m, _))| m == n && used(v));
+        if !used(&value) && !node_used {
             return Err(DelegateError::BadGraph(format!(
                 "node {n} writes value {value}, which no node reads and which is no output"
             )));

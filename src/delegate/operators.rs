@@ -3,12 +3,11 @@
 //! a payload, defining its nodes, the builder's tests and docs/delegate.md's list all follow
 //! from [`OPERATORS`].
 
-use super::compile::{dims_of, tensor_of};
 use super::error::{at, DelegateError};
 use crate::schema::xnn as fb;
 use crate::xnn::{
-    Convolution2dParams, DepthwiseConvolution2dParams, FullyConnectedFlags, Padding2d, Subgraph,
-    ValueRole,
+    BinaryOp, Convolution2dParams, Deconvolution2dParams, DepthwiseConvolution2dParams,
+    FullyConnectedFlags, Padding2d, Pooling2dParams, Subgraph, UnaryOp,
 };
 use std::cell::RefCell;
 use std::collections::{HashMap, HashSet};
@@ -27,19 +26,18 @@ pub struct Operator {
 
 /// Defines one node: the subgraph, the node, and what it refers to.
 type Define =
-    for<'k, 'g> fn(&mut Subgraph<'k>, &fb::XNode<'g>, &Node<'g, '_>) -> Result<(), DelegateError>;
+    for<'k, 'g> fn(&mut Subgraph<'k>, &fb::XNode<'g>, &Node<'_>) -> Result<(), DelegateError>;
 
-/// What a node's definition looks up: value ids, the graph's values, where it is.
-struct Node<'g, 'a> {
+/// What a node's definition looks up: value ids and where it is.
+struct Node<'a> {
     index: usize,
     name: &'static str,
     ids: &'a HashMap<u32, u32>,
-    values: &'a [fb::XValue<'g>],
     /// Payload ids whose data XNNPACK may read as they are (not only to pack them).
     read_as_is: &'a RefCell<HashSet<u32>>,
 }
 
-impl Node<'_, '_> {
+impl Node<'_> {
     /// The subgraph id of payload value `payload_id`, an operand XNNPACK may read as it is.
     fn id(&self, payload_id: u32) -> Result<u32, DelegateError> {
         self.read_as_is.borrow_mut().insert(payload_id);
@@ -91,13 +89,13 @@ pub static OPERATORS: &[Operator] = &[
     },
     Operator {
         node: "XNNAdd",
-        xnnpack: "xnn_define_binary (add), then xnn_define_clamp if clamped",
+        xnnpack: "xnn_define_binary (add, clamped to the node's min/max)",
         kind: fb::XNodeUnion::XNNAdd,
         define: add,
     },
     Operator {
         node: "XNNMultiply",
-        xnnpack: "xnn_define_binary (multiply), then xnn_define_clamp if clamped",
+        xnnpack: "xnn_define_binary (multiply, clamped to the node's min/max)",
         kind: fb::XNodeUnion::XNNMultiply,
         define: multiply,
     },
@@ -153,7 +151,205 @@ pub static OPERATORS: &[Operator] = &[
         node: "XNNConcatenate2",
         xnnpack: "xnn_define_concatenate2",
         kind: fb::XNodeUnion::XNNConcatenate2,
-        define: concatenate2,
+        define: concatenate,
+    },
+    Operator {
+        node: "XNNSubtract",
+        xnnpack: "xnn_define_binary (subtract, clamped to the node's min/max)",
+        kind: fb::XNodeUnion::XNNSubtract,
+        define: subtract,
+    },
+    Operator {
+        node: "XNNDiv",
+        xnnpack: "xnn_define_binary (divide, clamped to the node's min/max)",
+        kind: fb::XNodeUnion::XNNDiv,
+        define: divide,
+    },
+    Operator {
+        node: "XNNMinimum",
+        xnnpack: "xnn_define_binary (minimum)",
+        kind: fb::XNodeUnion::XNNMinimum,
+        define: minimum,
+    },
+    Operator {
+        node: "XNNMaximum",
+        xnnpack: "xnn_define_binary (maximum)",
+        kind: fb::XNodeUnion::XNNMaximum,
+        define: maximum,
+    },
+    Operator {
+        node: "XNNPReLU",
+        xnnpack: "xnn_define_prelu",
+        kind: fb::XNodeUnion::XNNPReLU,
+        define: prelu,
+    },
+    Operator {
+        node: "XNNAbs",
+        xnnpack: "xnn_define_unary (abs)",
+        kind: fb::XNodeUnion::XNNAbs,
+        define: abs,
+    },
+    Operator {
+        node: "XNNCeiling",
+        xnnpack: "xnn_define_unary (ceiling)",
+        kind: fb::XNodeUnion::XNNCeiling,
+        define: ceiling,
+    },
+    Operator {
+        node: "XNNExp",
+        xnnpack: "xnn_define_unary (exp)",
+        kind: fb::XNodeUnion::XNNExp,
+        define: exp,
+    },
+    Operator {
+        node: "XNNFloor",
+        xnnpack: "xnn_define_unary (floor)",
+        kind: fb::XNodeUnion::XNNFloor,
+        define: floor,
+    },
+    Operator {
+        node: "XNNGelu",
+        xnnpack: "xnn_define_unary (gelu)",
+        kind: fb::XNodeUnion::XNNGelu,
+        define: gelu,
+    },
+    Operator {
+        node: "XNNHardswish",
+        xnnpack: "xnn_define_unary (hardswish)",
+        kind: fb::XNodeUnion::XNNHardswish,
+        define: hardswish,
+    },
+    Operator {
+        node: "XNNLog",
+        xnnpack: "xnn_define_unary (log)",
+        kind: fb::XNodeUnion::XNNLog,
+        define: log,
+    },
+    Operator {
+        node: "XNNNegate",
+        xnnpack: "xnn_define_unary (negate)",
+        kind: fb::XNodeUnion::XNNNegate,
+        define: negate,
+    },
+    Operator {
+        node: "XNNReciprocalSquareRoot",
+        xnnpack: "xnn_define_unary (reciprocal_square_root)",
+        kind: fb::XNodeUnion::XNNReciprocalSquareRoot,
+        define: reciprocal_square_root,
+    },
+    Operator {
+        node: "XNNSigmoid",
+        xnnpack: "xnn_define_unary (sigmoid)",
+        kind: fb::XNodeUnion::XNNSigmoid,
+        define: sigmoid,
+    },
+    Operator {
+        node: "XNNSin",
+        xnnpack: "xnn_define_unary (sine)",
+        kind: fb::XNodeUnion::XNNSin,
+        define: sine,
+    },
+    Operator {
+        node: "XNNCos",
+        xnnpack: "xnn_define_unary (cosine)",
+        kind: fb::XNodeUnion::XNNCos,
+        define: cosine,
+    },
+    Operator {
+        node: "XNNSquare",
+        xnnpack: "xnn_define_unary (square)",
+        kind: fb::XNodeUnion::XNNSquare,
+        define: square,
+    },
+    Operator {
+        node: "XNNSquareRoot",
+        xnnpack: "xnn_define_unary (square_root)",
+        kind: fb::XNodeUnion::XNNSquareRoot,
+        define: square_root,
+    },
+    Operator {
+        node: "XNNTanh",
+        xnnpack: "xnn_define_unary (tanh)",
+        kind: fb::XNodeUnion::XNNTanh,
+        define: tanh,
+    },
+    Operator {
+        node: "XNNLeakyReLU",
+        xnnpack: "xnn_define_unary (leaky_relu, negative_slope)",
+        kind: fb::XNodeUnion::XNNLeakyReLU,
+        define: leaky_relu,
+    },
+    Operator {
+        node: "XNNELU",
+        xnnpack: "xnn_define_unary (elu, alpha)",
+        kind: fb::XNodeUnion::XNNELU,
+        define: elu,
+    },
+    Operator {
+        node: "XNNMaxPooling2d",
+        xnnpack: "xnn_define_max_pooling_2d",
+        kind: fb::XNodeUnion::XNNMaxPooling2d,
+        define: max_pooling_2d,
+    },
+    Operator {
+        node: "XNNAvgPooling2d",
+        xnnpack: "xnn_define_average_pooling_2d",
+        kind: fb::XNodeUnion::XNNAvgPooling2d,
+        define: average_pooling_2d,
+    },
+    Operator {
+        node: "XNNArgMaxPooling2d",
+        xnnpack: "xnn_define_argmax_pooling_2d",
+        kind: fb::XNodeUnion::XNNArgMaxPooling2d,
+        define: argmax_pooling_2d,
+    },
+    Operator {
+        node: "XNNConvTranspose2d",
+        xnnpack: "xnn_define_deconvolution_2d",
+        kind: fb::XNodeUnion::XNNConvTranspose2d,
+        define: deconvolution_2d,
+    },
+    Operator {
+        node: "XNNStaticConstantPad",
+        xnnpack: "xnn_define_static_constant_pad",
+        kind: fb::XNodeUnion::XNNStaticConstantPad,
+        define: static_constant_pad,
+    },
+    Operator {
+        node: "XNNStaticResizeBilinear2D",
+        xnnpack: "xnn_define_static_resize_bilinear_2d",
+        kind: fb::XNodeUnion::XNNStaticResizeBilinear2D,
+        define: static_resize_bilinear_2d,
+    },
+    Operator {
+        node: "XNNConcatenate3",
+        xnnpack: "xnn_define_concatenate3",
+        kind: fb::XNodeUnion::XNNConcatenate3,
+        define: concatenate,
+    },
+    Operator {
+        node: "XNNConcatenate4",
+        xnnpack: "xnn_define_concatenate4",
+        kind: fb::XNodeUnion::XNNConcatenate4,
+        define: concatenate,
+    },
+    Operator {
+        node: "XNNConcatenate5",
+        xnnpack: "xnn_define_concatenate5",
+        kind: fb::XNodeUnion::XNNConcatenate5,
+        define: concatenate,
+    },
+    Operator {
+        node: "XNNCopy",
+        xnnpack: "xnn_define_copy",
+        kind: fb::XNodeUnion::XNNCopy,
+        define: copy,
+    },
+    Operator {
+        node: "XNNScaledDotProductAttention",
+        xnnpack: "xnn_define_scaled_dot_product_attention",
+        kind: fb::XNodeUnion::XNNScaledDotProductAttention,
+        define: scaled_dot_product_attention,
     },
 ];
 
@@ -162,51 +358,136 @@ pub(crate) fn find(kind: fb::XNodeUnion) -> Option<&'static Operator> {
     OPERATORS.iter().find(|o| o.kind == kind)
 }
 
-/// The payload ids a supported node reads (an absent bias left out) and the one it writes.
-pub(crate) fn node_io(node: &fb::XNode<'_>) -> Option<(Vec<u32>, u32)> {
-    const NONE: u32 = u32::MAX;
-    let present = |ids: &[u32]| ids.iter().copied().filter(|&i| i != NONE).collect();
-    if let Some(n) = node
-        .xnode_union_as_xnnconvert()
+/// The one-input, one-output table of a node of that shape.
+fn one_to_one<'g>(node: &fb::XNode<'g>) -> Option<fb::_XNNNode1x1<'g>> {
+    node.xnode_union_as_xnnconvert()
         .or_else(|| node.xnode_union_as_xnnclamp())
         .or_else(|| node.xnode_union_as_xnnsoftmax())
         .or_else(|| node.xnode_union_as_xnnglobal_avg_pooling_2d())
-    {
-        return Some((vec![n.input_id()], n.output_id()));
-    }
-    if let Some(n) = node
-        .xnode_union_as_xnnadd()
+        .or_else(|| node.xnode_union_as_xnnabs())
+        .or_else(|| node.xnode_union_as_xnnceiling())
+        .or_else(|| node.xnode_union_as_xnnexp())
+        .or_else(|| node.xnode_union_as_xnnfloor())
+        .or_else(|| node.xnode_union_as_xnngelu())
+        .or_else(|| node.xnode_union_as_xnnhardswish())
+        .or_else(|| node.xnode_union_as_xnnlog())
+        .or_else(|| node.xnode_union_as_xnnnegate())
+        .or_else(|| node.xnode_union_as_xnnreciprocal_square_root())
+        .or_else(|| node.xnode_union_as_xnnsigmoid())
+        .or_else(|| node.xnode_union_as_xnnsin())
+        .or_else(|| node.xnode_union_as_xnncos())
+        .or_else(|| node.xnode_union_as_xnnsquare())
+        .or_else(|| node.xnode_union_as_xnnsquare_root())
+        .or_else(|| node.xnode_union_as_xnntanh())
+        .or_else(|| node.xnode_union_as_xnncopy())
+}
+
+/// The two-input, one-output table of a node of that shape.
+fn two_to_one<'g>(node: &fb::XNode<'g>) -> Option<fb::_XNNNode2x1<'g>> {
+    node.xnode_union_as_xnnadd()
         .or_else(|| node.xnode_union_as_xnnmultiply())
+        .or_else(|| node.xnode_union_as_xnnsubtract())
+        .or_else(|| node.xnode_union_as_xnndiv())
+        .or_else(|| node.xnode_union_as_xnnminimum())
+        .or_else(|| node.xnode_union_as_xnnmaximum())
+        .or_else(|| node.xnode_union_as_xnnpre_lu())
         .or_else(|| node.xnode_union_as_xnnbatch_matrix_multiply())
-    {
-        return Some((vec![n.input1_id(), n.input2_id()], n.output_id()));
-    }
-    if let Some(n) = node
-        .xnode_union_as_xnnconv_2d()
+}
+
+/// The concatenation table of a node of 2 to 5 inputs, with its inputs in order.
+fn concatenation<'g>(node: &fb::XNode<'g>) -> Option<(fb::_XNNCat<'g>, Vec<u32>)> {
+    let (c, n) = if let Some(c) = node.xnode_union_as_xnnconcatenate_2() {
+        (c, 2)
+    } else if let Some(c) = node.xnode_union_as_xnnconcatenate_3() {
+        (c, 3)
+    } else if let Some(c) = node.xnode_union_as_xnnconcatenate_4() {
+        (c, 4)
+    } else {
+        (node.xnode_union_as_xnnconcatenate_5()?, 5)
+    };
+    let all = [
+        c.input1_id(),
+        c.input2_id(),
+        c.input3_id(),
+        c.input4_id(),
+        c.input5_id(),
+    ];
+    Some((c, all[..n].to_vec()))
+}
+
+/// The pooling table of a max or average pooling node.
+fn pooling<'g>(node: &fb::XNode<'g>) -> Option<fb::_XNNPooling2D<'g>> {
+    node.xnode_union_as_xnnmax_pooling_2d()
+        .or_else(|| node.xnode_union_as_xnnavg_pooling_2d())
+}
+
+/// The convolution table of a 2-D, depthwise or transposed convolution node.
+fn convolution<'g>(node: &fb::XNode<'g>) -> Option<fb::_XNNNodeConv<'g>> {
+    node.xnode_union_as_xnnconv_2d()
         .or_else(|| node.xnode_union_as_xnndepthwise_conv_2d())
-    {
-        return Some((
-            present(&[n.input1_id(), n.filter_id(), n.bias_id()]),
-            n.output_id(),
-        ));
+        .or_else(|| node.xnode_union_as_xnnconv_transpose_2d())
+}
+
+/// The payload ids a supported node reads (an absent bias left out) and those it writes.
+pub(crate) fn node_io(node: &fb::XNode<'_>) -> Option<(Vec<u32>, Vec<u32>)> {
+    let present = |ids: &[u32]| ids.iter().copied().filter(|&i| i != NO_VALUE).collect();
+    if let Some(n) = one_to_one(node) {
+        return Some((vec![n.input_id()], vec![n.output_id()]));
+    }
+    if let Some(n) = two_to_one(node) {
+        return Some((vec![n.input1_id(), n.input2_id()], vec![n.output_id()]));
+    }
+    if let Some(n) = convolution(node) {
+        let inputs = present(&[n.input1_id(), n.filter_id(), n.bias_id()]);
+        return Some((inputs, vec![n.output_id()]));
     }
     if let Some(n) = node.xnode_union_as_xnnfully_connected() {
+        let inputs = present(&[n.input1_id(), n.filter_id(), n.bias_id()]);
+        return Some((inputs, vec![n.output_id()]));
+    }
+    if let Some((c, inputs)) = concatenation(node) {
+        return Some((inputs, vec![c.output_id()]));
+    }
+    if let Some(n) = pooling(node) {
+        return Some((vec![n.input_id()], vec![n.output_id()]));
+    }
+    if let Some(n) = node.xnode_union_as_xnnarg_max_pooling_2d() {
         return Some((
-            present(&[n.input1_id(), n.filter_id(), n.bias_id()]),
-            n.output_id(),
+            vec![n.input_id()],
+            vec![n.output_value_id(), n.output_index_id()],
         ));
     }
-    if let Some(n) = node.xnode_union_as_xnnconcatenate_2() {
-        return Some((vec![n.input1_id(), n.input2_id()], n.output_id()));
+    if let Some(n) = node.xnode_union_as_xnnscaled_dot_product_attention() {
+        let inputs = vec![
+            n.query_id(),
+            n.key_id(),
+            n.value_id(),
+            n.scale_id(),
+            n.mask_id(),
+        ];
+        return Some((inputs, vec![n.output_id()]));
     }
+    let one = |input: u32, output: u32| Some((vec![input], vec![output]));
     if let Some(n) = node.xnode_union_as_xnnstatic_reshape() {
-        return Some((vec![n.input_id()], n.output_id()));
+        return one(n.input_id(), n.output_id());
     }
     if let Some(n) = node.xnode_union_as_xnnstatic_transpose() {
-        return Some((vec![n.input_id()], n.output_id()));
+        return one(n.input_id(), n.output_id());
     }
     if let Some(n) = node.xnode_union_as_xnnstatic_slice() {
-        return Some((vec![n.input_id()], n.output_id()));
+        return one(n.input_id(), n.output_id());
+    }
+    if let Some(n) = node.xnode_union_as_xnnstatic_constant_pad() {
+        return one(n.input_id(), n.output_id());
+    }
+    if let Some(n) = node.xnode_union_as_xnnstatic_resize_bilinear_2_d() {
+        return one(n.input_id(), n.output_id());
+    }
+    if let Some(n) = node.xnode_union_as_xnnleaky_re_lu() {
+        return one(n.input_id(), n.output_id());
+    }
+    if let Some(n) = node.xnode_union_as_xnnelu() {
+        return one(n.input_id(), n.output_id());
     }
     None
 }
@@ -247,10 +528,9 @@ pub(crate) fn define_nodes(
     graph: &fb::XNNGraph<'_>,
     ids: &HashMap<u32, u32>,
 ) -> Result<HashSet<u32>, DelegateError> {
-    let values: Vec<fb::XValue<'_>> = graph.xvalues().iter().flatten().collect();
     let mut read_as_is = HashSet::new();
     for (index, node) in graph.xnodes().iter().flatten().enumerate() {
-        read_as_is.extend(define_node(g, &values, index, &node, ids)?);
+        read_as_is.extend(define_node(g, index, &node, ids)?);
     }
     Ok(read_as_is)
 }
@@ -259,7 +539,6 @@ pub(crate) fn define_nodes(
 /// Returns the payload ids of the operands it may read as they are (not only to pack).
 pub(crate) fn define_node(
     g: &mut Subgraph<'_>,
-    values: &[fb::XValue<'_>],
     index: usize,
     node: &fb::XNode<'_>,
     ids: &HashMap<u32, u32>,
@@ -276,7 +555,6 @@ pub(crate) fn define_node(
         index,
         name: op.node,
         ids,
-        values,
         read_as_is: &read_as_is,
     };
     (op.define)(g, node, &cx)?;
@@ -303,7 +581,7 @@ fn min_max(node: &fb::XNode<'_>) -> (f32, f32) {
         })
 }
 
-fn malformed(cx: &Node<'_, '_>) -> DelegateError {
+fn malformed(cx: &Node<'_>) -> DelegateError {
     DelegateError::BadGraph(format!(
         "node {}: not the {} its type says",
         cx.index, cx.name
@@ -313,7 +591,7 @@ fn malformed(cx: &Node<'_, '_>) -> DelegateError {
 fn fully_connected(
     g: &mut Subgraph<'_>,
     node: &fb::XNode<'_>,
-    cx: &Node<'_, '_>,
+    cx: &Node<'_>,
 ) -> Result<(), DelegateError> {
     let fc = node
         .xnode_union_as_xnnfully_connected()
@@ -346,7 +624,7 @@ fn fully_connected(
 /// The convolution node both 2-D convolutions are serialised as.
 fn convolution_parts<'g>(
     node: &fb::XNode<'g>,
-    cx: &Node<'g, '_>,
+    cx: &Node<'_>,
 ) -> Result<fb::_XNNNodeConv<'g>, DelegateError> {
     let c = node
         .xnode_union_as_xnnconv_2d()
@@ -374,7 +652,7 @@ fn padding(c: &fb::_XNNNodeConv<'_>) -> Padding2d {
 fn convolution_2d(
     g: &mut Subgraph<'_>,
     node: &fb::XNode<'_>,
-    cx: &Node<'_, '_>,
+    cx: &Node<'_>,
 ) -> Result<(), DelegateError> {
     let c = convolution_parts(node, cx)?;
     let (min, max) = min_max(node);
@@ -407,7 +685,7 @@ fn convolution_2d(
 fn depthwise_convolution_2d(
     g: &mut Subgraph<'_>,
     node: &fb::XNode<'_>,
-    cx: &Node<'_, '_>,
+    cx: &Node<'_>,
 ) -> Result<(), DelegateError> {
     let c = convolution_parts(node, cx)?;
     let (min, max) = min_max(node);
@@ -435,65 +713,322 @@ fn depthwise_convolution_2d(
     .map_err(at(cx.what()))
 }
 
-/// Add or multiply; XNNPACK's binary node has no clamp, so a clamped one writes to an internal
-/// value and clamps that into the output.
+/// Refuses node flags XNNPACK is not given for this node kind (none, unless `allowed` says).
+fn no_flags(cx: &Node<'_>, flags: u32, allowed: u32) -> Result<u32, DelegateError> {
+    if flags & !allowed != 0 {
+        return Err(DelegateError::BadGraph(format!(
+            "node {} ({}): unsupported flags {flags:#x}",
+            cx.index, cx.name
+        )));
+    }
+    Ok(flags)
+}
+
+/// An element-wise binary node: add, subtract, multiply and divide are clamped to the node's
+/// output min/max, minimum and maximum are not (as ExecuTorch defines them).
 fn binary(
     g: &mut Subgraph<'_>,
     node: &fb::XNode<'_>,
-    cx: &Node<'_, '_>,
-    multiply: bool,
+    cx: &Node<'_>,
+    op: BinaryOp,
 ) -> Result<(), DelegateError> {
-    let b = node
-        .xnode_union_as_xnnadd()
-        .or_else(|| node.xnode_union_as_xnnmultiply())
-        .ok_or_else(|| malformed(cx))?;
-    let (min, max) = min_max(node);
-    let (a, bb, out) = (
+    let b = two_to_one(node).ok_or_else(|| malformed(cx))?;
+    no_flags(cx, b.flags(), 0)?;
+    let clamp = match op {
+        BinaryOp::Minimum | BinaryOp::Maximum => None,
+        _ => Some(min_max(node)),
+    };
+    g.define_binary_op(
+        op,
+        clamp,
         cx.id(b.input1_id())?,
         cx.id(b.input2_id())?,
         cx.id(b.output_id())?,
-    );
-    let clamped = min != f32::NEG_INFINITY || max != f32::INFINITY;
-    let target = if clamped {
-        let dims = cx
-            .values
-            .get(b.output_id() as usize)
-            .and_then(|v| tensor_of(*v, b.output_id() as usize).ok())
-            .map(|(t, _)| dims_of(&t))
-            .ok_or_else(|| DelegateError::BadGraph(format!("node {}: bad output", cx.index)))?;
-        g.define_f32_tensor(&dims, ValueRole::Internal)
-            .map_err(at(cx.what()))?
-    } else {
-        out
-    };
-    if multiply {
-        g.define_multiply(a, bb, target).map_err(at(cx.what()))?;
-    } else {
-        g.define_add(a, bb, target).map_err(at(cx.what()))?;
-    }
-    if clamped {
-        g.define_clamp(target, out, min, max)
-            .map_err(at(cx.what()))?;
-    }
-    Ok(())
+    )
+    .map_err(at(cx.what()))
 }
 
-fn add(g: &mut Subgraph<'_>, node: &fb::XNode<'_>, cx: &Node<'_, '_>) -> Result<(), DelegateError> {
-    binary(g, node, cx, false)
-}
-
-fn multiply(
+/// An element-wise unary node without parameters.
+fn unary(
     g: &mut Subgraph<'_>,
     node: &fb::XNode<'_>,
-    cx: &Node<'_, '_>,
+    cx: &Node<'_>,
+    op: UnaryOp,
 ) -> Result<(), DelegateError> {
-    binary(g, node, cx, true)
+    let u = one_to_one(node).ok_or_else(|| malformed(cx))?;
+    no_flags(cx, u.flags(), 0)?;
+    g.define_unary(op, cx.id(u.input_id())?, cx.id(u.output_id())?)
+        .map_err(at(cx.what()))
+}
+
+/// One definition function per element-wise node kind, for the table.
+macro_rules! elementwise {
+    ($($name:ident: $how:ident($op:expr);)*) => {
+        $(
+            fn $name(
+                g: &mut Subgraph<'_>,
+                node: &fb::XNode<'_>,
+                cx: &Node<'_>,
+            ) -> Result<(), DelegateError> {
+                $how(g, node, cx, $op)
+            }
+        )*
+    };
+}
+
+elementwise! {
+    add: binary(BinaryOp::Add);
+    subtract: binary(BinaryOp::Subtract);
+    multiply: binary(BinaryOp::Multiply);
+    divide: binary(BinaryOp::Divide);
+    minimum: binary(BinaryOp::Minimum);
+    maximum: binary(BinaryOp::Maximum);
+    abs: unary(UnaryOp::Abs);
+    ceiling: unary(UnaryOp::Ceiling);
+    exp: unary(UnaryOp::Exp);
+    floor: unary(UnaryOp::Floor);
+    gelu: unary(UnaryOp::Gelu);
+    hardswish: unary(UnaryOp::Hardswish);
+    log: unary(UnaryOp::Log);
+    negate: unary(UnaryOp::Negate);
+    reciprocal_square_root: unary(UnaryOp::ReciprocalSquareRoot);
+    sigmoid: unary(UnaryOp::Sigmoid);
+    sine: unary(UnaryOp::Sine);
+    cosine: unary(UnaryOp::Cosine);
+    square: unary(UnaryOp::Square);
+    square_root: unary(UnaryOp::SquareRoot);
+    tanh: unary(UnaryOp::Tanh);
+}
+
+fn leaky_relu(
+    g: &mut Subgraph<'_>,
+    node: &fb::XNode<'_>,
+    cx: &Node<'_>,
+) -> Result<(), DelegateError> {
+    let u = node
+        .xnode_union_as_xnnleaky_re_lu()
+        .ok_or_else(|| malformed(cx))?;
+    no_flags(cx, u.flags(), 0)?;
+    let op = UnaryOp::LeakyRelu {
+        negative_slope: u.negative_slope(),
+    };
+    g.define_unary(op, cx.id(u.input_id())?, cx.id(u.output_id())?)
+        .map_err(at(cx.what()))
+}
+
+fn elu(g: &mut Subgraph<'_>, node: &fb::XNode<'_>, cx: &Node<'_>) -> Result<(), DelegateError> {
+    let u = node.xnode_union_as_xnnelu().ok_or_else(|| malformed(cx))?;
+    no_flags(cx, u.flags(), 0)?;
+    let op = UnaryOp::Elu { alpha: u.alpha() };
+    g.define_unary(op, cx.id(u.input_id())?, cx.id(u.output_id())?)
+        .map_err(at(cx.what()))
+}
+
+fn prelu(
+    g: &mut Subgraph<'_>,
+    node: &fb::XNode<'_>,
+    cx: &Node<'_>,
+) -> Result<(), DelegateError> {
+    let b = node.xnode_union_as_xnnpre_lu().ok_or_else(|| malformed(cx))?;
+    no_flags(cx, b.flags(), 0)?;
+    g.define_prelu(
+        cx.id(b.input1_id())?,
+        cx.id(b.input2_id())?,
+        cx.id(b.output_id())?,
+    )
+    .map_err(at(cx.what()))
+}
+
+/// Pooling flags ExecuTorch writes (keep dims) and XNNPACK's same-padding.
+const POOLING_FLAGS: u32 =
+    xnnpack_sys::XNN_FLAG_KEEP_DIMS | xnnpack_sys::XNN_FLAG_TENSORFLOW_SAME_PADDING;
+
+fn pooling_params(
+    node: &fb::XNode<'_>,
+    cx: &Node<'_>,
+) -> Result<(Pooling2dParams, u32, u32), DelegateError> {
+    let p = pooling(node).ok_or_else(|| malformed(cx))?;
+    let (output_min, output_max) = min_max(node);
+    let params = Pooling2dParams {
+        padding: Padding2d {
+            top: p.padding_top(),
+            right: p.padding_right(),
+            bottom: p.padding_bottom(),
+            left: p.padding_left(),
+        },
+        pooling_height: p.pooling_height(),
+        pooling_width: p.pooling_width(),
+        stride_height: p.stride_height(),
+        stride_width: p.stride_width(),
+        dilation_height: p.dilation_height(),
+        dilation_width: p.dilation_width(),
+        output_min,
+        output_max,
+        flags: no_flags(cx, p.flags(), POOLING_FLAGS)?,
+    };
+    Ok((params, p.input_id(), p.output_id()))
+}
+
+fn max_pooling_2d(
+    g: &mut Subgraph<'_>,
+    node: &fb::XNode<'_>,
+    cx: &Node<'_>,
+) -> Result<(), DelegateError> {
+    let (p, input, output) = pooling_params(node, cx)?;
+    g.define_max_pooling_2d(&p, cx.id(input)?, cx.id(output)?)
+        .map_err(at(cx.what()))
+}
+
+fn average_pooling_2d(
+    g: &mut Subgraph<'_>,
+    node: &fb::XNode<'_>,
+    cx: &Node<'_>,
+) -> Result<(), DelegateError> {
+    let (p, input, output) = pooling_params(node, cx)?;
+    g.define_average_pooling_2d(&p, cx.id(input)?, cx.id(output)?)
+        .map_err(at(cx.what()))
+}
+
+fn argmax_pooling_2d(
+    g: &mut Subgraph<'_>,
+    node: &fb::XNode<'_>,
+    cx: &Node<'_>,
+) -> Result<(), DelegateError> {
+    let a = node
+        .xnode_union_as_xnnarg_max_pooling_2d()
+        .ok_or_else(|| malformed(cx))?;
+    let padding = Padding2d {
+        top: a.padding_top(),
+        right: a.padding_right(),
+        bottom: a.padding_bottom(),
+        left: a.padding_left(),
+    };
+    g.define_argmax_pooling_2d(
+        padding,
+        a.pooling_height(),
+        a.pooling_width(),
+        cx.id(a.input_id())?,
+        cx.id(a.output_value_id())?,
+        cx.id(a.output_index_id())?,
+        no_flags(cx, a.flags(), POOLING_FLAGS)?,
+    )
+    .map_err(at(cx.what()))
+}
+
+fn deconvolution_2d(
+    g: &mut Subgraph<'_>,
+    node: &fb::XNode<'_>,
+    cx: &Node<'_>,
+) -> Result<(), DelegateError> {
+    let c = node
+        .xnode_union_as_xnnconv_transpose_2d()
+        .ok_or_else(|| malformed(cx))?;
+    no_flags(cx, c.flags(), 0)?;
+    let (output_min, output_max) = min_max(node);
+    let p = Deconvolution2dParams {
+        padding: padding(&c),
+        adjustment_height: c.adjustment_height(),
+        adjustment_width: c.adjustment_width(),
+        kernel_height: c.kernel_height(),
+        kernel_width: c.kernel_width(),
+        upsampling_height: c.subsampling_height(),
+        upsampling_width: c.subsampling_width(),
+        dilation_height: c.dilation_height(),
+        dilation_width: c.dilation_width(),
+        groups: c.groups(),
+        group_input_channels: c.group_input_channels() as usize,
+        group_output_channels: c.group_output_channels() as usize,
+        output_min,
+        output_max,
+    };
+    // The filter is read as it is: XNNPACK's deconvolution packs it without the weights cache
+    // in this build, so it cannot be deferred.
+    g.define_deconvolution_2d(
+        &p,
+        cx.id(c.input1_id())?,
+        cx.id(c.filter_id())?,
+        cx.optional(c.bias_id())?,
+        cx.id(c.output_id())?,
+    )
+    .map_err(at(cx.what()))
+}
+
+fn static_constant_pad(
+    g: &mut Subgraph<'_>,
+    node: &fb::XNode<'_>,
+    cx: &Node<'_>,
+) -> Result<(), DelegateError> {
+    let p = node
+        .xnode_union_as_xnnstatic_constant_pad()
+        .ok_or_else(|| malformed(cx))?;
+    no_flags(cx, p.flags(), 0)?;
+    if p.pre_paddings().is_none() || p.post_paddings().is_none() {
+        return Err(DelegateError::BadGraph(format!(
+            "node {}: a constant pad without its paddings",
+            cx.index
+        )));
+    }
+    g.define_static_constant_pad(
+        &usizes(p.pre_paddings()),
+        &usizes(p.post_paddings()),
+        p.padding_value(),
+        cx.id(p.input_id())?,
+        cx.id(p.output_id())?,
+    )
+    .map_err(at(cx.what()))
+}
+
+fn static_resize_bilinear_2d(
+    g: &mut Subgraph<'_>,
+    node: &fb::XNode<'_>,
+    cx: &Node<'_>,
+) -> Result<(), DelegateError> {
+    let r = node
+        .xnode_union_as_xnnstatic_resize_bilinear_2_d()
+        .ok_or_else(|| malformed(cx))?;
+    let allowed =
+        xnnpack_sys::XNN_FLAG_ALIGN_CORNERS | xnnpack_sys::XNN_FLAG_TENSORFLOW_LEGACY_MODE;
+    g.define_static_resize_bilinear_2d(
+        r.new_height() as usize,
+        r.new_width() as usize,
+        cx.id(r.input_id())?,
+        cx.id(r.output_id())?,
+        no_flags(cx, r.flags(), allowed)?,
+    )
+    .map_err(at(cx.what()))
+}
+
+fn copy(g: &mut Subgraph<'_>, node: &fb::XNode<'_>, cx: &Node<'_>) -> Result<(), DelegateError> {
+    let u = node.xnode_union_as_xnncopy().ok_or_else(|| malformed(cx))?;
+    no_flags(cx, u.flags(), 0)?;
+    g.define_copy(cx.id(u.input_id())?, cx.id(u.output_id())?)
+        .map_err(at(cx.what()))
+}
+
+fn scaled_dot_product_attention(
+    g: &mut Subgraph<'_>,
+    node: &fb::XNode<'_>,
+    cx: &Node<'_>,
+) -> Result<(), DelegateError> {
+    let a = node
+        .xnode_union_as_xnnscaled_dot_product_attention()
+        .ok_or_else(|| malformed(cx))?;
+    no_flags(cx, a.flags(), 0)?;
+    g.define_scaled_dot_product_attention(
+        cx.id(a.query_id())?,
+        cx.id(a.key_id())?,
+        cx.id(a.value_id())?,
+        cx.id(a.scale_id())?,
+        cx.id(a.mask_id())?,
+        cx.id(a.output_id())?,
+    )
+    .map_err(at(cx.what()))
 }
 
 fn batch_matrix_multiply(
     g: &mut Subgraph<'_>,
     node: &fb::XNode<'_>,
-    cx: &Node<'_, '_>,
+    cx: &Node<'_>,
 ) -> Result<(), DelegateError> {
     let b = node
         .xnode_union_as_xnnbatch_matrix_multiply()
@@ -518,7 +1053,7 @@ fn batch_matrix_multiply(
 fn clamp(
     g: &mut Subgraph<'_>,
     node: &fb::XNode<'_>,
-    cx: &Node<'_, '_>,
+    cx: &Node<'_>,
 ) -> Result<(), DelegateError> {
     let u = node
         .xnode_union_as_xnnclamp()
@@ -531,7 +1066,7 @@ fn clamp(
 fn softmax(
     g: &mut Subgraph<'_>,
     node: &fb::XNode<'_>,
-    cx: &Node<'_, '_>,
+    cx: &Node<'_>,
 ) -> Result<(), DelegateError> {
     let u = node
         .xnode_union_as_xnnsoftmax()
@@ -543,7 +1078,7 @@ fn softmax(
 fn convert(
     g: &mut Subgraph<'_>,
     node: &fb::XNode<'_>,
-    cx: &Node<'_, '_>,
+    cx: &Node<'_>,
 ) -> Result<(), DelegateError> {
     let u = node
         .xnode_union_as_xnnconvert()
@@ -555,7 +1090,7 @@ fn convert(
 fn global_average_pooling_2d(
     g: &mut Subgraph<'_>,
     node: &fb::XNode<'_>,
-    cx: &Node<'_, '_>,
+    cx: &Node<'_>,
 ) -> Result<(), DelegateError> {
     let u = node
         .xnode_union_as_xnnglobal_avg_pooling_2d()
@@ -580,7 +1115,7 @@ fn usizes(v: Option<flatbuffers::Vector<'_, u32>>) -> Vec<usize> {
 fn static_reshape(
     g: &mut Subgraph<'_>,
     node: &fb::XNode<'_>,
-    cx: &Node<'_, '_>,
+    cx: &Node<'_>,
 ) -> Result<(), DelegateError> {
     let r = node
         .xnode_union_as_xnnstatic_reshape()
@@ -596,7 +1131,7 @@ fn static_reshape(
 fn static_transpose(
     g: &mut Subgraph<'_>,
     node: &fb::XNode<'_>,
-    cx: &Node<'_, '_>,
+    cx: &Node<'_>,
 ) -> Result<(), DelegateError> {
     let t = node
         .xnode_union_as_xnnstatic_transpose()
@@ -612,7 +1147,7 @@ fn static_transpose(
 fn static_slice(
     g: &mut Subgraph<'_>,
     node: &fb::XNode<'_>,
-    cx: &Node<'_, '_>,
+    cx: &Node<'_>,
 ) -> Result<(), DelegateError> {
     let sl = node
         .xnode_union_as_xnnstatic_slice()
@@ -626,19 +1161,20 @@ fn static_slice(
     .map_err(at(cx.what()))
 }
 
-fn concatenate2(
+fn concatenate(
     g: &mut Subgraph<'_>,
     node: &fb::XNode<'_>,
-    cx: &Node<'_, '_>,
+    cx: &Node<'_>,
 ) -> Result<(), DelegateError> {
-    let c = node
-        .xnode_union_as_xnnconcatenate_2()
-        .ok_or_else(|| malformed(cx))?;
-    g.define_concatenate2(
-        c.axis() as i32,
-        cx.id(c.input1_id())?,
-        cx.id(c.input2_id())?,
-        cx.id(c.output_id())?,
-    )
-    .map_err(at(cx.what()))
+    let (c, inputs) = concatenation(node).ok_or_else(|| malformed(cx))?;
+    no_flags(cx, c.flags(), 0)?;
+    let ids = inputs
+        .iter()
+        .map(|&i| cx.id(i))
+        .collect::<Result<Vec<u32>, _>>()?;
+    let axis = i32::try_from(c.axis()).map_err(|_| {
+        DelegateError::BadGraph(format!("node {}: axis {} is out of range", cx.index, c.axis()))
+    })?;
+    g.define_concatenate(axis, &ids, cx.id(c.output_id())?)
+        .map_err(at(cx.what()))
 }

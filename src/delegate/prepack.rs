@@ -224,7 +224,7 @@ fn pack_one(
     let output = define_value(&mut g, values[o], o, loaded, ValueRole::Output(1))?;
     ids.insert(job.output, output);
 
-    define_node(&mut g, values, job.index, &job.node, &ids)?;
+    define_node(&mut g, job.index, &job.node, &ids)?;
     let cache: &PackedWeightsCache = cache;
     Runtime::with_options(&g, Some(cache), &RuntimeOptions::default())?;
     Ok(())

@@ -247,10 +247,10 @@ pub struct XNNQuantParamsUnionTableOffset {}
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 pub const ENUM_MIN_XNODE_UNION: u8 = 0;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
-pub const ENUM_MAX_XNODE_UNION: u8 = 44;
+pub const ENUM_MAX_XNODE_UNION: u8 = 47;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 #[allow(non_camel_case_types)]
-pub const ENUM_VALUES_XNODE_UNION: [XNodeUnion; 45] = [
+pub const ENUM_VALUES_XNODE_UNION: [XNodeUnion; 48] = [
   XNodeUnion::NONE,
   XNodeUnion::XNNAdd,
   XNodeUnion::XNNFullyConnected,
@@ -296,6 +296,9 @@ pub const ENUM_VALUES_XNODE_UNION: [XNodeUnion; 45] = [
   XNodeUnion::XNNGelu,
   XNodeUnion::XNNTanh,
   XNodeUnion::XNNExp,
+  XNodeUnion::XNNSin,
+  XNodeUnion::XNNCopy,
+  XNodeUnion::XNNCos,
 ];
 
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
@@ -348,9 +351,12 @@ impl XNodeUnion {
   pub const XNNGelu: Self = Self(42);
   pub const XNNTanh: Self = Self(43);
   pub const XNNExp: Self = Self(44);
+  pub const XNNSin: Self = Self(45);
+  pub const XNNCopy: Self = Self(46);
+  pub const XNNCos: Self = Self(47);
 
   pub const ENUM_MIN: u8 = 0;
-  pub const ENUM_MAX: u8 = 44;
+  pub const ENUM_MAX: u8 = 47;
   pub const ENUM_VALUES: &'static [Self] = &[
     Self::NONE,
     Self::XNNAdd,
@@ -397,6 +403,9 @@ impl XNodeUnion {
     Self::XNNGelu,
     Self::XNNTanh,
     Self::XNNExp,
+    Self::XNNSin,
+    Self::XNNCopy,
+    Self::XNNCos,
   ];
   /// Returns the variant's name or "" if unknown.
   pub fn variant_name(self) -> Option<&'static str> {
@@ -446,6 +455,9 @@ impl XNodeUnion {
       Self::XNNGelu => Some("XNNGelu"),
       Self::XNNTanh => Some("XNNTanh"),
       Self::XNNExp => Some("XNNExp"),
+      Self::XNNSin => Some("XNNSin"),
+      Self::XNNCopy => Some("XNNCopy"),
+      Self::XNNCos => Some("XNNCos"),
       _ => None,
     }
   }
@@ -1557,84 +1569,6 @@ impl ::core::fmt::Debug for XNNQuantizedTensorValue<'_> {
       ds.finish()
   }
 }
-pub enum UnsupportedOffset {}
-#[derive(Copy, Clone, PartialEq)]
-
-pub struct Unsupported<'a> {
-  pub _tab: ::flatbuffers::Table<'a>,
-}
-
-impl<'a> ::flatbuffers::Follow<'a> for Unsupported<'a> {
-  type Inner = Unsupported<'a>;
-  #[inline]
-  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
-    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
-  }
-}
-
-impl<'a> Unsupported<'a> {
-
-  #[inline]
-  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
-    Unsupported { _tab: table }
-  }
-  #[allow(unused_mut)]
-  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
-    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
-    _args: &'args UnsupportedArgs
-  ) -> ::flatbuffers::WIPOffset<Unsupported<'bldr>> {
-    let mut builder = UnsupportedBuilder::new(_fbb);
-    builder.finish()
-  }
-
-}
-
-impl ::flatbuffers::Verifiable for Unsupported<'_> {
-  #[inline]
-  fn run_verifier(
-    v: &mut ::flatbuffers::Verifier, pos: usize
-  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
-    v.visit_table(pos)?
-     .finish();
-    Ok(())
-  }
-}
-pub struct UnsupportedArgs {
-}
-impl<'a> Default for UnsupportedArgs {
-  #[inline]
-  fn default() -> Self {
-    UnsupportedArgs {
-    }
-  }
-}
-
-pub struct UnsupportedBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
-  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
-  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
-}
-impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> UnsupportedBuilder<'a, 'b, A> {
-  #[inline]
-  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> UnsupportedBuilder<'a, 'b, A> {
-    let start = _fbb.start_table();
-    UnsupportedBuilder {
-      fbb_: _fbb,
-      start_: start,
-    }
-  }
-  #[inline]
-  pub fn finish(self) -> ::flatbuffers::WIPOffset<Unsupported<'a>> {
-    let o = self.fbb_.end_table(self.start_);
-    ::flatbuffers::WIPOffset::new(o.value())
-  }
-}
-
-impl ::core::fmt::Debug for Unsupported<'_> {
-  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
-    let mut ds = f.debug_struct("Unsupported");
-      ds.finish()
-  }
-}
 pub enum OutputMinMaxOffset {}
 #[derive(Copy, Clone, PartialEq)]
 
@@ -1862,13 +1796,13 @@ impl<'a> XNode<'a> {
 
   #[inline]
   #[allow(non_snake_case)]
-  pub fn xnode_union_as_xnnsigmoid(&self) -> Option<Unsupported<'a>> {
+  pub fn xnode_union_as_xnnsigmoid(&self) -> Option<_XNNNode1x1<'a>> {
     if self.xnode_union_type() == XNodeUnion::XNNSigmoid {
       self.xnode_union().map(|t| {
        // Safety:
        // Created from a valid Table for this object
        // Which contains a valid union in this slot
-       unsafe { Unsupported::init_from_table(t) }
+       unsafe { _XNNNode1x1::init_from_table(t) }
      })
     } else {
       None
@@ -1922,13 +1856,13 @@ impl<'a> XNode<'a> {
 
   #[inline]
   #[allow(non_snake_case)]
-  pub fn xnode_union_as_xnndiv(&self) -> Option<Unsupported<'a>> {
+  pub fn xnode_union_as_xnndiv(&self) -> Option<_XNNNode2x1<'a>> {
     if self.xnode_union_type() == XNodeUnion::XNNDiv {
       self.xnode_union().map(|t| {
        // Safety:
        // Created from a valid Table for this object
        // Which contains a valid union in this slot
-       unsafe { Unsupported::init_from_table(t) }
+       unsafe { _XNNNode2x1::init_from_table(t) }
      })
     } else {
       None
@@ -1937,13 +1871,13 @@ impl<'a> XNode<'a> {
 
   #[inline]
   #[allow(non_snake_case)]
-  pub fn xnode_union_as_xnnstatic_resize_bilinear_2_d(&self) -> Option<Unsupported<'a>> {
+  pub fn xnode_union_as_xnnstatic_resize_bilinear_2_d(&self) -> Option<XNNStaticResizeBilinear2D<'a>> {
     if self.xnode_union_type() == XNodeUnion::XNNStaticResizeBilinear2D {
       self.xnode_union().map(|t| {
        // Safety:
        // Created from a valid Table for this object
        // Which contains a valid union in this slot
-       unsafe { Unsupported::init_from_table(t) }
+       unsafe { XNNStaticResizeBilinear2D::init_from_table(t) }
      })
     } else {
       None
@@ -1952,13 +1886,13 @@ impl<'a> XNode<'a> {
 
   #[inline]
   #[allow(non_snake_case)]
-  pub fn xnode_union_as_xnnstatic_constant_pad(&self) -> Option<Unsupported<'a>> {
+  pub fn xnode_union_as_xnnstatic_constant_pad(&self) -> Option<XNNStaticConstantPad<'a>> {
     if self.xnode_union_type() == XNodeUnion::XNNStaticConstantPad {
       self.xnode_union().map(|t| {
        // Safety:
        // Created from a valid Table for this object
        // Which contains a valid union in this slot
-       unsafe { Unsupported::init_from_table(t) }
+       unsafe { XNNStaticConstantPad::init_from_table(t) }
      })
     } else {
       None
@@ -1967,13 +1901,13 @@ impl<'a> XNode<'a> {
 
   #[inline]
   #[allow(non_snake_case)]
-  pub fn xnode_union_as_xnnavg_pooling_2d(&self) -> Option<Unsupported<'a>> {
+  pub fn xnode_union_as_xnnavg_pooling_2d(&self) -> Option<_XNNPooling2D<'a>> {
     if self.xnode_union_type() == XNodeUnion::XNNAvgPooling2d {
       self.xnode_union().map(|t| {
        // Safety:
        // Created from a valid Table for this object
        // Which contains a valid union in this slot
-       unsafe { Unsupported::init_from_table(t) }
+       unsafe { _XNNPooling2D::init_from_table(t) }
      })
     } else {
       None
@@ -1982,13 +1916,13 @@ impl<'a> XNode<'a> {
 
   #[inline]
   #[allow(non_snake_case)]
-  pub fn xnode_union_as_xnnminimum(&self) -> Option<Unsupported<'a>> {
+  pub fn xnode_union_as_xnnminimum(&self) -> Option<_XNNNode2x1<'a>> {
     if self.xnode_union_type() == XNodeUnion::XNNMinimum {
       self.xnode_union().map(|t| {
        // Safety:
        // Created from a valid Table for this object
        // Which contains a valid union in this slot
-       unsafe { Unsupported::init_from_table(t) }
+       unsafe { _XNNNode2x1::init_from_table(t) }
      })
     } else {
       None
@@ -2012,13 +1946,13 @@ impl<'a> XNode<'a> {
 
   #[inline]
   #[allow(non_snake_case)]
-  pub fn xnode_union_as_xnnmax_pooling_2d(&self) -> Option<Unsupported<'a>> {
+  pub fn xnode_union_as_xnnmax_pooling_2d(&self) -> Option<_XNNPooling2D<'a>> {
     if self.xnode_union_type() == XNodeUnion::XNNMaxPooling2d {
       self.xnode_union().map(|t| {
        // Safety:
        // Created from a valid Table for this object
        // Which contains a valid union in this slot
-       unsafe { Unsupported::init_from_table(t) }
+       unsafe { _XNNPooling2D::init_from_table(t) }
      })
     } else {
       None
@@ -2042,13 +1976,13 @@ impl<'a> XNode<'a> {
 
   #[inline]
   #[allow(non_snake_case)]
-  pub fn xnode_union_as_xnnsubtract(&self) -> Option<Unsupported<'a>> {
+  pub fn xnode_union_as_xnnsubtract(&self) -> Option<_XNNNode2x1<'a>> {
     if self.xnode_union_type() == XNodeUnion::XNNSubtract {
       self.xnode_union().map(|t| {
        // Safety:
        // Created from a valid Table for this object
        // Which contains a valid union in this slot
-       unsafe { Unsupported::init_from_table(t) }
+       unsafe { _XNNNode2x1::init_from_table(t) }
      })
     } else {
       None
@@ -2057,13 +1991,13 @@ impl<'a> XNode<'a> {
 
   #[inline]
   #[allow(non_snake_case)]
-  pub fn xnode_union_as_xnnfloor(&self) -> Option<Unsupported<'a>> {
+  pub fn xnode_union_as_xnnfloor(&self) -> Option<_XNNNode1x1<'a>> {
     if self.xnode_union_type() == XNodeUnion::XNNFloor {
       self.xnode_union().map(|t| {
        // Safety:
        // Created from a valid Table for this object
        // Which contains a valid union in this slot
-       unsafe { Unsupported::init_from_table(t) }
+       unsafe { _XNNNode1x1::init_from_table(t) }
      })
     } else {
       None
@@ -2117,13 +2051,13 @@ impl<'a> XNode<'a> {
 
   #[inline]
   #[allow(non_snake_case)]
-  pub fn xnode_union_as_xnnarg_max_pooling_2d(&self) -> Option<Unsupported<'a>> {
+  pub fn xnode_union_as_xnnarg_max_pooling_2d(&self) -> Option<XNNArgMaxPooling2d<'a>> {
     if self.xnode_union_type() == XNodeUnion::XNNArgMaxPooling2d {
       self.xnode_union().map(|t| {
        // Safety:
        // Created from a valid Table for this object
        // Which contains a valid union in this slot
-       unsafe { Unsupported::init_from_table(t) }
+       unsafe { XNNArgMaxPooling2d::init_from_table(t) }
      })
     } else {
       None
@@ -2132,13 +2066,13 @@ impl<'a> XNode<'a> {
 
   #[inline]
   #[allow(non_snake_case)]
-  pub fn xnode_union_as_xnnsquare_root(&self) -> Option<Unsupported<'a>> {
+  pub fn xnode_union_as_xnnsquare_root(&self) -> Option<_XNNNode1x1<'a>> {
     if self.xnode_union_type() == XNodeUnion::XNNSquareRoot {
       self.xnode_union().map(|t| {
        // Safety:
        // Created from a valid Table for this object
        // Which contains a valid union in this slot
-       unsafe { Unsupported::init_from_table(t) }
+       unsafe { _XNNNode1x1::init_from_table(t) }
      })
     } else {
       None
@@ -2147,13 +2081,13 @@ impl<'a> XNode<'a> {
 
   #[inline]
   #[allow(non_snake_case)]
-  pub fn xnode_union_as_xnnceiling(&self) -> Option<Unsupported<'a>> {
+  pub fn xnode_union_as_xnnceiling(&self) -> Option<_XNNNode1x1<'a>> {
     if self.xnode_union_type() == XNodeUnion::XNNCeiling {
       self.xnode_union().map(|t| {
        // Safety:
        // Created from a valid Table for this object
        // Which contains a valid union in this slot
-       unsafe { Unsupported::init_from_table(t) }
+       unsafe { _XNNNode1x1::init_from_table(t) }
      })
     } else {
       None
@@ -2162,13 +2096,13 @@ impl<'a> XNode<'a> {
 
   #[inline]
   #[allow(non_snake_case)]
-  pub fn xnode_union_as_xnnhardswish(&self) -> Option<Unsupported<'a>> {
+  pub fn xnode_union_as_xnnhardswish(&self) -> Option<_XNNNode1x1<'a>> {
     if self.xnode_union_type() == XNodeUnion::XNNHardswish {
       self.xnode_union().map(|t| {
        // Safety:
        // Created from a valid Table for this object
        // Which contains a valid union in this slot
-       unsafe { Unsupported::init_from_table(t) }
+       unsafe { _XNNNode1x1::init_from_table(t) }
      })
     } else {
       None
@@ -2177,13 +2111,13 @@ impl<'a> XNode<'a> {
 
   #[inline]
   #[allow(non_snake_case)]
-  pub fn xnode_union_as_xnnleaky_re_lu(&self) -> Option<Unsupported<'a>> {
+  pub fn xnode_union_as_xnnleaky_re_lu(&self) -> Option<XNNLeakyReLU<'a>> {
     if self.xnode_union_type() == XNodeUnion::XNNLeakyReLU {
       self.xnode_union().map(|t| {
        // Safety:
        // Created from a valid Table for this object
        // Which contains a valid union in this slot
-       unsafe { Unsupported::init_from_table(t) }
+       unsafe { XNNLeakyReLU::init_from_table(t) }
      })
     } else {
       None
@@ -2192,13 +2126,13 @@ impl<'a> XNode<'a> {
 
   #[inline]
   #[allow(non_snake_case)]
-  pub fn xnode_union_as_xnnmaximum(&self) -> Option<Unsupported<'a>> {
+  pub fn xnode_union_as_xnnmaximum(&self) -> Option<_XNNNode2x1<'a>> {
     if self.xnode_union_type() == XNodeUnion::XNNMaximum {
       self.xnode_union().map(|t| {
        // Safety:
        // Created from a valid Table for this object
        // Which contains a valid union in this slot
-       unsafe { Unsupported::init_from_table(t) }
+       unsafe { _XNNNode2x1::init_from_table(t) }
      })
     } else {
       None
@@ -2207,13 +2141,13 @@ impl<'a> XNode<'a> {
 
   #[inline]
   #[allow(non_snake_case)]
-  pub fn xnode_union_as_xnnnegate(&self) -> Option<Unsupported<'a>> {
+  pub fn xnode_union_as_xnnnegate(&self) -> Option<_XNNNode1x1<'a>> {
     if self.xnode_union_type() == XNodeUnion::XNNNegate {
       self.xnode_union().map(|t| {
        // Safety:
        // Created from a valid Table for this object
        // Which contains a valid union in this slot
-       unsafe { Unsupported::init_from_table(t) }
+       unsafe { _XNNNode1x1::init_from_table(t) }
      })
     } else {
       None
@@ -2222,13 +2156,13 @@ impl<'a> XNode<'a> {
 
   #[inline]
   #[allow(non_snake_case)]
-  pub fn xnode_union_as_xnnsquare(&self) -> Option<Unsupported<'a>> {
+  pub fn xnode_union_as_xnnsquare(&self) -> Option<_XNNNode1x1<'a>> {
     if self.xnode_union_type() == XNodeUnion::XNNSquare {
       self.xnode_union().map(|t| {
        // Safety:
        // Created from a valid Table for this object
        // Which contains a valid union in this slot
-       unsafe { Unsupported::init_from_table(t) }
+       unsafe { _XNNNode1x1::init_from_table(t) }
      })
     } else {
       None
@@ -2237,13 +2171,13 @@ impl<'a> XNode<'a> {
 
   #[inline]
   #[allow(non_snake_case)]
-  pub fn xnode_union_as_xnnelu(&self) -> Option<Unsupported<'a>> {
+  pub fn xnode_union_as_xnnelu(&self) -> Option<XNNELU<'a>> {
     if self.xnode_union_type() == XNodeUnion::XNNELU {
       self.xnode_union().map(|t| {
        // Safety:
        // Created from a valid Table for this object
        // Which contains a valid union in this slot
-       unsafe { Unsupported::init_from_table(t) }
+       unsafe { XNNELU::init_from_table(t) }
      })
     } else {
       None
@@ -2252,13 +2186,13 @@ impl<'a> XNode<'a> {
 
   #[inline]
   #[allow(non_snake_case)]
-  pub fn xnode_union_as_xnnabs(&self) -> Option<Unsupported<'a>> {
+  pub fn xnode_union_as_xnnabs(&self) -> Option<_XNNNode1x1<'a>> {
     if self.xnode_union_type() == XNodeUnion::XNNAbs {
       self.xnode_union().map(|t| {
        // Safety:
        // Created from a valid Table for this object
        // Which contains a valid union in this slot
-       unsafe { Unsupported::init_from_table(t) }
+       unsafe { _XNNNode1x1::init_from_table(t) }
      })
     } else {
       None
@@ -2267,13 +2201,13 @@ impl<'a> XNode<'a> {
 
   #[inline]
   #[allow(non_snake_case)]
-  pub fn xnode_union_as_xnnpre_lu(&self) -> Option<Unsupported<'a>> {
+  pub fn xnode_union_as_xnnpre_lu(&self) -> Option<_XNNNode2x1<'a>> {
     if self.xnode_union_type() == XNodeUnion::XNNPReLU {
       self.xnode_union().map(|t| {
        // Safety:
        // Created from a valid Table for this object
        // Which contains a valid union in this slot
-       unsafe { Unsupported::init_from_table(t) }
+       unsafe { _XNNNode2x1::init_from_table(t) }
      })
     } else {
       None
@@ -2297,13 +2231,13 @@ impl<'a> XNode<'a> {
 
   #[inline]
   #[allow(non_snake_case)]
-  pub fn xnode_union_as_xnnconcatenate_3(&self) -> Option<Unsupported<'a>> {
+  pub fn xnode_union_as_xnnconcatenate_3(&self) -> Option<_XNNCat<'a>> {
     if self.xnode_union_type() == XNodeUnion::XNNConcatenate3 {
       self.xnode_union().map(|t| {
        // Safety:
        // Created from a valid Table for this object
        // Which contains a valid union in this slot
-       unsafe { Unsupported::init_from_table(t) }
+       unsafe { _XNNCat::init_from_table(t) }
      })
     } else {
       None
@@ -2312,13 +2246,13 @@ impl<'a> XNode<'a> {
 
   #[inline]
   #[allow(non_snake_case)]
-  pub fn xnode_union_as_xnnconcatenate_4(&self) -> Option<Unsupported<'a>> {
+  pub fn xnode_union_as_xnnconcatenate_4(&self) -> Option<_XNNCat<'a>> {
     if self.xnode_union_type() == XNodeUnion::XNNConcatenate4 {
       self.xnode_union().map(|t| {
        // Safety:
        // Created from a valid Table for this object
        // Which contains a valid union in this slot
-       unsafe { Unsupported::init_from_table(t) }
+       unsafe { _XNNCat::init_from_table(t) }
      })
     } else {
       None
@@ -2342,13 +2276,13 @@ impl<'a> XNode<'a> {
 
   #[inline]
   #[allow(non_snake_case)]
-  pub fn xnode_union_as_xnnscaled_dot_product_attention(&self) -> Option<Unsupported<'a>> {
+  pub fn xnode_union_as_xnnscaled_dot_product_attention(&self) -> Option<XNNScaledDotProductAttention<'a>> {
     if self.xnode_union_type() == XNodeUnion::XNNScaledDotProductAttention {
       self.xnode_union().map(|t| {
        // Safety:
        // Created from a valid Table for this object
        // Which contains a valid union in this slot
-       unsafe { Unsupported::init_from_table(t) }
+       unsafe { XNNScaledDotProductAttention::init_from_table(t) }
      })
     } else {
       None
@@ -2372,13 +2306,13 @@ impl<'a> XNode<'a> {
 
   #[inline]
   #[allow(non_snake_case)]
-  pub fn xnode_union_as_xnnconcatenate_5(&self) -> Option<Unsupported<'a>> {
+  pub fn xnode_union_as_xnnconcatenate_5(&self) -> Option<_XNNCat<'a>> {
     if self.xnode_union_type() == XNodeUnion::XNNConcatenate5 {
       self.xnode_union().map(|t| {
        // Safety:
        // Created from a valid Table for this object
        // Which contains a valid union in this slot
-       unsafe { Unsupported::init_from_table(t) }
+       unsafe { _XNNCat::init_from_table(t) }
      })
     } else {
       None
@@ -2387,13 +2321,13 @@ impl<'a> XNode<'a> {
 
   #[inline]
   #[allow(non_snake_case)]
-  pub fn xnode_union_as_xnnconv_transpose_2d(&self) -> Option<Unsupported<'a>> {
+  pub fn xnode_union_as_xnnconv_transpose_2d(&self) -> Option<_XNNNodeConv<'a>> {
     if self.xnode_union_type() == XNodeUnion::XNNConvTranspose2d {
       self.xnode_union().map(|t| {
        // Safety:
        // Created from a valid Table for this object
        // Which contains a valid union in this slot
-       unsafe { Unsupported::init_from_table(t) }
+       unsafe { _XNNNodeConv::init_from_table(t) }
      })
     } else {
       None
@@ -2402,13 +2336,13 @@ impl<'a> XNode<'a> {
 
   #[inline]
   #[allow(non_snake_case)]
-  pub fn xnode_union_as_xnnreciprocal_square_root(&self) -> Option<Unsupported<'a>> {
+  pub fn xnode_union_as_xnnreciprocal_square_root(&self) -> Option<_XNNNode1x1<'a>> {
     if self.xnode_union_type() == XNodeUnion::XNNReciprocalSquareRoot {
       self.xnode_union().map(|t| {
        // Safety:
        // Created from a valid Table for this object
        // Which contains a valid union in this slot
-       unsafe { Unsupported::init_from_table(t) }
+       unsafe { _XNNNode1x1::init_from_table(t) }
      })
     } else {
       None
@@ -2417,13 +2351,13 @@ impl<'a> XNode<'a> {
 
   #[inline]
   #[allow(non_snake_case)]
-  pub fn xnode_union_as_xnnlog(&self) -> Option<Unsupported<'a>> {
+  pub fn xnode_union_as_xnnlog(&self) -> Option<_XNNNode1x1<'a>> {
     if self.xnode_union_type() == XNodeUnion::XNNLog {
       self.xnode_union().map(|t| {
        // Safety:
        // Created from a valid Table for this object
        // Which contains a valid union in this slot
-       unsafe { Unsupported::init_from_table(t) }
+       unsafe { _XNNNode1x1::init_from_table(t) }
      })
     } else {
       None
@@ -2432,13 +2366,13 @@ impl<'a> XNode<'a> {
 
   #[inline]
   #[allow(non_snake_case)]
-  pub fn xnode_union_as_xnngelu(&self) -> Option<Unsupported<'a>> {
+  pub fn xnode_union_as_xnngelu(&self) -> Option<_XNNNode1x1<'a>> {
     if self.xnode_union_type() == XNodeUnion::XNNGelu {
       self.xnode_union().map(|t| {
        // Safety:
        // Created from a valid Table for this object
        // Which contains a valid union in this slot
-       unsafe { Unsupported::init_from_table(t) }
+       unsafe { _XNNNode1x1::init_from_table(t) }
      })
     } else {
       None
@@ -2447,13 +2381,13 @@ impl<'a> XNode<'a> {
 
   #[inline]
   #[allow(non_snake_case)]
-  pub fn xnode_union_as_xnntanh(&self) -> Option<Unsupported<'a>> {
+  pub fn xnode_union_as_xnntanh(&self) -> Option<_XNNNode1x1<'a>> {
     if self.xnode_union_type() == XNodeUnion::XNNTanh {
       self.xnode_union().map(|t| {
        // Safety:
        // Created from a valid Table for this object
        // Which contains a valid union in this slot
-       unsafe { Unsupported::init_from_table(t) }
+       unsafe { _XNNNode1x1::init_from_table(t) }
      })
     } else {
       None
@@ -2462,13 +2396,58 @@ impl<'a> XNode<'a> {
 
   #[inline]
   #[allow(non_snake_case)]
-  pub fn xnode_union_as_xnnexp(&self) -> Option<Unsupported<'a>> {
+  pub fn xnode_union_as_xnnexp(&self) -> Option<_XNNNode1x1<'a>> {
     if self.xnode_union_type() == XNodeUnion::XNNExp {
       self.xnode_union().map(|t| {
        // Safety:
        // Created from a valid Table for this object
        // Which contains a valid union in this slot
-       unsafe { Unsupported::init_from_table(t) }
+       unsafe { _XNNNode1x1::init_from_table(t) }
+     })
+    } else {
+      None
+    }
+  }
+
+  #[inline]
+  #[allow(non_snake_case)]
+  pub fn xnode_union_as_xnnsin(&self) -> Option<_XNNNode1x1<'a>> {
+    if self.xnode_union_type() == XNodeUnion::XNNSin {
+      self.xnode_union().map(|t| {
+       // Safety:
+       // Created from a valid Table for this object
+       // Which contains a valid union in this slot
+       unsafe { _XNNNode1x1::init_from_table(t) }
+     })
+    } else {
+      None
+    }
+  }
+
+  #[inline]
+  #[allow(non_snake_case)]
+  pub fn xnode_union_as_xnncopy(&self) -> Option<_XNNNode1x1<'a>> {
+    if self.xnode_union_type() == XNodeUnion::XNNCopy {
+      self.xnode_union().map(|t| {
+       // Safety:
+       // Created from a valid Table for this object
+       // Which contains a valid union in this slot
+       unsafe { _XNNNode1x1::init_from_table(t) }
+     })
+    } else {
+      None
+    }
+  }
+
+  #[inline]
+  #[allow(non_snake_case)]
+  pub fn xnode_union_as_xnncos(&self) -> Option<_XNNNode1x1<'a>> {
+    if self.xnode_union_type() == XNodeUnion::XNNCos {
+      self.xnode_union().map(|t| {
+       // Safety:
+       // Created from a valid Table for this object
+       // Which contains a valid union in this slot
+       unsafe { _XNNNode1x1::init_from_table(t) }
      })
     } else {
       None
@@ -2488,47 +2467,50 @@ impl ::flatbuffers::Verifiable for XNode<'_> {
           XNodeUnion::XNNAdd => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<_XNNNode2x1>>("XNodeUnion::XNNAdd", pos),
           XNodeUnion::XNNFullyConnected => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<XNNFullyConnected>>("XNodeUnion::XNNFullyConnected", pos),
           XNodeUnion::XNNSoftmax => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<_XNNNode1x1>>("XNodeUnion::XNNSoftmax", pos),
-          XNodeUnion::XNNSigmoid => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<Unsupported>>("XNodeUnion::XNNSigmoid", pos),
+          XNodeUnion::XNNSigmoid => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<_XNNNode1x1>>("XNodeUnion::XNNSigmoid", pos),
           XNodeUnion::XNNStaticTranspose => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<XNNStaticTranspose>>("XNodeUnion::XNNStaticTranspose", pos),
           XNodeUnion::XNNClamp => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<_XNNNode1x1>>("XNodeUnion::XNNClamp", pos),
           XNodeUnion::XNNConv2d => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<_XNNNodeConv>>("XNodeUnion::XNNConv2d", pos),
-          XNodeUnion::XNNDiv => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<Unsupported>>("XNodeUnion::XNNDiv", pos),
-          XNodeUnion::XNNStaticResizeBilinear2D => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<Unsupported>>("XNodeUnion::XNNStaticResizeBilinear2D", pos),
-          XNodeUnion::XNNStaticConstantPad => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<Unsupported>>("XNodeUnion::XNNStaticConstantPad", pos),
-          XNodeUnion::XNNAvgPooling2d => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<Unsupported>>("XNodeUnion::XNNAvgPooling2d", pos),
-          XNodeUnion::XNNMinimum => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<Unsupported>>("XNodeUnion::XNNMinimum", pos),
+          XNodeUnion::XNNDiv => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<_XNNNode2x1>>("XNodeUnion::XNNDiv", pos),
+          XNodeUnion::XNNStaticResizeBilinear2D => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<XNNStaticResizeBilinear2D>>("XNodeUnion::XNNStaticResizeBilinear2D", pos),
+          XNodeUnion::XNNStaticConstantPad => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<XNNStaticConstantPad>>("XNodeUnion::XNNStaticConstantPad", pos),
+          XNodeUnion::XNNAvgPooling2d => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<_XNNPooling2D>>("XNodeUnion::XNNAvgPooling2d", pos),
+          XNodeUnion::XNNMinimum => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<_XNNNode2x1>>("XNodeUnion::XNNMinimum", pos),
           XNodeUnion::XNNDepthwiseConv2d => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<_XNNNodeConv>>("XNodeUnion::XNNDepthwiseConv2d", pos),
-          XNodeUnion::XNNMaxPooling2d => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<Unsupported>>("XNodeUnion::XNNMaxPooling2d", pos),
+          XNodeUnion::XNNMaxPooling2d => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<_XNNPooling2D>>("XNodeUnion::XNNMaxPooling2d", pos),
           XNodeUnion::XNNMultiply => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<_XNNNode2x1>>("XNodeUnion::XNNMultiply", pos),
-          XNodeUnion::XNNSubtract => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<Unsupported>>("XNodeUnion::XNNSubtract", pos),
-          XNodeUnion::XNNFloor => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<Unsupported>>("XNodeUnion::XNNFloor", pos),
+          XNodeUnion::XNNSubtract => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<_XNNNode2x1>>("XNodeUnion::XNNSubtract", pos),
+          XNodeUnion::XNNFloor => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<_XNNNode1x1>>("XNodeUnion::XNNFloor", pos),
           XNodeUnion::XNNConvert => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<_XNNNode1x1>>("XNodeUnion::XNNConvert", pos),
           XNodeUnion::XNNGlobalAvgPooling2d => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<_XNNNode1x1>>("XNodeUnion::XNNGlobalAvgPooling2d", pos),
           XNodeUnion::XNNStaticReshape => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<XNNStaticReshape>>("XNodeUnion::XNNStaticReshape", pos),
-          XNodeUnion::XNNArgMaxPooling2d => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<Unsupported>>("XNodeUnion::XNNArgMaxPooling2d", pos),
-          XNodeUnion::XNNSquareRoot => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<Unsupported>>("XNodeUnion::XNNSquareRoot", pos),
-          XNodeUnion::XNNCeiling => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<Unsupported>>("XNodeUnion::XNNCeiling", pos),
-          XNodeUnion::XNNHardswish => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<Unsupported>>("XNodeUnion::XNNHardswish", pos),
-          XNodeUnion::XNNLeakyReLU => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<Unsupported>>("XNodeUnion::XNNLeakyReLU", pos),
-          XNodeUnion::XNNMaximum => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<Unsupported>>("XNodeUnion::XNNMaximum", pos),
-          XNodeUnion::XNNNegate => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<Unsupported>>("XNodeUnion::XNNNegate", pos),
-          XNodeUnion::XNNSquare => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<Unsupported>>("XNodeUnion::XNNSquare", pos),
-          XNodeUnion::XNNELU => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<Unsupported>>("XNodeUnion::XNNELU", pos),
-          XNodeUnion::XNNAbs => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<Unsupported>>("XNodeUnion::XNNAbs", pos),
-          XNodeUnion::XNNPReLU => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<Unsupported>>("XNodeUnion::XNNPReLU", pos),
+          XNodeUnion::XNNArgMaxPooling2d => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<XNNArgMaxPooling2d>>("XNodeUnion::XNNArgMaxPooling2d", pos),
+          XNodeUnion::XNNSquareRoot => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<_XNNNode1x1>>("XNodeUnion::XNNSquareRoot", pos),
+          XNodeUnion::XNNCeiling => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<_XNNNode1x1>>("XNodeUnion::XNNCeiling", pos),
+          XNodeUnion::XNNHardswish => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<_XNNNode1x1>>("XNodeUnion::XNNHardswish", pos),
+          XNodeUnion::XNNLeakyReLU => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<XNNLeakyReLU>>("XNodeUnion::XNNLeakyReLU", pos),
+          XNodeUnion::XNNMaximum => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<_XNNNode2x1>>("XNodeUnion::XNNMaximum", pos),
+          XNodeUnion::XNNNegate => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<_XNNNode1x1>>("XNodeUnion::XNNNegate", pos),
+          XNodeUnion::XNNSquare => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<_XNNNode1x1>>("XNodeUnion::XNNSquare", pos),
+          XNodeUnion::XNNELU => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<XNNELU>>("XNodeUnion::XNNELU", pos),
+          XNodeUnion::XNNAbs => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<_XNNNode1x1>>("XNodeUnion::XNNAbs", pos),
+          XNodeUnion::XNNPReLU => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<_XNNNode2x1>>("XNodeUnion::XNNPReLU", pos),
           XNodeUnion::XNNConcatenate2 => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<_XNNCat>>("XNodeUnion::XNNConcatenate2", pos),
-          XNodeUnion::XNNConcatenate3 => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<Unsupported>>("XNodeUnion::XNNConcatenate3", pos),
-          XNodeUnion::XNNConcatenate4 => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<Unsupported>>("XNodeUnion::XNNConcatenate4", pos),
+          XNodeUnion::XNNConcatenate3 => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<_XNNCat>>("XNodeUnion::XNNConcatenate3", pos),
+          XNodeUnion::XNNConcatenate4 => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<_XNNCat>>("XNodeUnion::XNNConcatenate4", pos),
           XNodeUnion::XNNStaticSlice => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<XNNStaticSlice>>("XNodeUnion::XNNStaticSlice", pos),
-          XNodeUnion::XNNScaledDotProductAttention => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<Unsupported>>("XNodeUnion::XNNScaledDotProductAttention", pos),
+          XNodeUnion::XNNScaledDotProductAttention => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<XNNScaledDotProductAttention>>("XNodeUnion::XNNScaledDotProductAttention", pos),
           XNodeUnion::XNNBatchMatrixMultiply => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<_XNNNode2x1>>("XNodeUnion::XNNBatchMatrixMultiply", pos),
-          XNodeUnion::XNNConcatenate5 => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<Unsupported>>("XNodeUnion::XNNConcatenate5", pos),
-          XNodeUnion::XNNConvTranspose2d => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<Unsupported>>("XNodeUnion::XNNConvTranspose2d", pos),
-          XNodeUnion::XNNReciprocalSquareRoot => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<Unsupported>>("XNodeUnion::XNNReciprocalSquareRoot", pos),
-          XNodeUnion::XNNLog => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<Unsupported>>("XNodeUnion::XNNLog", pos),
-          XNodeUnion::XNNGelu => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<Unsupported>>("XNodeUnion::XNNGelu", pos),
-          XNodeUnion::XNNTanh => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<Unsupported>>("XNodeUnion::XNNTanh", pos),
-          XNodeUnion::XNNExp => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<Unsupported>>("XNodeUnion::XNNExp", pos),
+          XNodeUnion::XNNConcatenate5 => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<_XNNCat>>("XNodeUnion::XNNConcatenate5", pos),
+          XNodeUnion::XNNConvTranspose2d => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<_XNNNodeConv>>("XNodeUnion::XNNConvTranspose2d", pos),
+          XNodeUnion::XNNReciprocalSquareRoot => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<_XNNNode1x1>>("XNodeUnion::XNNReciprocalSquareRoot", pos),
+          XNodeUnion::XNNLog => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<_XNNNode1x1>>("XNodeUnion::XNNLog", pos),
+          XNodeUnion::XNNGelu => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<_XNNNode1x1>>("XNodeUnion::XNNGelu", pos),
+          XNodeUnion::XNNTanh => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<_XNNNode1x1>>("XNodeUnion::XNNTanh", pos),
+          XNodeUnion::XNNExp => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<_XNNNode1x1>>("XNodeUnion::XNNExp", pos),
+          XNodeUnion::XNNSin => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<_XNNNode1x1>>("XNodeUnion::XNNSin", pos),
+          XNodeUnion::XNNCopy => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<_XNNNode1x1>>("XNodeUnion::XNNCopy", pos),
+          XNodeUnion::XNNCos => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<_XNNNode1x1>>("XNodeUnion::XNNCos", pos),
           _ => Ok(()),
         }
      })?
@@ -2905,6 +2887,27 @@ impl ::core::fmt::Debug for XNode<'_> {
             ds.field("xnode_union", &"InvalidFlatbuffer: Union discriminant does not match value.")
           }
         },
+        XNodeUnion::XNNSin => {
+          if let Some(x) = self.xnode_union_as_xnnsin() {
+            ds.field("xnode_union", &x)
+          } else {
+            ds.field("xnode_union", &"InvalidFlatbuffer: Union discriminant does not match value.")
+          }
+        },
+        XNodeUnion::XNNCopy => {
+          if let Some(x) = self.xnode_union_as_xnncopy() {
+            ds.field("xnode_union", &x)
+          } else {
+            ds.field("xnode_union", &"InvalidFlatbuffer: Union discriminant does not match value.")
+          }
+        },
+        XNodeUnion::XNNCos => {
+          if let Some(x) = self.xnode_union_as_xnncos() {
+            ds.field("xnode_union", &x)
+          } else {
+            ds.field("xnode_union", &"InvalidFlatbuffer: Union discriminant does not match value.")
+          }
+        },
         _ => {
           let x: Option<()> = None;
           ds.field("xnode_union", &x)
@@ -3246,6 +3249,351 @@ impl ::core::fmt::Debug for XNNStaticTranspose<'_> {
       ds.finish()
   }
 }
+pub enum XNNStaticResizeBilinear2DOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+pub struct XNNStaticResizeBilinear2D<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for XNNStaticResizeBilinear2D<'a> {
+  type Inner = XNNStaticResizeBilinear2D<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> XNNStaticResizeBilinear2D<'a> {
+  pub const VT_NEW_HEIGHT: ::flatbuffers::VOffsetT = 4;
+  pub const VT_NEW_WIDTH: ::flatbuffers::VOffsetT = 6;
+  pub const VT_INPUT_ID: ::flatbuffers::VOffsetT = 8;
+  pub const VT_OUTPUT_ID: ::flatbuffers::VOffsetT = 10;
+  pub const VT_FLAGS: ::flatbuffers::VOffsetT = 12;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    XNNStaticResizeBilinear2D { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args XNNStaticResizeBilinear2DArgs
+  ) -> ::flatbuffers::WIPOffset<XNNStaticResizeBilinear2D<'bldr>> {
+    let mut builder = XNNStaticResizeBilinear2DBuilder::new(_fbb);
+    builder.add_flags(args.flags);
+    builder.add_output_id(args.output_id);
+    builder.add_input_id(args.input_id);
+    builder.add_new_width(args.new_width);
+    builder.add_new_height(args.new_height);
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn new_height(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(XNNStaticResizeBilinear2D::VT_NEW_HEIGHT, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn new_width(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(XNNStaticResizeBilinear2D::VT_NEW_WIDTH, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn input_id(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(XNNStaticResizeBilinear2D::VT_INPUT_ID, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn output_id(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(XNNStaticResizeBilinear2D::VT_OUTPUT_ID, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn flags(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(XNNStaticResizeBilinear2D::VT_FLAGS, Some(0)).unwrap()}
+  }
+}
+
+impl ::flatbuffers::Verifiable for XNNStaticResizeBilinear2D<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<u32>("new_height", Self::VT_NEW_HEIGHT, false)?
+     .visit_field::<u32>("new_width", Self::VT_NEW_WIDTH, false)?
+     .visit_field::<u32>("input_id", Self::VT_INPUT_ID, false)?
+     .visit_field::<u32>("output_id", Self::VT_OUTPUT_ID, false)?
+     .visit_field::<u32>("flags", Self::VT_FLAGS, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct XNNStaticResizeBilinear2DArgs {
+    pub new_height: u32,
+    pub new_width: u32,
+    pub input_id: u32,
+    pub output_id: u32,
+    pub flags: u32,
+}
+impl<'a> Default for XNNStaticResizeBilinear2DArgs {
+  #[inline]
+  fn default() -> Self {
+    XNNStaticResizeBilinear2DArgs {
+      new_height: 0,
+      new_width: 0,
+      input_id: 0,
+      output_id: 0,
+      flags: 0,
+    }
+  }
+}
+
+pub struct XNNStaticResizeBilinear2DBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> XNNStaticResizeBilinear2DBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_new_height(&mut self, new_height: u32) {
+    self.fbb_.push_slot::<u32>(XNNStaticResizeBilinear2D::VT_NEW_HEIGHT, new_height, 0);
+  }
+  #[inline]
+  pub fn add_new_width(&mut self, new_width: u32) {
+    self.fbb_.push_slot::<u32>(XNNStaticResizeBilinear2D::VT_NEW_WIDTH, new_width, 0);
+  }
+  #[inline]
+  pub fn add_input_id(&mut self, input_id: u32) {
+    self.fbb_.push_slot::<u32>(XNNStaticResizeBilinear2D::VT_INPUT_ID, input_id, 0);
+  }
+  #[inline]
+  pub fn add_output_id(&mut self, output_id: u32) {
+    self.fbb_.push_slot::<u32>(XNNStaticResizeBilinear2D::VT_OUTPUT_ID, output_id, 0);
+  }
+  #[inline]
+  pub fn add_flags(&mut self, flags: u32) {
+    self.fbb_.push_slot::<u32>(XNNStaticResizeBilinear2D::VT_FLAGS, flags, 0);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> XNNStaticResizeBilinear2DBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    XNNStaticResizeBilinear2DBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<XNNStaticResizeBilinear2D<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for XNNStaticResizeBilinear2D<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("XNNStaticResizeBilinear2D");
+      ds.field("new_height", &self.new_height());
+      ds.field("new_width", &self.new_width());
+      ds.field("input_id", &self.input_id());
+      ds.field("output_id", &self.output_id());
+      ds.field("flags", &self.flags());
+      ds.finish()
+  }
+}
+pub enum XNNStaticConstantPadOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+pub struct XNNStaticConstantPad<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for XNNStaticConstantPad<'a> {
+  type Inner = XNNStaticConstantPad<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> XNNStaticConstantPad<'a> {
+  pub const VT_PRE_PADDINGS: ::flatbuffers::VOffsetT = 4;
+  pub const VT_POST_PADDINGS: ::flatbuffers::VOffsetT = 6;
+  pub const VT_PADDING_VALUE: ::flatbuffers::VOffsetT = 8;
+  pub const VT_INPUT_ID: ::flatbuffers::VOffsetT = 10;
+  pub const VT_OUTPUT_ID: ::flatbuffers::VOffsetT = 12;
+  pub const VT_FLAGS: ::flatbuffers::VOffsetT = 14;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    XNNStaticConstantPad { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args XNNStaticConstantPadArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<XNNStaticConstantPad<'bldr>> {
+    let mut builder = XNNStaticConstantPadBuilder::new(_fbb);
+    builder.add_flags(args.flags);
+    builder.add_output_id(args.output_id);
+    builder.add_input_id(args.input_id);
+    builder.add_padding_value(args.padding_value);
+    if let Some(x) = args.post_paddings { builder.add_post_paddings(x); }
+    if let Some(x) = args.pre_paddings { builder.add_pre_paddings(x); }
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn pre_paddings(&self) -> Option<::flatbuffers::Vector<'a, u32>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, u32>>>(XNNStaticConstantPad::VT_PRE_PADDINGS, None)}
+  }
+  #[inline]
+  pub fn post_paddings(&self) -> Option<::flatbuffers::Vector<'a, u32>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, u32>>>(XNNStaticConstantPad::VT_POST_PADDINGS, None)}
+  }
+  #[inline]
+  pub fn padding_value(&self) -> f32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<f32>(XNNStaticConstantPad::VT_PADDING_VALUE, Some(0.0)).unwrap()}
+  }
+  #[inline]
+  pub fn input_id(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(XNNStaticConstantPad::VT_INPUT_ID, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn output_id(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(XNNStaticConstantPad::VT_OUTPUT_ID, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn flags(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(XNNStaticConstantPad::VT_FLAGS, Some(0)).unwrap()}
+  }
+}
+
+impl ::flatbuffers::Verifiable for XNNStaticConstantPad<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, u32>>>("pre_paddings", Self::VT_PRE_PADDINGS, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, u32>>>("post_paddings", Self::VT_POST_PADDINGS, false)?
+     .visit_field::<f32>("padding_value", Self::VT_PADDING_VALUE, false)?
+     .visit_field::<u32>("input_id", Self::VT_INPUT_ID, false)?
+     .visit_field::<u32>("output_id", Self::VT_OUTPUT_ID, false)?
+     .visit_field::<u32>("flags", Self::VT_FLAGS, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct XNNStaticConstantPadArgs<'a> {
+    pub pre_paddings: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, u32>>>,
+    pub post_paddings: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, u32>>>,
+    pub padding_value: f32,
+    pub input_id: u32,
+    pub output_id: u32,
+    pub flags: u32,
+}
+impl<'a> Default for XNNStaticConstantPadArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    XNNStaticConstantPadArgs {
+      pre_paddings: None,
+      post_paddings: None,
+      padding_value: 0.0,
+      input_id: 0,
+      output_id: 0,
+      flags: 0,
+    }
+  }
+}
+
+pub struct XNNStaticConstantPadBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> XNNStaticConstantPadBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_pre_paddings(&mut self, pre_paddings: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , u32>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(XNNStaticConstantPad::VT_PRE_PADDINGS, pre_paddings);
+  }
+  #[inline]
+  pub fn add_post_paddings(&mut self, post_paddings: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , u32>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(XNNStaticConstantPad::VT_POST_PADDINGS, post_paddings);
+  }
+  #[inline]
+  pub fn add_padding_value(&mut self, padding_value: f32) {
+    self.fbb_.push_slot::<f32>(XNNStaticConstantPad::VT_PADDING_VALUE, padding_value, 0.0);
+  }
+  #[inline]
+  pub fn add_input_id(&mut self, input_id: u32) {
+    self.fbb_.push_slot::<u32>(XNNStaticConstantPad::VT_INPUT_ID, input_id, 0);
+  }
+  #[inline]
+  pub fn add_output_id(&mut self, output_id: u32) {
+    self.fbb_.push_slot::<u32>(XNNStaticConstantPad::VT_OUTPUT_ID, output_id, 0);
+  }
+  #[inline]
+  pub fn add_flags(&mut self, flags: u32) {
+    self.fbb_.push_slot::<u32>(XNNStaticConstantPad::VT_FLAGS, flags, 0);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> XNNStaticConstantPadBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    XNNStaticConstantPadBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<XNNStaticConstantPad<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for XNNStaticConstantPad<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("XNNStaticConstantPad");
+      ds.field("pre_paddings", &self.pre_paddings());
+      ds.field("post_paddings", &self.post_paddings());
+      ds.field("padding_value", &self.padding_value());
+      ds.field("input_id", &self.input_id());
+      ds.field("output_id", &self.output_id());
+      ds.field("flags", &self.flags());
+      ds.finish()
+  }
+}
 pub enum _XNNNode2x1Offset {}
 #[derive(Copy, Clone, PartialEq)]
 
@@ -3517,6 +3865,153 @@ impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> _XNNNode1x1Builder<'a, 'b, A>
 impl ::core::fmt::Debug for _XNNNode1x1<'_> {
   fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
     let mut ds = f.debug_struct("_XNNNode1x1");
+      ds.field("input_id", &self.input_id());
+      ds.field("output_id", &self.output_id());
+      ds.field("flags", &self.flags());
+      ds.finish()
+  }
+}
+pub enum XNNELUOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+pub struct XNNELU<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for XNNELU<'a> {
+  type Inner = XNNELU<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> XNNELU<'a> {
+  pub const VT_ALPHA: ::flatbuffers::VOffsetT = 4;
+  pub const VT_INPUT_ID: ::flatbuffers::VOffsetT = 6;
+  pub const VT_OUTPUT_ID: ::flatbuffers::VOffsetT = 8;
+  pub const VT_FLAGS: ::flatbuffers::VOffsetT = 10;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    XNNELU { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args XNNELUArgs
+  ) -> ::flatbuffers::WIPOffset<XNNELU<'bldr>> {
+    let mut builder = XNNELUBuilder::new(_fbb);
+    builder.add_flags(args.flags);
+    builder.add_output_id(args.output_id);
+    builder.add_input_id(args.input_id);
+    builder.add_alpha(args.alpha);
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn alpha(&self) -> f32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<f32>(XNNELU::VT_ALPHA, Some(0.0)).unwrap()}
+  }
+  #[inline]
+  pub fn input_id(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(XNNELU::VT_INPUT_ID, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn output_id(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(XNNELU::VT_OUTPUT_ID, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn flags(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(XNNELU::VT_FLAGS, Some(0)).unwrap()}
+  }
+}
+
+impl ::flatbuffers::Verifiable for XNNELU<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<f32>("alpha", Self::VT_ALPHA, false)?
+     .visit_field::<u32>("input_id", Self::VT_INPUT_ID, false)?
+     .visit_field::<u32>("output_id", Self::VT_OUTPUT_ID, false)?
+     .visit_field::<u32>("flags", Self::VT_FLAGS, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct XNNELUArgs {
+    pub alpha: f32,
+    pub input_id: u32,
+    pub output_id: u32,
+    pub flags: u32,
+}
+impl<'a> Default for XNNELUArgs {
+  #[inline]
+  fn default() -> Self {
+    XNNELUArgs {
+      alpha: 0.0,
+      input_id: 0,
+      output_id: 0,
+      flags: 0,
+    }
+  }
+}
+
+pub struct XNNELUBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> XNNELUBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_alpha(&mut self, alpha: f32) {
+    self.fbb_.push_slot::<f32>(XNNELU::VT_ALPHA, alpha, 0.0);
+  }
+  #[inline]
+  pub fn add_input_id(&mut self, input_id: u32) {
+    self.fbb_.push_slot::<u32>(XNNELU::VT_INPUT_ID, input_id, 0);
+  }
+  #[inline]
+  pub fn add_output_id(&mut self, output_id: u32) {
+    self.fbb_.push_slot::<u32>(XNNELU::VT_OUTPUT_ID, output_id, 0);
+  }
+  #[inline]
+  pub fn add_flags(&mut self, flags: u32) {
+    self.fbb_.push_slot::<u32>(XNNELU::VT_FLAGS, flags, 0);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> XNNELUBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    XNNELUBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<XNNELU<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for XNNELU<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("XNNELU");
+      ds.field("alpha", &self.alpha());
       ds.field("input_id", &self.input_id());
       ds.field("output_id", &self.output_id());
       ds.field("flags", &self.flags());
@@ -4106,6 +4601,306 @@ impl ::core::fmt::Debug for _XNNNodeConv<'_> {
       ds.finish()
   }
 }
+pub enum _XNNPooling2DOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+pub struct _XNNPooling2D<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for _XNNPooling2D<'a> {
+  type Inner = _XNNPooling2D<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> _XNNPooling2D<'a> {
+  pub const VT_PADDING_TOP: ::flatbuffers::VOffsetT = 4;
+  pub const VT_PADDING_RIGHT: ::flatbuffers::VOffsetT = 6;
+  pub const VT_PADDING_BOTTOM: ::flatbuffers::VOffsetT = 8;
+  pub const VT_PADDING_LEFT: ::flatbuffers::VOffsetT = 10;
+  pub const VT_POOLING_HEIGHT: ::flatbuffers::VOffsetT = 12;
+  pub const VT_POOLING_WIDTH: ::flatbuffers::VOffsetT = 14;
+  pub const VT_STRIDE_HEIGHT: ::flatbuffers::VOffsetT = 16;
+  pub const VT_STRIDE_WIDTH: ::flatbuffers::VOffsetT = 18;
+  pub const VT_DILATION_HEIGHT: ::flatbuffers::VOffsetT = 20;
+  pub const VT_DILATION_WIDTH: ::flatbuffers::VOffsetT = 22;
+  pub const VT_INPUT_ID: ::flatbuffers::VOffsetT = 24;
+  pub const VT_OUTPUT_ID: ::flatbuffers::VOffsetT = 26;
+  pub const VT_FLAGS: ::flatbuffers::VOffsetT = 28;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    _XNNPooling2D { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args _XNNPooling2DArgs
+  ) -> ::flatbuffers::WIPOffset<_XNNPooling2D<'bldr>> {
+    let mut builder = _XNNPooling2DBuilder::new(_fbb);
+    builder.add_flags(args.flags);
+    builder.add_output_id(args.output_id);
+    builder.add_input_id(args.input_id);
+    builder.add_dilation_width(args.dilation_width);
+    builder.add_dilation_height(args.dilation_height);
+    builder.add_stride_width(args.stride_width);
+    builder.add_stride_height(args.stride_height);
+    builder.add_pooling_width(args.pooling_width);
+    builder.add_pooling_height(args.pooling_height);
+    builder.add_padding_left(args.padding_left);
+    builder.add_padding_bottom(args.padding_bottom);
+    builder.add_padding_right(args.padding_right);
+    builder.add_padding_top(args.padding_top);
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn padding_top(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(_XNNPooling2D::VT_PADDING_TOP, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn padding_right(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(_XNNPooling2D::VT_PADDING_RIGHT, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn padding_bottom(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(_XNNPooling2D::VT_PADDING_BOTTOM, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn padding_left(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(_XNNPooling2D::VT_PADDING_LEFT, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn pooling_height(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(_XNNPooling2D::VT_POOLING_HEIGHT, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn pooling_width(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(_XNNPooling2D::VT_POOLING_WIDTH, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn stride_height(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(_XNNPooling2D::VT_STRIDE_HEIGHT, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn stride_width(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(_XNNPooling2D::VT_STRIDE_WIDTH, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn dilation_height(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(_XNNPooling2D::VT_DILATION_HEIGHT, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn dilation_width(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(_XNNPooling2D::VT_DILATION_WIDTH, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn input_id(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(_XNNPooling2D::VT_INPUT_ID, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn output_id(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(_XNNPooling2D::VT_OUTPUT_ID, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn flags(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(_XNNPooling2D::VT_FLAGS, Some(0)).unwrap()}
+  }
+}
+
+impl ::flatbuffers::Verifiable for _XNNPooling2D<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<u32>("padding_top", Self::VT_PADDING_TOP, false)?
+     .visit_field::<u32>("padding_right", Self::VT_PADDING_RIGHT, false)?
+     .visit_field::<u32>("padding_bottom", Self::VT_PADDING_BOTTOM, false)?
+     .visit_field::<u32>("padding_left", Self::VT_PADDING_LEFT, false)?
+     .visit_field::<u32>("pooling_height", Self::VT_POOLING_HEIGHT, false)?
+     .visit_field::<u32>("pooling_width", Self::VT_POOLING_WIDTH, false)?
+     .visit_field::<u32>("stride_height", Self::VT_STRIDE_HEIGHT, false)?
+     .visit_field::<u32>("stride_width", Self::VT_STRIDE_WIDTH, false)?
+     .visit_field::<u32>("dilation_height", Self::VT_DILATION_HEIGHT, false)?
+     .visit_field::<u32>("dilation_width", Self::VT_DILATION_WIDTH, false)?
+     .visit_field::<u32>("input_id", Self::VT_INPUT_ID, false)?
+     .visit_field::<u32>("output_id", Self::VT_OUTPUT_ID, false)?
+     .visit_field::<u32>("flags", Self::VT_FLAGS, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct _XNNPooling2DArgs {
+    pub padding_top: u32,
+    pub padding_right: u32,
+    pub padding_bottom: u32,
+    pub padding_left: u32,
+    pub pooling_height: u32,
+    pub pooling_width: u32,
+    pub stride_height: u32,
+    pub stride_width: u32,
+    pub dilation_height: u32,
+    pub dilation_width: u32,
+    pub input_id: u32,
+    pub output_id: u32,
+    pub flags: u32,
+}
+impl<'a> Default for _XNNPooling2DArgs {
+  #[inline]
+  fn default() -> Self {
+    _XNNPooling2DArgs {
+      padding_top: 0,
+      padding_right: 0,
+      padding_bottom: 0,
+      padding_left: 0,
+      pooling_height: 0,
+      pooling_width: 0,
+      stride_height: 0,
+      stride_width: 0,
+      dilation_height: 0,
+      dilation_width: 0,
+      input_id: 0,
+      output_id: 0,
+      flags: 0,
+    }
+  }
+}
+
+pub struct _XNNPooling2DBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> _XNNPooling2DBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_padding_top(&mut self, padding_top: u32) {
+    self.fbb_.push_slot::<u32>(_XNNPooling2D::VT_PADDING_TOP, padding_top, 0);
+  }
+  #[inline]
+  pub fn add_padding_right(&mut self, padding_right: u32) {
+    self.fbb_.push_slot::<u32>(_XNNPooling2D::VT_PADDING_RIGHT, padding_right, 0);
+  }
+  #[inline]
+  pub fn add_padding_bottom(&mut self, padding_bottom: u32) {
+    self.fbb_.push_slot::<u32>(_XNNPooling2D::VT_PADDING_BOTTOM, padding_bottom, 0);
+  }
+  #[inline]
+  pub fn add_padding_left(&mut self, padding_left: u32) {
+    self.fbb_.push_slot::<u32>(_XNNPooling2D::VT_PADDING_LEFT, padding_left, 0);
+  }
+  #[inline]
+  pub fn add_pooling_height(&mut self, pooling_height: u32) {
+    self.fbb_.push_slot::<u32>(_XNNPooling2D::VT_POOLING_HEIGHT, pooling_height, 0);
+  }
+  #[inline]
+  pub fn add_pooling_width(&mut self, pooling_width: u32) {
+    self.fbb_.push_slot::<u32>(_XNNPooling2D::VT_POOLING_WIDTH, pooling_width, 0);
+  }
+  #[inline]
+  pub fn add_stride_height(&mut self, stride_height: u32) {
+    self.fbb_.push_slot::<u32>(_XNNPooling2D::VT_STRIDE_HEIGHT, stride_height, 0);
+  }
+  #[inline]
+  pub fn add_stride_width(&mut self, stride_width: u32) {
+    self.fbb_.push_slot::<u32>(_XNNPooling2D::VT_STRIDE_WIDTH, stride_width, 0);
+  }
+  #[inline]
+  pub fn add_dilation_height(&mut self, dilation_height: u32) {
+    self.fbb_.push_slot::<u32>(_XNNPooling2D::VT_DILATION_HEIGHT, dilation_height, 0);
+  }
+  #[inline]
+  pub fn add_dilation_width(&mut self, dilation_width: u32) {
+    self.fbb_.push_slot::<u32>(_XNNPooling2D::VT_DILATION_WIDTH, dilation_width, 0);
+  }
+  #[inline]
+  pub fn add_input_id(&mut self, input_id: u32) {
+    self.fbb_.push_slot::<u32>(_XNNPooling2D::VT_INPUT_ID, input_id, 0);
+  }
+  #[inline]
+  pub fn add_output_id(&mut self, output_id: u32) {
+    self.fbb_.push_slot::<u32>(_XNNPooling2D::VT_OUTPUT_ID, output_id, 0);
+  }
+  #[inline]
+  pub fn add_flags(&mut self, flags: u32) {
+    self.fbb_.push_slot::<u32>(_XNNPooling2D::VT_FLAGS, flags, 0);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> _XNNPooling2DBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    _XNNPooling2DBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<_XNNPooling2D<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for _XNNPooling2D<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("_XNNPooling2D");
+      ds.field("padding_top", &self.padding_top());
+      ds.field("padding_right", &self.padding_right());
+      ds.field("padding_bottom", &self.padding_bottom());
+      ds.field("padding_left", &self.padding_left());
+      ds.field("pooling_height", &self.pooling_height());
+      ds.field("pooling_width", &self.pooling_width());
+      ds.field("stride_height", &self.stride_height());
+      ds.field("stride_width", &self.stride_width());
+      ds.field("dilation_height", &self.dilation_height());
+      ds.field("dilation_width", &self.dilation_width());
+      ds.field("input_id", &self.input_id());
+      ds.field("output_id", &self.output_id());
+      ds.field("flags", &self.flags());
+      ds.finish()
+  }
+}
 pub enum _XNNCatOffset {}
 #[derive(Copy, Clone, PartialEq)]
 
@@ -4496,6 +5291,600 @@ impl ::core::fmt::Debug for XNNStaticSlice<'_> {
       ds.field("num_dims", &self.num_dims());
       ds.field("offsets", &self.offsets());
       ds.field("sizes", &self.sizes());
+      ds.field("input_id", &self.input_id());
+      ds.field("output_id", &self.output_id());
+      ds.field("flags", &self.flags());
+      ds.finish()
+  }
+}
+pub enum XNNScaledDotProductAttentionOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+pub struct XNNScaledDotProductAttention<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for XNNScaledDotProductAttention<'a> {
+  type Inner = XNNScaledDotProductAttention<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> XNNScaledDotProductAttention<'a> {
+  pub const VT_QUERY_ID: ::flatbuffers::VOffsetT = 4;
+  pub const VT_KEY_ID: ::flatbuffers::VOffsetT = 6;
+  pub const VT_VALUE_ID: ::flatbuffers::VOffsetT = 8;
+  pub const VT_SCALE_ID: ::flatbuffers::VOffsetT = 10;
+  pub const VT_MASK_ID: ::flatbuffers::VOffsetT = 12;
+  pub const VT_OUTPUT_ID: ::flatbuffers::VOffsetT = 14;
+  pub const VT_FLAGS: ::flatbuffers::VOffsetT = 16;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    XNNScaledDotProductAttention { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args XNNScaledDotProductAttentionArgs
+  ) -> ::flatbuffers::WIPOffset<XNNScaledDotProductAttention<'bldr>> {
+    let mut builder = XNNScaledDotProductAttentionBuilder::new(_fbb);
+    builder.add_flags(args.flags);
+    builder.add_output_id(args.output_id);
+    builder.add_mask_id(args.mask_id);
+    builder.add_scale_id(args.scale_id);
+    builder.add_value_id(args.value_id);
+    builder.add_key_id(args.key_id);
+    builder.add_query_id(args.query_id);
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn query_id(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(XNNScaledDotProductAttention::VT_QUERY_ID, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn key_id(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(XNNScaledDotProductAttention::VT_KEY_ID, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn value_id(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(XNNScaledDotProductAttention::VT_VALUE_ID, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn scale_id(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(XNNScaledDotProductAttention::VT_SCALE_ID, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn mask_id(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(XNNScaledDotProductAttention::VT_MASK_ID, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn output_id(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(XNNScaledDotProductAttention::VT_OUTPUT_ID, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn flags(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(XNNScaledDotProductAttention::VT_FLAGS, Some(0)).unwrap()}
+  }
+}
+
+impl ::flatbuffers::Verifiable for XNNScaledDotProductAttention<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<u32>("query_id", Self::VT_QUERY_ID, false)?
+     .visit_field::<u32>("key_id", Self::VT_KEY_ID, false)?
+     .visit_field::<u32>("value_id", Self::VT_VALUE_ID, false)?
+     .visit_field::<u32>("scale_id", Self::VT_SCALE_ID, false)?
+     .visit_field::<u32>("mask_id", Self::VT_MASK_ID, false)?
+     .visit_field::<u32>("output_id", Self::VT_OUTPUT_ID, false)?
+     .visit_field::<u32>("flags", Self::VT_FLAGS, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct XNNScaledDotProductAttentionArgs {
+    pub query_id: u32,
+    pub key_id: u32,
+    pub value_id: u32,
+    pub scale_id: u32,
+    pub mask_id: u32,
+    pub output_id: u32,
+    pub flags: u32,
+}
+impl<'a> Default for XNNScaledDotProductAttentionArgs {
+  #[inline]
+  fn default() -> Self {
+    XNNScaledDotProductAttentionArgs {
+      query_id: 0,
+      key_id: 0,
+      value_id: 0,
+      scale_id: 0,
+      mask_id: 0,
+      output_id: 0,
+      flags: 0,
+    }
+  }
+}
+
+pub struct XNNScaledDotProductAttentionBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> XNNScaledDotProductAttentionBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_query_id(&mut self, query_id: u32) {
+    self.fbb_.push_slot::<u32>(XNNScaledDotProductAttention::VT_QUERY_ID, query_id, 0);
+  }
+  #[inline]
+  pub fn add_key_id(&mut self, key_id: u32) {
+    self.fbb_.push_slot::<u32>(XNNScaledDotProductAttention::VT_KEY_ID, key_id, 0);
+  }
+  #[inline]
+  pub fn add_value_id(&mut self, value_id: u32) {
+    self.fbb_.push_slot::<u32>(XNNScaledDotProductAttention::VT_VALUE_ID, value_id, 0);
+  }
+  #[inline]
+  pub fn add_scale_id(&mut self, scale_id: u32) {
+    self.fbb_.push_slot::<u32>(XNNScaledDotProductAttention::VT_SCALE_ID, scale_id, 0);
+  }
+  #[inline]
+  pub fn add_mask_id(&mut self, mask_id: u32) {
+    self.fbb_.push_slot::<u32>(XNNScaledDotProductAttention::VT_MASK_ID, mask_id, 0);
+  }
+  #[inline]
+  pub fn add_output_id(&mut self, output_id: u32) {
+    self.fbb_.push_slot::<u32>(XNNScaledDotProductAttention::VT_OUTPUT_ID, output_id, 0);
+  }
+  #[inline]
+  pub fn add_flags(&mut self, flags: u32) {
+    self.fbb_.push_slot::<u32>(XNNScaledDotProductAttention::VT_FLAGS, flags, 0);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> XNNScaledDotProductAttentionBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    XNNScaledDotProductAttentionBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<XNNScaledDotProductAttention<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for XNNScaledDotProductAttention<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("XNNScaledDotProductAttention");
+      ds.field("query_id", &self.query_id());
+      ds.field("key_id", &self.key_id());
+      ds.field("value_id", &self.value_id());
+      ds.field("scale_id", &self.scale_id());
+      ds.field("mask_id", &self.mask_id());
+      ds.field("output_id", &self.output_id());
+      ds.field("flags", &self.flags());
+      ds.finish()
+  }
+}
+pub enum XNNArgMaxPooling2dOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+pub struct XNNArgMaxPooling2d<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for XNNArgMaxPooling2d<'a> {
+  type Inner = XNNArgMaxPooling2d<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> XNNArgMaxPooling2d<'a> {
+  pub const VT_PADDING_TOP: ::flatbuffers::VOffsetT = 4;
+  pub const VT_PADDING_RIGHT: ::flatbuffers::VOffsetT = 6;
+  pub const VT_PADDING_BOTTOM: ::flatbuffers::VOffsetT = 8;
+  pub const VT_PADDING_LEFT: ::flatbuffers::VOffsetT = 10;
+  pub const VT_POOLING_HEIGHT: ::flatbuffers::VOffsetT = 12;
+  pub const VT_POOLING_WIDTH: ::flatbuffers::VOffsetT = 14;
+  pub const VT_INPUT_ID: ::flatbuffers::VOffsetT = 16;
+  pub const VT_OUTPUT_VALUE_ID: ::flatbuffers::VOffsetT = 18;
+  pub const VT_OUTPUT_INDEX_ID: ::flatbuffers::VOffsetT = 20;
+  pub const VT_FLAGS: ::flatbuffers::VOffsetT = 22;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    XNNArgMaxPooling2d { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args XNNArgMaxPooling2dArgs
+  ) -> ::flatbuffers::WIPOffset<XNNArgMaxPooling2d<'bldr>> {
+    let mut builder = XNNArgMaxPooling2dBuilder::new(_fbb);
+    builder.add_flags(args.flags);
+    builder.add_output_index_id(args.output_index_id);
+    builder.add_output_value_id(args.output_value_id);
+    builder.add_input_id(args.input_id);
+    builder.add_pooling_width(args.pooling_width);
+    builder.add_pooling_height(args.pooling_height);
+    builder.add_padding_left(args.padding_left);
+    builder.add_padding_bottom(args.padding_bottom);
+    builder.add_padding_right(args.padding_right);
+    builder.add_padding_top(args.padding_top);
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn padding_top(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(XNNArgMaxPooling2d::VT_PADDING_TOP, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn padding_right(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(XNNArgMaxPooling2d::VT_PADDING_RIGHT, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn padding_bottom(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(XNNArgMaxPooling2d::VT_PADDING_BOTTOM, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn padding_left(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(XNNArgMaxPooling2d::VT_PADDING_LEFT, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn pooling_height(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(XNNArgMaxPooling2d::VT_POOLING_HEIGHT, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn pooling_width(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(XNNArgMaxPooling2d::VT_POOLING_WIDTH, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn input_id(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(XNNArgMaxPooling2d::VT_INPUT_ID, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn output_value_id(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(XNNArgMaxPooling2d::VT_OUTPUT_VALUE_ID, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn output_index_id(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(XNNArgMaxPooling2d::VT_OUTPUT_INDEX_ID, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn flags(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(XNNArgMaxPooling2d::VT_FLAGS, Some(0)).unwrap()}
+  }
+}
+
+impl ::flatbuffers::Verifiable for XNNArgMaxPooling2d<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<u32>("padding_top", Self::VT_PADDING_TOP, false)?
+     .visit_field::<u32>("padding_right", Self::VT_PADDING_RIGHT, false)?
+     .visit_field::<u32>("padding_bottom", Self::VT_PADDING_BOTTOM, false)?
+     .visit_field::<u32>("padding_left", Self::VT_PADDING_LEFT, false)?
+     .visit_field::<u32>("pooling_height", Self::VT_POOLING_HEIGHT, false)?
+     .visit_field::<u32>("pooling_width", Self::VT_POOLING_WIDTH, false)?
+     .visit_field::<u32>("input_id", Self::VT_INPUT_ID, false)?
+     .visit_field::<u32>("output_value_id", Self::VT_OUTPUT_VALUE_ID, false)?
+     .visit_field::<u32>("output_index_id", Self::VT_OUTPUT_INDEX_ID, false)?
+     .visit_field::<u32>("flags", Self::VT_FLAGS, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct XNNArgMaxPooling2dArgs {
+    pub padding_top: u32,
+    pub padding_right: u32,
+    pub padding_bottom: u32,
+    pub padding_left: u32,
+    pub pooling_height: u32,
+    pub pooling_width: u32,
+    pub input_id: u32,
+    pub output_value_id: u32,
+    pub output_index_id: u32,
+    pub flags: u32,
+}
+impl<'a> Default for XNNArgMaxPooling2dArgs {
+  #[inline]
+  fn default() -> Self {
+    XNNArgMaxPooling2dArgs {
+      padding_top: 0,
+      padding_right: 0,
+      padding_bottom: 0,
+      padding_left: 0,
+      pooling_height: 0,
+      pooling_width: 0,
+      input_id: 0,
+      output_value_id: 0,
+      output_index_id: 0,
+      flags: 0,
+    }
+  }
+}
+
+pub struct XNNArgMaxPooling2dBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> XNNArgMaxPooling2dBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_padding_top(&mut self, padding_top: u32) {
+    self.fbb_.push_slot::<u32>(XNNArgMaxPooling2d::VT_PADDING_TOP, padding_top, 0);
+  }
+  #[inline]
+  pub fn add_padding_right(&mut self, padding_right: u32) {
+    self.fbb_.push_slot::<u32>(XNNArgMaxPooling2d::VT_PADDING_RIGHT, padding_right, 0);
+  }
+  #[inline]
+  pub fn add_padding_bottom(&mut self, padding_bottom: u32) {
+    self.fbb_.push_slot::<u32>(XNNArgMaxPooling2d::VT_PADDING_BOTTOM, padding_bottom, 0);
+  }
+  #[inline]
+  pub fn add_padding_left(&mut self, padding_left: u32) {
+    self.fbb_.push_slot::<u32>(XNNArgMaxPooling2d::VT_PADDING_LEFT, padding_left, 0);
+  }
+  #[inline]
+  pub fn add_pooling_height(&mut self, pooling_height: u32) {
+    self.fbb_.push_slot::<u32>(XNNArgMaxPooling2d::VT_POOLING_HEIGHT, pooling_height, 0);
+  }
+  #[inline]
+  pub fn add_pooling_width(&mut self, pooling_width: u32) {
+    self.fbb_.push_slot::<u32>(XNNArgMaxPooling2d::VT_POOLING_WIDTH, pooling_width, 0);
+  }
+  #[inline]
+  pub fn add_input_id(&mut self, input_id: u32) {
+    self.fbb_.push_slot::<u32>(XNNArgMaxPooling2d::VT_INPUT_ID, input_id, 0);
+  }
+  #[inline]
+  pub fn add_output_value_id(&mut self, output_value_id: u32) {
+    self.fbb_.push_slot::<u32>(XNNArgMaxPooling2d::VT_OUTPUT_VALUE_ID, output_value_id, 0);
+  }
+  #[inline]
+  pub fn add_output_index_id(&mut self, output_index_id: u32) {
+    self.fbb_.push_slot::<u32>(XNNArgMaxPooling2d::VT_OUTPUT_INDEX_ID, output_index_id, 0);
+  }
+  #[inline]
+  pub fn add_flags(&mut self, flags: u32) {
+    self.fbb_.push_slot::<u32>(XNNArgMaxPooling2d::VT_FLAGS, flags, 0);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> XNNArgMaxPooling2dBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    XNNArgMaxPooling2dBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<XNNArgMaxPooling2d<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for XNNArgMaxPooling2d<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("XNNArgMaxPooling2d");
+      ds.field("padding_top", &self.padding_top());
+      ds.field("padding_right", &self.padding_right());
+      ds.field("padding_bottom", &self.padding_bottom());
+      ds.field("padding_left", &self.padding_left());
+      ds.field("pooling_height", &self.pooling_height());
+      ds.field("pooling_width", &self.pooling_width());
+      ds.field("input_id", &self.input_id());
+      ds.field("output_value_id", &self.output_value_id());
+      ds.field("output_index_id", &self.output_index_id());
+      ds.field("flags", &self.flags());
+      ds.finish()
+  }
+}
+pub enum XNNLeakyReLUOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+pub struct XNNLeakyReLU<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for XNNLeakyReLU<'a> {
+  type Inner = XNNLeakyReLU<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> XNNLeakyReLU<'a> {
+  pub const VT_NEGATIVE_SLOPE: ::flatbuffers::VOffsetT = 4;
+  pub const VT_INPUT_ID: ::flatbuffers::VOffsetT = 6;
+  pub const VT_OUTPUT_ID: ::flatbuffers::VOffsetT = 8;
+  pub const VT_FLAGS: ::flatbuffers::VOffsetT = 10;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    XNNLeakyReLU { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args XNNLeakyReLUArgs
+  ) -> ::flatbuffers::WIPOffset<XNNLeakyReLU<'bldr>> {
+    let mut builder = XNNLeakyReLUBuilder::new(_fbb);
+    builder.add_flags(args.flags);
+    builder.add_output_id(args.output_id);
+    builder.add_input_id(args.input_id);
+    builder.add_negative_slope(args.negative_slope);
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn negative_slope(&self) -> f32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<f32>(XNNLeakyReLU::VT_NEGATIVE_SLOPE, Some(0.0)).unwrap()}
+  }
+  #[inline]
+  pub fn input_id(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(XNNLeakyReLU::VT_INPUT_ID, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn output_id(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(XNNLeakyReLU::VT_OUTPUT_ID, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn flags(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(XNNLeakyReLU::VT_FLAGS, Some(0)).unwrap()}
+  }
+}
+
+impl ::flatbuffers::Verifiable for XNNLeakyReLU<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<f32>("negative_slope", Self::VT_NEGATIVE_SLOPE, false)?
+     .visit_field::<u32>("input_id", Self::VT_INPUT_ID, false)?
+     .visit_field::<u32>("output_id", Self::VT_OUTPUT_ID, false)?
+     .visit_field::<u32>("flags", Self::VT_FLAGS, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct XNNLeakyReLUArgs {
+    pub negative_slope: f32,
+    pub input_id: u32,
+    pub output_id: u32,
+    pub flags: u32,
+}
+impl<'a> Default for XNNLeakyReLUArgs {
+  #[inline]
+  fn default() -> Self {
+    XNNLeakyReLUArgs {
+      negative_slope: 0.0,
+      input_id: 0,
+      output_id: 0,
+      flags: 0,
+    }
+  }
+}
+
+pub struct XNNLeakyReLUBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> XNNLeakyReLUBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_negative_slope(&mut self, negative_slope: f32) {
+    self.fbb_.push_slot::<f32>(XNNLeakyReLU::VT_NEGATIVE_SLOPE, negative_slope, 0.0);
+  }
+  #[inline]
+  pub fn add_input_id(&mut self, input_id: u32) {
+    self.fbb_.push_slot::<u32>(XNNLeakyReLU::VT_INPUT_ID, input_id, 0);
+  }
+  #[inline]
+  pub fn add_output_id(&mut self, output_id: u32) {
+    self.fbb_.push_slot::<u32>(XNNLeakyReLU::VT_OUTPUT_ID, output_id, 0);
+  }
+  #[inline]
+  pub fn add_flags(&mut self, flags: u32) {
+    self.fbb_.push_slot::<u32>(XNNLeakyReLU::VT_FLAGS, flags, 0);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> XNNLeakyReLUBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    XNNLeakyReLUBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<XNNLeakyReLU<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for XNNLeakyReLU<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("XNNLeakyReLU");
+      ds.field("negative_slope", &self.negative_slope());
       ds.field("input_id", &self.input_id());
       ds.field("output_id", &self.output_id());
       ds.field("flags", &self.flags());

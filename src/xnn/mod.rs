@@ -5,6 +5,7 @@ mod builtin_cache;
 mod error;
 mod kernel_info;
 mod memory_cache;
+mod nodes;
 mod runtime;
 mod subgraph;
 mod threadpool;
@@ -16,6 +17,7 @@ pub(crate) use error::buffer_too_small;
 pub use error::{Status, XnnError};
 pub use kernel_info::{qd8_gemm_kernel, Qd8Weights};
 pub use memory_cache::{InMemoryWeightsCache, ProviderStats};
+pub use nodes::{BinaryOp, Deconvolution2dParams, Pooling2dParams, UnaryOp};
 pub use runtime::{External, RawInput, RawOutput, Runtime, RuntimeOptions};
 pub use subgraph::{
     BlockwiseQuantization, ChannelwiseQuantization, Convolution2dParams, Datatype,

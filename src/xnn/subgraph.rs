@@ -394,7 +394,7 @@ struct ValueInfo {
 }
 
 /// A call the wrapper refuses to make, reported as XNNPACK reports invalid arguments.
-fn refuse(call: &'static str) -> XnnError {
+pub(super) fn refuse(call: &'static str) -> XnnError {
     XnnError::Call {
         call,
         status: Status::InvalidParameter,
@@ -708,11 +708,16 @@ impl<'data> Subgraph<'data> {
     /// output of this subgraph. XNNPACK writes a node's output wherever the value lives,
     /// unchecked: an input's buffer is the caller's (found by fuzzing: a concatenation whose
     /// output id went missing wrote 32 floats into an 8-float input), a constant's the model's.
-    fn writable(&self, output: u32, call: &'static str) -> Result<(), XnnError> {
+    pub(super) fn writable(&self, output: u32, call: &'static str) -> Result<(), XnnError> {
         match self.values.get(&output) {
             Some(v) if v.writable => Ok(()),
             _ => Err(refuse(call)),
         }
+    }
+
+    /// The dimensions value `id` was defined with here, if it was.
+    pub(super) fn dims(&self, id: u32) -> Option<&[usize]> {
+        self.values.get(&id).map(|v| v.dims.as_slice())
     }
 
     /// Whether value `id` was defined here with exactly `count` elements (None: the count the
