@@ -86,7 +86,12 @@ fn f16s(bytes: &[u8]) -> Vec<f32> {
 
 /// A runtime-c program's runner arguments and expected outputs per step.
 fn runtime_c(name: &str) -> (Vec<String>, Vec<Vec<(PathBuf, String)>>) {
-    let dir = data().join("runtime-c");
+    io_program(&data().join("runtime-c"), name)
+}
+
+/// A program described by `dir/NAME.io.json` (steps of inputs and ExecuTorch's outputs): its
+/// runner arguments and expected outputs per step.
+fn io_program(dir: &Path, name: &str) -> (Vec<String>, Vec<Vec<(PathBuf, String)>>) {
     let io: Value =
         serde_json::from_slice(&std::fs::read(dir.join(format!("{name}.io.json"))).unwrap())
             .unwrap();
@@ -184,6 +189,38 @@ fn check_outputs(
         }
     }
     worst
+}
+
+/// Programs exported by ExecuTorch 1.5.1 (scripts/export-executorch-fixtures.py): every node type
+/// its XNNPACK lowering emits, in fp32, fp16 and static int8, and small real architectures.
+/// xnnblob's backend must match ExecuTorch's own, run in the same test, within the bounds
+/// of the output range: 1e-5 for fp32, 2e-3 for fp16 (a few ulp near the range's top) and 1e-3
+/// for quantized programs.
+#[test]
+fn exported_programs_match_executorchs_own_backend() {
+    let dir = data().join("export");
+    let mut names: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .filter_map(|e| {
+            let name = e.ok()?.file_name().to_string_lossy().into_owned();
+            name.strip_suffix(".io.json").map(str::to_string)
+        })
+        .collect();
+    names.sort();
+    assert!(names.len() >= 10, "the exported programs are there: {names:?}");
+    for name in names {
+        let tolerance = if name.contains("int8") || name.contains("8da4w") {
+            1e-3
+        } else if name.contains("fp16") {
+            2e-3
+        } else {
+            1e-5
+        };
+        let (args, expected) = io_program(&dir, &name);
+        let witness = check_outputs(&name, "executorch", &args, &expected, tolerance);
+        let ours = check_outputs(&name, "xnnblob", &args, &expected, tolerance);
+        eprintln!("{name}: xnnblob {ours:e}, ExecuTorch's backend {witness:e} of the range");
+    }
 }
 
 #[test]

@@ -1,0 +1,473 @@
+"""Exports the programs of tests/data/executorch/export/ with ExecuTorch 1.5.1's XNNPACK lowering,
+and records what ExecuTorch's own runtime (its XNNPACK backend) returns for them.
+
+Run through scripts/export-executorch-fixtures.sh, which makes the pinned venv (executorch 1.5.1,
+torch 2.14.1, torchao 0.18.0, torchvision 0.29.2). Tests never need torch: they read the files.
+
+Per program NAME: NAME.pte, NAME.ptd (weights outside the program, where the delegate keeps them
+as named data), and NAME.io.json in the layout of tests/data/executorch/runtime-c: steps of
+inputs and outputs_et, each a raw little-endian C-order file with its dtype and shape. A program
+with a KV cache runs several steps on one loaded method, so state carries over.
+
+Weights are random (seeded) and widths small: each file stays under a few MiB.
+"""
+
+import argparse
+import json
+import os
+import sys
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.export import Dim, export
+
+from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+from executorch.exir import to_edge_transform_and_lower
+from executorch.exir.passes.external_constants_pass import (
+    delegate_external_constants_pass_unlifted,
+)
+from executorch.runtime import Runtime
+
+DTYPES = {
+    torch.float32: "float32",
+    torch.float16: "float16",
+    torch.int64: "int64",
+    torch.int32: "int32",
+    torch.int8: "int8",
+    torch.uint8: "uint8",
+    torch.bool: "bool",
+}
+
+
+def lower(model, inputs, name, out, external=True, dynamic_shapes=None):
+    """Exports `model`, lowers it to XNNPACK, writes NAME.pte (and NAME.ptd), returns the paths."""
+    model = model.eval()
+    with torch.no_grad():
+        if external:
+            m = export(model, inputs, dynamic_shapes=dynamic_shapes, strict=False).module()
+            delegate_external_constants_pass_unlifted(module=m, gen_tag_fn=lambda _n: name)
+            ep = export(m, inputs, dynamic_shapes=dynamic_shapes, strict=False)
+        else:
+            ep = export(model, inputs, dynamic_shapes=dynamic_shapes, strict=False)
+        prog = to_edge_transform_and_lower(ep, partitioner=[XnnpackPartitioner()]).to_executorch()
+    pte = os.path.join(out, name + ".pte")
+    with open(pte, "wb") as f:
+        prog.write_to_file(f)
+    ptds = []
+    if external:
+        prog.write_tensor_data_to_file(out)
+        ptd = os.path.join(out, name + ".ptd")
+        if os.path.exists(ptd):
+            ptds.append(ptd)
+    return pte, ptds
+
+
+def tensor_entry(out, name, tag, t):
+    t = t.detach().contiguous()
+    path = os.path.join(out, f"{name}.{tag}.bin")
+    if t.dtype == torch.bool:
+        data = t.numpy().astype(np.uint8).tobytes()
+    else:
+        data = t.numpy().tobytes()
+    with open(path, "wb") as f:
+        f.write(data)
+    return {"file": os.path.basename(path), "dtype": DTYPES[t.dtype], "shape": list(t.shape)}
+
+
+def record(name, out, pte, ptds, steps, method="forward"):
+    """Runs each step's inputs through ExecuTorch's runtime on one loaded method."""
+    runtime = Runtime.get()
+    program = runtime.load_program(pte, data_path=ptds[0] if ptds else None)
+    m = program.load_method(method)
+    io = {
+        "program": os.path.basename(pte),
+        "data": [os.path.basename(p) for p in ptds],
+        "method": method,
+        "steps": [],
+    }
+    for k, inputs in enumerate(steps):
+        outputs = m.execute(list(inputs))
+        io["steps"].append(
+            {
+                "inputs": [tensor_entry(out, name, f"s{k}.in{i}", t) for i, t in enumerate(inputs)],
+                "outputs_et": [
+                    tensor_entry(out, name, f"s{k}.out_et{j}", o) for j, o in enumerate(outputs)
+                ],
+            }
+        )
+    with open(os.path.join(out, name + ".io.json"), "w") as f:
+        json.dump(io, f, indent=1)
+    sizes = [os.path.getsize(p) for p in [pte] + ptds]
+    print(f"{name}: {sizes} bytes, {len(steps)} step(s)", flush=True)
+
+
+def export_one(out, name, model, inputs, steps=None, external=True, dynamic_shapes=None):
+    pte, ptds = lower(model, inputs, name, out, external, dynamic_shapes)
+    record(name, out, pte, ptds, steps or [inputs])
+
+
+# ---- One program per node type (or small group) ----------------------------------------------
+
+
+class Unary(nn.Module):
+    """Every unary node ExecuTorch lowers, one output each."""
+
+    def forward(self, x):
+        pos = x * x + 0.5
+        return (
+            torch.abs(x),
+            torch.ceil(x),
+            torch.floor(x),
+            torch.exp(x),
+            torch.log(pos),
+            torch.neg(x),
+            torch.sigmoid(x),
+            torch.tanh(x),
+            torch.sqrt(pos),
+            torch.rsqrt(pos),
+            torch.pow(x, 2),
+            F.gelu(x),
+            F.hardswish(x),
+            F.leaky_relu(x, 0.07),
+            torch.sin(x),
+            torch.cos(x),
+            F.relu(x),
+            F.hardtanh(x, -0.5, 0.75),
+            F.elu(x, 0.8),
+        )
+
+
+class Binary(nn.Module):
+    def __init__(self, channels):
+        super().__init__()
+        self.prelu = nn.PReLU(channels)
+
+    def forward(self, a, b, c):
+        d = b.abs() + 0.5
+        return (
+            a + b,
+            a - b,
+            a * b,
+            a / d,
+            torch.minimum(a, b),
+            torch.maximum(a, b),
+            F.relu(a + b),
+            self.prelu(c),
+        )
+
+
+class Pooling(nn.Module):
+    def forward(self, x):
+        return (
+            F.max_pool2d(x, 3, 2, 1),
+            F.max_pool2d(x, 2, 2, ceil_mode=True),
+            F.max_pool2d(x, 3, 1, 1, dilation=1),
+            F.avg_pool2d(x, 3, 1, 1),
+            F.avg_pool2d(x, 2, 2),
+            torch.mean(x, dim=(2, 3), keepdim=True),
+            torch.amax(x, dim=3, keepdim=True),
+        )
+
+
+class ArgMax(nn.Module):
+    def forward(self, x):
+        values, _ = torch.max(x, dim=3, keepdim=True)
+        return values
+
+
+class Deconv(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.ConvTranspose2d(4, 6, 3, stride=2, padding=1, output_padding=1)
+        self.b = nn.ConvTranspose2d(6, 4, 2, stride=2, groups=2, bias=False)
+
+    def forward(self, x):
+        return self.b(F.relu(self.a(x)))
+
+
+class PadResize(nn.Module):
+    def forward(self, x):
+        return (
+            F.pad(x, (1, 2, 0, 1), value=0.5),
+            F.interpolate(x, size=(11, 13), mode="bilinear", align_corners=False),
+            F.interpolate(x, scale_factor=2.0, mode="bilinear", align_corners=True),
+        )
+
+
+class Concat(nn.Module):
+    def forward(self, a, b, c, d, e):
+        return (
+            torch.cat([a, b], dim=1),
+            torch.cat([a, b, c], dim=1),
+            torch.cat([a, b, c, d], dim=2),
+            torch.cat([a, b, c, d, e], dim=3),
+        )
+
+
+class Shapes(nn.Module):
+    """Copy, transpose, slice, reshape, softmax, bmm around a linear layer."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x):
+        y = self.fc(x).clone()
+        t = y.transpose(1, 2)
+        s = torch.bmm(y, t)
+        return torch.softmax(s, dim=-1), y[:, 1:3, 2:6].reshape(2, -1)
+
+
+class Attention(nn.Module):
+    def forward(self, q, k, v):
+        return F.scaled_dot_product_attention(q, k, v)
+
+
+# ---- Architectures --------------------------------------------------------------------------
+
+
+def tiny_resnet(num_classes=10):
+    from torchvision.models.resnet import BasicBlock
+
+    class TinyResNet(nn.Module):
+        """ResNet-18's shape (a stem, four stages of two basic blocks) at widths 16 to 128."""
+
+        def __init__(self):
+            super().__init__()
+            self.stem = nn.Sequential(
+                nn.Conv2d(3, 16, 7, 2, 3, bias=False), nn.BatchNorm2d(16), nn.ReLU(),
+                nn.MaxPool2d(3, 2, 1),
+            )
+            layers, inplanes = [], 16
+            for i, planes in enumerate([16, 32, 64, 128]):
+                stride = 1 if i == 0 else 2
+                down = None
+                if stride != 1 or inplanes != planes:
+                    down = nn.Sequential(
+                        nn.Conv2d(inplanes, planes, 1, stride, bias=False), nn.BatchNorm2d(planes)
+                    )
+                layers += [BasicBlock(inplanes, planes, stride, down), BasicBlock(planes, planes)]
+                inplanes = planes
+            self.layers = nn.Sequential(*layers)
+            self.fc = nn.Linear(128, num_classes)
+
+        def forward(self, x):
+            x = self.layers(self.stem(x))
+            return self.fc(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
+
+    return TinyResNet()
+
+
+class TinyViT(nn.Module):
+    def __init__(self, d=64, patch=8, image=32, layers=2, classes=10):
+        super().__init__()
+        self.embed = nn.Conv2d(3, d, patch, patch)
+        n = (image // patch) ** 2
+        self.pos = nn.Parameter(torch.randn(1, n, d) * 0.02)
+        layer = nn.TransformerEncoderLayer(
+            d, 4, 2 * d, dropout=0.0, activation="gelu", batch_first=True, norm_first=True
+        )
+        self.encoder = nn.TransformerEncoder(layer, layers)
+        self.norm = nn.LayerNorm(d)
+        self.head = nn.Linear(d, classes)
+
+    def forward(self, x):
+        x = self.embed(x).flatten(2).transpose(1, 2) + self.pos
+        x = self.encoder(x)
+        return self.head(self.norm(x).mean(dim=1))
+
+
+class TinyUNet(nn.Module):
+    """An encoder-decoder with max pooling, a transposed convolution, a skip concatenation,
+    bilinear upsampling and padding."""
+
+    def __init__(self):
+        super().__init__()
+        self.enc1 = nn.Conv2d(3, 8, 3, padding=1)
+        self.enc2 = nn.Conv2d(8, 16, 3, padding=1)
+        self.up = nn.ConvTranspose2d(16, 8, 2, stride=2)
+        self.dec = nn.Conv2d(16, 8, 3, padding=1)
+        self.out = nn.Conv2d(8, 2, 3)
+
+    def forward(self, x):
+        e1 = F.relu(self.enc1(x))
+        e2 = F.relu(self.enc2(F.max_pool2d(e1, 2)))
+        u = self.up(e2)
+        d = F.relu(self.dec(torch.cat([u, e1], dim=1)))
+        d = F.interpolate(d, scale_factor=2.0, mode="bilinear", align_corners=False)
+        return self.out(F.pad(d, (1, 1, 1, 1)))
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, d, eps=1e-5):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(d))
+
+    def forward(self, x):
+        return x * torch.rsqrt((x * x).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+def rope(x, cos, sin):
+    x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2 :]
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, d, heads, hidden, max_len):
+        super().__init__()
+        self.heads, self.hd = heads, d // heads
+        self.q, self.k, self.v, self.o = (nn.Linear(d, d, bias=False) for _ in range(4))
+        self.w1, self.w3 = nn.Linear(d, hidden, bias=False), nn.Linear(d, hidden, bias=False)
+        self.w2 = nn.Linear(hidden, d, bias=False)
+        self.n1, self.n2 = RMSNorm(d), RMSNorm(d)
+        self.register_buffer("k_cache", torch.zeros(1, heads, max_len, d // heads))
+        self.register_buffer("v_cache", torch.zeros(1, heads, max_len, d // heads))
+
+    def forward(self, x, pos, cos, sin, mask):
+        b, t, d = x.shape
+        h = self.n1(x)
+        q = self.q(h).view(b, t, self.heads, self.hd).transpose(1, 2)
+        k = self.k(h).view(b, t, self.heads, self.hd).transpose(1, 2)
+        v = self.v(h).view(b, t, self.heads, self.hd).transpose(1, 2)
+        q, k = rope(q, cos, sin), rope(k, cos, sin)
+        self.k_cache.index_copy_(2, pos, k)
+        self.v_cache.index_copy_(2, pos, v)
+        att = (q @ self.k_cache.transpose(2, 3)) / (self.hd**0.5) + mask
+        y = torch.softmax(att, dim=-1) @ self.v_cache
+        x = x + self.o(y.transpose(1, 2).reshape(b, t, d))
+        h = self.n2(x)
+        return x + self.w2(F.silu(self.w1(h)) * self.w3(h))
+
+
+class TinyLlama(nn.Module):
+    """A Llama-shaped decoder step: embedding, RMSNorm, RoPE, SwiGLU, a KV cache per layer."""
+
+    def __init__(self, vocab=256, d=64, heads=4, hidden=128, layers=2, max_len=16):
+        super().__init__()
+        self.max_len, self.hd = max_len, d // heads
+        self.embed = nn.Embedding(vocab, d)
+        self.layers = nn.ModuleList(DecoderLayer(d, heads, hidden, max_len) for _ in range(layers))
+        self.norm = RMSNorm(d)
+        self.out = nn.Linear(d, vocab, bias=False)
+        inv = 1.0 / (10000 ** (torch.arange(0, self.hd // 2).float() / (self.hd // 2)))
+        ang = torch.arange(max_len).float()[:, None] * inv[None, :]
+        self.register_buffer("cos_table", torch.cos(ang), persistent=False)
+        self.register_buffer("sin_table", torch.sin(ang), persistent=False)
+
+    def forward(self, tokens, pos):
+        x = self.embed(tokens)
+        cos, sin = self.cos_table[pos], self.sin_table[pos]
+        steps = torch.arange(self.max_len)
+        mask = torch.where(steps[None, :] <= pos[:, None], 0.0, float("-inf"))
+        for layer in self.layers:
+            x = layer(x, pos, cos, sin, mask)
+        return self.out(self.norm(x))
+
+
+def quantize_static_int8(model, inputs):
+    from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
+        XNNPACKQuantizer,
+        get_symmetric_quantization_config,
+    )
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+    m = export(model.eval(), inputs, strict=False).module()
+    quantizer = XNNPACKQuantizer().set_global(get_symmetric_quantization_config())
+    m = prepare_pt2e(m, quantizer)
+    for _ in range(4):
+        m(*[torch.randn_like(t) for t in inputs])
+    m(*inputs)
+    return convert_pt2e(m)
+
+
+def quantize_8da4w(model):
+    from torchao.quantization import Int8DynamicActivationIntxWeightConfig, quantize_
+    from torchao.quantization.granularity import PerGroup
+
+    quantize_(
+        model,
+        Int8DynamicActivationIntxWeightConfig(weight_dtype=torch.int4, weight_granularity=PerGroup(32)),
+    )
+    return model
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--only", default="", help="comma-separated names")
+    args = parser.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    only = {n for n in args.only.split(",") if n}
+    torch.manual_seed(0)
+    r = lambda *s: torch.randn(*s) * 1.5  # noqa: E731
+
+    jobs = {
+        "op_unary_fp32": lambda: (Unary(), (r(2, 3, 5, 8),)),
+        "op_unary_fp16": lambda: (Unary().half(), (r(2, 3, 5, 8).half(),)),
+        "op_binary_fp32": lambda: (Binary(4), (r(2, 16), r(2, 16), r(1, 4, 3, 3))),
+        "op_binary_fp16": lambda: (Binary(4).half(), (r(2, 16).half(), r(2, 16).half(), r(1, 4, 3, 3).half())),
+        "op_pooling_fp32": lambda: (Pooling(), (r(1, 4, 9, 9),)),
+        "op_argmax_fp32": lambda: (ArgMax(), (r(1, 4, 6, 8),)),
+        "op_deconv_fp32": lambda: (Deconv(), (r(1, 4, 5, 5),)),
+        "op_pad_resize_fp32": lambda: (PadResize(), (r(1, 3, 6, 7),)),
+        "op_concat_fp32": lambda: (Concat(), tuple(r(1, 2, 3, 4) for _ in range(5))),
+        "op_shapes_fp32": lambda: (Shapes(), (r(2, 4, 8),)),
+        "op_sdpa_fp32": lambda: (Attention(), (r(1, 2, 5, 8), r(1, 2, 7, 8), r(1, 2, 7, 8))),
+        "arch_resnet_fp32": lambda: (tiny_resnet(), (r(1, 3, 64, 64),)),
+        "arch_mobilenet_v2_fp32": lambda: (
+            __import__("torchvision").models.mobilenet_v2(width_mult=0.25, num_classes=10),
+            (r(1, 3, 64, 64),),
+        ),
+        "arch_mobilenet_v3_fp32": lambda: (
+            __import__("torchvision").models.mobilenet_v3_small(width_mult=0.5, num_classes=10),
+            (r(1, 3, 64, 64),),
+        ),
+        "arch_vit_fp32": lambda: (TinyViT(), (r(1, 3, 32, 32),)),
+        "arch_unet_fp32": lambda: (TinyUNet(), (r(1, 3, 16, 16),)),
+    }
+    for name, make in jobs.items():
+        if only and name not in only:
+            continue
+        try:
+            model, inputs = make()
+            export_one(args.out, name, model, inputs)
+        except Exception as e:  # one failing export must not stop the others
+            print(f"{name}: FAILED: {type(e).__name__}: {str(e)[:400]}", flush=True)
+
+    int8 = {
+        "arch_mobilenet_v2_int8": lambda: (
+            __import__("torchvision").models.mobilenet_v2(width_mult=0.25, num_classes=10),
+            (r(1, 3, 64, 64),),
+        ),
+        "arch_mobilenet_v3_int8": lambda: (
+            __import__("torchvision").models.mobilenet_v3_small(width_mult=0.5, num_classes=10),
+            (r(1, 3, 64, 64),),
+        ),
+        "arch_resnet_int8": lambda: (tiny_resnet(), (r(1, 3, 64, 64),)),
+        "op_int8_conv_pool_add": lambda: (TinyUNet(), (r(1, 3, 16, 16),)),
+    }
+    for name, make in int8.items():
+        if only and name not in only:
+            continue
+        try:
+            model, inputs = make()
+            export_one(args.out, name, quantize_static_int8(model, inputs), inputs)
+        except Exception as e:
+            print(f"{name}: FAILED: {type(e).__name__}: {str(e)[:400]}", flush=True)
+
+    if not only or "arch_llama_8da4w" in only:
+        try:
+            model = quantize_8da4w(TinyLlama().eval())
+            tokens = torch.tensor([[7]])
+            steps = [(torch.tensor([[t]]), torch.tensor([p])) for p, t in enumerate([7, 42, 3, 99])]
+            export_one(args.out, "arch_llama_8da4w", model, (tokens, torch.tensor([0])), steps)
+        except Exception as e:
+            print(f"arch_llama_8da4w: FAILED: {type(e).__name__}: {str(e)[:400]}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
