@@ -43,7 +43,9 @@ DTYPES = {
 
 def lower(model, inputs, name, out, external=True, dynamic_shapes=None):
     """Exports `model`, lowers it to XNNPACK, writes NAME.pte (and NAME.ptd), returns the paths."""
-    model = model.eval()
+    if not isinstance(model, torch.fx.GraphModule):
+        # A pt2e-quantized module is already in eval mode and refuses eval().
+        model = model.eval()
     with torch.no_grad():
         if external:
             m = export(model, inputs, dynamic_shapes=dynamic_shapes, strict=False).module()
@@ -172,6 +174,10 @@ class Pooling(nn.Module):
 
 
 class ArgMax(nn.Module):
+    """max.dim: lowered (as max pooling) only when its indices go unused; ExecuTorch 1.5.1's
+    partitioner never lowers argmax pooling (MaxDimConfig: "as long as we don't return
+    indices")."""
+
     def forward(self, x):
         values, _ = torch.max(x, dim=3, keepdim=True)
         return values

@@ -252,12 +252,94 @@ fn main() -> ExitCode {
 
 fn inspect(file: &Path, json: bool, sha: bool) -> Result<(), Box<dyn std::error::Error>> {
     let map = FileDataMap::open(file)?;
+    // A program's XNNPACK delegates: their node types and datatypes, and whether this build
+    // runs them.
+    let delegates = match map.kind() {
+        xnnblob::named_data::FileKind::Pte => Some(delegate_summaries(&map)?),
+        xnnblob::named_data::FileKind::Ptd => None,
+    };
     if json {
-        outln!("{}", xnnblob::inspect::to_json(&map, sha)?);
+        let mut value: serde_json::Value =
+            serde_json::from_str(&xnnblob::inspect::to_json(&map, sha)?)?;
+        if let Some(d) = &delegates {
+            value["delegates"] = delegates_json(d);
+        }
+        outln!("{}", serde_json::to_string_pretty(&value)?);
     } else {
         out!("{}", xnnblob::inspect::to_text(&map, sha));
+        if let Some(d) = &delegates {
+            out!("{}", delegates_text(d));
+        }
     }
     Ok(())
+}
+
+/// (method, delegate index, summary) for each XNNPACK delegate of a program.
+type Summaries = Vec<(String, usize, xnnblob::delegate::PayloadSummary)>;
+
+fn delegate_summaries(map: &FileDataMap) -> Result<Summaries, Box<dyn std::error::Error>> {
+    let mut all = Vec::new();
+    for (method, payloads) in xnnblob::program::delegate_payloads(map)? {
+        for (i, payload) in payloads.iter().enumerate() {
+            let summary = xnnblob::delegate::summarize(payload)
+                .map_err(|e| format!("method {method}, delegate {i}: {e}"))?;
+            all.push((method.clone(), i, summary));
+        }
+    }
+    Ok(all)
+}
+
+fn delegates_text(summaries: &Summaries) -> String {
+    use std::fmt::Write as _;
+    let mut text = String::from("xnnpack delegates:\n");
+    if summaries.is_empty() {
+        text.push_str("  none\n");
+    }
+    for (method, i, s) in summaries {
+        let total: usize = s.nodes.iter().map(|(_, n, _)| n).sum();
+        let verdict = if s.supported() {
+            "this build runs every node".to_string()
+        } else {
+            let missing: Vec<&str> = s
+                .nodes
+                .iter()
+                .filter(|(_, _, ok)| !ok)
+                .map(|(n, _, _)| n.as_str())
+                .collect();
+            format!("NOT RUNNABLE by this build: {}", missing.join(", "))
+        };
+        let _ = writeln!(text, "  {method} #{i}: {total} nodes; {verdict}");
+        let nodes: Vec<String> = s
+            .nodes
+            .iter()
+            .map(|(n, c, _)| format!("{n} x{c}"))
+            .collect();
+        let _ = writeln!(text, "    nodes: {}", nodes.join(", "));
+        let types: Vec<String> = s
+            .datatypes
+            .iter()
+            .map(|(t, c)| format!("{t} x{c}"))
+            .collect();
+        let _ = writeln!(text, "    datatypes: {}", types.join(", "));
+    }
+    text
+}
+
+fn delegates_json(summaries: &Summaries) -> serde_json::Value {
+    serde_json::Value::Array(
+        summaries
+            .iter()
+            .map(|(method, i, s)| {
+                serde_json::json!({
+                    "method": method,
+                    "index": i,
+                    "supported": s.supported(),
+                    "nodes": s.nodes.iter().map(|(n, c, ok)| serde_json::json!({"type": n, "count": c, "supported": ok})).collect::<Vec<_>>(),
+                    "datatypes": s.datatypes.iter().map(|(t, c)| serde_json::json!({"datatype": t, "count": c})).collect::<Vec<_>>(),
+                })
+            })
+            .collect(),
+    )
 }
 
 /// `xnnblob inspect --verify-keys`.

@@ -214,6 +214,39 @@ struct MethodPlan {
     constants: Vec<(usize, DataBuffer)>,
 }
 
+/// The XNNPACK delegate payloads of every method of a `.pte`, by method name, in file order
+/// (for `xnnblob inspect`: nothing is loaded or built).
+pub fn delegate_payloads(
+    pte: &FileDataMap,
+) -> Result<Vec<(String, Vec<DataBuffer>)>, ProgramError> {
+    let names: Vec<String> = program_of(pte)?
+        .execution_plan()
+        .iter()
+        .flatten()
+        .map(|p| p.name().unwrap_or("").to_string())
+        .collect();
+    names
+        .into_iter()
+        .map(|name| {
+            let program = program_of(pte)?;
+            let plan = program
+                .execution_plan()
+                .iter()
+                .flatten()
+                .find(|p| p.name().unwrap_or("") == name)
+                .ok_or_else(|| plan_error(&name, "vanished"))?;
+            let delegates: Vec<fb::BackendDelegate<'_>> = plan
+                .delegates()
+                .iter()
+                .flatten()
+                .filter(|d| d.id() == Some("XnnpackBackend"))
+                .collect();
+            let payloads = plan_payloads(pte, &program, &delegates, &name)?;
+            Ok((name, payloads))
+        })
+        .collect()
+}
+
 /// A loaded program: its named data merged with external data, and the model context (packed
 /// weights, workspace) its methods share.
 pub struct Program {
@@ -283,11 +316,60 @@ fn value_spec(
     }))
 }
 
+/// The payload of each of a plan's delegates: inline in the program or in a segment, viewed
+/// in the mapped file.
+fn plan_payloads(
+    pte: &FileDataMap,
+    program: &fb::Program<'_>,
+    delegates: &[fb::BackendDelegate<'_>],
+    name: &str,
+) -> Result<Vec<DataBuffer>, ProgramError> {
+    let file = pte.file_buffer();
+    let bytes = file.data();
+    let inline: Vec<&[u8]> = program
+        .backend_delegate_data()
+        .iter()
+        .flatten()
+        .map(|d| d.data().map(|v| v.bytes()).unwrap_or(&[]))
+        .collect();
+    let mut payloads = Vec::new();
+    for (i, d) in delegates.iter().enumerate() {
+        let r = d
+            .processed()
+            .ok_or_else(|| plan_error(name, format!("delegate {i} has no payload reference")))?;
+        let payload = match r.location() {
+            0 => {
+                let data = inline.get(r.index() as usize).ok_or_else(|| {
+                    plan_error(name, format!("inline payload {} does not exist", r.index()))
+                })?;
+                // The bytes are inside the mapped file: view them there, zero-copy. An entry
+                // without data is an empty slice from elsewhere (found by fuzzing: the offset
+                // overflowed), refused below as out of range.
+                (data.as_ptr() as usize)
+                    .checked_sub(bytes.as_ptr() as usize)
+                    .and_then(|offset| file.slice(offset, data.len()))
+            }
+            1 => pte
+                .segments()
+                .get(r.index() as usize)
+                .and_then(|&(offset, size)| file.slice(offset, size)),
+            other => {
+                return Err(plan_error(
+                    name,
+                    format!("unknown payload location {other}"),
+                ))
+            }
+        }
+        .ok_or_else(|| plan_error(name, format!("delegate {i}: payload out of range")))?;
+        payloads.push(payload);
+    }
+    Ok(payloads)
+}
+
 /// Reads one execution plan.
 fn read_plan(pte: &FileDataMap, name: &str) -> Result<MethodPlan, ProgramError> {
     let program = program_of(pte)?;
     let file = pte.file_buffer();
-    let bytes = file.data();
     let plan = program
         .execution_plan()
         .iter()
@@ -378,43 +460,7 @@ fn read_plan(pte: &FileDataMap, name: &str) -> Result<MethodPlan, ProgramError> 
             return Err(plan_error(name, "control flow (jump) is not supported"));
         }
     }
-    let inline: Vec<&[u8]> = program
-        .backend_delegate_data()
-        .iter()
-        .flatten()
-        .map(|d| d.data().map(|v| v.bytes()).unwrap_or(&[]))
-        .collect();
-    let mut payloads = Vec::new();
-    for (i, d) in delegates.iter().enumerate() {
-        let r = d
-            .processed()
-            .ok_or_else(|| plan_error(name, format!("delegate {i} has no payload reference")))?;
-        let payload = match r.location() {
-            0 => {
-                let data = inline.get(r.index() as usize).ok_or_else(|| {
-                    plan_error(name, format!("inline payload {} does not exist", r.index()))
-                })?;
-                // The bytes are inside the mapped file: view them there, zero-copy. An entry
-                // without data is an empty slice from elsewhere (found by fuzzing: the offset
-                // overflowed), refused below as out of range.
-                (data.as_ptr() as usize)
-                    .checked_sub(bytes.as_ptr() as usize)
-                    .and_then(|offset| file.slice(offset, data.len()))
-            }
-            1 => pte
-                .segments()
-                .get(r.index() as usize)
-                .and_then(|&(offset, size)| file.slice(offset, size)),
-            other => {
-                return Err(plan_error(
-                    name,
-                    format!("unknown payload location {other}"),
-                ))
-            }
-        }
-        .ok_or_else(|| plan_error(name, format!("delegate {i}: payload out of range")))?;
-        payloads.push(payload);
-    }
+    let payloads = plan_payloads(pte, &program, &delegates, name)?;
     let constant_segment = program.constant_segment();
     let mut constants = Vec::new();
     for (v, value) in values.iter().enumerate() {

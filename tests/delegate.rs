@@ -424,5 +424,8 @@ fn an_unknown_node_is_rejected_naming_its_type() {
         }
         bad[i] = 2;
     }
-    assert!(found, "a payload with an unknown node type is rejected naming it");
+    assert!(
+        found,
+        "a payload with an unknown node type is rejected naming it"
+    );
 }

@@ -133,6 +133,19 @@ enum Node {
         input: u32,
         output: u32,
     },
+    Elu {
+        alpha: f32,
+        input: u32,
+        output: u32,
+    },
+    Attention {
+        query: u32,
+        key: u32,
+        value: u32,
+        scale: u32,
+        mask: u32,
+        output: u32,
+    },
     Concat2 {
         axis: u32,
         a: u32,
@@ -508,6 +521,59 @@ impl GraphBuilder {
                 flags: 0,
             },
             clamp,
+        );
+        out
+    }
+
+    /// A one-input node of `kind` (an element-wise node of ExecuTorch's schema: XNNSigmoid,
+    /// XNNTanh, ...), fp32, of `x`'s shape.
+    pub fn unary_node(&mut self, kind: fb::XNodeUnion, x: Value) -> Value {
+        self.unary(kind, x, None)
+    }
+
+    /// A two-input element-wise node of `kind` (XNNSubtract, XNNDiv, XNNMinimum, ...), fp32, of
+    /// `a`'s shape.
+    pub fn binary_node(&mut self, kind: fb::XNodeUnion, a: Value, b: Value) -> Value {
+        self.binary(kind, a, b, None)
+    }
+
+    /// `x` where positive, `alpha * (exp(x) - 1)` elsewhere.
+    pub fn elu(&mut self, x: Value, alpha: f32) -> Value {
+        let dims = self.dims(x).to_vec();
+        let out = self.fp32(dims);
+        self.node(
+            Node::Elu {
+                alpha,
+                input: x.0,
+                output: out.0,
+            },
+            None,
+        );
+        out
+    }
+
+    /// `softmax(query · keyᵀ · scale + mask) · value`: query [H, T, C], key and value [H, S, C],
+    /// scale [C], mask [T, S]; the output has query's shape.
+    pub fn attention(
+        &mut self,
+        query: Value,
+        key: Value,
+        value: Value,
+        scale: Value,
+        mask: Value,
+    ) -> Value {
+        let dims = self.dims(query).to_vec();
+        let out = self.fp32(dims);
+        self.node(
+            Node::Attention {
+                query: query.0,
+                key: key.0,
+                value: value.0,
+                scale: scale.0,
+                mask: mask.0,
+                output: out.0,
+            },
+            None,
         );
         out
     }
@@ -922,6 +988,46 @@ fn encode_node(
                 .as_union_value(),
             )
         }
+        Node::Elu {
+            alpha,
+            input,
+            output,
+        } => (
+            fb::XNodeUnion::XNNELU,
+            fb::XNNELU::create(
+                b,
+                &fb::XNNELUArgs {
+                    alpha: *alpha,
+                    input_id: *input,
+                    output_id: *output,
+                    flags: 0,
+                },
+            )
+            .as_union_value(),
+        ),
+        Node::Attention {
+            query,
+            key,
+            value,
+            scale,
+            mask,
+            output,
+        } => (
+            fb::XNodeUnion::XNNScaledDotProductAttention,
+            fb::XNNScaledDotProductAttention::create(
+                b,
+                &fb::XNNScaledDotProductAttentionArgs {
+                    query_id: *query,
+                    key_id: *key,
+                    value_id: *value,
+                    scale_id: *scale,
+                    mask_id: *mask,
+                    output_id: *output,
+                    flags: 0,
+                },
+            )
+            .as_union_value(),
+        ),
         Node::Concat2 {
             axis,
             a,

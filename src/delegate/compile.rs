@@ -180,7 +180,7 @@ pub(crate) fn datatype(raw: fb::XNNDatatype, value: usize) -> Result<Datatype, D
 }
 
 /// The tensor part of a value, and its quantization if any.
-pub(super) fn tensor_of(
+pub(crate) fn tensor_of(
     v: fb::XValue<'_>,
     index: usize,
 ) -> Result<

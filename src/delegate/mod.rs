@@ -13,9 +13,11 @@ mod error;
 pub mod operators;
 pub mod payload;
 pub mod prepack;
+mod summary;
 
 pub use compile::{InitTimings, Weights};
 pub use error::DelegateError;
+pub use summary::{summarize, PayloadSummary};
 
 use crate::backend::ModelContext;
 use crate::named_data::{DataBuffer, NamedDataMap};

@@ -492,6 +492,14 @@ pub(crate) fn node_io(node: &fb::XNode<'_>) -> Option<(Vec<u32>, Vec<u32>)> {
     None
 }
 
+/// The name of every node type of ExecuTorch 1.5.1's XNNPACK schema, in discriminant order.
+pub fn schema_node_types() -> impl Iterator<Item = &'static str> {
+    fb::XNodeUnion::ENUM_VALUES
+        .iter()
+        .filter(|k| **k != fb::XNodeUnion::NONE)
+        .filter_map(|k| k.variant_name())
+}
+
 /// Whether the node named `node` in ExecuTorch's XNNPACK schema is supported.
 pub fn is_supported(node: &str) -> bool {
     OPERATORS.iter().any(|o| o.node == node)
@@ -824,12 +832,10 @@ fn elu(g: &mut Subgraph<'_>, node: &fb::XNode<'_>, cx: &Node<'_>) -> Result<(), 
         .map_err(at(cx.what()))
 }
 
-fn prelu(
-    g: &mut Subgraph<'_>,
-    node: &fb::XNode<'_>,
-    cx: &Node<'_>,
-) -> Result<(), DelegateError> {
-    let b = node.xnode_union_as_xnnpre_lu().ok_or_else(|| malformed(cx))?;
+fn prelu(g: &mut Subgraph<'_>, node: &fb::XNode<'_>, cx: &Node<'_>) -> Result<(), DelegateError> {
+    let b = node
+        .xnode_union_as_xnnpre_lu()
+        .ok_or_else(|| malformed(cx))?;
     no_flags(cx, b.flags(), 0)?;
     g.define_prelu(
         cx.id(b.input1_id())?,
@@ -1050,11 +1056,7 @@ fn batch_matrix_multiply(
     .map_err(at(cx.what()))
 }
 
-fn clamp(
-    g: &mut Subgraph<'_>,
-    node: &fb::XNode<'_>,
-    cx: &Node<'_>,
-) -> Result<(), DelegateError> {
+fn clamp(g: &mut Subgraph<'_>, node: &fb::XNode<'_>, cx: &Node<'_>) -> Result<(), DelegateError> {
     let u = node
         .xnode_union_as_xnnclamp()
         .ok_or_else(|| malformed(cx))?;
@@ -1063,11 +1065,7 @@ fn clamp(
         .map_err(at(cx.what()))
 }
 
-fn softmax(
-    g: &mut Subgraph<'_>,
-    node: &fb::XNode<'_>,
-    cx: &Node<'_>,
-) -> Result<(), DelegateError> {
+fn softmax(g: &mut Subgraph<'_>, node: &fb::XNode<'_>, cx: &Node<'_>) -> Result<(), DelegateError> {
     let u = node
         .xnode_union_as_xnnsoftmax()
         .ok_or_else(|| malformed(cx))?;
@@ -1075,11 +1073,7 @@ fn softmax(
         .map_err(at(cx.what()))
 }
 
-fn convert(
-    g: &mut Subgraph<'_>,
-    node: &fb::XNode<'_>,
-    cx: &Node<'_>,
-) -> Result<(), DelegateError> {
+fn convert(g: &mut Subgraph<'_>, node: &fb::XNode<'_>, cx: &Node<'_>) -> Result<(), DelegateError> {
     let u = node
         .xnode_union_as_xnnconvert()
         .ok_or_else(|| malformed(cx))?;
@@ -1173,7 +1167,11 @@ fn concatenate(
         .map(|&i| cx.id(i))
         .collect::<Result<Vec<u32>, _>>()?;
     let axis = i32::try_from(c.axis()).map_err(|_| {
-        DelegateError::BadGraph(format!("node {}: axis {} is out of range", cx.index, c.axis()))
+        DelegateError::BadGraph(format!(
+            "node {}: axis {} is out of range",
+            cx.index,
+            c.axis()
+        ))
     })?;
     g.define_concatenate(axis, &ids, cx.id(c.output_id())?)
         .map_err(at(cx.what()))

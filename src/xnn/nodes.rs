@@ -229,7 +229,15 @@ impl Subgraph<'_> {
             .map_or(std::ptr::null(), |p| p as *const sys::xnn_binary_params);
         // SAFETY: the parameters are null or live across the call; XNNPACK validates the ids.
         check("xnn_define_binary", unsafe {
-            sys::xnn_define_binary(self.as_raw(), op.raw(), params_ptr, input1, input2, output, 0)
+            sys::xnn_define_binary(
+                self.as_raw(),
+                op.raw(),
+                params_ptr,
+                input1,
+                input2,
+                output,
+                0,
+            )
         })
     }
 

@@ -207,7 +207,10 @@ fn exported_programs_match_executorchs_own_backend() {
         })
         .collect();
     names.sort();
-    assert!(names.len() >= 10, "the exported programs are there: {names:?}");
+    assert!(
+        names.len() >= 10,
+        "the exported programs are there: {names:?}"
+    );
     for name in names {
         let tolerance = if name.contains("int8") || name.contains("8da4w") {
             1e-3

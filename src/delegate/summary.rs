@@ -1,0 +1,69 @@
+//! What a delegate payload holds, without building it: its node types and value datatypes, and
+//! whether this build runs each (`xnnblob inspect` on a `.pte`).
+
+use super::compile::tensor_of;
+use super::error::DelegateError;
+use super::operators::find;
+use super::payload::parse;
+use crate::schema::xnn as fb;
+use std::collections::BTreeMap;
+
+/// One delegate payload's node types and datatypes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PayloadSummary {
+    /// Each node type (its name in ExecuTorch's schema, or `node type N` for one past it), how
+    /// many nodes have it, and whether this build defines it.
+    pub nodes: Vec<(String, usize, bool)>,
+    /// Each value datatype, with its quantization where it has one (`qint8 per tensor`,
+    /// `qcint4 per channel`, `qbint4 blockwise`, `qdint8 dynamic`), and how many values have it.
+    pub datatypes: Vec<(String, usize)>,
+}
+
+impl PayloadSummary {
+    /// Whether this build defines every node of the payload.
+    pub fn supported(&self) -> bool {
+        self.nodes.iter().all(|(_, _, ok)| *ok)
+    }
+}
+
+/// Summarises a delegate payload (`XH00` header and `XN01` graph).
+pub fn summarize(payload: &[u8]) -> Result<PayloadSummary, DelegateError> {
+    let parsed = parse(payload)?;
+    let mut nodes: BTreeMap<String, (usize, bool)> = BTreeMap::new();
+    for node in parsed.graph.xnodes().iter().flatten() {
+        let kind = node.xnode_union_type();
+        let name = kind
+            .variant_name()
+            .map_or_else(|| format!("node type {}", kind.0), str::to_string);
+        let entry = nodes.entry(name).or_insert((0, find(kind).is_some()));
+        entry.0 += 1;
+    }
+    let mut datatypes: BTreeMap<String, usize> = BTreeMap::new();
+    for (i, value) in parsed.graph.xvalues().iter().flatten().enumerate() {
+        let (tensor, quantized) = tensor_of(value, i)?;
+        let mut name = tensor
+            .datatype()
+            .variant_name()
+            .map_or_else(
+                || format!("datatype {}", tensor.datatype().0),
+                str::to_string,
+            )
+            .trim_start_matches("xnn_datatype_")
+            .to_string();
+        if let Some(q) = quantized {
+            let how = match q.quant_params_type() {
+                fb::XNNQuantParams::PerTensorQuant => " per tensor",
+                fb::XNNQuantParams::PerChannelQuant => " per channel",
+                fb::XNNQuantParams::PerChannelGroupQuant => " blockwise",
+                fb::XNNQuantParams::PerTokenDynamicQuant => " dynamic",
+                _ => "",
+            };
+            name.push_str(how);
+        }
+        *datatypes.entry(name).or_default() += 1;
+    }
+    Ok(PayloadSummary {
+        nodes: nodes.into_iter().map(|(n, (c, ok))| (n, c, ok)).collect(),
+        datatypes: datatypes.into_iter().collect(),
+    })
+}
