@@ -139,6 +139,9 @@ fn fully_delegated_programs_match_executorch_in_xnnblobs_own_executor() {
         ran.push(format!("{name} {worst:.1e}"));
     }
     eprintln!("ran in xnnblob's executor: {ran:?}\nnot fully delegated: {not_delegated:?}");
+    // Which kernel family this CPU (or the emulated one) dispatches to.
+    let kernel = xnnblob::xnn::qd8_gemm_kernel(xnnblob::xnn::Qd8Weights::Qc8w).unwrap();
+    eprintln!("qd8 x qc8w GEMM kernel: {}", kernel.unwrap_or_default());
     assert!(
         ran.len() >= 8,
         "most exported programs are fully delegated: {ran:?}"
@@ -281,4 +284,19 @@ fn elu_and_attention_which_executorch_does_not_lower_match_a_reference() {
     for (a, b) in got.iter().zip(&want) {
         assert!((a - b).abs() <= 1e-4, "attention: {a} against {b}");
     }
+}
+
+/// The exported programs and the hand-built nodes again on an AVX2-only CPU (emulated: qemu has
+/// no AVX-512), where XNNPACK dispatches its AVX2 kernel families instead of this machine's.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn exported_programs_also_match_on_an_avx2_only_cpu() {
+    common::assert_pass_on_emulated_cpu(
+        "Haswell-v4",
+        "__avx2",
+        &[
+            "fully_delegated_programs_match_executorch_in_xnnblobs_own_executor",
+            "elu_and_attention_which_executorch_does_not_lower_match_a_reference",
+        ],
+    );
 }
