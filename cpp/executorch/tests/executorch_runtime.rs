@@ -47,11 +47,22 @@ impl Run {
 }
 
 fn runner(args: &[String]) -> Result<Run, String> {
+    runner_on(None, args)
+}
+
+/// As [`runner`], on an emulated CPU (`qemu-x86_64 -cpu CPU`) when one is named.
+fn runner_on(cpu: Option<&str>, args: &[String]) -> Result<Run, String> {
     support::backend_library();
-    let out = Command::new(env!("CARGO_BIN_EXE_xnnblob-et-run"))
-        .args(args)
-        .output()
-        .unwrap();
+    let exe = env!("CARGO_BIN_EXE_xnnblob-et-run");
+    let mut command = match cpu {
+        Some(cpu) => {
+            let mut c = Command::new("qemu-x86_64");
+            c.args(["-cpu", cpu, exe]);
+            c
+        }
+        None => Command::new(exe),
+    };
+    let out = command.args(args).output().unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     if !out.status.success() {
         return Err(format!(
@@ -147,6 +158,18 @@ fn check_outputs(
     expected: &[Vec<(PathBuf, String)>],
     tolerance: f32,
 ) -> f32 {
+    check_outputs_on(None, label, backend, args, expected, tolerance)
+}
+
+/// As [`check_outputs`], on an emulated CPU when one is named.
+fn check_outputs_on(
+    cpu: Option<&str>,
+    label: &str,
+    backend: &str,
+    args: &[String],
+    expected: &[Vec<(PathBuf, String)>],
+    tolerance: f32,
+) -> f32 {
     let out = scratch(&format!("{label}-{backend}"));
     let mut all = args.to_vec();
     all.extend([
@@ -155,7 +178,8 @@ fn check_outputs(
         s("--output-dir"),
         out.display().to_string(),
     ]);
-    let run = run_ok(&all);
+    let run = runner_on(cpu, &all)
+        .unwrap_or_else(|e| panic!("xnnblob-et-run {all:?} on {cpu:?} failed: {e}"));
     if backend == "xnnblob" {
         // Every weight was read in once, where its look-up missed, and nothing packed was thrown
         // away: a placeholder whose read failed would have sent init back to read everything,
@@ -198,6 +222,18 @@ fn check_outputs(
 /// for quantized programs.
 #[test]
 fn exported_programs_match_executorchs_own_backend() {
+    exported_programs_on(None);
+}
+
+/// The same on an AVX2-only CPU (emulated: qemu has no AVX-512), where both backends' XNNPACK
+/// dispatch their AVX2 kernels; compared with ExecuTorch's stored outputs (from this machine).
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn exported_programs_match_on_an_avx2_only_cpu() {
+    exported_programs_on(Some("Haswell-v4"));
+}
+
+fn exported_programs_on(cpu: Option<&str>) {
     let dir = data().join("export");
     let mut names: Vec<String> = std::fs::read_dir(&dir)
         .unwrap()
@@ -220,9 +256,11 @@ fn exported_programs_match_executorchs_own_backend() {
             1e-5
         };
         let (args, expected) = io_program(&dir, &name);
-        let witness = check_outputs(&name, "executorch", &args, &expected, tolerance);
-        let ours = check_outputs(&name, "xnnblob", &args, &expected, tolerance);
-        eprintln!("{name}: xnnblob {ours:e}, ExecuTorch's backend {witness:e} of the range");
+        let witness = check_outputs_on(cpu, &name, "executorch", &args, &expected, tolerance);
+        let ours = check_outputs_on(cpu, &name, "xnnblob", &args, &expected, tolerance);
+        eprintln!(
+            "{name} on {cpu:?}: xnnblob {ours:e}, ExecuTorch's backend {witness:e} of the range"
+        );
     }
 }
 
