@@ -8,7 +8,8 @@ use common::scratch;
 use std::path::Path;
 use std::sync::Arc;
 use xnnblob::cache::{
-    format, verify_file, BlobId, CacheOptions, LoadOutcome, PackedWeightsCache, Registration,
+    format, verify_file, BlobId, CacheError, CacheOptions, LoadOutcome, PackedWeightsCache,
+    Registration,
 };
 use xnnblob::synthetic::{Mlp, MLP_INPUT, MLP_OUTPUT};
 use xnnblob::xnn::Runtime;
@@ -407,7 +408,24 @@ fn flipped_bits_in_header_index_or_trailer_are_detected() {
     let (expected, _) = cold(&path, &mlp);
     let good = std::fs::read(&path).unwrap();
     let index = format::index_offset(&good).unwrap() as usize;
-    let mut positions: Vec<usize> = (0..format::HEADER_SIZE).collect();
+    // A flip in the magic's first 7 bytes makes the file no cache at all: it is left alone.
+    for at in 0..7 {
+        let mut bad = good.clone();
+        bad[at] ^= 1 << (at % 8);
+        std::fs::write(&path, &bad).unwrap();
+        let refused = PackedWeightsCache::open(&path);
+        assert!(
+            matches!(refused, Err(CacheError::NotACacheFile { .. })),
+            "flip at {at}: {:?}",
+            refused.map(|_| ())
+        );
+        assert_eq!(
+            std::fs::read(&path).unwrap(),
+            bad,
+            "flip at {at}: the file is untouched"
+        );
+    }
+    let mut positions: Vec<usize> = (7..format::HEADER_SIZE).collect();
     positions.extend((index..good.len()).step_by(5));
     for at in positions {
         let mut bad = good.clone();
@@ -701,4 +719,80 @@ fn a_damaged_entry_found_in_the_background_is_repacked_by_the_next_launch() {
     assert_eq!(cache.stats().packed, 1, "repacked by the next launch");
     cache.wait_saved().unwrap();
     assert_eq!(cache.stats().corrupt_found, 0);
+}
+
+#[test]
+fn a_file_that_is_not_a_cache_is_never_read_nor_replaced() {
+    let dir = scratch("foreign");
+    let notes = dir.join("notes.txt");
+    let text = b"my notes, not a cache\n".to_vec();
+    std::fs::write(&notes, &text).unwrap();
+    // A program's own weights at the cache path (`--data X.ptd --cache X.ptd`).
+    let ptd = dir.join("weights.ptd");
+    let fixture =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/executorch/mlp_xnn_external.ptd");
+    std::fs::copy(&fixture, &ptd).unwrap();
+    let ptd_bytes = std::fs::read(&ptd).unwrap();
+    for (path, bytes) in [(&notes, &text), (&ptd, &ptd_bytes)] {
+        let opened = PackedWeightsCache::open(path);
+        assert!(
+            matches!(&opened, Err(CacheError::NotACacheFile { .. })),
+            "{}: {:?}",
+            path.display(),
+            opened.map(|_| ())
+        );
+        let why = PackedWeightsCache::check_path(path)
+            .unwrap_err()
+            .to_string();
+        assert!(why.contains("not a packed-weight cache"), "{why}");
+        assert_eq!(
+            &std::fs::read(path).unwrap(),
+            bytes,
+            "{}: untouched",
+            path.display()
+        );
+    }
+    // Empty, or cut inside the magic by a torn write: a cache to rebuild.
+    let empty = dir.join("empty.xbc");
+    std::fs::write(&empty, b"").unwrap();
+    PackedWeightsCache::check_path(&empty).unwrap();
+    let torn = dir.join("torn.xbc");
+    std::fs::write(&torn, &format::MAGIC[..5]).unwrap();
+    PackedWeightsCache::check_path(&torn).unwrap();
+}
+
+#[test]
+fn a_save_waits_a_bounded_time_for_another_writers_lock_and_leaves_the_file() {
+    let dir = scratch("held-lock");
+    let path = dir.join("weights.xbc");
+    let mlp = model();
+    // Another writer holds the lock (a separate open file description conflicts as another
+    // process's would) and never lets go.
+    let lock_path = dir.join("weights.xbc.lock");
+    let holder = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_path)
+        .unwrap();
+    holder.lock().unwrap();
+    let cache = reopen(&path);
+    let expected = launch(&cache, &mlp);
+    let started = std::time::Instant::now();
+    let saved = cache.finalize().and_then(|()| cache.wait_saved());
+    let waited = started.elapsed();
+    let error = saved.expect_err("the save gives up").to_string();
+    assert!(error.contains("writer lock"), "{error}");
+    assert!(
+        waited >= xnnblob::storage::WRITER_LOCK_WAIT
+            && waited < xnnblob::storage::WRITER_LOCK_WAIT * 4,
+        "gave up after {waited:?}"
+    );
+    assert!(!path.exists(), "no file was written");
+    assert_eq!(
+        launch(&cache, &mlp),
+        expected,
+        "the weights stay usable in memory"
+    );
+    drop(holder);
 }

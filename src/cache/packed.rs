@@ -44,6 +44,16 @@ pub enum CacheError {
         /// What is there ("a directory", "a FIFO", ...).
         kind: &'static str,
     },
+    /// A non-empty file that is not an xnnblob packed-weight cache is at the path (a user's
+    /// file, the program's own data): it is neither read nor replaced.
+    #[error(
+        "packed-weight cache {path}: the file there is not a packed-weight cache; it is neither \
+         read nor replaced"
+    )]
+    NotACacheFile {
+        /// The path as given (made absolute).
+        path: PathBuf,
+    },
     /// The file is open in this process already, with other options: one file has one cache
     /// object, and it cannot follow two sets of options.
     #[error("packed-weight cache {path}: already open in this process with other options")]
@@ -235,6 +245,35 @@ fn refuse_non_regular(path: &Path) -> Result<(), CacheError> {
     }
 }
 
+/// Refuses a non-empty file that does not begin as a cache file does (its magic, less the
+/// format version byte: a cache of an older format is still ours to rebuild). Only the first
+/// bytes are read.
+fn refuse_foreign(path: &Path) -> Result<(), CacheError> {
+    use std::io::Read;
+    let Ok(mut file) = std::fs::File::open(path) else {
+        // Absent (the save creates it) or unreadable (the load reports it).
+        return Ok(());
+    };
+    let mut head = [0u8; 7];
+    let mut got = 0;
+    while got < head.len() {
+        match file.read(&mut head[got..]) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => return Ok(()),
+        }
+    }
+    // A file cut short of the magic by a torn write is a damaged cache, not a user's file.
+    if head[..got] == super::format::MAGIC[..got] {
+        Ok(())
+    } else {
+        Err(CacheError::NotACacheFile {
+            path: path.to_path_buf(),
+        })
+    }
+}
+
 impl PackedWeightsCache {
     /// Whether a cache file can live at `path`: nothing or a regular file is there, and its
     /// directory takes new files (the save writes a temporary file beside it and renames it into
@@ -244,6 +283,7 @@ impl PackedWeightsCache {
         use std::os::unix::ffi::OsStrExt;
         let path = canonical(path)?;
         refuse_non_regular(&path)?;
+        refuse_foreign(&path)?;
         let io = |error| CacheError::Io {
             path: path.display().to_string(),
             error,
@@ -300,6 +340,7 @@ impl PackedWeightsCache {
         crate::xnn::initialize().ok();
         let path = canonical(path.as_ref())?;
         refuse_non_regular(&path)?;
+        refuse_foreign(&path)?;
         let mut reg = registry().lock();
         if let Some(existing) = reg.get(&path).and_then(Weak::upgrade) {
             if existing.options != options {

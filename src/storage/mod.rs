@@ -35,7 +35,8 @@ pub trait Storage: Send + Sync {
     /// Maps the regular file at `path` read-only ([`MappedFile::open`]).
     fn map(&self, path: &Path) -> io::Result<MappedFile>;
     /// Takes the exclusive advisory lock on the file at `path` (created if absent), held until
-    /// the returned file is closed.
+    /// the returned file is closed, waiting at most [`WRITER_LOCK_WAIT`] for another holder
+    /// (then `TimedOut`): a writer stopped or hung in another process never blocks this one.
     fn lock_exclusive(&self, path: &Path) -> io::Result<File>;
     /// Removes the file at `path`.
     fn remove(&self, path: &Path) -> io::Result<()>;
@@ -45,6 +46,10 @@ pub trait Storage: Send + Sync {
         std::process::id()
     }
 }
+
+/// The longest a save waits for another process's writer lock before it gives up (the file is
+/// then left as it is, and the packed weights stay in memory).
+pub const WRITER_LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// The operating system's files.
 #[derive(Debug, Default, Clone, Copy)]
@@ -83,8 +88,26 @@ impl Storage for OsStorage {
             .truncate(false)
             .write(true)
             .open(path)?;
-        file.lock()?;
-        Ok(file)
+        let deadline = std::time::Instant::now() + WRITER_LOCK_WAIT;
+        let mut pause = std::time::Duration::from_millis(1);
+        loop {
+            match file.try_lock() {
+                Ok(()) => return Ok(file),
+                Err(std::fs::TryLockError::WouldBlock) => {}
+                Err(std::fs::TryLockError::Error(e)) => return Err(e),
+            }
+            if std::time::Instant::now() >= deadline {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!(
+                        "another process has held the writer lock for over {} s",
+                        WRITER_LOCK_WAIT.as_secs()
+                    ),
+                ));
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(std::time::Duration::from_millis(100));
+        }
     }
 
     fn remove(&self, path: &Path) -> io::Result<()> {

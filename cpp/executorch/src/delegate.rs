@@ -74,7 +74,11 @@ extern "C" fn wait_for_saves() {
     let _ = catch_unwind(|| {
         if let Some(Ok(backend)) = BACKEND.get() {
             for cache in backend.packed_caches() {
-                let _ = cache.wait_saved();
+                // Said once, at exit: the packed weights were used from memory; the next launch
+                // packs again. (ExecuTorch's logger may be gone by now: stderr.)
+                if let Err(e) = cache.wait_saved() {
+                    eprintln!("xnnblob: {}; not saved", chain(&e));
+                }
             }
         }
     });

@@ -841,3 +841,100 @@ fn xnnblob_runs_on_executorchs_own_thread_pool_at_the_size_the_app_gives_it() {
         }
     }
 }
+
+/// Runs the runner and returns its exit status, stdout and stderr, however it ended.
+fn run_any(args: &[String]) -> (bool, String, String) {
+    support::backend_library();
+    let out = Command::new(env!("CARGO_BIN_EXE_xnnblob-et-run"))
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn a_file_at_the_cache_path_that_is_not_a_cache_is_left_alone() {
+    let dir = scratch("foreign-cache");
+    let expected =
+        f32s(&std::fs::read(data().join("mlp_qd8_qc8w_external.output_et.f32")).unwrap());
+    let notes = dir.join("notes.txt");
+    std::fs::write(&notes, b"my notes\n").unwrap();
+    // The program's own weights as the cache path too.
+    let ptd = dir.join("weights.ptd");
+    std::fs::copy(data().join("mlp_qd8_qc8w_external.ptd"), &ptd).unwrap();
+    for (path, data_file) in [
+        (notes.clone(), data().join("mlp_qd8_qc8w_external.ptd")),
+        (ptd.clone(), ptd.clone()),
+    ] {
+        let before = std::fs::read(&path).unwrap();
+        let out = dir.join("out");
+        std::fs::create_dir_all(&out).unwrap();
+        let args = vec![
+            data()
+                .join("mlp_qd8_qc8w_external.pte")
+                .display()
+                .to_string(),
+            s("--data"),
+            data_file.display().to_string(),
+            s("--input"),
+            data().join("mlp_qd8.input.f32").display().to_string(),
+            s("--cache"),
+            path.display().to_string(),
+            s("--output-dir"),
+            out.display().to_string(),
+        ];
+        let (ok, stdout, stderr) = run_any(&args);
+        assert!(ok, "{}: {stdout}{stderr}", path.display());
+        assert!(
+            stderr.contains("not a packed-weight cache"),
+            "{}: said why: {stderr}",
+            path.display()
+        );
+        assert_eq!(
+            std::fs::read(&path).unwrap(),
+            before,
+            "{}: untouched",
+            path.display()
+        );
+        let got = f32s(&std::fs::read(out.join("output0.f32")).unwrap());
+        assert!(
+            relative_difference(&got, &expected) <= 1e-3,
+            "{}",
+            path.display()
+        );
+    }
+}
+
+#[test]
+fn a_writer_lock_held_elsewhere_delays_exit_by_a_bounded_time_and_leaves_the_file() {
+    let dir = scratch("held-lock");
+    let cache = dir.join("weights.xbc");
+    let holder = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(dir.join("weights.xbc.lock"))
+        .unwrap();
+    holder.lock().unwrap();
+    let mut args = mlp_args();
+    args.extend([s("--cache"), cache.display().to_string()]);
+    let started = std::time::Instant::now();
+    let (ok, stdout, stderr) = run_any(&args);
+    let took = started.elapsed();
+    assert!(ok, "{stdout}{stderr}");
+    assert!(
+        stderr.contains("writer lock"),
+        "the save said why it gave up: {stderr}"
+    );
+    // A bound, not a timing: without one the process waited for the lock forever.
+    assert!(
+        took < std::time::Duration::from_secs(60),
+        "exited after {took:?}"
+    );
+    assert!(!cache.exists(), "nothing was written at the path");
+    drop(holder);
+}
