@@ -35,37 +35,11 @@ fn names() -> Vec<String> {
 }
 
 fn io(name: &str) -> Value {
-    serde_json::from_slice(&std::fs::read(dir().join(format!("{name}.io.json"))).unwrap()).unwrap()
+    common::io_steps::io(&dir(), name)
 }
 
-/// A tensor of an io.json step: dtype, shape, bytes.
 fn tensor(t: &Value) -> (DType, Shape, Vec<u8>) {
-    let dtype = DType::parse(t["dtype"].as_str().unwrap()).unwrap();
-    let dims: Vec<usize> = t["shape"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|d| d.as_u64().unwrap() as usize)
-        .collect();
-    let bytes = std::fs::read(dir().join(t["file"].as_str().unwrap())).unwrap();
-    (dtype, Shape::new(&dims).unwrap(), bytes)
-}
-
-/// Max |ours - ExecuTorch's| over the range of ExecuTorch's output; a NaN counts as infinite.
-fn relative_error(dtype: DType, ours: &[u8], theirs: &[u8]) -> f32 {
-    let (a, b) = (to_f32_lossy(dtype, ours), to_f32_lossy(dtype, theirs));
-    assert_eq!(a.len(), b.len(), "output lengths");
-    let (lo, hi) = b
-        .iter()
-        .fold((f32::INFINITY, f32::NEG_INFINITY), |(l, h), &v| {
-            (l.min(v), h.max(v))
-        });
-    let range = (hi - lo).max(f32::MIN_POSITIVE);
-    a.iter()
-        .zip(&b)
-        .map(|(x, y)| (x - y).abs() / range)
-        .map(|d| if d.is_nan() { f32::INFINITY } else { d })
-        .fold(0.0, f32::max)
+    common::io_steps::tensor(&dir(), t)
 }
 
 fn tolerance(name: &str) -> f32 {
@@ -134,7 +108,7 @@ fn fully_delegated_programs_match_executorch_in_xnnblobs_own_executor() {
                     (dtype, shape),
                     "{name} output {i}"
                 );
-                worst = worst.max(relative_error(dtype, out.data(), &bytes));
+                worst = worst.max(common::io_steps::relative_error(dtype, out.data(), &bytes));
             }
         }
         assert!(

@@ -2,19 +2,20 @@
 //! (`tests/data/executorch/runtime-c`, from ExecuTorch's exporter; outputs from its runtime):
 //! a dynamic batch, fp16 at the boundary, and two programs sharing a weight through one backend.
 
+mod common;
+
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use xnnblob::backend::{Backend, PackedCache};
 use xnnblob::program::{InputError, Program, ProgramError};
-use xnnblob::tensor::{to_f32_lossy, DType, Shape, TensorRef};
+use xnnblob::tensor::{DType, Shape, TensorRef};
 
 fn dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/executorch/runtime-c")
 }
 
 fn io(name: &str) -> Value {
-    let path = dir().join(format!("{name}.io.json"));
-    serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap()
+    common::io_steps::io(&dir(), name)
 }
 
 fn load(backend: &Backend, name: &str, cache: Option<&PackedCache>) -> Program {
@@ -34,32 +35,11 @@ fn load(backend: &Backend, name: &str, cache: Option<&PackedCache>) -> Program {
     .unwrap_or_else(|e| panic!("{name}: {e}"))
 }
 
-/// A tensor of an io.json step: dtype, shape, bytes.
 fn tensor(t: &Value) -> (DType, Shape, Vec<u8>) {
-    let dtype = DType::parse(t["dtype"].as_str().unwrap()).unwrap();
-    let dims: Vec<usize> = t["shape"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|d| d.as_u64().unwrap() as usize)
-        .collect();
-    let bytes = std::fs::read(dir().join(t["file"].as_str().unwrap())).unwrap();
-    (dtype, Shape::new(&dims).unwrap(), bytes)
+    common::io_steps::tensor(&dir(), t)
 }
 
-/// Max |ours - ExecuTorch's| over the range of ExecuTorch's output.
-fn relative_error(dtype: DType, ours: &[u8], theirs: &[u8]) -> f32 {
-    let (a, b) = (to_f32_lossy(dtype, ours), to_f32_lossy(dtype, theirs));
-    assert_eq!(a.len(), b.len());
-    let range = b.iter().fold(f32::NEG_INFINITY, |m, v| m.max(*v))
-        - b.iter().fold(f32::INFINITY, |m, v| m.min(*v));
-    let diff = a
-        .iter()
-        .zip(&b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max);
-    diff / range
-}
+use common::io_steps::relative_error;
 
 /// Runs every step of `name` on one loaded method; returns the worst relative error.
 fn run_steps(backend: &Backend, name: &str) -> f32 {

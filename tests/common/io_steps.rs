@@ -1,0 +1,43 @@
+//! Programs described by an `NAME.io.json` (steps of inputs and ExecuTorch's outputs, each a raw
+//! little-endian file with its dtype and shape), as ExecuTorch's exporter scripts write them.
+
+use serde_json::Value;
+use std::path::Path;
+use xnnblob::tensor::{to_f32_lossy, DType, Shape};
+
+/// The io.json of program `name` in `dir`.
+pub fn io(dir: &Path, name: &str) -> Value {
+    let path = dir.join(format!("{name}.io.json"));
+    serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap()
+}
+
+/// A tensor of an io.json step, its file in `dir`: dtype, shape, bytes.
+pub fn tensor(dir: &Path, t: &Value) -> (DType, Shape, Vec<u8>) {
+    let dtype = DType::parse(t["dtype"].as_str().unwrap()).unwrap();
+    let dims: Vec<usize> = t["shape"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d.as_u64().unwrap() as usize)
+        .collect();
+    let bytes = std::fs::read(dir.join(t["file"].as_str().unwrap())).unwrap();
+    (dtype, Shape::new(&dims).unwrap(), bytes)
+}
+
+/// Max |ours - ExecuTorch's| over the range of ExecuTorch's output; a NaN counts as infinite,
+/// and outputs of different lengths fail.
+pub fn relative_error(dtype: DType, ours: &[u8], theirs: &[u8]) -> f32 {
+    let (a, b) = (to_f32_lossy(dtype, ours), to_f32_lossy(dtype, theirs));
+    assert_eq!(a.len(), b.len(), "output lengths");
+    let (lo, hi) = b
+        .iter()
+        .fold((f32::INFINITY, f32::NEG_INFINITY), |(l, h), &v| {
+            (l.min(v), h.max(v))
+        });
+    let range = (hi - lo).max(f32::MIN_POSITIVE);
+    a.iter()
+        .zip(&b)
+        .map(|(x, y)| (x - y).abs() / range)
+        .map(|d| if d.is_nan() { f32::INFINITY } else { d })
+        .fold(0.0, f32::max)
+}
