@@ -53,6 +53,12 @@ fn process_backend() -> Result<&'static Backend, Outcome> {
         .get_or_init(|| {
             let backend = Backend::new(BackendOptions {
                 threadpool: Some(Arc::new(executorch_threadpool())),
+                // Damaged packed bytes are found after the launch, at idle priority, and left
+                // out of the file, so no launch after it serves them.
+                cache_options: xnnblob::cache::CacheOptions {
+                    verify: xnnblob::cache::VerifyPacked::Background,
+                    ..Default::default()
+                },
                 ..Default::default()
             })
             .map_err(|e| e.to_string());
@@ -78,6 +84,16 @@ extern "C" fn wait_for_saves() {
                 // packs again. (ExecuTorch's logger may be gone by now: stderr.)
                 if let Err(e) = cache.wait_saved() {
                     eprintln!("xnnblob: {}; not saved", chain(&e));
+                }
+                let damaged = cache.stats().corrupt_found;
+                if damaged > 0 {
+                    eprintln!(
+                        "xnnblob: packed-weight cache {}: {damaged} damaged packed weights found \
+                         and left out of the file; the next launch packs them again",
+                        cache
+                            .path()
+                            .map_or_else(|| "memory".to_string(), |p| p.display().to_string())
+                    );
                 }
             }
         }

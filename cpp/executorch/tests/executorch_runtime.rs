@@ -951,3 +951,47 @@ fn a_writer_lock_held_elsewhere_delays_exit_by_a_bounded_time_and_leaves_the_fil
     assert!(!cache.exists(), "nothing was written at the path");
     drop(holder);
 }
+
+#[test]
+fn damaged_packed_bytes_are_found_after_the_launch_and_never_served_again() {
+    let dir = scratch("damage");
+    let cache = dir.join("weights.xbc");
+    let expected =
+        f32s(&std::fs::read(data().join("mlp_qd8_qc8w_external.output_et.f32")).unwrap());
+    let launch = |tag: &str| -> (Vec<f32>, String) {
+        let out = dir.join(tag);
+        std::fs::create_dir_all(&out).unwrap();
+        let mut args = mlp_args();
+        args.extend([
+            s("--cache"),
+            cache.display().to_string(),
+            s("--output-dir"),
+            out.display().to_string(),
+        ]);
+        let (ok, stdout, stderr) = run_any(&args);
+        assert!(ok, "{tag}: {stdout}{stderr}");
+        (
+            f32s(&std::fs::read(out.join("output0.f32")).unwrap()),
+            stderr,
+        )
+    };
+    let (cold, _) = launch("cold");
+    assert!(relative_difference(&cold, &expected) <= 1e-3);
+    // Flip one byte inside the first entry's packed bytes.
+    let mut bytes = std::fs::read(&cache).unwrap();
+    let compat = xnnblob::cache::format::Compat {
+        build_id: xnnblob::xnn::build_identifier().to_vec(),
+        cpu_fingerprint: xnnblob::cache::cpu_fingerprint(),
+    };
+    let decoded = xnnblob::cache::format::decode(&bytes, &compat).unwrap();
+    let first = &decoded.entries[0];
+    let at = (first.offset + first.size / 2) as usize;
+    bytes[at] ^= 0x5A;
+    std::fs::write(&cache, &bytes).unwrap();
+    // The launch that meets the damage has handed those bytes to XNNPACK already; it finds them
+    // afterwards, says so, and leaves the entry out of the file.
+    let (_, said) = launch("damaged");
+    assert!(said.contains("damaged packed weights"), "{said}");
+    let (after, _) = launch("after");
+    assert_eq!(after, cold, "the next launch repacked the damaged weight");
+}
