@@ -561,6 +561,13 @@ impl PackedWeightsCache {
         Ok(())
     }
 
+    /// Checks every packed weight of the file not checked yet against its checksum, now, and
+    /// forgets the damaged ones (runtimes created after this pack them again); returns how many
+    /// were damaged. What [`VerifyPacked::BeforeUse`] does at open, for a cache opened without it.
+    pub fn verify_before_use(&self) -> usize {
+        self.core().forget_corrupt(true)
+    }
+
     /// Waits for a background save to be durable on disk.
     pub fn wait_saved(&self) -> Result<(), CacheError> {
         match self.saver.lock().take() {

@@ -121,6 +121,8 @@ constexpr char kWeightCacheEnabled[] = "weight_cache_enabled";
 constexpr char kPackedCachePath[] = "packed_cache_path";
 constexpr char kWorkspaceSharingMode[] = "workspace_sharing_mode";
 constexpr char kSaveWeightCacheOnDisk[] = "save_weight_cache_on_disk";
+// xnnblob's own: check every packed weight of the cache file before the first execute.
+constexpr char kVerifyOnLoad[] = "verify_on_load";
 
 Error to_error(Status status) {
   switch (status) {
@@ -222,6 +224,9 @@ class XnnblobBackend final : public BackendInterface {
         auto* v = std::get_if<int>(&o.value);
         if (v == nullptr || *v < 0 || *v > 2) return Error::InvalidArgument;
         workspace_sharing_mode_ = *v;
+      } else if (std::strcmp(o.key, kVerifyOnLoad) == 0) {
+        if (auto* v = std::get_if<bool>(&o.value)) verify_on_load_ = *v;
+        else return Error::InvalidArgument;
       } else if (std::strcmp(o.key, kSaveWeightCacheOnDisk) == 0) {
         auto* v = std::get_if<bool>(&o.value);
         if (v == nullptr) return Error::InvalidArgument;
@@ -252,6 +257,8 @@ class XnnblobBackend final : public BackendInterface {
         o.value = workspace_sharing_mode_;
       } else if (std::strcmp(o.key, kSaveWeightCacheOnDisk) == 0) {
         o.value = false;
+      } else if (std::strcmp(o.key, kVerifyOnLoad) == 0) {
+        o.value = verify_on_load_;
       }
     }
     return Error::Ok;
@@ -266,6 +273,7 @@ class XnnblobBackend final : public BackendInterface {
       options.weight_cache_enabled = weight_cache_enabled_;
       options.packed_cache_path = rust::String(packed_cache_path_);
       options.workspace_sharing_mode = workspace_sharing_mode_;
+      options.verify_on_load = verify_on_load_;
     }
     auto enabled = context.get_runtime_spec<bool>(kWeightCacheEnabled);
     if (enabled.ok()) options.weight_cache_enabled = *enabled;
@@ -273,6 +281,8 @@ class XnnblobBackend final : public BackendInterface {
     if (path.ok() && *path != nullptr) options.packed_cache_path = rust::String(*path);
     auto mode = context.get_runtime_spec<int>(kWorkspaceSharingMode);
     if (mode.ok()) options.workspace_sharing_mode = *mode;
+    auto verify = context.get_runtime_spec<bool>(kVerifyOnLoad);
+    if (verify.ok()) options.verify_on_load = *verify;
     return options;
   }
 
@@ -282,6 +292,7 @@ class XnnblobBackend final : public BackendInterface {
   std::string packed_cache_path_;
   // ExecuTorch's default: one workspace for every delegate of the process.
   int workspace_sharing_mode_ = 2;
+  bool verify_on_load_ = false;
 };
 
 XnnblobBackend& backend_instance() {

@@ -135,6 +135,9 @@ fn weights_for(
         .map_err(|e| e.to_string());
     match opened {
         Ok(cache) => {
+            if options.verify_on_load {
+                cache.verify_before_use();
+            }
             // A rejected file is rebuilt without fuss, but said once: why it was not used.
             let note = cache
                 .load_note()

@@ -44,6 +44,9 @@ pub mod ffi {
         packed_cache_path: String,
         /// ExecuTorch's codes: 0 disabled, 1 per model, 2 global.
         workspace_sharing_mode: i32,
+        /// Check every packed weight of the cache file before the first execute (xnnblob's
+        /// `verify_on_load`): no launch uses a damaged one, at the cost of reading them all.
+        verify_on_load: bool,
     }
 
     /// An error (or a warning with `Status::Ok`) for the C++ side to return and log.

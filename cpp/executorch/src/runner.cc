@@ -61,7 +61,7 @@ const char kUsage[] =
     "         [--input FILE [--dtype D] [--shape AxBx..]]... [PROGRAM2.pte ...]\n"
     "         [--backend xnnblob|executorch|LIB.so] [--load-mode file|mmap] [--cache PATH]\n"
     "         [--no-weight-cache] [--workspace-sharing 0|1|2] [--steps N] [--repeat N]\n"
-    "         [--threads N] [--pool-threads N] [--no-pool] [--output-dir DIR]\n"
+    "         [--threads N] [--pool-threads N] [--no-pool] [--verify-on-load] [--output-dir DIR]\n"
     "--data, --method and --input apply to the program named last. An input path may hold\n"
     "{step}, replaced by the step number (0..N-1) for stateful programs. --steps 0 loads only.\n"
     "--threads N loads and runs in N threads at once; --pool-threads N resizes ExecuTorch's\n"
@@ -96,6 +96,8 @@ struct Options {
   // NoThreadPoolGuard.
   int pool_threads = 0;
   bool no_pool = false;
+  // xnnblob's verify_on_load: every packed weight checked before the first execute.
+  bool verify_on_load = false;
   std::string output_dir;
 };
 
@@ -202,6 +204,7 @@ Options parse(int argc, char** argv) {
     else if (a == "--threads") o.threads = std::max(1, number(i));
     else if (a == "--pool-threads") o.pool_threads = std::max(1, number(i));
     else if (a == "--no-pool") o.no_pool = true;
+    else if (a == "--verify-on-load") o.verify_on_load = true;
     else if (a == "--output-dir") o.output_dir = value(i);
     else if (a == "-h" || a == "--help") {
       std::fputs(kUsage, stdout);
@@ -289,7 +292,7 @@ Launch launch(const Options& o, const Program& p, std::unique_ptr<Module>& keep)
   keep = std::make_unique<Module>(p.path, p.data, mode);
   Module& module = *keep;
 
-  executorch::runtime::BackendOptions<4> backend_options;
+  executorch::runtime::BackendOptions<5> backend_options;
   if (!o.weight_cache) backend_options.set_option("weight_cache_enabled", false);
   if (!o.cache.empty()) {
     backend_options.set_option("weight_cache_enabled", o.weight_cache);
@@ -298,6 +301,7 @@ Launch launch(const Options& o, const Program& p, std::unique_ptr<Module>& keep)
   if (o.workspace_sharing >= 0) {
     backend_options.set_option("workspace_sharing_mode", o.workspace_sharing);
   }
+  if (o.verify_on_load) backend_options.set_option("verify_on_load", true);
   executorch::runtime::LoadBackendOptionsMap options_map;
   if (options_map.set_options("XnnpackBackend", backend_options.view()) != Error::Ok) {
     fail("cannot set the backend options");

@@ -994,4 +994,28 @@ fn damaged_packed_bytes_are_found_after_the_launch_and_never_served_again() {
     assert!(said.contains("damaged packed weights"), "{said}");
     let (after, _) = launch("after");
     assert_eq!(after, cold, "the next launch repacked the damaged weight");
+
+    // With verify_on_load, the launch that meets the damage is right too.
+    let mut bytes = std::fs::read(&cache).unwrap();
+    let decoded = xnnblob::cache::format::decode(&bytes, &compat).unwrap();
+    let first = &decoded.entries[0];
+    bytes[(first.offset + first.size / 2) as usize] ^= 0x5A;
+    std::fs::write(&cache, &bytes).unwrap();
+    let out = dir.join("verified");
+    std::fs::create_dir_all(&out).unwrap();
+    let mut args = mlp_args();
+    args.extend([
+        s("--cache"),
+        cache.display().to_string(),
+        s("--verify-on-load"),
+        s("--output-dir"),
+        out.display().to_string(),
+    ]);
+    let (ok, stdout, stderr) = run_any(&args);
+    assert!(ok, "{stdout}{stderr}");
+    let verified = f32s(&std::fs::read(out.join("output0.f32")).unwrap());
+    assert_eq!(
+        verified, cold,
+        "checked before use: the damaged weight was packed again"
+    );
 }
