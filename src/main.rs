@@ -477,9 +477,18 @@ fn run_command(args: &RunArgs, inputs: Vec<InputArg>) -> Result<(), Box<dyn std:
     })?;
     let cache = match cache {
         None => None,
-        Some(path) => match xnnblob::cache::PackedWeightsCache::check_path(&path)
-            .and_then(|()| backend.file_cache(&path))
+        Some(path) => match xnnblob::cache::PackedWeightsCache::access_at(&path)
+            .and_then(|access| Ok((access, backend.file_cache(&path)?)))
         {
+            Ok((xnnblob::cache::CacheAccess::ReadOnly, cache)) => {
+                cache.keep_read_only();
+                eprintln!(
+                    "xnnblob: packed-weight cache {}: its directory takes no new files; used as \
+                     it is, nothing is saved",
+                    path.display()
+                );
+                Some(PackedCache::File(path))
+            }
             Ok(_) => Some(PackedCache::File(path)),
             Err(e) if args.require_cache => return Err(e.into()),
             // One rule for every unusable path: run right, without persistence, and say so once.

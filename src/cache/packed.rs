@@ -16,7 +16,7 @@ use crate::xnn::{AsXnnWeightsCache, WeightsCache};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 use std::thread::JoinHandle;
 
@@ -211,6 +211,18 @@ pub struct PackedWeightsCache {
     saves: Arc<AtomicUsize>,
     /// What it was opened with (a second open must ask for the same).
     options: CacheOptions,
+    /// Used as it is and never written ([`keep_read_only`](Self::keep_read_only)).
+    read_only: AtomicBool,
+}
+
+/// Whether a cache file at a path can be saved, or only used as it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CacheAccess {
+    /// Its directory takes new files: the file is used and saved.
+    ReadWrite,
+    /// A cache file is there but its directory (or file system) takes no new files: it is used
+    /// as it is, and nothing is saved (an app's read-only bundle, a read-only mount).
+    ReadOnly,
 }
 
 /// Puts the calling (saving) thread in the idle scheduling class: a save runs right after a cold
@@ -304,6 +316,21 @@ impl PackedWeightsCache {
     }
 }
 
+impl PackedWeightsCache {
+    /// How a cache file at `path` can be used: [`check_path`](Self::check_path)'s answer, except
+    /// that a cache file already there in a directory that takes no new files is
+    /// [`CacheAccess::ReadOnly`] rather than an error.
+    pub fn access_at(path: &Path) -> Result<CacheAccess, CacheError> {
+        match PackedWeightsCache::check_path(path) {
+            Ok(()) => Ok(CacheAccess::ReadWrite),
+            Err(CacheError::Io { .. }) if std::fs::metadata(path).is_ok_and(|m| m.is_file()) => {
+                Ok(CacheAccess::ReadOnly)
+            }
+            Err(e) => Err(e),
+        }
+    }
+}
+
 /// The path a file is known by in the registry, whether or not it exists yet.
 fn canonical(path: &Path) -> Result<PathBuf, CacheError> {
     let io = |error| CacheError::Io {
@@ -368,6 +395,7 @@ impl PackedWeightsCache {
             saver: Mutex::new(None),
             saves: Arc::new(AtomicUsize::new(0)),
             options,
+            read_only: AtomicBool::new(false),
         });
         reg.retain(|_, w| w.strong_count() > 0);
         reg.insert(path, Arc::downgrade(&cache));
@@ -385,6 +413,7 @@ impl PackedWeightsCache {
             saver: Mutex::new(None),
             saves: Arc::new(AtomicUsize::new(0)),
             options: CacheOptions::default(),
+            read_only: AtomicBool::new(false),
         })
     }
 
@@ -525,6 +554,9 @@ impl PackedWeightsCache {
         let Some(path) = self.path.clone() else {
             return Ok(());
         };
+        if self.read_only.load(Ordering::Relaxed) {
+            return Ok(());
+        }
         let mut saver = self.saver.lock();
         if let Some(previous) = saver.take() {
             previous.join().unwrap_or(Ok(()))?;
@@ -559,6 +591,12 @@ impl PackedWeightsCache {
             save()
         }));
         Ok(())
+    }
+
+    /// Uses the file as it is from now on: nothing this process packs is saved (see
+    /// [`CacheAccess::ReadOnly`]).
+    pub fn keep_read_only(&self) {
+        self.read_only.store(true, Ordering::Relaxed);
     }
 
     /// Checks every packed weight of the file not checked yet against its checksum, now, and

@@ -130,10 +130,29 @@ fn weights_for(
         return Ok((Weights::Packed(backend.in_memory_cache().clone()), None));
     }
     let path = PathBuf::from(&options.packed_cache_path);
-    let opened = xnnblob::cache::PackedWeightsCache::check_path(&path)
-        .and_then(|()| backend.file_cache(&path))
+    let mut read_only = false;
+    let opened = xnnblob::cache::PackedWeightsCache::access_at(&path)
+        .and_then(|access| {
+            read_only = access == xnnblob::cache::CacheAccess::ReadOnly;
+            backend.file_cache(&path)
+        })
         .map_err(|e| e.to_string());
     match opened {
+        Ok(cache) if read_only => {
+            cache.keep_read_only();
+            if options.verify_on_load {
+                cache.verify_before_use();
+            }
+            let first = reported_paths().lock().insert(path.clone());
+            let note = first.then(|| {
+                format!(
+                    "packed_cache_path {}: its directory takes no new files; the cache is used as \
+                     it is and nothing is saved",
+                    path.display()
+                )
+            });
+            Ok((Weights::Packed(cache), note))
+        }
         Ok(cache) => {
             if options.verify_on_load {
                 cache.verify_before_use();

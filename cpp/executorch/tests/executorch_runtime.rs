@@ -1019,3 +1019,56 @@ fn damaged_packed_bytes_are_found_after_the_launch_and_never_served_again() {
         "checked before use: the damaged weight was packed again"
     );
 }
+
+/// Makes `dir` take no new files, even for root (the immutable attribute), until dropped.
+struct Immutable<'a>(&'a Path);
+
+impl<'a> Immutable<'a> {
+    fn set(dir: &'a Path) -> Option<Immutable<'a>> {
+        let ok = Command::new("chattr")
+            .arg("+i")
+            .arg(dir)
+            .status()
+            .is_ok_and(|s| s.success());
+        ok.then_some(Immutable(dir))
+    }
+}
+
+impl Drop for Immutable<'_> {
+    fn drop(&mut self) {
+        let _ = Command::new("chattr").arg("-i").arg(self.0).status();
+    }
+}
+
+#[test]
+fn a_valid_cache_in_a_directory_that_takes_no_new_files_is_used_warm() {
+    let dir = scratch("read-only");
+    let cache = dir.join("weights.xbc");
+    let mut args = mlp_args();
+    args.extend([s("--cache"), cache.display().to_string()]);
+    let (ok, stdout, stderr) = run_any(&args);
+    assert!(ok, "cold: {stdout}{stderr}");
+    let before = std::fs::read(&cache).unwrap();
+    let Some(_frozen) = Immutable::set(&dir) else {
+        eprintln!("skipped: this file system has no immutable attribute (chattr +i)");
+        return;
+    };
+    let (ok, stdout, said) = run_any(&args);
+    drop(_frozen);
+    assert!(ok, "warm, read-only: {stdout}{said}");
+    let line = stdout
+        .lines()
+        .find(|l| l.starts_with(&format!("cache {}:", cache.display())))
+        .unwrap_or_else(|| panic!("the file was opened:\n{stdout}{said}"));
+    assert!(
+        line.contains(" packed 0 "),
+        "nothing packed, the file was used: {line}"
+    );
+    assert!(said.contains("takes no new files"), "said once why: {said}");
+    assert!(!said.contains("not saved"), "no failed save: {said}");
+    assert_eq!(
+        std::fs::read(&cache).unwrap(),
+        before,
+        "the file is as it was"
+    );
+}
