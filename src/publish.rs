@@ -84,11 +84,18 @@ impl Drop for Staged<'_> {
 }
 
 /// Removes the temporaries of `destination` left by writers that no longer run (a save killed
-/// midway): their names carry the writer's process id, and a process that is gone will never
-/// publish them (only its writer renames a temporary), so no lock is needed. A live writer's,
-/// this process's, and any whose name does not parse are kept. Returns how many were removed.
+/// midway). Only a writer holding the destination's writer lock makes temporaries, so with
+/// `writers_locked` (the caller holds that lock) every temporary is abandoned, whoever's process
+/// id its name carries: a pid reused by an unrelated process does not keep it. Without the lock
+/// a temporary is abandoned when the process its name carries is gone (a gone process will never
+/// publish it); a live process's, this process's, and any whose name does not parse are kept.
+/// Returns how many were removed.
 #[cfg(feature = "xnnpack")]
-pub(crate) fn reclaim_abandoned(storage: &dyn Storage, destination: &Path) -> usize {
+pub(crate) fn reclaim_abandoned(
+    storage: &dyn Storage,
+    destination: &Path,
+    writers_locked: bool,
+) -> usize {
     let Some(name) = destination.file_name() else {
         return 0;
     };
@@ -109,10 +116,9 @@ pub(crate) fn reclaim_abandoned(storage: &dyn Storage, destination: &Path) -> us
         else {
             continue;
         };
-        if pid as u32 != std::process::id()
-            && !process_exists(pid)
-            && storage.remove(&entry.path()).is_ok()
-        {
+        let abandoned =
+            writers_locked || (pid as u32 != std::process::id() && !process_exists(pid));
+        if abandoned && storage.remove(&entry.path()).is_ok() {
             removed += 1;
         }
     }
@@ -250,9 +256,19 @@ mod tests {
         for n in &names {
             fs::write(dir.path().join(n), b"part").unwrap();
         }
-        assert_eq!(reclaim_abandoned(&OsStorage, &path), 2);
+        assert_eq!(reclaim_abandoned(&OsStorage, &path, false), 2);
         let mut kept: Vec<String> = names[2..].to_vec();
         kept.push("weights.xbc".into());
+        kept.sort();
+        assert_eq!(siblings(dir.path()), kept);
+        // Under the writer lock no writer runs: a live pid's temporary (pid 1 here) and this
+        // process's are abandoned too; names that do not parse and other files' are kept.
+        assert_eq!(reclaim_abandoned(&OsStorage, &path, true), 2);
+        let mut kept = vec![
+            format!(".other.xbc.tmp-{gone_pid}-0"),
+            ".weights.xbc.tmp-garbage".to_string(),
+            "weights.xbc".to_string(),
+        ];
         kept.sort();
         assert_eq!(siblings(dir.path()), kept);
     }

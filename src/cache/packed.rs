@@ -381,7 +381,7 @@ impl PackedWeightsCache {
         // process that never saves again (every later launch warm) would keep them forever. A
         // temporary whose writer is gone can never be published, so no lock is needed.
         let storage = options.storage.get();
-        crate::publish::reclaim_abandoned(storage, &path);
+        crate::publish::reclaim_abandoned(storage, &path, false);
         let outcome = persist::load(&core, storage, &path, &compat, options.prefetch)?;
         if options.verify == VerifyPacked::BeforeUse {
             core.forget_corrupt(true);

@@ -160,7 +160,7 @@ pub(crate) fn save(
     budget: CacheBudget,
 ) -> Result<Saved, CacheError> {
     let _lock = lock_writers(storage, path)?;
-    crate::publish::reclaim_abandoned(storage, path);
+    crate::publish::reclaim_abandoned(storage, path, true);
 
     // Snapshot: what this process knows, with bytes that stay valid without the lock.
     let (ours, repacked, mut sources) = {
@@ -365,7 +365,7 @@ pub(crate) fn inspect_file(
 ) -> Result<Result<FileReport, FileError>, CacheError> {
     let _lock = if rewrite {
         let lock = lock_writers(storage, path)?;
-        crate::publish::reclaim_abandoned(storage, path);
+        crate::publish::reclaim_abandoned(storage, path, true);
         Some(lock)
     } else {
         None
