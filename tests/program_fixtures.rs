@@ -87,9 +87,11 @@ const XNNPACK_FIXTURES: [&str; 9] = [
 fn max_rel_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
     let range = b.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-6);
+    // A NaN anywhere is the largest difference (f32::max would drop it).
     a.iter()
         .zip(b)
         .map(|(x, y)| (x - y).abs())
+        .map(|d| if d.is_nan() { f32::INFINITY } else { d })
         .fold(0.0, f32::max)
         / range
 }

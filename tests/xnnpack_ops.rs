@@ -28,9 +28,12 @@ fn random(rng: &mut SplitMix64, n: usize, scale: f32) -> Vec<f32> {
 
 fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
+    // A NaN anywhere is the largest difference (f32::max would drop it: the NaN-seeded outputs
+    // of an unwritten buffer would then score 0).
     a.iter()
         .zip(b)
         .map(|(x, y)| (x - y).abs())
+        .map(|d| if d.is_nan() { f32::INFINITY } else { d })
         .fold(0.0, f32::max)
 }
 

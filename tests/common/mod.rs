@@ -76,6 +76,7 @@ pub fn max_diff(a: &[f32], b: &[f32]) -> (f32, f32) {
         .iter()
         .zip(b)
         .map(|(x, y)| (x - y).abs())
+        .map(|d| if d.is_nan() { f32::INFINITY } else { d })
         .fold(0f32, f32::max);
     let range = b.iter().fold(0f32, |m, v| m.max(v.abs()));
     (diff, range)
