@@ -625,6 +625,11 @@ fn a_worker_kept_off_the_cpu_does_not_hold_up_the_caller() {
     let cpu = 0;
     // SAFETY: gettid has no preconditions.
     let me = unsafe { libc::gettid() };
+    // The harness runs other tests on this thread afterwards: give its CPUs back at the end.
+    // SAFETY: a zeroed cpu_set_t is valid; sched_getaffinity fills it for this thread.
+    let mut all: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: as above; the pointer and size describe `all`.
+    unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut all) };
     pin_to_cpu(me, cpu);
     for &w in &workers {
         pin_to_cpu(w, cpu);
@@ -662,6 +667,8 @@ fn a_worker_kept_off_the_cpu_does_not_hold_up_the_caller() {
     let took = started.elapsed();
     stop.store(true, Ordering::Relaxed);
     busy.join().unwrap();
+    // SAFETY: `all` is the set read above; 0 is this thread.
+    unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &all) };
     assert_eq!(
         count.load(Ordering::Relaxed),
         calls * 64,
