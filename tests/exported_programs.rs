@@ -14,7 +14,6 @@ use xnnblob::delegate::builder::GraphBuilder;
 use xnnblob::delegate::{summarize, XnnDelegate};
 use xnnblob::named_data::{DataBuffer, FileDataMap, InMemoryMap, NamedDataMap};
 use xnnblob::program::{Program, ProgramError};
-use xnnblob::tensor::{to_f32_lossy, DType, Shape, TensorRef};
 
 mod common;
 
@@ -36,10 +35,6 @@ fn names() -> Vec<String> {
 
 fn io(name: &str) -> Value {
     common::io_steps::io(&dir(), name)
-}
-
-fn tensor(t: &Value) -> (DType, Shape, Vec<u8>) {
-    common::io_steps::tensor(&dir(), t)
 }
 
 fn tolerance(name: &str) -> f32 {
@@ -80,37 +75,7 @@ fn fully_delegated_programs_match_executorch_in_xnnblobs_own_executor() {
             }
             Err(e) => panic!("{name}: {e}"),
         };
-        let mut worst = 0f32;
-        for step in io["steps"].as_array().unwrap() {
-            let inputs: Vec<_> = step["inputs"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(tensor)
-                .collect();
-            let views: Vec<TensorRef<'_>> = inputs
-                .iter()
-                .map(|(d, s, b)| TensorRef::new(*d, *s, b))
-                .collect();
-            method
-                .execute(&views)
-                .unwrap_or_else(|e| panic!("{name}: {e}"));
-            for (i, expected) in step["outputs_et"].as_array().unwrap().iter().enumerate() {
-                let (dtype, shape, bytes) = tensor(expected);
-                let values = to_f32_lossy(dtype, &bytes);
-                assert!(
-                    values.iter().any(|v| *v != values[0]),
-                    "{name} output {i}: ExecuTorch's output is constant, so it checks nothing"
-                );
-                let out = method.output(i).unwrap();
-                assert_eq!(
-                    (out.dtype(), *out.shape()),
-                    (dtype, shape),
-                    "{name} output {i}"
-                );
-                worst = worst.max(common::io_steps::relative_error(dtype, out.data(), &bytes));
-            }
-        }
+        let worst = common::io_steps::run_steps(&dir(), &io, &mut method, &name, true);
         assert!(
             worst <= tolerance(&name),
             "{name}: {worst} of the range from ExecuTorch's outputs"

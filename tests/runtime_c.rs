@@ -47,32 +47,7 @@ fn run_steps(backend: &Backend, name: &str) -> f32 {
     let mut method = program
         .method(io(name)["method"].as_str().unwrap())
         .unwrap();
-    let mut worst = 0f32;
-    for step in io(name)["steps"].as_array().unwrap() {
-        let inputs: Vec<(DType, Shape, Vec<u8>)> = step["inputs"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(tensor)
-            .collect();
-        let views: Vec<TensorRef<'_>> = inputs
-            .iter()
-            .map(|(d, s, b)| TensorRef::new(*d, *s, b))
-            .collect();
-        method.execute(&views).unwrap();
-        for (i, expected) in step["outputs_et"].as_array().unwrap().iter().enumerate() {
-            let (dtype, shape, bytes) = tensor(expected);
-            let out = method.output(i).unwrap();
-            assert_eq!(out.dtype(), dtype, "{name} output {i}");
-            assert_eq!(
-                *out.shape(),
-                shape,
-                "{name} output {i}: the actual shape is reported"
-            );
-            worst = worst.max(relative_error(dtype, out.data(), &bytes));
-        }
-    }
-    worst
+    common::io_steps::run_steps(&dir(), &io(name), &mut method, name, true)
 }
 
 #[test]

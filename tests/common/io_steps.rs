@@ -41,3 +41,46 @@ pub fn relative_error(dtype: DType, ours: &[u8], theirs: &[u8]) -> f32 {
         .map(|d| if d.is_nan() { f32::INFINITY } else { d })
         .fold(0.0, f32::max)
 }
+
+/// Runs every step of `io` (files in `dir`) on one loaded method, so state carries from step to
+/// step; checks each output's dtype and actual shape, and that ExecuTorch's output is not
+/// constant (a constant one would check nothing). Returns the worst [`relative_error`].
+pub fn run_steps(
+    dir: &Path,
+    io: &Value,
+    method: &mut xnnblob::program::Method,
+    name: &str,
+    require_varied: bool,
+) -> f32 {
+    let mut worst = 0f32;
+    for step in io["steps"].as_array().unwrap() {
+        let inputs: Vec<(DType, Shape, Vec<u8>)> = step["inputs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| tensor(dir, t))
+            .collect();
+        let views: Vec<xnnblob::tensor::TensorRef<'_>> = inputs
+            .iter()
+            .map(|(d, s, b)| xnnblob::tensor::TensorRef::new(*d, *s, b))
+            .collect();
+        method
+            .execute(&views)
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        for (i, expected) in step["outputs_et"].as_array().unwrap().iter().enumerate() {
+            let (dtype, shape, bytes) = tensor(dir, expected);
+            if require_varied {
+                let values = to_f32_lossy(dtype, &bytes);
+                assert!(
+                    values.iter().any(|v| *v != values[0]),
+                    "{name} output {i}: ExecuTorch's output is constant, so it checks nothing"
+                );
+            }
+            let out = method.output(i).unwrap();
+            assert_eq!(out.dtype(), dtype, "{name} output {i}");
+            assert_eq!(*out.shape(), shape, "{name} output {i}: the actual shape");
+            worst = worst.max(relative_error(dtype, out.data(), &bytes));
+        }
+    }
+    worst
+}
