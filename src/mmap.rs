@@ -7,12 +7,18 @@
 //! else are outside what any reader can defend against; the parsers only ever trust bytes
 //! they have validated.
 
+mod truncation;
+
+pub use truncation::any_fault;
+
 use memmap2::{Mmap, UncheckedAdvice};
 use std::io;
 use std::path::Path;
 
 /// The bytes of a file, mapped read-only (or empty for an empty file, which cannot be mapped).
 pub struct MappedFile {
+    // Dropped before `map`: the watch must end before the pages it covers are unmapped.
+    watch: Option<truncation::Watch>,
     map: Option<Mmap>,
     identity: FileIdentity,
 }
@@ -72,6 +78,7 @@ impl MappedFile {
         let identity = FileIdentity::of(&metadata);
         if metadata.len() == 0 {
             return Ok(MappedFile {
+                watch: None,
                 map: None,
                 identity,
             });
@@ -80,9 +87,29 @@ impl MappedFile {
         // in place, and every byte read from the map is validated before use.
         let map = unsafe { Mmap::map(&file)? };
         Ok(MappedFile {
+            watch: None,
             map: Some(map),
             identity,
         })
+    }
+
+    /// As [`open`](Self::open), and survives the file being cut short while mapped: a read past
+    /// its new end gives zeros instead of killing the process with SIGBUS, and
+    /// [`lost_pages`](Self::lost_pages) tells. For files whose bytes have checksums or whose
+    /// readers can fail cleanly (the packed-weight cache).
+    pub fn open_watched(path: &Path) -> io::Result<MappedFile> {
+        let mut mapped = MappedFile::open(path)?;
+        if let Some(map) = &mapped.map {
+            mapped.watch = truncation::Watch::start(map);
+        }
+        Ok(mapped)
+    }
+
+    /// Whether a read of this map found its file cut short (only for a map made by
+    /// [`open_watched`](Self::open_watched)): from the first page read past the file's new end,
+    /// the map reads as zeros, and nothing computed from those bytes is right.
+    pub fn lost_pages(&self) -> bool {
+        self.watch.as_ref().is_some_and(truncation::Watch::faulted)
     }
 
     /// The identity of the file as it was when mapped.

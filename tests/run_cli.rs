@@ -1,5 +1,8 @@
 //! `xnnblob run` on real ExecuTorch programs.
 
+mod common;
+
+use common::Tmpfs;
 use std::path::Path;
 use std::process::Command;
 
@@ -354,32 +357,6 @@ fn damaged_packed_bytes_are_found_after_the_launch_and_repacked_by_the_next() {
     assert_eq!(next, cold, "and computes the cold outputs");
 }
 
-/// A tmpfs of `size` at `dir` (root only): unmounted when dropped; None, said on stderr, where
-/// mounting is not allowed.
-struct Tmpfs(std::path::PathBuf);
-
-impl Tmpfs {
-    fn mount(dir: &Path, options: &str) -> Option<Tmpfs> {
-        std::fs::create_dir_all(dir).unwrap();
-        let ok = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", options, "tmpfs", dir.to_str().unwrap()])
-            .stderr(std::process::Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success());
-        if !ok {
-            eprintln!("skipped: cannot mount a tmpfs here (not root, or no CAP_SYS_ADMIN)");
-            return None;
-        }
-        Some(Tmpfs(dir.to_path_buf()))
-    }
-}
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg(&self.0).status();
-    }
-}
-
 #[test]
 fn a_full_or_read_only_disk_runs_right_without_persistence_and_warns_once() {
     let dir = scratch("full-disk");
@@ -415,7 +392,7 @@ fn a_full_or_read_only_disk_runs_right_without_persistence_and_warns_once() {
     let Some(full) = Tmpfs::mount(&dir.join("full"), "size=1m") else {
         return;
     };
-    let cache = full.0.join("w.xbc");
+    let cache = full.join("w.xbc");
     for launch in 0..2 {
         let out = format!("full{launch}");
         let (ok, text) = run_strings(&args(Some(&cache), &out));
@@ -431,7 +408,7 @@ fn a_full_or_read_only_disk_runs_right_without_persistence_and_warns_once() {
             "one warning per launch: {text}"
         );
         assert!(text.contains("No space left on device"), "{text}");
-        let names: Vec<_> = std::fs::read_dir(&full.0).unwrap().flatten().collect();
+        let names: Vec<_> = std::fs::read_dir(&*full).unwrap().flatten().collect();
         assert!(
             names
                 .iter()
@@ -446,7 +423,7 @@ fn a_full_or_read_only_disk_runs_right_without_persistence_and_warns_once() {
         return;
     };
     for cache in [
-        read_only.0.join("w.xbc"),
+        read_only.join("w.xbc"),
         Path::new("/proc/xnnblob.xbc").to_path_buf(),
     ] {
         let (ok, text) = run_strings(&args(Some(&cache), "ro-out"));
@@ -534,4 +511,49 @@ fn eight_processes_cold_starting_one_path_leave_one_valid_file() {
             .count();
         assert_eq!(temporaries, 0, "round {round}");
     }
+}
+
+#[test]
+fn a_directory_that_refuses_new_files_is_said_once_and_the_launch_runs_right() {
+    let dir = scratch("no-permission");
+    let closed = dir.join("closed");
+    std::fs::create_dir(&closed).unwrap();
+    std::fs::set_permissions(&closed, std::os::unix::fs::PermissionsExt::from_mode(0o555)).unwrap();
+    let cache = closed.join("w.xbc");
+    let Some(mut command) =
+        common::without_permission_override(Path::new(env!("CARGO_BIN_EXE_xnnblob")))
+    else {
+        return;
+    };
+    let mut args = vec!["run".to_string()];
+    args.extend(mlp_with_cache(&cache));
+    args.extend(["--output-dir".into(), dir.join("out").display().to_string()]);
+    let out = command
+        .args(&args)
+        .current_dir(common::dir())
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{said}");
+    let (_, reference) = run(&[
+        "mlp_xnn_external.pte",
+        "--data",
+        "mlp_xnn_external.ptd",
+        "--input",
+        "mlp.input.f32",
+        "--output-dir",
+        dir.join("reference").to_str().unwrap(),
+    ]);
+    assert_eq!(
+        std::fs::read(dir.join("out/output0.f32")).unwrap(),
+        std::fs::read(dir.join("reference/output0.f32")).unwrap(),
+        "{reference}"
+    );
+    let lines: Vec<&str> = said
+        .lines()
+        .filter(|l| l.contains("Permission denied"))
+        .collect();
+    assert_eq!(lines.len(), 1, "said once: {said}");
+    assert!(lines[0].contains(&cache.display().to_string()), "{said}");
+    assert!(!cache.exists());
 }

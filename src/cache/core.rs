@@ -76,6 +76,8 @@ pub(crate) struct State {
     pub sources: Vec<FileIdentity>,
     /// A source was checked since the last save.
     pub sources_unsaved: bool,
+    /// Indices of `maps` whose file was cut short under them.
+    pub lost: Vec<usize>,
 }
 
 /// An entry of a file that [`CacheCore::forget_corrupt`] has yet to check.
@@ -174,6 +176,8 @@ pub(crate) struct Counters {
     pub evicted: AtomicUsize,
     /// Named keys that did not match their bytes.
     pub key_mismatches: AtomicUsize,
+    /// Entries forgotten because their file was cut short under their map.
+    pub truncated: AtomicUsize,
 }
 
 #[derive(Default)]
@@ -230,6 +234,39 @@ impl CacheCore {
             .corrupt_found
             .fetch_add(bad.len(), Ordering::Relaxed);
         bad.len()
+    }
+
+    /// How many maps of this cache found their file cut short in place (reads past the new
+    /// end give zeros), so far: runtimes handed packed weights from such a map compute garbage.
+    /// A map seen lost for the first time has its entries forgotten, so runtimes created later
+    /// repack them and saves never copy them. Without any fault in the process, one atomic load.
+    pub fn lost_maps(&self) -> usize {
+        if !crate::mmap::any_fault() {
+            return 0;
+        }
+        let mut state = self.state.lock();
+        let newly: Vec<usize> = (0..state.maps.len())
+            .filter(|&m| state.maps[m].lost_pages() && !state.lost.contains(&m))
+            .collect();
+        if !newly.is_empty() {
+            let forget: Vec<usize> = (0..state.entries.len())
+                .filter(|&i| {
+                    let e = &state.entries[i];
+                    matches!(e.location, Location::Mapped { map, .. } if newly.contains(&map))
+                        && e.key.is_some_and(|k| state.by_key.get(&k) == Some(&i))
+                })
+                .collect();
+            for &i in &forget {
+                if let Some(key) = state.entries[i].key {
+                    state.by_key.remove(&key);
+                }
+            }
+            self.counters
+                .truncated
+                .fetch_add(forget.len(), Ordering::Relaxed);
+            state.lost.extend(newly);
+        }
+        state.lost.len()
     }
 
     pub fn register(&self, ptr: *const u8, id: BlobId, release: Option<DataBuffer>) {

@@ -54,6 +54,17 @@ pub enum CacheError {
         /// The path as given (made absolute).
         path: PathBuf,
     },
+    /// The cache file was cut short in place (by another process) while mapped: packed weights
+    /// read past its new end are zeros, so the runtimes that use them give wrong outputs
+    /// until they are created again (then they pack those weights anew).
+    #[error(
+        "packed-weight cache {path}: the file was cut short while mapped; runtimes created \
+         before that read zeros for some packed weights and must be created again"
+    )]
+    Truncated {
+        /// The cache's path.
+        path: PathBuf,
+    },
     /// The file is open in this process already, with other options: one file has one cache
     /// object, and it cannot follow two sets of options.
     #[error("packed-weight cache {path}: already open in this process with other options")]
@@ -180,6 +191,9 @@ pub struct CacheStats {
     /// Named keys whose bytes did not hash to what the key states (see [`KeyTrust`]): their
     /// bytes' own hash was used instead.
     pub key_mismatches: usize,
+    /// Entries forgotten because the file was cut short under its map (see
+    /// [`CacheError::Truncated`]).
+    pub truncated: usize,
 }
 
 /// An entry whose packed bytes no longer match their checksum.
@@ -606,6 +620,25 @@ impl PackedWeightsCache {
         self.core().forget_corrupt(true)
     }
 
+    /// How many of the cache's maps found their file cut short (see
+    /// [`CacheError::Truncated`]) so far; 0, at the cost of one atomic load, in a process
+    /// where no watched map ever faulted.
+    pub fn lost_maps(&self) -> usize {
+        self.core().lost_maps()
+    }
+
+    /// Fails with [`CacheError::Truncated`] if more of the cache's maps were found cut short
+    /// than `lost_before` (what [`lost_maps`](Self::lost_maps) said before a runtime was
+    /// created): that runtime may have read zeros for packed weights.
+    pub fn check_maps(&self, lost_before: usize) -> Result<(), CacheError> {
+        if self.lost_maps() > lost_before {
+            return Err(CacheError::Truncated {
+                path: self.path.clone().unwrap_or_default(),
+            });
+        }
+        Ok(())
+    }
+
     /// Waits for a background save to be durable on disk.
     pub fn wait_saved(&self) -> Result<(), CacheError> {
         match self.saver.lock().take() {
@@ -633,6 +666,7 @@ impl PackedWeightsCache {
             corrupt_found: c.corrupt_found.load(Ordering::Relaxed),
             evicted: c.evicted.load(Ordering::Relaxed),
             key_mismatches: c.key_mismatches.load(Ordering::Relaxed),
+            truncated: c.truncated.load(Ordering::Relaxed),
             entries: state.by_key.len(),
             packed_bytes: state.by_key.values().map(|&i| state.entries[i].size).sum(),
             unsaved: state.entries.iter().filter(|e| e.unsaved).count(),

@@ -20,6 +20,7 @@ pub use error::DelegateError;
 pub use summary::{summarize, PayloadSummary};
 
 use crate::backend::ModelContext;
+use crate::cache::PackedWeightsCache;
 use crate::named_data::{DataBuffer, NamedDataMap};
 use crate::tensor::{Shape, TensorMut, TensorRef};
 use crate::xnn::{External, RawInput, RawOutput};
@@ -29,6 +30,30 @@ use std::sync::Arc;
 pub struct XnnDelegate {
     runtime: compile::OwnedRuntime,
     timings: InitTimings,
+    maps: MapCheck,
+}
+
+/// The model's packed-weight cache, and how many of its maps were already lost (cut short)
+/// when the runtime was created: an execute after another is lost may have read zeros.
+struct MapCheck(Option<(Arc<PackedWeightsCache>, usize)>);
+
+impl MapCheck {
+    /// Taken before the runtime is created: a map lost by then has its entries forgotten, so
+    /// the runtime packs them anew rather than reading zeros.
+    fn before_init(model: &ModelContext) -> MapCheck {
+        MapCheck(model.packed_cache().map(|c| (c.clone(), c.lost_maps())))
+    }
+
+    /// An execute's outcome, failed if a map the runtime may read was lost meanwhile.
+    fn after_execute(&self, ran: Result<(), DelegateError>) -> Result<(), DelegateError> {
+        ran?;
+        match &self.0 {
+            Some((cache, lost_before)) => {
+                cache.check_maps(*lost_before).map_err(DelegateError::Cache)
+            }
+            None => Ok(()),
+        }
+    }
 }
 
 impl XnnDelegate {
@@ -40,8 +65,13 @@ impl XnnDelegate {
         processed: DataBuffer,
         map: &dyn NamedDataMap,
     ) -> Result<XnnDelegate, DelegateError> {
+        let maps = MapCheck::before_init(model);
         let (runtime, timings) = compile::compile(processed, map, None, model)?;
-        Ok(XnnDelegate { runtime, timings })
+        Ok(XnnDelegate {
+            runtime,
+            timings,
+            maps,
+        })
     }
 
     /// As [`init`](Self::init), reading no constant whose packing the model's packed-weight cache
@@ -53,6 +83,7 @@ impl XnnDelegate {
         processed: DataBuffer,
         map: Arc<dyn NamedDataMap>,
     ) -> Result<XnnDelegate, DelegateError> {
+        let maps = MapCheck::before_init(model);
         let compiled = match compile::compile(processed.clone(), &*map, Some(map.clone()), model) {
             // A placeholder's bytes could not be read in when XNNPACK needed them (nothing packed
             // from it was kept): read every constant up front instead, as `init` does.
@@ -62,7 +93,11 @@ impl XnnDelegate {
             other => other,
         };
         let (runtime, timings) = compiled?;
-        Ok(XnnDelegate { runtime, timings })
+        Ok(XnnDelegate {
+            runtime,
+            timings,
+            maps,
+        })
     }
 
     /// Where `init`'s time went.
@@ -94,14 +129,20 @@ impl XnnDelegate {
     /// shape within the declared one (the runtime is reshaped only when a shape changed); each
     /// output's shape is set to what the run produced. Padded inputs and all outputs are bound
     /// in place; nothing is allocated once warm.
+    ///
+    /// Fails with [`CacheError::Truncated`](crate::cache::CacheError::Truncated) (in
+    /// [`DelegateError::Cache`]) if the packed-weight cache's file was cut short under it: the
+    /// outputs are then not to be used.
     pub fn execute(
         &mut self,
         inputs: &[TensorRef<'_>],
         outputs: &mut [TensorMut<'_>],
     ) -> Result<(), DelegateError> {
-        self.runtime
+        let ran = self
+            .runtime
             .with_dependent_mut(|_, runtime| runtime.execute(inputs, outputs))
-            .map_err(execute_error)
+            .map_err(execute_error);
+        self.maps.after_execute(ran)
     }
 
     /// Runs on buffers the caller binds by position (state bound in place, C++ spans).
@@ -113,12 +154,14 @@ impl XnnDelegate {
         input: impl FnMut(usize) -> RawInput,
         output: impl FnMut(usize) -> RawOutput,
     ) -> Result<(), DelegateError> {
-        self.runtime
+        let ran = self
+            .runtime
             .with_dependent_mut(|_, runtime| {
                 // SAFETY: forwarded contract.
                 unsafe { runtime.execute_raw(input, output) }
             })
-            .map_err(execute_error)
+            .map_err(execute_error);
+        self.maps.after_execute(ran)
     }
 
     /// As [`execute_raw`](Self::execute_raw), telling `output` each output's shape for this run
@@ -131,12 +174,14 @@ impl XnnDelegate {
         input: impl FnMut(usize) -> RawInput,
         output: impl FnMut(usize, &Shape) -> RawOutput,
     ) -> Result<(), DelegateError> {
-        self.runtime
+        let ran = self
+            .runtime
             .with_dependent_mut(|_, runtime| {
                 // SAFETY: forwarded contract.
                 unsafe { runtime.execute_raw_shaped(input, output) }
             })
-            .map_err(execute_error)
+            .map_err(execute_error);
+        self.maps.after_execute(ran)
     }
 
     /// A convenience over [`execute`](Self::execute) for fp32 graphs: inputs hold the declared

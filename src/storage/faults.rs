@@ -319,7 +319,9 @@ impl Storage for FaultyStorage {
     }
 
     fn map(&self, path: &Path) -> io::Result<MappedFile> {
-        self.run(Call::Map(path.to_path_buf()), || MappedFile::open(path))
+        self.run(Call::Map(path.to_path_buf()), || {
+            MappedFile::open_watched(path)
+        })
     }
 
     fn lock_exclusive(&self, path: &Path) -> io::Result<File> {

@@ -32,7 +32,8 @@ pub trait Storage: Send + Sync {
     /// Makes the directory's entries durable: a file created or renamed in it survives a
     /// power cut only after this.
     fn sync_directory(&self, dir: &Path) -> io::Result<()>;
-    /// Maps the regular file at `path` read-only ([`MappedFile::open`]).
+    /// Maps the regular file at `path` read-only, surviving its truncation
+    /// ([`MappedFile::open_watched`]).
     fn map(&self, path: &Path) -> io::Result<MappedFile>;
     /// Takes the exclusive advisory lock on the file at `path` (created if absent), held until
     /// the returned file is closed, waiting at most [`WRITER_LOCK_WAIT`] for another holder
@@ -79,7 +80,7 @@ impl Storage for OsStorage {
     }
 
     fn map(&self, path: &Path) -> io::Result<MappedFile> {
-        MappedFile::open(path)
+        MappedFile::open_watched(path)
     }
 
     fn lock_exclusive(&self, path: &Path) -> io::Result<File> {

@@ -200,4 +200,4 @@ pub fn ptd_with_first_weight_negated(dir: &Path) -> (PathBuf, String) {
 
 mod scratch;
 #[allow(unused_imports)] // each test crate uses its own subset
-pub use scratch::{scratch, Scratch};
+pub use scratch::{scratch, without_permission_override, Scratch, Tmpfs};

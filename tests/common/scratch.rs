@@ -30,3 +30,67 @@ pub fn scratch(name: &str) -> Scratch {
             .expect("a temp dir"),
     )
 }
+
+/// A tmpfs mounted at a directory (root only), unmounted when dropped: a disk that fills up
+/// (`size=1m`) or that is read-only (`ro`).
+pub struct Tmpfs(std::path::PathBuf);
+
+impl Tmpfs {
+    /// Mounts a tmpfs with `options` at `dir` (created); None, said on stderr, where mounting
+    /// is not allowed (not root, or no CAP_SYS_ADMIN).
+    pub fn mount(dir: &Path, options: &str) -> Option<Tmpfs> {
+        std::fs::create_dir_all(dir).unwrap();
+        let ok = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", options, "tmpfs"])
+            .arg(dir)
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        if !ok {
+            eprintln!("skipped: cannot mount a tmpfs here (not root, or no CAP_SYS_ADMIN)");
+            return None;
+        }
+        Some(Tmpfs(dir.to_path_buf()))
+    }
+}
+
+impl std::ops::Deref for Tmpfs {
+    type Target = Path;
+
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg(&self.0).status();
+    }
+}
+
+/// A command that runs `program` without the power to ignore file permissions: as it is for
+/// a user other than root, and through `setpriv` without CAP_DAC_OVERRIDE and
+/// CAP_DAC_READ_SEARCH for root, so a directory of mode 0555 refuses it new files (EACCES).
+/// None, said on stderr, for root without `setpriv`.
+pub fn without_permission_override(program: &Path) -> Option<std::process::Command> {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        return Some(std::process::Command::new(program));
+    }
+    let has_setpriv = std::process::Command::new("setpriv")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !has_setpriv {
+        eprintln!("skipped: root without setpriv cannot drop its permission override");
+        return None;
+    }
+    let mut c = std::process::Command::new("setpriv");
+    c.args([
+        "--bounding-set",
+        "-dac_override,-dac_read_search",
+        "--inh-caps=-all",
+    ])
+    .arg(program);
+    Some(c)
+}

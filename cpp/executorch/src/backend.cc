@@ -162,12 +162,14 @@ class XnnblobBackend final : public BackendInterface {
       if (context.get_named_data_map() != nullptr) {
         map = std::make_unique<EtDataMap>(context.get_named_data_map());
       }
-      Outcome outcome{Status::Ok, rust::String()};
+      Outcome outcome{Status::Ok, rust::String(), false};
       rust::Box<EtDelegate> delegate =
           delegate_init(options, std::move(payload), std::move(map), outcome);
       if (!outcome.message.empty()) {
-        if (outcome.status == Status::Ok) {
+        if (outcome.status == Status::Ok && !outcome.severe) {
           ET_LOG(Info, "xnnblob: %s", std::string(outcome.message).c_str());
+        } else if (outcome.status == Status::Ok) {
+          ET_LOG(Error, "xnnblob: %s", std::string(outcome.message).c_str());
         } else {
           ET_LOG(Error, "xnnblob: init failed: %s", std::string(outcome.message).c_str());
         }

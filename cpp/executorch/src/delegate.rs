@@ -118,11 +118,19 @@ fn reported_paths() -> &'static Mutex<HashSet<PathBuf>> {
     REPORTED.get_or_init(Default::default)
 }
 
-/// The packed-weight cache a load asked for, and a warning when it fell back to memory.
+/// Something a load says once, beside its success.
+pub(crate) struct Note {
+    text: String,
+    /// The user's request was not met (the cache path cannot be used): ExecuTorch's Error
+    /// level, not Info.
+    severe: bool,
+}
+
+/// The packed-weight cache a load asked for, and a note when the path was not used as it is.
 fn weights_for(
     backend: &Backend,
     options: &InitOptions,
-) -> Result<(Weights, Option<String>), Outcome> {
+) -> Result<(Weights, Option<Note>), Outcome> {
     if !options.weight_cache_enabled {
         return Ok((Weights::None, None));
     }
@@ -144,12 +152,13 @@ fn weights_for(
                 cache.verify_before_use();
             }
             let first = reported_paths().lock().insert(path.clone());
-            let note = first.then(|| {
-                format!(
+            let note = first.then(|| Note {
+                text: format!(
                     "packed_cache_path {}: its directory takes no new files; the cache is used as \
                      it is and nothing is saved",
                     path.display()
-                )
+                ),
+                severe: false,
             });
             Ok((Weights::Packed(cache), note))
         }
@@ -160,17 +169,22 @@ fn weights_for(
             // A rejected file is rebuilt without fuss, but said once: why it was not used.
             let note = cache
                 .load_note()
-                .filter(|_| reported_paths().lock().insert(path.clone()));
+                .filter(|_| reported_paths().lock().insert(path.clone()))
+                .map(|text| Note {
+                    text,
+                    severe: false,
+                });
             Ok((Weights::Packed(cache), note))
         }
         Err(why) => {
             let first = reported_paths().lock().insert(path.clone());
-            let warning = first.then(|| {
-                format!(
+            let warning = first.then(|| Note {
+                text: format!(
                     "packed_cache_path {}: {why}; packed weights are kept in memory for this \
                      process instead",
                     path.display()
-                )
+                ),
+                severe: true,
             });
             Ok((Weights::Packed(backend.in_memory_cache().clone()), warning))
         }
@@ -229,7 +243,7 @@ fn init(
     options: &InitOptions,
     processed: UniquePtr<EtBuffer>,
     map: UniquePtr<EtDataMap>,
-) -> Result<(XnnDelegate, Option<String>), Outcome> {
+) -> Result<(XnnDelegate, Option<Note>), Outcome> {
     let backend = process_backend()?;
     let (weights, warning) = weights_for(backend, options)?;
     let sharing =
@@ -270,8 +284,9 @@ pub(crate) fn delegate_init(
     let result = catch_unwind(AssertUnwindSafe(|| init(options, processed, map)));
     let inner = match result {
         Ok(Ok((delegate, warning))) => {
-            if let Some(w) = warning {
-                outcome.message = w;
+            if let Some(note) = warning {
+                outcome.message = note.text;
+                outcome.severe = note.severe;
             }
             Some(delegate)
         }

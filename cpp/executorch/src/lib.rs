@@ -49,10 +49,13 @@ pub mod ffi {
         verify_on_load: bool,
     }
 
-    /// An error (or a warning with `Status::Ok`) for the C++ side to return and log.
+    /// An error (or, with `Status::Ok`, a note) for the C++ side to return and log.
     struct Outcome {
         status: Status,
         message: String,
+        /// A note with `Status::Ok` that ExecuTorch's log gets at Error level: something the
+        /// user asked for is not done (a cache path that cannot be used).
+        severe: bool,
     }
 
     /// One tensor argument of a delegate call, as ExecuTorch's runtime holds it.
@@ -133,6 +136,7 @@ impl ffi::Outcome {
         ffi::Outcome {
             status: ffi::Status::Ok,
             message: String::new(),
+            severe: false,
         }
     }
 
@@ -140,6 +144,7 @@ impl ffi::Outcome {
         ffi::Outcome {
             status,
             message: message.into(),
+            severe: true,
         }
     }
 }

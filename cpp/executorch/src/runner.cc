@@ -24,6 +24,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <iostream>
 #include <iterator>
 #include <map>
 #include <optional>
@@ -61,11 +62,13 @@ const char kUsage[] =
     "         [--input FILE [--dtype D] [--shape AxBx..]]... [PROGRAM2.pte ...]\n"
     "         [--backend xnnblob|executorch|LIB.so] [--load-mode file|mmap] [--cache PATH]\n"
     "         [--no-weight-cache] [--workspace-sharing 0|1|2] [--steps N] [--repeat N]\n"
-    "         [--threads N] [--pool-threads N] [--no-pool] [--verify-on-load] [--output-dir DIR]\n"
+    "         [--threads N] [--pool-threads N] [--no-pool] [--verify-on-load]\n"
+    "         [--wait-between-executes] [--output-dir DIR]\n"
     "--data, --method and --input apply to the program named last. An input path may hold\n"
     "{step}, replaced by the step number (0..N-1) for stateful programs. --steps 0 loads only.\n"
     "--threads N loads and runs in N threads at once; --pool-threads N resizes ExecuTorch's\n"
-    "thread pool first; --no-pool holds a NoThreadPoolGuard in each of them.\n";
+    "thread pool first; --no-pool holds a NoThreadPoolGuard in each of them.\n"
+    "--wait-between-executes reads a line from stdin before each repeat after the first.\n";
 
 struct Input {
   std::string path;
@@ -98,6 +101,9 @@ struct Options {
   bool no_pool = false;
   // xnnblob's verify_on_load: every packed weight checked before the first execute.
   bool verify_on_load = false;
+  // Before each repeat after the first, a line on stdin: lets a caller change files (cut the
+  // cache short, say) between executes of one launch.
+  bool wait_between_executes = false;
   std::string output_dir;
 };
 
@@ -205,6 +211,7 @@ Options parse(int argc, char** argv) {
     else if (a == "--pool-threads") o.pool_threads = std::max(1, number(i));
     else if (a == "--no-pool") o.no_pool = true;
     else if (a == "--verify-on-load") o.verify_on_load = true;
+    else if (a == "--wait-between-executes") o.wait_between_executes = true;
     else if (a == "--output-dir") o.output_dir = value(i);
     else if (a == "-h" || a == "--help") {
       std::fputs(kUsage, stdout);
@@ -354,6 +361,12 @@ Launch launch(const Options& o, const Program& p, std::unique_ptr<Module>& keep)
     }
     std::vector<Output> outputs;
     for (int rep = 0; rep < (step == 0 ? o.repeat : 1); ++rep) {
+      if (rep > 0 && o.wait_between_executes) {
+        std::fprintf(stderr, "waiting for a line on stdin before execute %d\n", rep + 1);
+        std::fflush(stderr);
+        std::string line;
+        std::getline(std::cin, line);
+      }
       auto t = std::chrono::steady_clock::now();
       auto result = module.execute(p.method, inputs);
       double took = ms_since(t);

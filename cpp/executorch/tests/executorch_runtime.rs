@@ -1066,3 +1066,184 @@ fn a_valid_cache_in_a_directory_that_takes_no_new_files_is_used_warm() {
         "the file is as it was"
     );
 }
+
+/// Cuts the cache file short between two executes of a warm launch: the second execute fails
+/// (ExecuTorch's `Internal`, the cause in its log), the process exits normally rather than of
+/// SIGBUS, and the next launch rebuilds the file and computes what the cold launch did.
+#[test]
+fn a_cache_file_cut_short_during_executes_fails_them_without_sigbus() {
+    use std::io::{BufRead, Write};
+    use std::process::Stdio;
+    let dir = scratch("cut-short");
+    let spec = xnnblob::bench::model::ModelSpec {
+        preset: xnnblob::bench::model::Preset::LlmLike,
+        dtype: xnnblob::bench::model::Dtype::Qd8,
+        mib: 2,
+        layers: 8,
+    };
+    let model = bench_model(spec, &dir.join("model"));
+    let launch_args = |cache: &Path, out: &str, extra: &[&str]| {
+        let mut args = model.clone();
+        let out = dir.join(out);
+        std::fs::create_dir_all(&out).unwrap();
+        args.extend([
+            s("--cache"),
+            cache.display().to_string(),
+            s("--output-dir"),
+            out.display().to_string(),
+        ]);
+        args.extend(extra.iter().map(|a| a.to_string()));
+        args
+    };
+    type Cut = fn(u64) -> u64;
+    let cuts: [(&str, Cut); 3] = [
+        ("to nothing", |_| 0),
+        ("in half", |len| len / 2),
+        ("by 4 KiB", |len| len - 4096),
+    ];
+    for (i, (cut, to)) in cuts.into_iter().enumerate() {
+        for load_mode in ["file", "mmap"] {
+            let cache = dir.join(format!("w{i}-{load_mode}.xbc"));
+            let mode = ["--load-mode", load_mode];
+            run_ok(&launch_args(&cache, "cold", &mode));
+            let cold = f32s(&std::fs::read(dir.join("cold/output0.f32")).unwrap());
+            support::backend_library();
+            let mut child = Command::new(env!("CARGO_BIN_EXE_xnnblob-et-run"))
+                .args(launch_args(
+                    &cache,
+                    "warm",
+                    &[&mode[..], &["--repeat", "3", "--wait-between-executes"]].concat(),
+                ))
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap();
+            let mut stderr = std::io::BufReader::new(child.stderr.take().unwrap());
+            let mut said = String::new();
+            while !said.contains("waiting for a line") {
+                let before = said.len();
+                stderr.read_line(&mut said).unwrap();
+                assert!(said.len() > before, "{cut}: the runner ended early: {said}");
+            }
+            let file = std::fs::OpenOptions::new()
+                .write(true)
+                .open(&cache)
+                .unwrap();
+            file.set_len(to(file.metadata().unwrap().len())).unwrap();
+            let mut stdin = child.stdin.take().unwrap();
+            writeln!(stdin).unwrap();
+            writeln!(stdin).unwrap();
+            drop(stdin);
+            let mut rest = String::new();
+            std::io::Read::read_to_string(&mut stderr, &mut rest).unwrap();
+            said.push_str(&rest);
+            let status = child.wait().unwrap();
+            use std::os::unix::process::ExitStatusExt;
+            assert_eq!(
+                status.signal(),
+                None,
+                "{cut}, {load_mode}: no SIGBUS: {said}"
+            );
+            assert_eq!(status.code(), Some(1), "{cut}, {load_mode}: {said}");
+            assert!(
+                said.contains("cut short while mapped"),
+                "{cut}, {load_mode}: the cause was said: {said}"
+            );
+
+            let next = run_ok(&launch_args(&cache, "next", &mode));
+            let got = f32s(&std::fs::read(dir.join("next/output0.f32")).unwrap());
+            assert_eq!(got, cold, "{cut}, {load_mode}: the next launch is right");
+            assert!(
+                next.cache(&cache.display().to_string())["packed"] > 0,
+                "{cut}, {load_mode}: the next launch packed anew"
+            );
+        }
+    }
+}
+
+/// Every reason a cache path cannot be saved to is said once, at ExecuTorch's Error level (or
+/// at exit for a disk that fills up during the save), naming the path and the cause; the
+/// launch still computes the right outputs, and nothing is left at the path.
+#[test]
+fn every_failed_save_is_said_once_with_its_path_and_cause() {
+    use support::{without_permission_override, Tmpfs};
+    let dir = scratch("failed-saves");
+    let expected =
+        f32s(&std::fs::read(data().join("mlp_qd8_qc8w_external.output_et.f32")).unwrap());
+    let fifo = dir.join("fifo");
+    assert!(Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap()
+        .success());
+    let directory = dir.join("a-directory");
+    std::fs::create_dir(&directory).unwrap();
+    let closed = dir.join("closed");
+    std::fs::create_dir(&closed).unwrap();
+    std::fs::set_permissions(&closed, std::os::unix::fs::PermissionsExt::from_mode(0o555)).unwrap();
+    // 16 KiB: the launch opens the path, the save at exit runs out of room.
+    let full = Tmpfs::mount(&dir.join("full"), "size=16k");
+    let read_only = Tmpfs::mount(&dir.join("ro"), "size=1m,ro");
+    let mut cases: Vec<(PathBuf, &str)> = vec![
+        (fifo.clone(), "a FIFO, not a regular file"),
+        (directory.clone(), "a directory, not a regular file"),
+        (closed.join("w.xbc"), "Permission denied"),
+    ];
+    if let Some(full) = &full {
+        cases.push((full.join("w.xbc"), "No space left on device"));
+    }
+    if let Some(ro) = &read_only {
+        cases.push((ro.join("w.xbc"), "Read-only file system"));
+    }
+    for (path, cause) in cases {
+        let out = dir.join("out");
+        std::fs::create_dir_all(&out).unwrap();
+        let _ = std::fs::remove_file(out.join("output0.f32"));
+        let mut args = mlp_args();
+        args.extend([
+            s("--cache"),
+            path.display().to_string(),
+            s("--output-dir"),
+            out.display().to_string(),
+        ]);
+        support::backend_library();
+        let exe = Path::new(env!("CARGO_BIN_EXE_xnnblob-et-run"));
+        let mut command = if cause == "Permission denied" {
+            match without_permission_override(exe) {
+                Some(c) => c,
+                None => continue,
+            }
+        } else {
+            Command::new(exe)
+        };
+        let run = command.args(&args).output().unwrap();
+        let said = String::from_utf8_lossy(&run.stderr).into_owned();
+        assert!(run.status.success(), "{}: {said}", path.display());
+        let got = f32s(&std::fs::read(out.join("output0.f32")).unwrap());
+        assert!(
+            relative_difference(&got, &expected) <= 1e-3,
+            "{}: right outputs",
+            path.display()
+        );
+        let lines: Vec<&str> = said.lines().filter(|l| l.contains(cause)).collect();
+        assert_eq!(lines.len(), 1, "{}: said once: {said}", path.display());
+        let line = lines[0];
+        assert!(
+            line.contains(&path.display().to_string()),
+            "names the path: {line}"
+        );
+        assert!(
+            line.starts_with("E ") || line.contains("not saved"),
+            "at Error level: {line}"
+        );
+        if cause.contains("not a regular file") {
+            continue;
+        }
+        assert!(
+            !path.exists(),
+            "{}: nothing left at the path",
+            path.display()
+        );
+    }
+}

@@ -37,7 +37,7 @@ pub fn backend_library() -> PathBuf {
 #[allow(dead_code)] // the bench shares this module and makes none
 mod scratch;
 #[allow(unused_imports)] // the bench shares this module and makes none
-pub use scratch::scratch;
+pub use scratch::{scratch, without_permission_override, Tmpfs};
 
 /// Output bytes as little-endian f32 values.
 #[allow(dead_code)] // each test crate uses its own subset
