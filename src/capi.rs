@@ -304,6 +304,29 @@ pub unsafe extern "C" fn xnnblob_cache_get_stats(
     })
 }
 
+/// How many of the cache's maps found their file cut short (see
+/// [`PackedWeightsCache::lost_maps`]), in `*out`.
+///
+/// # Safety
+/// `cache` is null or a live handle; `out` is null or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn xnnblob_cache_lost_maps(
+    cache: *const XnnblobCache,
+    out: *mut usize,
+) -> XnnblobStatus {
+    // SAFETY: null or a live handle, per the contract.
+    let handle = try_arg!(unsafe { live(cache, "cache") });
+    if out.is_null() {
+        return fail(XnnblobStatus::InvalidArgument, "out is null");
+    }
+    guarded(|| {
+        let lost = handle.cache.lost_maps();
+        // SAFETY: `out` is non-null and writable, per the contract.
+        unsafe { *out = lost };
+        XnnblobStatus::Ok
+    })
+}
+
 /// Closes a handle (null is allowed). Runtimes created with the cache must be deleted first.
 ///
 /// # Safety

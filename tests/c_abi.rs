@@ -111,6 +111,10 @@ fn null_arguments_are_errors_with_a_message() {
         let status = xnnblob::capi::xnnblob_cache_finalize(std::ptr::null_mut());
         assert_eq!(status, xnnblob::capi::XnnblobStatus::InvalidArgument);
         assert!(xnnblob::capi::xnnblob_cache_xnn(std::ptr::null_mut()).is_null());
+        let mut lost = 7usize;
+        let status = xnnblob::capi::xnnblob_cache_lost_maps(std::ptr::null(), &mut lost);
+        assert_eq!(status, xnnblob::capi::XnnblobStatus::InvalidArgument);
+        assert_eq!(lost, 7, "nothing written on error");
         xnnblob::capi::xnnblob_cache_close(std::ptr::null_mut());
     }
 }

@@ -82,6 +82,12 @@ xnnblob_status xnnblob_cache_wait_saved(xnnblob_cache* cache);
 
 xnnblob_status xnnblob_cache_get_stats(const xnnblob_cache* cache, xnnblob_cache_stats* out);
 
+/* How many of the cache's file maps found their file cut short in place (by another process)
+ * so far, in `*out`. A read past the new end gives zeros instead of SIGBUS, so a runtime created
+ * while fewer were lost may have computed garbage: call it after xnn_invoke_runtime, and if the
+ * count grew, discard the outputs and create the runtimes again (they pack what was lost). */
+xnnblob_status xnnblob_cache_lost_maps(const xnnblob_cache* cache, size_t* out);
+
 /* Closes a handle (NULL is allowed); delete the runtimes created with it first. */
 void xnnblob_cache_close(xnnblob_cache* cache);
 

@@ -93,6 +93,9 @@ int xnnblob_c_cache_check(const char* path, float* output, xnnblob_cache_stats* 
     goto done;
   }
   if (xnnblob_cache_finalize(cache) != XNNBLOB_OK) { result = -7; goto done; }
+  /* Maps of the cache file found cut short so far (another process truncated it). */
+  size_t lost_before = 0;
+  if (xnnblob_cache_lost_maps(cache, &lost_before) != XNNBLOB_OK) { result = -7; goto done; }
   float input[IN];
   for (size_t i = 0; i < IN; ++i) input[i] = (float)i / 8.0f - 1.0f;
   const struct xnn_external_value values[2] = {{0, input}, {1, output}};
@@ -100,6 +103,13 @@ int xnnblob_c_cache_check(const char* path, float* output, xnnblob_cache_stats* 
       xnn_setup_runtime_v2(runtime, 2, values) != xnn_status_success ||
       xnn_invoke_runtime(runtime) != xnn_status_success) {
     result = -8;
+    goto done;
+  }
+  /* More lost since the runtime was made: it read zeros for packed weights, and the output is
+   * not to be used (create the runtime again to pack them anew). */
+  size_t lost_after = 0;
+  if (xnnblob_cache_lost_maps(cache, &lost_after) != XNNBLOB_OK || lost_after != lost_before) {
+    result = -11;
     goto done;
   }
   if (xnnblob_cache_wait_saved(cache) != XNNBLOB_OK) { result = -9; goto done; }
