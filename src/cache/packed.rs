@@ -208,6 +208,17 @@ pub struct BadEntry {
     pub size: u64,
 }
 
+/// The cache's background saves.
+#[derive(Default)]
+struct Saver {
+    /// The save in progress, if any.
+    running: Option<JoinHandle<Result<(), CacheError>>>,
+    /// A save failed: no later `finalize` saves in this process.
+    given_up: bool,
+    /// That save's error, until [`PackedWeightsCache::wait_saved`] reports it.
+    failed: Option<CacheError>,
+}
+
 /// A packed-weight cache, persistent (one file) or in memory; an `xnn_weights_cache_t` for
 /// `xnn_create_runtime_v4` through [`AsXnnWeightsCache`].
 ///
@@ -220,8 +231,8 @@ pub struct PackedWeightsCache {
     compat: Compat,
     outcome: LoadOutcome,
     blocking_save: bool,
-    /// The save in progress, if any.
-    saver: Mutex<Option<JoinHandle<Result<(), CacheError>>>>,
+    /// The save in progress, and what became of the last one.
+    saver: Mutex<Saver>,
     saves: Arc<AtomicUsize>,
     /// What it was opened with (a second open must ask for the same).
     options: CacheOptions,
@@ -406,7 +417,7 @@ impl PackedWeightsCache {
             compat,
             outcome,
             blocking_save: options.blocking_save,
-            saver: Mutex::new(None),
+            saver: Mutex::new(Saver::default()),
             saves: Arc::new(AtomicUsize::new(0)),
             options,
             read_only: AtomicBool::new(false),
@@ -424,7 +435,7 @@ impl PackedWeightsCache {
             compat: CacheOptions::default().compat(),
             outcome: LoadOutcome::Fresh,
             blocking_save: true,
-            saver: Mutex::new(None),
+            saver: Mutex::new(Saver::default()),
             saves: Arc::new(AtomicUsize::new(0)),
             options: CacheOptions::default(),
             read_only: AtomicBool::new(false),
@@ -561,8 +572,10 @@ impl PackedWeightsCache {
 
     /// Enables runtime setup and saves what was packed since the last save, on a background
     /// thread (or here, with `blocking_save`); nothing new to save writes nothing. Safe to call
-    /// any number of times. An error of a background save is reported by the next `finalize`,
-    /// by [`wait_saved`](Self::wait_saved), and costs only a repack at the next launch.
+    /// any number of times. A background save that fails is given up for the rest of the
+    /// process (no later `finalize` saves, so a held lock or a full disk costs one wait, not one
+    /// per model): its error is reported once, by [`wait_saved`](Self::wait_saved), and costs
+    /// only a repack at the next launch.
     pub fn finalize(&self) -> Result<(), CacheError> {
         self.core().finalized.store(true, Ordering::Release);
         let Some(path) = self.path.clone() else {
@@ -572,8 +585,14 @@ impl PackedWeightsCache {
             return Ok(());
         }
         let mut saver = self.saver.lock();
-        if let Some(previous) = saver.take() {
-            previous.join().unwrap_or(Ok(()))?;
+        if let Some(previous) = saver.running.take() {
+            if let Err(e) = previous.join().unwrap_or(Ok(())) {
+                saver.failed = Some(e);
+                saver.given_up = true;
+            }
+        }
+        if saver.given_up {
+            return Ok(());
         }
         let unsaved = self.core().state.lock().has_unsaved();
         let check = self.options.verify == VerifyPacked::Background
@@ -600,7 +619,7 @@ impl PackedWeightsCache {
         if self.blocking_save {
             return save();
         }
-        *saver = Some(std::thread::spawn(move || {
+        saver.running = Some(std::thread::spawn(move || {
             yield_to_inference();
             save()
         }));
@@ -639,10 +658,18 @@ impl PackedWeightsCache {
         Ok(())
     }
 
-    /// Waits for a background save to be durable on disk.
+    /// Waits for a background save to be durable on disk, and reports a failed save once
+    /// (the one in progress, or an earlier one that made later `finalize` calls give up).
     pub fn wait_saved(&self) -> Result<(), CacheError> {
-        match self.saver.lock().take() {
-            Some(handle) => handle.join().unwrap_or(Ok(())),
+        let mut saver = self.saver.lock();
+        if let Some(handle) = saver.running.take() {
+            if let Err(e) = handle.join().unwrap_or(Ok(())) {
+                saver.given_up = true;
+                return Err(e);
+            }
+        }
+        match saver.failed.take() {
+            Some(e) => Err(e),
             None => Ok(()),
         }
     }
