@@ -101,7 +101,7 @@ echo "hangs $hangs"
 [ "$hangs" = 0 ] || broken=1
 
 echo "== truncation: cut between two executes, $rounds rounds per cut"
-sigbus=0 wrong_next=0 served=0
+sigbus=0 wrong_next=0 served=0 said=0 runs=0
 for p in "${programs[@]}"; do
   for mode in file mmap; do
     for cut in zero half 4k; do
@@ -130,7 +130,9 @@ for p in "${programs[@]}"; do
         wait
         rm -f "$work/go"
         status=$(cat "$work/twarm.status")
+        runs=$((runs + 1))
         [ "$status" -ge 128 ] && sigbus=$((sigbus + 1))
+        grep -q "cut short while mapped" "$work/twarm.stderr" && said=$((said + 1))
         # An execute that read a cut page must fail; one that succeeded gave right outputs.
         if [ "$status" = 0 ] && ! cmp -s "$work/tcold/output0.f32" "$work/twarm/output0.f32"; then
           served=$((served + 1))
@@ -141,7 +143,8 @@ for p in "${programs[@]}"; do
     done
   done
 done
-echo "killed by a signal $sigbus, wrong outputs served $served, wrong next launches $wrong_next"
+echo "$runs launches: killed by a signal $sigbus, execute failed with the cause $said," \
+  "wrong outputs served $served, wrong next launches $wrong_next"
 [ "$sigbus" = 0 ] && [ "$served" = 0 ] && [ "$wrong_next" = 0 ] || broken=1
 
 echo "== disk full: a 1 MiB tmpfs, for about 2.8 MiB of packed weights"
