@@ -4,6 +4,8 @@
 # files are checked in.
 #
 #   scripts/export-executorch-fixtures.sh [--only NAME,NAME]
+#   scripts/export-executorch-fixtures.sh --bench   # the peer bench's full-size programs (about
+#       300 MB) into the per-user cache, where `xnnblob bench --peer` finds them
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv=${XNNBLOB_EXPORT_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/xnnblob/export-venv}
@@ -12,4 +14,8 @@ if ! "$venv/bin/python" -c 'import executorch, torch, torchao, torchvision' 2>/d
   "$venv/bin/pip" install --progress-bar off \
     executorch==1.5.1 torch==2.14.1 torchao==0.18.0 torchvision==0.29.2
 fi
-"$venv/bin/python" scripts/export-executorch-fixtures.py --out tests/data/executorch/export "$@"
+out=tests/data/executorch/export
+if [ "${1:-}" = --bench ]; then
+  out=${XNNBLOB_BENCH_EXPORTS:-${XDG_CACHE_HOME:-$HOME/.cache}/xnnblob/bench-exports}
+fi
+"$venv/bin/python" scripts/export-executorch-fixtures.py --out "$out" "$@"

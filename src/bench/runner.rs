@@ -66,25 +66,26 @@ pub struct BenchArgs {
     /// ExecuTorch's runtime (`xnnblob-et-run`, built beside this binary).
     #[arg(long)]
     peer: bool,
-    /// The peer bench's models, comma-separated [default: all].
+    /// The peer bench's models, comma-separated [default: the generated ones, and each export
+    /// that `scripts/export-executorch-fixtures.sh --bench` has made].
     #[arg(long, value_delimiter = ',', value_parser = super::peer::MODEL_NAMES, requires = "peer")]
     models: Vec<String>,
 }
 
 /// The peer bench's settings from `args`, launching `runner`.
 fn peer_options(args: &BenchArgs, runner: PathBuf) -> Result<PeerOptions, String> {
-    let names: Vec<&str> = if args.models.is_empty() {
-        peer::DEFAULT_MODELS.to_vec()
+    let models = if args.models.is_empty() {
+        peer::default_models()
     } else {
-        args.models.iter().map(String::as_str).collect()
+        args.models
+            .iter()
+            .map(|n| peer::peer_model(n))
+            .collect::<Result<_, _>>()?
     };
     Ok(PeerOptions {
         runner,
         repeats: args.repeats,
-        models: names
-            .into_iter()
-            .map(peer::peer_model)
-            .collect::<Result<_, _>>()?,
+        models,
         out: args
             .out
             .clone()

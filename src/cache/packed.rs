@@ -208,11 +208,22 @@ pub struct BadEntry {
     pub size: u64,
 }
 
-/// The cache's background saves.
+/// The cache's background saves: one thread at a time, which saves again while `finalize`
+/// calls came in during its last pass.
 #[derive(Default)]
 struct Saver {
-    /// The save in progress, if any.
-    running: Option<JoinHandle<Result<(), CacheError>>>,
+    /// The saving thread (finished or not).
+    thread: Option<JoinHandle<()>>,
+    /// Shared with that thread.
+    queue: Arc<Mutex<SaveQueue>>,
+}
+
+#[derive(Default)]
+struct SaveQueue {
+    /// A saving thread is running.
+    running: bool,
+    /// A `finalize` came while it ran: it saves once more.
+    again: bool,
     /// A save failed: no later `finalize` saves in this process.
     given_up: bool,
     /// That save's error, until [`PackedWeightsCache::wait_saved`] reports it.
@@ -584,29 +595,20 @@ impl PackedWeightsCache {
         if self.read_only.load(Ordering::Relaxed) {
             return Ok(());
         }
-        let mut saver = self.saver.lock();
-        if let Some(previous) = saver.running.take() {
-            if let Err(e) = previous.join().unwrap_or(Ok(())) {
-                saver.failed = Some(e);
-                saver.given_up = true;
-            }
-        }
-        if saver.given_up {
-            return Ok(());
-        }
-        let unsaved = self.core().state.lock().has_unsaved();
-        let check = self.options.verify == VerifyPacked::Background
-            && !self.blocking_save
-            && self.core().has_unchecked(false);
-        if !unsaved && !check {
-            return Ok(());
-        }
         let (core, compat, saves) = (self.core().clone(), self.compat.clone(), self.saves.clone());
         let storage = self.options.storage.clone();
         let budget = self.options.budget;
-        let save = move || {
+        let verify = self.options.verify == VerifyPacked::Background && !self.blocking_save;
+        let shown = path.display().to_string();
+        // One pass: what is new now (and, in the background, the check of what look-ups found).
+        let save = move || -> Result<(), CacheError> {
+            let unsaved = core.state.lock().has_unsaved();
             // A damaged entry found here is left out of the file the save writes.
-            let corrupt = if check { core.forget_corrupt(false) } else { 0 };
+            let corrupt = if verify && core.has_unchecked(false) {
+                core.forget_corrupt(false)
+            } else {
+                0
+            };
             if unsaved || corrupt > 0 {
                 let saved = persist::save(&core, storage.get(), &path, &compat, budget)?;
                 core.counters
@@ -619,9 +621,52 @@ impl PackedWeightsCache {
         if self.blocking_save {
             return save();
         }
-        saver.running = Some(std::thread::spawn(move || {
+        let mut saver = self.saver.lock();
+        {
+            let mut queue = saver.queue.lock();
+            if queue.given_up {
+                return Ok(());
+            }
+            if queue.running {
+                // The save in progress goes once more when it ends, with everything new by
+                // then: a program of 85 delegates, each finalizing at init, saves two or three
+                // times, not 85 (each a whole file).
+                queue.again = true;
+                return Ok(());
+            }
+            let unsaved = self.core().state.lock().has_unsaved();
+            if !unsaved && !(verify && self.core().has_unchecked(false)) {
+                return Ok(());
+            }
+            queue.running = true;
+        }
+        if let Some(finished) = saver.thread.take() {
+            let _ = finished.join();
+        }
+        let queue = saver.queue.clone();
+        saver.thread = Some(std::thread::spawn(move || {
             yield_to_inference();
-            save()
+            loop {
+                // A panic in a save ends this thread's saves as an error would, never leaving
+                // `running` set for a thread that is gone.
+                let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(&save))
+                    .unwrap_or_else(|_| {
+                        Err(CacheError::Io {
+                            path: shown.clone(),
+                            error: std::io::Error::other("a save panicked"),
+                        })
+                    });
+                let mut q = queue.lock();
+                if let Err(e) = result {
+                    q.failed = Some(e);
+                    q.given_up = true;
+                    q.again = false;
+                }
+                if !std::mem::take(&mut q.again) {
+                    q.running = false;
+                    return;
+                }
+            }
         }));
         Ok(())
     }
@@ -662,13 +707,11 @@ impl PackedWeightsCache {
     /// (the one in progress, or an earlier one that made later `finalize` calls give up).
     pub fn wait_saved(&self) -> Result<(), CacheError> {
         let mut saver = self.saver.lock();
-        if let Some(handle) = saver.running.take() {
-            if let Err(e) = handle.join().unwrap_or(Ok(())) {
-                saver.given_up = true;
-                return Err(e);
-            }
+        if let Some(thread) = saver.thread.take() {
+            let _ = thread.join();
         }
-        match saver.failed.take() {
+        let failed = saver.queue.lock().failed.take();
+        match failed {
             Some(e) => Err(e),
             None => Ok(()),
         }

@@ -1,0 +1,95 @@
+//! Background saves coalesce: every `finalize` while a save runs makes that save go once more,
+//! instead of queueing a save of the whole file per delegate (an 85-delegate ExecuTorch decoder
+//! wrote its file 85 times, 4.9 s and 1.8 GB of peak RSS for a 106 MB cache). Nothing finalized
+//! may be left unsaved: here 4 threads load 12 programs at once into one cache file, and the
+//! next launch packs nothing.
+
+mod common;
+
+use common::scratch;
+use xnnblob::backend::{Backend, PackedCache};
+use xnnblob::bench::model::{self, Dtype, ModelSpec, Preset};
+use xnnblob::program::Program;
+
+#[test]
+fn finalizes_during_a_save_are_saved_by_it_and_nothing_is_lost() {
+    let dir = scratch("background-saves");
+    let specs: Vec<ModelSpec> = (1..=12)
+        .map(|layers| ModelSpec {
+            preset: Preset::LlmLike,
+            dtype: if layers % 2 == 0 {
+                Dtype::Fp32
+            } else {
+                Dtype::Qd8
+            },
+            mib: 1,
+            layers,
+        })
+        .collect();
+    let files: Vec<_> = specs
+        .iter()
+        .map(|s| model::ensure(s, &dir.join("models")).unwrap())
+        .collect();
+    let cache = dir.join("w.xbc");
+    let launch = |backend: &Backend, i: usize| {
+        let p = Program::load(
+            backend,
+            &files[i].pte,
+            &[&files[i].ptd],
+            Some(&PackedCache::File(cache.clone())),
+        )
+        .unwrap();
+        let out = p
+            .method("forward")
+            .unwrap()
+            .execute_f32(&[&specs[i].input()])
+            .unwrap();
+        (out, p.weights_cache().unwrap().clone())
+    };
+
+    // Background saves (the default), finalized by each method's init, from 4 threads at once.
+    let backend = Backend::with_defaults().unwrap();
+    let cold: Vec<Vec<Vec<f32>>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..4)
+            .map(|t| {
+                let (backend, launch) = (&backend, &launch);
+                s.spawn(move || {
+                    (t..12)
+                        .step_by(4)
+                        .map(|i| (i, launch(backend, i).0))
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        let mut all: Vec<(usize, Vec<Vec<f32>>)> = handles
+            .into_iter()
+            .flat_map(|h| h.join().unwrap())
+            .collect();
+        all.sort_by_key(|(i, _)| *i);
+        all.into_iter().map(|(_, o)| o).collect()
+    });
+    let shared = backend.file_cache(&cache).unwrap();
+    shared.wait_saved().unwrap();
+    // Before any close: a dropped cache saves what is left, which would hide a lost save.
+    assert_eq!(
+        shared.stats().unsaved,
+        0,
+        "every finalized packing is on disk"
+    );
+    let saves = shared.saves();
+    assert!((1..=12).contains(&saves), "{saves} saves for 12 finalizes");
+    eprintln!("12 programs finalized from 4 threads: {saves} saves");
+    drop(shared);
+    drop(backend);
+
+    let backend = Backend::with_defaults().unwrap();
+    for (i, expected) in cold.iter().enumerate() {
+        let (out, weights) = launch(&backend, i);
+        assert_eq!(&out, expected, "program {i}");
+        assert_eq!(
+            weights.stats().packed,
+            0,
+            "program {i}: every packing was saved"
+        );
+    }
+}
