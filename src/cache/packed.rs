@@ -635,7 +635,8 @@ impl PackedWeightsCache {
                 return Ok(());
             }
             let unsaved = self.core().state.lock().has_unsaved();
-            if !unsaved && !(verify && self.core().has_unchecked(false)) {
+            let to_check = verify && self.core().has_unchecked(false);
+            if !unsaved && !to_check {
                 return Ok(());
             }
             queue.running = true;
