@@ -13,6 +13,10 @@
 //! once packed, [`unpin`] returns the pages to the kernel and makes the region inaccessible again,
 //! so a cold launch does not keep an unpacked copy of every weight.
 //!
+//! Placeholders are carved from large reservations of address space ([`ARENA`]): a model with a
+//! thousand weights makes one `mmap` for them, not a thousand, and its drop makes no `munmap` per
+//! weight (each one a TLB shoot-down of every thread of the process).
+//!
 //! [`pin`]: DeferredData::pin
 //! [`unpin`]: DeferredData::unpin
 
@@ -61,32 +65,100 @@ fn page_size() -> usize {
         .unwrap_or(4096)
 }
 
+/// Address space placeholders are carved from: each chunk is one inaccessible, uncommitted
+/// mapping, handed out front to back; a chunk whose placeholders are all gone is unmapped (the
+/// newest is reused from its start instead).
+static ARENA: Mutex<Vec<Chunk>> = Mutex::new(Vec::new());
+
+/// The address space one chunk reserves (no memory: it is never committed as a whole).
+const CHUNK_BYTES: usize = 256 << 20;
+
+struct Chunk {
+    base: usize,
+    size: usize,
+    /// Bytes handed out so far, from `base`.
+    used: usize,
+    /// Placeholders in it that are alive.
+    live: usize,
+}
+
+/// `reserved` bytes of inaccessible address space, page aligned, from the arena.
+fn take(reserved: usize) -> io::Result<NonNull<u8>> {
+    let mut chunks = ARENA.lock();
+    if let Some(c) = chunks.last_mut() {
+        if c.size - c.used >= reserved {
+            let at = c.base + c.used;
+            c.used += reserved;
+            c.live += 1;
+            return NonNull::new(at as *mut u8).ok_or_else(io::Error::last_os_error);
+        }
+    }
+    let size = reserved.max(CHUNK_BYTES);
+    // SAFETY: an anonymous private mapping at an address of the kernel's choosing touches no
+    // existing memory; MAP_NORESERVE because nothing is committed until a placeholder is pinned.
+    let base = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            size,
+            libc::PROT_NONE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        )
+    };
+    if base == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    chunks.push(Chunk {
+        base: base as usize,
+        size,
+        used: reserved,
+        live: 1,
+    });
+    NonNull::new(base.cast()).ok_or_else(io::Error::last_os_error)
+}
+
+/// Returns a placeholder's range, inaccessible and discarded already, to the arena.
+fn give_back(at: usize) {
+    let mut chunks = ARENA.lock();
+    let Some(i) = chunks
+        .iter()
+        .position(|c| at >= c.base && at < c.base + c.size)
+    else {
+        return;
+    };
+    let newest = i + 1 == chunks.len();
+    let c = &mut chunks[i];
+    c.live -= 1;
+    if c.live > 0 {
+        return;
+    }
+    if newest {
+        c.used = 0;
+    } else {
+        // SAFETY: the chunk is our own mapping, and no placeholder in it is alive, so no address
+        // in it is held by a runtime.
+        unsafe { libc::munmap(c.base as *mut libc::c_void, c.size) };
+        chunks.remove(i);
+    }
+}
+
+/// How many chunks of address space the arena holds now (a thousand placeholders fit in one).
+pub fn arena_chunks() -> usize {
+    ARENA.lock().len()
+}
+
 impl DeferredData {
-    /// Reserves an inaccessible region for `len` bytes (plus XNNPACK's slack). It costs address
-    /// space only, no memory, until pinned.
+    /// Reserves an inaccessible region for `len` bytes (plus XNNPACK's slack), in whole pages of
+    /// its own. It costs address space only, no memory, until pinned.
     pub fn reserve(len: usize) -> io::Result<DeferredData> {
         let page = page_size();
         let reserved = len
             .checked_add(crate::tensor::XNN_EXTRA_BYTES)
             .and_then(|n| n.checked_next_multiple_of(page))
             .ok_or_else(|| io::Error::from(io::ErrorKind::OutOfMemory))?;
-        // SAFETY: an anonymous private mapping at an address of the kernel's choosing touches no
-        // existing memory; MAP_NORESERVE because nothing is committed until pinned.
-        let base = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                reserved,
-                libc::PROT_NONE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-                -1,
-                0,
-            )
-        };
-        if base == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
         Ok(DeferredData {
-            base: NonNull::new(base.cast()).ok_or_else(io::Error::last_os_error)?,
+            base: take(reserved)?,
             len,
             reserved,
             state: Mutex::new(PinState::default()),
@@ -160,9 +232,14 @@ impl DeferredData {
             return;
         }
         state.readable = false;
-        // Inaccessible first, then discarded: if either fails the region only stays resident.
+        self.discard();
+    }
+
+    /// Makes the region inaccessible and returns its pages to the kernel: inaccessible first,
+    /// then discarded; if either fails the region only stays resident.
+    fn discard(&self) {
         if self.protect(libc::PROT_NONE).is_ok() {
-            // SAFETY: the mapping is ours and private; MADV_DONTNEED on it drops anonymous pages
+            // SAFETY: the range is ours and private; MADV_DONTNEED on it drops anonymous pages
             // (zero-filled if ever made accessible again, which only `pin` does, refilling them).
             unsafe {
                 libc::madvise(
@@ -187,9 +264,12 @@ impl DeferredData {
 
 impl Drop for DeferredData {
     fn drop(&mut self) {
-        // SAFETY: the mapping is ours and no runtime holds its address any longer (the
-        // DeferredData outlives every runtime created with it).
-        unsafe { libc::munmap(self.base.as_ptr().cast(), self.reserved) };
+        // No runtime holds the address any longer (the DeferredData outlives every runtime
+        // created with it): the range goes back to the arena as it was handed out.
+        if self.state.get_mut().readable {
+            self.discard();
+        }
+        give_back(self.base.as_ptr() as usize);
     }
 }
 
@@ -229,6 +309,44 @@ mod tests {
         d.pin(fill).unwrap();
         assert_eq!(d.fills(), 2);
         assert!(!d.fill_failed());
+    }
+
+    #[test]
+    fn a_thousand_placeholders_share_one_reservation_and_stay_apart() {
+        let before = arena_chunks();
+        let all: Vec<DeferredData> = (0..1000)
+            .map(|i| DeferredData::reserve(100 + 37 * i).unwrap())
+            .collect();
+        assert!(
+            arena_chunks() <= before + 1,
+            "{} chunks for 1000 placeholders",
+            arena_chunks() - before
+        );
+        let mut ranges: Vec<(usize, usize)> = all
+            .iter()
+            .map(|d| (d.address() as usize, d.address() as usize + d.reserved))
+            .collect();
+        ranges.sort();
+        assert!(ranges.iter().all(|(a, _)| a % page_size() == 0));
+        assert!(ranges.windows(2).all(|w| w[0].1 <= w[1].0), "no overlap");
+        // Each one is usable on its own, its slack included.
+        let fill: &Fill = &|b: &mut [u8]| {
+            b.fill(7);
+            Ok(())
+        };
+        let d = &all[500];
+        d.pin(fill).unwrap();
+        // SAFETY: pinned, so readable for `len` bytes plus XNNPACK's slack (whole pages).
+        let seen = unsafe {
+            std::slice::from_raw_parts(d.address(), d.len() + crate::tensor::XNN_EXTRA_BYTES)
+        };
+        assert!(seen[..d.len()].iter().all(|&b| b == 7));
+        d.unpin();
+        drop(all);
+        // A fresh one after all are gone reuses the arena.
+        let again = DeferredData::reserve(4096).unwrap();
+        assert!(arena_chunks() <= before + 1);
+        drop(again);
     }
 
     #[test]
