@@ -1,5 +1,5 @@
 //! Background saves coalesce: every `finalize` while a save runs makes that save go once more,
-//! instead of queueing a save of the whole file per delegate (an 85-delegate ExecuTorch decoder
+//! instead of queueing a save of the whole file per delegate (a 62-delegate ExecuTorch decoder
 //! wrote its file 85 times, 4.9 s and 1.8 GB of peak RSS for a 106 MB cache). Nothing finalized
 //! may be left unsaved: here 4 threads load 12 programs at once into one cache file, and the
 //! next launch packs nothing.

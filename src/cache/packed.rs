@@ -629,8 +629,8 @@ impl PackedWeightsCache {
             }
             if queue.running {
                 // The save in progress goes once more when it ends, with everything new by
-                // then: a program of 85 delegates, each finalizing at init, saves two or three
-                // times, not 85 (each a whole file).
+                // then: a program of 62 delegates, each finalizing at init, saves two or three
+                // times, not 62 (each a whole file).
                 queue.again = true;
                 return Ok(());
             }
