@@ -14,7 +14,9 @@ use std::sync::OnceLock;
 /// How many maps can be watched at once: a cache holds a few (one per save in the process),
 /// so a full table means something keeps maps alive, and the newest maps go unwatched.
 const SLOTS: usize = 256;
-const PAGE: usize = 4096;
+/// The kernel's page size, read when the handler is installed (sysconf is not
+/// async-signal-safe): 4 KiB on x86-64, 16 or 64 KiB on some aarch64 kernels.
+static PAGE: AtomicUsize = AtomicUsize::new(4096);
 
 struct Slot {
     /// Taken by a [`Watch`] (set before `start`, cleared after it).
@@ -93,6 +95,13 @@ pub fn any_fault() -> bool {
 fn install() -> bool {
     PREVIOUS
         .get_or_init(|| {
+            // SAFETY: sysconf has no preconditions.
+            let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+            if let Ok(page) = usize::try_from(page) {
+                if page.is_power_of_two() {
+                    PAGE.store(page, Ordering::Relaxed);
+                }
+            }
             // SAFETY: sigaction with a null new action only reads the current one into a
             // zeroed struct; the new action's handler is `on_sigbus`, whose signature is the
             // SA_SIGINFO one, and its mask is initialised by sigemptyset.
@@ -128,8 +137,9 @@ fn absorb(address: usize) -> bool {
         if address < start || address >= start + len {
             continue;
         }
-        let page = address / PAGE * PAGE;
-        let end = (start + len).next_multiple_of(PAGE);
+        let size = PAGE.load(Ordering::Relaxed);
+        let page = address / size * size;
+        let end = (start + len).next_multiple_of(size);
         // SAFETY: [page, end) lies inside the watched map (a map starts on a page boundary
         // and covers whole pages), which its owner keeps mapped while the watch lives. The
         // anonymous private read-only pages replace what the file no longer backs; every
