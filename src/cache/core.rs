@@ -102,6 +102,14 @@ impl Source {
             Source::Heap(b, size) => &b[..*size],
         }
     }
+
+    /// Lets go of the resident pages of a mapped source (they are read back from the page
+    /// cache if touched again); heap bytes stay.
+    pub fn release_pages(&self) {
+        if let Source::Mapped(m, offset, size) = self {
+            m.release_pages(*offset, *size);
+        }
+    }
 }
 
 impl State {

@@ -232,6 +232,10 @@ pub(crate) fn save(
             continue;
         }
         let sum = checksum64(o.source.bytes());
+        // A save passes over every mapped entry (here, and again as it writes it): the pages
+        // it touched would otherwise stay resident for the life of the process, most of them
+        // never used by a runtime.
+        o.source.release_pages();
         // A mapped entry is copied only if its bytes still match what was recorded.
         if o.checksum.is_some_and(|c| c != sum) {
             saved.corrupt += 1;
@@ -247,7 +251,9 @@ pub(crate) fn save(
                 continue;
             }
             let source = Source::Mapped(map.clone(), fe.offset as usize, fe.size as usize);
-            if checksum64(source.bytes()) != fe.checksum {
+            let sum = checksum64(source.bytes());
+            source.release_pages();
+            if sum != fe.checksum {
                 saved.corrupt += 1;
                 continue;
             }
@@ -265,16 +271,26 @@ pub(crate) fn save(
     let evictions = budget::plan(&entries, this_save, budget);
     saved.evicted = evictions.evicted.len();
     let evicted: HashSet<usize> = evictions.evicted.into_iter().collect();
-    let (map, written) = commit(
+    // Each mapped entry's pages go once the next is asked for (the writer has the bytes by
+    // then), so the save holds one entry resident at a time.
+    let mut last_asked: Option<&Source> = None;
+    let written = commit(
         storage,
         path,
         compat,
         rows.iter()
             .enumerate()
             .filter(|(i, _)| !evicted.contains(i))
-            .map(|(_, (e, source))| (e.key, source.bytes(), e.checksum, e.last_used)),
+            .map(|(_, (e, source))| {
+                if let Some(done) = last_asked.replace(source) {
+                    done.release_pages();
+                }
+                (e.key, source.bytes(), e.checksum, e.last_used)
+            }),
         &sources,
-    )?;
+    );
+    rows.iter().for_each(|(_, source)| source.release_pages());
+    let (map, written) = written?;
     drop(rows);
 
     let mut state = core.state.lock();
