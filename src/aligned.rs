@@ -111,3 +111,15 @@ impl Drop for AlignedBytes {
         unsafe { alloc::dealloc(self.base.as_ptr(), self.layout) }
     }
 }
+
+/// The smallest page size of any kernel xnnblob runs on (16 and 64 KiB pages are multiples).
+const SMALLEST_PAGE: usize = 4096;
+
+/// How many bytes after `end` (the address one past a readable buffer) can be read without a
+/// fault: the rest of its last page, since memory is protected page by page. XNNPACK's
+/// over-read of its inputs needs `XNN_EXTRA_BYTES` (16) of them;
+/// a host that sizes its buffers exactly (ExecuTorch) leaves them there unless the buffer ends
+/// on a page boundary.
+pub fn readable_in_page_after(end: usize) -> usize {
+    end.next_multiple_of(SMALLEST_PAGE) - end
+}

@@ -17,6 +17,7 @@ use crate::xnn::{
 };
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
+use zerocopy::{FromBytes, Immutable};
 
 const XNN_FLAG_EXTERNAL_INPUT: u32 = 1;
 const XNN_FLAG_EXTERNAL_OUTPUT: u32 = 2;
@@ -47,7 +48,7 @@ pub(crate) struct Keep {
 pub(super) struct Loaded {
     /// By constant_data index (0 is "no constant").
     constants: Vec<Option<Constant>>,
-    /// Scales by value index, copied out of the payload or named data as typed arrays.
+    /// Scales by value index: where they sit in a constant, or a typed copy.
     scales: HashMap<usize, Scales>,
     /// Placeholders some operator reads as they are: read in before runtime creation and held
     /// readable for as long as the runtime lives.
@@ -94,8 +95,59 @@ fn fill_from(map: Arc<dyn NamedDataMap>, key: String) -> Arc<Fill> {
 }
 
 enum Scales {
-    F32(Vec<f32>),
-    Bf16(Vec<u16>),
+    F32(ScaleValues<f32>),
+    Bf16(ScaleValues<u16>),
+}
+
+/// A quantized value's scales: read in place from constant `.0` when its bytes are aligned for
+/// the type (XNNPACK reads every scale at each launch; a copy would touch them twice more), else
+/// a typed copy.
+enum ScaleValues<T> {
+    InConstant(usize),
+    Copied(Vec<T>),
+}
+
+impl<T: FromBytes + Immutable> ScaleValues<T> {
+    /// In place when `bytes` (constant `index`'s) can be read as `[T]` as they are: aligned,
+    /// whole, and little-endian like the file.
+    fn of_constant(index: usize, bytes: &[u8], decode: impl Fn(&[u8]) -> Vec<T>) -> Self {
+        if cfg!(target_endian = "little") && <[T]>::ref_from_bytes(bytes).is_ok() {
+            ScaleValues::InConstant(index)
+        } else {
+            ScaleValues::Copied(decode(bytes))
+        }
+    }
+}
+
+impl Loaded {
+    fn scale_values<'a, T: FromBytes + Immutable>(
+        &'a self,
+        values: &'a ScaleValues<T>,
+    ) -> Option<&'a [T]> {
+        match values {
+            ScaleValues::Copied(v) => Some(v),
+            ScaleValues::InConstant(index) => {
+                let bytes = self.constants.get(*index)?.as_ref()?.buffer()?.data();
+                <[T]>::ref_from_bytes(bytes).ok()
+            }
+        }
+    }
+
+    /// Value `value`'s fp32 scales (per channel).
+    fn f32_scales(&self, value: usize) -> Option<&[f32]> {
+        match self.scales.get(&value)? {
+            Scales::F32(s) => self.scale_values(s),
+            Scales::Bf16(_) => None,
+        }
+    }
+
+    /// Value `value`'s bf16 scales (per block).
+    fn bf16_scales(&self, value: usize) -> Option<&[u16]> {
+        match self.scales.get(&value)? {
+            Scales::Bf16(s) => self.scale_values(s),
+            Scales::F32(_) => None,
+        }
+    }
 }
 
 /// The weights cache a delegate's runtime uses.
@@ -368,11 +420,12 @@ fn load_constants(
 }
 
 /// The key a constant is shared under across the backend. ExecuTorch's exporter names constants
-/// by the sha256 of their bytes, so such a key means the same bytes in every map; any other key
-/// is only meaningful within its map, so it is qualified by the map's source.
+/// by the sha256 of their bytes, so such a key means the same bytes in every map, and is shared
+/// by all of them unless the map's buffers live only as long as its program. Any other key is
+/// only meaningful within its map, so it is qualified by the map's source.
 fn shared_key(map: &dyn NamedDataMap, key: &str) -> String {
     let content_named = key.len() == 64 && key.bytes().all(|b| b.is_ascii_hexdigit());
-    if content_named {
+    if content_named && !map.buffers_live_with_program() {
         key.to_string()
     } else {
         format!("{}\u{0}{key}", map.source())
@@ -393,7 +446,7 @@ fn u16s(bytes: &[u8]) -> Vec<u16> {
         .collect()
 }
 
-/// Copies each quantized value's scales out of the payload or named data.
+/// Finds each quantized value's scales in the payload or named data.
 fn load_scales(
     graph: &fb::XNNGraph<'_>,
     constants: &[Option<Constant>],
@@ -414,22 +467,26 @@ fn load_scales(
             continue;
         };
         if let Some(p) = q.quant_params_as_per_channel_quant() {
-            let s = if p.scale_buffer_idx() != 0 {
-                f32s(from_constant(p.scale_buffer_idx(), i)?)
+            let index = p.scale_buffer_idx();
+            let s = if index != 0 {
+                ScaleValues::of_constant(index as usize, from_constant(index, i)?, f32s)
             } else {
-                p.scale().map(|s| s.iter().collect()).unwrap_or_default()
+                ScaleValues::Copied(p.scale().map(|s| s.iter().collect()).unwrap_or_default())
             };
             scales.insert(i, Scales::F32(s));
         } else if let Some(p) = q.quant_params_as_per_channel_group_quant() {
-            let s = if p.scale_buffer_idx() != 0 {
-                u16s(from_constant(p.scale_buffer_idx(), i)?)
+            let index = p.scale_buffer_idx();
+            let s = if index != 0 {
+                ScaleValues::of_constant(index as usize, from_constant(index, i)?, u16s)
             } else if let Some(bf16) = p.scale_bf16() {
-                bf16.iter().collect()
+                ScaleValues::Copied(bf16.iter().collect())
             } else {
                 // fp32 scales given: bf16 is their upper half (XNNPACK takes bf16 here).
-                p.scale()
-                    .map(|s| s.iter().map(|f| (f.to_bits() >> 16) as u16).collect())
-                    .unwrap_or_default()
+                ScaleValues::Copied(
+                    p.scale()
+                        .map(|s| s.iter().map(|f| (f.to_bits() >> 16) as u16).collect())
+                        .unwrap_or_default(),
+                )
             };
             scales.insert(i, Scales::Bf16(s));
         }
@@ -608,12 +665,12 @@ fn register_constants(
             let scale_id = if scale_index != 0 {
                 identity(graph, scale_index, keep, check)
             } else {
-                match keep.scales.get(&i) {
-                    Some(Scales::F32(s)) => Some(BlobId::of_f32s(s)),
-                    Some(Scales::Bf16(s)) => Some(BlobId::of_bytes(
+                match (keep.f32_scales(i), keep.bf16_scales(i)) {
+                    (Some(s), _) => Some(BlobId::of_f32s(s)),
+                    (None, Some(s)) => Some(BlobId::of_bytes(
                         &s.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>(),
                     )),
-                    None => None,
+                    (None, None) => None,
                 }
             };
             if let Some(scale_id) = scale_id {
@@ -716,7 +773,7 @@ pub(super) fn define_value<'k>(
         g.define_dynamically_quantized_tensor(dt, &dims, p.num_nonbatch_dims() as usize)
             .map_err(at(what))
     } else if let Some(p) = q.quant_params_as_per_channel_quant() {
-        let Some(Scales::F32(scales)) = keep.scales.get(&i) else {
+        let Some(scales) = keep.f32_scales(i) else {
             return Err(DelegateError::BadGraph(format!("value {i}: no scales")));
         };
         let quantization = ChannelwiseQuantization {
@@ -728,7 +785,7 @@ pub(super) fn define_value<'k>(
         g.define_channelwise_quantized_tensor(dt, &dims, quantization, role)
             .map_err(at(what))
     } else if let Some(p) = q.quant_params_as_per_channel_group_quant() {
-        let Some(Scales::Bf16(scales)) = keep.scales.get(&i) else {
+        let Some(scales) = keep.bf16_scales(i) else {
             return Err(DelegateError::BadGraph(format!("value {i}: no scales")));
         };
         let quantization = BlockwiseQuantization {

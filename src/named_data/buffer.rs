@@ -15,6 +15,14 @@ pub trait Backing: Send + Sync {
     /// Starts reading `[offset, offset + len)` in, and only that, if it comes from a file by
     /// page faults (file-backed memory); a no-op otherwise.
     fn read_soon(&self, _offset: usize, _len: usize) {}
+
+    /// How many bytes past the end of [`bytes`](Self::bytes) can be read without a fault,
+    /// although no Rust value owns them: only XNNPACK's over-read of its inputs touches them.
+    /// Memory lent by a host that sizes its buffers exactly (ExecuTorch's `FreeableBuffer`)
+    /// still has the rest of its last page; 0 when nothing is known.
+    fn readable_after(&self) -> usize {
+        0
+    }
 }
 
 impl Backing for crate::mmap::MappedFile {
@@ -88,9 +96,9 @@ impl DataBuffer {
     /// How many readable bytes the backing has after this buffer's end (XNNPACK may read a few
     /// bytes past the end of the data it is given).
     pub fn slack_after(&self) -> usize {
-        self.backing
-            .as_ref()
-            .map_or(0, |b| b.bytes().len() - (self.offset + self.len))
+        self.backing.as_ref().map_or(0, |b| {
+            b.bytes().len() - (self.offset + self.len) + b.readable_after()
+        })
     }
 
     /// Whether the view has no bytes (also true once freed).
@@ -147,5 +155,52 @@ impl fmt::Debug for DataBuffer {
             .field("len", &self.len)
             .field("freed", &self.is_freed())
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Backing, DataBuffer};
+    use std::sync::Arc;
+
+    /// Bytes that claim `after` more readable bytes past their end, as a host's exactly sized
+    /// buffer does.
+    struct Lent {
+        bytes: Vec<u8>,
+        after: usize,
+    }
+
+    impl Backing for Lent {
+        fn bytes(&self) -> &[u8] {
+            &self.bytes
+        }
+
+        fn readable_after(&self) -> usize {
+            self.after
+        }
+    }
+
+    #[test]
+    fn slack_counts_the_backings_own_bytes_and_what_it_says_is_readable_after_them() {
+        let lent = Arc::new(Lent {
+            bytes: vec![0; 100],
+            after: 12,
+        });
+        let whole = DataBuffer::new(lent.clone(), 0, 100).unwrap();
+        assert_eq!(whole.slack_after(), 12);
+        let inner = DataBuffer::new(lent, 10, 80).unwrap();
+        assert_eq!(inner.slack_after(), 10 + 12);
+        let mut freed = inner.clone();
+        freed.free();
+        assert_eq!(freed.slack_after(), 0);
+    }
+
+    #[test]
+    fn the_rest_of_the_last_page_is_readable_unless_the_end_is_on_a_page_boundary() {
+        use crate::aligned::readable_in_page_after;
+        assert_eq!(readable_in_page_after(4096), 0);
+        assert_eq!(readable_in_page_after(4096 + 1), 4095);
+        assert_eq!(readable_in_page_after(3 * 4096 - 16), 16);
+        assert_eq!(readable_in_page_after(3 * 4096 - 15), 15);
     }
 }

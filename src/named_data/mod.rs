@@ -64,6 +64,13 @@ pub trait NamedDataMap: Send + Sync {
     /// What the map reads from (a path, or a name), for error messages.
     fn source(&self) -> &str;
 
+    /// Whether the buffers [`get_data`](Self::get_data) returns borrow memory that is valid only
+    /// while the program that lent this map lives (ExecuTorch's `FreeableBuffer`s): such data
+    /// may be shared among the users of this map's [`source`](Self::source), never beyond.
+    fn buffers_live_with_program(&self) -> bool {
+        false
+    }
+
     /// The identity of the file `key`'s bytes are read from, when the map knows it (a `.ptd` or
     /// `.pte` it mapped itself); None for memory, or a map that does not tell. A packed-weight
     /// cache checks a file's keys against its bytes once per identity.

@@ -48,6 +48,8 @@ int64_t EtDataMap::num_keys() const {
   return n.ok() ? static_cast<int64_t>(*n) : -1;
 }
 
+size_t EtDataMap::identity() const { return reinterpret_cast<size_t>(map_); }
+
 rust::String EtDataMap::key_at(uint32_t index) const {
   auto key = map_->get_key(index);
   return key.ok() && *key != nullptr ? rust::String(*key) : rust::String();

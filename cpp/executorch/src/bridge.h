@@ -33,6 +33,9 @@ class EtDataMap {
  public:
   explicit EtDataMap(const executorch::runtime::NamedDataMap* map);
   int64_t num_keys() const;
+  // The address of ExecuTorch's map: it names the map for as long as its program lives, where
+  // this wrapper lives for one init.
+  size_t identity() const;
   rust::String key_at(uint32_t index) const;
   std::unique_ptr<EtBuffer> get_data(rust::Str key, uint32_t& error) const;
 

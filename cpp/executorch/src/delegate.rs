@@ -1,7 +1,7 @@
 //! One ExecuTorch delegate call site (`init`, `execute`) on xnnblob's process-wide backend.
 
 use crate::ffi::{EtBuffer, EtCall, EtDataMap, InitOptions, Outcome, Status, TensorArg};
-use crate::map::{EtMap, Processed};
+use crate::map::{EtBytes, EtMap, MapKeys};
 use cxx::UniquePtr;
 use parking_lot::Mutex;
 use std::collections::HashSet;
@@ -12,12 +12,16 @@ use std::sync::{Arc, OnceLock};
 use xnnblob::backend::{Backend, BackendOptions, WorkspaceSharing};
 use xnnblob::delegate::{DelegateError, Weights, XnnDelegate};
 use xnnblob::named_data::DataBuffer;
+use xnnblob::tensor::XNN_EXTRA_BYTES;
 use xnnblob::tensor::{DType, Shape};
 use xnnblob::xnn::{PoolOps, RawInput, RawOutput, Threadpool, XnnError};
 
 /// The delegate of one `init` (empty when init failed: ExecuTorch never runs it then).
 pub struct EtDelegate {
     inner: Option<XnnDelegate>,
+    /// Its map's key list, kept while the delegate lives so that the next delegate made from
+    /// the same map finds it.
+    _keys: Option<Arc<MapKeys>>,
 }
 
 impl EtDelegate {
@@ -243,7 +247,7 @@ fn init(
     options: &InitOptions,
     processed: UniquePtr<EtBuffer>,
     map: UniquePtr<EtDataMap>,
-) -> Result<(XnnDelegate, Option<Note>), Outcome> {
+) -> Result<(XnnDelegate, Arc<MapKeys>, Option<Note>), Outcome> {
     let backend = process_backend()?;
     let (weights, warning) = weights_for(backend, options)?;
     let sharing =
@@ -264,14 +268,14 @@ fn init(
         // As ExecuTorch's backend: a runtime created under a NoThreadPoolGuard has no pool.
         model = model.without_threadpool();
     }
-    let processed = Arc::new(Processed(processed));
+    let processed = Arc::new(EtBytes(processed));
     let len = xnnblob::named_data::Backing::bytes(&*processed).len();
     let payload = DataBuffer::new(processed, 0, len).expect("the whole buffer");
     let map = Arc::new(EtMap::new(map));
     let delegate = XnnDelegate::init_deferred(&model, payload, map.clone());
     map.close();
     let delegate = delegate.map_err(|e| Outcome::error(status_of(&e), chain(&e)))?;
-    Ok((delegate, warning))
+    Ok((delegate, map.keys(), warning))
 }
 
 pub(crate) fn delegate_init(
@@ -282,24 +286,24 @@ pub(crate) fn delegate_init(
 ) -> Box<EtDelegate> {
     *outcome = Outcome::ok();
     let result = catch_unwind(AssertUnwindSafe(|| init(options, processed, map)));
-    let inner = match result {
-        Ok(Ok((delegate, warning))) => {
+    let (inner, keys) = match result {
+        Ok(Ok((delegate, keys, warning))) => {
             if let Some(note) = warning {
                 outcome.message = note.text;
                 outcome.severe = note.severe;
             }
-            Some(delegate)
+            (Some(delegate), Some(keys))
         }
         Ok(Err(error)) => {
             *outcome = error;
-            None
+            (None, None)
         }
         Err(panic) => {
             *outcome = Outcome::error(Status::Internal, panic_message(panic));
-            None
+            (None, None)
         }
     };
-    Box::new(EtDelegate { inner })
+    Box::new(EtDelegate { inner, _keys: keys })
 }
 
 fn describe(call: &EtCall, index: usize) -> Result<TensorArg, Outcome> {
@@ -366,19 +370,25 @@ fn execute(delegate: &mut EtDelegate, mut call: Pin<&mut EtCall>) -> Result<(), 
     }
     // Set by the output callback, which cannot return an error through XNNPACK's binding.
     let mut failure: Option<Outcome> = None;
-    // SAFETY: each input's data is readable for nbytes (ExecuTorch's tensor), each output
-    // writable for nbytes after its resize, for the duration of this call; ExecuTorch's memory
-    // planning never aliases a delegate's inputs with its outputs.
+    // SAFETY: each input's data is readable for nbytes (ExecuTorch's tensor), and for
+    // XNN_EXTRA_BYTES more where it is marked padded (they lie in the same page, which is
+    // readable as a whole); each output writable for nbytes after its resize, for the duration
+    // of this call; ExecuTorch's memory planning never aliases a delegate's inputs with its
+    // outputs.
     let result = unsafe {
         d.execute_raw_shaped(
             |i| {
                 let (data, len, dtype, shape) = inputs[i];
+                // Bound in place when XNNPACK's over-read stays in the input's last page, as
+                // it does for all but page-aligned ends: a copy per execute (a decoder's
+                // caches, every token) otherwise.
+                let end = data as usize + len;
                 RawInput {
                     data: data.cast_const(),
                     len,
                     dtype,
                     shape,
-                    padded: false,
+                    padded: xnnblob::aligned::readable_in_page_after(end) >= XNN_EXTRA_BYTES,
                 }
             },
             |j, shape| {

@@ -95,6 +95,9 @@ pub mod ffi {
         fn num_keys(self: &EtDataMap) -> i64;
         /// Key `index`, or an empty string.
         fn key_at(self: &EtDataMap, index: u32) -> String;
+        /// The address of ExecuTorch's own map, which lives as long as its program (the
+        /// wrapper lives for one init).
+        fn identity(self: &EtDataMap) -> usize;
         /// `get_data(key)`; null with `error` set to ExecuTorch's error code on failure.
         fn get_data(self: &EtDataMap, key: &str, error: &mut u32) -> UniquePtr<EtBuffer>;
     }

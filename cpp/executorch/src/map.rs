@@ -3,19 +3,48 @@
 use crate::ffi::{EtBuffer, EtDataMap};
 use cxx::UniquePtr;
 use parking_lot::Mutex;
-use std::sync::Arc;
-use xnnblob::aligned::AlignedBytes;
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Weak};
 use xnnblob::named_data::{Backing, DataBuffer, NamedDataError, NamedDataMap, TensorLayout};
-use xnnblob::tensor::XNN_EXTRA_BYTES;
 
 /// A method's named-data map, valid while its init runs. Closing it at the end of init makes any
 /// later use an error, never a use of a map ExecuTorch may have freed.
 pub(crate) struct EtMap {
     map: Mutex<Option<UniquePtr<EtDataMap>>>,
-    keys: Vec<String>,
-    /// The same keys, to answer "is it listed" without a scan per constant.
-    listed: std::collections::HashSet<String>,
+    keys: Arc<MapKeys>,
     source: String,
+}
+
+/// The keys of one of ExecuTorch's maps, in its order and as a set ("is it listed" without a
+/// scan per constant).
+pub(crate) struct MapKeys {
+    in_order: Vec<Arc<str>>,
+    listed: HashSet<Arc<str>>,
+}
+
+/// Key lists by the identity of ExecuTorch's map, so that the many delegates of one method
+/// enumerate its keys once. An address names one map only while that map lives; a map outlives
+/// the delegates made from it, and each delegate holds its map's list, so a list still alive
+/// here belongs to a map still alive at that address.
+static KEY_LISTS: Mutex<Option<HashMap<usize, Weak<MapKeys>>>> = Mutex::new(None);
+
+fn keys_of(map: &EtDataMap) -> Arc<MapKeys> {
+    let identity = map.identity();
+    let mut lists = KEY_LISTS.lock();
+    let lists = lists.get_or_insert_with(HashMap::new);
+    if let Some(keys) = lists.get(&identity).and_then(Weak::upgrade) {
+        return keys;
+    }
+    let in_order: Vec<Arc<str>> = (0..map.num_keys().max(0) as u32)
+        .map(|i| Arc::from(map.key_at(i)))
+        .collect();
+    let keys = Arc::new(MapKeys {
+        listed: in_order.iter().cloned().collect(),
+        in_order,
+    });
+    lists.retain(|_, list| list.strong_count() > 0);
+    lists.insert(identity, Arc::downgrade(&keys));
+    keys
 }
 
 // SAFETY: ExecuTorch's NamedDataMap methods are const and its maps (FlatTensorDataMap, the
@@ -28,24 +57,29 @@ unsafe impl Sync for EtMap {}
 impl EtMap {
     pub fn new(map: UniquePtr<EtDataMap>) -> EtMap {
         let keys = match map.as_ref() {
-            Some(m) => (0..m.num_keys().max(0) as u32)
-                .map(|i| m.key_at(i))
-                .collect(),
-            None => Vec::new(),
+            Some(m) => keys_of(m),
+            None => Arc::new(MapKeys {
+                in_order: Vec::new(),
+                listed: HashSet::new(),
+            }),
         };
-        // Keys not named by content are only meaningful within this map: its address names it
-        // for as long as the program that owns it lives.
+        // What this map lends is valid, and its keys meaningful, only within it: the address
+        // of ExecuTorch's map names it for as long as the program that owns it lives (this
+        // wrapper's own address would be reused by the next init).
         let source = format!(
-            "executorch-named-data@{:p}",
-            map.as_ref()
-                .map_or(std::ptr::null(), |m| m as *const EtDataMap)
+            "executorch-named-data@{:#x}",
+            map.as_ref().map_or(0, |m| m.identity())
         );
         EtMap {
             map: Mutex::new(Some(map).filter(|m| !m.is_null())),
-            listed: keys.iter().cloned().collect(),
             keys,
             source,
         }
+    }
+
+    /// The map's key list, for a delegate made from it to hold (see [`KEY_LISTS`]).
+    pub fn keys(&self) -> Arc<MapKeys> {
+        self.keys.clone()
     }
 
     /// Ends the borrow: ExecuTorch may free the map once init returns.
@@ -88,26 +122,17 @@ impl NamedDataMap for EtMap {
         self.with(key, |m| {
             let mut code = 0u32;
             let buffer: UniquePtr<EtBuffer> = m.get_data(key, &mut code);
-            let Some(b) = buffer.as_ref() else {
+            if buffer.is_null() {
                 return Err(self.error(key, code, "get_data"));
-            };
-            // SAFETY: ExecuTorch's FreeableBuffer holds `size` readable bytes at `data` until
-            // it is freed, which dropping `buffer` (after the copy) does.
-            let bytes = unsafe { std::slice::from_raw_parts(b.data(), b.size()) };
+            }
+            let lent = Arc::new(EtBytes(buffer));
             // An mmap loader's segment is read by faults: without this, each fault reads the
             // device's whole readahead window around a blob of a few KiB.
-            xnnblob::mmap::advise_read_soon(bytes);
-            // Copied into memory xnnblob owns (with XNNPACK's slack): a shared constant may
-            // outlive the program, and data loader, it came from.
-            let mut owned =
-                AlignedBytes::zeroed(bytes.len() + XNN_EXTRA_BYTES, 64).ok_or_else(|| {
-                    NamedDataError::Backend {
-                        source: self.source.clone(),
-                        message: format!("out of memory copying {key:?}"),
-                    }
-                })?;
-            owned.as_mut_slice()[..bytes.len()].copy_from_slice(bytes);
-            Ok(DataBuffer::new(Arc::new(owned), 0, bytes.len()).expect("the copy holds it"))
+            xnnblob::mmap::advise_read_soon(lent.bytes());
+            let len = lent.bytes().len();
+            // Borrowed as ExecuTorch's own backend does: the buffer lives as long as the
+            // program's delegates hold it, and is freed (ExecuTorch's `Free`) with the last.
+            Ok(DataBuffer::new(lent, 0, len).expect("the whole buffer"))
         })
     }
 
@@ -115,7 +140,7 @@ impl NamedDataMap for EtMap {
     /// XNNPACK exporter writes (they carry no layout, and FlatTensorDataMap dereferences the
     /// missing one). The size of a constant left unread is checked when it is read in.
     fn data_size(&self, key: &str) -> Result<usize, NamedDataError> {
-        if !self.listed.contains(key) {
+        if !self.keys.listed.contains(key) {
             return Err(NamedDataError::KeyNotFound {
                 key: key.to_string(),
                 source: self.source.clone(),
@@ -155,34 +180,41 @@ impl NamedDataMap for EtMap {
     }
 
     fn num_keys(&self) -> usize {
-        self.keys.len()
+        self.keys.in_order.len()
     }
 
     fn key_at(&self, index: usize) -> Result<&str, NamedDataError> {
         self.keys
+            .in_order
             .get(index)
-            .map(String::as_str)
+            .map(|k| &**k)
             .ok_or(NamedDataError::IndexOutOfRange {
                 index,
-                len: self.keys.len(),
+                len: self.keys.in_order.len(),
             })
     }
 
     fn source(&self) -> &str {
         &self.source
     }
+
+    /// ExecuTorch's loaders own what `get_data` lends; they outlive the program's methods,
+    /// not the program.
+    fn buffers_live_with_program(&self) -> bool {
+        true
+    }
 }
 
-/// The processed payload, owned by xnnblob from init on and freed (ExecuTorch's `Free`) when the
-/// last view of it goes: at the end of init unless inline constants in it are in use.
-pub(crate) struct Processed(pub UniquePtr<EtBuffer>);
+/// A buffer ExecuTorch lent (a delegate's processed payload, a named constant), owned by
+/// xnnblob until the last view of it goes, which frees it (ExecuTorch's `Free`).
+pub(crate) struct EtBytes(pub UniquePtr<EtBuffer>);
 
 // SAFETY: a FreeableBuffer is plain memory with a free function; nothing in it is thread-bound.
-unsafe impl Send for Processed {}
+unsafe impl Send for EtBytes {}
 // SAFETY: only read after construction.
-unsafe impl Sync for Processed {}
+unsafe impl Sync for EtBytes {}
 
-impl Backing for Processed {
+impl Backing for EtBytes {
     fn bytes(&self) -> &[u8] {
         match self.0.as_ref() {
             // SAFETY: `size` readable bytes at `data` until the buffer is freed (on drop).
@@ -191,5 +223,15 @@ impl Backing for Processed {
             },
             _ => &[],
         }
+    }
+
+    /// ExecuTorch sizes its buffers exactly (a read, or a map of the segment's pages): what is
+    /// readable past the end is the rest of the last page.
+    fn readable_after(&self) -> usize {
+        let bytes = self.bytes();
+        if bytes.is_empty() {
+            return 0;
+        }
+        xnnblob::aligned::readable_in_page_after(bytes.as_ptr() as usize + bytes.len())
     }
 }
