@@ -20,17 +20,31 @@ fn advise_huge_pages(start: *mut u8, len: usize) {
     }
 }
 
-/// A zero-initialised heap buffer whose start is aligned to a power of two.
+/// A zero-initialised buffer whose start is aligned to a power of two.
 pub struct AlignedBytes {
-    /// The allocation, as `alloc_zeroed` returned it.
-    base: NonNull<u8>,
-    layout: Layout,
+    /// Held for its drop, which frees it.
+    _memory: Memory,
     /// The first aligned byte inside it.
     ptr: NonNull<u8>,
     len: usize,
 }
 
-// SAFETY: AlignedBytes exclusively owns its allocation, like a Box<[u8]>.
+/// Where an [`AlignedBytes`] lives.
+enum Memory {
+    /// The allocator's, as `alloc_zeroed` returned it with this layout.
+    Heap { base: NonNull<u8>, layout: Layout },
+    /// Pages of its own (see [`OWN_PAGES_FROM`]), unmapped on drop.
+    Pages { _map: memmap2::MmapMut },
+}
+
+/// From this size on, a buffer gets pages of its own from the kernel, given back when it is
+/// dropped. From the allocator, a packed weight freed once the cache file holds it stayed
+/// resident: once a large block has been freed, glibc serves blocks below 32 MiB from its heap,
+/// which it cannot shrink past blocks still in use (a cold launch of an 8da4w decoder peaked 60
+/// MiB above its packed weights).
+const OWN_PAGES_FROM: usize = 256 << 10;
+
+// SAFETY: AlignedBytes exclusively owns its memory, like a Box<[u8]>.
 unsafe impl Send for AlignedBytes {}
 // SAFETY: shared access only reads.
 unsafe impl Sync for AlignedBytes {}
@@ -42,21 +56,39 @@ impl AlignedBytes {
         if !align.is_power_of_two() {
             return None;
         }
+        if len >= OWN_PAGES_FROM {
+            // Fresh anonymous pages are zero and page-aligned: over-mapped only for an
+            // alignment above the page.
+            let extra = if align > SMALLEST_PAGE { align } else { 0 };
+            let mut pages = memmap2::MmapOptions::new()
+                .len(len.checked_add(extra)?)
+                .map_anon()
+                .ok()?;
+            let base = NonNull::new(pages.as_mut_ptr())?;
+            if len >= HUGE_PAGE {
+                advise_huge_pages(base.as_ptr(), pages.len());
+            }
+            let skip = base.as_ptr().align_offset(align);
+            // SAFETY: skip < align <= extra (or 0), so ptr and the len bytes after it lie
+            // inside the map.
+            let ptr = unsafe { base.add(skip) };
+            return Some(AlignedBytes {
+                _memory: Memory::Pages { _map: pages },
+                ptr,
+                len,
+            });
+        }
         // Over-allocated at the allocator's own alignment and aligned by hand: for an alignment
         // above its own, the allocator zeroes by writing every byte, where calloc takes fresh
-        // pages from the kernel already zero (packed weights run to hundreds of MiB).
+        // pages from the kernel already zero.
         let layout = Layout::from_size_align(len.checked_add(align)?.max(1), 1).ok()?;
         // SAFETY: the layout's size is non-zero.
         let base = NonNull::new(unsafe { alloc::alloc_zeroed(layout) })?;
-        if len >= HUGE_PAGE {
-            advise_huge_pages(base.as_ptr(), layout.size());
-        }
         let skip = base.as_ptr().align_offset(align);
         // SAFETY: skip < align, so ptr and the len bytes after it lie inside the allocation.
         let ptr = unsafe { base.add(skip) };
         Some(AlignedBytes {
-            base,
-            layout,
+            _memory: Memory::Heap { base, layout },
             ptr,
             len,
         })
@@ -105,10 +137,12 @@ impl std::ops::Deref for AlignedBytes {
     }
 }
 
-impl Drop for AlignedBytes {
+impl Drop for Memory {
     fn drop(&mut self) {
-        // SAFETY: allocated in `zeroed` with this very layout.
-        unsafe { alloc::dealloc(self.base.as_ptr(), self.layout) }
+        if let Memory::Heap { base, layout } = self {
+            // SAFETY: allocated in `zeroed` with this very layout.
+            unsafe { alloc::dealloc(base.as_ptr(), *layout) }
+        }
     }
 }
 
@@ -122,4 +156,24 @@ const SMALLEST_PAGE: usize = 4096;
 /// on a page boundary.
 pub fn readable_in_page_after(end: usize) -> usize {
     end.next_multiple_of(SMALLEST_PAGE) - end
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{AlignedBytes, OWN_PAGES_FROM};
+
+    #[test]
+    fn small_and_large_buffers_are_zero_aligned_and_writable() {
+        for len in [0, 1, 4095, OWN_PAGES_FROM - 1, OWN_PAGES_FROM, 3 << 20] {
+            for align in [1, 64, 4096, 1 << 16] {
+                let mut b = AlignedBytes::zeroed(len, align).unwrap();
+                assert_eq!(b.len(), len);
+                assert_eq!(b.as_ptr() as usize % align, 0, "{len} bytes at {align}");
+                assert!(b.iter().all(|&x| x == 0), "{len} bytes at {align}");
+                b.as_mut_slice().iter_mut().for_each(|x| *x = 0xa5);
+                assert!(b.iter().all(|&x| x == 0xa5));
+            }
+        }
+        assert!(AlignedBytes::zeroed(8, 3).is_none());
+    }
 }

@@ -477,7 +477,7 @@ pub(crate) fn cache_report() -> String {
     for cache in backend.packed_caches() {
         let s = cache.stats();
         lines.push(format!(
-            "cache {}: hits {} misses {} packed {} entries {} deferred_fills {}",
+            "cache {}: hits {} misses {} packed {} entries {} deferred_fills {} heap_entries {}",
             cache
                 .path()
                 .map_or_else(|| "memory".to_string(), |p| p.display().to_string()),
@@ -485,7 +485,8 @@ pub(crate) fn cache_report() -> String {
             s.misses,
             s.packed,
             s.entries,
-            s.deferred_fills
+            s.deferred_fills,
+            s.heap_entries
         ));
     }
     lines.join("\n")
