@@ -12,9 +12,11 @@
 
 use crate::cache::{CacheError, CacheOptions, PackedWeightsCache};
 use crate::deferred::DeferredData;
-use crate::delegate::Weights;
 use crate::shared_cache::SharedDataCache;
-use crate::xnn::{RuntimeOptions, Threadpool, Workspace, XnnError};
+use crate::xnn::{
+    AsXnnWeightsCache, InMemoryWeightsCache, RuntimeOptions, Threadpool, WeightsCache, Workspace,
+    XnnError, XnnpackWeightsCache,
+};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::fmt;
@@ -330,5 +332,32 @@ impl ModelContext {
     /// creation, in parallel.
     pub fn prepack(&self) -> bool {
         !self.backend.0.options.pack_serially && self.threads() > 1
+    }
+}
+
+/// The weights cache a delegate's runtime uses.
+#[derive(Clone, Default)]
+pub enum Weights {
+    /// None: XNNPACK packs every weight privately.
+    #[default]
+    None,
+    /// xnnblob's packed-weight cache (persistent or in memory).
+    Packed(Arc<PackedWeightsCache>),
+    /// XNNPACK's own in-memory cache.
+    Xnnpack(Arc<XnnpackWeightsCache>),
+    /// A pointer-keyed in-memory provider (a benchmark's floor: every look-up hits once it
+    /// holds the weights of the same buffers).
+    Provider(Arc<WeightsCache<InMemoryWeightsCache>>),
+}
+
+impl Weights {
+    /// The cache as XNNPACK takes it, if any.
+    pub(crate) fn as_xnn(&self) -> Option<&dyn AsXnnWeightsCache> {
+        match self {
+            Weights::None => None,
+            Weights::Packed(c) => Some(&**c),
+            Weights::Xnnpack(c) => Some(&**c),
+            Weights::Provider(c) => Some(&**c),
+        }
     }
 }

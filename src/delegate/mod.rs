@@ -9,13 +9,18 @@
 
 pub mod builder;
 mod compile;
+mod constants;
 mod error;
+mod graph;
+mod identity;
 pub mod operators;
 pub mod payload;
 pub mod prepack;
 mod summary;
+mod values;
 
-pub use compile::{InitTimings, Weights};
+pub use crate::backend::Weights;
+pub use compile::InitTimings;
 pub use error::DelegateError;
 pub use summary::{summarize, PayloadSummary};
 

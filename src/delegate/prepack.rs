@@ -16,14 +16,15 @@
 //! Nothing here can change a result: a weight the one-node runtime failed to pack, or packed
 //! under another key, is packed by the real creation as before.
 
-use super::compile::{
-    deferred_constant, define_value, dims_of, role_of, tensor_of, Loaded, EXTRA_BYTES,
-};
+use super::constants::{deferred_constant, Loaded};
 use super::error::{at, DelegateError};
+use super::graph::{dims_of, tensor_of};
 use super::operators::{define_node, packing_operands};
+use super::values::{define_value, role_of};
 use crate::cache::{OwnedRegistration, PackedWeightsCache};
 use crate::named_data::{DataBuffer, NamedDataMap};
 use crate::schema::xnn as fb;
+use crate::tensor::XNN_EXTRA_BYTES;
 use crate::xnn::{Datatype, Runtime, RuntimeOptions, Subgraph, ValueRole};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -151,7 +152,7 @@ fn source_bytes(
     let (key, placeholder) = deferred_constant(t, loaded)?;
     let id = cache.registered_id(placeholder.address())?;
     let buffer = source?.get_data(key).ok()?;
-    if buffer.len() != placeholder.len() || buffer.slack_after() < EXTRA_BYTES {
+    if buffer.len() != placeholder.len() || buffer.slack_after() < XNN_EXTRA_BYTES {
         return None;
     }
     let registration = cache.register_owned(buffer.clone(), id);

@@ -1,8 +1,8 @@
 //! What a delegate payload holds, without building it: its node types and value datatypes, and
 //! whether this build runs each (`xnnblob inspect` on a `.pte`).
 
-use super::compile::tensor_of;
 use super::error::DelegateError;
+use super::graph::tensor_of;
 use super::operators::find;
 use super::payload::parse;
 use crate::schema::xnn as fb;

@@ -1,6 +1,6 @@
 //! XNNPACK's `xnn_status` as a typed Rust error.
 
-use super::subgraph::Datatype;
+use super::datatype::Datatype;
 use crate::tensor::{DType, ShapeMismatch};
 use std::fmt;
 use xnnpack_sys as sys;

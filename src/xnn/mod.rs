@@ -2,6 +2,7 @@
 //! weights-cache providers, and `xnn_status` as a typed error.
 
 mod builtin_cache;
+mod datatype;
 mod error;
 mod kernel_info;
 mod memory_cache;
@@ -13,6 +14,7 @@ mod weights_cache;
 mod workspace;
 
 pub use builtin_cache::XnnpackWeightsCache;
+pub use datatype::Datatype;
 pub(crate) use error::buffer_too_small;
 pub use error::{Status, XnnError};
 pub use kernel_info::{qd8_gemm_kernel, Qd8Weights};
@@ -20,7 +22,7 @@ pub use memory_cache::{InMemoryWeightsCache, ProviderStats};
 pub use nodes::{BinaryOp, Deconvolution2dParams, Pooling2dParams, UnaryOp};
 pub use runtime::{External, RawInput, RawOutput, Runtime, RuntimeOptions};
 pub use subgraph::{
-    BlockwiseQuantization, ChannelwiseQuantization, Convolution2dParams, Datatype,
+    BlockwiseQuantization, ChannelwiseQuantization, Convolution2dParams,
     DepthwiseConvolution2dParams, ExternalDecl, FullyConnectedFlags, Padding2d, Subgraph,
     ValueRole,
 };

@@ -1,0 +1,410 @@
+//! A delegate's constants: read from the payload or named data (through the backend's shared
+//! data cache), left unread as placeholders when only their packed form is needed, and the
+//! scales quantized values borrow from them.
+
+use super::error::DelegateError;
+use super::graph::{constant_index, datatype, dims_of, tensor_of};
+use crate::backend::ModelContext;
+use crate::cache::BlobId;
+use crate::deferred::{DeferredData, Fill};
+use crate::named_data::{DataBuffer, NamedDataMap};
+use crate::schema::xnn as fb;
+use crate::shared_cache::SharedData;
+use crate::tensor::XNN_EXTRA_BYTES;
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use zerocopy::{FromBytes, Immutable};
+
+/// The constants and scales the runtime borrows.
+pub(super) struct Loaded {
+    /// By constant_data index (0 is "no constant").
+    pub(super) constants: Vec<Option<Constant>>,
+    /// Scales by value index: where they sit in a constant, or a typed copy.
+    pub(super) scales: HashMap<usize, Scales>,
+    /// Placeholders some operator reads as they are: read in before runtime creation and held
+    /// readable for as long as the runtime lives.
+    pub(super) pinned: parking_lot::Mutex<Vec<Arc<DeferredData>>>,
+}
+
+impl Drop for Loaded {
+    fn drop(&mut self) {
+        self.pinned.get_mut().iter().for_each(|d| d.unpin());
+    }
+}
+
+/// A constant's bytes: shared through the backend's cache, or a copy (inline in the payload,
+/// or padded when the source had no room for XNNPACK's over-read; the shared entry is held too,
+/// so other delegates still find it).
+pub(super) enum Constant {
+    Shared(SharedData),
+    Copied(DataBuffer, Option<SharedData>),
+    /// Not read: a placeholder standing for the named constant `key` (a content key), read in
+    /// only if XNNPACK needs its bytes (see [`crate::deferred`]).
+    Deferred {
+        key: String,
+        data: Arc<DeferredData>,
+    },
+}
+
+impl Constant {
+    /// The bytes, unless the constant is deferred.
+    pub(super) fn buffer(&self) -> Option<&DataBuffer> {
+        match self {
+            Constant::Shared(s) => Some(s.buffer()),
+            Constant::Copied(b, _) => Some(b),
+            Constant::Deferred { .. } => None,
+        }
+    }
+}
+
+/// How a placeholder's bytes are read in: straight into it, from the delegate's map.
+pub(super) fn fill_from(map: Arc<dyn NamedDataMap>, key: String) -> Arc<Fill> {
+    Arc::new(move |bytes: &mut [u8]| {
+        map.load_data_into(&key, bytes)
+            .map_err(|e| Box::new(e) as Box<dyn std::error::Error + Send + Sync>)
+    })
+}
+
+pub(super) enum Scales {
+    F32(ScaleValues<f32>),
+    Bf16(ScaleValues<u16>),
+}
+
+/// A quantized value's scales: read in place from constant `.0` when its bytes are aligned for
+/// the type (XNNPACK reads every scale at each launch; a copy would touch them twice more), else
+/// a typed copy.
+pub(super) enum ScaleValues<T> {
+    InConstant(usize),
+    Copied(Vec<T>),
+}
+
+impl<T: FromBytes + Immutable> ScaleValues<T> {
+    /// In place when `bytes` (constant `index`'s) can be read as `[T]` as they are: aligned,
+    /// whole, and little-endian like the file.
+    fn of_constant(index: usize, bytes: &[u8], decode: impl Fn(&[u8]) -> Vec<T>) -> Self {
+        if cfg!(target_endian = "little") && <[T]>::ref_from_bytes(bytes).is_ok() {
+            ScaleValues::InConstant(index)
+        } else {
+            ScaleValues::Copied(decode(bytes))
+        }
+    }
+}
+
+impl Loaded {
+    fn scale_values<'a, T: FromBytes + Immutable>(
+        &'a self,
+        values: &'a ScaleValues<T>,
+    ) -> Option<&'a [T]> {
+        match values {
+            ScaleValues::Copied(v) => Some(v),
+            ScaleValues::InConstant(index) => {
+                let bytes = self.constants.get(*index)?.as_ref()?.buffer()?.data();
+                <[T]>::ref_from_bytes(bytes).ok()
+            }
+        }
+    }
+
+    /// Value `value`'s fp32 scales (per channel).
+    pub(super) fn f32_scales(&self, value: usize) -> Option<&[f32]> {
+        match self.scales.get(&value)? {
+            Scales::F32(s) => self.scale_values(s),
+            Scales::Bf16(_) => None,
+        }
+    }
+
+    /// Value `value`'s bf16 scales (per block).
+    pub(super) fn bf16_scales(&self, value: usize) -> Option<&[u16]> {
+        match self.scales.get(&value)? {
+            Scales::Bf16(s) => self.scale_values(s),
+            Scales::F32(_) => None,
+        }
+    }
+}
+
+/// The constants (by constant_data index, with their byte length) that may stand behind a
+/// placeholder: named by content (so identified without reading them), read by XNNPACK only to
+/// pack them, and not the scales of a quantized value.
+pub(super) fn deferrable_constants(
+    graph: &fb::XNNGraph<'_>,
+) -> Result<HashMap<usize, usize>, DelegateError> {
+    let packed = super::operators::packed_operands(graph);
+    let mut deferrable = HashMap::new();
+    let mut scales = Vec::new();
+    for (i, v) in graph.xvalues().iter().flatten().enumerate() {
+        let (t, q) = tensor_of(v, i)?;
+        if let Some(q) = q {
+            scales.extend(
+                q.quant_params_as_per_channel_quant()
+                    .map(|p| p.scale_buffer_idx()),
+            );
+            scales.extend(
+                q.quant_params_as_per_channel_group_quant()
+                    .map(|p| p.scale_buffer_idx()),
+            );
+        }
+        let index = constant_index(&t);
+        if index == 0 || !packed.contains(&t.id_out()) {
+            continue;
+        }
+        let key = graph
+            .constant_data()
+            .filter(|all| index < all.len())
+            .and_then(|all| all.get(index).named_key())
+            .unwrap_or("");
+        if BlobId::from_named_key(key).is_none() {
+            continue;
+        }
+        let Some(len) = datatype(t.datatype(), i)?.tensor_bytes(&dims_of(&t)) else {
+            continue;
+        };
+        deferrable.insert(index, len);
+    }
+    for s in scales {
+        deferrable.remove(&(s as usize));
+    }
+    Ok(deferrable)
+}
+
+/// The constants (by constant_data index) behind an operand XNNPACK packs into the weights
+/// cache: a warm launch finds their packing and never reads them.
+pub(super) fn packed_constants(graph: &fb::XNNGraph<'_>) -> Result<HashSet<usize>, DelegateError> {
+    let packed = super::operators::packed_operands(graph);
+    let mut out = HashSet::new();
+    for (i, v) in graph.xvalues().iter().flatten().enumerate() {
+        let (t, _) = tensor_of(v, i)?;
+        if packed.contains(&t.id_out()) {
+            out.insert(constant_index(&t));
+        }
+    }
+    Ok(out)
+}
+
+/// The keys `map` lists (from its index: nothing is read), gathered once per delegate: a
+/// program with a thousand weights asks a thousand times.
+pub(super) fn listed_keys(map: &dyn NamedDataMap) -> HashSet<&str> {
+    (0..map.num_keys())
+        .filter_map(|i| map.key_at(i).ok())
+        .collect()
+}
+
+/// Loads every constant the graph refers to, through the shared data cache; the `deferrable`
+/// ones become placeholders, not read.
+pub(super) fn load_constants(
+    graph: &fb::XNNGraph<'_>,
+    payload: &DataBuffer,
+    inline: &[u8],
+    inline_offset: usize,
+    map: &dyn NamedDataMap,
+    model: &ModelContext,
+    deferrable: &HashMap<usize, usize>,
+) -> Result<Vec<Option<Constant>>, DelegateError> {
+    let shared = model.backend().shared_data();
+    let packed = packed_constants(graph)?;
+    let mut out: Vec<Option<Constant>> = vec![None];
+    let listed = if deferrable.is_empty() {
+        Default::default()
+    } else {
+        listed_keys(map)
+    };
+    for (i, c) in graph.constant_data().iter().flatten().enumerate().skip(1) {
+        let key = c.named_key().unwrap_or("");
+        // Left unread only when the map lists the key (from its index: nothing is read) and,
+        // where the index tells sizes, at the right size; a size it cannot tell is checked when
+        // the bytes are read in. A key it does not list is loaded as usual (or found missing).
+        let deferred_len = deferrable.get(&i).filter(|_| listed.contains(key));
+        if let Some(&len) = deferred_len {
+            if let Ok(size) = map.data_size(key) {
+                if size != len {
+                    return Err(DelegateError::BadGraph(format!(
+                        "constant {i} ({key}): the named data holds {size} bytes, the graph \
+                         needs {len}"
+                    )));
+                }
+            }
+            let data = model
+                .backend()
+                .deferred_constant(key, len)
+                .map_err(|e| DelegateError::BadGraph(format!("constant {i}: {e}")))?;
+            out.push(Some(Constant::Deferred {
+                key: key.to_string(),
+                data,
+            }));
+            continue;
+        }
+        let buffer = if !key.is_empty() {
+            let data = shared
+                .get_or_init(&shared_key(map, key), || map.get_data(key))
+                .map_err(|source| DelegateError::MissingConstant {
+                    key: key.to_string(),
+                    source,
+                })?;
+            if !packed.contains(&i) {
+                // XNNPACK reads this one at every launch (a depthwise filter, a scale): ask
+                // for exactly its pages now, before a fault reads a window around them.
+                data.buffer().read_soon();
+            }
+            Constant::Shared(data)
+        } else {
+            let (offset, size) = (c.offset(), c.size());
+            let end = offset.checked_add(size);
+            if end.is_none_or(|end| end > inline.len() as u64) {
+                return Err(DelegateError::BadGraph(format!(
+                    "constant {i}: [{offset}, +{size}) lies outside the inline constant data"
+                )));
+            }
+            let view = payload
+                .slice(inline_offset + offset as usize, size as usize)
+                .ok_or_else(|| DelegateError::BadGraph(format!("constant {i}: bad range")))?;
+            Constant::Copied(view, None)
+        };
+        // XNNPACK may read past the end of constant data: give data that sits at the very end
+        // of its backing a padded copy.
+        let backing = buffer.buffer().expect("not deferred");
+        let constant = if backing.slack_after() < XNN_EXTRA_BYTES {
+            let data = backing.data();
+            let mut padded = crate::aligned::AlignedBytes::zeroed(data.len() + XNN_EXTRA_BYTES, 64)
+                .ok_or_else(|| DelegateError::BadGraph("out of memory".into()))?;
+            padded.as_mut_slice()[..data.len()].copy_from_slice(data);
+            let len = data.len();
+            let held = match buffer {
+                Constant::Shared(s) => Some(s),
+                Constant::Copied(_, held) => held,
+                Constant::Deferred { .. } => unreachable!("handled above"),
+            };
+            let copy = DataBuffer::new(Arc::new(padded), 0, len).expect("inside the copy");
+            Constant::Copied(copy, held)
+        } else {
+            buffer
+        };
+        out.push(Some(constant));
+    }
+    Ok(out)
+}
+
+/// The key a constant is shared under across the backend. ExecuTorch's exporter names constants
+/// by the sha256 of their bytes, so such a key means the same bytes in every map, and is shared
+/// by all of them unless the map's buffers live only as long as its program. Any other key is
+/// only meaningful within its map, so it is qualified by the map's source.
+pub(super) fn shared_key(map: &dyn NamedDataMap, key: &str) -> String {
+    let content_named = key.len() == 64 && key.bytes().all(|b| b.is_ascii_hexdigit());
+    if content_named && !map.buffers_live_with_program() {
+        key.to_string()
+    } else {
+        format!("{}\u{0}{key}", map.source())
+    }
+}
+
+pub(super) fn f32s(bytes: &[u8]) -> Vec<f32> {
+    bytes
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes(b.try_into().expect("4 bytes")))
+        .collect()
+}
+
+pub(super) fn u16s(bytes: &[u8]) -> Vec<u16> {
+    bytes
+        .chunks_exact(2)
+        .map(|b| u16::from_le_bytes(b.try_into().expect("2 bytes")))
+        .collect()
+}
+
+/// Finds each quantized value's scales in the payload or named data.
+pub(super) fn load_scales(
+    graph: &fb::XNNGraph<'_>,
+    constants: &[Option<Constant>],
+) -> Result<HashMap<usize, Scales>, DelegateError> {
+    let from_constant = |index: u32, value: usize| -> Result<&[u8], DelegateError> {
+        constants
+            .get(index as usize)
+            .and_then(|c| c.as_ref())
+            .and_then(|c| c.buffer())
+            .map(|b| b.data())
+            .ok_or_else(|| {
+                DelegateError::BadGraph(format!("value {value}: scale constant {index} missing"))
+            })
+    };
+    let mut scales = HashMap::new();
+    for (i, v) in graph.xvalues().iter().flatten().enumerate() {
+        let Some(q) = v.xvalue_union_as_xnnquantized_tensor_value() else {
+            continue;
+        };
+        if let Some(p) = q.quant_params_as_per_channel_quant() {
+            let index = p.scale_buffer_idx();
+            let s = if index != 0 {
+                ScaleValues::of_constant(index as usize, from_constant(index, i)?, f32s)
+            } else {
+                ScaleValues::Copied(p.scale().map(|s| s.iter().collect()).unwrap_or_default())
+            };
+            scales.insert(i, Scales::F32(s));
+        } else if let Some(p) = q.quant_params_as_per_channel_group_quant() {
+            let index = p.scale_buffer_idx();
+            let s = if index != 0 {
+                ScaleValues::of_constant(index as usize, from_constant(index, i)?, u16s)
+            } else if let Some(bf16) = p.scale_bf16() {
+                ScaleValues::Copied(bf16.iter().collect())
+            } else {
+                // fp32 scales given: bf16 is their upper half (XNNPACK takes bf16 here).
+                ScaleValues::Copied(
+                    p.scale()
+                        .map(|s| s.iter().map(|f| (f.to_bits() >> 16) as u16).collect())
+                        .unwrap_or_default(),
+                )
+            };
+            scales.insert(i, Scales::Bf16(s));
+        }
+    }
+    Ok(scales)
+}
+
+/// The named key and placeholder of value `t`, if its constant is deferred.
+pub(super) fn deferred_constant<'k>(
+    t: &fb::XNNTensorValue<'_>,
+    keep: &'k Loaded,
+) -> Option<(&'k str, &'k Arc<DeferredData>)> {
+    match keep.constants.get(constant_index(t))? {
+        Some(Constant::Deferred { key, data }) => Some((key, data)),
+        _ => None,
+    }
+}
+
+/// Pins (reads in, for the runtime's lifetime) the placeholders of values some node reads as
+/// they are.
+pub(super) fn pin_read_as_is(
+    graph: &fb::XNNGraph<'_>,
+    loaded: &Loaded,
+    read_as_is: &std::collections::HashSet<u32>,
+    deferral: Option<&Arc<dyn NamedDataMap>>,
+) -> Result<(), DelegateError> {
+    for (i, v) in graph.xvalues().iter().flatten().enumerate() {
+        let (t, _) = tensor_of(v, i)?;
+        if !read_as_is.contains(&t.id_out()) {
+            continue;
+        }
+        let Some(Some(Constant::Deferred { key, data })) = loaded.constants.get(constant_index(&t))
+        else {
+            continue;
+        };
+        let map = deferral.expect("placeholders only with a source").clone();
+        let pinned = data.pin(&*fill_from(map, key.clone()));
+        // Held (and unpinned on drop) even if the fill failed: pins must balance.
+        loaded.pinned.lock().push(data.clone());
+        pinned.map_err(|source| DelegateError::UnreadConstant {
+            key: key.clone(),
+            source,
+        })?;
+    }
+    Ok(())
+}
+
+/// The first placeholder of this delegate that XNNPACK needed but could not be read in.
+pub(super) fn failed_fill(loaded: &Loaded) -> Option<DelegateError> {
+    loaded.constants.iter().flatten().find_map(|c| match c {
+        Constant::Deferred { key, data } => {
+            data.fill_error().map(|why| DelegateError::UnreadConstant {
+                key: key.clone(),
+                source: why.into(),
+            })
+        }
+        _ => None,
+    })
+}

@@ -1,0 +1,108 @@
+//! Defining a payload's values in an XNNPACK subgraph.
+
+use super::constants::{Constant, Loaded};
+use super::error::{at, DelegateError};
+use super::graph::{
+    constant_index, datatype, dims_of, tensor_of, XNN_FLAG_EXTERNAL_INPUT, XNN_FLAG_EXTERNAL_OUTPUT,
+};
+use crate::schema::xnn as fb;
+use crate::xnn::{BlockwiseQuantization, ChannelwiseQuantization, Datatype, Subgraph, ValueRole};
+use std::collections::HashMap;
+
+/// Defines every value of the graph; returns the payload id -> subgraph id map.
+pub(super) fn define_values<'k>(
+    g: &mut Subgraph<'k>,
+    graph: &fb::XNNGraph<'_>,
+    keep: &'k Loaded,
+) -> Result<HashMap<u32, u32>, DelegateError> {
+    let mut ids = HashMap::new();
+    for (i, v) in graph.xvalues().iter().flatten().enumerate() {
+        let (t, _) = tensor_of(v, i)?;
+        let role = role_of(&t, i, keep)?;
+        ids.insert(t.id_out(), define_value(g, v, i, keep, role)?);
+    }
+    Ok(ids)
+}
+
+/// What value `i` is in the subgraph: constant data (or its placeholder), an external input or
+/// output, or internal.
+pub(super) fn role_of<'k>(
+    t: &fb::XNNTensorValue<'_>,
+    i: usize,
+    keep: &'k Loaded,
+) -> Result<ValueRole<'k>, DelegateError> {
+    let index = constant_index(t);
+    Ok(if index != 0 {
+        let c = keep
+            .constants
+            .get(index)
+            .and_then(|c| c.as_ref())
+            .ok_or_else(|| {
+                DelegateError::BadGraph(format!("value {i}: constant {index} does not exist"))
+            })?;
+        match c {
+            Constant::Deferred { data, .. } => ValueRole::Deferred(data),
+            c => ValueRole::Static(c.buffer().expect("not deferred").data()),
+        }
+    } else if t.flags() & XNN_FLAG_EXTERNAL_INPUT != 0 {
+        ValueRole::Input(t.external_id())
+    } else if t.flags() & XNN_FLAG_EXTERNAL_OUTPUT != 0 {
+        ValueRole::Output(t.external_id())
+    } else {
+        ValueRole::Internal
+    })
+}
+
+/// Defines value `i` of the payload in `g` as `role`, with its datatype, shape and quantization;
+/// returns its subgraph id.
+pub(super) fn define_value<'k>(
+    g: &mut Subgraph<'k>,
+    v: fb::XValue<'_>,
+    i: usize,
+    keep: &'k Loaded,
+    role: ValueRole<'k>,
+) -> Result<u32, DelegateError> {
+    let (t, q) = tensor_of(v, i)?;
+    let dims = dims_of(&t);
+    let dt = datatype(t.datatype(), i)?;
+    let what = || format!("value {i} ({dt:?} {dims:?})");
+    let Some(q) = q else {
+        return g.define_tensor(dt, &dims, role).map_err(at(what));
+    };
+    if let Some(p) = q.quant_params_as_per_tensor_quant() {
+        g.define_quantized_tensor(dt, &dims, p.zero_point(), p.scale(), role)
+            .map_err(at(what))
+    } else if let Some(p) = q.quant_params_as_per_token_dynamic_quant() {
+        g.define_dynamically_quantized_tensor(dt, &dims, p.num_nonbatch_dims() as usize)
+            .map_err(at(what))
+    } else if let Some(p) = q.quant_params_as_per_channel_quant() {
+        let Some(scales) = keep.f32_scales(i) else {
+            return Err(DelegateError::BadGraph(format!("value {i}: no scales")));
+        };
+        let quantization = ChannelwiseQuantization {
+            // ExecuTorch stores 4-bit weights as unsigned nibbles (value + 8).
+            zero_point: if dt == Datatype::Qcint4 { 8 } else { 0 },
+            scales,
+            channel_dim: p.channel_dim() as usize,
+        };
+        g.define_channelwise_quantized_tensor(dt, &dims, quantization, role)
+            .map_err(at(what))
+    } else if let Some(p) = q.quant_params_as_per_channel_group_quant() {
+        let Some(scales) = keep.bf16_scales(i) else {
+            return Err(DelegateError::BadGraph(format!("value {i}: no scales")));
+        };
+        let quantization = BlockwiseQuantization {
+            zero_point: 8,
+            scales,
+            channel_dim: p.channel_dim() as usize,
+            block_size: p.group_size() as usize,
+        };
+        g.define_blockwise_quantized_tensor(dt, &dims, quantization, role)
+            .map_err(at(what))
+    } else {
+        Err(DelegateError::BadGraph(format!(
+            "value {i}: unknown quantization {}",
+            q.quant_params_type().0
+        )))
+    }
+}
