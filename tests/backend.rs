@@ -1,6 +1,8 @@
 //! The backend object: one cache object per file (a conflicting second open is an error),
 //! workspace sharing and the thread pool give the same outputs, concurrently too.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use xnnblob::backend::{Backend, BackendOptions, PackedCache, WorkspaceSharing};
 use xnnblob::cache::{CacheError, CacheOptions, PackedWeightsCache};
@@ -44,13 +46,12 @@ fn run_both(backend: &Backend) {
             let out = m.execute_f32(&[&input]).unwrap().remove(0);
             let want = f32_file(&format!("{name}.s0.out_et0.bin"));
             assert_eq!(out.len(), want.len(), "{name}");
-            let diff = out
-                .iter()
-                .zip(&want)
-                .map(|(x, y)| (x - y).abs())
-                .map(|d| if d.is_nan() { f32::INFINITY } else { d })
-                .fold(0.0, f32::max);
-            assert!(diff < 1e-5, "{name}: {diff}");
+            common::close::assert_close(
+                &out,
+                &want,
+                common::close::Tolerance::Absolute(1e-5),
+                name,
+            );
         }
     }
 }

@@ -4,6 +4,8 @@
 
 mod common;
 
+use common::close::max_abs_difference;
+
 use common::scratch;
 
 use xnnblob::cache::PackedWeightsCache;
@@ -20,15 +22,6 @@ fn payload(bytes: &[u8]) -> DataBuffer {
 
 fn mlp_graph(mlp: &Mlp, batch: u32) -> BuiltGraph {
     xnnblob::synthetic::mlp_payload(mlp, batch)
-}
-
-fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .map(|d| if d.is_nan() { f32::INFINITY } else { d })
-        .fold(0.0, f32::max)
 }
 
 fn run(d: &mut XnnDelegate, input: &[f32]) -> Vec<f32> {
@@ -53,7 +46,7 @@ fn mlp_matches_reference() {
     assert_eq!(d.input_shapes(), vec![vec![2, 32]]);
     let input: Vec<f32> = (0..64).map(|i| ((i % 9) as f32 - 4.0) / 4.0).collect();
     let out = run(&mut d, &input);
-    let diff = max_abs_diff(&out, &mlp.reference_forward(&input, 2));
+    let diff = max_abs_difference(&out, &mlp.reference_forward(&input, 2));
     assert!(diff < 1e-4, "{diff}");
 }
 
@@ -185,7 +178,7 @@ fn small_cnn_matches_reference() {
     )
     .unwrap();
     let out = run(&mut d, &input);
-    let diff = max_abs_diff(&out, &expected);
+    let diff = max_abs_difference(&out, &expected);
     assert!(diff < 1e-5, "{diff}: {out:?} vs {expected:?}");
 }
 
@@ -278,7 +271,7 @@ fn qd8_qc8w_mlp_matches_dequantized_reference() {
     // cancel: require the observed error to also be under 2% of the output range, which a wrong
     // weight, scale or layout could not meet.
     let spread = expected.iter().fold(0f32, |m, v| m.max(v.abs()));
-    let err = max_abs_diff(&out, &expected);
+    let err = max_abs_difference(&out, &expected);
     assert!(err < spread * 0.02, "error {err} vs outputs up to {spread}");
 }
 
@@ -313,8 +306,8 @@ fn two_delegates_share_constants_and_packed_weights_and_a_warm_file_packs_nothin
     assert_eq!(s.hits, 4, "the second delegate found them all");
     assert_eq!(cache.stats().packed, 2, "each weight packed once");
     assert_eq!(cache.stats().hits, 2);
-    assert!(max_abs_diff(&run(&mut a, &input), &expected) < 1e-4);
-    assert!(max_abs_diff(&run(&mut b, &input), &expected) < 1e-4);
+    assert!(max_abs_difference(&run(&mut a, &input), &expected) < 1e-4);
+    assert!(max_abs_difference(&run(&mut b, &input), &expected) < 1e-4);
     drop((a, b, cache));
     assert_eq!(
         backend.shared_data().stats().entries,
@@ -330,7 +323,7 @@ fn two_delegates_share_constants_and_packed_weights_and_a_warm_file_packs_nothin
     )
     .unwrap();
     assert_eq!(cache.stats().packed, 0, "warm: no packing");
-    assert!(max_abs_diff(&run(&mut warm, &input), &expected) < 1e-4);
+    assert!(max_abs_difference(&run(&mut warm, &input), &expected) < 1e-4);
     drop((warm, cache));
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -2,6 +2,8 @@
 //! warm-up, through the delegate, a whole method (at changing shapes too) and the C++ face.
 //! Only this thread's allocations count (tests run in parallel).
 
+mod common;
+
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::path::Path;
@@ -146,12 +148,11 @@ fn a_warm_execute_from_cpp_allocates_nothing() {
     assert_eq!(out, first);
     let reference = mlp.reference_forward(&input, 2);
     assert_eq!(out.len(), reference.len());
-    let diff = out
-        .iter()
-        .zip(&reference)
-        .map(|(a, b)| (a - b).abs())
-        .map(|d| if d.is_nan() { f32::INFINITY } else { d })
-        .fold(0.0, f32::max);
-    assert!(diff < 1e-4, "{diff}");
+    common::close::assert_close(
+        &out,
+        &reference,
+        common::close::Tolerance::Absolute(1e-4),
+        "the MLP",
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -1,6 +1,8 @@
 //! Whole programs exported by ExecuTorch's own tools, run end to end: execution plans, delegate
 //! payloads inline or in segments, external weights, methods that share weights.
 
+mod common;
+
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use xnnblob::backend::{Backend, PackedCache};
@@ -85,15 +87,8 @@ const XNNPACK_FIXTURES: [&str; 9] = [
 ];
 
 fn max_rel_diff(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    let range = b.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-6);
-    // A NaN anywhere is the largest difference (f32::max would drop it).
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .map(|d| if d.is_nan() { f32::INFINITY } else { d })
-        .fold(0.0, f32::max)
-        / range
+    let peak = b.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-6);
+    common::close::max_abs_difference(a, b) / peak
 }
 
 #[test]

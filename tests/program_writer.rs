@@ -37,12 +37,11 @@ fn a_written_mlp_program_runs_to_the_reference() {
     let out = method.execute_f32(&[&input]).unwrap();
     let reference = mlp.reference_forward(&input, 3);
     assert_eq!(out[0].len(), reference.len());
-    let worst = out[0]
-        .iter()
-        .zip(&reference)
-        .map(|(a, b)| (a - b).abs())
-        .map(|d| if d.is_nan() { f32::INFINITY } else { d })
-        .fold(0.0f32, f32::max);
-    assert!(worst < 1e-4, "{worst}");
+    common::close::assert_close(
+        &out[0],
+        &reference,
+        common::close::Tolerance::Absolute(1e-4),
+        "the written MLP",
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -1,5 +1,7 @@
 //! A weights-cache provider written in Rust, driven by real XNNPACK through its six callbacks.
 
+mod common;
+
 use xnnblob::synthetic::{Mlp, MLP_INPUT, MLP_OUTPUT};
 use xnnblob::xnn::{InMemoryWeightsCache, Runtime, Status, WeightsCache};
 
@@ -40,14 +42,12 @@ fn first_runtime_packs_each_weight_once_and_second_runtime_packs_nothing() {
     assert_eq!(out_first, out_second);
     let reference = mlp.reference_forward(&input, 1);
     assert_eq!(out_first.len(), reference.len());
-    // A NaN anywhere is the largest difference (f32::max would drop it).
-    let diff = out_first
-        .iter()
-        .zip(&reference)
-        .map(|(a, b)| (a - b).abs())
-        .map(|d| if d.is_nan() { f32::INFINITY } else { d })
-        .fold(0.0, f32::max);
-    assert!(diff <= 1e-4, "max abs diff {diff}");
+    common::close::assert_close(
+        &out_first,
+        &reference,
+        common::close::Tolerance::Absolute(1e-4),
+        "the MLP",
+    );
 }
 
 #[test]

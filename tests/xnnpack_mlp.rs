@@ -1,16 +1,11 @@
 //! A real XNNPACK subgraph computes what plain Rust computes.
 
+mod common;
+
+use common::close::max_abs_difference;
+
 use xnnblob::synthetic::{Mlp, MLP_INPUT, MLP_OUTPUT};
 use xnnblob::xnn::{Runtime, XnnError};
-
-fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .map(|d| if d.is_nan() { f32::INFINITY } else { d })
-        .fold(0.0, f32::max)
-}
 
 #[test]
 fn three_layer_mlp_matches_rust_reference_within_1e_4() {
@@ -28,7 +23,7 @@ fn three_layer_mlp_matches_rust_reference_within_1e_4() {
         .invoke(&[(MLP_INPUT, &input)], &mut [(MLP_OUTPUT, &mut output)])
         .unwrap();
 
-    let diff = max_abs_diff(&output, &expected);
+    let diff = max_abs_difference(&output, &expected);
     assert!(diff <= 1e-4, "max abs diff {diff}");
     // The reference is not trivially zero: a broken graph could not pass by accident.
     assert!(expected.iter().any(|v| v.abs() > 0.05));

@@ -3,6 +3,8 @@
 
 mod common;
 
+use common::close::max_abs_difference;
+
 use common::kernels_line;
 use xnnblob::synthetic::SplitMix64;
 use xnnblob::xnn::{
@@ -26,17 +28,6 @@ fn random(rng: &mut SplitMix64, n: usize, scale: f32) -> Vec<f32> {
     (0..n).map(|_| rng.unit() * scale).collect()
 }
 
-fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    // A NaN anywhere is the largest difference (f32::max would drop it: the NaN-seeded outputs
-    // of an unwritten buffer would then score 0).
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .map(|d| if d.is_nan() { f32::INFINITY } else { d })
-        .fold(0.0, f32::max)
-}
-
 /// Runs a graph with one external input and one external output.
 fn run(graph: &Subgraph<'_>, input: &[f32], output_len: usize) -> Vec<f32> {
     let mut runtime = Runtime::new(graph, None).unwrap();
@@ -48,7 +39,7 @@ fn run(graph: &Subgraph<'_>, input: &[f32], output_len: usize) -> Vec<f32> {
 }
 
 fn assert_close(actual: &[f32], expected: &[f32], tolerance: f32) {
-    let diff = max_abs_diff(actual, expected);
+    let diff = max_abs_difference(actual, expected);
     assert!(diff <= tolerance, "max abs diff {diff} > {tolerance}");
     // The reference is not trivially zero: a graph that computes nothing could not pass.
     assert!(
@@ -187,7 +178,7 @@ fn transposed_weights_without_the_flag_give_a_different_result() {
         .unwrap();
         results.push(run(&g, &x, n));
     }
-    assert!(max_abs_diff(&results[0], &results[1]) > 1e-2);
+    assert!(max_abs_difference(&results[0], &results[1]) > 1e-2);
 }
 
 /// The output extent of a convolution along one axis.
@@ -770,7 +761,7 @@ fn global_average_pooling_2d_matches_reference_with_clamp_and_keep_dims() {
             .invoke(&[(INPUT, &x)], &mut [(OUTPUT, &mut actual)])
             .unwrap();
         let expected: Vec<f32> = mean.iter().map(|m| m.min(max)).collect();
-        let diff = max_abs_diff(&actual, &expected);
+        let diff = max_abs_difference(&actual, &expected);
         assert!(diff <= 1e-5, "keep_dims {keep_dims}: max abs diff {diff}");
         assert!(expected.iter().filter(|&&v| v == max).count() >= 2);
         assert!(expected.iter().any(|&v| v < max));
@@ -819,7 +810,7 @@ fn elementwise_transpose_reshape_and_softmax_match_reference() {
         let e = [(row[0] - m).exp(), (row[1] - m).exp()];
         expected.extend(e.map(|v| v / (e[0] + e[1])));
     }
-    let diff = max_abs_diff(&actual, &expected);
+    let diff = max_abs_difference(&actual, &expected);
     assert!(
         diff <= 1e-5,
         "max abs diff {diff}: {actual:?} vs {expected:?}"
@@ -1164,5 +1155,43 @@ fn qd8_fully_connected_also_matches_on_an_avx2_only_cpu() {
             "qd8_activations_times_qc4w_weights_match_reference_with_odd_and_transposed_rows",
             "qd8_activations_times_qb4w_weights_match_reference",
         ],
+    );
+}
+
+// The one definition of "the outputs match" every test uses (tests/common/close.rs) fails on
+// what a fold with f32::max used to pass: an unwritten, NaN-seeded output, and an empty one.
+
+#[test]
+#[should_panic(expected = "difference inf")]
+fn an_all_nan_output_fails_the_closeness_check() {
+    use common::close::{assert_close, Tolerance};
+    let expected = [1.0, -2.0, 3.0];
+    assert_close(
+        &[f32::NAN; 3],
+        &expected,
+        Tolerance::Absolute(1e-3),
+        "all NaN",
+    );
+}
+
+#[test]
+#[should_panic(expected = "output lengths")]
+fn an_empty_output_fails_the_closeness_check() {
+    use common::close::{assert_close, Tolerance};
+    assert_close(&[], &[1.0], Tolerance::OfRange(1e-3), "empty");
+}
+
+#[test]
+fn one_nan_among_good_values_is_an_infinite_difference() {
+    use common::close::{assert_close, relative_difference, Tolerance};
+    assert_eq!(
+        relative_difference(&[1.0, f32::NAN], &[1.0, 2.0]),
+        f32::INFINITY
+    );
+    assert_close(
+        &[1.0, 2.0005],
+        &[1.0, 2.0],
+        Tolerance::Absolute(1e-3),
+        "close",
     );
 }

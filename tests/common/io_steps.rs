@@ -29,17 +29,7 @@ pub fn tensor(dir: &Path, t: &Value) -> (DType, Shape, Vec<u8>) {
 pub fn relative_error(dtype: DType, ours: &[u8], theirs: &[u8]) -> f32 {
     let (a, b) = (to_f32_lossy(dtype, ours), to_f32_lossy(dtype, theirs));
     assert_eq!(a.len(), b.len(), "output lengths");
-    let (lo, hi) = b
-        .iter()
-        .fold((f32::INFINITY, f32::NEG_INFINITY), |(l, h), &v| {
-            (l.min(v), h.max(v))
-        });
-    let range = (hi - lo).max(f32::MIN_POSITIVE);
-    a.iter()
-        .zip(&b)
-        .map(|(x, y)| (x - y).abs() / range)
-        .map(|d| if d.is_nan() { f32::INFINITY } else { d })
-        .fold(0.0, f32::max)
+    super::close::relative_difference(&a, &b)
 }
 
 /// Runs every step of `io` (files in `dir`) on one loaded method, so state carries from step to

@@ -2,6 +2,7 @@
 //! f32 files and manifests read, and a plain Rust reference for quantized graphs.
 #![allow(dead_code)] // each test crate uses its own subset
 
+pub mod close;
 pub mod io_steps;
 pub mod qd8_reference;
 
@@ -72,14 +73,8 @@ pub fn kernels_line(weights: &[xnnblob::xnn::Qd8Weights]) -> String {
 /// max |a - b| and max |b| (the range the difference is judged against).
 pub fn max_diff(a: &[f32], b: &[f32]) -> (f32, f32) {
     assert_eq!(a.len(), b.len(), "output lengths");
-    let diff = a
-        .iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .map(|d| if d.is_nan() { f32::INFINITY } else { d })
-        .fold(0f32, f32::max);
     let range = b.iter().fold(0f32, |m, v| m.max(v.abs()));
-    (diff, range)
+    (close::max_abs_difference(a, b), range)
 }
 
 /// Set in a test binary re-run under emulation, so that its own emulation tests do not recurse.

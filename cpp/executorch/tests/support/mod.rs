@@ -48,20 +48,10 @@ pub fn f32s(bytes: &[u8]) -> Vec<f32> {
         .collect()
 }
 
-/// The largest difference relative to the expected output's range.
+/// The closeness checks of xnnblob's own tests: one definition of "matches" (length, NaN,
+/// tolerance) for both crates.
 #[allow(dead_code)]
-pub fn relative_difference(got: &[f32], expected: &[f32]) -> f32 {
-    assert_eq!(got.len(), expected.len());
-    let (lo, hi) = expected
-        .iter()
-        .fold((f32::INFINITY, f32::NEG_INFINITY), |(l, h), &v| {
-            (l.min(v), h.max(v))
-        });
-    let range = (hi - lo).max(f32::MIN_POSITIVE);
-    // A NaN anywhere is the largest difference (f32::max would drop it).
-    got.iter()
-        .zip(expected)
-        .map(|(a, b)| (a - b).abs() / range)
-        .map(|d| if d.is_nan() { f32::INFINITY } else { d })
-        .fold(0.0, f32::max)
-}
+#[path = "../../../../tests/common/close.rs"]
+mod close;
+#[allow(unused_imports)]
+pub use close::relative_difference;
