@@ -101,10 +101,10 @@ pub struct BackendOptions {
 #[derive(Debug, thiserror::Error)]
 pub enum BackendError {
     /// XNNPACK refused the workspace or the thread pool.
-    #[error("backend: {0}")]
+    #[error(transparent)]
     Xnn(#[from] XnnError),
     /// The packed-weight cache file could not be opened.
-    #[error("backend: {0}")]
+    #[error(transparent)]
     Cache(#[from] CacheError),
     /// An option has a value it cannot take.
     #[error("backend: option {name} cannot be {value}")]

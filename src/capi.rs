@@ -51,7 +51,7 @@ fn cache_status(error: CacheError) -> XnnblobStatus {
         CacheError::Io { .. } => XnnblobStatus::Io,
         _ => XnnblobStatus::InvalidFormat,
     };
-    fail(status, error.to_string())
+    fail(status, crate::report::report(&error))
 }
 
 /// The value of a `Result` whose error is the status to return from the C call.
@@ -346,7 +346,7 @@ fn map_status(error: NamedDataError) -> XnnblobStatus {
         }
         _ => XnnblobStatus::InvalidArgument,
     };
-    fail(status, error.to_string())
+    fail(status, crate::report::report(&error))
 }
 
 /// A C string argument as `&str`, or the status to return.
@@ -660,7 +660,7 @@ pub unsafe extern "C" fn xnnblob_backend_new(
                 XnnblobStatus::Ok
             }
             Err(BackendError::Cache(e)) => cache_status(e),
-            Err(e) => fail(XnnblobStatus::Xnnpack, e.to_string()),
+            Err(e) => fail(XnnblobStatus::Xnnpack, crate::report::report(&e)),
         }
     })
 }
@@ -730,7 +730,7 @@ pub unsafe extern "C" fn xnnblob_threadpool_new(
             unsafe { *out = handle };
             XnnblobStatus::Ok
         }
-        Err(e) => fail(XnnblobStatus::Xnnpack, e.to_string()),
+        Err(e) => fail(XnnblobStatus::Xnnpack, crate::report::report(&e)),
     })
 }
 

@@ -503,6 +503,23 @@ fn raw_input(
     })
 }
 
+/// An error as it crosses into C++ (`rust::Error`): cxx shows only `Display`, and each
+/// error's `Display` says only its own layer, so the message is the whole chain of causes.
+#[derive(Debug)]
+pub struct Reported(String);
+
+impl std::fmt::Display for Reported {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl<E: std::error::Error + 'static> From<E> for Reported {
+    fn from(error: E) -> Reported {
+        Reported(crate::report::report(&error))
+    }
+}
+
 fn dtype_of(scalar_type: i8) -> Result<DType, String> {
     DType::from_scalar_type(scalar_type)
         .ok_or_else(|| format!("scalar type {scalar_type} is not one xnnblob binds"))
@@ -514,11 +531,11 @@ pub struct Delegate {
     bound: Bindings,
 }
 
-fn open_data_map(path: &str) -> Result<Box<DataMap>, NamedDataError> {
+fn open_data_map(path: &str) -> Result<Box<DataMap>, Reported> {
     Ok(Box::new(DataMap(Arc::new(FileDataMap::open(path)?))))
 }
 
-fn merge_data_maps(first: &DataMap, second: &DataMap) -> Result<Box<DataMap>, NamedDataError> {
+fn merge_data_maps(first: &DataMap, second: &DataMap) -> Result<Box<DataMap>, Reported> {
     let merged = MergedMap::new(vec![first.0.clone(), second.0.clone()])?;
     Ok(Box::new(DataMap(Arc::new(merged))))
 }
@@ -528,15 +545,15 @@ impl DataMap {
         self.0.num_keys()
     }
 
-    fn key_at(&self, index: usize) -> Result<String, NamedDataError> {
+    fn key_at(&self, index: usize) -> Result<String, Reported> {
         Ok(self.0.key_at(index)?.to_string())
     }
 
-    fn get_data(&self, key: &str) -> Result<Box<Buffer>, NamedDataError> {
+    fn get_data(&self, key: &str) -> Result<Box<Buffer>, Reported> {
         Ok(Box::new(Buffer(self.0.get_data(key)?, None)))
     }
 
-    fn tensor_layout(&self, key: &str) -> Result<TensorLayout, NamedDataError> {
+    fn tensor_layout(&self, key: &str) -> Result<TensorLayout, Reported> {
         Ok(match self.0.get_tensor_layout(key)? {
             None => TensorLayout {
                 present: false,
@@ -555,8 +572,8 @@ impl DataMap {
         })
     }
 
-    fn load_data_into(&self, key: &str, out: &mut [u8]) -> Result<(), NamedDataError> {
-        self.0.load_data_into(key, out)
+    fn load_data_into(&self, key: &str, out: &mut [u8]) -> Result<(), Reported> {
+        self.0.load_data_into(key, out).map_err(Reported::from)
     }
 }
 
@@ -604,13 +621,13 @@ impl Backing for CppBytes {
 fn data_map_from_cpp(
     map: cxx::SharedPtr<bridge::NamedDataMap>,
     name: &str,
-) -> Result<Box<DataMap>, NamedDataError> {
+) -> Result<Box<DataMap>, Reported> {
     let backend = |e: cxx::Exception| NamedDataError::Backend {
-        source: name.to_string(),
+        map: name.to_string(),
         message: e.what().to_string(),
     };
     let m = map.as_ref().ok_or_else(|| NamedDataError::Backend {
-        source: name.to_string(),
+        map: name.to_string(),
         message: "null map".into(),
     })?;
     let mut keys = Vec::new();
@@ -618,10 +635,10 @@ fn data_map_from_cpp(
     for i in 0..m.num_keys() {
         let key = m.key_at(i).map_err(backend)?;
         if by_key.insert(key.clone(), i).is_some() {
-            return Err(NamedDataError::DuplicateKey {
+            return Err(Reported::from(NamedDataError::DuplicateKey {
                 key,
-                source: name.to_string(),
-            });
+                map: name.to_string(),
+            }));
         }
         keys.push(key);
     }
@@ -638,12 +655,12 @@ impl crate::named_data::NamedDataMap for CppMap {
         if !self.by_key.contains_key(key) {
             return Err(NamedDataError::KeyNotFound {
                 key: key.to_string(),
-                source: self.name.clone(),
+                map: self.name.clone(),
             });
         }
         let m = self.map.as_ref().expect("checked non-null at construction");
         let bytes = m.get_data(key).map_err(|e| NamedDataError::Backend {
-            source: self.name.clone(),
+            map: self.name.clone(),
             message: e.what().to_string(),
         })?;
         let backing = CppBytes {
@@ -668,7 +685,7 @@ impl crate::named_data::NamedDataMap for CppMap {
             .map(|_| None)
             .ok_or_else(|| NamedDataError::KeyNotFound {
                 key: key.to_string(),
-                source: self.name.clone(),
+                map: self.name.clone(),
             })
     }
 
@@ -700,7 +717,7 @@ fn default_backend_config() -> BackendConfig {
     }
 }
 
-fn new_backend(config: &BackendConfig) -> Result<Box<Backend>, crate::backend::BackendError> {
+fn new_backend(config: &BackendConfig) -> Result<Box<Backend>, Reported> {
     let workspace_sharing = WorkspaceSharing::from_code(config.workspace_sharing_mode.into())
         .ok_or_else(|| crate::backend::BackendError::InvalidOption {
             name: "workspace_sharing_mode (0, 1 or 2)",
@@ -728,13 +745,13 @@ impl Backend {
         Box::new(SharedCache(self.0.clone()))
     }
 
-    fn model(&self, packed_cache_path: &str) -> Result<Box<Model>, crate::backend::BackendError> {
+    fn model(&self, packed_cache_path: &str) -> Result<Box<Model>, Reported> {
         let file = PackedCache::File(packed_cache_path.into());
         let cache = (!packed_cache_path.is_empty()).then_some(&file);
         Ok(Box::new(Model(self.0.model(cache)?)))
     }
 
-    fn model_without_weights_cache(&self) -> Result<Box<Model>, crate::backend::BackendError> {
+    fn model_without_weights_cache(&self) -> Result<Box<Model>, Reported> {
         Ok(Box::new(Model(self.0.model(Some(&PackedCache::Disabled))?)))
     }
 }
@@ -749,11 +766,7 @@ impl Model {
 }
 
 impl SharedCache {
-    fn get_or_load(
-        &self,
-        map: &DataMap,
-        key: &str,
-    ) -> Result<Box<Buffer>, crate::shared_cache::SharedCacheError> {
+    fn get_or_load(&self, map: &DataMap, key: &str) -> Result<Box<Buffer>, Reported> {
         let data = self
             .0
             .shared_data()
@@ -773,7 +786,7 @@ impl SharedCache {
     }
 }
 
-fn open_weights_cache(path: &str) -> Result<Box<WeightsCache>, crate::cache::CacheError> {
+fn open_weights_cache(path: &str) -> Result<Box<WeightsCache>, Reported> {
     Ok(Box::new(WeightsCache(PackedWeightsCache::open(path)?)))
 }
 
@@ -786,12 +799,12 @@ impl WeightsCache {
         self.0.as_xnn_weights_cache() as usize
     }
 
-    fn finalize(&self) -> Result<(), crate::cache::CacheError> {
-        self.0.finalize()
+    fn finalize(&self) -> Result<(), Reported> {
+        self.0.finalize().map_err(Reported::from)
     }
 
-    fn wait_saved(&self) -> Result<(), crate::cache::CacheError> {
-        self.0.wait_saved()
+    fn wait_saved(&self) -> Result<(), Reported> {
+        self.0.wait_saved().map_err(Reported::from)
     }
 
     fn stats(&self) -> WeightsCacheStats {
@@ -813,10 +826,14 @@ fn delegate_init(
     _compile_specs: &[CompileSpec],
     map: &DataMap,
     model: &Model,
-) -> Result<Box<Delegate>, crate::delegate::DelegateError> {
+) -> Result<Box<Delegate>, Reported> {
     // The payload is small (constants are named data): one aligned copy owned by the delegate.
-    let copy = crate::aligned::AlignedBytes::copy_from(processed, 64)
-        .ok_or_else(|| crate::delegate::DelegateError::BadGraph("out of memory".into()))?;
+    let copy = crate::aligned::AlignedBytes::copy_from(processed, 64).ok_or_else(|| {
+        crate::delegate::DelegateError::OutOfMemory {
+            what: "a copy of the payload".into(),
+            bytes: processed.len(),
+        }
+    })?;
     let payload = DataBuffer::new(Arc::new(copy), 0, processed.len()).expect("whole copy");
     let inner = XnnDelegate::init(&model.0, payload, &*map.0)?;
     let bound = Bindings::new(inner.inputs().len(), inner.outputs().len());
@@ -896,11 +913,11 @@ impl Delegate {
         self.bound.bind_output(index, scalar_type, data)
     }
 
-    fn execute(&mut self) -> Result<(), Box<dyn std::error::Error>> {
+    fn execute(&mut self) -> Result<(), Reported> {
         let complete = self.bound.check_complete();
         if let Err(e) = complete {
             self.bound.clear();
-            return Err(e.into());
+            return Err(Reported(e));
         }
         let bound = &self.bound;
         let take = |b: &Option<RawInput>| *b.as_ref().expect("checked complete");
@@ -914,7 +931,7 @@ impl Delegate {
             )
         };
         self.bound.clear();
-        result.map_err(Into::into)
+        result.map_err(Reported::from)
     }
 }
 
@@ -931,7 +948,7 @@ fn load_program(
     pte: &str,
     ptds: &[String],
     cache_path: &str,
-) -> Result<Box<Program>, crate::program::ProgramError> {
+) -> Result<Box<Program>, Reported> {
     let file = PackedCache::File(cache_path.into());
     let cache = (!cache_path.is_empty()).then_some(&file);
     Ok(Box::new(Program(crate::program::Program::load(
@@ -948,7 +965,7 @@ impl Program {
             .collect()
     }
 
-    fn method(&self, name: &str) -> Result<Box<Method>, crate::program::ProgramError> {
+    fn method(&self, name: &str) -> Result<Box<Method>, Reported> {
         let inner = self.0.method(name)?;
         let inputs = (0..inner.input_specs().len()).map(|_| None).collect();
         Ok(Box::new(Method { inner, inputs }))
@@ -991,11 +1008,11 @@ impl Method {
         Ok(())
     }
 
-    fn execute(&mut self) -> Result<(), Box<dyn std::error::Error>> {
+    fn execute(&mut self) -> Result<(), Reported> {
         let mut views = Vec::with_capacity(self.inputs.len());
         for (i, b) in self.inputs.iter_mut().enumerate() {
             let Some(b) = b.take() else {
-                return Err(format!("input {i} is not bound").into());
+                return Err(Reported(format!("input {i} is not bound")));
             };
             // SAFETY: C++ keeps the bound bytes valid and unchanged until execute returns
             // (bind_input's contract); `len` is their length and `padded` what C++ declared.
@@ -1009,22 +1026,22 @@ impl Method {
             };
             views.push(view);
         }
-        self.inner.execute(&views).map_err(Into::into)
+        self.inner.execute(&views).map_err(Reported::from)
     }
 
     fn num_outputs(&self) -> usize {
         self.inner.num_outputs()
     }
 
-    fn output_data(&self, index: usize) -> Result<&[u8], crate::program::ProgramError> {
+    fn output_data(&self, index: usize) -> Result<&[u8], Reported> {
         Ok(self.inner.output(index)?.data())
     }
 
-    fn output_shape(&self, index: usize) -> Result<Vec<usize>, crate::program::ProgramError> {
+    fn output_shape(&self, index: usize) -> Result<Vec<usize>, Reported> {
         Ok(self.inner.output(index)?.shape().dims().to_vec())
     }
 
-    fn output_scalar_type(&self, index: usize) -> Result<i8, crate::program::ProgramError> {
+    fn output_scalar_type(&self, index: usize) -> Result<i8, Reported> {
         Ok(self.inner.output(index)?.dtype().scalar_type())
     }
 }
@@ -1116,11 +1133,7 @@ impl StatefulBuilder {
         }
     }
 
-    fn build(
-        &mut self,
-        map: &DataMap,
-        model: &Model,
-    ) -> Result<Box<Stateful>, crate::state::StateError> {
+    fn build(&mut self, map: &DataMap, model: &Model) -> Result<Box<Stateful>, Reported> {
         let program = crate::state::StatefulProgram::new(
             &model.0,
             std::mem::take(&mut self.specs),
@@ -1136,7 +1149,7 @@ impl Stateful {
         self.0.layout().bank_sizes.clone()
     }
 
-    fn instantiate(&self) -> Result<Box<StatefulInstance>, crate::state::StateError> {
+    fn instantiate(&self) -> Result<Box<StatefulInstance>, Reported> {
         Ok(Box::new(StatefulInstance(self.0.instantiate()?)))
     }
 
@@ -1159,7 +1172,7 @@ impl InstanceBuilder {
         self.banks.push(Box::new(CppBank(bank)));
     }
 
-    fn finish(&mut self) -> Result<Box<StatefulInstance>, crate::state::StateError> {
+    fn finish(&mut self) -> Result<Box<StatefulInstance>, Reported> {
         let banks = std::mem::take(&mut self.banks);
         Ok(Box::new(StatefulInstance(
             self.program.instantiate_in(banks)?,
@@ -1168,8 +1181,8 @@ impl InstanceBuilder {
 }
 
 impl StatefulInstance {
-    fn reset(&mut self) -> Result<(), crate::state::StateError> {
-        self.0.reset()
+    fn reset(&mut self) -> Result<(), Reported> {
+        self.0.reset().map_err(Reported::from)
     }
 
     fn run(
@@ -1177,7 +1190,7 @@ impl StatefulInstance {
         method: &str,
         inputs: &[f32],
         input_sizes: &[usize],
-    ) -> Result<Vec<f32>, crate::state::StateError> {
+    ) -> Result<Vec<f32>, Reported> {
         let mut parts = Vec::new();
         let mut at = 0;
         for &n in input_sizes {
@@ -1193,7 +1206,7 @@ impl StatefulInstance {
         Ok(self.0.execute(method, &parts)?.concat())
     }
 
-    fn read_state(&mut self, name: &str) -> Result<Vec<f32>, crate::state::StateError> {
-        self.0.read_state(name)
+    fn read_state(&mut self, name: &str) -> Result<Vec<f32>, Reported> {
+        self.0.read_state(name).map_err(Reported::from)
     }
 }

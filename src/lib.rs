@@ -42,6 +42,7 @@ pub mod named_data;
 pub mod program;
 pub mod program_writer;
 mod publish;
+pub mod report;
 mod schema;
 pub mod sha256;
 #[cfg(feature = "xnnpack")]

@@ -187,14 +187,14 @@ impl LinkedDataMap {
     pub fn by_id(&self, id: u32) -> Result<&'static [u8], NamedDataError> {
         (self.lookup)(id).ok_or_else(|| NamedDataError::KeyNotFound {
             key: format!("#{id}"),
-            source: self.name.clone(),
+            map: self.name.clone(),
         })
     }
 
     fn bytes(&self, key: &str) -> Result<&'static [u8], NamedDataError> {
         let not_found = || NamedDataError::KeyNotFound {
             key: key.to_string(),
-            source: self.name.clone(),
+            map: self.name.clone(),
         };
         let id = self.id(key).ok_or_else(not_found)?;
         (self.lookup)(id).ok_or_else(not_found)

@@ -4,6 +4,7 @@ use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser, Subcommand};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use xnnblob::named_data::FileDataMap;
+use xnnblob::report::report;
 
 /// Writes to stdout, returning the error instead of panicking: a reader that goes away (`| head`,
 /// `| true`) ends the output, and [`main`] treats the broken pipe as a normal end.
@@ -244,7 +245,7 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(e) => {
-            eprintln!("xnnblob: {e}");
+            eprintln!("xnnblob: {}", report(&*e));
             ExitCode::FAILURE
         }
     }
@@ -282,7 +283,7 @@ fn delegate_summaries(map: &FileDataMap) -> Result<Summaries, Box<dyn std::error
     for (method, payloads) in xnnblob::program::delegate_payloads(map)? {
         for (i, payload) in payloads.iter().enumerate() {
             let summary = xnnblob::delegate::summarize(payload)
-                .map_err(|e| format!("method {method}, delegate {i}: {e}"))?;
+                .map_err(|e| format!("method {method}, delegate {i}: {}", report(&e)))?;
             all.push((method.clone(), i, summary));
         }
     }
@@ -493,7 +494,10 @@ fn run_command(args: &RunArgs, inputs: Vec<InputArg>) -> Result<(), Box<dyn std:
             Err(e) if args.require_cache => return Err(e.into()),
             // One rule for every unusable path: run right, without persistence, and say so once.
             Err(e) => {
-                eprintln!("xnnblob: warning: {e}; running without a persistent cache");
+                eprintln!(
+                    "xnnblob: warning: {}; running without a persistent cache",
+                    report(&e)
+                );
                 Some(PackedCache::InMemory)
             }
         },
@@ -594,7 +598,10 @@ fn run_command(args: &RunArgs, inputs: Vec<InputArg>) -> Result<(), Box<dyn std:
     let printed = print();
     if let Some(cache) = program.weights_cache() {
         if let Err(e) = cache.wait_saved() {
-            eprintln!("xnnblob: the packed-weight cache was not saved: {e}");
+            eprintln!(
+                "xnnblob: the packed-weight cache was not saved: {}",
+                report(&e)
+            );
         }
         let stats = cache.stats();
         if stats.key_mismatches > 0 {
@@ -664,7 +671,13 @@ fn cache_command(action: CacheAction) -> Result<(), Box<dyn std::error::Error>> 
             dir,
         } => return torture_command(*kills, *mib, *seed, dir.clone()),
     };
-    let report = report.map_err(|e| format!("{}: would be rebuilt: {e}", path.display()))?;
+    let report = report.map_err(|e| {
+        format!(
+            "{}: would be rebuilt: {}",
+            path.display(),
+            xnnblob::report::Report(&e)
+        )
+    })?;
     outln!(
         "{}: {} entries, {} packed bytes, file {} bytes ({:.3}x packed), {} invalid entries",
         path.display(),

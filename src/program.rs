@@ -25,11 +25,10 @@ use std::sync::Arc;
 #[derive(Debug, thiserror::Error)]
 pub enum ProgramError {
     /// A named-data file or map (the program's own, or external) could not be opened or read.
-    // Not `transparent`: the source stays the named-data error itself, not its own source.
-    #[error("{0}")]
+    #[error(transparent)]
     NamedData(#[from] NamedDataError),
     /// The program's flatbuffer failed validation.
-    #[error("{source}: {error}")]
+    #[error("{source}: not a valid program")]
     Format {
         /// The path of the `.pte` file.
         // Names the file; `#[source]` on `error` keeps thiserror from taking it as the cause.
@@ -39,7 +38,7 @@ pub enum ProgramError {
         error: FormatError,
     },
     /// An XNNPACK delegate of the method failed to initialise or to run.
-    #[error("method {method:?}: {error}")]
+    #[error("method {method:?}")]
     Delegate {
         /// The method whose delegate failed.
         method: String,
@@ -48,7 +47,7 @@ pub enum ProgramError {
         error: DelegateError,
     },
     /// The backend could not give the program its packed-weight cache or workspace.
-    #[error("{0}")]
+    #[error(transparent)]
     Backend(#[from] BackendError),
     /// The program has no method of this name.
     #[error("no method {name:?}; the program has {available:?}")]
@@ -76,7 +75,7 @@ pub enum ProgramError {
         reason: String,
     },
     /// `execute` with inputs that do not fit the method.
-    #[error("method {method:?}: {error}")]
+    #[error("method {method:?}: inputs that do not fit")]
     BadInput {
         /// The method that was executed or read.
         method: String,

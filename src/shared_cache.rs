@@ -52,7 +52,7 @@ impl Eq for InitCause {}
 
 /// A stage of a transformed init that failed, and its error.
 #[derive(Debug, thiserror::Error)]
-#[error("{stage}: {error}")]
+#[error("{stage} failed")]
 struct StageError {
     stage: &'static str,
     #[source]
@@ -100,8 +100,8 @@ pub enum SharedCacheError {
 impl fmt::Display for SharedCacheError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            SharedCacheError::InitFailed { key, cause } => {
-                write!(f, "shared data {key:?}: init failed: {cause}")
+            SharedCacheError::InitFailed { key, .. } => {
+                write!(f, "shared data {key:?}: init failed")
             }
             SharedCacheError::InitPanicked { key } => {
                 write!(f, "shared data {key:?}: init panicked")

@@ -146,11 +146,10 @@ unsafe impl MemoryBank for HostBank {
 #[derive(Debug, thiserror::Error)]
 pub enum StateError {
     /// A buffer's initial value could not be read from the named data.
-    // Not `transparent`: the source stays the named-data error itself, not its own source.
-    #[error("{0}")]
-    NamedData(#[source] NamedDataError),
+    #[error(transparent)]
+    NamedData(NamedDataError),
     /// A method's XNNPACK delegate failed to initialise or to run.
-    #[error("method {method:?}: {error}")]
+    #[error("method {method:?}")]
     Delegate {
         /// The method whose delegate failed.
         method: String,

@@ -62,10 +62,10 @@ fn valid() -> Vec<u8> {
 
 fn ptd_error(bytes: &[u8]) -> FormatError {
     let direct = ptd_format::parse(bytes).unwrap_err();
-    // The map constructor reports the same error, naming its source.
+    // The map constructor reports the same error, naming the map.
     match FileDataMap::from_bytes(bytes, Some(FileKind::Ptd), "crafted.ptd") {
-        Err(NamedDataError::Format { source, error }) => {
-            assert_eq!(source, "crafted.ptd");
+        Err(NamedDataError::Format { map, error }) => {
+            assert_eq!(map, "crafted.ptd");
             assert_eq!(error, direct);
         }
         other => panic!("expected a format error, got {:?}", other.map(|_| ())),

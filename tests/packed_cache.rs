@@ -780,7 +780,7 @@ fn a_save_waits_a_bounded_time_for_another_writers_lock_and_leaves_the_file() {
     let expected = launch(&cache, &mlp);
     // A save that waited for the lock without a limit would hang here; this one gives up.
     let saved = cache.finalize().and_then(|()| cache.wait_saved());
-    let error = saved.expect_err("the save gives up").to_string();
+    let error = xnnblob::report::report(&saved.expect_err("the save gives up"));
     assert!(error.contains("writer lock"), "{error}");
     assert!(!path.exists(), "no file was written");
     assert_eq!(

@@ -200,7 +200,7 @@ fn missing_foreign_or_doubled_data_and_truncated_payloads_are_clear_errors() {
         None,
     )
     .unwrap();
-    let err = p.method("forward").err().unwrap().to_string();
+    let err = xnnblob::report::report(&p.method("forward").err().unwrap());
     assert!(
         err.contains("could not be loaded") && err.contains("not found"),
         "{err}"
@@ -213,7 +213,7 @@ fn missing_foreign_or_doubled_data_and_truncated_payloads_are_clear_errors() {
         None,
     )
     .unwrap();
-    let err = p.method("forward").err().unwrap().to_string();
+    let err = xnnblob::report::report(&p.method("forward").err().unwrap());
     assert!(err.contains("not found"), "{err}");
     // A key in two files.
     let ptd = dir().join("mlp_xnn_external.ptd");
@@ -234,7 +234,8 @@ fn missing_foreign_or_doubled_data_and_truncated_payloads_are_clear_errors() {
     let err = Program::load(&Backend::with_defaults().unwrap(), &tmp, &[&ptd], None)
         .err()
         .unwrap();
-    assert!(err.to_string().contains("segment data"), "{err}");
+    let text = xnnblob::report::report(&err);
+    assert!(text.contains("segment data"), "{text}");
     std::fs::remove_file(&tmp).unwrap();
     // No such method.
     let p = Program::load(&Backend::with_defaults().unwrap(), &pte, &[&ptd], None).unwrap();

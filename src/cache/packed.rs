@@ -24,7 +24,7 @@ use std::thread::JoinHandle;
 #[derive(Debug, thiserror::Error)]
 pub enum CacheError {
     /// Reading, writing, locking, syncing or renaming a cache file failed.
-    #[error("packed-weight cache {path}: {error}")]
+    #[error("packed-weight cache {path}")]
     Io {
         /// The file the operation failed on, as displayed: the cache file, or its `.lock`
         /// sibling when taking the writer lock failed.

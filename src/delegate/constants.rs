@@ -263,7 +263,10 @@ pub(super) fn load_constants(
         let constant = if backing.slack_after() < XNN_EXTRA_BYTES {
             let data = backing.data();
             let mut padded = crate::aligned::AlignedBytes::zeroed(data.len() + XNN_EXTRA_BYTES, 64)
-                .ok_or_else(|| DelegateError::BadGraph("out of memory".into()))?;
+                .ok_or_else(|| DelegateError::OutOfMemory {
+                    what: format!("a padded copy of constant {i}"),
+                    bytes: data.len() + XNN_EXTRA_BYTES,
+                })?;
             padded.as_mut_slice()[..data.len()].copy_from_slice(data);
             let len = data.len();
             let held = match buffer {

@@ -46,11 +46,19 @@ pub enum DelegateError {
         /// The value's `XNNDatatype` code in the schema.
         datatype: i16,
     },
+    /// Memory for `what` could not be allocated.
+    #[error("out of memory for {what} ({bytes} bytes)")]
+    OutOfMemory {
+        /// What the memory was for.
+        what: String,
+        /// How many bytes were asked for.
+        bytes: usize,
+    },
     /// A value, node or constant reference that does not make sense.
     #[error("bad XNNPACK graph: {0}")]
     BadGraph(String),
     /// A constant's named key is not in the named-data map (or could not be loaded).
-    #[error("constant {key:?} could not be loaded: {source}")]
+    #[error("constant {key:?} could not be loaded")]
     MissingConstant {
         /// The constant's named-data key, as the payload gives it.
         key: String,
@@ -59,7 +67,7 @@ pub enum DelegateError {
     },
     /// A constant left unread (its packing was expected in the cache) is not in the named-data
     /// map, or could not be read when XNNPACK needed it after all.
-    #[error("constant {key:?} could not be read: {source}")]
+    #[error("constant {key:?} could not be read")]
     UnreadConstant {
         /// The constant's named-data key, as the payload gives it.
         key: String,
@@ -67,11 +75,10 @@ pub enum DelegateError {
         source: Box<dyn std::error::Error + Send + Sync>,
     },
     /// The packed-weight cache failed (I/O).
-    // Not `transparent`: the source stays the cache error itself, not its own source.
-    #[error("{0}")]
-    Cache(#[source] CacheError),
+    #[error(transparent)]
+    Cache(CacheError),
     /// XNNPACK refused a value, a node, or the runtime; `what` says which.
-    #[error("{what}: {error}")]
+    #[error("{what}")]
     Xnn {
         /// What was being done: `node 3 (XNNConv2d)`, `value 5 (Fp32 [1, 8])`, `execute`, ...
         what: String,

@@ -1,6 +1,5 @@
 //! Errors of named data: reading files, looking keys up, merging maps, writing `.ptd` files.
 
-use std::fmt;
 use std::io;
 
 /// Why the bytes of a `.ptd` or `.pte` file were rejected. Each check has its own variant.
@@ -143,31 +142,37 @@ pub enum FormatError {
     },
 }
 
-/// An error of the named-data API. `source` names the map (usually its file path).
-#[derive(Debug)]
+/// An error of the named-data API. `map` names the map (usually its file path).
+#[derive(Debug, thiserror::Error)]
 pub enum NamedDataError {
     /// The file could not be read.
+    #[error("{map}: cannot be read")]
     Io {
         /// The map's name (usually the file path).
-        source: String,
+        map: String,
         /// The I/O error (`OutOfMemory` when an in-memory copy could not be allocated).
+        #[source]
         error: io::Error,
     },
     /// The file's bytes were rejected.
+    #[error("{map}: not a valid named-data file")]
     Format {
         /// The map's name (usually the file path).
-        source: String,
+        map: String,
         /// The check the bytes failed.
+        #[source]
         error: FormatError,
     },
     /// No entry has this key.
+    #[error("key {key:?} not found in {map}")]
     KeyNotFound {
         /// The key that was looked up.
         key: String,
         /// The name of the map it was looked up in.
-        source: String,
+        map: String,
     },
     /// `key_at` beyond `num_keys`.
+    #[error("key index {index} out of range (the map has {len} keys)")]
     IndexOutOfRange {
         /// The key index that was asked for.
         index: usize,
@@ -175,6 +180,7 @@ pub enum NamedDataError {
         len: usize,
     },
     /// `load_data_into` with a buffer of the wrong size.
+    #[error("key {key:?} holds {data_size} bytes, the buffer has {buffer_size}")]
     SizeMismatch {
         /// The key whose data was to be copied.
         key: String,
@@ -184,13 +190,15 @@ pub enum NamedDataError {
         buffer_size: usize,
     },
     /// `key` was inserted into one map twice.
+    #[error("key {key:?} is already in {map}")]
     DuplicateKey {
         /// The key inserted a second time.
         key: String,
         /// The name of the map it was inserted into.
-        source: String,
+        map: String,
     },
     /// Alignment must be a non-zero power of two.
+    #[error("key {key:?}: alignment {alignment} is not a power of two")]
     BadAlignment {
         /// The key being inserted.
         key: String,
@@ -198,13 +206,15 @@ pub enum NamedDataError {
         alignment: usize,
     },
     /// A map implemented outside Rust (a C++ `NamedDataMap`) reported an error.
+    #[error("{map}: {message}")]
     Backend {
         /// The name the map was given when it was wrapped.
-        source: String,
+        map: String,
         /// What the map reported (the C++ exception's `what()`).
         message: String,
     },
     /// Two merged maps both have `key`.
+    #[error("key {key:?} is in both {first} and {second}")]
     DuplicateKeyAcrossMaps {
         /// The key found in both maps.
         key: String,
@@ -213,49 +223,6 @@ pub enum NamedDataError {
         /// The name of the later map that has it too.
         second: String,
     },
-}
-
-// Written by hand, not derived with `thiserror`: it takes any field named `source` as the
-// error's source, and here `source` is the map's name.
-impl fmt::Display for NamedDataError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        use NamedDataError::*;
-        match self {
-            Io { source, error } => write!(f, "{source}: {error}"),
-            Format { source, error } => write!(f, "{source}: {error}"),
-            KeyNotFound { key, source } => write!(f, "key {key:?} not found in {source}"),
-            IndexOutOfRange { index, len } => {
-                write!(f, "key index {index} out of range (the map has {len} keys)")
-            }
-            SizeMismatch {
-                key,
-                data_size,
-                buffer_size,
-            } => write!(
-                f,
-                "key {key:?} holds {data_size} bytes, the buffer has {buffer_size}"
-            ),
-            DuplicateKey { key, source } => write!(f, "key {key:?} is already in {source}"),
-            BadAlignment { key, alignment } => write!(
-                f,
-                "key {key:?}: alignment {alignment} is not a power of two"
-            ),
-            Backend { source, message } => write!(f, "{source}: {message}"),
-            DuplicateKeyAcrossMaps { key, first, second } => {
-                write!(f, "key {key:?} is in both {first} and {second}")
-            }
-        }
-    }
-}
-
-impl std::error::Error for NamedDataError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            NamedDataError::Io { error, .. } => Some(error),
-            NamedDataError::Format { error, .. } => Some(error),
-            _ => None,
-        }
-    }
 }
 
 /// An error of [`super::NamedBlobStore`].
@@ -301,7 +268,7 @@ pub enum StoreError {
         tag: String,
     },
     /// Writing a file failed.
-    #[error("{path}: {error}")]
+    #[error("cannot write {path}")]
     Io {
         /// The file being written (the final path, not the temporary file).
         path: String,

@@ -67,7 +67,7 @@ impl FileDataMap {
     fn open_as(path: &Path, kind: Option<FileKind>) -> Result<FileDataMap, NamedDataError> {
         let source = path.display().to_string();
         let mapped = MappedFile::open(path).map_err(|error| NamedDataError::Io {
-            source: source.clone(),
+            map: source.clone(),
             error,
         })?;
         let identity = mapped.identity();
@@ -84,7 +84,7 @@ impl FileDataMap {
         source: impl Into<String>,
     ) -> Result<FileDataMap, NamedDataError> {
         let aligned = AlignedBytes::copy_from(bytes, 4096).ok_or_else(|| NamedDataError::Io {
-            source: "memory".into(),
+            map: "memory".into(),
             error: std::io::Error::from(std::io::ErrorKind::OutOfMemory),
         })?;
         FileDataMap::from_backing(Arc::new(aligned), kind, source.into())
@@ -109,11 +109,11 @@ impl FileDataMap {
                         found: found.try_into().expect("4 bytes"),
                     },
                 };
-                return Err(NamedDataError::Format { source, error });
+                return Err(NamedDataError::Format { map: source, error });
             }
         };
         let index = kind.parse(bytes).map_err(|error| NamedDataError::Format {
-            source: source.clone(),
+            map: source.clone(),
             error,
         })?;
         Ok(FileDataMap {
@@ -157,7 +157,7 @@ impl FileDataMap {
             .get(key)
             .ok_or_else(|| NamedDataError::KeyNotFound {
                 key: key.to_string(),
-                source: self.source.clone(),
+                map: self.source.clone(),
             })
     }
 }

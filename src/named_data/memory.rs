@@ -43,7 +43,7 @@ impl InMemoryMap {
         if self.by_key.contains_key(key) {
             return Err(NamedDataError::DuplicateKey {
                 key: key.to_string(),
-                source: self.source.clone(),
+                map: self.source.clone(),
             });
         }
         if !alignment.is_power_of_two() {
@@ -54,7 +54,7 @@ impl InMemoryMap {
         }
         let copy = AlignedBytes::copy_from(bytes, alignment.max(16)).ok_or_else(|| {
             NamedDataError::Io {
-                source: self.source.clone(),
+                map: self.source.clone(),
                 error: std::io::Error::from(std::io::ErrorKind::OutOfMemory),
             }
         })?;
@@ -73,7 +73,7 @@ impl InMemoryMap {
             .map(|&i| &self.entries[i])
             .ok_or_else(|| NamedDataError::KeyNotFound {
                 key: key.to_string(),
-                source: self.source.clone(),
+                map: self.source.clone(),
             })
     }
 }

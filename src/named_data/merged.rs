@@ -58,7 +58,7 @@ impl MergedMap {
             .map(|&i| &*self.maps[self.order[i].0])
             .ok_or_else(|| NamedDataError::KeyNotFound {
                 key: key.to_string(),
-                source: self.source.clone(),
+                map: self.source.clone(),
             })
     }
 }

@@ -12,6 +12,7 @@ use std::sync::{Arc, OnceLock};
 use xnnblob::backend::{Backend, BackendOptions, WorkspaceSharing};
 use xnnblob::delegate::{DelegateError, Weights, XnnDelegate};
 use xnnblob::named_data::DataBuffer;
+use xnnblob::report::report;
 use xnnblob::tensor::XNN_EXTRA_BYTES;
 use xnnblob::tensor::{DType, Shape};
 use xnnblob::xnn::{PoolOps, RawInput, RawOutput, Threadpool, XnnError};
@@ -65,7 +66,7 @@ fn process_backend() -> Result<&'static Backend, Outcome> {
                 },
                 ..Default::default()
             })
-            .map_err(|e| e.to_string());
+            .map_err(|e| report(&e));
             if backend.is_ok() {
                 // Saves run in the background, off the load: nothing of a process-wide backend
                 // is dropped at exit, so exit waits for them here.
@@ -87,7 +88,7 @@ extern "C" fn wait_for_saves() {
                 // Said once, at exit: the packed weights were used from memory; the next launch
                 // packs again. (ExecuTorch's logger may be gone by now: stderr.)
                 if let Err(e) = cache.wait_saved() {
-                    eprintln!("xnnblob: {}; not saved", chain(&e));
+                    eprintln!("xnnblob: {}; not saved", report(&e));
                 }
                 let damaged = cache.stats().corrupt_found;
                 if damaged > 0 {
@@ -148,7 +149,7 @@ fn weights_for(
             read_only = access == xnnblob::cache::CacheAccess::ReadOnly;
             backend.file_cache(&path)
         })
-        .map_err(|e| e.to_string());
+        .map_err(|e| report(&e));
     match opened {
         Ok(cache) if read_only => {
             cache.keep_read_only();
@@ -202,6 +203,7 @@ fn status_of(error: &DelegateError) -> Status {
         | DelegateError::PayloadHeader(_)
         | DelegateError::PayloadVerifier(_)
         | DelegateError::BadGraph(_) => Status::InvalidProgram,
+        DelegateError::OutOfMemory { .. } => Status::MemoryAllocationFailed,
         DelegateError::UnsupportedNode { .. } | DelegateError::UnsupportedDatatype { .. } => {
             Status::NotSupported
         }
@@ -218,21 +220,6 @@ fn status_of(error: &DelegateError) -> Status {
         },
         _ => Status::Internal,
     }
-}
-
-/// The full error chain, for ExecuTorch's log.
-fn chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(e) = source {
-        let more = e.to_string();
-        if !text.contains(&more) {
-            text.push_str(": ");
-            text.push_str(&more);
-        }
-        source = e.source();
-    }
-    text
 }
 
 fn panic_message(panic: Box<dyn std::any::Any + Send>) -> String {
@@ -262,7 +249,7 @@ fn init(
         })?;
     let mut model = backend
         .model_with_workspace(weights, sharing)
-        .map_err(|e| Outcome::error(Status::Internal, chain(&e)))?;
+        .map_err(|e| Outcome::error(Status::Internal, report(&e)))?;
     // SAFETY: a plain query of ExecuTorch's thread-pool state, no arguments.
     if !unsafe { xnnblob_et_pool_in_use() } {
         // As ExecuTorch's backend: a runtime created under a NoThreadPoolGuard has no pool.
@@ -274,7 +261,7 @@ fn init(
     let map = Arc::new(EtMap::new(map));
     let delegate = XnnDelegate::init_deferred(&model, payload, map.clone());
     map.close();
-    let delegate = delegate.map_err(|e| Outcome::error(status_of(&e), chain(&e)))?;
+    let delegate = delegate.map_err(|e| Outcome::error(status_of(&e), report(&e)))?;
     Ok((delegate, map.keys(), warning))
 }
 
@@ -429,7 +416,7 @@ fn execute(delegate: &mut EtDelegate, mut call: Pin<&mut EtCall>) -> Result<(), 
     if let Some(f) = failure {
         return Err(f);
     }
-    result.map_err(|e| Outcome::error(status_of(&e), chain(&e)))
+    result.map_err(|e| Outcome::error(status_of(&e), report(&e)))
 }
 
 pub(crate) fn delegate_execute(delegate: &mut EtDelegate, call: Pin<&mut EtCall>) -> Outcome {
@@ -447,7 +434,7 @@ pub(crate) fn save_caches() -> Outcome {
                 cache
                     .finalize()
                     .and_then(|()| cache.wait_saved())
-                    .map_err(|e| Outcome::error(Status::Internal, chain(&e)))?;
+                    .map_err(|e| Outcome::error(Status::Internal, report(&e)))?;
             }
         }
         Ok(())

@@ -96,7 +96,7 @@ impl EtMap {
         match map.as_ref().and_then(|m| m.as_ref()) {
             Some(m) => call(m),
             None => Err(NamedDataError::Backend {
-                source: self.source.clone(),
+                map: self.source.clone(),
                 message: format!("{key:?} asked for after the init that lent the map ended"),
             }),
         }
@@ -107,11 +107,11 @@ impl EtMap {
         if code == 0x20 {
             return NamedDataError::KeyNotFound {
                 key: key.to_string(),
-                source: self.source.clone(),
+                map: self.source.clone(),
             };
         }
         NamedDataError::Backend {
-            source: self.source.clone(),
+            map: self.source.clone(),
             message: format!("{what}({key:?}) failed with ExecuTorch error {code:#x}"),
         }
     }
@@ -143,11 +143,11 @@ impl NamedDataMap for EtMap {
         if !self.keys.listed.contains(key) {
             return Err(NamedDataError::KeyNotFound {
                 key: key.to_string(),
-                source: self.source.clone(),
+                map: self.source.clone(),
             });
         }
         Err(NamedDataError::Backend {
-            source: self.source.clone(),
+            map: self.source.clone(),
             message: format!("the size of {key:?} is not known without reading it"),
         })
     }
