@@ -333,6 +333,14 @@ mod bridge {
         fn describe() -> String;
     }
 
+    // For the C++ checks of the panic policy (test-hooks only, as below).
+    #[cfg(feature = "test-hooks")]
+    extern "Rust" {
+        /// Panics with `message` inside the bridge: the call throws `rust::Error` naming the
+        /// panic, and the process goes on.
+        fn panic_inside_bridge(message: &str) -> Result<()>;
+    }
+
     // xnnblob's own C++ test hooks: compiled in only for its tests (the test-hooks feature,
     // which the crate's dev-dependency on itself turns on), never into the library users get.
     #[cfg(feature = "test-hooks")]
@@ -379,6 +387,11 @@ mod bridge {
             input: &[f32],
         ) -> Result<Vec<f32>>;
     }
+}
+
+#[cfg(feature = "test-hooks")]
+fn panic_inside_bridge(message: &str) -> Result<(), Reported> {
+    guarded(|| panic!("{message}"))
 }
 
 /// xnnblob's own C++ test hooks (the test-hooks feature; not part of the library).
@@ -503,6 +516,29 @@ fn raw_input(
     })
 }
 
+/// Runs a bridge call with panics caught: cxx aborts the host process when a panic reaches
+/// C++, so a panic becomes the call's error, as in every face of xnnblob.
+fn guarded<T>(call: impl FnOnce() -> Result<T, Reported>) -> Result<T, Reported> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(call))
+        .unwrap_or_else(|panic| Err(Reported(panicked(&*panic))))
+}
+
+/// [`guarded`] for calls whose errors are plain text.
+fn guarded_text<T>(call: impl FnOnce() -> Result<T, String>) -> Result<T, String> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(call))
+        .unwrap_or_else(|panic| Err(panicked(&*panic)))
+}
+
+/// What a caught panic said.
+fn panicked(panic: &(dyn std::any::Any + Send)) -> String {
+    let what = panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic".into());
+    format!("xnnblob panicked: {what}")
+}
+
 /// An error as it crosses into C++ (`rust::Error`): cxx shows only `Display`, and each
 /// error's `Display` says only its own layer, so the message is the whole chain of causes.
 #[derive(Debug)]
@@ -532,12 +568,14 @@ pub struct Delegate {
 }
 
 fn open_data_map(path: &str) -> Result<Box<DataMap>, Reported> {
-    Ok(Box::new(DataMap(Arc::new(FileDataMap::open(path)?))))
+    guarded(|| Ok(Box::new(DataMap(Arc::new(FileDataMap::open(path)?)))))
 }
 
 fn merge_data_maps(first: &DataMap, second: &DataMap) -> Result<Box<DataMap>, Reported> {
-    let merged = MergedMap::new(vec![first.0.clone(), second.0.clone()])?;
-    Ok(Box::new(DataMap(Arc::new(merged))))
+    guarded(|| {
+        let merged = MergedMap::new(vec![first.0.clone(), second.0.clone()])?;
+        Ok(Box::new(DataMap(Arc::new(merged))))
+    })
 }
 
 impl DataMap {
@@ -546,34 +584,36 @@ impl DataMap {
     }
 
     fn key_at(&self, index: usize) -> Result<String, Reported> {
-        Ok(self.0.key_at(index)?.to_string())
+        guarded(|| Ok(self.0.key_at(index)?.to_string()))
     }
 
     fn get_data(&self, key: &str) -> Result<Box<Buffer>, Reported> {
-        Ok(Box::new(Buffer(self.0.get_data(key)?, None)))
+        guarded(|| Ok(Box::new(Buffer(self.0.get_data(key)?, None))))
     }
 
     fn tensor_layout(&self, key: &str) -> Result<TensorLayout, Reported> {
-        Ok(match self.0.get_tensor_layout(key)? {
-            None => TensorLayout {
-                present: false,
-                scalar_type: 0,
-                sizes: Vec::new(),
-                dim_order: Vec::new(),
-                nbytes: 0,
-            },
-            Some(l) => TensorLayout {
-                present: true,
-                scalar_type: l.scalar_type().code(),
-                sizes: l.sizes().to_vec(),
-                dim_order: l.dim_order().to_vec(),
-                nbytes: l.nbytes().unwrap_or(0),
-            },
+        guarded(|| {
+            Ok(match self.0.get_tensor_layout(key)? {
+                None => TensorLayout {
+                    present: false,
+                    scalar_type: 0,
+                    sizes: Vec::new(),
+                    dim_order: Vec::new(),
+                    nbytes: 0,
+                },
+                Some(l) => TensorLayout {
+                    present: true,
+                    scalar_type: l.scalar_type().code(),
+                    sizes: l.sizes().to_vec(),
+                    dim_order: l.dim_order().to_vec(),
+                    nbytes: l.nbytes().unwrap_or(0),
+                },
+            })
         })
     }
 
     fn load_data_into(&self, key: &str, out: &mut [u8]) -> Result<(), Reported> {
-        self.0.load_data_into(key, out).map_err(Reported::from)
+        guarded(|| self.0.load_data_into(key, out).map_err(Reported::from))
     }
 }
 
@@ -622,32 +662,34 @@ fn data_map_from_cpp(
     map: cxx::SharedPtr<bridge::NamedDataMap>,
     name: &str,
 ) -> Result<Box<DataMap>, Reported> {
-    let backend = |e: cxx::Exception| NamedDataError::Backend {
-        map: name.to_string(),
-        message: e.what().to_string(),
-    };
-    let m = map.as_ref().ok_or_else(|| NamedDataError::Backend {
-        map: name.to_string(),
-        message: "null map".into(),
-    })?;
-    let mut keys = Vec::new();
-    let mut by_key = HashMap::new();
-    for i in 0..m.num_keys() {
-        let key = m.key_at(i).map_err(backend)?;
-        if by_key.insert(key.clone(), i).is_some() {
-            return Err(Reported::from(NamedDataError::DuplicateKey {
-                key,
-                map: name.to_string(),
-            }));
+    guarded(|| {
+        let backend = |e: cxx::Exception| NamedDataError::Backend {
+            map: name.to_string(),
+            message: e.what().to_string(),
+        };
+        let m = map.as_ref().ok_or_else(|| NamedDataError::Backend {
+            map: name.to_string(),
+            message: "null map".into(),
+        })?;
+        let mut keys = Vec::new();
+        let mut by_key = HashMap::new();
+        for i in 0..m.num_keys() {
+            let key = m.key_at(i).map_err(backend)?;
+            if by_key.insert(key.clone(), i).is_some() {
+                return Err(Reported::from(NamedDataError::DuplicateKey {
+                    key,
+                    map: name.to_string(),
+                }));
+            }
+            keys.push(key);
         }
-        keys.push(key);
-    }
-    Ok(Box::new(DataMap(Arc::new(CppMap {
-        map,
-        name: name.to_string(),
-        keys,
-        by_key,
-    }))))
+        Ok(Box::new(DataMap(Arc::new(CppMap {
+            map,
+            name: name.to_string(),
+            keys,
+            by_key,
+        }))))
+    })
 }
 
 impl crate::named_data::NamedDataMap for CppMap {
@@ -718,26 +760,28 @@ fn default_backend_config() -> BackendConfig {
 }
 
 fn new_backend(config: &BackendConfig) -> Result<Box<Backend>, Reported> {
-    let workspace_sharing = WorkspaceSharing::from_code(config.workspace_sharing_mode.into())
-        .ok_or_else(|| crate::backend::BackendError::InvalidOption {
+    guarded(|| {
+        let workspace_sharing = WorkspaceSharing::from_code(config.workspace_sharing_mode.into())
+            .ok_or_else(|| crate::backend::BackendError::InvalidOption {
             name: "workspace_sharing_mode (0, 1 or 2)",
             value: config.workspace_sharing_mode.to_string(),
         })?;
-    let packed_cache = match (
-        config.weight_cache_enabled,
-        config.packed_cache_path.as_str(),
-    ) {
-        (false, _) => PackedCache::Disabled,
-        (true, "") => PackedCache::InMemory,
-        (true, path) => PackedCache::File(path.into()),
-    };
-    let backend = crate::backend::Backend::new(BackendOptions {
-        workspace_sharing,
-        threads: config.threads,
-        packed_cache,
-        ..Default::default()
-    })?;
-    Ok(Box::new(Backend(backend)))
+        let packed_cache = match (
+            config.weight_cache_enabled,
+            config.packed_cache_path.as_str(),
+        ) {
+            (false, _) => PackedCache::Disabled,
+            (true, "") => PackedCache::InMemory,
+            (true, path) => PackedCache::File(path.into()),
+        };
+        let backend = crate::backend::Backend::new(BackendOptions {
+            workspace_sharing,
+            threads: config.threads,
+            packed_cache,
+            ..Default::default()
+        })?;
+        Ok(Box::new(Backend(backend)))
+    })
 }
 
 impl Backend {
@@ -746,32 +790,38 @@ impl Backend {
     }
 
     fn model(&self, packed_cache_path: &str) -> Result<Box<Model>, Reported> {
-        let file = PackedCache::File(packed_cache_path.into());
-        let cache = (!packed_cache_path.is_empty()).then_some(&file);
-        Ok(Box::new(Model(self.0.model(cache)?)))
+        guarded(|| {
+            let file = PackedCache::File(packed_cache_path.into());
+            let cache = (!packed_cache_path.is_empty()).then_some(&file);
+            Ok(Box::new(Model(self.0.model(cache)?)))
+        })
     }
 
     fn model_without_weights_cache(&self) -> Result<Box<Model>, Reported> {
-        Ok(Box::new(Model(self.0.model(Some(&PackedCache::Disabled))?)))
+        guarded(|| Ok(Box::new(Model(self.0.model(Some(&PackedCache::Disabled))?))))
     }
 }
 
 impl Model {
     fn weights_cache(&self) -> Result<Box<WeightsCache>, String> {
-        self.0
-            .packed_cache()
-            .map(|c| Box::new(WeightsCache(c.clone())))
-            .ok_or_else(|| "this model packs without a cache".to_string())
+        guarded_text(|| {
+            self.0
+                .packed_cache()
+                .map(|c| Box::new(WeightsCache(c.clone())))
+                .ok_or_else(|| "this model packs without a cache".to_string())
+        })
     }
 }
 
 impl SharedCache {
     fn get_or_load(&self, map: &DataMap, key: &str) -> Result<Box<Buffer>, Reported> {
-        let data = self
-            .0
-            .shared_data()
-            .get_or_init(key, || map.0.get_data(key))?;
-        Ok(Box::new(Buffer(data.buffer().clone(), Some(data))))
+        guarded(|| {
+            let data = self
+                .0
+                .shared_data()
+                .get_or_init(key, || map.0.get_data(key))?;
+            Ok(Box::new(Buffer(data.buffer().clone(), Some(data))))
+        })
     }
 
     fn stats(&self) -> SharedCacheStats {
@@ -787,7 +837,7 @@ impl SharedCache {
 }
 
 fn open_weights_cache(path: &str) -> Result<Box<WeightsCache>, Reported> {
-    Ok(Box::new(WeightsCache(PackedWeightsCache::open(path)?)))
+    guarded(|| Ok(Box::new(WeightsCache(PackedWeightsCache::open(path)?))))
 }
 
 fn in_memory_weights_cache() -> Box<WeightsCache> {
@@ -800,11 +850,11 @@ impl WeightsCache {
     }
 
     fn finalize(&self) -> Result<(), Reported> {
-        self.0.finalize().map_err(Reported::from)
+        guarded(|| self.0.finalize().map_err(Reported::from))
     }
 
     fn wait_saved(&self) -> Result<(), Reported> {
-        self.0.wait_saved().map_err(Reported::from)
+        guarded(|| self.0.wait_saved().map_err(Reported::from))
     }
 
     fn stats(&self) -> WeightsCacheStats {
@@ -827,17 +877,19 @@ fn delegate_init(
     map: &DataMap,
     model: &Model,
 ) -> Result<Box<Delegate>, Reported> {
-    // The payload is small (constants are named data): one aligned copy owned by the delegate.
-    let copy = crate::aligned::AlignedBytes::copy_from(processed, 64).ok_or_else(|| {
-        crate::delegate::DelegateError::OutOfMemory {
-            what: "a copy of the payload".into(),
-            bytes: processed.len(),
-        }
-    })?;
-    let payload = DataBuffer::new(Arc::new(copy), 0, processed.len()).expect("whole copy");
-    let inner = XnnDelegate::init(&model.0, payload, &*map.0)?;
-    let bound = Bindings::new(inner.inputs().len(), inner.outputs().len());
-    Ok(Box::new(Delegate { inner, bound }))
+    guarded(|| {
+        // The payload is small (constants are named data): one aligned copy owned by the delegate.
+        let copy = crate::aligned::AlignedBytes::copy_from(processed, 64).ok_or_else(|| {
+            crate::delegate::DelegateError::OutOfMemory {
+                what: "a copy of the payload".into(),
+                bytes: processed.len(),
+            }
+        })?;
+        let payload = DataBuffer::new(Arc::new(copy), 0, processed.len()).expect("whole copy");
+        let inner = XnnDelegate::init(&model.0, payload, &*map.0)?;
+        let bound = Bindings::new(inner.inputs().len(), inner.outputs().len());
+        Ok(Box::new(Delegate { inner, bound }))
+    })
 }
 
 fn out_of_range(what: &str, index: usize, len: usize) -> String {
@@ -854,42 +906,48 @@ impl Delegate {
     }
 
     fn input(&self, index: usize) -> Result<&crate::xnn::External, String> {
-        self.inner
-            .inputs()
-            .nth(index)
-            .ok_or_else(|| out_of_range("input", index, self.num_inputs()))
+        guarded_text(|| {
+            self.inner
+                .inputs()
+                .nth(index)
+                .ok_or_else(|| out_of_range("input", index, self.num_inputs()))
+        })
     }
 
     fn output(&self, index: usize) -> Result<&crate::xnn::External, String> {
-        self.inner
-            .outputs()
-            .nth(index)
-            .ok_or_else(|| out_of_range("output", index, self.num_outputs()))
+        guarded_text(|| {
+            self.inner
+                .outputs()
+                .nth(index)
+                .ok_or_else(|| out_of_range("output", index, self.num_outputs()))
+        })
     }
 
     fn input_shape(&self, index: usize) -> Result<Vec<usize>, String> {
-        Ok(self.input(index)?.bound.dims().to_vec())
+        guarded_text(|| Ok(self.input(index)?.bound.dims().to_vec()))
     }
 
     fn input_scalar_type(&self, index: usize) -> Result<i8, String> {
-        Ok(self.input(index)?.dtype.scalar_type())
+        guarded_text(|| Ok(self.input(index)?.dtype.scalar_type()))
     }
 
     fn output_shape(&self, index: usize) -> Result<Vec<usize>, String> {
-        Ok(self.output(index)?.shape.dims().to_vec())
+        guarded_text(|| Ok(self.output(index)?.shape.dims().to_vec()))
     }
 
     fn output_scalar_type(&self, index: usize) -> Result<i8, String> {
-        Ok(self.output(index)?.dtype.scalar_type())
+        guarded_text(|| Ok(self.output(index)?.dtype.scalar_type()))
     }
 
     fn output_shape_into(&self, index: usize, dims: &mut [usize]) -> Result<usize, String> {
-        let shape = self.output(index)?.shape;
-        let to = dims
-            .get_mut(..shape.rank())
-            .ok_or_else(|| format!("output {index} has rank {}", shape.rank()))?;
-        to.copy_from_slice(shape.dims());
-        Ok(shape.rank())
+        guarded_text(|| {
+            let shape = self.output(index)?.shape;
+            let to = dims
+                .get_mut(..shape.rank())
+                .ok_or_else(|| format!("output {index} has rank {}", shape.rank()))?;
+            to.copy_from_slice(shape.dims());
+            Ok(shape.rank())
+        })
     }
 
     fn bind_input(
@@ -900,8 +958,10 @@ impl Delegate {
         data: &[u8],
         has_slack: bool,
     ) -> Result<(), String> {
-        self.bound
-            .bind_input(index, scalar_type, shape, data, has_slack)
+        guarded_text(|| {
+            self.bound
+                .bind_input(index, scalar_type, shape, data, has_slack)
+        })
     }
 
     fn bind_output(
@@ -910,28 +970,30 @@ impl Delegate {
         scalar_type: i8,
         data: &mut [u8],
     ) -> Result<(), String> {
-        self.bound.bind_output(index, scalar_type, data)
+        guarded_text(|| self.bound.bind_output(index, scalar_type, data))
     }
 
     fn execute(&mut self) -> Result<(), Reported> {
-        let complete = self.bound.check_complete();
-        if let Err(e) = complete {
+        guarded(|| {
+            let complete = self.bound.check_complete();
+            if let Err(e) = complete {
+                self.bound.clear();
+                return Err(Reported(e));
+            }
+            let bound = &self.bound;
+            let take = |b: &Option<RawInput>| *b.as_ref().expect("checked complete");
+            // SAFETY: the bindings point to C++ buffers that delegate.h's `execute` binds and keeps
+            // valid until this call returns (it binds and executes in one call); lengths and slack
+            // are as C++ declared them.
+            let result = unsafe {
+                self.inner.execute_raw(
+                    |i| take(&bound.inputs[i]),
+                    |j| *bound.outputs[j].as_ref().expect("checked complete"),
+                )
+            };
             self.bound.clear();
-            return Err(Reported(e));
-        }
-        let bound = &self.bound;
-        let take = |b: &Option<RawInput>| *b.as_ref().expect("checked complete");
-        // SAFETY: the bindings point to C++ buffers that delegate.h's `execute` binds and keeps
-        // valid until this call returns (it binds and executes in one call); lengths and slack
-        // are as C++ declared them.
-        let result = unsafe {
-            self.inner.execute_raw(
-                |i| take(&bound.inputs[i]),
-                |j| *bound.outputs[j].as_ref().expect("checked complete"),
-            )
-        };
-        self.bound.clear();
-        result.map_err(Reported::from)
+            result.map_err(Reported::from)
+        })
     }
 }
 
@@ -949,11 +1011,13 @@ fn load_program(
     ptds: &[String],
     cache_path: &str,
 ) -> Result<Box<Program>, Reported> {
-    let file = PackedCache::File(cache_path.into());
-    let cache = (!cache_path.is_empty()).then_some(&file);
-    Ok(Box::new(Program(crate::program::Program::load(
-        &backend.0, pte, ptds, cache,
-    )?)))
+    guarded(|| {
+        let file = PackedCache::File(cache_path.into());
+        let cache = (!cache_path.is_empty()).then_some(&file);
+        Ok(Box::new(Program(crate::program::Program::load(
+            &backend.0, pte, ptds, cache,
+        )?)))
+    })
 }
 
 impl Program {
@@ -966,9 +1030,11 @@ impl Program {
     }
 
     fn method(&self, name: &str) -> Result<Box<Method>, Reported> {
-        let inner = self.0.method(name)?;
-        let inputs = (0..inner.input_specs().len()).map(|_| None).collect();
-        Ok(Box::new(Method { inner, inputs }))
+        guarded(|| {
+            let inner = self.0.method(name)?;
+            let inputs = (0..inner.input_specs().len()).map(|_| None).collect();
+            Ok(Box::new(Method { inner, inputs }))
+        })
     }
 }
 
@@ -978,17 +1044,19 @@ impl Method {
     }
 
     fn spec(&self, index: usize) -> Result<crate::program::ValueSpec, String> {
-        self.inner
-            .input_spec(index)
-            .ok_or_else(|| out_of_range("input", index, self.inputs.len()))
+        guarded_text(|| {
+            self.inner
+                .input_spec(index)
+                .ok_or_else(|| out_of_range("input", index, self.inputs.len()))
+        })
     }
 
     fn input_shape(&self, index: usize) -> Result<Vec<usize>, String> {
-        Ok(self.spec(index)?.bound.dims().to_vec())
+        guarded_text(|| Ok(self.spec(index)?.bound.dims().to_vec()))
     }
 
     fn input_scalar_type(&self, index: usize) -> Result<i8, String> {
-        Ok(self.spec(index)?.dtype.scalar_type())
+        guarded_text(|| Ok(self.spec(index)?.dtype.scalar_type()))
     }
 
     fn bind_input(
@@ -999,34 +1067,38 @@ impl Method {
         data: &[u8],
         has_slack: bool,
     ) -> Result<(), String> {
-        let n = self.inputs.len();
-        *self
-            .inputs
-            .get_mut(index)
-            .ok_or_else(|| out_of_range("input", index, n))? =
-            Some(raw_input(scalar_type, shape, data, has_slack)?);
-        Ok(())
+        guarded_text(|| {
+            let n = self.inputs.len();
+            *self
+                .inputs
+                .get_mut(index)
+                .ok_or_else(|| out_of_range("input", index, n))? =
+                Some(raw_input(scalar_type, shape, data, has_slack)?);
+            Ok(())
+        })
     }
 
     fn execute(&mut self) -> Result<(), Reported> {
-        let mut views = Vec::with_capacity(self.inputs.len());
-        for (i, b) in self.inputs.iter_mut().enumerate() {
-            let Some(b) = b.take() else {
-                return Err(Reported(format!("input {i} is not bound")));
-            };
-            // SAFETY: C++ keeps the bound bytes valid and unchanged until execute returns
-            // (bind_input's contract); `len` is their length and `padded` what C++ declared.
-            let view = unsafe {
-                let data = std::slice::from_raw_parts(b.data, b.len);
-                if b.padded {
-                    crate::tensor::TensorRef::with_slack(b.dtype, b.shape, data)
-                } else {
-                    crate::tensor::TensorRef::new(b.dtype, b.shape, data)
-                }
-            };
-            views.push(view);
-        }
-        self.inner.execute(&views).map_err(Reported::from)
+        guarded(|| {
+            let mut views = Vec::with_capacity(self.inputs.len());
+            for (i, b) in self.inputs.iter_mut().enumerate() {
+                let Some(b) = b.take() else {
+                    return Err(Reported(format!("input {i} is not bound")));
+                };
+                // SAFETY: C++ keeps the bound bytes valid and unchanged until execute returns
+                // (bind_input's contract); `len` is their length and `padded` what C++ declared.
+                let view = unsafe {
+                    let data = std::slice::from_raw_parts(b.data, b.len);
+                    if b.padded {
+                        crate::tensor::TensorRef::with_slack(b.dtype, b.shape, data)
+                    } else {
+                        crate::tensor::TensorRef::new(b.dtype, b.shape, data)
+                    }
+                };
+                views.push(view);
+            }
+            self.inner.execute(&views).map_err(Reported::from)
+        })
     }
 
     fn num_outputs(&self) -> usize {
@@ -1034,15 +1106,15 @@ impl Method {
     }
 
     fn output_data(&self, index: usize) -> Result<&[u8], Reported> {
-        Ok(self.inner.output(index)?.data())
+        guarded(|| Ok(self.inner.output(index)?.data()))
     }
 
     fn output_shape(&self, index: usize) -> Result<Vec<usize>, Reported> {
-        Ok(self.inner.output(index)?.shape().dims().to_vec())
+        guarded(|| Ok(self.inner.output(index)?.shape().dims().to_vec()))
     }
 
     fn output_scalar_type(&self, index: usize) -> Result<i8, Reported> {
-        Ok(self.inner.output(index)?.dtype().scalar_type())
+        guarded(|| Ok(self.inner.output(index)?.dtype().scalar_type()))
     }
 }
 
@@ -1134,13 +1206,15 @@ impl StatefulBuilder {
     }
 
     fn build(&mut self, map: &DataMap, model: &Model) -> Result<Box<Stateful>, Reported> {
-        let program = crate::state::StatefulProgram::new(
-            &model.0,
-            std::mem::take(&mut self.specs),
-            std::mem::take(&mut self.methods),
-            map.0.clone(),
-        )?;
-        Ok(Box::new(Stateful(Arc::new(program))))
+        guarded(|| {
+            let program = crate::state::StatefulProgram::new(
+                &model.0,
+                std::mem::take(&mut self.specs),
+                std::mem::take(&mut self.methods),
+                map.0.clone(),
+            )?;
+            Ok(Box::new(Stateful(Arc::new(program))))
+        })
     }
 }
 
@@ -1150,7 +1224,7 @@ impl Stateful {
     }
 
     fn instantiate(&self) -> Result<Box<StatefulInstance>, Reported> {
-        Ok(Box::new(StatefulInstance(self.0.instantiate()?)))
+        guarded(|| Ok(Box::new(StatefulInstance(self.0.instantiate()?))))
     }
 
     fn instance_builder(&self) -> Box<InstanceBuilder> {
@@ -1173,16 +1247,18 @@ impl InstanceBuilder {
     }
 
     fn finish(&mut self) -> Result<Box<StatefulInstance>, Reported> {
-        let banks = std::mem::take(&mut self.banks);
-        Ok(Box::new(StatefulInstance(
-            self.program.instantiate_in(banks)?,
-        )))
+        guarded(|| {
+            let banks = std::mem::take(&mut self.banks);
+            Ok(Box::new(StatefulInstance(
+                self.program.instantiate_in(banks)?,
+            )))
+        })
     }
 }
 
 impl StatefulInstance {
     fn reset(&mut self) -> Result<(), Reported> {
-        self.0.reset().map_err(Reported::from)
+        guarded(|| self.0.reset().map_err(Reported::from))
     }
 
     fn run(
@@ -1191,22 +1267,24 @@ impl StatefulInstance {
         inputs: &[f32],
         input_sizes: &[usize],
     ) -> Result<Vec<f32>, Reported> {
-        let mut parts = Vec::new();
-        let mut at = 0;
-        for &n in input_sizes {
-            let part = inputs.get(at..at + n).ok_or_else(|| {
-                crate::state::StateError::Invalid(format!(
-                    "input sizes {input_sizes:?} exceed the {} values given",
-                    inputs.len()
-                ))
-            })?;
-            parts.push(part);
-            at += n;
-        }
-        Ok(self.0.execute(method, &parts)?.concat())
+        guarded(|| {
+            let mut parts = Vec::new();
+            let mut at = 0;
+            for &n in input_sizes {
+                let part = inputs.get(at..at + n).ok_or_else(|| {
+                    crate::state::StateError::Invalid(format!(
+                        "input sizes {input_sizes:?} exceed the {} values given",
+                        inputs.len()
+                    ))
+                })?;
+                parts.push(part);
+                at += n;
+            }
+            Ok(self.0.execute(method, &parts)?.concat())
+        })
     }
 
     fn read_state(&mut self, name: &str) -> Result<Vec<f32>, Reported> {
-        self.0.read_state(name).map_err(Reported::from)
+        guarded(|| self.0.read_state(name).map_err(Reported::from))
     }
 }

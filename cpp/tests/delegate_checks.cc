@@ -136,6 +136,9 @@ rust::String cpp_delegate_checks(rust::Str ptd_path, rust::Slice<const std::uint
       [&] { delegate::init(payload, {}, *from_cpp, *new_backend(default_backend_config())->model("")); },
       "storage offline", "a C++ map's own exception");
   expect_throw([&] { delegate::execute(a, {}, {}); }, "inputs", "wrong number of inputs");
+  // A panic inside the bridge becomes the call's exception, and this process goes on.
+  expect_throw([&] { panic_inside_bridge("forced by the check"); },
+               "xnnblob panicked: forced by the check", "a panic inside the bridge");
   rust::Vec<std::size_t> in_shape = a->input_shape(0);
   std::vector<float> out(expected.size());
   delegate::Output o{delegate::scalar_type::kFloat, out.data(), out.size() * sizeof(float)};
