@@ -268,6 +268,7 @@ pub(super) fn load_constants(
                     bytes: data.len() + XNN_EXTRA_BYTES,
                 })?;
             padded.as_mut_slice()[..data.len()].copy_from_slice(data);
+            crate::named_data::count_copy(data.len());
             let len = data.len();
             let held = match buffer {
                 Constant::Shared(s) => Some(s),

@@ -9,6 +9,7 @@
 
 mod buffer;
 pub(crate) mod bytes;
+mod copies;
 mod error;
 mod file_map;
 mod index;
@@ -20,6 +21,7 @@ pub mod pte_format;
 mod store;
 
 pub use buffer::{Backing, DataBuffer};
+pub use copies::{copied_bytes, count_copy};
 pub use error::{FormatError, NamedDataError, StoreError};
 pub use file_map::{FileDataMap, FileKind};
 pub use index::{IndexEntry, NamedDataIndex};
@@ -52,6 +54,7 @@ pub trait NamedDataMap: Send + Sync {
             });
         }
         buffer.copy_from_slice(&self.get_data(key)?);
+        count_copy(buffer.len());
         Ok(())
     }
 

@@ -458,9 +458,15 @@ pub(crate) fn cache_report() -> String {
         .threadpool
         .as_ref()
         .map_or(1, |p| p.threads());
-    let mut lines = vec![format!(
-        "pool executorch: threads {threads} operator_runs {on_pool} inline_runs {on_caller}"
-    )];
+    let mut lines = vec![
+        format!(
+            "pool executorch: threads {threads} operator_runs {on_pool} inline_runs {on_caller}"
+        ),
+        format!(
+            "named_data_copied_bytes={}",
+            xnnblob::named_data::copied_bytes()
+        ),
+    ];
     for cache in backend.packed_caches() {
         let s = cache.stats();
         lines.push(format!(

@@ -175,6 +175,7 @@ impl NamedDataMap for EtMap {
             // SAFETY: ExecuTorch's FreeableBuffer holds `size` readable bytes at `data` until
             // it is freed, which dropping `data` (after the copy) does.
             buffer.copy_from_slice(unsafe { std::slice::from_raw_parts(b.data(), b.size()) });
+            xnnblob::named_data::count_copy(buffer.len());
             Ok(())
         })
     }

@@ -438,6 +438,14 @@ fn a_warm_launch_with_the_file_loader_reads_no_weights_and_the_cache_does_not_gr
         "{}",
         cold.stdout
     );
+    // Constants are borrowed from ExecuTorch's buffers: the cold launch copies only where a
+    // buffer ends on a page boundary (no room for XNNPACK's over-read) or a placeholder is
+    // filled, the warm ones copy nothing.
+    assert!(
+        cold.number("named_data_copied_bytes") < 0.02 * weights,
+        "{}",
+        cold.stdout
+    );
     let size = std::fs::metadata(&cache).unwrap().len();
     let mut first_warm = None;
     for i in 0..20 {
@@ -445,6 +453,11 @@ fn a_warm_launch_with_the_file_loader_reads_no_weights_and_the_cache_does_not_gr
         let w = warm.cache(&cache.display().to_string());
         assert_eq!(w["packed"], 0, "warm launch {i} packs nothing");
         assert_eq!(w["deferred_fills"], 0, "no placeholder was read in");
+        assert_eq!(
+            warm.number("named_data_copied_bytes"),
+            0.0,
+            "warm launch {i} copies"
+        );
         assert_eq!(std::fs::metadata(&cache).unwrap().len(), size, "no growth");
         first_warm.get_or_insert(warm.number("load_rchar"));
         assert_eq!(
@@ -460,6 +473,30 @@ fn a_warm_launch_with_the_file_loader_reads_no_weights_and_the_cache_does_not_gr
         "the cold launch read the weights ({} B), the warm one did not ({warm_read} B)",
         cold.number("load_rchar")
     );
+}
+
+#[test]
+fn no_launch_under_the_mmap_loader_copies_named_data() {
+    // The mmap loader's buffers are pages of the file: every constant has room for XNNPACK's
+    // over-read, so nothing is copied, cold or warm, and the outputs are ExecuTorch's.
+    let dir = scratch("mmap-copies");
+    let cache = dir.join("weights.xbc");
+    for launch in ["cold", "warm"] {
+        let mut args = mlp_args();
+        args.extend([
+            s("--load-mode"),
+            s("mmap"),
+            s("--cache"),
+            cache.display().to_string(),
+        ]);
+        let run = run_ok(&args);
+        assert_eq!(
+            run.number("named_data_copied_bytes"),
+            0.0,
+            "{launch}: {}",
+            run.stdout
+        );
+    }
 }
 
 #[test]
