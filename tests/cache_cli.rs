@@ -32,9 +32,7 @@ fn make_cache(path: &Path) {
 
 #[test]
 fn stats_verify_and_compact() {
-    let dir = std::env::temp_dir().join(format!("xnnblob-cache-cli-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = common::scratch("cache-cli");
     let path = dir.join("w.xbc");
     make_cache(&path);
     let p = path.to_str().unwrap();
@@ -66,7 +64,6 @@ fn stats_verify_and_compact() {
     std::fs::write(&path, b"not a cache").unwrap();
     let (ok, out) = xnnblob(&["cache", "stats", p]);
     assert!(!ok && out.contains("rebuilt"), "{out}");
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]

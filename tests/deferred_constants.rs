@@ -123,11 +123,8 @@ fn a_warm_launch_reads_no_weight_bytes_and_matches_the_cold_one() {
         ("mlp_qd8_qc8w_external", "mlp_qd8.input.f32", true),
         ("cnn_xnn_external", "cnn.input.f32", false),
     ] {
-        let cache = std::env::temp_dir().join(format!(
-            "xnnblob-deferred-{}-{name}.xbc",
-            std::process::id()
-        ));
-        let _ = std::fs::remove_file(&cache);
+        let dir = common::scratch("deferred");
+        let cache = dir.join(format!("{name}.xbc"));
         let (_, _, weight_bytes) = open(name);
 
         let cold = launch(name, input, &cache);
@@ -157,6 +154,5 @@ fn a_warm_launch_reads_no_weight_bytes_and_matches_the_cold_one() {
             "{name}: cold read {} B + {} B filled ({} fills), warm read {} B of {weight_bytes} B",
             cold.bytes_read, cold.bytes_filled, cold.fills, warm.bytes_read
         );
-        let _ = std::fs::remove_file(&cache);
     }
 }

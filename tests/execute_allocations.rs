@@ -127,8 +127,7 @@ fn a_warm_method_execute_allocates_nothing_even_as_shapes_change() {
 
 #[test]
 fn a_warm_execute_from_cpp_allocates_nothing() {
-    let dir = std::env::temp_dir().join(format!("xnnblob-alloc-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = common::scratch("alloc");
     let mlp = Mlp::random(&[32, 64, 48, 16], 21);
     let built = xnnblob::synthetic::mlp_payload(&mlp, 2);
     let ptd = dir.join("mlp.ptd");
@@ -154,5 +153,4 @@ fn a_warm_execute_from_cpp_allocates_nothing() {
         common::close::Tolerance::Absolute(1e-4),
         "the MLP",
     );
-    std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -83,9 +83,7 @@ fn inspect_a_bad_file_fails_with_a_message() {
 
 #[test]
 fn inspect_json_escapes_any_key() {
-    let dir = std::env::temp_dir().join(format!("xnnblob-inspect-keys-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = common::scratch("inspect-keys");
     let keys = [
         "quote \" backslash \\ newline \n tab \t",
         "control \u{1} \u{1f} del \u{7f}",
@@ -108,7 +106,6 @@ fn inspect_json_escapes_any_key() {
         .map(|e| e["key"].as_str().unwrap())
         .collect();
     assert_eq!(listed, keys);
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
@@ -132,8 +129,7 @@ fn verify_keys_finds_a_weight_edited_after_export() {
     assert!(ok && text.contains("0 do not match"), "{text}");
 
     // Negate the floats of one weight in place, its key unchanged (finding 4 of issue 17).
-    let dir = std::env::temp_dir().join(format!("xnnblob-verify-keys-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = common::scratch("verify-keys");
     let (edited, key) = common::ptd_with_first_weight_negated(&dir);
     let (ok, text) = verify(&edited);
     assert!(!ok, "{text}");
@@ -142,5 +138,4 @@ fn verify_keys_finds_a_weight_edited_after_export() {
             && text.contains("1 do not match"),
         "{text}"
     );
-    let _ = std::fs::remove_dir_all(&dir);
 }

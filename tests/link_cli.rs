@@ -1,11 +1,14 @@
 //! `xnnblob link` writes the Rust source of linked parameters.
 
+mod common;
+
 use std::process::Command;
 
 #[test]
 fn link_writes_one_static_per_parameter_and_the_lookups() {
-    let dir = std::env::temp_dir().join(format!("xnnblob-link-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+    // `link` makes its output directory itself.
+    let scratch = common::scratch("link");
+    let dir = scratch.join("out");
     let ptd = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/data/executorch/mlp_portable_external.ptd");
     let out = Command::new(env!("CARGO_BIN_EXE_xnnblob"))
@@ -40,14 +43,11 @@ fn link_writes_one_static_per_parameter_and_the_lookups() {
         .output()
         .unwrap();
     assert!(!bad.status.success());
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
 fn a_key_cannot_inject_code_into_the_generated_source() {
-    let dir = std::env::temp_dir().join(format!("xnnblob-link-inject-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = common::scratch("link-inject");
     let hostile = "w\npub fn injected() {}\n// \"quoted\" \\ tail";
     let mut store = xnnblob::named_data::NamedBlobStore::new();
     store
@@ -66,5 +66,4 @@ fn a_key_cannot_inject_code_into_the_generated_source() {
     // A stem that is not an identifier still gives valid, distinct symbol names.
     assert!(rs.contains("XNNBLOB_M9_ODD_NAME_PARAM_0"));
     assert!(rs.contains("fn xnnblob_m9_odd_name_lookup_linked_param"));
-    std::fs::remove_dir_all(&dir).unwrap();
 }
