@@ -91,7 +91,8 @@ fn a_globally_shared_workspace_is_used_by_one_runtime_at_a_time() {
 
 #[test]
 fn a_second_open_of_a_file_with_other_options_is_an_error() {
-    let path = std::env::temp_dir().join(format!("xnnblob-backend-{}.xbc", std::process::id()));
+    let dir = common::scratch("backend");
+    let path = dir.join("weights.xbc");
     let first = PackedWeightsCache::open(&path).unwrap();
     let same = PackedWeightsCache::open(&path).unwrap();
     assert!(

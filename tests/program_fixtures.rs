@@ -148,9 +148,7 @@ fn two_methods_sharing_a_layer_load_and_pack_it_once() {
 
 #[test]
 fn with_a_cache_file_the_second_load_packs_nothing() {
-    let tmp = std::env::temp_dir().join(format!("xnnblob-program-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&tmp);
-    std::fs::create_dir_all(&tmp).unwrap();
+    let tmp = common::scratch("program");
     let cache = tmp.join("weights.xbc");
     let (input, _, _) = io("mlp_qd8_qc8w_external");
     let input = f32s(&dir().join(input));
@@ -167,7 +165,6 @@ fn with_a_cache_file_the_second_load_packs_nothing() {
     assert_eq!(packed_cold, 3);
     assert_eq!(packed_warm, 0);
     assert_eq!(cold, warm);
-    std::fs::remove_dir_all(&tmp).unwrap();
 }
 
 #[test]

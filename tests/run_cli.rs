@@ -2,7 +2,7 @@
 
 mod common;
 
-use common::Tmpfs;
+use common::{scratch, Tmpfs};
 use std::path::Path;
 use std::process::Command;
 
@@ -31,9 +31,7 @@ fn f32s(path: &Path) -> Vec<f32> {
 
 #[test]
 fn run_writes_outputs_and_a_warm_cache_packs_nothing() {
-    let tmp = std::env::temp_dir().join(format!("xnnblob-run-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&tmp);
-    std::fs::create_dir_all(&tmp).unwrap();
+    let tmp = scratch("run");
     let cache = tmp.join("w.xbc");
     let out_dir = tmp.join("out");
     let args = [
@@ -66,7 +64,6 @@ fn run_writes_outputs_and_a_warm_cache_packs_nothing() {
     }
     let (ok, text) = run(&args);
     assert!(ok && text.contains("(0 weights packed"), "{text}");
-    std::fs::remove_dir_all(&tmp).unwrap();
 }
 
 #[test]
@@ -88,13 +85,6 @@ fn run_reports_clear_errors() {
         "mlp.input.f32",
     ]);
     assert!(!ok && text.contains("no method"), "{text}");
-}
-
-fn scratch(name: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("xnnblob-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
 }
 
 /// The MLP fixture's run arguments with `--cache path`.
