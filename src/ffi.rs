@@ -745,7 +745,7 @@ impl crate::named_data::NamedDataMap for CppMap {
             })
     }
 
-    fn source(&self) -> &str {
+    fn name(&self) -> &str {
         &self.name
     }
 }

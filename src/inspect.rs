@@ -62,7 +62,7 @@ pub fn to_json(map: &FileDataMap, with_sha256: bool) -> Result<String, NamedData
         entries.push(entry);
     }
     let document = json!({
-        "file": map.source(),
+        "file": map.name(),
         "kind": kind_name(map.kind()),
         "segments": segments,
         "entries": entries,
@@ -77,7 +77,7 @@ pub fn to_text(map: &FileDataMap, with_sha256: bool) -> String {
     let _ = writeln!(
         out,
         "{} ({}): {} keys, {} segments, {} bytes of segment data",
-        map.source(),
+        map.name(),
         kind_name(map.kind()),
         map.num_keys(),
         map.segments().len(),

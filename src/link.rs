@@ -229,7 +229,7 @@ impl NamedDataMap for LinkedDataMap {
             })
     }
 
-    fn source(&self) -> &str {
+    fn name(&self) -> &str {
         &self.name
     }
 }

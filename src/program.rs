@@ -28,11 +28,10 @@ pub enum ProgramError {
     #[error(transparent)]
     NamedData(#[from] NamedDataError),
     /// The program's flatbuffer failed validation.
-    #[error("{source}: not a valid program")]
+    #[error("{path}: not a valid program")]
     Format {
         /// The path of the `.pte` file.
-        // Names the file; `#[source]` on `error` keeps thiserror from taking it as the cause.
-        source: String,
+        path: String,
         /// The check the program's header or flatbuffer failed.
         #[source]
         error: FormatError,
@@ -274,7 +273,7 @@ fn index(method: &str, i: i32, len: usize, what: &str) -> Result<usize, ProgramE
 fn program_of(pte: &FileDataMap) -> Result<fb::Program<'_>, ProgramError> {
     let bytes = pte.file_bytes();
     let header = pte_format::parse_header(bytes).map_err(|error| ProgramError::Format {
-        source: pte.source().to_string(),
+        path: pte.name().to_string(),
         error,
     })?;
     let end = header
@@ -283,7 +282,7 @@ fn program_of(pte: &FileDataMap) -> Result<fb::Program<'_>, ProgramError> {
     let opts = crate::named_data::bytes::verifier_options();
     flatbuffers::root_with_opts::<fb::Program>(&opts, &bytes[..end]).map_err(|e| {
         ProgramError::Format {
-            source: pte.source().to_string(),
+            path: pte.name().to_string(),
             error: FormatError::Verifier(e.to_string()),
         }
     })
@@ -534,7 +533,7 @@ impl Program {
         cache: Option<&PackedCache>,
     ) -> Result<Program, ProgramError> {
         let program = Arc::new(FileDataMap::open_pte(pte.as_ref())?);
-        let source = program.source().to_string();
+        let source = program.name().to_string();
         let method_names = program_of(&program)?
             .execution_plan()
             .iter()
@@ -616,7 +615,7 @@ impl Program {
     }
 
     /// The path of the `.pte` the program was loaded from, for error messages.
-    pub fn source(&self) -> &str {
+    pub fn path(&self) -> &str {
         &self.source
     }
 }

@@ -110,7 +110,7 @@ mod tests {
             Box::new(BackendError::Cache(cache())),
             Box::new(ProgramError::NamedData(named())),
             Box::new(ProgramError::Format {
-                source: "model.pte".into(),
+                path: "model.pte".into(),
                 error: FormatError::Truncated {
                     what: "file identifier",
                     needed: 8,

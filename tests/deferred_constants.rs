@@ -46,8 +46,8 @@ impl NamedDataMap for Counting {
     fn key_at(&self, index: usize) -> Result<&str, NamedDataError> {
         self.inner.key_at(index)
     }
-    fn source(&self) -> &str {
-        self.inner.source()
+    fn name(&self) -> &str {
+        self.inner.name()
     }
 }
 

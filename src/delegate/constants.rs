@@ -294,7 +294,7 @@ pub(super) fn shared_key(map: &dyn NamedDataMap, key: &str) -> String {
     if content_named && !map.buffers_live_with_program() {
         key.to_string()
     } else {
-        format!("{}\u{0}{key}", map.source())
+        format!("{}\u{0}{key}", map.name())
     }
 }
 

@@ -192,7 +192,7 @@ impl NamedDataMap for FileDataMap {
             })
     }
 
-    fn source(&self) -> &str {
+    fn name(&self) -> &str {
         &self.source
     }
 

@@ -107,7 +107,7 @@ impl NamedDataMap for InMemoryMap {
             })
     }
 
-    fn source(&self) -> &str {
+    fn name(&self) -> &str {
         &self.source
     }
 }

@@ -29,8 +29,8 @@ impl MergedMap {
                 if let Some(&first) = by_key.get(key) {
                     return Err(NamedDataError::DuplicateKeyAcrossMaps {
                         key: key.to_string(),
-                        first: maps[order[first].0].source().to_string(),
-                        second: map.source().to_string(),
+                        first: maps[order[first].0].name().to_string(),
+                        second: map.name().to_string(),
                     });
                 }
                 by_key.insert(key.to_string(), order.len());
@@ -39,10 +39,7 @@ impl MergedMap {
         }
         let source = format!(
             "merged({})",
-            maps.iter()
-                .map(|m| m.source())
-                .collect::<Vec<_>>()
-                .join(", ")
+            maps.iter().map(|m| m.name()).collect::<Vec<_>>().join(", ")
         );
         Ok(MergedMap {
             maps,
@@ -95,7 +92,7 @@ impl NamedDataMap for MergedMap {
         self.maps[m].key_at(i)
     }
 
-    fn source(&self) -> &str {
+    fn name(&self) -> &str {
         &self.source
     }
 

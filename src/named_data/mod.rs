@@ -65,11 +65,11 @@ pub trait NamedDataMap: Send + Sync {
     fn key_at(&self, index: usize) -> Result<&str, NamedDataError>;
 
     /// What the map reads from (a path, or a name), for error messages.
-    fn source(&self) -> &str;
+    fn name(&self) -> &str;
 
     /// Whether the buffers [`get_data`](Self::get_data) returns borrow memory that is valid only
     /// while the program that lent this map lives (ExecuTorch's `FreeableBuffer`s): such data
-    /// may be shared among the users of this map's [`source`](Self::source), never beyond.
+    /// may be shared among the users of this map's [`name`](Self::name), never beyond.
     fn buffers_live_with_program(&self) -> bool {
         false
     }

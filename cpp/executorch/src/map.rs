@@ -195,7 +195,7 @@ impl NamedDataMap for EtMap {
             })
     }
 
-    fn source(&self) -> &str {
+    fn name(&self) -> &str {
         &self.source
     }
 
