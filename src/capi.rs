@@ -103,6 +103,14 @@ fn guarded(body: impl FnOnce() -> XnnblobStatus) -> XnnblobStatus {
     }
 }
 
+/// Panics inside the guard every C entry point runs in: the check of the C ABI's panic policy
+/// (test-hooks only, never in the library users get).
+#[cfg(feature = "test-hooks")]
+#[unsafe(no_mangle)]
+pub extern "C" fn xnnblob_test_panic_inside_guard() -> XnnblobStatus {
+    guarded(|| panic!("forced by the test"))
+}
+
 /// The message of the last failed call on this thread ("" if none). Valid until the next call
 /// on this thread.
 #[unsafe(no_mangle)]

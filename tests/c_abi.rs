@@ -22,6 +22,7 @@ unsafe extern "C" {
         stats: *mut CacheStats,
     ) -> i32;
     fn xnnblob_last_error() -> *const std::ffi::c_char;
+    fn xnnblob_test_panic_inside_guard() -> i32;
     fn xnnblob_c_map_check(
         path: *const std::ffi::c_char,
         keys: *mut usize,
@@ -165,6 +166,8 @@ fn the_header_matches_the_rust_side() {
                 arity(&rest[open + 1..close].replace(", )", ")")),
             )
         })
+        // The test hook for the panic policy is not part of the ABI users get.
+        .filter(|(name, _)| !name.starts_with("xnnblob_test_"))
         .collect();
     declared.sort();
     exported.sort();
@@ -271,4 +274,15 @@ fn a_backend_hands_out_its_caches() {
             XnnblobStatus::InvalidArgument
         );
     }
+}
+
+#[test]
+fn a_panic_inside_a_c_call_is_its_error_and_the_process_goes_on() {
+    // SAFETY: takes no arguments; the guard every C entry point runs in catches the panic.
+    let status = unsafe { xnnblob_test_panic_inside_guard() };
+    assert_ne!(status, 0, "a failure status");
+    // SAFETY: a NUL-terminated string owned by this thread's last-error slot, read at once.
+    let error = unsafe { std::ffi::CStr::from_ptr(xnnblob_last_error()) };
+    let error = error.to_string_lossy();
+    assert!(error.contains("forced by the test"), "{error}");
 }
