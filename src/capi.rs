@@ -92,14 +92,10 @@ unsafe fn free_handle<T>(handle: *mut T) {
 fn guarded(body: impl FnOnce() -> XnnblobStatus) -> XnnblobStatus {
     match catch_unwind(AssertUnwindSafe(body)) {
         Ok(status) => status,
-        Err(panic) => {
-            let what = panic
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| panic.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "a panic".into());
-            fail(XnnblobStatus::Internal, format!("internal error: {what}"))
-        }
+        Err(panic) => fail(
+            XnnblobStatus::Internal,
+            format!("internal error: {}", crate::report::panic_message(&*panic)),
+        ),
     }
 }
 

@@ -529,14 +529,9 @@ fn guarded_text<T>(call: impl FnOnce() -> Result<T, String>) -> Result<T, String
         .unwrap_or_else(|panic| Err(panicked(&*panic)))
 }
 
-/// What a caught panic said.
+/// What a caught panic said, as the bridge reports it.
 fn panicked(panic: &(dyn std::any::Any + Send)) -> String {
-    let what = panic
-        .downcast_ref::<&str>()
-        .map(|s| s.to_string())
-        .or_else(|| panic.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "a panic".into());
-    format!("xnnblob panicked: {what}")
+    format!("xnnblob panicked: {}", crate::report::panic_message(panic))
 }
 
 /// An error as it crosses into C++ (`rust::Error`): cxx shows only `Display`, and each

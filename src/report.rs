@@ -20,6 +20,16 @@ impl fmt::Display for Report<'_> {
     }
 }
 
+/// What a caught panic said (its `&str` or `String` payload), for a face that turns panics
+/// into errors at its boundary.
+pub fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic".to_string())
+}
+
 /// `error` and its causes as one line (see [`Report`]).
 pub fn report(error: &(dyn Error + 'static)) -> String {
     Report(error).to_string()

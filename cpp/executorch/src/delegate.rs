@@ -12,7 +12,7 @@ use std::sync::{Arc, OnceLock};
 use xnnblob::backend::{Backend, BackendOptions, WorkspaceSharing};
 use xnnblob::delegate::{DelegateError, Weights, XnnDelegate};
 use xnnblob::named_data::DataBuffer;
-use xnnblob::report::report;
+use xnnblob::report::{panic_message, report};
 use xnnblob::tensor::XNN_EXTRA_BYTES;
 use xnnblob::tensor::{DType, Shape};
 use xnnblob::xnn::{PoolOps, RawInput, RawOutput, Threadpool, XnnError};
@@ -222,14 +222,6 @@ fn status_of(error: &DelegateError) -> Status {
     }
 }
 
-fn panic_message(panic: Box<dyn std::any::Any + Send>) -> String {
-    panic
-        .downcast_ref::<&str>()
-        .map(|s| s.to_string())
-        .or_else(|| panic.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "a panic".to_string())
-}
-
 fn init(
     options: &InitOptions,
     processed: UniquePtr<EtBuffer>,
@@ -286,7 +278,7 @@ pub(crate) fn delegate_init(
             (None, None)
         }
         Err(panic) => {
-            *outcome = Outcome::error(Status::Internal, panic_message(panic));
+            *outcome = Outcome::error(Status::Internal, panic_message(&*panic));
             (None, None)
         }
     };
@@ -423,7 +415,7 @@ pub(crate) fn delegate_execute(delegate: &mut EtDelegate, call: Pin<&mut EtCall>
     match catch_unwind(AssertUnwindSafe(|| execute(delegate, call))) {
         Ok(Ok(())) => Outcome::ok(),
         Ok(Err(e)) => e,
-        Err(panic) => Outcome::error(Status::Internal, panic_message(panic)),
+        Err(panic) => Outcome::error(Status::Internal, panic_message(&*panic)),
     }
 }
 
@@ -442,7 +434,7 @@ pub(crate) fn save_caches() -> Outcome {
     match catch_unwind(run) {
         Ok(Ok(())) => Outcome::ok(),
         Ok(Err(e)) => e,
-        Err(panic) => Outcome::error(Status::Internal, panic_message(panic)),
+        Err(panic) => Outcome::error(Status::Internal, panic_message(&*panic)),
     }
 }
 
