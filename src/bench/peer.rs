@@ -54,7 +54,7 @@ pub enum CacheUse {
 }
 
 /// Every scenario, in the order they run and are reported.
-pub const SCENARIOS: [Scenario; 9] = [
+pub const SCENARIOS: [Scenario; 10] = [
     Scenario {
         name: "executorch, no cache",
         backend: "executorch",
@@ -98,6 +98,13 @@ pub const SCENARIOS: [Scenario; 9] = [
     Scenario {
         name: "xnnblob, warm, busy cores",
         backend: "xnnblob",
+        cache: CacheUse::WarmBusy,
+    },
+    // ExecuTorch against itself: how far apart two sets of launches of one backend land
+    // beside busy cores, which is what a ratio of worst cases can resolve on this machine.
+    Scenario {
+        name: "executorch cache, warm, busy cores, again",
+        backend: "executorch",
         cache: CacheUse::WarmBusy,
     },
 ];
@@ -406,14 +413,22 @@ struct Launches<'a> {
     ptd: Option<&'a Path>,
 }
 
+/// One scenario's launches of one model under one load mode.
+struct Planned {
+    scenario: Scenario,
+    args: Vec<String>,
+    cache: PathBuf,
+    runs: Vec<HashMap<String, String>>,
+}
+
 impl Launches<'_> {
-    fn measure(
-        &self,
-        scenario: Scenario,
-        mode: &str,
-        cache: &Path,
-        repeats: usize,
-    ) -> Result<Measured, String> {
+    /// The runner's arguments for `scenario`. Cold launches have a cache file of their own, so
+    /// that a warm scenario's file stays as its warm-up launch left it.
+    fn plan(&self, scenario: Scenario, mode: &str, out: &Path, name: &str) -> Planned {
+        let cache = match scenario.cache {
+            CacheUse::Cold => out.join(format!("{name}.{}.cold.cache", scenario.backend)),
+            _ => out.join(format!("{name}.{}.cache", scenario.backend)),
+        };
         let mut args = self.program.clone();
         args.extend([
             "--backend".into(),
@@ -432,55 +447,109 @@ impl Launches<'_> {
             CacheUse::WarmBusy => args.extend(["--repeat".into(), "20".into()]),
             CacheUse::Off | CacheUse::Cold => {}
         }
-        let _ = std::fs::remove_file(cache);
-        if matches!(
-            scenario.cache,
-            CacheUse::Warm | CacheUse::WarmFromDisk | CacheUse::WarmBusy
-        ) {
-            launch(self.runner, &args)?;
+        Planned {
+            scenario,
+            args,
+            cache,
+            runs: Vec::new(),
         }
-        let mut runs = Vec::with_capacity(repeats);
-        for _ in 0..repeats {
-            match scenario.cache {
-                CacheUse::Cold => {
-                    let _ = std::fs::remove_file(cache);
-                }
-                CacheUse::WarmFromDisk => {
-                    let files: Vec<&Path> = [Some(self.pte), self.ptd, Some(cache)]
-                        .into_iter()
-                        .flatten()
-                        .collect();
-                    drop_from_page_cache(&files)
-                }
-                CacheUse::Off | CacheUse::Warm | CacheUse::WarmBusy => {}
-            }
-            let busy = (scenario.cache == CacheUse::WarmBusy).then(BusyCores::start);
-            let run = launch(self.runner, &args);
-            drop(busy);
-            runs.push(run?);
-        }
-        let of = |key: &str, scale: f64| -> Result<Spread, String> {
-            let values = runs
-                .iter()
-                .map(|r| number(r, key).map(|v| v * scale))
-                .collect::<Result<Vec<_>, _>>()?;
-            Ok(spread(values.into_iter()))
-        };
-        let first_output = runs
-            .iter()
-            .map(|r| Ok(number(r, "load_to_ready_ms")? + number(r, "first_execute_ms")?))
-            .collect::<Result<Vec<f64>, String>>()?;
-        Ok(Measured {
-            load_to_ready_ms: of("load_to_ready_ms", 1.0)?,
-            first_execute_ms: of("first_execute_ms", 1.0)?,
-            steady_execute_ms: of("execute_ms", 1.0)?,
-            first_output_ms: spread(first_output.into_iter()),
-            peak_rss_mib: of("peak_rss_kib", 1.0 / 1024.0)?,
-            read_mib: of("load_rchar", 1.0 / 1048576.0)?,
-            disk_read_mib: of("load_read_bytes", 1.0 / 1048576.0)?,
-            cache_file_mib: std::fs::metadata(cache).map_or(0.0, |m| m.len() as f64 / 1048576.0),
-        })
     }
+
+    /// One launch of a planned scenario, after what its scenario does first.
+    fn launch_once(&self, planned: &mut Planned) -> Result<(), String> {
+        match planned.scenario.cache {
+            CacheUse::Cold => {
+                let _ = std::fs::remove_file(&planned.cache);
+            }
+            CacheUse::WarmFromDisk => {
+                let files: Vec<&Path> = [Some(self.pte), self.ptd, Some(&planned.cache)]
+                    .into_iter()
+                    .flatten()
+                    .collect();
+                drop_from_page_cache(&files)
+            }
+            CacheUse::Off | CacheUse::Warm | CacheUse::WarmBusy => {}
+        }
+        let busy = (planned.scenario.cache == CacheUse::WarmBusy).then(BusyCores::start);
+        let run = launch(self.runner, &planned.args);
+        drop(busy);
+        planned.runs.push(run?);
+        Ok(())
+    }
+
+    /// Every scenario of one model under `mode`, `repeats` launches each, interleaved: each
+    /// round launches every scenario once, so a drift of the machine (another tenant, the
+    /// clock) falls on both backends alike. The scenarios from a cold page cache run in rounds
+    /// of their own after the others: dropping the files would turn the next launch of any
+    /// other scenario into one from disk.
+    fn measure_all(
+        &self,
+        mode: &str,
+        out: &Path,
+        name: &str,
+        repeats: usize,
+    ) -> Result<Vec<(Scenario, Measured)>, String> {
+        let mut planned: Vec<Planned> = SCENARIOS
+            .iter()
+            .map(|&s| self.plan(s, mode, out, name))
+            .collect();
+        // One untimed launch per backend makes the warm scenarios' shared file.
+        for backend in ["executorch", "xnnblob"] {
+            if let Some(p) = planned
+                .iter()
+                .find(|p| p.scenario.backend == backend && p.scenario.cache == CacheUse::Warm)
+            {
+                let _ = std::fs::remove_file(&p.cache);
+                launch(self.runner, &p.args)?;
+            }
+        }
+        let from_disk = |p: &Planned| p.scenario.cache == CacheUse::WarmFromDisk;
+        for phase in [false, true] {
+            for round in 0..repeats {
+                eprintln!(
+                    "peer: {name} {mode}: round {} of {repeats}{}",
+                    round + 1,
+                    if phase {
+                        ", from a cold page cache"
+                    } else {
+                        ""
+                    }
+                );
+                for p in planned.iter_mut().filter(|p| from_disk(p) == phase) {
+                    self.launch_once(p)?;
+                }
+            }
+        }
+        planned
+            .into_iter()
+            .map(|p| Ok((p.scenario, measured(&p.runs, &p.cache)?)))
+            .collect()
+    }
+}
+
+/// What `runs`, the launches of one scenario, measured; `cache` is its cache file.
+fn measured(runs: &[HashMap<String, String>], cache: &Path) -> Result<Measured, String> {
+    let of = |key: &str, scale: f64| -> Result<Spread, String> {
+        let values = runs
+            .iter()
+            .map(|r| number(r, key).map(|v| v * scale))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(spread(values.into_iter()))
+    };
+    let first_output = runs
+        .iter()
+        .map(|r| Ok(number(r, "load_to_ready_ms")? + number(r, "first_execute_ms")?))
+        .collect::<Result<Vec<f64>, String>>()?;
+    Ok(Measured {
+        load_to_ready_ms: of("load_to_ready_ms", 1.0)?,
+        first_execute_ms: of("first_execute_ms", 1.0)?,
+        steady_execute_ms: of("execute_ms", 1.0)?,
+        first_output_ms: spread(first_output.into_iter()),
+        peak_rss_mib: of("peak_rss_kib", 1.0 / 1024.0)?,
+        read_mib: of("load_rchar", 1.0 / 1048576.0)?,
+        disk_read_mib: of("load_read_bytes", 1.0 / 1048576.0)?,
+        cache_file_mib: std::fs::metadata(cache).map_or(0.0, |m| m.len() as f64 / 1048576.0),
+    })
 }
 
 /// One thread per core spinning until dropped: the other apps of a busy phone.
@@ -532,12 +601,9 @@ pub fn run(o: &PeerOptions) -> Result<Vec<PeerResult>, String> {
             ptd: program.ptd.as_deref(),
         };
         for mode in LOAD_MODES {
-            for scenario in SCENARIOS {
-                eprintln!("peer: {} {mode}: {}", program.name, scenario.name);
-                let cache = o
-                    .out
-                    .join(format!("{}.{}.cache", program.name, scenario.backend));
-                let measured = launches.measure(scenario, mode, &cache, o.repeats)?;
+            for (scenario, measured) in
+                launches.measure_all(mode, &o.out, &program.name, o.repeats)?
+            {
                 results.push(PeerResult {
                     model: program.name.clone(),
                     weights_mib: program.weights_mib,
@@ -775,13 +841,31 @@ pub fn markdown(results: &[PeerResult], repeats: usize) -> String {
                 g.get("executorch cache, warm, busy cores"),
                 g.get("xnnblob, warm, busy cores"),
             ) {
+                // Two sets of ExecuTorch's own launches: the ratio a backend scores against
+                // itself, next to each ratio of worst cases.
+                let again = g.get("executorch cache, warm, busy cores, again");
+                let itself = |of: fn(&Measured) -> f64| {
+                    again.map_or(String::new(), |a| {
+                        let ratio = of(a) / of(et);
+                        format!(
+                            " (ExecuTorch against itself: {:.3})",
+                            ratio.max(1.0 / ratio)
+                        )
+                    })
+                };
                 verdict(
-                    format!("{model} ({mode}): first execute beside busy cores, worst / ExecuTorch's worst"),
+                    format!(
+                        "{model} ({mode}): first execute beside busy cores, worst / ExecuTorch's worst{}",
+                        itself(|m| m.first_execute_ms.max)
+                    ),
                     xb.first_execute_ms.max / et.first_execute_ms.max,
                     1.2,
                 );
                 verdict(
-                    format!("{model} ({mode}): steady execute beside busy cores, worst / ExecuTorch's worst"),
+                    format!(
+                        "{model} ({mode}): steady execute beside busy cores, worst / ExecuTorch's worst{}",
+                        itself(|m| m.steady_execute_ms.max)
+                    ),
                     xb.steady_execute_ms.max / et.steady_execute_ms.max,
                     1.2,
                 );
@@ -796,7 +880,7 @@ pub fn markdown(results: &[PeerResult], repeats: usize) -> String {
 }
 
 /// Short labels of the scenarios, in [`SCENARIOS`] order.
-const SHORT: [&str; 9] = [
+const SHORT: [&str; 10] = [
     "ET none",
     "ET cold",
     "ET warm",
@@ -806,6 +890,7 @@ const SHORT: [&str; 9] = [
     "xnnblob disk*",
     "ET busy+",
     "xnnblob busy+",
+    "ET busy+ again",
 ];
 
 /// One panel per model and load mode: each scenario's load-to-ready (first output for the
