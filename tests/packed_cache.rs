@@ -721,6 +721,64 @@ fn a_damaged_entry_found_in_the_background_is_repacked_by_the_next_launch() {
     assert_eq!(cache.stats().corrupt_found, 0);
 }
 
+/// A background check of a file no write changed since its last one hashes nothing: the
+/// check is recorded beside the file (`PATH.checked`), and a write to the file undoes the record.
+#[test]
+fn a_background_check_is_recorded_until_the_file_changes() {
+    let dir = scratch("checked-record");
+    let mlp = model();
+    let background = CacheOptions {
+        verify: xnnblob::cache::VerifyPacked::Background,
+        ..Default::default()
+    };
+    let warm = |path: &Path| {
+        let cache = PackedWeightsCache::open_with(path, background.clone()).unwrap();
+        let out = launch(&cache, &mlp);
+        cache.wait_saved().unwrap();
+        (out, cache.stats())
+    };
+    let path = dir.join("weights.xbc");
+    let (expected, _) = cold(&path, &mlp);
+    // A file of the user's where the record would go is neither trusted nor replaced.
+    let theirs = dir.join("theirs.xbc");
+    cold(&theirs, &mlp);
+    let notes = b"my notes\n";
+    std::fs::write(dir.join("theirs.xbc.checked"), notes).unwrap();
+    // A record is made only for a file unchanged for 2 s before its check.
+    std::thread::sleep(std::time::Duration::from_millis(2300));
+
+    let (out, s) = warm(&path);
+    assert_eq!(out, expected);
+    assert_eq!(
+        (s.checked, s.corrupt_found),
+        (3, 0),
+        "every entry checked once"
+    );
+    assert!(dir.join("weights.xbc.checked").is_file());
+    let (out, s) = warm(&path);
+    assert_eq!(out, expected);
+    assert_eq!(s.checked, 0, "recorded: nothing hashed");
+
+    let (_, s) = warm(&theirs);
+    assert_eq!(s.checked, 3);
+    let (_, s) = warm(&theirs);
+    assert_eq!(s.checked, 3, "no record where the user's file is");
+    assert_eq!(
+        std::fs::read(dir.join("theirs.xbc.checked")).unwrap(),
+        notes
+    );
+
+    // A bad sector's worth of damage, written in place: the change time moves.
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes[format::HEADER_SIZE + 100] ^= 0x10;
+    std::fs::write(&path, &bytes).unwrap();
+    let (_, s) = warm(&path);
+    assert_eq!((s.checked, s.corrupt_found), (3, 1));
+    let (out, s) = warm(&path);
+    assert_eq!(out, expected, "the damaged weight was repacked");
+    assert_eq!(s.packed, 1);
+}
+
 #[test]
 fn a_file_that_is_not_a_cache_is_never_read_nor_replaced() {
     let dir = scratch("foreign");

@@ -1,4 +1,5 @@
-//! The packed-weight cache loader on arbitrary bytes: `decode` must reject or return entries
+//! The packed-weight cache loader on arbitrary bytes (and the check record beside a cache
+//! file, `CheckedRecord`): `decode` must reject or return entries
 //! whose regions are inside the file, aligned and disjoint; never panic. Each input is also
 //! tried with its header and index checksums fixed up, so mutations reach the entry checks
 //! instead of stopping at a checksum.
@@ -6,7 +7,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use xnnblob::cache::checksum64;
-use xnnblob::cache::format::{self, Compat};
+use xnnblob::cache::format::{self, CheckedRecord, Compat};
 
 fn check(data: &[u8]) {
     // Accept whatever build id and CPU the input claims, so the fuzzer gets past the header.
@@ -48,7 +49,16 @@ fn fixed_up(data: &[u8]) -> Option<Vec<u8>> {
     Some(d)
 }
 
+/// The record beside a cache file (`PATH.checked`) is read from the same disk: it parses to a
+/// record that writes back as the same bytes, or to nothing.
+fn check_record(data: &[u8]) {
+    if let Some(record) = CheckedRecord::parse(data) {
+        assert_eq!(record.to_text().as_bytes(), data, "one spelling per record");
+    }
+}
+
 fuzz_target!(init: xnnblob_fuzz::limit_address_space(), |data: &[u8]| {
+    check_record(data);
     check(data);
     if let Some(d) = fixed_up(data) {
         check(&d);

@@ -180,6 +180,8 @@ pub(crate) struct Counters {
     pub deferred_fills: AtomicUsize,
     /// Entries of a file whose packed bytes no longer matched their checksum when checked.
     pub corrupt_found: AtomicUsize,
+    /// Entries of a file whose packed bytes were hashed to check them.
+    pub checked: AtomicUsize,
     /// Entries saves left out to keep the file within its budget.
     pub evicted: AtomicUsize,
     /// Named keys that did not match their bytes.
@@ -222,6 +224,9 @@ impl CacheCore {
                 })
                 .collect()
         };
+        self.counters
+            .checked
+            .fetch_add(to_check.len(), Ordering::Relaxed);
         let bad: Vec<usize> = to_check
             .into_iter()
             .filter(|(_, source, sum)| checksum64(source.bytes()) != *sum)

@@ -468,3 +468,91 @@ pub fn index_offset(bytes: &[u8]) -> Option<u64> {
     let t = bytes.get(bytes.len().checked_sub(TRAILER_SIZE)?..)?;
     Some(u64_at(t, INDEX_OFFSET_AT))
 }
+
+/// What the record beside a cache file (`PATH.checked`) holds: the status of the file when
+/// every packed byte of it was last checked against its checksum. A launch that finds the file
+/// in this status hashes nothing (docs/cache-format.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CheckedRecord {
+    /// The device the file is on.
+    pub device: u64,
+    /// Its inode number.
+    pub inode: u64,
+    /// Its length in bytes.
+    pub size: u64,
+    /// Its change time (`ctime`), in nanoseconds since the Unix epoch.
+    pub changed_ns: i128,
+}
+
+impl CheckedRecord {
+    /// The record's first word: a file that does not start with it is not a record.
+    pub const MAGIC: &'static str = "xnnblob-cache-checked";
+
+    /// The record as written: one line, `MAGIC 1 device inode size changed_ns`.
+    pub fn to_text(&self) -> String {
+        format!(
+            "{} 1 {} {} {} {}\n",
+            Self::MAGIC,
+            self.device,
+            self.inode,
+            self.size,
+            self.changed_ns
+        )
+    }
+
+    /// The record `bytes` hold, or None for anything else: another version, a torn line, text
+    /// around it.
+    pub fn parse(bytes: &[u8]) -> Option<CheckedRecord> {
+        let text = std::str::from_utf8(bytes).ok()?;
+        let mut words = text.strip_suffix('\n')?.split(' ');
+        if words.next()? != Self::MAGIC || words.next()? != "1" {
+            return None;
+        }
+        // One spelling per number (no sign, no leading zero), so a record is one line of text.
+        fn number<T: std::str::FromStr + ToString>(word: Option<&str>) -> Option<T> {
+            let word = word?;
+            let n: T = word.parse().ok()?;
+            (n.to_string() == word).then_some(n)
+        }
+        let record = CheckedRecord {
+            device: number(words.next())?,
+            inode: number(words.next())?,
+            size: number(words.next())?,
+            changed_ns: number(words.next())?,
+        };
+        words.next().is_none().then_some(record)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::CheckedRecord;
+
+    #[test]
+    fn a_checked_record_reads_back_and_nothing_else_parses() {
+        let r = CheckedRecord {
+            device: 2049,
+            inode: 77,
+            size: 4096,
+            changed_ns: 1_700_000_000_123_456_789,
+        };
+        let text = r.to_text();
+        assert_eq!(CheckedRecord::parse(text.as_bytes()), Some(r));
+        for cut in 0..text.len() {
+            assert_eq!(
+                CheckedRecord::parse(&text.as_bytes()[..cut]),
+                None,
+                "cut at {cut}"
+            );
+        }
+        for other in [
+            text.replace(" 1 ", " 2 "),
+            format!("x{text}"),
+            text.replace('\n', " 5\n"),
+            text.replace(" 77 ", " +77 "),
+            text.replace(" 77 ", " 077 "),
+        ] {
+            assert_eq!(CheckedRecord::parse(other.as_bytes()), None, "{other}");
+        }
+    }
+}

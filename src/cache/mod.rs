@@ -11,6 +11,8 @@
 //! (`PackedWeightsCache`, its XNNPACK provider, load and save) comes with the `xnnpack` feature.
 
 pub mod budget;
+#[cfg(feature = "xnnpack")]
+mod checked;
 mod checksum;
 #[cfg(feature = "xnnpack")]
 mod core;

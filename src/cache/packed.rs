@@ -2,6 +2,7 @@
 //! data by content, look-up and insertion from XNNPACK, the file it loads and saves.
 
 use super::budget::CacheBudget;
+use super::checked;
 use super::checksum::checksum64;
 use super::core::{CacheCore, Location};
 use super::cpu::cpu_fingerprint;
@@ -9,7 +10,7 @@ use super::format::{Compat, EntryKey, FileError};
 use super::identity::BlobId;
 use super::persist::{self, FileReport, LoadOutcome};
 use crate::deferred::{DeferredData, Fill};
-use crate::mmap::FileIdentity;
+use crate::mmap::{FileIdentity, MappedFile};
 use crate::named_data::DataBuffer;
 use crate::storage::SharedStorage;
 use crate::xnn::{AsXnnWeightsCache, WeightsCache};
@@ -132,13 +133,18 @@ pub enum KeyTrust {
 /// launch until someone ran `xnnblob cache verify`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum VerifyPacked {
-    /// After the load, on a background thread at idle priority: the entries this process's
-    /// runtimes found. A damaged entry is forgotten (later runtimes of the process repack it)
-    /// and the file is rewritten without it, so the next launch repacks it; the launch that
-    /// found it has already handed it to XNNPACK. `xnnblob run` uses it. Not the library's
-    /// default: on a 2-core machine the thread and its pass over the packed bytes took a warm
-    /// launch of 48 qd8 weights from 1.4 to 2.6-2.9 ms, and its first output from 5.9 to
-    /// 7.9-8.9 ms (`xnnblob bench --peer --models qd8`).
+    /// After the load, on a background thread at idle priority, every entry of the file, once
+    /// per change of the file: a record beside it (`PATH.checked`) says the file was checked as
+    /// it is, and later launches hash nothing while its inode, size and change time stay as
+    /// recorded (any write moves the change time, and nothing sets it back). A damaged entry is
+    /// forgotten (later runtimes of the process repack it) and the file is rewritten without it,
+    /// so the next launch repacks it; the launch that found it has already handed it to
+    /// XNNPACK. `xnnblob run` and the ExecuTorch backend use it.
+    ///
+    /// Not the library's default: the pass competes with the first inference for memory
+    /// bandwidth. Checked at every launch, it took the first execute of 48 qd8 weights
+    /// (96 MiB) inside ExecuTorch from 9.2-9.9 ms to 13-16 ms (`xnnblob-et-run ... --steps 1`,
+    /// mmap loader, 6 launches each).
     Background,
     /// At open, before any look-up, every entry of the file: no launch ever uses a damaged
     /// entry, at the cost of reading every packed byte on the load path.
@@ -186,6 +192,8 @@ pub struct CacheStats {
     /// Entries of the file whose packed bytes failed their checksum when checked (see
     /// [`VerifyPacked`]): forgotten, and left out of the file at the next save.
     pub corrupt_found: usize,
+    /// Entries of the file whose packed bytes were hashed to check them (see [`VerifyPacked`]).
+    pub checked: usize,
     /// Entries this process's saves left out of the file to keep it within its budget.
     pub evicted: usize,
     /// Named keys whose bytes did not hash to what the key states (see [`KeyTrust`]): their
@@ -249,6 +257,9 @@ pub struct PackedWeightsCache {
     options: CacheOptions,
     /// Used as it is and never written ([`keep_read_only`](Self::keep_read_only)).
     read_only: AtomicBool,
+    /// The file as opened, when its packed bytes are still to be checked in the background:
+    /// none were checked since it last changed (see `checked.rs`).
+    to_check: Option<Arc<MappedFile>>,
 }
 
 /// Whether a cache file at a path can be saved, or only used as it is.
@@ -422,6 +433,10 @@ impl PackedWeightsCache {
         if options.verify == VerifyPacked::BeforeUse {
             core.forget_corrupt(true);
         }
+        let loaded = core.state.lock().maps.first().cloned();
+        let to_check = loaded.filter(|map| {
+            options.verify == VerifyPacked::Background && !checked::is_recorded(&path, map)
+        });
         let cache = Arc::new(PackedWeightsCache {
             xnn: WeightsCache::new(Arc::new(core)),
             path: Some(path.clone()),
@@ -432,6 +447,7 @@ impl PackedWeightsCache {
             saves: Arc::new(AtomicUsize::new(0)),
             options,
             read_only: AtomicBool::new(false),
+            to_check,
         });
         reg.retain(|_, w| w.strong_count() > 0);
         reg.insert(path, Arc::downgrade(&cache));
@@ -450,6 +466,7 @@ impl PackedWeightsCache {
             saves: Arc::new(AtomicUsize::new(0)),
             options: CacheOptions::default(),
             read_only: AtomicBool::new(false),
+            to_check: None,
         })
     }
 
@@ -598,16 +615,29 @@ impl PackedWeightsCache {
         let (core, compat, saves) = (self.core().clone(), self.compat.clone(), self.saves.clone());
         let storage = self.options.storage.clone();
         let budget = self.options.budget;
-        let verify = self.options.verify == VerifyPacked::Background && !self.blocking_save;
+        // Checked in the background only while no check was recorded since the file last
+        // changed: then every entry, once, so that the record can be made.
+        let to_check = self
+            .to_check
+            .clone()
+            .filter(|_| self.options.verify == VerifyPacked::Background && !self.blocking_save);
+        let verify = to_check.is_some();
         let shown = path.display().to_string();
-        // One pass: what is new now (and, in the background, the check of what look-ups found).
+        let checked_path = path.clone();
+        // One pass: what is new now (and, in the background, the check of the file).
         let save = move || -> Result<(), CacheError> {
             let unsaved = core.state.lock().has_unsaved();
             // A damaged entry found here is left out of the file the save writes.
-            let corrupt = if verify && core.has_unchecked(false) {
-                core.forget_corrupt(false)
-            } else {
-                0
+            let corrupt = match &to_check {
+                Some(map) if core.has_unchecked(true) => {
+                    let before = checked::before_check(&checked_path, map);
+                    let corrupt = core.forget_corrupt(true);
+                    if let (0, Some(before)) = (corrupt, before) {
+                        checked::record(&checked_path, map, before);
+                    }
+                    corrupt
+                }
+                _ => 0,
             };
             if unsaved || corrupt > 0 {
                 let saved = persist::save(&core, storage.get(), &path, &compat, budget)?;
@@ -635,7 +665,7 @@ impl PackedWeightsCache {
                 return Ok(());
             }
             let unsaved = self.core().state.lock().has_unsaved();
-            let to_check = verify && self.core().has_unchecked(false);
+            let to_check = verify && self.core().has_unchecked(true);
             if !unsaved && !to_check {
                 return Ok(());
             }
@@ -735,6 +765,7 @@ impl PackedWeightsCache {
             unregistered: c.unregistered_packs.load(Ordering::Relaxed),
             deferred_fills: c.deferred_fills.load(Ordering::Relaxed),
             corrupt_found: c.corrupt_found.load(Ordering::Relaxed),
+            checked: c.checked.load(Ordering::Relaxed),
             evicted: c.evicted.load(Ordering::Relaxed),
             key_mismatches: c.key_mismatches.load(Ordering::Relaxed),
             truncated: c.truncated.load(Ordering::Relaxed),

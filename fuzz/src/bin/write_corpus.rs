@@ -340,7 +340,20 @@ fn main() {
     write(
         &root,
         "cache_file",
-        &vec![("fixtures.xbc".into(), cache.clone())],
+        &vec![
+            ("fixtures.xbc".into(), cache.clone()),
+            (
+                "record.checked".into(),
+                xnnblob::cache::format::CheckedRecord {
+                    device: 2049,
+                    inode: 1_234_567,
+                    size: cache.len() as u64,
+                    changed_ns: 1_795_586_801_276_556_200,
+                }
+                .to_text()
+                .into_bytes(),
+            ),
+        ],
     );
     write(&root, "state", &state_scripts());
     write(

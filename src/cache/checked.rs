@@ -1,0 +1,94 @@
+//! The record that a cache file's packed bytes were checked against their checksums, kept
+//! beside it (`PATH.checked`), so that a launch hashes them again only after the file changed.
+//!
+//! A change is what the file's status shows: its inode (a save renames a new file over it),
+//! size, and change time (`ctime`), which every write, truncation or mapping write moves and
+//! which no call can set back. Damage below the file system that leaves these as they were (a
+//! failing sector the drive does not report) is found by `xnnblob cache verify`, or at every
+//! open with [`VerifyPacked::BeforeUse`](super::VerifyPacked::BeforeUse).
+//!
+//! The record is a hint: absent, unreadable, torn or foreign, the bytes are checked again. It
+//! is written only for a file whose change time is [`SETTLED`] older than the record, because
+//! a change in the same tick of the file system's clock as the last one would leave the change
+//! time as it was (2 s on FAT, a few ms on ext4 and f2fs).
+
+use crate::mmap::{FileIdentity, MappedFile};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// How much older than the record the file's last change must be for the record to be made.
+pub const SETTLED: Duration = Duration::from_secs(2);
+
+use super::format::CheckedRecord as Checked;
+
+fn of_mapped(path: &Path, map: &MappedFile) -> Option<Checked> {
+    let metadata = std::fs::metadata(path).ok()?;
+    if FileIdentity::of(&metadata) != map.identity() {
+        return None;
+    }
+    Some(Checked {
+        device: metadata.dev(),
+        inode: metadata.ino(),
+        size: metadata.len(),
+        changed_ns: i128::from(metadata.ctime()) * 1_000_000_000
+            + i128::from(metadata.ctime_nsec()),
+    })
+}
+
+/// The record's path: the cache file's, with `.checked` appended.
+pub fn record_path(path: &Path) -> PathBuf {
+    let mut name = path.as_os_str().to_owned();
+    name.push(".checked");
+    PathBuf::from(name)
+}
+
+/// Whether the record beside `path` says the file `map` maps was checked as it is now.
+pub fn is_recorded(path: &Path, map: &MappedFile) -> bool {
+    let Some(now) = of_mapped(path, map) else {
+        return false;
+    };
+    let Ok(text) = std::fs::read(record_path(path)) else {
+        return false;
+    };
+    Checked::parse(&text) == Some(now)
+}
+
+/// The file's status before its bytes are checked: [`record`] writes the record only if the
+/// file is still in it afterwards.
+#[derive(Debug, Clone, Copy)]
+pub struct Before(Checked);
+
+/// The status of the file `map` maps, if the file at `path` is still that file, and it has not
+/// changed for [`SETTLED`] (otherwise no record can be trusted for it yet).
+pub fn before_check(path: &Path, map: &MappedFile) -> Option<Before> {
+    let checked = of_mapped(path, map)?;
+    let taken_ns = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .ok()?
+        .as_nanos() as i128;
+    (checked.changed_ns + SETTLED.as_nanos() as i128 <= taken_ns).then_some(Before(checked))
+}
+
+/// Records that every packed byte of the file `map` maps was checked, if the file at `path` is
+/// the one [`before_check`] saw, unchanged since. Best effort: a record that cannot be written
+/// only means the next launch checks again.
+pub fn record(path: &Path, map: &MappedFile, before: Before) {
+    // A change during the check moved the change time past when `before` was taken, which
+    // was `SETTLED` after the change before it: no tick of the clock can hide it.
+    if of_mapped(path, map) != Some(before.0) {
+        return;
+    }
+    let at = record_path(path);
+    // Something at the path that is not a record of ours (a user's file, a directory) stays.
+    match std::fs::symlink_metadata(&at) {
+        Ok(m) if !m.file_type().is_file() => return,
+        Ok(_) => match std::fs::read_to_string(&at) {
+            Ok(text) if Checked::parse(text.as_bytes()).is_some() => {}
+            _ => return,
+        },
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(_) => return,
+    }
+    let _ = std::fs::write(&at, before.0.to_text());
+}
