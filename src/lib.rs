@@ -1,7 +1,8 @@
 //! xnnblob: fast, lean on-device model loading for XNNPACK.
 //!
 //! - [`xnn`]: a small safe layer over XNNPACK (subgraphs, runtimes, weights-cache providers).
-//! - [`synthetic`]: deterministic models with Rust references, for the demo, tests and benches.
+//! - [`synthetic`]: deterministic models with Rust references, and whole ExecuTorch-style
+//!   programs of any size, for the demo, tests and benches.
 //! - [`named_data`]: ExecuTorch-compatible named data: `.ptd`/`.pte` readers, maps, the writer.
 //! - [`shared_cache`]: one shared copy of each named blob across a backend's models and methods.
 //! - [`cache`]: the persistent packed-weight cache bridged to XNNPACK's weights-cache callbacks.
@@ -14,7 +15,6 @@
 //! - [`tensor`]: element types, shapes and tensor views at a delegate's boundary.
 //! - [`link`]: a `.ptd`'s blobs compiled into the binary; [`inspect`]: what a file holds.
 //! - [`aligned`], [`mmap`], [`sha256`]: aligned buffers, read-only file maps, content keys.
-//! - [`bench`](mod@bench): the load benchmark and the demo.
 //! - [`ffi`]: the cxx bridge that C++ reaches xnnblob through.
 #![deny(unsafe_op_in_unsafe_fn)]
 #![deny(missing_docs)]
@@ -22,8 +22,6 @@
 pub mod aligned;
 #[cfg(feature = "xnnpack")]
 pub mod backend;
-#[cfg(feature = "xnnpack")]
-pub mod bench;
 pub mod cache;
 #[cfg(feature = "xnnpack")]
 pub mod capi;
@@ -54,7 +52,5 @@ pub mod storage;
 pub mod synthetic;
 #[cfg(feature = "xnnpack")]
 pub mod tensor;
-#[cfg(feature = "cli")]
-pub mod torture;
 #[cfg(feature = "xnnpack")]
 pub mod xnn;

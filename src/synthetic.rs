@@ -1,6 +1,8 @@
 //! Synthetic models with deterministic weights, for the demo, tests and benches, each with a
 //! plain Rust reference to check XNNPACK's results against.
 
+pub mod model;
+
 use crate::xnn::{Subgraph, ValueRole, XnnError};
 
 /// A dense layer: `y = x · Wᵀ + b`, W stored [outputs, inputs] as XNNPACK expects.

@@ -8,8 +8,8 @@ mod common;
 
 use common::scratch;
 use xnnblob::backend::{Backend, PackedCache};
-use xnnblob::bench::model::{self, Dtype, ModelSpec, Preset};
 use xnnblob::program::Program;
+use xnnblob::synthetic::model::{self, Dtype, ModelSpec, Preset};
 
 #[test]
 fn finalizes_during_a_save_are_saved_by_it_and_nothing_is_lost() {

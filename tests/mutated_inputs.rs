@@ -54,7 +54,7 @@ fn backend() -> Backend {
 
 /// The delegate payload and named data of a small generated qd8 model.
 fn payload_seed(dir: &Path) -> (Vec<u8>, InMemoryMap) {
-    use xnnblob::bench::model::{ensure, Dtype, ModelSpec, Preset};
+    use xnnblob::synthetic::model::{ensure, Dtype, ModelSpec, Preset};
     let spec = ModelSpec {
         preset: Preset::LlmLike,
         dtype: Dtype::Qd8,

@@ -9,10 +9,10 @@ mod common;
 use common::scratch;
 use std::path::{Path, PathBuf};
 use xnnblob::backend::{Backend, BackendOptions, PackedCache};
-use xnnblob::bench::model::{self, Dtype, ModelFiles, ModelSpec, Preset};
 use xnnblob::cache::{CacheError, CacheOptions};
 use xnnblob::delegate::DelegateError;
 use xnnblob::program::{Method, Program, ProgramError};
+use xnnblob::synthetic::model::{self, Dtype, ModelFiles, ModelSpec, Preset};
 
 const SPEC: ModelSpec = ModelSpec {
     preset: Preset::LlmLike,

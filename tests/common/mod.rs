@@ -9,9 +9,20 @@ pub mod qd8_reference;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 
+/// The repository's root, where the core crate is: the command line's tests (`cli/tests`)
+/// share these helpers and its fixtures.
+pub fn repo_root() -> &'static Path {
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    if manifest.ends_with("cli") {
+        manifest.parent().unwrap_or(manifest)
+    } else {
+        manifest
+    }
+}
+
 /// `tests/data/executorch`, the fixtures copied from ExecuTorch 1.5.1's exporter.
 pub fn dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/executorch")
+    repo_root().join("tests/data/executorch")
 }
 
 /// A raw little-endian f32 file.

@@ -1,6 +1,6 @@
 //! The peer bench with the runner this package builds: `cargo bench -p xnnblob-executorch
 //! --bench peer [-- OPTIONS]`, the options of `xnnblob bench --peer` (see
-//! `xnnblob::bench::peer`).
+//! `xnnblob_cli::bench::peer`).
 
 #[path = "../tests/support/mod.rs"]
 mod support;
@@ -11,7 +11,7 @@ fn main() {
     // The runner finds libxnnblob_executorch.so beside itself; cargo builds only the rlib here.
     support::backend_library();
     let runner = PathBuf::from(env!("CARGO_BIN_EXE_xnnblob-et-run"));
-    if let Err(e) = xnnblob::bench::peer_bench_main(runner) {
+    if let Err(e) = xnnblob_cli::bench::peer_bench_main(runner) {
         eprintln!("peer bench: {e}");
         std::process::exit(1);
     }

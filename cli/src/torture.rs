@@ -9,12 +9,12 @@
 //! (every entry's checksum) must pass. At the end the file must be exactly the size of a cache
 //! built from scratch, and no temporary file of a killed save may be left.
 
-use crate::bench::model::{ensure, Dtype, ModelSpec, Preset};
-use crate::cache::{verify_file, CacheOptions};
-use crate::synthetic::SplitMix64;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
+use xnnblob::cache::{verify_file, CacheOptions};
+use xnnblob::synthetic::model::{ensure, Dtype, ModelSpec, Preset};
+use xnnblob::synthetic::SplitMix64;
 
 /// A campaign's settings.
 #[derive(Debug, Clone)]
@@ -95,7 +95,11 @@ impl std::fmt::Display for TortureReport {
 }
 
 /// One `xnnblob run` of the model, as arguments.
-fn run_args(files: &crate::bench::model::ModelFiles, input: &Path, out: &Path) -> Vec<String> {
+fn run_args(
+    files: &xnnblob::synthetic::model::ModelFiles,
+    input: &Path,
+    out: &Path,
+) -> Vec<String> {
     vec![
         "run".into(),
         files.pte.display().to_string(),

@@ -1,5 +1,6 @@
 //! `xnnblob cache stats|verify|compact` on a real cache file.
 
+#[path = "../../tests/common/mod.rs"]
 mod common;
 
 use std::path::Path;

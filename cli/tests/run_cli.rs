@@ -1,5 +1,6 @@
 //! `xnnblob run` on real ExecuTorch programs.
 
+#[path = "../../tests/common/mod.rs"]
 mod common;
 
 use common::{scratch, Tmpfs};
@@ -10,7 +11,7 @@ fn run(args: &[&str]) -> (bool, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_xnnblob"))
         .arg("run")
         .args(args)
-        .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/executorch"))
+        .current_dir(common::repo_root().join("tests/data/executorch"))
         .output()
         .unwrap();
     let text = format!(
@@ -54,10 +55,7 @@ fn run_writes_outputs_and_a_warm_cache_packs_nothing() {
         "{text}"
     );
     let got = f32s(&out_dir.join("output0.f32"));
-    let want = f32s(
-        &Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("tests/data/executorch/two_methods.output1.f32"),
-    );
+    let want = f32s(&common::repo_root().join("tests/data/executorch/two_methods.output1.f32"));
     assert_eq!(got.len(), want.len());
     for (a, b) in got.iter().zip(&want) {
         assert!((a - b).abs() <= 1e-5, "{a} vs {b}");
@@ -221,7 +219,7 @@ fn a_closed_stdout_ends_the_run_normally_with_its_outputs_written() {
                 "--output-dir",
                 out_dir.to_str().unwrap(),
             ])
-            .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/executorch"))
+            .current_dir(common::repo_root().join("tests/data/executorch"))
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())
             .spawn()
@@ -350,13 +348,13 @@ fn damaged_packed_bytes_are_found_after_the_launch_and_repacked_by_the_next() {
 #[test]
 fn a_full_or_read_only_disk_runs_right_without_persistence_and_warns_once() {
     let dir = scratch("full-disk");
-    let spec = xnnblob::bench::model::ModelSpec {
-        preset: xnnblob::bench::model::Preset::LlmLike,
-        dtype: xnnblob::bench::model::Dtype::Qd8,
+    let spec = xnnblob::synthetic::model::ModelSpec {
+        preset: xnnblob::synthetic::model::Preset::LlmLike,
+        dtype: xnnblob::synthetic::model::Dtype::Qd8,
         mib: 4,
         layers: 8,
     };
-    let files = xnnblob::bench::model::ensure(&spec, &dir.join("models")).unwrap();
+    let files = xnnblob::synthetic::model::ensure(&spec, &dir.join("models")).unwrap();
     let input = dir.join("input.f32");
     spec.write_input(&input).unwrap();
     let args = |cache: Option<&Path>, out: &str| {
@@ -441,7 +439,7 @@ fn eight_processes_cold_starting_one_path_leave_one_valid_file() {
         Command::new(env!("CARGO_BIN_EXE_xnnblob"))
             .arg("run")
             .args(&args)
-            .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/executorch"))
+            .current_dir(common::repo_root().join("tests/data/executorch"))
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::piped())
             .spawn()

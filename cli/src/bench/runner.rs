@@ -1,13 +1,13 @@
 //! The benchmark's parent and child processes, and the demo (the `cli` feature).
 
 use super::child::{self, Launch, Scenario};
-use super::model::{self, Dtype, ModelFiles, ModelSpec, Preset};
 use super::peer::{self, PeerOptions};
 use super::report::{self, Row};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use xnnblob::synthetic::model::{self, Dtype, ModelFiles, ModelSpec, Preset};
 
 /// Options of a benchmark run (from the command line).
 #[derive(Debug, Clone)]
@@ -170,7 +170,9 @@ impl Options {
 }
 
 fn default_out() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("target/bench")
+    // The workspace's target directory, beside this crate's.
+    let cli = Path::new(env!("CARGO_MANIFEST_DIR"));
+    cli.parent().unwrap_or(cli).join("target/bench")
 }
 
 /// Entry point shared by `xnnblob bench` and the bench binary: a child launch when asked for

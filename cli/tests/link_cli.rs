@@ -1,5 +1,6 @@
 //! `xnnblob link` writes the Rust source of linked parameters.
 
+#[path = "../../tests/common/mod.rs"]
 mod common;
 
 use std::process::Command;
@@ -9,8 +10,7 @@ fn link_writes_one_static_per_parameter_and_the_lookups() {
     // `link` makes its output directory itself.
     let scratch = common::scratch("link");
     let dir = scratch.join("out");
-    let ptd = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/data/executorch/mlp_portable_external.ptd");
+    let ptd = common::repo_root().join("tests/data/executorch/mlp_portable_external.ptd");
     let out = Command::new(env!("CARGO_BIN_EXE_xnnblob"))
         .arg("link")
         .arg(&ptd)

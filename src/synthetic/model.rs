@@ -1,4 +1,4 @@
-//! Synthetic models for the load benchmark, written like ExecuTorch's exporter writes them: an
+//! Whole synthetic programs of any size (the load benchmark's, the demo's, the tests'), written like ExecuTorch's exporter writes them: an
 //! XNNPACK payload (`<name>.xnn`), its weights as named data (`<name>.ptd`), and the payload as a
 //! program (`<name>.pte`) for ExecuTorch's runtime.
 

@@ -7,12 +7,12 @@ use clap::Parser;
 #[command(name = "load")]
 struct LoadBench {
     #[command(flatten)]
-    args: xnnblob::bench::BenchArgs,
+    args: xnnblob_cli::bench::BenchArgs,
 }
 
 fn main() {
     let bench = LoadBench::parse();
-    if let Err(e) = xnnblob::bench::main(&bench.args, false) {
+    if let Err(e) = xnnblob_cli::bench::main(&bench.args, false) {
         eprintln!("bench: {e}");
         std::process::exit(1);
     }

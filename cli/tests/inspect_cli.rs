@@ -1,5 +1,6 @@
 //! `xnnblob inspect` prints what the fixture manifests say.
 
+#[path = "../../tests/common/mod.rs"]
 mod common;
 
 use serde_json::Value;
@@ -23,7 +24,7 @@ fn inspect_json(file: &Path) -> Value {
 
 #[test]
 fn inspect_json_lists_every_key_as_the_manifests_do() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/executorch");
+    let dir = common::repo_root().join("tests/data/executorch");
     let mut files = 0;
     for entry in std::fs::read_dir(&dir).unwrap() {
         let path = entry.unwrap().path();
@@ -70,7 +71,7 @@ fn inspect_json_lists_every_key_as_the_manifests_do() {
 fn inspect_a_bad_file_fails_with_a_message() {
     let out = Command::new(env!("CARGO_BIN_EXE_xnnblob"))
         .args(["inspect", "Cargo.toml"])
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .current_dir(common::repo_root())
         .output()
         .unwrap();
     assert!(!out.status.success());
@@ -110,8 +111,7 @@ fn inspect_json_escapes_any_key() {
 
 #[test]
 fn verify_keys_finds_a_weight_edited_after_export() {
-    let fixture =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/executorch/mlp_xnn_external.ptd");
+    let fixture = common::repo_root().join("tests/data/executorch/mlp_xnn_external.ptd");
     let verify = |file: &Path| {
         let out = Command::new(env!("CARGO_BIN_EXE_xnnblob"))
             .args(["inspect", "--verify-keys"])

@@ -1,13 +1,13 @@
 //! One launch, measured inside a fresh process: what each scenario of the benchmark runs.
 
-use super::model::ModelFiles;
-use crate::backend::{machine_threads, Backend, BackendOptions};
-use crate::delegate::{Weights, XnnDelegate};
-use crate::named_data::{FileDataMap, InMemoryMap, NamedDataMap};
-use crate::xnn::{InMemoryWeightsCache, WeightsCache, XnnpackWeightsCache};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
+use xnnblob::backend::{machine_threads, Backend, BackendOptions};
+use xnnblob::delegate::{Weights, XnnDelegate};
+use xnnblob::named_data::{FileDataMap, InMemoryMap, NamedDataMap};
+use xnnblob::synthetic::model::ModelFiles;
+use xnnblob::xnn::{InMemoryWeightsCache, WeightsCache, XnnpackWeightsCache};
 
 /// How a launch gets its packed weights: what the benchmark compares.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -120,7 +120,7 @@ pub fn resident_mib(path: &Path) -> f64 {
     kb as f64 / 1024.0
 }
 
-fn payload_buffer(path: &Path) -> Result<crate::named_data::DataBuffer, String> {
+fn payload_buffer(path: &Path) -> Result<xnnblob::named_data::DataBuffer, String> {
     let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let mut m = InMemoryMap::new("payload");
     m.insert("p", &bytes, 64, None).map_err(|e| e.to_string())?;

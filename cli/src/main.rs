@@ -90,7 +90,7 @@ struct BenchCommand {
     #[command(subcommand)]
     action: Option<BenchAction>,
     #[command(flatten)]
-    args: xnnblob::bench::BenchArgs,
+    args: xnnblob_cli::bench::BenchArgs,
 }
 
 #[derive(Subcommand)]
@@ -195,7 +195,7 @@ fn main() -> ExitCode {
         Err(e) => e.exit(),
     };
     let result = match cli.command.unwrap_or(Command::Demo { mib: 256 }) {
-        Command::Demo { mib } => xnnblob::bench::demo(mib).map_err(Into::into),
+        Command::Demo { mib } => xnnblob_cli::bench::demo(mib).map_err(Into::into),
         Command::Bench(BenchCommand {
             action:
                 Some(BenchAction::Compare {
@@ -204,7 +204,7 @@ fn main() -> ExitCode {
                     max_regression,
                 }),
             ..
-        }) => match xnnblob::bench::compare::compare(&base, &new, max_regression) {
+        }) => match xnnblob_cli::bench::compare::compare(&base, &new, max_regression) {
             Ok((report, regressed)) => {
                 let printed = (|| -> Result<(), Box<dyn std::error::Error>> {
                     out!("{report}");
@@ -218,7 +218,7 @@ fn main() -> ExitCode {
             Err(e) => Err(e.into()),
         },
         Command::Bench(BenchCommand { args, .. }) => {
-            xnnblob::bench::main(&args, true).map_err(Into::into)
+            xnnblob_cli::bench::main(&args, true).map_err(Into::into)
         }
         Command::Inspect {
             file,
@@ -638,7 +638,7 @@ fn torture_command(
         .is_none()
         .then(|| std::env::temp_dir().join(format!("xnnblob-torture-{}", std::process::id())));
     let run_dir = dir.or(scratch.clone()).unwrap_or_default();
-    let report = xnnblob::torture::torture(&xnnblob::torture::TortureOptions {
+    let report = xnnblob_cli::torture::torture(&xnnblob_cli::torture::TortureOptions {
         kills,
         mib,
         seed,
