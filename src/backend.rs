@@ -10,7 +10,7 @@
 //! A [`Backend`] is a cheap handle (clones share everything). Each loaded model asks it for a
 //! [`ModelContext`]: the packed-weight cache and workspace that model's delegates use.
 
-use crate::cache::{CacheError, CacheOptions, PackedWeightsCache};
+use crate::cache::{CacheAccess, CacheError, CacheOptions, PackedWeightsCache};
 use crate::deferred::DeferredData;
 use crate::shared_cache::SharedDataCache;
 use crate::xnn::{
@@ -68,6 +68,53 @@ pub enum PackedCache {
     File(PathBuf),
     /// No cache: XNNPACK packs every weight privately for each runtime.
     Disabled,
+}
+
+/// What resolving a packed-weight cache request has to say beside the weights
+/// ([`Backend::resolve_weights`]).
+#[derive(Debug)]
+pub enum CacheNotice {
+    /// The file's directory takes no new files: the file is used as it is, nothing is saved.
+    ReadOnly {
+        /// The cache file.
+        path: PathBuf,
+    },
+    /// The file was not used whole (rejected, or entries that failed their checks): it is
+    /// rebuilt at the next save.
+    Rebuilt {
+        /// The cache file.
+        path: PathBuf,
+        /// Why, as one sentence naming the file.
+        why: String,
+    },
+    /// The path cannot be used: packed weights stay in memory for this process.
+    Unusable {
+        /// The path asked for.
+        path: PathBuf,
+        /// Why it cannot be used.
+        error: CacheError,
+    },
+}
+
+impl fmt::Display for CacheNotice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CacheNotice::ReadOnly { path } => write!(
+                f,
+                "packed-weight cache {}: its directory takes no new files; the cache is used as \
+                 it is and nothing is saved",
+                path.display()
+            ),
+            CacheNotice::Rebuilt { why, .. } => f.write_str(why),
+            CacheNotice::Unusable { path, error } => write!(
+                f,
+                "packed-weight cache {}: {}; packed weights are kept in memory for this process \
+                 instead",
+                path.display(),
+                crate::report::report(error)
+            ),
+        }
+    }
 }
 
 /// The threads this machine runs at once (1 when it cannot tell): the thread count ExecuTorch's
@@ -208,6 +255,56 @@ impl Backend {
         Ok(cache)
     }
 
+    /// The weights `request` names, resolved as every face resolves them (ExecuTorch's options,
+    /// the command line's flags, the C++ and C faces' arguments):
+    /// - a file whose directory takes no new files (a read-only mount, an app's bundle) is used
+    ///   as it is, and nothing is saved ([`CacheNotice::ReadOnly`]);
+    /// - a file that was rejected or lost entries is rebuilt at the next save
+    ///   ([`CacheNotice::Rebuilt`]);
+    /// - a path that cannot be used at all (no permission, a directory, a user's file) leaves
+    ///   the packed weights in the backend's in-memory cache ([`CacheNotice::Unusable`]); a face
+    ///   that must persist turns that notice into its error;
+    /// - with `verify_on_load`, every packed weight of the file is checked before any runtime
+    ///   uses it.
+    ///
+    /// The notice is the face's to say, in its own way (ExecuTorch's log, stderr, an error).
+    pub fn resolve_weights(
+        &self,
+        request: &PackedCache,
+        verify_on_load: bool,
+    ) -> (Weights, Option<CacheNotice>) {
+        let path = match request {
+            PackedCache::Disabled => return (Weights::None, None),
+            PackedCache::InMemory => return (Weights::Packed(self.0.in_memory.clone()), None),
+            PackedCache::File(path) => path,
+        };
+        let opened = PackedWeightsCache::access_at(path)
+            .and_then(|access| Ok((access, self.file_cache(path)?)));
+        let (access, cache) = match opened {
+            Ok(opened) => opened,
+            Err(error) => {
+                let notice = CacheNotice::Unusable {
+                    path: path.clone(),
+                    error,
+                };
+                return (Weights::Packed(self.0.in_memory.clone()), Some(notice));
+            }
+        };
+        if verify_on_load {
+            cache.verify_before_use();
+        }
+        let notice = if access == CacheAccess::ReadOnly {
+            cache.keep_read_only();
+            Some(CacheNotice::ReadOnly { path: path.clone() })
+        } else {
+            cache.load_note().map(|why| CacheNotice::Rebuilt {
+                path: path.clone(),
+                why,
+            })
+        };
+        (Weights::Packed(cache), notice)
+    }
+
     /// The placeholder ([`DeferredData`]) standing for the constant with content key `key` and
     /// `len` bytes: one per key across the backend while any delegate holds it, so programs
     /// sharing a weight share one address (and one packed entry).
@@ -240,11 +337,14 @@ impl Backend {
 
     /// The context a new model's delegates share: the packed-weight cache `cache` names (the
     /// backend's default when None), and a workspace as the sharing mode says.
+    ///
+    /// The weights are [`resolve_weights`](Self::resolve_weights)'s, and a path that cannot be
+    /// used is this call's error: the caller named a file and expects it to persist.
     pub fn model(&self, cache: Option<&PackedCache>) -> Result<ModelContext, BackendError> {
-        let weights = match cache.unwrap_or(&self.0.options.packed_cache) {
-            PackedCache::InMemory => Weights::Packed(self.0.in_memory.clone()),
-            PackedCache::File(path) => Weights::Packed(self.file_cache(path)?),
-            PackedCache::Disabled => Weights::None,
+        let request = cache.unwrap_or(&self.0.options.packed_cache);
+        let weights = match self.resolve_weights(request, false) {
+            (_, Some(CacheNotice::Unusable { error, .. })) => return Err(error.into()),
+            (weights, _) => weights,
         };
         self.model_with_weights(weights)
     }

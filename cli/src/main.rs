@@ -450,7 +450,7 @@ fn described<'a>(
 
 fn run_command(args: &RunArgs, inputs: Vec<InputArg>) -> Result<(), Box<dyn std::error::Error>> {
     use std::time::Instant;
-    use xnnblob::backend::{Backend, PackedCache};
+    use xnnblob::backend::{Backend, CacheNotice, PackedCache};
     use xnnblob::tensor::{Shape, TensorRef};
     let program_path = args.program.display().to_string();
     let (data, method, cache, out_dir) = (
@@ -476,36 +476,29 @@ fn run_command(args: &RunArgs, inputs: Vec<InputArg>) -> Result<(), Box<dyn std:
         },
         ..Default::default()
     })?;
+    // The backend's one resolver; this face says its notice on stderr, and with
+    // `--require-cache` an unusable path is the command's error.
     let cache = match cache {
         None => None,
-        Some(path) => match xnnblob::cache::PackedWeightsCache::access_at(&path)
-            .and_then(|access| Ok((access, backend.file_cache(&path)?)))
-        {
-            Ok((xnnblob::cache::CacheAccess::ReadOnly, cache)) => {
-                cache.keep_read_only();
-                eprintln!(
-                    "xnnblob: packed-weight cache {}: its directory takes no new files; used as \
-                     it is, nothing is saved",
-                    path.display()
-                );
-                Some(PackedCache::File(path))
+        Some(path) => {
+            let request = PackedCache::File(path);
+            match backend.resolve_weights(&request, false).1 {
+                Some(CacheNotice::Unusable { error, .. }) if args.require_cache => {
+                    return Err(error.into())
+                }
+                Some(notice @ CacheNotice::Unusable { .. }) => {
+                    eprintln!("xnnblob: warning: {notice}");
+                    Some(PackedCache::InMemory)
+                }
+                Some(notice) => {
+                    eprintln!("xnnblob: {notice}");
+                    Some(request)
+                }
+                None => Some(request),
             }
-            Ok(_) => Some(PackedCache::File(path)),
-            Err(e) if args.require_cache => return Err(e.into()),
-            // One rule for every unusable path: run right, without persistence, and say so once.
-            Err(e) => {
-                eprintln!(
-                    "xnnblob: warning: {}; running without a persistent cache",
-                    report(&e)
-                );
-                Some(PackedCache::InMemory)
-            }
-        },
+        }
     };
     let program = xnnblob::program::Program::load(&backend, &args.program, data, cache.as_ref())?;
-    if let Some(note) = program.weights_cache().and_then(|c| c.load_note()) {
-        eprintln!("xnnblob: {note}");
-    }
     let method_name = match method {
         Some(m) => m,
         None => program

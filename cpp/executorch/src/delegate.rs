@@ -9,7 +9,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::{Arc, OnceLock};
-use xnnblob::backend::{Backend, BackendOptions, WorkspaceSharing};
+use xnnblob::backend::{Backend, BackendOptions, CacheNotice, PackedCache, WorkspaceSharing};
 use xnnblob::delegate::{DelegateError, Weights, XnnDelegate};
 use xnnblob::named_data::DataBuffer;
 use xnnblob::report::{panic_message, report};
@@ -131,69 +131,34 @@ pub(crate) struct Note {
     severe: bool,
 }
 
-/// The packed-weight cache a load asked for, and a note when the path was not used as it is.
+/// The packed-weight cache a load asked for (the backend's one resolver), and what it has to
+/// say, once per path in this process.
 fn weights_for(
     backend: &Backend,
     options: &InitOptions,
 ) -> Result<(Weights, Option<Note>), Outcome> {
-    if !options.weight_cache_enabled {
-        return Ok((Weights::None, None));
-    }
-    if options.packed_cache_path.is_empty() {
-        return Ok((Weights::Packed(backend.in_memory_cache().clone()), None));
-    }
-    let path = PathBuf::from(&options.packed_cache_path);
-    let mut read_only = false;
-    let opened = xnnblob::cache::PackedWeightsCache::access_at(&path)
-        .and_then(|access| {
-            read_only = access == xnnblob::cache::CacheAccess::ReadOnly;
-            backend.file_cache(&path)
+    let request = match (
+        options.weight_cache_enabled,
+        options.packed_cache_path.as_str(),
+    ) {
+        (false, _) => PackedCache::Disabled,
+        (true, "") => PackedCache::InMemory,
+        (true, path) => PackedCache::File(PathBuf::from(path)),
+    };
+    let (weights, notice) = backend.resolve_weights(&request, options.verify_on_load);
+    let note = notice.and_then(|notice| {
+        let path = match &notice {
+            CacheNotice::ReadOnly { path }
+            | CacheNotice::Rebuilt { path, .. }
+            | CacheNotice::Unusable { path, .. } => path.clone(),
+        };
+        reported_paths().lock().insert(path).then(|| Note {
+            // The user's request was not met only when the path could not be used at all.
+            severe: matches!(notice, CacheNotice::Unusable { .. }),
+            text: notice.to_string(),
         })
-        .map_err(|e| report(&e));
-    match opened {
-        Ok(cache) if read_only => {
-            cache.keep_read_only();
-            if options.verify_on_load {
-                cache.verify_before_use();
-            }
-            let first = reported_paths().lock().insert(path.clone());
-            let note = first.then(|| Note {
-                text: format!(
-                    "packed_cache_path {}: its directory takes no new files; the cache is used as \
-                     it is and nothing is saved",
-                    path.display()
-                ),
-                severe: false,
-            });
-            Ok((Weights::Packed(cache), note))
-        }
-        Ok(cache) => {
-            if options.verify_on_load {
-                cache.verify_before_use();
-            }
-            // A rejected file is rebuilt without fuss, but said once: why it was not used.
-            let note = cache
-                .load_note()
-                .filter(|_| reported_paths().lock().insert(path.clone()))
-                .map(|text| Note {
-                    text,
-                    severe: false,
-                });
-            Ok((Weights::Packed(cache), note))
-        }
-        Err(why) => {
-            let first = reported_paths().lock().insert(path.clone());
-            let warning = first.then(|| Note {
-                text: format!(
-                    "packed_cache_path {}: {why}; packed weights are kept in memory for this \
-                     process instead",
-                    path.display()
-                ),
-                severe: true,
-            });
-            Ok((Weights::Packed(backend.in_memory_cache().clone()), warning))
-        }
-    }
+    });
+    Ok((weights, note))
 }
 
 fn status_of(error: &DelegateError) -> Status {
