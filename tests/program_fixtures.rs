@@ -225,7 +225,8 @@ fn missing_foreign_or_doubled_data_and_truncated_payloads_are_clear_errors() {
     assert!(matches!(err, ProgramError::NamedData(_)), "{err}");
     assert!(err.to_string().contains("is in both"), "{err}");
     // A truncated program: its delegate segment no longer fits.
-    let tmp = std::env::temp_dir().join(format!("xnnblob-trunc-{}.pte", std::process::id()));
+    let scratch = common::scratch("truncated-pte");
+    let tmp = scratch.join("truncated.pte");
     let bytes = std::fs::read(&pte).unwrap();
     std::fs::write(&tmp, &bytes[..bytes.len() - 100]).unwrap();
     let err = Program::load(&Backend::with_defaults().unwrap(), &tmp, &[&ptd], None)
@@ -233,7 +234,6 @@ fn missing_foreign_or_doubled_data_and_truncated_payloads_are_clear_errors() {
         .unwrap();
     let text = xnnblob::report::report(&err);
     assert!(text.contains("segment data"), "{text}");
-    std::fs::remove_file(&tmp).unwrap();
     // No such method.
     let p = Program::load(&Backend::with_defaults().unwrap(), &pte, &[&ptd], None).unwrap();
     assert!(matches!(

@@ -199,8 +199,8 @@ fn shared_programs_child() {
 
 #[test]
 fn with_a_cache_file_a_second_process_packs_nothing() {
-    let path = std::env::temp_dir().join(format!("xnnblob-shared-{}.xbc", std::process::id()));
-    let _ = std::fs::remove_file(&path);
+    let scratch = common::scratch("shared-programs");
+    let path = scratch.join("shared.xbc");
     let launch = || {
         let out = std::process::Command::new(std::env::current_exe().unwrap())
             .args([

@@ -73,8 +73,9 @@ fn a_short_kill_9_campaign_loses_nothing() {
     // killed while packing, saving or renaming; each next launch must give the outputs of a run
     // without cache, the file must verify, and at the end it must be the size of one built from
     // scratch with no temporary file left.
-    let dir = std::env::temp_dir().join(format!("xnnblob-torture-test-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+    // The command makes the directory itself: it must not exist yet.
+    let scratch = common::scratch("torture");
+    let dir = scratch.join("campaign");
     let (ok, text) = xnnblob(&[
         "cache",
         "torture",
@@ -94,5 +95,4 @@ fn a_short_kill_9_campaign_loses_nothing() {
             && text.contains("PASS"),
         "{text}"
     );
-    let _ = std::fs::remove_dir_all(&dir);
 }
