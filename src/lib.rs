@@ -33,6 +33,7 @@ mod fast_hash;
 #[cfg(feature = "xnnpack")]
 pub mod ffi;
 pub mod inspect;
+mod le;
 pub mod link;
 pub mod mmap;
 pub mod named_data;

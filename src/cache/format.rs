@@ -197,16 +197,18 @@ pub struct Decoded {
     pub dropped: Vec<(usize, EntryProblem)>,
 }
 
+// Every read below is of a range the caller checked is inside the file (header, index and
+// trailer sizes are checked first).
 fn u32_at(b: &[u8], at: usize) -> u32 {
-    u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"))
+    crate::le::u32_at(b, at).expect("a field inside a checked range")
 }
 
 fn u64_at(b: &[u8], at: usize) -> u64 {
-    u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
+    crate::le::u64_at(b, at).expect("a field inside a checked range")
 }
 
 fn id_at(b: &[u8], at: usize) -> BlobId {
-    BlobId(b[at..at + 32].try_into().expect("32 bytes"))
+    BlobId(crate::le::array_at(b, at).expect("a field inside a checked range"))
 }
 
 /// The header bytes for `compat`.

@@ -57,13 +57,10 @@ impl PayloadHeader {
 }
 
 fn field<const N: usize>(bytes: &[u8], at: usize) -> Result<[u8; N], DelegateError> {
-    bytes
-        .get(at..at + N)
-        .and_then(|b| b.try_into().ok())
-        .ok_or(DelegateError::PayloadTruncated {
-            needed: (at + N) as u64,
-            len: bytes.len() as u64,
-        })
+    crate::le::array_at(bytes, at).ok_or(DelegateError::PayloadTruncated {
+        needed: at as u64 + N as u64,
+        len: bytes.len() as u64,
+    })
 }
 
 /// A validated payload: header checked against its length, flatbuffer verified.

@@ -1,32 +1,28 @@
-//! Bounds-checked little-endian reads and flatbuffer verification shared by the parsers.
+//! The named-data parsers' header fields (through the crate's one reader, [`crate::le`]) with
+//! their error, and the flatbuffer verification they share.
 
 use super::error::FormatError;
+use crate::le;
+
+/// What a field `N` bytes long at `at` needs, as the error a read past the end gives.
+fn truncated(bytes: &[u8], at: usize, n: usize, what: &'static str) -> FormatError {
+    FormatError::Truncated {
+        what,
+        needed: at as u64 + n as u64,
+        len: bytes.len() as u64,
+    }
+}
 
 pub(crate) fn u32_at(bytes: &[u8], at: usize, what: &'static str) -> Result<u32, FormatError> {
-    let b = bytes.get(at..at + 4).ok_or(FormatError::Truncated {
-        what,
-        needed: (at + 4) as u64,
-        len: bytes.len() as u64,
-    })?;
-    Ok(u32::from_le_bytes(b.try_into().expect("4 bytes")))
+    le::u32_at(bytes, at).ok_or_else(|| truncated(bytes, at, 4, what))
 }
 
 pub(crate) fn u64_at(bytes: &[u8], at: usize, what: &'static str) -> Result<u64, FormatError> {
-    let b = bytes.get(at..at + 8).ok_or(FormatError::Truncated {
-        what,
-        needed: (at + 8) as u64,
-        len: bytes.len() as u64,
-    })?;
-    Ok(u64::from_le_bytes(b.try_into().expect("8 bytes")))
+    le::u64_at(bytes, at).ok_or_else(|| truncated(bytes, at, 8, what))
 }
 
 pub(crate) fn tag_at(bytes: &[u8], at: usize, what: &'static str) -> Result<[u8; 4], FormatError> {
-    let b = bytes.get(at..at + 4).ok_or(FormatError::Truncated {
-        what,
-        needed: (at + 4) as u64,
-        len: bytes.len() as u64,
-    })?;
-    Ok(b.try_into().expect("4 bytes"))
+    le::array_at(bytes, at).ok_or_else(|| truncated(bytes, at, 4, what))
 }
 
 /// `start + size` as a range end, refusing overflow.
