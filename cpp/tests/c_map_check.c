@@ -1,4 +1,4 @@
-/* xnnblob's C ABI for named data, from C (tests/c_abi.rs): every key of a .ptd read in place
+/* xnnblob's C ABI for named data, from C (tests/integration/c_abi.rs): every key of a .ptd read in place
  * and by copy, with its layout. Built only for xnnblob's tests (test-hooks). */
 #include <stddef.h>
 #include <stdint.h>

@@ -1,4 +1,4 @@
-// C++-side checks of the delegate API, run from tests/cpp_delegate.rs: a C++ NamedDataMap
+// C++-side checks of the delegate API, run from tests/integration/cpp_delegate.rs: a C++ NamedDataMap
 // consumed by Rust, errors arriving as exceptions with their message, sharing across delegates.
 #include <cstddef>
 #include <map>

@@ -9,6 +9,15 @@ pub mod qd8_reference;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 
+/// The name libtest knows test `name` of module `module` (its `module_path!()`) by, for a child
+/// process that runs only that test (`--exact`): the module path without the crate's name.
+pub fn test_path(module: &str, name: &str) -> String {
+    match module.split_once("::") {
+        Some((_, inner)) => format!("{inner}::{name}"),
+        None => name.to_string(),
+    }
+}
+
 /// The repository's root, where the core crate is: the command line's tests (`cli/tests`)
 /// share these helpers and its fixtures.
 pub fn repo_root() -> &'static Path {
@@ -96,20 +105,22 @@ pub fn under_emulation() -> bool {
     std::env::var_os(EMULATED_CPU_VAR).is_some()
 }
 
-/// Re-runs `tests` of this test binary under `qemu-x86_64 -cpu <cpu>`, so that XNNPACK dispatches
-/// as on that CPU class (qemu's CPUID and instruction set), and asserts that they pass and that
-/// every quantized GEMM ran on a kernel whose name contains `kernel_isa` (proof the emulated CPU
-/// changed the dispatch). This machine's own CPU class is covered by the plain run.
-pub fn assert_pass_on_emulated_cpu(cpu: &str, kernel_isa: &str, tests: &[&str]) {
+/// Re-runs `tests` of this test binary (tests of `module`, the caller's `module_path!()`) under
+/// `qemu-x86_64 -cpu <cpu>`, so that XNNPACK dispatches as on that CPU class (qemu's CPUID and
+/// instruction set), and asserts that they pass and that every quantized GEMM ran on a kernel
+/// whose name contains `kernel_isa` (proof the emulated CPU changed the dispatch). This
+/// machine's own CPU class is covered by the plain run.
+pub fn assert_pass_on_emulated_cpu(module: &str, cpu: &str, kernel_isa: &str, tests: &[&str]) {
     if under_emulation() {
         return;
     }
+    let tests: Vec<String> = tests.iter().map(|t| test_path(module, t)).collect();
     let qemu = "qemu-x86_64";
     let exe = std::env::current_exe().expect("the test binary's path");
     let out = std::process::Command::new(qemu)
         .args(["-cpu", cpu])
         .arg(&exe)
-        .args(tests)
+        .args(&tests)
         .args(["--exact", "--nocapture", "--test-threads=1"])
         .env(EMULATED_CPU_VAR, cpu)
         .output()

@@ -4,7 +4,7 @@
 //! as right; a program loaded again in the same process repacks what was lost, and the next
 //! launch rebuilds the file.
 
-mod common;
+use crate::common;
 
 use common::scratch;
 use std::path::{Path, PathBuf};
@@ -165,7 +165,10 @@ fn a_sigbus_outside_the_cache_still_kills_the_process() {
     let out = std::process::Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",
-            "a_sigbus_outside_the_cache_still_kills_the_process",
+            &crate::common::test_path(
+                module_path!(),
+                "a_sigbus_outside_the_cache_still_kills_the_process",
+            ),
             "--nocapture",
         ])
         .env("XNNBLOB_SIGBUS_CHILD", "1")

@@ -1,7 +1,7 @@
 //! Real XNNPACK runs of the subgraph wrapper's operators, each against a plain Rust reference,
 //! and the wrapper's refusals of static data and quantization parameters that do not fit.
 
-mod common;
+use crate::common;
 
 use common::close::max_abs_difference;
 
@@ -1148,6 +1148,7 @@ fn fp32_activations_times_qc4w_weights_with_odd_rows_match_reference() {
 #[test]
 fn qd8_fully_connected_also_matches_on_an_avx2_only_cpu() {
     common::assert_pass_on_emulated_cpu(
+        module_path!(),
         "Haswell-v4",
         "__avx2",
         &[

@@ -2,7 +2,7 @@
 //! ahead of runtime creation on the backend's threads, so creation itself packs none; outputs
 //! are bit-identical to packing inside creation, and a warm launch packs nothing ahead.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

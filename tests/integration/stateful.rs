@@ -1,7 +1,7 @@
 //! Stateful programs: state shared by methods through one arena, written back by explicit copy
 //! nodes, initial state through each bank's copy function.
 
-mod common;
+use crate::common;
 
 use common::scratch;
 

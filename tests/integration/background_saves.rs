@@ -4,7 +4,7 @@
 //! may be left unsaved: here 4 threads load 12 programs at once into one cache file, and the
 //! next launch packs nothing.
 
-mod common;
+use crate::common;
 
 use common::scratch;
 use xnnblob::backend::{Backend, PackedCache};

@@ -2,7 +2,7 @@
 //! in the manifest): every node type and value datatype reads as the manifest says, and the
 //! outputs match ExecuTorch's own runtime and, for quantized graphs, a plain Rust reference.
 
-mod common;
+use crate::common;
 
 use common::{dir, f32s, kernels_line, max_diff, qd8_reference, qd8_weight_types};
 use serde_json::Value;
@@ -143,6 +143,7 @@ fn quantized_fixtures_match_a_plain_rust_reference() {
 #[test]
 fn quantized_fixtures_also_match_on_an_avx2_only_cpu() {
     common::assert_pass_on_emulated_cpu(
+        module_path!(),
         "Haswell-v4",
         "__avx2",
         &[

@@ -3,7 +3,7 @@
 //! packing from a warm cache (finding 4 of issue 17); an unchanged file is checked once and then
 //! trusted, so later warm launches hash nothing.
 
-mod common;
+use crate::common;
 
 use common::{dir, f32s, ptd_with_first_weight_negated, scratch};
 use std::path::{Path, PathBuf};

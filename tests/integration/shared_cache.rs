@@ -1,7 +1,7 @@
 //! SharedDataCache: one init per key under contention, shared failures, release with the last
 //! handle, mapped files released in transformed mode, modes and alignment, panicking inits.
 
-mod common;
+use crate::common;
 
 use common::scratch as scratch_dir;
 

@@ -10,7 +10,7 @@
 //!   both models, and leaves no temporary behind;
 //! - nothing else in the directory changed.
 
-mod common;
+use crate::common;
 
 use common::scratch;
 use std::path::{Path, PathBuf};

@@ -2,7 +2,7 @@
 //! programs (header, flatbuffer, segment), and xnnblob's own executor runs them to the plain Rust
 //! reference. ExecuTorch's runtime runs them too: see cpp/executorch/tests.
 
-mod common;
+use crate::common;
 
 use common::scratch;
 

@@ -2,7 +2,7 @@
 //! references; constants loaded once and weights packed once across delegates; warm launches
 //! pack nothing; malformed payloads fail `init` with a typed error.
 
-mod common;
+use crate::common;
 
 use common::close::max_abs_difference;
 

@@ -2,7 +2,7 @@
 //! the warm runtime (a new cache object on the same file, as a new process would have) makes no
 //! `reserve_space` call, and every run's outputs are bit-identical to XNNPACK without a cache.
 
-mod common;
+use crate::common;
 
 use common::scratch;
 

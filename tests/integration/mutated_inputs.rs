@@ -4,7 +4,7 @@
 //! error or work: never panic, crash or hang. Deterministic (a fixed seed per case), so a failure
 //! names the iteration that reproduces it. The coverage-guided fuzz targets are in `fuzz/`.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use xnnblob::backend::{Backend, BackendOptions, PackedCache};

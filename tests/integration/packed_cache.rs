@@ -1,7 +1,7 @@
 //! The persistent packed-weight cache with real XNNPACK: cold packs and saves, warm packs
 //! nothing; stale, torn and corrupt files are rebuilt or repacked, never trusted.
 
-mod common;
+use crate::common;
 
 use common::scratch;
 
@@ -585,7 +585,7 @@ fn four_processes_cold_starting_one_path_leave_one_valid_1x_file() {
             std::process::Command::new(std::env::current_exe().unwrap())
                 .args([
                     "--exact",
-                    "child_cold_start",
+                    &crate::common::test_path(module_path!(), "child_cold_start"),
                     "--nocapture",
                     "--test-threads=1",
                 ])

@@ -1,6 +1,6 @@
 //! A real XNNPACK subgraph computes what plain Rust computes.
 
-mod common;
+use crate::common;
 
 use common::close::max_abs_difference;
 

@@ -1,6 +1,6 @@
 //! A weights-cache provider written in Rust, driven by real XNNPACK through its six callbacks.
 
-mod common;
+use crate::common;
 
 use xnnblob::synthetic::{Mlp, MLP_INPUT, MLP_OUTPUT};
 use xnnblob::xnn::{InMemoryWeightsCache, Runtime, Status, WeightsCache};

@@ -59,7 +59,13 @@ fn c_launch() {
 
 fn launch(path: &std::path::Path) -> (u64, u64, u64, String) {
     let out = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "c_launch", "--nocapture", "--test-threads", "1"])
+        .args([
+            "--exact",
+            &crate::common::test_path(module_path!(), "c_launch"),
+            "--nocapture",
+            "--test-threads",
+            "1",
+        ])
         .env(CHILD, path)
         .output()
         .unwrap();

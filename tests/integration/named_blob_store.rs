@@ -1,6 +1,6 @@
 //! NamedBlobStore writes .ptd files that read back identically, laid out as ExecuTorch does.
 
-mod common;
+use crate::common;
 
 use common::scratch as scratch_dir;
 

@@ -1,7 +1,7 @@
 //! Whole programs exported by ExecuTorch's own tools, run end to end: execution plans, delegate
 //! payloads inline or in segments, external weights, methods that share weights.
 
-mod common;
+use crate::common;
 
 use serde_json::Value;
 use std::path::{Path, PathBuf};

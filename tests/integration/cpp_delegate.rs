@@ -1,7 +1,7 @@
 //! The C++ face: the example of docs/delegate.md and the C++-side checks of the delegate API,
 //! both compiled into the crate from cpp/, run on a model made by the Rust graph builder.
 
-mod common;
+use crate::common;
 
 use common::scratch;
 
@@ -88,7 +88,7 @@ fn the_cpp_delegate_runs_an_mlp_a_cnn_and_a_qd8_mlp_like_the_rust_one() {
         let input: Vec<f32> = (0..n_in).map(|i| (i as f32 * 0.07).cos()).collect();
         let mut expected = vec![0f32; rust.output_shapes()[0].iter().product()];
         rust.execute_f32(&[&input], &mut [&mut expected]).unwrap();
-        // The Rust delegate is checked against references in tests/delegate.rs.
+        // The Rust delegate is checked against references in tests/integration/delegate.rs.
         let out = xnnblob::ffi::run_minimal_example(ptd.to_str().unwrap(), &built.payload, &input)
             .unwrap();
         assert_eq!(out.as_slice(), expected.as_slice(), "{name}");

@@ -2,7 +2,7 @@
 //! the named-data map, whatever the map does on a read, and runs to the same outputs as the cold
 //! launch that read and packed them.
 
-mod common;
+use crate::common;
 
 use common::{dir, f32s};
 use serde_json::Value;

@@ -15,7 +15,7 @@ use xnnblob::delegate::{summarize, XnnDelegate};
 use xnnblob::named_data::{DataBuffer, FileDataMap, InMemoryMap, NamedDataMap};
 use xnnblob::program::{Program, ProgramError};
 
-mod common;
+use crate::common;
 
 fn dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/executorch/export")
@@ -236,6 +236,7 @@ fn elu_and_attention_which_executorch_does_not_lower_match_a_reference() {
 #[test]
 fn exported_programs_also_match_on_an_avx2_only_cpu() {
     common::assert_pass_on_emulated_cpu(
+        module_path!(),
         "Haswell-v4",
         "__avx2",
         &[

@@ -1,7 +1,7 @@
 //! The backend object: one cache object per file (a conflicting second open is an error),
 //! workspace sharing and the thread pool give the same outputs, concurrently too.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use xnnblob::backend::{Backend, BackendOptions, PackedCache, WorkspaceSharing};

@@ -1,7 +1,7 @@
 //! A bounded packed-weight cache: each save evicts the entries not used for longest beyond the
 //! budget (twice the saving process's live bytes by default), never those the process used.
 
-mod common;
+use crate::common;
 
 use common::scratch;
 use std::path::Path;

@@ -2,7 +2,7 @@
 //! (`tests/data/executorch/runtime-c`, from ExecuTorch's exporter; outputs from its runtime):
 //! a dynamic batch, fp16 at the boundary, and two programs sharing a weight through one backend.
 
-mod common;
+use crate::common;
 
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -205,7 +205,7 @@ fn with_a_cache_file_a_second_process_packs_nothing() {
         let out = std::process::Command::new(std::env::current_exe().unwrap())
             .args([
                 "--exact",
-                "shared_programs_child",
+                &crate::common::test_path(module_path!(), "shared_programs_child"),
                 "--ignored",
                 "--nocapture",
                 "--test-threads=1",

@@ -1,0 +1,41 @@
+//! xnnblob's integration tests, in one binary: XNNPACK and the C++ test hooks are linked once,
+//! not once per file. Each module is one area (the former `tests/<area>.rs`); run one with
+//! `cargo test --test integration <area>::`. Two stay binaries of their own:
+//! `execute_allocations` installs a counting global allocator, which would count every other
+//! test's allocations here, and `fuzz_short` builds and runs the fuzz targets (minutes).
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod backend;
+mod background_saves;
+mod c_abi;
+mod cache_budget;
+mod cpp_delegate;
+mod cxx_bridge;
+mod deferred_constants;
+mod delegate;
+mod delegate_fixtures;
+mod exported_programs;
+mod features;
+mod fuzz_regressions;
+mod key_trust;
+mod mutated_inputs;
+mod named_blob_store;
+mod named_data_bad_input;
+mod named_data_fixtures;
+mod operators;
+mod packed_cache;
+mod packed_cache_ops;
+mod parallel_packing;
+mod program_fixtures;
+mod program_writer;
+mod runtime_c;
+mod save_faults;
+mod shared_cache;
+mod stateful;
+mod threadpool;
+mod truncated_cache;
+mod weights_cache_provider;
+mod xnnpack_mlp;
+mod xnnpack_ops;
