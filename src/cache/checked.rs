@@ -12,6 +12,7 @@
 //! a change in the same tick of the file system's clock as the last one would leave the change
 //! time as it was (2 s on FAT, a few ms on ext4 and f2fs).
 
+use super::format::CheckedRecord as Checked;
 use crate::mmap::{FileIdentity, MappedFile};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -20,8 +21,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 /// How much older than the record the file's last change must be for the record to be made.
 pub const SETTLED: Duration = Duration::from_secs(2);
 
-use super::format::CheckedRecord as Checked;
-
+/// The status of the file `map` maps, if the file at `path` is still that file.
 fn of_mapped(path: &Path, map: &MappedFile) -> Option<Checked> {
     let metadata = std::fs::metadata(path).ok()?;
     if FileIdentity::of(&metadata) != map.identity() {
