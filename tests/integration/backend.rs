@@ -137,3 +137,46 @@ fn a_second_open_of_a_file_with_other_options_is_an_error() {
     .is_ok());
     let _ = std::fs::remove_file(&path);
 }
+
+/// Every face resolves a cache request through `Backend::resolve_weights`: a path that cannot
+/// be used leaves the weights in memory with a notice (ExecuTorch's way), and is
+/// `Backend::model`'s error (a caller that named a file expects it to persist); a file that
+/// was rejected is rebuilt, and says why.
+#[test]
+fn one_resolver_says_what_became_of_a_cache_request() {
+    use xnnblob::backend::CacheNotice;
+    use xnnblob::delegate::Weights;
+    let backend = Backend::with_defaults().unwrap();
+    let scratch = common::scratch("resolver");
+
+    let a_directory = PackedCache::File(scratch.to_path_buf());
+    let (weights, notice) = backend.resolve_weights(&a_directory, false);
+    match (&weights, &notice) {
+        (Weights::Packed(cache), Some(CacheNotice::Unusable { path, .. })) => {
+            assert!(std::sync::Arc::ptr_eq(cache, backend.in_memory_cache()));
+            assert_eq!(path, &scratch.to_path_buf());
+        }
+        (_, notice) => panic!("not in memory with a notice: {notice:?}"),
+    }
+    assert!(notice.unwrap().to_string().contains("kept in memory"));
+    assert!(backend.model(Some(&a_directory)).is_err());
+
+    let torn = scratch.join("empty.xbc");
+    std::fs::write(&torn, b"").unwrap();
+    let (weights, notice) = backend.resolve_weights(&PackedCache::File(torn.clone()), false);
+    assert!(matches!(weights, Weights::Packed(_)));
+    match notice {
+        Some(CacheNotice::Rebuilt { path, why }) => {
+            assert_eq!(path, torn);
+            assert!(why.contains("rejected"), "{why}");
+        }
+        other => panic!("{other:?}"),
+    }
+
+    let fresh = PackedCache::File(scratch.join("new.xbc"));
+    assert!(backend.resolve_weights(&fresh, false).1.is_none());
+    assert!(matches!(
+        backend.resolve_weights(&PackedCache::Disabled, false),
+        (Weights::None, None)
+    ));
+}
