@@ -1,7 +1,6 @@
 //! `xnnblob run` on real ExecuTorch programs.
 
-#[path = "../../tests/common/mod.rs"]
-mod common;
+use crate::common;
 
 use common::{scratch, Tmpfs};
 use std::path::Path;

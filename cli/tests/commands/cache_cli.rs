@@ -1,7 +1,6 @@
 //! `xnnblob cache stats|verify|compact` on a real cache file.
 
-#[path = "../../tests/common/mod.rs"]
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::Command;

@@ -1,7 +1,6 @@
 //! `xnnblob inspect` prints what the fixture manifests say.
 
-#[path = "../../tests/common/mod.rs"]
-mod common;
+use crate::common;
 
 use serde_json::Value;
 use std::path::Path;

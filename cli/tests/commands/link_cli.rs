@@ -1,7 +1,6 @@
 //! `xnnblob link` writes the Rust source of linked parameters.
 
-#[path = "../../tests/common/mod.rs"]
-mod common;
+use crate::common;
 
 use std::process::Command;
 
