@@ -1,52 +1,57 @@
+//! Checks that the committed flatbuffers code (`src/schema/*_generated.rs`) was generated from
+//! the schemas as they are (`schema/*.fbs`). Building never runs flatc, so a schema edited
+//! without `scripts/gen-flatbuffers.sh` would otherwise build against the old code, and read
+//! files by a layout the schema no longer says.
+
+use sha2::{Digest, Sha256};
+use std::fs;
+use std::path::Path;
+
+/// Written by `scripts/gen-flatbuffers.sh`: `<sha256>  schema/<name>.fbs`, one line each.
+const DIGESTS: &str = "src/schema/fbs.sha256";
+
 fn main() {
-    // Without the xnnpack feature the crate is the format layer: no C++ at all.
-    #[cfg(feature = "xnnpack")]
-    cxx_bridge();
+    println!("cargo:rerun-if-changed=schema");
+    println!("cargo:rerun-if-changed={DIGESTS}");
+    if let Err(message) = check() {
+        eprintln!("error: {message}");
+        std::process::exit(1);
+    }
 }
 
-/// The cxx bridge and the C++ delegate API, built against XNNPACK's headers.
-#[cfg(feature = "xnnpack")]
-fn cxx_bridge() {
-    use std::env;
-    let mut build = cxx_build::bridge("src/ffi.rs");
-    build
-        .std("c++17")
-        .include("cpp/include")
-        .file("cpp/src/xnnblob.cc")
-        .file("cpp/src/delegate.cc")
-        .flag_if_supported("-Wall")
-        .flag_if_supported("-Wextra");
-    // xnnblob's own C++ test hooks: only when its tests turn the feature on, so the library a
-    // user builds carries none of them.
-    if env::var_os("CARGO_FEATURE_TEST_HOOKS").is_some() {
-        build
-            .include("cpp/tests/include")
-            .file("cpp/examples/minimal_delegate.cc")
-            .file("cpp/tests/delegate_checks.cc")
-            .file("cpp/tests/program_run.cc")
-            .file("cpp/tests/stateful_checks.cc");
+fn check() -> Result<(), String> {
+    let listed = fs::read_to_string(DIGESTS).map_err(|e| format!("reading {DIGESTS}: {e}"))?;
+    let mut schemas: Vec<String> = fs::read_dir("schema")
+        .map_err(|e| format!("listing schema/: {e}"))?
+        .filter_map(|entry| entry.ok())
+        .map(|entry| entry.path())
+        .filter(|path| path.extension().is_some_and(|ext| ext == "fbs"))
+        .map(|path| path.to_string_lossy().into_owned())
+        .collect();
+    schemas.sort();
+    let mut recorded: Vec<(&str, &str)> = listed
+        .lines()
+        .filter_map(|line| line.split_once("  "))
+        .map(|(digest, path)| (path, digest))
+        .collect();
+    recorded.sort();
+    let recorded_paths: Vec<&str> = recorded.iter().map(|(path, _)| *path).collect();
+    if recorded_paths != schemas {
+        return Err(format!(
+            "{DIGESTS} lists {recorded_paths:?} but schema/ holds {schemas:?}: run scripts/gen-flatbuffers.sh"
+        ));
     }
-    // xnnpack-sys publishes its header directories (DEP_XNNPACK_INCLUDE).
-    let xnnpack_include: Vec<_> = env::var_os("DEP_XNNPACK_INCLUDE")
-        .map(|dirs| env::split_paths(&dirs).collect())
-        .unwrap_or_default();
-    build.includes(&xnnpack_include);
-    build.compile("xnnblob-cxx");
-    // The C ABI's own C consumer (tests/c_abi.rs), as a C99 compiler sees cpp/include/xnnblob.h.
-    #[cfg(feature = "test-hooks")]
-    {
-        cc::Build::new()
-            .std("c99")
-            .include("cpp/include")
-            .includes(&xnnpack_include)
-            .define("XNNBLOB_EXAMPLE_AS_LIBRARY", None)
-            .file("examples/c_xnnpack/c_xnnpack.c")
-            .file("cpp/tests/c_map_check.c")
-            .flag_if_supported("-Wall")
-            .flag_if_supported("-Wextra")
-            .compile("xnnblob-c-checks");
+    for (path, digest) in recorded {
+        let bytes = fs::read(Path::new(path)).map_err(|e| format!("reading {path}: {e}"))?;
+        let actual: String = Sha256::digest(&bytes)
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        if actual != digest {
+            return Err(format!(
+                "{path} changed since src/schema was generated from it: run scripts/gen-flatbuffers.sh"
+            ));
+        }
     }
-    for path in ["src/ffi.rs", "cpp", "examples/c_xnnpack"] {
-        println!("cargo:rerun-if-changed={path}");
-    }
+    Ok(())
 }

@@ -9,3 +9,5 @@ flatc=${FLATC:-flatc}
 for fbs in schema/*.fbs; do
   "$flatc" --rust -o src/schema "$fbs"
 done
+# The build checks the generated code against these (build.rs).
+sha256sum schema/*.fbs > src/schema/fbs.sha256

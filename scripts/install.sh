@@ -55,11 +55,13 @@ xnnpack_include=$(sed -n 's/^xnnpack_include=//p' "$capi_out/install-headers.txt
 
 install -d "$prefix/lib/pkgconfig" "$prefix/lib/cmake/xnnblob" "$prefix/include/xnnblob/src" \
   "$prefix/include/xnnblob/xnnpack" "$prefix/include/rust"
-install -m 644 "$built/libxnnblob.a" "$prefix/lib/"
-install -m 755 "$built/libxnnblob.so" "$built/libxnnblob_executorch.so" "$prefix/lib/"
-install -m 644 cpp/include/xnnblob.h "$prefix/include/"
-install -m 644 cpp/include/xnnblob/delegate.h cpp/include/xnnblob/named_data.h \
-  cpp/include/xnnblob/memory_bank.h cpp/include/xnnblob/xnnblob.h "$prefix/include/xnnblob/"
+# Cargo names the C face's libraries after its crate (libxnnblob_capi); users link -lxnnblob.
+install -m 644 "$built/libxnnblob_capi.a" "$prefix/lib/libxnnblob.a"
+install -m 755 "$built/libxnnblob_capi.so" "$prefix/lib/libxnnblob.so"
+install -m 755 "$built/libxnnblob_executorch.so" "$prefix/lib/"
+install -m 644 cpp/capi/include/xnnblob.h "$prefix/include/"
+install -m 644 cpp/cxx/include/xnnblob/delegate.h cpp/cxx/include/xnnblob/named_data.h \
+  cpp/cxx/include/xnnblob/memory_bank.h cpp/cxx/include/xnnblob/xnnblob.h "$prefix/include/xnnblob/"
 install -m 644 "$cxxbridge/xnnblob/src/ffi.rs.h" "$prefix/include/xnnblob/src/"
 install -m 644 "$cxxbridge/rust/cxx.h" "$prefix/include/rust/"
 IFS=: read -ra xnnpack_dirs <<<"$xnnpack_include"

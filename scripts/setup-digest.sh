@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Prints a digest of the committed files that decide whether a new machine can build and test
-# this project (scripts/, build.rs, Cargo.toml, third_party/, README.md, the command line's
-# manifest, and the ExecuTorch backend crate's build files). fresh-machine-check.sh
+# this project (scripts/, build.rs, Cargo.toml, third_party/, README.md, and the other crates'
+# manifests and build scripts). fresh-machine-check.sh
 # records it in .ci/fresh-machine-check.passed; .ci/run compares it to skip an unneeded check.
 #   scripts/setup-digest.sh [COMMIT]   (default HEAD)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 git ls-tree -r "${1:-HEAD}" -- scripts build.rs Cargo.toml cli/Cargo.toml third_party README.md \
-  cpp/executorch/build.rs cpp/executorch/Cargo.toml | sha256sum | cut -d' ' -f1
+  cpp/executorch/build.rs cpp/executorch/Cargo.toml cpp/cxx/build.rs cpp/cxx/Cargo.toml \
+  cpp/capi/build.rs cpp/capi/Cargo.toml cpp/checks/build.rs cpp/checks/Cargo.toml |
+  sha256sum | cut -d' ' -f1

@@ -15,7 +15,9 @@
 //! - [`tensor`]: element types, shapes and tensor views at a delegate's boundary.
 //! - [`link`]: a `.ptd`'s blobs compiled into the binary; [`inspect`]: what a file holds.
 //! - [`aligned`], [`mmap`], [`sha256`]: aligned buffers, read-only file maps, content keys.
-//! - [`ffi`]: the cxx bridge that C++ reaches xnnblob through.
+//!
+//! The faces are crates of their own: `xnnblob-cxx` (C++), `xnnblob-capi` (C),
+//! `xnnblob-executorch` (ExecuTorch's runtime) and `xnnblob-cli` (the command line).
 #![deny(unsafe_op_in_unsafe_fn)]
 #![deny(missing_docs)]
 
@@ -24,14 +26,10 @@ pub mod aligned;
 pub mod backend;
 pub mod cache;
 #[cfg(feature = "xnnpack")]
-pub mod capi;
-#[cfg(feature = "xnnpack")]
 pub mod deferred;
 #[cfg(feature = "xnnpack")]
 pub mod delegate;
 mod fast_hash;
-#[cfg(feature = "xnnpack")]
-pub mod ffi;
 pub mod inspect;
 mod le;
 pub mod link;

@@ -1,11 +1,11 @@
 //! A warm execute allocates nothing: counted by a global allocator over 100 executes after
-//! warm-up, through the delegate, a whole method (at changing shapes too) and the C++ face.
-//! Only this thread's allocations count (tests run in parallel).
+//! warm-up, through the delegate and a whole method (at changing shapes too). The C++ face's
+//! count is in `cpp/checks/tests/cpp_allocations.rs`. Only this thread's allocations count
+//! (tests run in parallel).
 
 mod common;
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
+use common::counting::{allocations, Counting};
 use std::path::Path;
 use xnnblob::backend::Backend;
 use xnnblob::delegate::XnnDelegate;
@@ -14,40 +14,8 @@ use xnnblob::program::Program;
 use xnnblob::synthetic::Mlp;
 use xnnblob::tensor::{DType, PaddedTensor, Shape, TensorMut, TensorRef};
 
-struct Counting;
-
-thread_local! {
-    static ALLOCATIONS: Cell<usize> = const { Cell::new(0) };
-}
-
-// SAFETY: forwards to the system allocator unchanged; only counts (a const thread-local, which
-// never allocates).
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        ALLOCATIONS.with(|c| c.set(c.get() + 1));
-        // SAFETY: the caller's contract is System's.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: as above.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        ALLOCATIONS.with(|c| c.set(c.get() + 1));
-        // SAFETY: as above.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
-
 #[global_allocator]
 static ALLOCATOR: Counting = Counting;
-
-/// Allocations `f` makes on this thread.
-fn allocations(f: impl FnOnce()) -> usize {
-    let before = ALLOCATIONS.with(Cell::get);
-    f();
-    ALLOCATIONS.with(Cell::get) - before
-}
 
 fn mlp_delegate() -> (XnnDelegate, Vec<u8>, InMemoryMap) {
     let mlp = Mlp::random(&[32, 64, 48, 16], 21);
@@ -122,35 +90,5 @@ fn a_warm_method_execute_allocates_nothing_even_as_shapes_change() {
         (same, changing),
         (0, 0),
         "allocations in 100 warm method executes"
-    );
-}
-
-#[test]
-fn a_warm_execute_from_cpp_allocates_nothing() {
-    let dir = common::scratch("alloc");
-    let mlp = Mlp::random(&[32, 64, 48, 16], 21);
-    let built = xnnblob::synthetic::mlp_payload(&mlp, 2);
-    let ptd = dir.join("mlp.ptd");
-    built.write_ptd(&ptd).unwrap();
-    let mut d = xnnblob::ffi::cpp_make_delegate(ptd.to_str().unwrap(), &built.payload).unwrap();
-    let input: Vec<f32> = (0..64).map(|i| i as f32 / 64.0).collect();
-    let shape = [2usize, 32];
-    let mut out = vec![0f32; 32];
-    xnnblob::ffi::cpp_execute_f32(&mut d, &input, &shape, &mut out).unwrap();
-    let first = out.clone();
-    let n = allocations(|| {
-        for _ in 0..100 {
-            xnnblob::ffi::cpp_execute_f32(&mut d, &input, &shape, &mut out).unwrap();
-        }
-    });
-    assert_eq!(n, 0, "allocations in 100 warm executes from C++");
-    assert_eq!(out, first);
-    let reference = mlp.reference_forward(&input, 2);
-    assert_eq!(out.len(), reference.len());
-    common::close::assert_close(
-        &out,
-        &reference,
-        common::close::Tolerance::Absolute(1e-4),
-        "the MLP",
     );
 }

@@ -1,4 +1,4 @@
-//! xnnblob's C ABI (`xnnblob::capi`) with fuzzer-chosen bytes and lengths: a file of any bytes
+//! xnnblob's C ABI (`xnnblob_capi::capi`) with fuzzer-chosen bytes and lengths: a file of any bytes
 //! opened as named data (`xnnblob_map_open`, every key, its bytes in place and copied, its
 //! layout, a fuzzer-chosen key and destination size, an index past the keys) and as a
 //! packed-weight cache (`xnnblob_cache_open_file`, or a backend's file cache with 0 or 1 threads;
@@ -17,7 +17,7 @@ use std::ffi::{c_char, CStr, CString};
 use std::ptr;
 use xnnblob::cache::format::{self, Compat};
 use xnnblob::cache::{checksum64, cpu_fingerprint};
-use xnnblob::capi::*;
+use xnnblob_capi::capi::*;
 use xnnblob_fuzz::capi_input::{self as input, CapiInput};
 
 /// Checks a status: never `Internal`, and a failure leaves a message.

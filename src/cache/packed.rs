@@ -558,12 +558,12 @@ impl PackedWeightsCache {
     /// As [`register`](Self::register), for a caller that cannot hold a [`Registration`] (the C
     /// API): the address stays registered until [`unregister_raw`](Self::unregister_raw). The
     /// pointer is a key only; it is never dereferenced.
-    pub(crate) fn register_raw(&self, ptr: *const u8, id: BlobId) {
+    pub fn register_raw(&self, ptr: *const u8, id: BlobId) {
         self.core().register(ptr, id, None);
     }
 
     /// Ends a [`register_raw`](Self::register_raw) registration of `ptr`.
-    pub(crate) fn unregister_raw(&self, ptr: *const u8) {
+    pub fn unregister_raw(&self, ptr: *const u8) {
         self.core().unregister(ptr, None);
     }
 

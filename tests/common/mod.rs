@@ -3,6 +3,7 @@
 #![allow(dead_code)] // each test crate uses its own subset
 
 pub mod close;
+pub mod counting;
 pub mod io_steps;
 pub mod qd8_reference;
 
@@ -18,15 +19,14 @@ pub fn test_path(module: &str, name: &str) -> String {
     }
 }
 
-/// The repository's root, where the core crate is: the command line's tests (`cli/tests`)
-/// share these helpers and its fixtures.
+/// The repository's root, where the core crate is: the tests of the command line (`cli/`) and
+/// of the faces (`cpp/checks/`) share these helpers and its fixtures.
 pub fn repo_root() -> &'static Path {
     let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
-    if manifest.ends_with("cli") {
-        manifest.parent().unwrap_or(manifest)
-    } else {
-        manifest
-    }
+    manifest
+        .ancestors()
+        .find(|dir| dir.join("tests/data/executorch").is_dir())
+        .unwrap_or(manifest)
 }
 
 /// `tests/data/executorch`, the fixtures copied from ExecuTorch 1.5.1's exporter.

@@ -1,5 +1,5 @@
-//! xnnblob's integration tests, in one binary: XNNPACK and the C++ test hooks are linked once,
-//! not once per file. Each module is one area (the former `tests/<area>.rs`); run one with
+//! xnnblob's integration tests, in one binary: XNNPACK is linked once, not once per file. Each
+//! module is one area (the former `tests/<area>.rs`); run one with
 //! `cargo test --test integration <area>::`. Two stay binaries of their own:
 //! `execute_allocations` installs a counting global allocator, which would count every other
 //! test's allocations here, and `fuzz_short` builds and runs the fuzz targets (minutes).
@@ -9,10 +9,7 @@ mod common;
 
 mod backend;
 mod background_saves;
-mod c_abi;
 mod cache_budget;
-mod cpp_delegate;
-mod cxx_bridge;
 mod deferred_constants;
 mod delegate;
 mod delegate_fixtures;

@@ -241,30 +241,3 @@ fn missing_foreign_or_doubled_data_and_truncated_payloads_are_clear_errors() {
         Err(ProgramError::NoSuchMethod { .. })
     ));
 }
-
-#[test]
-fn programs_run_from_cpp_through_the_bridge() {
-    let d = dir();
-    let pte = d.join("two_methods_xnn_external.pte");
-    let ptds = vec![d
-        .join("two_methods_xnn_external.ptd")
-        .to_string_lossy()
-        .into_owned()];
-    let input = f32s(&d.join("two_methods.input.f32"));
-    for (method, expected) in [
-        ("forward", "two_methods.output0.f32"),
-        ("forward_relu", "two_methods.output1.f32"),
-    ] {
-        let out = xnnblob::ffi::cpp_run_program(pte.to_str().unwrap(), &ptds, method, &input)
-            .unwrap_or_else(|e| panic!("{}", e.what()));
-        let d = max_rel_diff(&out, &f32s(&dir().join(expected)));
-        assert!(d <= 1e-5, "{method}: {d}");
-    }
-    // An error in Rust reaches C++ as an exception, and comes back with its message.
-    let err = xnnblob::ffi::cpp_run_program(pte.to_str().unwrap(), &vec![], "forward", &input)
-        .unwrap_err();
-    assert!(err.what().contains("not found"), "{}", err.what());
-    let err =
-        xnnblob::ffi::cpp_run_program(pte.to_str().unwrap(), &ptds, "nope", &input).unwrap_err();
-    assert!(err.what().contains("no method"), "{}", err.what());
-}

@@ -232,37 +232,3 @@ fn with_a_cache_file_a_second_process_packs_nothing() {
     assert_eq!(outputs(&cold), outputs(&warm));
     let _ = std::fs::remove_file(&path);
 }
-
-#[test]
-fn from_cpp_a_dynamic_batch_and_fp16_run_too() {
-    for (name, step) in [("c_dynbatch_xnn_external", 1), ("c_mlp_fp16_xnn_inline", 0)] {
-        let io = io(name);
-        let ptds: Vec<String> = io["data"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|d| {
-                dir()
-                    .join(d.as_str().unwrap())
-                    .to_string_lossy()
-                    .to_string()
-            })
-            .collect();
-        let (dtype, shape, bytes) = tensor(&io["steps"][step]["inputs"][0]);
-        let out = xnnblob::ffi::cpp_run_program_raw(
-            dir()
-                .join(io["program"].as_str().unwrap())
-                .to_str()
-                .unwrap(),
-            &ptds,
-            "forward",
-            dtype.scalar_type(),
-            shape.dims(),
-            &bytes,
-        )
-        .unwrap_or_else(|e| panic!("{name}: {}", e.what()));
-        let (_, _, expected) = tensor(&io["steps"][step]["outputs_et"][0]);
-        let err = relative_error(dtype, &out, &expected);
-        assert!(err <= 1.5e-3, "{name} from C++: {err}");
-    }
-}

@@ -1,9 +1,13 @@
-//! The installable xnnblob libraries: `libxnnblob.a` and `libxnnblob.so` export the C ABI of
-//! `xnnblob::capi` (declared in `cpp/include/xnnblob.h`). The static library also holds
-//! everything a C++ consumer of `xnnblob/delegate.h` and a raw XNNPACK user link against: the
-//! C++ delegate API, XNNPACK and pthreadpool. The shared one exports the C ABI only, so its
-//! XNNPACK stays private.
+//! xnnblob's C face. [`capi`] is the C ABI (declared in `include/xnnblob.h`); this crate builds
+//! it as the installable libraries `libxnnblob.a` and `libxnnblob.so`. The static library also
+//! holds everything a C++ consumer of `xnnblob/delegate.h` and a raw XNNPACK user link against:
+//! the C++ delegate API (`xnnblob-cxx`), XNNPACK and pthreadpool. The shared one exports the C
+//! ABI, and keeps its XNNPACK private.
+#![deny(unsafe_op_in_unsafe_fn)]
+#![deny(missing_docs)]
 
-// The C ABI's functions are `#[no_mangle]` in the xnnblob crate; naming one keeps the crate
-// linked into both libraries.
-pub use xnnblob::capi::xnnblob_last_error;
+pub mod capi;
+
+// Named so that it is linked: the static library carries the C++ delegate API (its C++ objects
+// and the bridge's Rust side), which nothing in this crate calls.
+extern crate xnnblob_cxx;

@@ -229,21 +229,16 @@ pub(crate) fn delegate_init(
     outcome: &mut Outcome,
 ) -> Box<EtDelegate> {
     *outcome = Outcome::ok();
-    let result = catch_unwind(AssertUnwindSafe(|| init(options, processed, map)));
-    let (inner, keys) = match result {
-        Ok(Ok((delegate, keys, warning))) => {
+    let (inner, keys) = match guarded(|| init(options, processed, map)) {
+        Ok((delegate, keys, warning)) => {
             if let Some(note) = warning {
                 outcome.message = note.text;
                 outcome.severe = note.severe;
             }
             (Some(delegate), Some(keys))
         }
-        Ok(Err(error)) => {
+        Err(error) => {
             *outcome = error;
-            (None, None)
-        }
-        Err(panic) => {
-            *outcome = Outcome::error(Status::Internal, panic_message(&*panic));
             (None, None)
         }
     };
@@ -377,11 +372,15 @@ fn execute(delegate: &mut EtDelegate, mut call: Pin<&mut EtCall>) -> Result<(), 
 }
 
 pub(crate) fn delegate_execute(delegate: &mut EtDelegate, call: Pin<&mut EtCall>) -> Outcome {
-    match catch_unwind(AssertUnwindSafe(|| execute(delegate, call))) {
-        Ok(Ok(())) => Outcome::ok(),
-        Ok(Err(e)) => e,
-        Err(panic) => Outcome::error(Status::Internal, panic_message(&*panic)),
-    }
+    guarded(|| execute(delegate, call)).map_or_else(|e| e, |()| Outcome::ok())
+}
+
+/// Runs a call from ExecuTorch with panics caught: the face's one panic policy. A panic becomes
+/// the call's `Internal` outcome with its message, which ExecuTorch logs and returns as its
+/// error; unwinding into ExecuTorch's C++ would abort the app.
+fn guarded<T>(call: impl FnOnce() -> Result<T, Outcome>) -> Result<T, Outcome> {
+    catch_unwind(AssertUnwindSafe(call))
+        .unwrap_or_else(|panic| Err(Outcome::error(Status::Internal, panic_message(&*panic))))
 }
 
 pub(crate) fn save_caches() -> Outcome {
@@ -396,11 +395,7 @@ pub(crate) fn save_caches() -> Outcome {
         }
         Ok(())
     };
-    match catch_unwind(run) {
-        Ok(Ok(())) => Outcome::ok(),
-        Ok(Err(e)) => e,
-        Err(panic) => Outcome::error(Status::Internal, panic_message(&*panic)),
-    }
+    guarded(run).map_or_else(|e| e, |()| Outcome::ok())
 }
 
 pub(crate) fn cache_report() -> String {
@@ -440,4 +435,28 @@ pub(crate) fn cache_report() -> String {
         ));
     }
     lines.join("\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_panic_inside_an_entry_point_is_its_internal_outcome_and_the_process_goes_on() {
+        let panicked: Result<(), Outcome> = guarded(|| panic!("forced by the test"));
+        let outcome = panicked.expect_err("a caught panic is an error");
+        assert_eq!(outcome.status, Status::Internal);
+        assert!(
+            outcome.message.contains("forced by the test"),
+            "{}",
+            outcome.message
+        );
+        // The entry points hold the same guard: each one turns a panic into this outcome.
+        assert_eq!(guarded(|| Ok::<_, Outcome>(7)).ok(), Some(7));
+        assert_eq!(
+            save_caches().status,
+            Status::Ok,
+            "a later call through the face still works"
+        );
+    }
 }

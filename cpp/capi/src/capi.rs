@@ -1,4 +1,4 @@
-//! xnnblob's C ABI (`cpp/include/xnnblob.h`): the packed-weight cache as an `xnn_weights_cache_t`
+//! xnnblob's C ABI (`include/xnnblob.h`): the packed-weight cache as an `xnn_weights_cache_t`
 //! for C programs and other XNNPACK front ends that take one (LiteRT's XNNPACK delegate, raw
 //! XNNPACK users), ExecuTorch named data (`.ptd`, `.pte`) read zero-copy, and the backend object
 //! that owns a process's caches.
@@ -7,14 +7,14 @@
 //! [`xnnblob_last_error`]. Null pointers and misuse are errors, never crashes, and no panic
 //! crosses the boundary (it becomes [`XnnblobStatus::Internal`]).
 
-use crate::backend::{Backend, BackendError, BackendOptions};
-use crate::cache::{BlobId, CacheError, PackedWeightsCache};
-use crate::named_data::{DataBuffer, FileDataMap, NamedDataError, NamedDataMap};
-use crate::xnn::AsXnnWeightsCache;
 use std::cell::RefCell;
 use std::ffi::{c_char, c_void, CStr, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
+use xnnblob::backend::{Backend, BackendError, BackendOptions};
+use xnnblob::cache::{BlobId, CacheError, PackedWeightsCache};
+use xnnblob::named_data::{DataBuffer, FileDataMap, NamedDataError, NamedDataMap};
+use xnnblob::xnn::AsXnnWeightsCache;
 
 /// What a C call did.
 #[repr(C)]
@@ -51,7 +51,7 @@ fn cache_status(error: CacheError) -> XnnblobStatus {
         CacheError::Io { .. } => XnnblobStatus::Io,
         _ => XnnblobStatus::InvalidFormat,
     };
-    fail(status, crate::report::report(&error))
+    fail(status, xnnblob::report::report(&error))
 }
 
 /// The value of a `Result` whose error is the status to return from the C call.
@@ -88,23 +88,20 @@ unsafe fn free_handle<T>(handle: *mut T) {
     }));
 }
 
-/// Runs `body`, turning a panic into [`XnnblobStatus::Internal`] with its message.
-fn guarded(body: impl FnOnce() -> XnnblobStatus) -> XnnblobStatus {
+/// Runs `body`, turning a panic into [`XnnblobStatus::Internal`] with its message: the panic
+/// policy every C entry point holds to. Public so that code adding entry points (the C checks)
+/// holds to it too.
+pub fn guarded(body: impl FnOnce() -> XnnblobStatus) -> XnnblobStatus {
     match catch_unwind(AssertUnwindSafe(body)) {
         Ok(status) => status,
         Err(panic) => fail(
             XnnblobStatus::Internal,
-            format!("internal error: {}", crate::report::panic_message(&*panic)),
+            format!(
+                "internal error: {}",
+                xnnblob::report::panic_message(&*panic)
+            ),
         ),
     }
-}
-
-/// Panics inside the guard every C entry point runs in: the check of the C ABI's panic policy
-/// (test-hooks only, never in the library users get).
-#[cfg(feature = "test-hooks")]
-#[unsafe(no_mangle)]
-pub extern "C" fn xnnblob_test_panic_inside_guard() -> XnnblobStatus {
-    guarded(|| panic!("forced by the test"))
 }
 
 /// The message of the last failed call on this thread ("" if none). Valid until the next call
@@ -350,7 +347,7 @@ fn map_status(error: NamedDataError) -> XnnblobStatus {
         }
         _ => XnnblobStatus::InvalidArgument,
     };
-    fail(status, crate::report::report(&error))
+    fail(status, xnnblob::report::report(&error))
 }
 
 /// A C string argument as `&str`, or the status to return.
@@ -664,7 +661,7 @@ pub unsafe extern "C" fn xnnblob_backend_new(
                 XnnblobStatus::Ok
             }
             Err(BackendError::Cache(e)) => cache_status(e),
-            Err(e) => fail(XnnblobStatus::Xnnpack, crate::report::report(&e)),
+            Err(e) => fail(XnnblobStatus::Xnnpack, xnnblob::report::report(&e)),
         }
     })
 }
@@ -709,7 +706,7 @@ pub unsafe extern "C" fn xnnblob_backend_free(backend: *mut XnnblobBackend) {
 
 /// A thread pool handle for C: xnnblob's own pool, for runtimes a caller creates itself.
 pub struct XnnblobThreadpool {
-    pool: crate::xnn::Threadpool,
+    pool: xnnblob::xnn::Threadpool,
 }
 
 /// Makes a pool of `threads` threads, the caller's counted as one (0 is taken as 1). XNNPACK
@@ -727,14 +724,14 @@ pub unsafe extern "C" fn xnnblob_threadpool_new(
     if out.is_null() {
         return fail(XnnblobStatus::InvalidArgument, "out is null");
     }
-    guarded(|| match crate::xnn::Threadpool::new(threads as usize) {
+    guarded(|| match xnnblob::xnn::Threadpool::new(threads as usize) {
         Ok(pool) => {
             let handle = Box::into_raw(Box::new(XnnblobThreadpool { pool }));
             // SAFETY: non-null and writable, per the contract.
             unsafe { *out = handle };
             XnnblobStatus::Ok
         }
-        Err(e) => fail(XnnblobStatus::Xnnpack, crate::report::report(&e)),
+        Err(e) => fail(XnnblobStatus::Xnnpack, xnnblob::report::report(&e)),
     })
 }
 

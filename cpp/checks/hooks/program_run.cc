@@ -5,7 +5,7 @@
 #include <string>
 
 #include "xnnblob/src/ffi.rs.h"
-#include "xnnblob/test_hooks.h"
+#include "xnnblob-checks/hooks/test_hooks.h"
 
 namespace xnnblob {
 

@@ -1,5 +1,5 @@
 //! The C++ face: the example of docs/delegate.md and the C++-side checks of the delegate API,
-//! both compiled into the crate from cpp/, run on a model made by the Rust graph builder.
+//! both compiled by this crate, run on a model made by the Rust graph builder.
 
 use crate::common;
 
@@ -22,26 +22,27 @@ fn the_documented_cpp_example_builds_and_runs() {
     let dir = scratch("example");
     let (payload, input, expected) = model(&dir);
     let ptd = dir.join("model.ptd");
-    let out = xnnblob::ffi::run_minimal_example(ptd.to_str().unwrap(), &payload, &input).unwrap();
+    let out = xnnblob_checks::run_minimal_example(ptd.to_str().unwrap(), &payload, &input).unwrap();
     assert_eq!(out.len(), expected.len());
     for (a, b) in out.iter().zip(&expected) {
         assert!((a - b).abs() < 1e-4, "{a} vs {b}");
     }
     // A C++ exception thrown inside the example reaches Rust as an error with its message.
     let err =
-        xnnblob::ffi::run_minimal_example("/no/such/model.ptd", &payload, &input).unwrap_err();
+        xnnblob_checks::run_minimal_example("/no/such/model.ptd", &payload, &input).unwrap_err();
     assert!(err.what().contains("/no/such/model.ptd"), "{}", err.what());
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
 fn the_example_in_docs_is_the_compiled_one() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let root = common::repo_root();
     let doc = std::fs::read_to_string(root.join("docs/delegate.md")).unwrap();
-    let source = std::fs::read_to_string(root.join("cpp/examples/minimal_delegate.cc")).unwrap();
+    let source =
+        std::fs::read_to_string(root.join("cpp/cxx/examples/minimal_delegate.cc")).unwrap();
     assert!(
         doc.contains(source.trim()),
-        "docs/delegate.md must quote cpp/examples/minimal_delegate.cc verbatim"
+        "docs/delegate.md must quote cpp/cxx/examples/minimal_delegate.cc verbatim"
     );
 }
 
@@ -50,7 +51,7 @@ fn cpp_checks_of_maps_errors_and_sharing_pass() {
     let dir = scratch("checks");
     let (payload, input, _) = model(&dir);
     let ptd = dir.join("model.ptd");
-    let report = xnnblob::ffi::cpp_delegate_checks(ptd.to_str().unwrap(), &payload, &input)
+    let report = xnnblob_checks::cpp_delegate_checks(ptd.to_str().unwrap(), &payload, &input)
         .unwrap_or_else(|e| panic!("{}", e.what()));
     assert_eq!(report, "shared ok; cpp map ok; errors ok; release ok");
     std::fs::remove_dir_all(&dir).unwrap();
@@ -89,11 +90,12 @@ fn the_cpp_delegate_runs_an_mlp_a_cnn_and_a_qd8_mlp_like_the_rust_one() {
         let mut expected = vec![0f32; rust.output_shapes()[0].iter().product()];
         rust.execute_f32(&[&input], &mut [&mut expected]).unwrap();
         // The Rust delegate is checked against references in tests/integration/delegate.rs.
-        let out = xnnblob::ffi::run_minimal_example(ptd.to_str().unwrap(), &built.payload, &input)
-            .unwrap();
+        let out =
+            xnnblob_checks::run_minimal_example(ptd.to_str().unwrap(), &built.payload, &input)
+                .unwrap();
         assert_eq!(out.as_slice(), expected.as_slice(), "{name}");
         let report =
-            xnnblob::ffi::cpp_delegate_checks(ptd.to_str().unwrap(), &built.payload, &input)
+            xnnblob_checks::cpp_delegate_checks(ptd.to_str().unwrap(), &built.payload, &input)
                 .unwrap_or_else(|e| panic!("{name}: {}", e.what()));
         assert_eq!(
             report, "shared ok; cpp map ok; errors ok; release ok",

@@ -1,6 +1,6 @@
 // xnnblob's C++ face: functions implemented in C++ that Rust calls (the bridge in src/ffi.rs).
-// For the delegate API, include "xnnblob/delegate.h". xnnblob's own C++ test hooks are in
-// cpp/tests/include/xnnblob/test_hooks.h, built only with the test-hooks feature.
+// For the delegate API, include "xnnblob/delegate.h". The C++ checks of this face live in
+// cpp/checks, outside the library.
 #pragma once
 
 #include <cstdint>

@@ -1,4 +1,4 @@
-// C++-side checks of the delegate API, run from tests/integration/cpp_delegate.rs: a C++ NamedDataMap
+// C++-side checks of the delegate API, run from cpp/checks/tests/faces/cpp_delegate.rs: a C++ NamedDataMap
 // consumed by Rust, errors arriving as exceptions with their message, sharing across delegates.
 #include <cstddef>
 #include <map>
@@ -10,7 +10,8 @@
 
 #include "xnnblob/delegate.h"
 #include "xnnblob/named_data.h"
-#include "xnnblob/test_hooks.h"
+#include "xnnblob-checks/hooks/test_hooks.h"
+#include "xnnblob-checks/src/lib.rs.h"
 
 namespace xnnblob {
 namespace {
@@ -69,19 +70,21 @@ std::vector<float> run(delegate::Handle& handle, rust::Slice<const float> input)
 
 }  // namespace
 
-rust::Box<Delegate> cpp_make_delegate(rust::Str ptd_path, rust::Slice<const std::uint8_t> payload) {
+std::unique_ptr<HeldDelegate> cpp_make_delegate(rust::Str ptd_path,
+                                                rust::Slice<const std::uint8_t> payload) {
   rust::Box<Backend> backend = new_backend(default_backend_config());
   rust::Box<DataMap> map = open_data_map(ptd_path);
-  return delegate::init(payload, {}, *map, *backend->model(""));
+  return std::unique_ptr<HeldDelegate>(
+      new HeldDelegate{delegate::init(payload, {}, *map, *backend->model(""))});
 }
 
-void cpp_execute_f32(Delegate& d, rust::Slice<const float> input, rust::Slice<const std::size_t> shape,
-                     rust::Slice<float> output) {
+void cpp_execute_f32(HeldDelegate& held, rust::Slice<const float> input,
+                     rust::Slice<const std::size_t> shape, rust::Slice<float> output) {
   // What a delegate author writes on a hot path: spans in, spans out, nothing allocated.
   delegate::Input in{delegate::scalar_type::kFloat, shape.data(), shape.size(), input.data(),
                      input.size() * sizeof(float)};
   delegate::Output out{delegate::scalar_type::kFloat, output.data(), output.size() * sizeof(float)};
-  delegate::execute(d, &in, 1, &out, 1);
+  delegate::execute(*held.delegate, &in, 1, &out, 1);
 }
 
 rust::String cpp_delegate_checks(rust::Str ptd_path, rust::Slice<const std::uint8_t> payload,

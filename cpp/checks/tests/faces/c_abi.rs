@@ -1,5 +1,5 @@
-//! The C ABI from C (examples/c_xnnpack and cpp/tests/c_map_check.c, compiled as C99 against
-//! cpp/include/xnnblob.h and XNNPACK's header): raw XNNPACK with xnnblob's cache. Each launch is a fresh process: the
+//! The C ABI from C (examples/c_xnnpack and hooks/c_map_check.c, compiled as C99 against
+//! cpp/capi/include/xnnblob.h and XNNPACK's header): raw XNNPACK with xnnblob's cache. Each launch is a fresh process: the
 //! first packs and saves, the second packs nothing and computes the same outputs.
 
 use std::process::Command;
@@ -22,7 +22,7 @@ unsafe extern "C" {
         stats: *mut CacheStats,
     ) -> i32;
     fn xnnblob_last_error() -> *const std::ffi::c_char;
-    fn xnnblob_test_panic_inside_guard() -> i32;
+    fn xnnblob_checks_panic_inside_guard() -> i32;
     fn xnnblob_c_map_check(
         path: *const std::ffi::c_char,
         keys: *mut usize,
@@ -111,27 +111,28 @@ fn a_c_program_packs_once_and_a_second_process_packs_nothing() {
 fn null_arguments_are_errors_with_a_message() {
     // SAFETY: the C ABI's contract allows null for each of these.
     unsafe {
-        let status = xnnblob::capi::xnnblob_cache_open_file(std::ptr::null(), std::ptr::null_mut());
-        assert_eq!(status, xnnblob::capi::XnnblobStatus::InvalidArgument);
+        let status =
+            xnnblob_capi::capi::xnnblob_cache_open_file(std::ptr::null(), std::ptr::null_mut());
+        assert_eq!(status, xnnblob_capi::capi::XnnblobStatus::InvalidArgument);
         let message = std::ffi::CStr::from_ptr(xnnblob_last_error());
         assert_eq!(message.to_str().unwrap(), "path is null");
-        let status = xnnblob::capi::xnnblob_cache_finalize(std::ptr::null_mut());
-        assert_eq!(status, xnnblob::capi::XnnblobStatus::InvalidArgument);
-        assert!(xnnblob::capi::xnnblob_cache_xnn(std::ptr::null_mut()).is_null());
+        let status = xnnblob_capi::capi::xnnblob_cache_finalize(std::ptr::null_mut());
+        assert_eq!(status, xnnblob_capi::capi::XnnblobStatus::InvalidArgument);
+        assert!(xnnblob_capi::capi::xnnblob_cache_xnn(std::ptr::null_mut()).is_null());
         let mut lost = 7usize;
-        let status = xnnblob::capi::xnnblob_cache_lost_maps(std::ptr::null(), &mut lost);
-        assert_eq!(status, xnnblob::capi::XnnblobStatus::InvalidArgument);
+        let status = xnnblob_capi::capi::xnnblob_cache_lost_maps(std::ptr::null(), &mut lost);
+        assert_eq!(status, xnnblob_capi::capi::XnnblobStatus::InvalidArgument);
         assert_eq!(lost, 7, "nothing written on error");
-        xnnblob::capi::xnnblob_cache_close(std::ptr::null_mut());
+        xnnblob_capi::capi::xnnblob_cache_close(std::ptr::null_mut());
     }
 }
 
 /// The C header declares exactly the functions the Rust side exports, with as many parameters.
 #[test]
 fn the_header_matches_the_rust_side() {
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
-    let header = std::fs::read_to_string(root.join("cpp/include/xnnblob.h")).unwrap();
-    let rust = std::fs::read_to_string(root.join("src/capi.rs")).unwrap();
+    let root = crate::common::repo_root();
+    let header = std::fs::read_to_string(root.join("cpp/capi/include/xnnblob.h")).unwrap();
+    let rust = std::fs::read_to_string(root.join("cpp/capi/src/capi.rs")).unwrap();
     // Parameters, ignoring a trailing comma (rustfmt writes one) and C's `(void)`.
     let arity = |params: &str| {
         params
@@ -178,25 +179,37 @@ fn the_header_matches_the_rust_side() {
     declared.sort();
     exported.sort();
     assert_eq!(declared, exported);
-    assert_eq!(std::mem::size_of::<xnnblob::capi::XnnblobCacheStats>(), 40);
     assert_eq!(
-        std::mem::size_of::<xnnblob::capi::XnnblobLayout>(),
+        std::mem::size_of::<xnnblob_capi::capi::XnnblobCacheStats>(),
+        40
+    );
+    assert_eq!(
+        std::mem::size_of::<xnnblob_capi::capi::XnnblobLayout>(),
         4 + 4 + 64 + 16
     );
     for (name, value) in [
-        ("XNNBLOB_OK", xnnblob::capi::XnnblobStatus::Ok),
+        ("XNNBLOB_OK", xnnblob_capi::capi::XnnblobStatus::Ok),
         (
             "XNNBLOB_INVALID_ARGUMENT",
-            xnnblob::capi::XnnblobStatus::InvalidArgument,
+            xnnblob_capi::capi::XnnblobStatus::InvalidArgument,
         ),
-        ("XNNBLOB_IO", xnnblob::capi::XnnblobStatus::Io),
+        ("XNNBLOB_IO", xnnblob_capi::capi::XnnblobStatus::Io),
         (
             "XNNBLOB_INVALID_FORMAT",
-            xnnblob::capi::XnnblobStatus::InvalidFormat,
+            xnnblob_capi::capi::XnnblobStatus::InvalidFormat,
         ),
-        ("XNNBLOB_INTERNAL", xnnblob::capi::XnnblobStatus::Internal),
-        ("XNNBLOB_NOT_FOUND", xnnblob::capi::XnnblobStatus::NotFound),
-        ("XNNBLOB_XNNPACK", xnnblob::capi::XnnblobStatus::Xnnpack),
+        (
+            "XNNBLOB_INTERNAL",
+            xnnblob_capi::capi::XnnblobStatus::Internal,
+        ),
+        (
+            "XNNBLOB_NOT_FOUND",
+            xnnblob_capi::capi::XnnblobStatus::NotFound,
+        ),
+        (
+            "XNNBLOB_XNNPACK",
+            xnnblob_capi::capi::XnnblobStatus::Xnnpack,
+        ),
     ] {
         assert!(
             header.contains(&format!("{name} = {}", value as i32)),
@@ -209,7 +222,7 @@ fn the_header_matches_the_rust_side() {
 #[test]
 fn a_c_program_reads_every_key_of_a_ptd_as_rust_does() {
     use xnnblob::named_data::{FileDataMap, NamedDataMap};
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/executorch");
+    let root = crate::common::dir();
     for name in ["mlp_portable_external.ptd", "mlp_qd8_qc8w_external.ptd"] {
         let path = root.join(name);
         let map = FileDataMap::open(&path).unwrap();
@@ -238,7 +251,7 @@ fn a_c_program_reads_every_key_of_a_ptd_as_rust_does() {
 
 #[test]
 fn a_backend_hands_out_its_caches() {
-    use xnnblob::capi::*;
+    use xnnblob_capi::capi::*;
     let dir = tempfile::tempdir().unwrap();
     let path = std::ffi::CString::new(dir.path().join("b.xbc").to_str().unwrap()).unwrap();
     // SAFETY: writable out-pointers, NUL-terminated paths, handles used once each.
@@ -285,10 +298,10 @@ fn a_backend_hands_out_its_caches() {
 #[test]
 fn a_panic_inside_a_c_call_is_its_error_and_the_process_goes_on() {
     // SAFETY: takes no arguments; the guard every C entry point runs in catches the panic.
-    let status = unsafe { xnnblob_test_panic_inside_guard() };
+    let status = unsafe { xnnblob_checks_panic_inside_guard() };
     assert_ne!(status, 0, "a failure status");
     // SAFETY: a NUL-terminated string owned by this thread's last-error slot, read at once.
     let error = unsafe { std::ffi::CStr::from_ptr(xnnblob_last_error()) };
     let error = error.to_string_lossy();
-    assert!(error.contains("forced by the test"), "{error}");
+    assert!(error.contains("forced by the check"), "{error}");
 }

@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "xnnblob/delegate.h"
-#include "xnnblob/test_hooks.h"
+#include "xnnblob-checks/hooks/test_hooks.h"
 
 namespace xnnblob {
 

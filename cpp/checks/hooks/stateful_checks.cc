@@ -9,7 +9,7 @@
 
 #include "xnnblob/memory_bank.h"
 #include "xnnblob/src/ffi.rs.h"
-#include "xnnblob/test_hooks.h"
+#include "xnnblob-checks/hooks/test_hooks.h"
 
 namespace xnnblob {
 namespace {

@@ -1,12 +1,14 @@
-// C++ test hooks of xnnblob's own tests (the bridge in src/ffi.rs declares them under the
-// test-hooks feature): C++ code that exercises the delegate API the way a delegate author would,
-// called from Rust tests. Neither this header nor the code behind it is part of the library.
+// C++ checks of xnnblob's C++ face (declared to Rust by cpp/checks/src/lib.rs): C++ code that
+// exercises the delegate API the way a delegate author would, called from Rust tests. Neither
+// this header nor the code behind it is part of any library xnnblob ships.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 
 #include "rust/cxx.h"
+#include "xnnblob/src/ffi.rs.h"
 
 namespace xnnblob {
 
@@ -19,18 +21,22 @@ rust::String cpp_delegate_checks(rust::Str ptd_path, rust::Slice<const std::uint
                                  rust::Slice<const float> input);
 
 // The stateful counter with a C++ bank whose copy function counts its calls
-// (cpp/tests/stateful_checks.cc); returns a report.
+// (stateful_checks.cc); returns a report.
 rust::String cpp_stateful_counter(rust::Str ptd_path, rust::Slice<const std::uint8_t> payload,
                                   std::uint32_t count_in, std::uint32_t count_out);
 
-struct Delegate;
+// A delegate held by C++, as a delegate author holds one.
+struct HeldDelegate {
+  rust::Box<Delegate> delegate;
+};
 
-// A delegate over a .ptd, made the way a delegate author would (a test hook).
-rust::Box<Delegate> cpp_make_delegate(rust::Str ptd_path, rust::Slice<const std::uint8_t> payload);
+// A delegate over a .ptd, made the way a delegate author would.
+std::unique_ptr<HeldDelegate> cpp_make_delegate(rust::Str ptd_path,
+                                                rust::Slice<const std::uint8_t> payload);
 
-// Runs `delegate` on one fp32 input of `shape` and one output through the span `execute`
-// (a test hook: the allocation count of a warm execute from C++).
-void cpp_execute_f32(Delegate& delegate, rust::Slice<const float> input,
+// Runs `held` on one fp32 input of `shape` and one output through the span `execute` (the
+// allocation count of a warm execute from C++).
+void cpp_execute_f32(HeldDelegate& held, rust::Slice<const float> input,
                      rust::Slice<const std::size_t> shape, rust::Slice<float> output);
 
 // Runs a method on one raw input of any dtype and shape; returns output 0's bytes.
@@ -39,7 +45,7 @@ rust::Vec<std::uint8_t> cpp_run_program_raw(rust::Str pte, const rust::Vec<rust:
                                             rust::Slice<const std::size_t> shape,
                                             rust::Slice<const std::uint8_t> input);
 
-// Runs a method of an ExecuTorch program through the bridge (cpp/tests/program_run.cc).
+// Runs a method of an ExecuTorch program through the bridge (program_run.cc).
 rust::Vec<float> cpp_run_program(rust::Str pte, const rust::Vec<rust::String>& ptds, rust::Str method,
                                  rust::Slice<const float> input);
 

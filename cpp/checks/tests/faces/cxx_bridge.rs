@@ -2,7 +2,7 @@
 
 #[test]
 fn cpp_describe_reaches_rust_and_xnnpack() {
-    let line = xnnblob::ffi::describe();
+    let line = xnnblob_cxx::ffi::describe();
     assert!(line.starts_with(&format!(
         "xnnblob {} on XNNPACK build ",
         env!("CARGO_PKG_VERSION")

@@ -1,17 +1,17 @@
 //! The cxx bridge: everything C++ sees of xnnblob. Shared plain-data structs first, then the
 //! Rust side (opaque handles, every fallible call a `Result`, which C++ sees as an exception),
 //! then the C++ side (a user's `NamedDataMap`, and the C++ code compiled into the crate).
-//! C++ headers: `cpp/include/xnnblob/`.
+//! C++ headers: `include/xnnblob/`.
 
-use crate::backend::{BackendOptions, ModelContext, PackedCache, WorkspaceSharing};
-use crate::cache::PackedWeightsCache;
-use crate::delegate::XnnDelegate;
-use crate::named_data::{Backing, DataBuffer, FileDataMap, MergedMap, NamedDataError};
-use crate::tensor::{DType, Shape};
-use crate::xnn::AsXnnWeightsCache;
-use crate::xnn::{RawInput, RawOutput};
 use std::collections::HashMap;
 use std::sync::Arc;
+use xnnblob::backend::{BackendOptions, ModelContext, PackedCache, WorkspaceSharing};
+use xnnblob::cache::PackedWeightsCache;
+use xnnblob::delegate::XnnDelegate;
+use xnnblob::named_data::{Backing, DataBuffer, FileDataMap, MergedMap, NamedDataError};
+use xnnblob::tensor::{DType, Shape};
+use xnnblob::xnn::AsXnnWeightsCache;
+use xnnblob::xnn::{RawInput, RawOutput};
 
 #[cxx::bridge(namespace = "xnnblob")]
 mod bridge {
@@ -332,74 +332,8 @@ mod bridge {
         /// One line naming xnnblob and XNNPACK, assembled in C++.
         fn describe() -> String;
     }
-
-    // For the C++ checks of the panic policy (test-hooks only, as below).
-    #[cfg(feature = "test-hooks")]
-    extern "Rust" {
-        /// Panics with `message` inside the bridge: the call throws `rust::Error` naming the
-        /// panic, and the process goes on.
-        fn panic_inside_bridge(message: &str) -> Result<()>;
-    }
-
-    // xnnblob's own C++ test hooks: compiled in only for its tests (the test-hooks feature,
-    // which the crate's dev-dependency on itself turns on), never into the library users get.
-    #[cfg(feature = "test-hooks")]
-    unsafe extern "C++" {
-        include!("xnnblob/test_hooks.h");
-
-        /// docs/delegate.md's example (cpp/examples/minimal_delegate.cc).
-        fn run_minimal_example(ptd_path: &str, payload: &[u8], input: &[f32]) -> Result<Vec<f32>>;
-        /// C++ checks of the delegate API (cpp/tests/delegate_checks.cc): returns a report.
-        fn cpp_delegate_checks(ptd_path: &str, payload: &[u8], input: &[f32]) -> Result<String>;
-        /// The stateful counter, from C++ with a C++ bank (cpp/tests/stateful_checks.cc).
-        fn cpp_stateful_counter(
-            ptd_path: &str,
-            payload: &[u8],
-            count_in: u32,
-            count_out: u32,
-        ) -> Result<String>;
-        /// A delegate made from C++ over a `.ptd` (a backend and in-memory packed weights of its
-        /// own), for the test hooks below.
-        fn cpp_make_delegate(ptd_path: &str, payload: &[u8]) -> Result<Box<Delegate>>;
-        /// Runs `delegate` on one fp32 input and output through the C++ span `execute`
-        /// (cpp/tests/delegate_checks.cc), as a delegate author would, warm.
-        fn cpp_execute_f32(
-            delegate: &mut Delegate,
-            input: &[f32],
-            shape: &[usize],
-            output: &mut [f32],
-        ) -> Result<()>;
-        /// Runs a program's method from C++ on one raw input of any dtype and shape; returns
-        /// output 0's bytes (cpp/tests/program_run.cc).
-        fn cpp_run_program_raw(
-            pte: &str,
-            ptds: &Vec<String>,
-            method: &str,
-            scalar_type: i8,
-            shape: &[usize],
-            input: &[u8],
-        ) -> Result<Vec<u8>>;
-        /// Runs a program's method from C++ (cpp/tests/program_run.cc).
-        fn cpp_run_program(
-            pte: &str,
-            ptds: &Vec<String>,
-            method: &str,
-            input: &[f32],
-        ) -> Result<Vec<f32>>;
-    }
 }
 
-#[cfg(feature = "test-hooks")]
-fn panic_inside_bridge(message: &str) -> Result<(), Reported> {
-    guarded(|| panic!("{message}"))
-}
-
-/// xnnblob's own C++ test hooks (the test-hooks feature; not part of the library).
-#[cfg(feature = "test-hooks")]
-pub use bridge::{
-    cpp_delegate_checks, cpp_execute_f32, cpp_make_delegate, cpp_run_program, cpp_run_program_raw,
-    cpp_stateful_counter, run_minimal_example,
-};
 pub use bridge::{
     describe, BackendConfig, CompileSpec, SharedCacheStats, StateDecl, TensorLayout,
     WeightsCacheStats,
@@ -416,19 +350,19 @@ fn version() -> &'static str {
 }
 
 fn xnnpack_build_identifier() -> String {
-    crate::sha256::to_hex(crate::xnn::build_identifier())
+    xnnblob::sha256::to_hex(xnnblob::xnn::build_identifier())
 }
 
 /// A named-data map, behind the bridge's `DataMap`.
-pub struct DataMap(Arc<dyn crate::named_data::NamedDataMap>);
+pub struct DataMap(Arc<dyn xnnblob::named_data::NamedDataMap>);
 /// A buffer, and the shared-cache entry it came from (held so the entry lives as long).
-pub struct Buffer(DataBuffer, Option<crate::shared_cache::SharedData>);
+pub struct Buffer(DataBuffer, Option<xnnblob::shared_cache::SharedData>);
 /// The backend's shared data cache (the backend handle, whose cache it is).
-pub struct SharedCache(crate::backend::Backend);
+pub struct SharedCache(xnnblob::backend::Backend);
 /// A packed-weight cache, behind the bridge's `WeightsCache`.
 pub struct WeightsCache(Arc<PackedWeightsCache>);
 /// The backend-wide object, behind the bridge's `Backend`.
-pub struct Backend(crate::backend::Backend);
+pub struct Backend(xnnblob::backend::Backend);
 /// What the delegates of one model share, behind the bridge's `Model`.
 pub struct Model(ModelContext);
 
@@ -517,8 +451,9 @@ fn raw_input(
 }
 
 /// Runs a bridge call with panics caught: cxx aborts the host process when a panic reaches
-/// C++, so a panic becomes the call's error, as in every face of xnnblob.
-fn guarded<T>(call: impl FnOnce() -> Result<T, Reported>) -> Result<T, Reported> {
+/// C++, so a panic becomes the call's error, as in every face of xnnblob. Public so that code
+/// extending the bridge (the C++ checks) holds to the same policy.
+pub fn guarded<T>(call: impl FnOnce() -> Result<T, Reported>) -> Result<T, Reported> {
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(call))
         .unwrap_or_else(|panic| Err(Reported(panicked(&*panic))))
 }
@@ -531,7 +466,10 @@ fn guarded_text<T>(call: impl FnOnce() -> Result<T, String>) -> Result<T, String
 
 /// What a caught panic said, as the bridge reports it.
 fn panicked(panic: &(dyn std::any::Any + Send)) -> String {
-    format!("xnnblob panicked: {}", crate::report::panic_message(panic))
+    format!(
+        "xnnblob panicked: {}",
+        xnnblob::report::panic_message(panic)
+    )
 }
 
 /// An error as it crosses into C++ (`rust::Error`): cxx shows only `Display`, and each
@@ -547,7 +485,7 @@ impl std::fmt::Display for Reported {
 
 impl<E: std::error::Error + 'static> From<E> for Reported {
     fn from(error: E) -> Reported {
-        Reported(crate::report::report(&error))
+        Reported(xnnblob::report::report(&error))
     }
 }
 
@@ -687,7 +625,7 @@ fn data_map_from_cpp(
     })
 }
 
-impl crate::named_data::NamedDataMap for CppMap {
+impl xnnblob::named_data::NamedDataMap for CppMap {
     fn get_data(&self, key: &str) -> Result<DataBuffer, NamedDataError> {
         if !self.by_key.contains_key(key) {
             return Err(NamedDataError::KeyNotFound {
@@ -716,7 +654,7 @@ impl crate::named_data::NamedDataMap for CppMap {
     fn get_tensor_layout(
         &self,
         key: &str,
-    ) -> Result<Option<crate::named_data::TensorLayout>, NamedDataError> {
+    ) -> Result<Option<xnnblob::named_data::TensorLayout>, NamedDataError> {
         self.by_key
             .get(key)
             .map(|_| None)
@@ -757,7 +695,7 @@ fn default_backend_config() -> BackendConfig {
 fn new_backend(config: &BackendConfig) -> Result<Box<Backend>, Reported> {
     guarded(|| {
         let workspace_sharing = WorkspaceSharing::from_code(config.workspace_sharing_mode.into())
-            .ok_or_else(|| crate::backend::BackendError::InvalidOption {
+            .ok_or_else(|| xnnblob::backend::BackendError::InvalidOption {
             name: "workspace_sharing_mode (0, 1 or 2)",
             value: config.workspace_sharing_mode.to_string(),
         })?;
@@ -769,7 +707,7 @@ fn new_backend(config: &BackendConfig) -> Result<Box<Backend>, Reported> {
             (true, "") => PackedCache::InMemory,
             (true, path) => PackedCache::File(path.into()),
         };
-        let backend = crate::backend::Backend::new(BackendOptions {
+        let backend = xnnblob::backend::Backend::new(BackendOptions {
             workspace_sharing,
             threads: config.threads,
             packed_cache,
@@ -874,8 +812,8 @@ fn delegate_init(
 ) -> Result<Box<Delegate>, Reported> {
     guarded(|| {
         // The payload is small (constants are named data): one aligned copy owned by the delegate.
-        let copy = crate::aligned::AlignedBytes::copy_from(processed, 64).ok_or_else(|| {
-            crate::delegate::DelegateError::OutOfMemory {
+        let copy = xnnblob::aligned::AlignedBytes::copy_from(processed, 64).ok_or_else(|| {
+            xnnblob::delegate::DelegateError::OutOfMemory {
                 what: "a copy of the payload".into(),
                 bytes: processed.len(),
             }
@@ -900,7 +838,7 @@ impl Delegate {
         self.inner.outputs().len()
     }
 
-    fn input(&self, index: usize) -> Result<&crate::xnn::External, String> {
+    fn input(&self, index: usize) -> Result<&xnnblob::xnn::External, String> {
         guarded_text(|| {
             self.inner
                 .inputs()
@@ -909,7 +847,7 @@ impl Delegate {
         })
     }
 
-    fn output(&self, index: usize) -> Result<&crate::xnn::External, String> {
+    fn output(&self, index: usize) -> Result<&xnnblob::xnn::External, String> {
         guarded_text(|| {
             self.inner
                 .outputs()
@@ -993,10 +931,10 @@ impl Delegate {
 }
 
 /// An ExecuTorch program fully delegated to XNNPACK, behind the bridge's `Program`.
-pub struct Program(crate::program::Program);
+pub struct Program(xnnblob::program::Program);
 /// An initialised method of a program, and the C++ inputs bound for its next execute.
 pub struct Method {
-    inner: crate::program::Method,
+    inner: xnnblob::program::Method,
     inputs: Vec<Option<RawInput>>,
 }
 
@@ -1009,7 +947,7 @@ fn load_program(
     guarded(|| {
         let file = PackedCache::File(cache_path.into());
         let cache = (!cache_path.is_empty()).then_some(&file);
-        Ok(Box::new(Program(crate::program::Program::load(
+        Ok(Box::new(Program(xnnblob::program::Program::load(
             &backend.0, pte, ptds, cache,
         )?)))
     })
@@ -1038,7 +976,7 @@ impl Method {
         self.inputs.len()
     }
 
-    fn spec(&self, index: usize) -> Result<crate::program::ValueSpec, String> {
+    fn spec(&self, index: usize) -> Result<xnnblob::program::ValueSpec, String> {
         guarded_text(|| {
             self.inner
                 .input_spec(index)
@@ -1085,9 +1023,9 @@ impl Method {
                 let view = unsafe {
                     let data = std::slice::from_raw_parts(b.data, b.len);
                     if b.padded {
-                        crate::tensor::TensorRef::with_slack(b.dtype, b.shape, data)
+                        xnnblob::tensor::TensorRef::with_slack(b.dtype, b.shape, data)
                     } else {
-                        crate::tensor::TensorRef::new(b.dtype, b.shape, data)
+                        xnnblob::tensor::TensorRef::new(b.dtype, b.shape, data)
                     }
                 };
                 views.push(view);
@@ -1121,7 +1059,7 @@ struct CppBank(cxx::UniquePtr<bridge::MemoryBank>);
 
 // SAFETY: memory_bank.h's contract is MemoryBank's: `base` points to `len` bytes, 64-aligned,
 // valid and fixed while the bank lives.
-unsafe impl crate::state::MemoryBank for CppBank {
+unsafe impl xnnblob::state::MemoryBank for CppBank {
     fn len(&self) -> usize {
         self.0.as_ref().map_or(0, |b| b.len())
     }
@@ -1155,14 +1093,14 @@ unsafe impl crate::state::MemoryBank for CppBank {
 /// Collects the declarations and methods of a stateful program, for C++.
 #[derive(Default)]
 pub struct StatefulBuilder {
-    specs: Vec<crate::state::StateSpec>,
-    methods: Vec<crate::state::StatefulMethod>,
+    specs: Vec<xnnblob::state::StateSpec>,
+    methods: Vec<xnnblob::state::StatefulMethod>,
 }
 
 /// A stateful program (declarations, layout, methods), behind the bridge's `Stateful`.
-pub struct Stateful(Arc<crate::state::StatefulProgram>);
+pub struct Stateful(Arc<xnnblob::state::StatefulProgram>);
 /// One instance of a stateful program, with its own state.
-pub struct StatefulInstance(crate::state::Instance);
+pub struct StatefulInstance(xnnblob::state::Instance);
 
 fn new_stateful_builder() -> Box<StatefulBuilder> {
     Box::default()
@@ -1170,22 +1108,22 @@ fn new_stateful_builder() -> Box<StatefulBuilder> {
 
 impl StatefulBuilder {
     fn declare(&mut self, decl: StateDecl) {
-        self.specs.push(crate::state::StateSpec {
+        self.specs.push(xnnblob::state::StateSpec {
             name: decl.name,
             shape: decl.shape,
             bank: decl.bank,
             initial: if decl.initial_key.is_empty() {
-                crate::state::InitialState::Zeros
+                xnnblob::state::InitialState::Zeros
             } else {
-                crate::state::InitialState::Named(decl.initial_key)
+                xnnblob::state::InitialState::Named(decl.initial_key)
             },
         });
     }
 
     fn add_method(&mut self, name: &str, payload: &[u8]) {
-        let copy = crate::aligned::AlignedBytes::copy_from(payload, 64).expect("allocation");
+        let copy = xnnblob::aligned::AlignedBytes::copy_from(payload, 64).expect("allocation");
         let payload = DataBuffer::new(Arc::new(copy), 0, payload.len()).expect("whole copy");
-        self.methods.push(crate::state::StatefulMethod {
+        self.methods.push(xnnblob::state::StatefulMethod {
             name: name.to_string(),
             payload,
             reads: Vec::new(),
@@ -1202,7 +1140,7 @@ impl StatefulBuilder {
 
     fn build(&mut self, map: &DataMap, model: &Model) -> Result<Box<Stateful>, Reported> {
         guarded(|| {
-            let program = crate::state::StatefulProgram::new(
+            let program = xnnblob::state::StatefulProgram::new(
                 &model.0,
                 std::mem::take(&mut self.specs),
                 std::mem::take(&mut self.methods),
@@ -1232,8 +1170,8 @@ impl Stateful {
 
 /// Collects the C++ banks of a new instance, in bank order.
 pub struct InstanceBuilder {
-    program: Arc<crate::state::StatefulProgram>,
-    banks: Vec<Box<dyn crate::state::MemoryBank>>,
+    program: Arc<xnnblob::state::StatefulProgram>,
+    banks: Vec<Box<dyn xnnblob::state::MemoryBank>>,
 }
 
 impl InstanceBuilder {
@@ -1267,7 +1205,7 @@ impl StatefulInstance {
             let mut at = 0;
             for &n in input_sizes {
                 let part = inputs.get(at..at + n).ok_or_else(|| {
-                    crate::state::StateError::Invalid(format!(
+                    xnnblob::state::StateError::Invalid(format!(
                         "input sizes {input_sizes:?} exceed the {} values given",
                         inputs.len()
                     ))
