@@ -2,108 +2,98 @@
 
 use std::fmt;
 
-/// ExecuTorch's `ScalarType` (its numbering is the file format's).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum ScalarType {
-    /// `uint8` (code 0).
-    Byte,
-    /// `int8` (code 1).
-    Char,
-    /// `int16` (code 2).
-    Short,
-    /// `int32` (code 3).
-    Int,
-    /// `int64` (code 4).
-    Long,
-    /// `float16`, IEEE half precision (code 5).
-    Half,
-    /// `float32` (code 6).
-    Float,
-    /// `float64` (code 7).
-    Double,
-    /// `complex32`: two `float16` (code 8).
-    ComplexHalf,
-    /// `complex64`: two `float32` (code 9).
-    ComplexFloat,
-    /// `complex128`: two `float64` (code 10).
-    ComplexDouble,
-    /// `bool`, one byte (code 11).
-    Bool,
-    /// `qint8`: quantized signed 8-bit (code 12).
-    QInt8,
-    /// `quint8`: quantized unsigned 8-bit (code 13).
-    QUInt8,
-    /// `qint32`: quantized signed 32-bit (code 14).
-    QInt32,
-    /// `bfloat16` (code 15).
-    BFloat16,
-    /// `quint4x2`: two quantized unsigned 4-bit values per byte (code 16).
-    QUInt4x2,
-    /// `quint2x4`: four quantized unsigned 2-bit values per byte (code 17).
-    QUInt2x4,
-    /// `bits1x8`: eight uninterpreted 1-bit values per byte (code 18).
-    Bits1x8,
-    /// `bits2x4`: four uninterpreted 2-bit values per byte (code 19).
-    Bits2x4,
-    /// `bits4x2`: two uninterpreted 4-bit values per byte (code 20).
-    Bits4x2,
-    /// `bits8`: eight uninterpreted bits (code 21).
-    Bits8,
-    /// `bits16`: sixteen uninterpreted bits (code 22).
-    Bits16,
-    /// `float8_e5m2`: 8-bit float, 5 exponent and 2 mantissa bits (code 23).
-    Float8E5M2,
-    /// `float8_e4m3fn`: 8-bit float, 4 exponent and 3 mantissa bits, no infinities (code 24).
-    Float8E4M3Fn,
-    /// `float8_e5m2fnuz`: as `float8_e5m2`, no infinities or negative zero (code 25).
-    Float8E5M2Fnuz,
-    /// `float8_e4m3fnuz`: as `float8_e4m3fn`, no negative zero (code 26).
-    Float8E4M3Fnuz,
-    /// `uint16` (code 27).
-    UInt16,
-    /// `uint32` (code 28).
-    UInt32,
-    /// `uint64` (code 29).
-    UInt64,
-    /// A code this build does not know; kept so nothing read is lost.
-    Unknown(i8),
+/// Declares [`ScalarType`] and its table by code from one list, so that the two cannot
+/// disagree; each code must be the next one (checked at compile time).
+macro_rules! scalar_types {
+    ($($(#[doc = $doc:expr])* $name:ident = $code:literal,)*) => {
+        /// ExecuTorch's `ScalarType` (its numbering is the file format's).
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub enum ScalarType {
+            $(
+                $(#[doc = $doc])*
+                #[doc = concat!("(code ", $code, ")")]
+                $name,
+            )*
+            /// A code this build does not know; kept so nothing read is lost.
+            Unknown(i8),
+        }
+
+        /// Every known type, at the index of its code.
+        const BY_CODE: &[ScalarType] = &[$(ScalarType::$name),*];
+
+        const _: () = {
+            let mut next = 0;
+            $(
+                assert!($code == next, "ScalarType codes must be listed in order");
+                next += 1;
+            )*
+            let _ = next;
+        };
+    };
 }
 
-const BY_CODE: [ScalarType; 30] = {
-    use ScalarType::*;
-    [
-        Byte,
-        Char,
-        Short,
-        Int,
-        Long,
-        Half,
-        Float,
-        Double,
-        ComplexHalf,
-        ComplexFloat,
-        ComplexDouble,
-        Bool,
-        QInt8,
-        QUInt8,
-        QInt32,
-        BFloat16,
-        QUInt4x2,
-        QUInt2x4,
-        Bits1x8,
-        Bits2x4,
-        Bits4x2,
-        Bits8,
-        Bits16,
-        Float8E5M2,
-        Float8E4M3Fn,
-        Float8E5M2Fnuz,
-        Float8E4M3Fnuz,
-        UInt16,
-        UInt32,
-        UInt64,
-    ]
-};
+scalar_types! {
+    /// `uint8`.
+    Byte = 0,
+    /// `int8`.
+    Char = 1,
+    /// `int16`.
+    Short = 2,
+    /// `int32`.
+    Int = 3,
+    /// `int64`.
+    Long = 4,
+    /// `float16`, IEEE half precision.
+    Half = 5,
+    /// `float32`.
+    Float = 6,
+    /// `float64`.
+    Double = 7,
+    /// `complex32`: two `float16`.
+    ComplexHalf = 8,
+    /// `complex64`: two `float32`.
+    ComplexFloat = 9,
+    /// `complex128`: two `float64`.
+    ComplexDouble = 10,
+    /// `bool`, one byte.
+    Bool = 11,
+    /// `qint8`: quantized signed 8-bit.
+    QInt8 = 12,
+    /// `quint8`: quantized unsigned 8-bit.
+    QUInt8 = 13,
+    /// `qint32`: quantized signed 32-bit.
+    QInt32 = 14,
+    /// `bfloat16`.
+    BFloat16 = 15,
+    /// `quint4x2`: two quantized unsigned 4-bit values per byte.
+    QUInt4x2 = 16,
+    /// `quint2x4`: four quantized unsigned 2-bit values per byte.
+    QUInt2x4 = 17,
+    /// `bits1x8`: eight uninterpreted 1-bit values per byte.
+    Bits1x8 = 18,
+    /// `bits2x4`: four uninterpreted 2-bit values per byte.
+    Bits2x4 = 19,
+    /// `bits4x2`: two uninterpreted 4-bit values per byte.
+    Bits4x2 = 20,
+    /// `bits8`: eight uninterpreted bits.
+    Bits8 = 21,
+    /// `bits16`: sixteen uninterpreted bits.
+    Bits16 = 22,
+    /// `float8_e5m2`: 8-bit float, 5 exponent and 2 mantissa bits.
+    Float8E5M2 = 23,
+    /// `float8_e4m3fn`: 8-bit float, 4 exponent and 3 mantissa bits, no infinities.
+    Float8E4M3Fn = 24,
+    /// `float8_e5m2fnuz`: as `float8_e5m2`, no infinities or negative zero.
+    Float8E5M2Fnuz = 25,
+    /// `float8_e4m3fnuz`: as `float8_e4m3fn`, no negative zero.
+    Float8E4M3Fnuz = 26,
+    /// `uint16`.
+    UInt16 = 27,
+    /// `uint32`.
+    UInt32 = 28,
+    /// `uint64`.
+    UInt64 = 29,
+}
 
 impl ScalarType {
     /// The type of an ExecuTorch code as stored in files; [`ScalarType::Unknown`] for codes
@@ -260,5 +250,23 @@ impl TensorLayout {
     /// The tensor's size in bytes; None when the scalar type is unknown.
     pub fn nbytes(&self) -> Option<usize> {
         self.nbytes
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ScalarType;
+
+    #[test]
+    fn every_code_reads_back_as_itself_and_known_types_are_the_first_thirty() {
+        for code in i8::MIN..=i8::MAX {
+            let t = ScalarType::from_code(code);
+            assert_eq!(t.code(), code);
+            let known = (0..30).contains(&code);
+            assert_eq!(!matches!(t, ScalarType::Unknown(_)), known, "code {code}");
+        }
+        assert_eq!(ScalarType::from_code(6), ScalarType::Float);
+        assert_eq!(ScalarType::from_code(15), ScalarType::BFloat16);
+        assert_eq!(ScalarType::from_code(29), ScalarType::UInt64);
     }
 }
