@@ -13,6 +13,7 @@ mod cache_budget;
 mod deferred_constants;
 mod delegate;
 mod delegate_fixtures;
+mod error_reports;
 mod exported_programs;
 mod features;
 mod fuzz_regressions;
