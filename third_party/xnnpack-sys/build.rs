@@ -247,16 +247,19 @@ impl Install {
 
     fn cached_or_built(toolchain: &Toolchain) -> Install {
         let root = cache_root();
-        let identity = toolchain.identity().unwrap_or_else(|e| {
-            fail_missing_tool(&format!(
-                "{e}\n{}",
-                if toolchain.is_cross() {
-                    CROSS_INSTALL_HINT
-                } else {
-                    INSTALL_HINT
-                }
-            ))
-        });
+        let identity = toolchain
+            .identity()
+            .unwrap_or_else(|problem| match problem {
+                toolchain::Problem::Compiler(e) => fail_missing_tool(&format!(
+                    "{e}\n{}",
+                    if toolchain.is_cross() {
+                        CROSS_INSTALL_HINT
+                    } else {
+                        INSTALL_HINT
+                    }
+                )),
+                toolchain::Problem::Setup(e) => fail_missing_tool(&e),
+            });
         let key = cache_key(&identity);
         let dir = root.join(format!("xnnpack-{key}"));
         let stamp = dir.join("BUILD_OK");

@@ -30,6 +30,14 @@ pub fn env_vars(target: &str) -> Vec<String> {
     vars
 }
 
+/// Why the toolchain cannot build XNNPACK.
+pub enum Problem {
+    /// A compiler is missing or does not run: installing it is the remedy.
+    Compiler(String),
+    /// Something only the user can say is missing (Android's NDK toolchain file).
+    Setup(String),
+}
+
 pub struct Toolchain {
     target: String,
     host: String,
@@ -165,23 +173,23 @@ impl Toolchain {
     /// never share a cached build.
     /// Fails where XNNPACK cannot be configured with what is known: Android without the NDK's
     /// toolchain file.
-    pub fn identity(&self) -> Result<String, String> {
+    pub fn identity(&self) -> Result<String, Problem> {
         if self.os == "android" && self.file.is_none() {
-            return Err(format!(
+            return Err(Problem::Setup(format!(
                 "building XNNPACK for {} needs the Android NDK's CMake toolchain file: set \
                  CMAKE_TOOLCHAIN_FILE=<ndk>/build/cmake/android.toolchain.cmake (and \
                  ANDROID_PLATFORM=android-<api level> for another API level than the NDK's \
                  lowest)",
                 self.target
-            ));
+            )));
         }
         let mut id = format!("target {}\nhost {}\n", self.target, self.host);
         if let Some(file) = &self.file {
             let text = fs::read_to_string(file).map_err(|e| {
-                format!(
+                Problem::Setup(format!(
                     "cannot read the CMake toolchain file {}: {e}",
                     file.display()
-                )
+                ))
             })?;
             id.push_str(&format!("toolchain file {}\n{text}\n", file.display()));
             if let Some(p) = env::var_os("ANDROID_PLATFORM") {
@@ -199,10 +207,10 @@ impl Toolchain {
                 // The toolchain file chooses the compilers then; the cc crate's guess may not run.
                 (Err(_), _) | (_, Err(_)) if self.file.is_some() => {}
                 (Err(e), _) | (_, Err(e)) => {
-                    return Err(format!(
+                    return Err(Problem::Compiler(format!(
                         "the {what} compiler for {} does not run: {e}",
                         self.target
-                    ))
+                    )))
                 }
             }
         }
