@@ -16,7 +16,45 @@
 #   qemu-user              tests re-run the quantized checks on an emulated AVX2-only CPU (x86-64 only)
 #   python3-venv           third_party/executorch-sys pip-installs ExecuTorch 1.5.1's wheel (its C++
 #                          runtime) with a throw-away venv
+#
+# With `--target aarch64-unknown-linux-gnu` (on an x86-64 host), also what cross-building and
+# emulated testing for 64-bit Arm Linux need; without it, nothing of this is touched:
+#   gcc-aarch64-linux-gnu, g++-aarch64-linux-gnu   the C and C++ cross compilers (XNNPACK, the cxx
+#                          bridge) and the linker (.cargo/config.toml names it)
+#   libc6-dev-arm64-cross  the target's libc, headers and dynamic loader (/usr/aarch64-linux-gnu)
+#   qemu-user              qemu-aarch64, the runner .cargo/config.toml gives cargo for that target
+#   the rust target        `rustup target add aarch64-unknown-linux-gnu`
+#   qemu-user-binfmt, binfmt-support   only where the kernel's binfmt_misc can be mounted and
+#                          written (not in every container): then aarch64 programs that tests spawn
+#                          run directly, under qemu; checked by running one, and a warning, not an
+#                          error, where it cannot work
 set -euo pipefail
+
+usage() {
+  echo "usage: $0 [--target aarch64-unknown-linux-gnu]" >&2
+  exit 2
+}
+target=""
+while [ $# -gt 0 ]; do
+  case $1 in
+    --target) [ $# -ge 2 ] || usage; target=$2; shift 2 ;;
+    --target=*) target=${1#--target=}; shift ;;
+    -h | --help) usage ;;
+    *) usage ;;
+  esac
+done
+cross=""
+case $target in
+  "") ;;
+  aarch64-unknown-linux-gnu)
+    # On an aarch64 host that target is the host's own: nothing to cross.
+    [ "$(uname -m)" = aarch64 ] || cross=aarch64
+    ;;
+  *)
+    echo "install-system-deps: --target $target is not supported (aarch64-unknown-linux-gnu is)" >&2
+    exit 2
+    ;;
+esac
 
 multiarch=$(dpkg-architecture -qDEB_HOST_MULTIARCH 2>/dev/null || gcc -print-multiarch 2>/dev/null || echo x86_64-linux-gnu)
 
@@ -57,13 +95,20 @@ missing() {
     binutils) command -v nm >/dev/null || echo "$pkg" ;;
     debian-archive-keyring) [ -s /usr/share/keyrings/debian-archive-keyring.gpg ] || echo "$pkg" ;;
     ca-certificates) [ -s /etc/ssl/certs/ca-certificates.crt ] || echo "$pkg" ;;
-    qemu-user) command -v qemu-x86_64 >/dev/null || echo "$pkg" ;;
+    qemu-user) command -v qemu-x86_64 >/dev/null && { [ -z "$cross" ] || command -v qemu-aarch64 >/dev/null; } || echo "$pkg" ;;
     python3-venv) python3 -c 'import venv, ensurepip' 2>/dev/null || echo "$pkg" ;;
+    gcc-aarch64-linux-gnu) command -v aarch64-linux-gnu-gcc >/dev/null || echo "$pkg" ;;
+    g++-aarch64-linux-gnu) command -v aarch64-linux-gnu-g++ >/dev/null || echo "$pkg" ;;
+    libc6-dev-arm64-cross) [ -e /usr/aarch64-linux-gnu/include/stdio.h ] && [ -e /usr/aarch64-linux-gnu/lib/ld-linux-aarch64.so.1 ] || echo "$pkg" ;;
   esac
 }
 
 packages=(cmake ninja-build pkg-config libclang-dev g++ binutils xz-utils patch debian-archive-keyring ca-certificates python3-venv)
 [ "$(uname -m)" = x86_64 ] && packages+=(qemu-user)
+if [ "$cross" = aarch64 ]; then
+  packages+=(gcc-aarch64-linux-gnu g++-aarch64-linux-gnu libc6-dev-arm64-cross)
+  [[ " ${packages[*]} " == *" qemu-user "* ]] || packages+=(qemu-user)
+fi
 
 # Packages dpkg calls installed whose files are gone (a half-removed library, a hand-deleted file)
 # are reinstalled, together with the packages that own the file their user loads.
@@ -100,6 +145,7 @@ if [ $((${#need[@]} + ${#reinstall[@]})) -gt 0 ]; then
     sudo="sudo"
   fi
   $sudo apt-get update -q
+  apt_updated=1
   if [ ${#need[@]} -gt 0 ]; then
     echo "install-system-deps: installing ${need[*]}"
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${need[@]}"
@@ -120,4 +166,57 @@ done
 if [ ${#still[@]} -gt 0 ]; then
   echo "install-system-deps: still missing after installing: ${still[*]}" >&2
   exit 1
+fi
+
+[ -n "$target" ] || exit 0
+
+# The Rust standard library for the target.
+libdir=$(rustc --print target-libdir --target "$target" 2>/dev/null || true)
+if [ -z "$libdir" ] || ! compgen -G "$libdir/libstd-*.rlib" >/dev/null; then
+  command -v rustup >/dev/null || {
+    echo "install-system-deps: Rust has no standard library for $target, and there is no rustup to add it" >&2
+    exit 1
+  }
+  echo "install-system-deps: rustup target add $target"
+  rustup target add "$target"
+fi
+[ -n "$cross" ] || exit 0
+
+# binfmt: whether the kernel starts aarch64 programs itself (through qemu) when a test spawns one.
+# It needs binfmt_misc mounted and writable, which a container may refuse: then tests run such
+# children through the runner instead, and this says so.
+binfmt=/proc/sys/fs/binfmt_misc
+sudo=""
+[ "$(id -u)" -eq 0 ] || sudo="sudo"
+[ -e "$binfmt/status" ] || $sudo mount -t binfmt_misc binfmt_misc "$binfmt" 2>/dev/null || true
+binfmt_note=""
+if [ ! -w "$binfmt/register" ] && ! $sudo test -w "$binfmt/register" 2>/dev/null; then
+  binfmt_note="the kernel's binfmt_misc cannot be mounted or written here"
+else
+  # binfmt-support does the registering: Debian's qemu-user-binfmt otherwise leaves it to
+  # systemd-binfmt, which does not run in a container.
+  binfmt_pkgs=()
+  for p in qemu-user-binfmt binfmt-support; do dpkg_installed "$p" || binfmt_pkgs+=("$p"); done
+  if [ ${#binfmt_pkgs[@]} -gt 0 ]; then
+    [ -n "${apt_updated:-}" ] || $sudo apt-get update -q
+    echo "install-system-deps: installing ${binfmt_pkgs[*]}"
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${binfmt_pkgs[@]}"
+  fi
+  # Their scripts skip registering when they think they run in a container, and a reboot forgets
+  # what was registered: register here, whatever they did.
+  [ -e "$binfmt/qemu-aarch64" ] || $sudo update-binfmts --enable qemu-aarch64 || true
+  # Debian's qemu, started by binfmt, finds the target's dynamic loader and libraries under
+  # /etc/qemu-binfmt/<arch>.
+  [ -e /etc/qemu-binfmt/aarch64 ] || { $sudo mkdir -p /etc/qemu-binfmt && $sudo ln -s /usr/aarch64-linux-gnu /etc/qemu-binfmt/aarch64; }
+  # Proven by running a program, not by the registration's presence.
+  probe=$(mktemp -d)
+  printf 'int main(void) { return 0; }\n' >"$probe/probe.c"
+  if ! aarch64-linux-gnu-gcc "$probe/probe.c" -o "$probe/probe" 2>/dev/null || ! "$probe/probe" 2>/dev/null; then
+    binfmt_note="an aarch64 program does not start by itself although binfmt_misc is writable"
+  fi
+  rm -rf "$probe"
+fi
+if [ -n "$binfmt_note" ]; then
+  echo "install-system-deps: warning: $binfmt_note; aarch64 programs run only through" \
+    "'qemu-aarch64 -L /usr/aarch64-linux-gnu' (cargo's runner for $target)" >&2
 fi

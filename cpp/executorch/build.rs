@@ -65,6 +65,16 @@ fn main() {
         "-Wl,--as-needed".to_string(),
         "-ldl".to_string(),
         "-lstdc++".to_string(),
+        // The runner's objects come last on rustc's link line, after Rust's compiler_builtins,
+        // and rustc links with -nodefaultlibs: what those objects need from the compiler's
+        // support library must be named after them. On aarch64 that is GCC's outline atomics
+        // (`__aarch64_ldadd4_acq_rel` for libstdc++'s reference counts: GCC 10+ calls a helper
+        // that picks LSE or LL/SC at run time). libgcc.a defines them; it is what gcc itself
+        // links by default, so this keeps GCC's code generation rather than changing it with
+        // -mno-outline-atomics (which would need applying to every C and C++ object alike, and
+        // gives up LSE atomics). A static archive adds only what is still undefined: a no-op
+        // where nothing is (x86-64).
+        "-lgcc".to_string(),
     ] {
         println!("cargo:rustc-link-arg-bin=xnnblob-et-run={arg}");
     }

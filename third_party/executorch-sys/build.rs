@@ -4,15 +4,21 @@
 //! 1. `XNNBLOB_EXECUTORCH_DIR`: a package root with `include/` and `lib/` (an unpacked wheel's
 //!    `executorch/` directory, or the install prefix of an ExecuTorch the user built).
 //! 2. The per-user cache (`XNNBLOB_EXECUTORCH_CACHE`, else `$XDG_CACHE_HOME/xnnblob`, else
-//!    `~/.cache/xnnblob`), directory `executorch-1.5.1/`, filled once by:
+//!    `~/.cache/xnnblob`), directory `executorch-1.5.1/` (x86-64) or `executorch-1.5.1-<arch>/`
+//!    (other targets), filled once by:
 //! 3. `pip install --no-deps --require-hashes --target` of the `executorch==1.5.1` wheel (pinned by
 //!    sha256 in `requirements.txt`), run by a throw-away venv of `python3` (`XNNBLOB_PYTHON`
-//!    overrides it), under a lock so concurrent builds install once.
+//!    overrides it), under a lock so concurrent builds install once. When cargo builds for another
+//!    target than the host, pip is asked for that target's wheel (`--platform`): aarch64 Linux
+//!    has one.
 //!
 //! The wheel carries no Python dependency that the C++ runtime needs: torch is never installed.
+//! Whatever the source, the runtime's libraries must be built for the target: `check` reads their
+//! ELF header.
 
 use std::env;
 use std::fs::{self, File};
+use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -31,11 +37,12 @@ fn main() {
     println!("cargo:rerun-if-changed=requirements.txt");
     println!("cargo:rerun-if-changed=build.rs");
 
+    let target = Target::from_env().unwrap_or_else(|why| fail(&why));
     let root = match env::var_os("XNNBLOB_EXECUTORCH_DIR").filter(|d| !d.is_empty()) {
         Some(dir) => PathBuf::from(dir),
-        None => cached_or_installed().unwrap_or_else(|why| fail(&why)),
+        None => cached_or_installed(&target).unwrap_or_else(|why| fail(&why)),
     };
-    if let Err(why) = check(&root) {
+    if let Err(why) = check(&root, &target) {
         fail(&why);
     }
     let include = root.join("include");
@@ -71,8 +78,79 @@ fn fail(why: &str) -> ! {
     panic!("executorch-sys: {why}");
 }
 
-/// The files everything built on this crate needs.
-fn check(root: &Path) -> Result<(), String> {
+/// What cargo builds for, as far as choosing and checking ExecuTorch's runtime goes.
+struct Target {
+    triple: String,
+    /// `CARGO_CFG_TARGET_ARCH`.
+    arch: String,
+    /// The wheel's platform tag to ask pip for, when it is not the host's own (cross builds).
+    wheel_platform: Option<&'static str>,
+}
+
+impl Target {
+    fn from_env() -> Result<Target, String> {
+        let var = |name: &str| env::var(name).map_err(|_| format!("cargo did not set {name}"));
+        let triple = var("TARGET")?;
+        let arch = var("CARGO_CFG_TARGET_ARCH")?;
+        let os = var("CARGO_CFG_TARGET_OS")?;
+        let target_env = var("CARGO_CFG_TARGET_ENV")?;
+        let wheel_platform = if triple == var("HOST")? {
+            None
+        } else {
+            // The platforms ExecuTorch publishes wheels for (with a hash in requirements.txt).
+            match (arch.as_str(), os.as_str(), target_env.as_str()) {
+                ("aarch64", "linux", "gnu") => Some("manylinux_2_28_aarch64"),
+                ("x86_64", "linux", "gnu") => Some("manylinux_2_28_x86_64"),
+                _ => None,
+            }
+        };
+        Ok(Target {
+            triple,
+            arch,
+            wheel_platform,
+        })
+    }
+
+    /// The cache directory's name. x86-64's predates the other targets and is kept, so that
+    /// existing caches stay valid.
+    fn cache_dir_name(&self) -> String {
+        match self.arch.as_str() {
+            "x86_64" => format!("executorch-{VERSION}"),
+            arch => format!("executorch-{VERSION}-{arch}"),
+        }
+    }
+
+    /// The ELF `e_machine` of the target's shared libraries, where it is known.
+    fn elf_machine(&self) -> Option<u16> {
+        match self.arch.as_str() {
+            "x86" => Some(3),
+            "arm" => Some(40),
+            "x86_64" => Some(62),
+            "aarch64" => Some(183),
+            "riscv64" => Some(243),
+            _ => None,
+        }
+    }
+}
+
+/// The ELF `e_machine` of a file, read from its header (in the byte order the header states).
+fn elf_machine_of(path: &Path) -> Result<u16, String> {
+    let mut header = [0u8; 20];
+    File::open(path)
+        .and_then(|mut f| f.read_exact(&mut header))
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    if header[..4] != *b"\x7fELF" {
+        return Err(format!("{} is not an ELF file", path.display()));
+    }
+    let bytes = [header[18], header[19]];
+    Ok(match header[5] {
+        2 => u16::from_be_bytes(bytes),
+        _ => u16::from_le_bytes(bytes),
+    })
+}
+
+/// The files everything built on this crate needs, built for the target.
+fn check(root: &Path, target: &Target) -> Result<(), String> {
     for needed in [
         "include/executorch/runtime/backend/interface.h",
         "include/executorch/extension/module/module.h",
@@ -84,6 +162,19 @@ fn check(root: &Path) -> Result<(), String> {
                 "{} has no {needed}: XNNBLOB_EXECUTORCH_DIR must name a package root with \
                  ExecuTorch {VERSION}'s include/ and lib/",
                 root.display()
+            ));
+        }
+    }
+    // A runtime for another CPU would only fail at link time, with a message about file formats.
+    if let Some(want) = target.elf_machine() {
+        let lib = root.join("lib/libexecutorch.so");
+        let have = elf_machine_of(&lib)?;
+        if have != want {
+            return Err(format!(
+                "{} is built for ELF machine {have}, not for {} (machine {want}): \
+                 XNNBLOB_EXECUTORCH_DIR must name ExecuTorch {VERSION} built for the target",
+                lib.display(),
+                target.triple
             ));
         }
     }
@@ -104,36 +195,44 @@ fn cache_root() -> PathBuf {
 }
 
 /// The cached package root, installing it first when it is not there.
-fn cached_or_installed() -> Result<PathBuf, String> {
+fn cached_or_installed(target: &Target) -> Result<PathBuf, String> {
     let cache = cache_root();
-    let done = cache.join(format!("executorch-{VERSION}"));
+    let name = target.cache_dir_name();
+    let done = cache.join(&name);
     let root = done.join("executorch");
-    if check(&root).is_ok() {
+    if check(&root, target).is_ok() {
         return Ok(root);
     }
+    if target.triple != env::var("HOST").unwrap_or_default() && target.wheel_platform.is_none() {
+        return Err(format!(
+            "ExecuTorch {VERSION} publishes no wheel for {}: set XNNBLOB_EXECUTORCH_DIR to a \
+             package root (include/, lib/) of ExecuTorch {VERSION} built for it",
+            target.triple
+        ));
+    }
     fs::create_dir_all(&cache).map_err(|e| format!("cannot create {}: {e}", cache.display()))?;
-    let lock_path = cache.join(format!("executorch-{VERSION}.lock"));
+    let lock_path = cache.join(format!("{name}.lock"));
     let _lock = File::create(&lock_path)
         .and_then(|f| f.lock().map(|()| f))
         .map_err(|e| format!("cannot lock {}: {e}", lock_path.display()))?;
     // Another build may have installed it while this one waited for the lock.
-    if check(&root).is_ok() {
+    if check(&root, target).is_ok() {
         return Ok(root);
     }
-    let work = cache.join(format!("executorch-{VERSION}.partial"));
+    let work = cache.join(format!("{name}.partial"));
     let _ = fs::remove_dir_all(&work);
     fs::create_dir_all(&work).map_err(|e| format!("cannot create {}: {e}", work.display()))?;
-    install(&work)?;
+    install(&work, target)?;
     let _ = fs::remove_dir_all(&done);
     fs::rename(work.join("site"), &done)
         .map_err(|e| format!("cannot move the install into {}: {e}", done.display()))?;
     let _ = fs::remove_dir_all(&work);
-    check(&root)?;
+    check(&root, target)?;
     Ok(root)
 }
 
 /// pip-installs the pinned wheel into `work/site` with a venv made in `work/venv`.
-fn install(work: &Path) -> Result<(), String> {
+fn install(work: &Path, target: &Target) -> Result<(), String> {
     let python = env::var_os("XNNBLOB_PYTHON")
         .filter(|p| !p.is_empty())
         .unwrap_or_else(|| "python3".into());
@@ -145,20 +244,23 @@ fn install(work: &Path) -> Result<(), String> {
     )?;
     let requirements = PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets it"))
         .join("requirements.txt");
-    run(
-        Command::new(venv.join("bin/python"))
-            .args(["-m", "pip", "install", "--quiet", "--no-input"])
-            .args([
-                "--disable-pip-version-check",
-                "--no-deps",
-                "--require-hashes",
-            ])
-            .arg("--target")
-            .arg(work.join("site"))
-            .arg("-r")
-            .arg(&requirements),
-        "pip install of the executorch wheel",
-    )
+    let mut pip = Command::new(venv.join("bin/python"));
+    pip.args(["-m", "pip", "install", "--quiet", "--no-input"])
+        .args([
+            "--disable-pip-version-check",
+            "--no-deps",
+            "--require-hashes",
+        ])
+        .arg("--target")
+        .arg(work.join("site"))
+        .arg("-r")
+        .arg(&requirements);
+    if let Some(platform) = target.wheel_platform {
+        // Another platform's wheel can only be taken as it is, never built from source; the
+        // CPython tag stays the venv's, as for the host's wheel.
+        pip.args(["--platform", platform, "--only-binary=:all:"]);
+    }
+    run(&mut pip, "pip install of the executorch wheel")
 }
 
 fn run(command: &mut Command, what: &str) -> Result<(), String> {

@@ -11,6 +11,9 @@
 //!
 //! Own builds also install XNNPACK's internal headers, so that `src/kernel_info.c` can name the
 //! microkernels XNNPACK's GEMM configs picked on this CPU (`xnnblob_qd8_gemm_kernel`).
+//!
+//! Cross builds (`--target` other than the host) configure CMake from the toolchain the `cc`
+//! crate finds for `TARGET` (`build/toolchain.rs`); the cache key names that toolchain.
 
 use sha2::{Digest, Sha256};
 use std::env;
@@ -18,6 +21,10 @@ use std::fs::{self, File};
 use std::io::{self, Read};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+
+#[path = "build/toolchain.rs"]
+mod toolchain;
+use toolchain::Toolchain;
 
 /// One Debian source package that XNNPACK's build needs.
 struct DebianSource {
@@ -68,7 +75,9 @@ const SOURCES: [DebianSource; 6] = [
 
 /// Bump when the cmake options or the install layout change: it is part of the cache key.
 /// 2: patches applied; internal headers installed under include/internal.
-const RECIPE_VERSION: &str = "2";
+/// 3: compilers, archiver and (cross builds) system and processor passed to CMake explicitly;
+///    the toolchain's identity in the key; KleidiAI off.
+const RECIPE_VERSION: &str = "3";
 
 /// The smallest `XNN_EXTRA_QUANTIZATION_PARAMS` that is safe for every qd8 GEMM kernel (see
 /// patches/0001-*): a user-provided XNNPACK with less gets a warning.
@@ -81,6 +90,11 @@ const CMAKE_OPTIONS: &[&str] = &[
     "-DXNNPACK_LIBRARY_TYPE=static",
     "-DCMAKE_BUILD_TYPE=Release",
     "-DCMAKE_POSITION_INDEPENDENT_CODE=ON",
+    // XNNPACK's aarch64 build would download KleidiAI's sources at configure time, which this
+    // build neither can (no network beyond the package registries) nor should (unverified code).
+    // Without it the qp8 (KleidiAI) GEMMs are absent; XNNPACK's own NEON kernels run instead.
+    // Only arm64 consults it: x86 builds are the same either way.
+    "-DXNNPACK_ENABLE_KLEIDIAI=OFF",
 ];
 
 /// Static libraries of our own build, in link order (dependents first). pthreadpool is not among
@@ -94,6 +108,13 @@ const POOL_LIB: &str = "xnnblob_pool";
 const INSTALL_HINT: &str =
     "run ./scripts/install-system-deps.sh from the repository's root (it installs with apt-get every \
      tool the build needs, and says which)";
+
+/// What to run when the cross toolchain is missing.
+const CROSS_INSTALL_HINT: &str =
+    "for aarch64-unknown-linux-gnu, run ./scripts/install-system-deps.sh --target \
+     aarch64-unknown-linux-gnu from the repository's root (Debian's cross gcc and g++); for other \
+     targets, install their C and C++ cross compilers and name them with CC_<target> and \
+     CXX_<target> if the cc crate does not find them";
 
 const HELP: &str = "\
 How to provide XNNPACK:
@@ -130,13 +151,18 @@ fn main() {
         println!("cargo:rerun-if-env-changed={var}");
     }
     println!("cargo:rerun-if-changed=build.rs");
+    println!("cargo:rerun-if-changed=build/toolchain.rs");
 
+    let toolchain = Toolchain::from_env().unwrap_or_else(|e| fail_missing_tool(&e));
+    for var in toolchain::env_vars(&env::var("TARGET").unwrap_or_default()) {
+        println!("cargo:rerun-if-env-changed={var}");
+    }
     let install = match (
         env::var_os("XNNPACK_INCLUDE_DIR"),
         env::var_os("XNNPACK_LIB_DIR"),
     ) {
         (Some(inc), Some(lib)) => Install::user_provided(&inc, &lib),
-        (None, None) => Install::cached_or_built(),
+        (None, None) => Install::cached_or_built(&toolchain),
         _ => fail("XNNPACK_INCLUDE_DIR and XNNPACK_LIB_DIR must be set together"),
     };
     install.check_quantization_padding();
@@ -144,7 +170,7 @@ fn main() {
     install.build_kernel_info();
     install.build_pool();
     install.emit_link_directives();
-    generate_bindings(&install.include_dirs);
+    generate_bindings(&install.include_dirs, &toolchain.bindgen_args());
 }
 
 fn patches_dir() -> PathBuf {
@@ -219,9 +245,22 @@ impl Install {
         }
     }
 
-    fn cached_or_built() -> Install {
+    fn cached_or_built(toolchain: &Toolchain) -> Install {
         let root = cache_root();
-        let key = cache_key();
+        let identity = toolchain
+            .identity()
+            .unwrap_or_else(|problem| match problem {
+                toolchain::Problem::Compiler(e) => fail_missing_tool(&format!(
+                    "{e}\n{}",
+                    if toolchain.is_cross() {
+                        CROSS_INSTALL_HINT
+                    } else {
+                        INSTALL_HINT
+                    }
+                )),
+                toolchain::Problem::Setup(e) => fail_missing_tool(&e),
+            });
+        let key = cache_key(&identity);
         let dir = root.join(format!("xnnpack-{key}"));
         let stamp = dir.join("BUILD_OK");
         if !stamp.is_file() {
@@ -233,7 +272,7 @@ impl Install {
                 .and_then(|f| f.lock().map(|()| f))
                 .unwrap_or_else(|e| fail(&format!("cannot lock {}: {e}", root.display())));
             if !stamp.is_file() {
-                build_into(&root, &key, &dir);
+                build_into(&root, &key, &dir, toolchain);
             }
             drop(lock);
         }
@@ -397,8 +436,10 @@ fn cache_root() -> PathBuf {
     PathBuf::from(env::var_os("OUT_DIR").expect("cargo sets OUT_DIR")).join("xnnpack-cache")
 }
 
-/// A short hash of everything that determines the build's output.
-fn cache_key() -> String {
+/// A short hash of everything that determines the build's output: sources, patches, recipe, and
+/// the toolchain (`Toolchain::identity`), so that a build for one target or by one compiler is
+/// never taken for another's.
+fn cache_key(toolchain_identity: &str) -> String {
     let mut h = Sha256::new();
     h.update(RECIPE_VERSION);
     for s in &SOURCES {
@@ -412,6 +453,7 @@ fn cache_key() -> String {
         h.update(o);
     }
     h.update(env::var("TARGET").unwrap_or_default());
+    h.update(toolchain_identity);
     hex(&h.finalize())[..16].to_string()
 }
 
@@ -647,12 +689,12 @@ fn extract(tarball: &Path, dest: &Path) {
 }
 
 /// Fetches, builds and installs XNNPACK into `dir` (headers and static libraries), then stamps it.
-fn build_into(root: &Path, key: &str, dir: &Path) {
+fn build_into(root: &Path, key: &str, dir: &Path, toolchain: &Toolchain) {
+    // The compilers were run already, for the cache key.
     require_tools(&[
         ("cmake", "--version"),
         ("ninja", "--version"),
         ("xz", "--version"),
-        ("c++", "--version"),
         ("patch", "--version"),
     ]);
     let downloads = root.join("downloads");
@@ -687,7 +729,8 @@ fn build_into(root: &Path, key: &str, dir: &Path) {
         .arg(src.join("xnnpack"))
         .arg("-B")
         .arg(&build)
-        .args(CMAKE_OPTIONS);
+        .args(CMAKE_OPTIONS)
+        .args(toolchain.cmake_args());
     for (var, pkg) in [
         ("CPUINFO", "cpuinfo"),
         ("PTHREADPOOL", "pthreadpool"),
@@ -801,10 +844,11 @@ fn find_file(dir: &Path, name: &str) -> Option<PathBuf> {
     None
 }
 
-fn generate_bindings(include_dirs: &[PathBuf]) {
+fn generate_bindings(include_dirs: &[PathBuf], target_args: &[String]) {
     let out = PathBuf::from(env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
     let builder = bindgen::Builder::default()
         .header_contents("wrapper.h", "#include <xnnpack.h>\n")
+        .clang_args(target_args)
         .clang_args(include_dirs.iter().map(|d| format!("-I{}", d.display())))
         .allowlist_function("xnn_.*")
         // The thread pool XNNPACK runs on (xnnpack.h includes pthreadpool.h): the handle type
