@@ -37,6 +37,11 @@ pub(crate) struct Entry {
     /// weights up in graph order): a save writes entries in this order, so that a first
     /// inference from a cold page cache reads the file front to back.
     pub first_hit: Option<u64>,
+    /// For an entry packed here, the order of the look-up that missed it, on the same count:
+    /// where a save puts it when no look-up found it since (a launch that repacked one weight
+    /// keeps it in graph order). A later hit's order comes first: packing ahead looks weights
+    /// up on several threads at once, the runtime's creation then finds them in graph order.
+    pub first_miss: Option<u64>,
     /// Its packed bytes were checked against its checksum in this process.
     pub checked: bool,
     /// Packed in this process and not yet saved.
@@ -67,8 +72,11 @@ pub(crate) struct State {
     pub maps: Vec<Arc<MappedFile>>,
     pub entries: Vec<Entry>,
     pub by_key: FastMap<EntryKey, usize>,
-    /// Look-ups that found an entry for the first time, so far.
-    first_hits: u64,
+    /// Look-ups that found an entry for the first time, or missed a weight for the first time,
+    /// so far: the next `first_hit` or `first_miss`.
+    first_looks: u64,
+    /// The `first_miss` of look-ups that missed, for the entry their packing inserts next.
+    missed_at: FastMap<EntryKey, u64>,
     pending: FastMap<usize, AlignedBytes>,
     registered: FastMap<usize, Registered>,
     /// Data files whose named keys were checked against their bytes, the most recently
@@ -113,6 +121,12 @@ impl Source {
 }
 
 impl State {
+    /// The next first-look order number.
+    fn next_first_look(&mut self) -> u64 {
+        self.first_looks += 1;
+        self.first_looks - 1
+    }
+
     /// Whether a save has anything new to write.
     pub fn has_unsaved(&self) -> bool {
         self.sources_unsaved || self.entries.iter().any(|e| e.unsaved)
@@ -160,6 +174,7 @@ impl State {
             last_used: e.last_used,
             hit: false,
             first_hit: None,
+            first_miss: None,
             checked: false,
             unsaved: false,
             packed_here: false,
@@ -417,13 +432,18 @@ impl PackedWeightsProvider for CacheCore {
             Some(i) => {
                 state.entries[i].hit = true;
                 if state.entries[i].first_hit.is_none() {
-                    state.entries[i].first_hit = Some(state.first_hits);
-                    state.first_hits += 1;
+                    state.entries[i].first_hit = Some(state.next_first_look());
                 }
                 self.counters.hits.fetch_add(1, Ordering::Relaxed);
             }
             None => {
                 self.counters.misses.fetch_add(1, Ordering::Relaxed);
+                if let Some(k) = CacheCore::entry_key(&state, key) {
+                    if !state.missed_at.contains_key(&k) {
+                        let order = state.next_first_look();
+                        state.missed_at.insert(k, order);
+                    }
+                }
                 // XNNPACK packs next, reading the unpacked bytes: read in any placeholder's.
                 let deferred = CacheCore::deferred_of(&state, key);
                 drop(state);
@@ -494,6 +514,7 @@ impl PackedWeightsProvider for CacheCore {
             }
         };
         CacheCore::release_unpacked(&state, key);
+        let first_miss = content_key.and_then(|k| state.missed_at.remove(&k));
         let i = state.entries.len();
         state.entries.push(Entry {
             key: content_key,
@@ -503,6 +524,7 @@ impl PackedWeightsProvider for CacheCore {
             last_used: 0,
             hit: false,
             first_hit: None,
+            first_miss,
             checked: false,
             unsaved: content_key.is_some(),
             packed_here: true,

@@ -171,10 +171,10 @@ pub(crate) fn save(
             .filter(|e| e.packed_here)
             .filter_map(|e| e.key.map(|k| (k.kernel, k.bias, k.seed)))
             .collect();
-        // Entries found by this process's runtimes in the order they were first found (graph
-        // order); those packed but not yet found after them, in the order they were packed.
+        // Entries this process's runtimes looked up, in graph order: where they were first
+        // found, or else where they were missed and packed; the rest (only loaded) after them.
         let mut in_order: Vec<&Entry> = state.entries.iter().collect();
-        in_order.sort_by_key(|e| e.first_hit.unwrap_or(u64::MAX));
+        in_order.sort_by_key(|e| e.first_hit.or(e.first_miss).unwrap_or(u64::MAX));
         let ours: Vec<Ours> = in_order
             .into_iter()
             .filter_map(|e| {

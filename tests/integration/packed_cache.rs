@@ -323,12 +323,21 @@ fn edit_index(path: &Path, edit: impl Fn(&mut format::FileEntry)) {
     std::fs::write(path, &bytes).unwrap();
 }
 
+/// The file's entries by position: which weight each is (kernel and bias identities).
+fn weights_in_file_order(path: &Path) -> Vec<(BlobId, BlobId)> {
+    let decoded = format::decode(&std::fs::read(path).unwrap(), &default_compat()).unwrap();
+    let mut entries = decoded.entries;
+    entries.sort_by_key(|e| e.offset);
+    entries.iter().map(|e| (e.key.kernel, e.key.bias)).collect()
+}
+
 #[test]
 fn a_changed_seed_repacks_that_entry_and_the_file_returns_to_1x() {
     let dir = scratch("seed");
     let path = dir.join("weights.xbc");
     let mlp = model();
     let (_, size) = cold(&path, &mlp);
+    let order = weights_in_file_order(&path);
     edit_index(&path, |e| {
         if e.offset == format::HEADER_SIZE as u64 {
             e.key.seed ^= 0x5A5A;
@@ -338,6 +347,9 @@ fn a_changed_seed_repacks_that_entry_and_the_file_returns_to_1x() {
     launch(&cache, &mlp);
     assert_eq!(cache.stats().packed, 1, "only the entry with the old seed");
     drop(cache);
+    // The repacked weight keeps its place (graph order): a first inference still reads the
+    // file front to back, and the regions pad to the same size whatever their lengths.
+    assert_eq!(weights_in_file_order(&path), order, "graph order kept");
     assert_eq!(
         std::fs::metadata(&path).unwrap().len(),
         size,
