@@ -98,7 +98,28 @@ pub fn max_diff(a: &[f32], b: &[f32]) -> (f32, f32) {
 }
 
 /// Set in a test binary re-run under emulation, so that its own emulation tests do not recurse.
-const EMULATED_CPU_VAR: &str = "XNNBLOB_EMULATED_CPU";
+pub const EMULATED_CPU_VAR: &str = "XNNBLOB_EMULATED_CPU";
+
+/// A command that starts the program a test binary's child must be started by, when the binary
+/// was built for another CPU (tests/aarch64.rs: `qemu-aarch64 -cpu ... -L ...`), as whitespace-
+/// separated words. Unset, children start directly (or through the kernel's binfmt).
+pub const TEST_RUNNER_VAR: &str = "XNNBLOB_TEST_RUNNER";
+
+/// A command that runs this test binary again, as a child: through [`TEST_RUNNER_VAR`]'s
+/// runner when one is set.
+pub fn this_test_binary() -> std::process::Command {
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let runner = std::env::var(TEST_RUNNER_VAR).unwrap_or_default();
+    let mut words = runner.split_whitespace();
+    match words.next() {
+        Some(program) => {
+            let mut command = std::process::Command::new(program);
+            command.args(words).arg(exe);
+            command
+        }
+        None => std::process::Command::new(exe),
+    }
+}
 
 /// Whether this process is the re-run of [`assert_pass_on_emulated_cpu`].
 pub fn under_emulation() -> bool {
@@ -111,7 +132,8 @@ pub fn under_emulation() -> bool {
 /// whose name contains `kernel_isa` (proof the emulated CPU changed the dispatch). This
 /// machine's own CPU class is covered by the plain run.
 pub fn assert_pass_on_emulated_cpu(module: &str, cpu: &str, kernel_isa: &str, tests: &[&str]) {
-    if under_emulation() {
+    // x86-64 CPU classes only: aarch64's are tests/aarch64.rs's.
+    if under_emulation() || !cfg!(target_arch = "x86_64") {
         return;
     }
     let tests: Vec<String> = tests.iter().map(|t| test_path(module, t)).collect();

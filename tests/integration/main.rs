@@ -7,6 +7,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod aarch64;
 mod backend;
 mod background_saves;
 mod cache_budget;

@@ -51,12 +51,12 @@ fn reopen(path: &Path) -> Arc<PackedWeightsCache> {
     PackedWeightsCache::open(path).unwrap()
 }
 
-fn model() -> Mlp {
+pub(crate) fn model() -> Mlp {
     Mlp::random(&[48, 64, 40, 24], 9)
 }
 
 /// A cold launch on an empty file; returns the outputs and the file's size.
-fn cold(path: &Path, mlp: &Mlp) -> (Vec<f32>, u64) {
+pub(crate) fn cold(path: &Path, mlp: &Mlp) -> (Vec<f32>, u64) {
     let cache = reopen(path);
     let out = launch(&cache, mlp);
     drop(cache);
@@ -594,7 +594,7 @@ fn four_processes_cold_starting_one_path_leave_one_valid_1x_file() {
     let (_, size) = cold(&dir.join("reference.xbc"), &mlp);
     let children: Vec<_> = (0..4)
         .map(|_| {
-            std::process::Command::new(std::env::current_exe().unwrap())
+            crate::common::this_test_binary()
                 .args([
                     "--exact",
                     &crate::common::test_path(module_path!(), "child_cold_start"),
@@ -859,4 +859,35 @@ fn a_save_waits_a_bounded_time_for_another_writers_lock_and_leaves_the_file() {
         "the weights stay usable in memory"
     );
     drop(holder);
+}
+
+/// Set by `aarch64::` to a cache file that another CPU class packed for [`model`].
+pub(crate) const FOREIGN_CACHE_VAR: &str = "XNNBLOB_FOREIGN_CACHE";
+
+/// Run by `aarch64::` under an emulated CPU, on a file packed on another CPU class (x86-64, or
+/// an aarch64 CPU whose features pick other kernels): the file is rejected with one message
+/// saying why, every weight is repacked, the outputs are right, and the next launch is warm.
+#[test]
+#[ignore = "run by aarch64:: with a file another CPU class packed"]
+fn a_file_from_another_cpu_class_is_rejected_and_rebuilt() {
+    let path = std::env::var_os(FOREIGN_CACHE_VAR).expect("aarch64:: sets the file");
+    let mlp = model();
+    let cache = reopen(Path::new(&path));
+    let note = cache.load_note().expect("a rejected file is said once");
+    println!("REJECTED {note}");
+    assert!(
+        matches!(cache.load_outcome(), LoadOutcome::Rejected(_)),
+        "{note}"
+    );
+    let out = launch(&cache, &mlp);
+    assert_matches_reference(&mlp, &out);
+    assert_eq!(cache.stats().packed, 3, "every weight repacked");
+    drop(cache);
+    let cache = reopen(Path::new(&path));
+    assert!(
+        matches!(cache.load_outcome(), LoadOutcome::Loaded { dropped: 0, .. }),
+        "rebuilt for this CPU"
+    );
+    assert_eq!(launch(&cache, &mlp), out);
+    assert_eq!(cache.stats().packed, 0, "warm after the rebuild");
 }

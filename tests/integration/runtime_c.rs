@@ -105,9 +105,45 @@ fn a_batch_beyond_the_bound_is_rejected_naming_it() {
     assert_eq!(method.output(0).unwrap().shape().dims(), &[2, 6]);
 }
 
+/// Whether this CPU has half-precision arithmetic, which XNNPACK's fp16 operators need on
+/// aarch64 (ARMv8.2's FP16; a Cortex-A53 has none). x86-64 converts, so it always has them.
+fn cpu_has_fp16_arithmetic() -> bool {
+    #[cfg(target_arch = "aarch64")]
+    return std::arch::is_aarch64_feature_detected!("fp16");
+    #[cfg(not(target_arch = "aarch64"))]
+    true
+}
+
 #[test]
 fn fp16_crosses_the_boundary_as_fp16() {
     let backend = Backend::with_defaults().unwrap();
+    if !cpu_has_fp16_arithmetic() {
+        // XNNPACK refuses to create fp16 operators: the load fails, saying so.
+        let program = load(&backend, "c_mlp_fp16_xnn_inline", None);
+        let error = program
+            .method("forward")
+            .err()
+            .expect("no fp16 on this CPU");
+        let text = xnnblob::report::report(&error);
+        println!("no fp16 arithmetic on this CPU: {text}");
+        assert!(
+            matches!(
+                &error,
+                ProgramError::Delegate {
+                    error: xnnblob::delegate::DelegateError::Xnn {
+                        error: xnnblob::xnn::XnnError::Call {
+                            status: xnnblob::xnn::Status::UnsupportedHardware,
+                            ..
+                        },
+                        ..
+                    },
+                    ..
+                }
+            ),
+            "{text}"
+        );
+        return;
+    }
     let worst = run_steps(&backend, "c_mlp_fp16_xnn_inline");
     println!("c_mlp_fp16_xnn_inline: max |xnnblob - ExecuTorch| / range = {worst:e}");
     // Measured 1.12e-3 here, identical on AVX-512 FP16 and under emulated AVX2: this XNNPACK's
@@ -202,7 +238,7 @@ fn with_a_cache_file_a_second_process_packs_nothing() {
     let scratch = common::scratch("shared-programs");
     let path = scratch.join("shared.xbc");
     let launch = || {
-        let out = std::process::Command::new(std::env::current_exe().unwrap())
+        let out = crate::common::this_test_binary()
             .args([
                 "--exact",
                 &crate::common::test_path(module_path!(), "shared_programs_child"),

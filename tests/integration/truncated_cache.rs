@@ -162,7 +162,7 @@ fn a_sigbus_outside_the_cache_still_kills_the_process() {
         println!("read {byte} past the end and lived");
         return;
     }
-    let out = std::process::Command::new(std::env::current_exe().unwrap())
+    let out = crate::common::this_test_binary()
         .args([
             "--exact",
             &crate::common::test_path(
