@@ -4,6 +4,7 @@
 
 pub mod close;
 pub mod counting;
+pub mod cross;
 pub mod io_steps;
 pub mod qd8_reference;
 

@@ -19,9 +19,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use xnnblob::cache::{LoadOutcome, PackedWeightsCache};
 
-const TARGET: &str = "aarch64-unknown-linux-gnu";
-/// Where Debian's cross toolchain puts the target's loader and libraries.
-const SYSROOT: &str = "/usr/aarch64-linux-gnu";
+use common::cross::{self, TARGET};
 
 /// (qemu CPU model, what every quantized kernel's name run on it contains.)
 const CPUS: [(&str, &str); 3] = [
@@ -51,30 +49,20 @@ const AREAS: [&str; 14] = [
 /// Builds this test binary for aarch64 (a nested cargo, as `scripts/install.sh` is in the C
 /// face's tests) and returns its path.
 fn build_for_aarch64() -> PathBuf {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let out = Command::new(&cargo)
-        .current_dir(common::repo_root())
-        .args(["test", "--target", TARGET, "-p", "xnnblob", "--test"])
-        .args(["integration", "--no-run", "--message-format=json"])
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {cargo}: {e}"));
-    assert!(
-        out.status.success(),
-        "building the suite for {TARGET} failed (./scripts/install-system-deps.sh installs \
-         the cross toolchain and the Rust target):\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
-        .filter(|m| m["reason"] == "compiler-artifact" && m["target"]["name"] == "integration")
-        .find_map(|m| m["executable"].as_str().map(PathBuf::from))
-        .expect("cargo names the built test binary")
+    cross::cargo_for_target(
+        common::repo_root(),
+        &["test", "-p", "xnnblob", "--test", "integration", "--no-run"],
+        &[],
+    )
+    .into_iter()
+    .filter(|a| a.name == "integration")
+    .find_map(|a| a.executable)
+    .unwrap_or_else(|| panic!("cargo names the suite built for {TARGET}"))
 }
 
 /// `qemu-aarch64` as a command line for `cpu`.
 fn runner(cpu: &str) -> String {
-    format!("qemu-aarch64 -cpu {cpu} -L {SYSROOT}")
+    cross::qemu(cpu).join(" ")
 }
 
 /// Runs `exe` under `cpu` with libtest `args`; returns its output, asserting it passed.

@@ -4,222 +4,27 @@
 
 mod support;
 
+use support::programs::{
+    check_outputs, data, exported_programs, f16s, fixture_programs, mlp_args, runtime_c,
+    runtime_c_programs, s, Run, Runner,
+};
 use support::{f32s, relative_difference, scratch};
 
-use serde_json::Value;
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-fn data() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/data/executorch")
-}
-
-/// One runner launch: its key=value lines (and the raw stdout), or its stderr on failure.
-#[derive(Debug)]
-struct Run {
-    values: HashMap<String, String>,
-    stdout: String,
-}
-
-impl Run {
-    fn number(&self, key: &str) -> f64 {
-        self.values
-            .get(key)
-            .unwrap_or_else(|| panic!("no {key} in:\n{}", self.stdout))
-            .parse()
-            .unwrap()
-    }
-
-    /// The xnnblob cache line's counters for the cache at `which` ("memory" or a path).
-    fn cache(&self, which: &str) -> HashMap<String, u64> {
-        let line = self
-            .stdout
-            .lines()
-            .find(|l| l.starts_with(&format!("cache {which}:")))
-            .unwrap_or_else(|| panic!("no cache line for {which} in:\n{}", self.stdout));
-        let words: Vec<&str> = line.split_whitespace().skip(2).collect();
-        words
-            .chunks(2)
-            .map(|kv| (kv[0].to_string(), kv[1].parse().unwrap()))
-            .collect()
-    }
-}
-
 fn runner(args: &[String]) -> Result<Run, String> {
-    runner_on(None, args)
-}
-
-/// As [`runner`], on an emulated CPU (`qemu-x86_64 -cpu CPU`) when one is named.
-fn runner_on(cpu: Option<&str>, args: &[String]) -> Result<Run, String> {
-    support::backend_library();
-    let exe = env!("CARGO_BIN_EXE_xnnblob-et-run");
-    let mut command = match cpu {
-        Some(cpu) => {
-            let mut c = Command::new("qemu-x86_64");
-            c.args(["-cpu", cpu, exe]);
-            c
-        }
-        None => Command::new(exe),
-    };
-    let out = command.args(args).output().unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    if !out.status.success() {
-        return Err(format!(
-            "{:?}: {}\n{stdout}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        ));
-    }
-    let values = stdout
-        .lines()
-        .filter_map(|l| l.split_once('='))
-        .filter(|(k, _)| !k.contains(' '))
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
-    Ok(Run { values, stdout })
+    Runner::host(None).run(args)
 }
 
 fn run_ok(args: &[String]) -> Run {
     runner(args).unwrap_or_else(|e| panic!("xnnblob-et-run {args:?} failed: {e}"))
 }
 
-fn s(v: &str) -> String {
-    v.to_string()
-}
-
-fn f16s(bytes: &[u8]) -> Vec<f32> {
-    bytes
-        .chunks_exact(2)
-        .map(|b| xnnblob::tensor::f16_to_f32(u16::from_le_bytes(b.try_into().unwrap())))
-        .collect()
-}
-
-/// A runtime-c program's runner arguments and expected outputs per step.
-fn runtime_c(name: &str) -> (Vec<String>, Vec<Vec<(PathBuf, String)>>) {
-    io_program(&data().join("runtime-c"), name)
-}
-
-/// A program described by `dir/NAME.io.json` (steps of inputs and ExecuTorch's outputs): its
-/// runner arguments and expected outputs per step.
-fn io_program(dir: &Path, name: &str) -> (Vec<String>, Vec<Vec<(PathBuf, String)>>) {
-    let io: Value =
-        serde_json::from_slice(&std::fs::read(dir.join(format!("{name}.io.json"))).unwrap())
-            .unwrap();
-    let mut args = vec![dir
-        .join(io["program"].as_str().unwrap())
-        .display()
-        .to_string()];
-    for d in io["data"].as_array().into_iter().flatten() {
-        args.extend([
-            s("--data"),
-            dir.join(d.as_str().unwrap()).display().to_string(),
-        ]);
-    }
-    let steps = io["steps"].as_array().unwrap();
-    for input in steps[0]["inputs"].as_array().unwrap() {
-        let file = input["file"].as_str().unwrap().replace(".s0.", ".s{step}.");
-        args.extend([
-            s("--input"),
-            dir.join(file).display().to_string(),
-            s("--dtype"),
-            input["dtype"].as_str().unwrap().to_string(),
-        ]);
-    }
-    args.extend([s("--steps"), steps.len().to_string()]);
-    let expected = steps
-        .iter()
-        .map(|step| {
-            step["outputs_et"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|o| {
-                    (
-                        dir.join(o["file"].as_str().unwrap()),
-                        o["dtype"].as_str().unwrap().to_string(),
-                    )
-                })
-                .collect()
-        })
-        .collect();
-    (args, expected)
-}
-
-/// Turns an output file's bytes into f32 values.
-type Decode = fn(&[u8]) -> Vec<f32>;
-
-/// Runs `args` with `backend`, writing outputs into a fresh directory; compares every step's
-/// outputs with `expected` within `tolerance` of their range; returns the largest difference.
-fn check_outputs(
-    label: &str,
-    backend: &str,
-    args: &[String],
-    expected: &[Vec<(PathBuf, String)>],
-    tolerance: f32,
-) -> f32 {
-    check_outputs_on(None, label, backend, args, expected, tolerance)
-}
-
-/// As [`check_outputs`], on an emulated CPU when one is named.
-fn check_outputs_on(
-    cpu: Option<&str>,
-    label: &str,
-    backend: &str,
-    args: &[String],
-    expected: &[Vec<(PathBuf, String)>],
-    tolerance: f32,
-) -> f32 {
-    let out = scratch(&format!("{label}-{backend}"));
-    let mut all = args.to_vec();
-    all.extend([
-        s("--backend"),
-        s(backend),
-        s("--output-dir"),
-        out.display().to_string(),
-    ]);
-    let run = runner_on(cpu, &all)
-        .unwrap_or_else(|e| panic!("xnnblob-et-run {all:?} on {cpu:?} failed: {e}"));
-    if backend == "xnnblob" {
-        // Every weight was read in once, where its look-up missed, and nothing packed was thrown
-        // away: a placeholder whose read failed would have sent init back to read everything,
-        // packing twice (as keys handed to ExecuTorch's map without a terminating NUL once did).
-        let cache = run.cache("memory");
-        assert_eq!(cache["packed"], cache["entries"], "{label}: {}", run.stdout);
-    }
-    let mut worst = 0.0f32;
-    for (step, outputs) in expected.iter().enumerate() {
-        for (j, (file, dtype)) in outputs.iter().enumerate() {
-            let (decode, ext): (Decode, &str) = match dtype.as_str() {
-                "float16" => (f16s, "f16"),
-                _ => (f32s, "f32"),
-            };
-            let name = if expected.len() > 1 {
-                format!("step{step}.output{j}.{ext}")
-            } else {
-                format!("output{j}.{ext}")
-            };
-            let got =
-                decode(&std::fs::read(out.join(&name)).unwrap_or_else(|e| {
-                    panic!("{label} ({backend}): {name}: {e}\n{}", run.stdout)
-                }));
-            let want = decode(&std::fs::read(file).unwrap());
-            let d = relative_difference(&got, &want);
-            assert!(
-                d <= tolerance,
-                "{label} ({backend}) step {step} output {j}: {d} > {tolerance}"
-            );
-            worst = worst.max(d);
-        }
-    }
-    worst
-}
-
 /// Programs exported by ExecuTorch 1.5.1 (scripts/export-executorch-fixtures.py): every node type
 /// its XNNPACK lowering emits, in fp32, fp16 and static int8, and small real architectures.
 /// xnnblob's backend must match ExecuTorch's own, run in the same test, within the bounds
-/// of the output range: 1e-5 for fp32, 2e-3 for fp16 (a few ulp near the range's top) and 1e-3
-/// for quantized programs.
+/// of the output range ([`exported_programs`]).
 #[test]
 fn exported_programs_match_executorchs_own_backend() {
     exported_programs_on(None);
@@ -234,29 +39,9 @@ fn exported_programs_match_on_an_avx2_only_cpu() {
 }
 
 fn exported_programs_on(cpu: Option<&str>) {
-    let dir = data().join("export");
-    let mut names: Vec<String> = std::fs::read_dir(&dir)
-        .unwrap()
-        .filter_map(|e| {
-            let name = e.ok()?.file_name().to_string_lossy().into_owned();
-            name.strip_suffix(".io.json").map(str::to_string)
-        })
-        .collect();
-    names.sort();
-    assert!(
-        names.len() >= 10,
-        "the exported programs are there: {names:?}"
-    );
-    for name in names {
-        let tolerance = if name.contains("int8") || name.contains("8da4w") {
-            1e-3
-        } else if name.contains("fp16") {
-            2e-3
-        } else {
-            1e-5
-        };
-        let (args, expected) = io_program(&dir, &name);
-        for (file, dtype) in expected.iter().flatten() {
+    let runner = Runner::host(cpu);
+    for p in exported_programs() {
+        for (file, dtype) in p.expected.iter().flatten() {
             let bytes = std::fs::read(file).unwrap();
             let values = if dtype == "float16" {
                 f16s(&bytes)
@@ -269,8 +54,11 @@ fn exported_programs_on(cpu: Option<&str>) {
                 file.display()
             );
         }
-        let witness = check_outputs_on(cpu, &name, "executorch", &args, &expected, tolerance);
-        let ours = check_outputs_on(cpu, &name, "xnnblob", &args, &expected, tolerance);
+        let name = &p.label;
+        let check =
+            |backend| check_outputs(&runner, name, backend, &p.args, &p.expected, p.tolerance);
+        let witness = check("executorch");
+        let ours = check("xnnblob");
         eprintln!(
             "{name} on {cpu:?}: xnnblob {ours:e}, ExecuTorch's backend {witness:e} of the range"
         );
@@ -279,105 +67,27 @@ fn exported_programs_on(cpu: Option<&str>) {
 
 #[test]
 fn runtime_c_programs_match_executorch_with_both_backends() {
-    // (program, tolerance relative to the output range)
-    let programs = [
-        ("c_partial_xnn_external", 1e-5),
-        ("c_dynbatch_xnn_external", 1e-5),
-        // Stateful over three steps: the mutable buffer is ExecuTorch's.
-        ("c_kvcache_xnn_external", 1e-5),
-        ("c_shared_a_xnn_external", 1e-5),
-        ("c_shared_b_xnn_external", 1e-5),
-        // fp16 accumulation rounds differently in the XNNPACK xnnblob builds (README).
-        ("c_mlp_fp16_xnn_inline", 2e-3),
-    ];
-    for (name, tolerance) in programs {
-        let (args, expected) = runtime_c(name);
-        let witness = check_outputs(name, "executorch", &args, &expected, tolerance);
-        let ours = check_outputs(name, "xnnblob", &args, &expected, tolerance);
+    let runner = Runner::host(None);
+    for p in runtime_c_programs() {
+        let name = &p.label;
+        let check =
+            |backend| check_outputs(&runner, name, backend, &p.args, &p.expected, p.tolerance);
+        let witness = check("executorch");
+        let ours = check("xnnblob");
         eprintln!("{name}: xnnblob {ours:e}, ExecuTorch's backend {witness:e} of the range");
     }
 }
 
-/// (method, runner arguments) for each method of a program.
-type Methods = Vec<(String, Vec<String>)>;
-
-/// A fixture of tests/data/executorch: runner arguments and the expected output per method.
-fn fixture(name: &str) -> (Methods, Vec<PathBuf>, f32) {
-    let dir = data();
-    let m: Value =
-        serde_json::from_slice(&std::fs::read(dir.join(format!("{name}.json"))).unwrap()).unwrap();
-    let mut program = vec![dir
-        .join(m["pte"]["file"].as_str().unwrap())
-        .display()
-        .to_string()];
-    for p in m["ptd"].as_array().into_iter().flatten() {
-        program.extend([
-            s("--data"),
-            dir.join(p["file"].as_str().unwrap()).display().to_string(),
-        ]);
-    }
-    let (input, outputs, tolerance) = if let Some(io) = m.get("io") {
-        let input = io["inputs"][0]["f32"].as_str().unwrap().to_string();
-        if name.starts_with("cnn") {
-            (input, vec![format!("{name}.output_et.f32")], 1e-5)
-        } else {
-            (input, vec![format!("{name}.output_et.f32")], 1e-3)
-        }
-    } else {
-        let io = m["model"]["io"].as_str().unwrap();
-        let outputs = if io == "two_methods" {
-            vec![s("two_methods.output0.f32"), s("two_methods.output1.f32")]
-        } else {
-            vec![format!("{io}.output.f32")]
-        };
-        (format!("{io}.input.f32"), outputs, 1e-5)
-    };
-    let methods: Vec<String> = m["pte"]["methods"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_str().unwrap().to_string())
-        .collect();
-    let per_method = methods
-        .into_iter()
-        .map(|method| {
-            let mut args = program.clone();
-            args.extend([
-                s("--method"),
-                method.clone(),
-                s("--input"),
-                dir.join(&input).display().to_string(),
-            ]);
-            (method, args)
-        })
-        .collect();
-    (
-        per_method,
-        outputs.iter().map(|o| dir.join(o)).collect(),
-        tolerance,
-    )
-}
-
 #[test]
 fn every_xnnpack_fixture_matches_with_both_backends() {
-    for name in [
-        "mlp_xnn_inline",
-        "mlp_xnn_external",
-        "two_methods_xnn_external",
-        "cnn_xnn_external",
-        "mlp_qd8_qc8w_external",
-        "mlp_qc4w_inline",
-        "mlp_qb4w_inline",
-        "mlp_qb4w_gk_inline",
-    ] {
-        let (methods, outputs, tolerance) = fixture(name);
-        for ((method, args), expected) in methods.iter().zip(&outputs) {
-            let expected = vec![vec![(expected.clone(), s("float32"))]];
-            let label = format!("{name}.{method}");
-            let witness = check_outputs(&label, "executorch", args, &expected, tolerance);
-            let ours = check_outputs(&label, "xnnblob", args, &expected, tolerance);
-            eprintln!("{label}: xnnblob {ours:e}, ExecuTorch's backend {witness:e}");
-        }
+    let runner = Runner::host(None);
+    for p in fixture_programs() {
+        let label = &p.label;
+        let check =
+            |backend| check_outputs(&runner, label, backend, &p.args, &p.expected, p.tolerance);
+        let witness = check("executorch");
+        let ours = check("xnnblob");
+        eprintln!("{label}: xnnblob {ours:e}, ExecuTorch's backend {witness:e}");
     }
 }
 
@@ -395,17 +105,6 @@ fn two_programs_sharing_a_weight_pack_it_once() {
         "the shared Linear is one entry"
     );
     assert!(together["hits"] >= 1, "found by the second program");
-}
-
-fn mlp_args() -> Vec<String> {
-    let dir = data();
-    vec![
-        dir.join("mlp_qd8_qc8w_external.pte").display().to_string(),
-        s("--data"),
-        dir.join("mlp_qd8_qc8w_external.ptd").display().to_string(),
-        s("--input"),
-        dir.join("mlp_qd8.input.f32").display().to_string(),
-    ]
 }
 
 #[test]

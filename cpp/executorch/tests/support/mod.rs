@@ -55,3 +55,10 @@ pub fn f32s(bytes: &[u8]) -> Vec<f32> {
 mod close;
 #[allow(unused_imports)]
 pub use close::relative_difference;
+
+/// Building for aarch64 and running the result under qemu-aarch64 (tests/aarch64.rs).
+#[allow(dead_code)]
+#[path = "../../../../tests/common/cross.rs"]
+pub mod cross;
+
+pub mod programs;
