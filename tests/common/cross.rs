@@ -36,9 +36,28 @@ pub struct Artifact {
     pub filenames: Vec<PathBuf>,
 }
 
+/// What one cargo run built.
+pub struct Built {
+    /// Its `compiler-artifact` messages.
+    pub artifacts: Vec<Artifact>,
+    /// The variables build scripts set for rustc (`cargo:rustc-env`), such as executorch-sys's
+    /// `XNNBLOB_EXECUTORCH_ROOT`: where the target's ExecuTorch is.
+    pub rustc_env: Vec<(String, String)>,
+}
+
+impl Built {
+    /// The value a build script set for `name`, if one did.
+    pub fn rustc_env(&self, name: &str) -> Option<&str> {
+        self.rustc_env
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
 /// Runs `cargo ARGS --target TARGET --message-format=json` from `dir` with `env` set, asserting
 /// it succeeds (saying what installs the toolchain if not), and returns what it built.
-pub fn cargo_for_target(dir: &Path, args: &[&str], env: &[(&str, &Path)]) -> Vec<Artifact> {
+pub fn cargo_for_target(dir: &Path, args: &[&str], env: &[(&str, &Path)]) -> Built {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let mut command = Command::new(&cargo);
     command
@@ -58,9 +77,12 @@ pub fn cargo_for_target(dir: &Path, args: &[&str], env: &[(&str, &Path)]) -> Vec
         String::from_utf8_lossy(&out.stderr)
     );
     let path = |v: &serde_json::Value| v.as_str().map(PathBuf::from);
-    String::from_utf8_lossy(&out.stdout)
+    let messages: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
         .lines()
-        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .filter_map(|line| serde_json::from_str(line).ok())
+        .collect();
+    let artifacts = messages
+        .iter()
         .filter(|m| m["reason"] == "compiler-artifact")
         .map(|m| Artifact {
             name: m["target"]["name"].as_str().unwrap_or_default().to_string(),
@@ -72,5 +94,18 @@ pub fn cargo_for_target(dir: &Path, args: &[&str], env: &[(&str, &Path)]) -> Vec
                 .filter_map(path)
                 .collect(),
         })
-        .collect()
+        .collect();
+    let rustc_env = messages
+        .iter()
+        .filter(|m| m["reason"] == "build-script-executed")
+        .flat_map(|m| m["env"].as_array().cloned().unwrap_or_default())
+        .filter_map(|pair| {
+            let name = pair[0].as_str()?.to_string();
+            Some((name, pair[1].as_str()?.to_string()))
+        })
+        .collect();
+    Built {
+        artifacts,
+        rustc_env,
+    }
 }

@@ -54,6 +54,7 @@ fn build_for_aarch64() -> PathBuf {
         &["test", "-p", "xnnblob", "--test", "integration", "--no-run"],
         &[],
     )
+    .artifacts
     .into_iter()
     .filter(|a| a.name == "integration")
     .find_map(|a| a.executable)

@@ -28,14 +28,14 @@
 
 mod support;
 
-use support::cross::{self, TARGET};
+use support::cross;
 use support::programs::{
     data, exported_programs, fixture_programs, measure, mlp_args, runtime_c_programs, s, Program,
     Runner,
 };
 use support::{f32s, relative_difference, scratch};
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::OnceLock;
 
 /// A qemu CPU model and what it has that changes the outcome.
@@ -51,41 +51,6 @@ struct Cpu {
 /// Programs with fp16 fully connected layers (the exported fp16 ones are element-wise, which
 /// XNNPACK runs on fp16 conversions alone).
 const NEEDS_FP16_ARITHMETIC: [&str; 1] = ["c_mlp_fp16_xnn_inline"];
-
-/// Cross-builds the runner and the backend library once, and returns the runner's path.
-fn aarch64_runner_exe() -> &'static Path {
-    static BUILT: OnceLock<PathBuf> = OnceLock::new();
-    BUILT.get_or_init(|| {
-        // This build's target directory and profile, as support::backend_library finds them.
-        let host_bin = Path::new(env!("CARGO_BIN_EXE_xnnblob-et-run"))
-            .parent()
-            .unwrap();
-        let target_dir = host_bin.parent().unwrap();
-        let mut args = vec!["build", "-p", "xnnblob-executorch", "--lib", "--bins"];
-        if host_bin.file_name().is_some_and(|n| n == "release") {
-            args.push("--release");
-        }
-        let built = cross::cargo_for_target(
-            Path::new(env!("CARGO_MANIFEST_DIR")),
-            &args,
-            &[("CARGO_TARGET_DIR", target_dir)],
-        );
-        let exe = built
-            .iter()
-            .filter(|a| a.name == "xnnblob-et-run")
-            .find_map(|a| a.executable.clone())
-            .unwrap_or_else(|| panic!("cargo names xnnblob-et-run built for {TARGET}"));
-        let library = built
-            .iter()
-            .filter(|a| a.name == "xnnblob_executorch")
-            .flat_map(|a| &a.filenames)
-            .find(|f| f.extension().is_some_and(|e| e == "so"))
-            .unwrap_or_else(|| panic!("cargo names libxnnblob_executorch.so built for {TARGET}"));
-        // The runner loads the backend library from its own directory.
-        assert_eq!(library.parent(), exe.parent(), "{}", library.display());
-        exe
-    })
-}
 
 /// How this qemu computes SME outer products on `cpu`: support/sme_outer_products.c's line,
 /// "fmopa WRONG/N smopa WRONG/N", and the number of wrong SMOPA (int8) elements.
@@ -125,7 +90,7 @@ fn sme_outer_products(cpu: &str) -> (String, u32) {
 }
 
 fn runner_on(cpu: &str) -> Runner {
-    Runner::emulated(aarch64_runner_exe().to_path_buf(), cross::qemu(cpu))
+    Runner::emulated(support::aarch64_drop_in().runner.clone(), cross::qemu(cpu))
 }
 
 #[test]

@@ -1,8 +1,11 @@
 //! The CMake consumer in `examples/executorch_app`: an ExecuTorch app built with CMake against the
 //! wheel's package from one source, linked with xnnblob's backend (shared, then static) and with
-//! ExecuTorch's own. Each build runs a program cold and warm in fresh processes.
+//! ExecuTorch's own. Each build runs a program cold and warm in fresh processes. The same again
+//! cross-built for aarch64 against the aarch64 wheel's package and run under `qemu-aarch64`.
 
 mod support;
+
+use support::programs::s;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -11,8 +14,15 @@ fn repository() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
-/// Configures and builds the example for one backend; returns the executable.
-fn build_app(backend: &str, library: &Path, dir: &Path) -> PathBuf {
+/// Configures and builds the example for one backend against the ExecuTorch package at
+/// `executorch` (its root), with `more` cache variables; returns the executable.
+fn build_app(
+    backend: &str,
+    library: &Path,
+    dir: &Path,
+    executorch: &Path,
+    more: &[String],
+) -> PathBuf {
     // Ninja: the setup installs it (for XNNPACK); make is not on a fresh machine.
     let configure = Command::new("cmake")
         .args(["-G", "Ninja"])
@@ -22,8 +32,9 @@ fn build_app(backend: &str, library: &Path, dir: &Path) -> PathBuf {
         .arg(dir)
         .arg(format!(
             "-DCMAKE_PREFIX_PATH={}/share/cmake",
-            executorch_sys::ROOT
+            executorch.display()
         ))
+        .args(more)
         .arg(format!("-DXNNBLOB_BACKEND={backend}"))
         .arg(format!(
             "-DXNNBLOB_EXECUTORCH_LIBRARY={}",
@@ -51,9 +62,10 @@ fn build_app(backend: &str, library: &Path, dir: &Path) -> PathBuf {
     dir.join("executorch_app")
 }
 
-fn run_app(app: &Path, program: &str, output: &Path, cache: &Path) -> Vec<u8> {
+/// Runs the app by `launch` (the app itself, or qemu with the app) on `program`.
+fn run_app(mut launch: Command, program: &str, output: &Path, cache: &Path) -> Vec<u8> {
     let data = repository().join("tests/data/executorch");
-    let out = Command::new(app)
+    let out = launch
         .arg(data.join(format!("{program}.pte")))
         .arg(data.join(format!("{program}.ptd")))
         .arg(data.join("mlp_qd8.input.f32"))
@@ -63,73 +75,148 @@ fn run_app(app: &Path, program: &str, output: &Path, cache: &Path) -> Vec<u8> {
         .unwrap();
     assert!(
         out.status.success(),
-        "{} on {program}: {}",
-        app.display(),
+        "{launch:?} on {program}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
     std::fs::read(output).unwrap()
+}
+
+const PROGRAM: &str = "mlp_qd8_qc8w_external";
+
+/// The three builds: a name, the backend, and the library given as XNNBLOB_EXECUTORCH_LIBRARY.
+fn builds(shared: &Path) -> [(&'static str, &'static str, PathBuf); 3] {
+    [
+        ("xnnblob", "xnnblob", shared.to_path_buf()),
+        ("xnnblob-static", "xnnblob", shared.with_extension("a")),
+        ("executorch", "executorch", shared.to_path_buf()),
+    ]
+}
+
+/// Asserts that the build `name` links the backend it names and not the other: `linked` lists
+/// its libraries (ldd's, or readelf's NEEDED entries).
+fn links_its_backend(name: &str, linked: &str) {
+    let ours = linked.contains("libxnnblob_executorch.so");
+    let theirs = linked.contains("libexecutorch_backend_xnnpack.so");
+    assert_eq!(
+        (ours, theirs),
+        (name == "xnnblob", name == "executorch"),
+        "{name} build links:\n{linked}"
+    );
+}
+
+/// Runs `PROGRAM` cold, then warm with the same cache file, each launched by `launch` (given the
+/// app), and asserts what a warm launch must give.
+fn cold_and_warm(name: &str, backend: &str, scratch: &Path, launch: impl Fn() -> Command) {
+    let expected =
+        std::fs::read(repository().join(format!("tests/data/executorch/{PROGRAM}.output_et.f32")))
+            .unwrap();
+    let cache = scratch.join(format!("{name}.cache"));
+    let cold = run_app(
+        launch(),
+        PROGRAM,
+        &scratch.join(format!("{name}.cold.f32")),
+        &cache,
+    );
+    let size = std::fs::metadata(&cache).unwrap().len();
+    let warm = run_app(
+        launch(),
+        PROGRAM,
+        &scratch.join(format!("{name}.warm.f32")),
+        &cache,
+    );
+    // A warm launch computes what the cold one did, bit for bit; both match ExecuTorch's
+    // stored outputs within 1e-3 of their range (bit-identical on the machine that stored
+    // them, but another CPU class may pick other quantized kernels).
+    assert_eq!(warm, cold, "{name}: warm output differs from cold");
+    let d = support::relative_difference(&support::f32s(&cold), &support::f32s(&expected));
+    assert!(
+        d <= 1e-3,
+        "{name}: {d} of the range from ExecuTorch's stored output"
+    );
+    assert_eq!(
+        std::fs::metadata(&cache).unwrap().len(),
+        size,
+        "{name} cache grew"
+    );
+    let magic = std::fs::read(&cache).unwrap()[..8].to_vec();
+    // Whose cache file it is tells whose backend ran: xnnblob's starts with its magic.
+    assert_eq!(
+        magic.starts_with(b"XBPWC"),
+        backend == "xnnblob",
+        "{name} cache {magic:?}"
+    );
 }
 
 #[test]
 fn the_same_app_source_runs_with_either_backend_by_its_link_line() {
     let library = support::backend_library();
     let scratch = support::scratch("cmake-app");
-    let program = "mlp_qd8_qc8w_external";
-    let expected =
-        std::fs::read(repository().join(format!("tests/data/executorch/{program}.output_et.f32")))
-            .unwrap();
-
-    let archive = library.with_extension("a");
-    for (name, backend, library) in [
-        ("xnnblob", "xnnblob", &library),
-        ("xnnblob-static", "xnnblob", &archive),
-        ("executorch", "executorch", &library),
-    ] {
-        let app = build_app(backend, library, &scratch.join(name));
+    for (name, backend, library) in builds(&library) {
+        let root = Path::new(executorch_sys::ROOT);
+        let app = build_app(backend, &library, &scratch.join(name), root, &[]);
         let linked = Command::new("ldd").arg(&app).output().unwrap();
-        let linked = String::from_utf8_lossy(&linked.stdout);
-        let ours = linked.contains("libxnnblob_executorch.so");
-        let theirs = linked.contains("libexecutorch_backend_xnnpack.so");
-        assert_eq!(
-            (ours, theirs),
-            (name == "xnnblob", name == "executorch"),
-            "{name} build links:\n{linked}"
-        );
-
-        let cache = scratch.join(format!("{name}.cache"));
-        let cold = run_app(
-            &app,
-            program,
-            &scratch.join(format!("{name}.cold.f32")),
-            &cache,
-        );
-        let size = std::fs::metadata(&cache).unwrap().len();
-        let warm = run_app(
-            &app,
-            program,
-            &scratch.join(format!("{name}.warm.f32")),
-            &cache,
-        );
-        // A warm launch computes what the cold one did, bit for bit; both match ExecuTorch's
-        // stored outputs within 1e-3 of their range (bit-identical on the machine that stored
-        // them, but another CPU class may pick other quantized kernels).
-        assert_eq!(warm, cold, "{name}: warm output differs from cold");
-        let d = support::relative_difference(&support::f32s(&cold), &support::f32s(&expected));
-        assert!(
-            d <= 1e-3,
-            "{name}: {d} of the range from ExecuTorch's stored output"
-        );
-        assert_eq!(
-            std::fs::metadata(&cache).unwrap().len(),
-            size,
-            "{name} cache grew"
-        );
-        let magic = std::fs::read(&cache).unwrap()[..8].to_vec();
-        // Whose cache file it is tells whose backend ran: xnnblob's starts with its magic.
-        assert_eq!(
-            magic.starts_with(b"XBPWC"),
-            backend == "xnnblob",
-            "{name} cache {magic:?}"
-        );
+        links_its_backend(name, &String::from_utf8_lossy(&linked.stdout));
+        cold_and_warm(name, backend, &scratch, || Command::new(&app));
     }
+}
+
+/// The same source cross-built for aarch64: CMake's cross-compiling variables, Debian's cross
+/// g++, and the aarch64 wheel's package (the one executorch-sys fetched for the target) as what
+/// find_package searches; each build runs under `qemu-aarch64` on a Neoverse N1.
+#[test]
+fn the_same_app_source_cross_built_for_aarch64_runs_under_qemu_with_either_backend() {
+    // From an x86-64 host only, as tests/aarch64.rs.
+    if !cfg!(target_arch = "x86_64") {
+        eprintln!("skipped: the aarch64 runs are cross-built from an x86-64 host");
+        return;
+    }
+    let started = std::time::Instant::now();
+    let drop_in = support::aarch64_drop_in();
+    let built = started.elapsed();
+    let root = &drop_in.executorch_root;
+    let scratch = support::scratch("cmake-app-aarch64");
+    let cross_compiling = [
+        s("-DCMAKE_SYSTEM_NAME=Linux"),
+        s("-DCMAKE_SYSTEM_PROCESSOR=aarch64"),
+        s("-DCMAKE_CXX_COMPILER=aarch64-linux-gnu-g++"),
+        // The package below the root, and the cross toolchain's libraries.
+        format!(
+            "-DCMAKE_FIND_ROOT_PATH={};{}",
+            root.display(),
+            support::cross::SYSROOT
+        ),
+    ];
+    for (name, backend, library) in builds(&drop_in.library) {
+        let dir = scratch.join(name);
+        let app = build_app(backend, &library, &dir, root, &cross_compiling);
+        // find_package took the aarch64 package, not the host's.
+        let cached = std::fs::read_to_string(dir.join("CMakeCache.txt")).unwrap();
+        let found = cached
+            .lines()
+            .find_map(|l| l.strip_prefix("executorch_DIR:PATH="))
+            .unwrap_or_default();
+        assert!(
+            Path::new(found).starts_with(root),
+            "{name}: find_package(executorch) found {found}, not below {}",
+            root.display()
+        );
+        let header = Command::new("readelf")
+            .arg("-hd")
+            .arg(&app)
+            .output()
+            .unwrap();
+        let header = String::from_utf8_lossy(&header.stdout);
+        assert!(header.contains("AArch64"), "{name}: {header}");
+        let needed: Vec<&str> = header.lines().filter(|l| l.contains("(NEEDED)")).collect();
+        links_its_backend(name, &needed.join("\n"));
+        cold_and_warm(name, backend, &scratch, || {
+            support::cross::under_qemu("neoverse-n1", &app)
+        });
+    }
+    eprintln!(
+        "aarch64 CMake app: cross-built the drop-in in {:.1} s, then configured, built and ran \
+         three builds cold and warm in {:.1} s",
+        built.as_secs_f64(),
+        (started.elapsed() - built).as_secs_f64()
+    );
 }

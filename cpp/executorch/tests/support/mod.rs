@@ -61,4 +61,63 @@ pub use close::relative_difference;
 #[path = "../../../../tests/common/cross.rs"]
 pub mod cross;
 
+/// The drop-in cross-built for aarch64 (tests/aarch64.rs, tests/cmake_app.rs).
+#[allow(dead_code)]
+pub struct Aarch64DropIn {
+    /// `xnnblob-et-run`.
+    pub runner: PathBuf,
+    /// `libxnnblob_executorch.so`, beside the runner (which loads it from its own directory).
+    pub library: PathBuf,
+    /// ExecuTorch's aarch64 package root (`include/`, `lib/`, `share/cmake/`), as executorch-sys
+    /// found or installed it for the target.
+    pub executorch_root: PathBuf,
+}
+
+/// Cross-builds the runner and the backend library once (a nested cargo, into this build's target
+/// directory and profile, as [`backend_library`] finds them), and says where they are.
+#[allow(dead_code)]
+pub fn aarch64_drop_in() -> &'static Aarch64DropIn {
+    use cross::TARGET;
+    static BUILT: std::sync::OnceLock<Aarch64DropIn> = std::sync::OnceLock::new();
+    BUILT.get_or_init(|| {
+        let host_bin = Path::new(env!("CARGO_BIN_EXE_xnnblob-et-run"))
+            .parent()
+            .unwrap();
+        let target_dir = host_bin.parent().unwrap();
+        let mut args = vec!["build", "-p", "xnnblob-executorch", "--lib", "--bins"];
+        if host_bin.file_name().is_some_and(|n| n == "release") {
+            args.push("--release");
+        }
+        let built = cross::cargo_for_target(
+            Path::new(env!("CARGO_MANIFEST_DIR")),
+            &args,
+            &[("CARGO_TARGET_DIR", target_dir)],
+        );
+        let runner = built
+            .artifacts
+            .iter()
+            .filter(|a| a.name == "xnnblob-et-run")
+            .find_map(|a| a.executable.clone())
+            .unwrap_or_else(|| panic!("cargo names xnnblob-et-run built for {TARGET}"));
+        let library = built
+            .artifacts
+            .iter()
+            .filter(|a| a.name == "xnnblob_executorch")
+            .flat_map(|a| &a.filenames)
+            .find(|f| f.extension().is_some_and(|e| e == "so"))
+            .cloned()
+            .unwrap_or_else(|| panic!("cargo names libxnnblob_executorch.so built for {TARGET}"));
+        assert_eq!(library.parent(), runner.parent(), "{}", library.display());
+        let executorch_root = built
+            .rustc_env("XNNBLOB_EXECUTORCH_ROOT")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| panic!("executorch-sys names ExecuTorch's root for {TARGET}"));
+        Aarch64DropIn {
+            runner,
+            library,
+            executorch_root,
+        }
+    })
+}
+
 pub mod programs;
