@@ -9,7 +9,11 @@
 #   lib/cmake/xnnblob/          find_package(xnnblob): xnnblob::xnnblob (static),
 #                               xnnblob::shared, xnnblob::executorch_backend
 #
-#   scripts/install.sh PREFIX [--debug]
+#   scripts/install.sh PREFIX [--debug] [--target TRIPLE]
+#
+# --target installs a cross build, for a Linux GNU target that cargo can build for here
+# (aarch64-unknown-linux-gnu with the cross toolchain ./scripts/install-system-deps.sh installs):
+# the libraries and XNNPACK's headers are the target's, the package files are the same.
 #
 # cargo-c is not used: it builds cargo itself as a library (minutes, plus OpenSSL headers) on
 # every fresh machine, and xnnblob's install also needs its C++ headers and XNNPACK's, which
@@ -17,18 +21,45 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-[ $# -ge 1 ] || { echo "usage: scripts/install.sh PREFIX [--debug]" >&2; exit 2; }
-prefix=$(mkdir -p "$1" && cd "$1" && pwd)
+usage="usage: scripts/install.sh PREFIX [--debug] [--target TRIPLE]"
+[ $# -ge 1 ] || { echo "$usage" >&2; exit 2; }
+prefix_arg=$1
+shift
 profile=release
 cargo_profile=(--release)
-if [ "${2:-}" = "--debug" ]; then
-  profile=debug
-  cargo_profile=()
+target=
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --debug) profile=debug; cargo_profile=() ;;
+    --target)
+      [ $# -ge 2 ] || { echo "install: --target needs a target triple; $usage" >&2; exit 2; }
+      target=$2
+      shift ;;
+    *) echo "install: unknown argument '$1'; $usage" >&2; exit 2 ;;
+  esac
+  shift
+done
+cargo_target=()
+if [ -n "$target" ]; then
+  # The link flags below are a Linux GNU target's (glibc, libstdc++, libgcc_s). Android's
+  # differ (bionic, libc++, liblog) and have not been tried: see the README.
+  case "$target" in
+    *-linux-gnu*) ;;
+    *) echo "install: --target $target: only Linux GNU targets are installed (Android has not been tried: its system libraries differ)" >&2
+       exit 2 ;;
+  esac
+  libdir=$(rustc --print target-libdir --target "$target" 2>/dev/null || true)
+  if [ -z "$libdir" ] || ! compgen -G "$libdir/libstd-*.rlib" >/dev/null; then
+    echo "install: Rust has no standard library for $target (rustup target add $target; ./scripts/install-system-deps.sh adds aarch64-unknown-linux-gnu)" >&2
+    exit 1
+  fi
+  cargo_target=(--target "$target")
 fi
+prefix=$(mkdir -p "$prefix_arg" && cd "$prefix_arg" && pwd)
 
 messages=$(mktemp)
 trap 'rm -f "$messages"' EXIT
-cargo build "${cargo_profile[@]}" -p xnnblob-capi -p xnnblob-executorch \
+cargo build "${cargo_profile[@]}" "${cargo_target[@]}" -p xnnblob-capi -p xnnblob-executorch \
   --message-format=json-render-diagnostics >"$messages"
 
 # Where the build put things, from cargo's own messages and metadata.
@@ -49,7 +80,8 @@ if out_dir is None:
 print(meta["target_directory"], out_dir)
 PY
 )
-built="$target_dir/$profile"
+# Cargo puts a cross build below a directory named after its target.
+built="$target_dir/${target:+$target/}$profile"
 cxxbridge=$(sed -n 's/^cxxbridge_include=//p' "$capi_out/install-headers.txt")
 xnnpack_include=$(sed -n 's/^xnnpack_include=//p' "$capi_out/install-headers.txt")
 
@@ -145,4 +177,4 @@ endif()
 set(xnnblob_FOUND TRUE)
 CMAKE
 
-echo "installed xnnblob $version ($profile) under $prefix"
+echo "installed xnnblob $version ($profile${target:+, $target}) under $prefix"

@@ -2,6 +2,12 @@
 //! `examples/c_xnnpack` (C, raw XNNPACK with xnnblob's cache) with CMake and with pkg-config,
 //! and `examples/cpp_delegate` (C++, the delegate API over a .ptd) with CMake. Each runs twice
 //! in fresh processes: the first packs, the second packs nothing and prints identical outputs.
+//! The same again for aarch64: `install.sh --target`, the consumers cross-built with Debian's
+//! cross compilers and run under `qemu-aarch64`.
+
+#[allow(dead_code)]
+#[path = "../../../tests/common/cross.rs"]
+mod cross;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -23,9 +29,63 @@ fn run(command: &mut Command) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// What builds the consumers and runs them: the host's tools, or a cross toolchain and qemu.
+struct Toolchain {
+    /// The target given to `install.sh --target`, if not the host.
+    target: Option<&'static str>,
+    /// CMake's variables for it.
+    cmake: Vec<String>,
+    /// The C compiler for the pkg-config build.
+    c_compiler: &'static str,
+    /// What `readelf -h` says the installed libraries are for.
+    machine: &'static str,
+    /// A command that runs `program`.
+    launch: fn(&Path) -> Command,
+}
+
+impl Toolchain {
+    fn host() -> Self {
+        Toolchain {
+            target: None,
+            cmake: Vec::new(),
+            c_compiler: "cc",
+            machine: if cfg!(target_arch = "aarch64") {
+                "AArch64"
+            } else {
+                "X86-64"
+            },
+            launch: |program| Command::new(program),
+        }
+    }
+
+    /// Debian's aarch64 cross compilers, CMake's cross-compiling variables, and `qemu-aarch64`
+    /// on a Neoverse N1 (dot product kernels).
+    fn aarch64() -> Self {
+        Toolchain {
+            target: Some(cross::TARGET),
+            cmake: [
+                "-DCMAKE_SYSTEM_NAME=Linux",
+                "-DCMAKE_SYSTEM_PROCESSOR=aarch64",
+                "-DCMAKE_C_COMPILER=aarch64-linux-gnu-gcc",
+                "-DCMAKE_CXX_COMPILER=aarch64-linux-gnu-g++",
+            ]
+            .map(str::to_string)
+            .to_vec(),
+            c_compiler: "aarch64-linux-gnu-gcc",
+            machine: "AArch64",
+            launch: |program| cross::under_qemu("neoverse-n1", program),
+        }
+    }
+}
+
 /// Runs a consumer twice on a fresh cache file: (first run's output, second run's output).
-fn cold_then_warm(program: &Path, args: &[&Path], cache: &Path) -> (String, String) {
-    let launch = || run(Command::new(program).args(args).arg(cache));
+fn cold_then_warm(
+    toolchain: &Toolchain,
+    program: &Path,
+    args: &[&Path],
+    cache: &Path,
+) -> (String, String) {
+    let launch = || run((toolchain.launch)(program).args(args).arg(cache));
     let cold = launch();
     let warm = launch();
     (cold, warm)
@@ -55,27 +115,54 @@ fn check_cold_then_warm(name: &str, (cold, warm): (String, String), weights: u64
     assert_eq!(cold_outputs, warm_outputs, "{name}: identical outputs");
 }
 
-fn cmake_build(example: &str, prefix: &Path, build: &Path) -> PathBuf {
+fn cmake_build(toolchain: &Toolchain, example: &str, prefix: &Path, build: &Path) -> PathBuf {
     run(Command::new("cmake")
         .args(["-G", "Ninja", "-S"])
         .arg(repository().join("examples").join(example))
         .arg("-B")
         .arg(build)
-        .arg(format!("-DCMAKE_PREFIX_PATH={}", prefix.display())));
+        .arg(format!("-DCMAKE_PREFIX_PATH={}", prefix.display()))
+        .args(&toolchain.cmake));
     run(Command::new("cmake").arg("--build").arg(build));
-    build.join(example)
+    let program = build.join(example);
+    assert_machine(toolchain, &program);
+    program
 }
 
-#[test]
-fn c_and_cpp_consumers_build_against_the_installed_prefix() {
+/// Asserts that the ELF file at `path` is for the toolchain's machine.
+fn assert_machine(toolchain: &Toolchain, path: &Path) {
+    let header = run(Command::new("readelf").arg("-h").arg(path));
+    let machine = header
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("Machine:"))
+        .map(str::trim)
+        .unwrap_or_default();
+    assert!(
+        machine.contains(toolchain.machine),
+        "{}: built for {machine}, not {}",
+        path.display(),
+        toolchain.machine
+    );
+}
+
+/// Installs with `toolchain`, checks what was installed, and builds and runs both consumers
+/// against it, cold then warm.
+fn install_and_consume(toolchain: &Toolchain) {
     let scratch = tempfile::Builder::new()
         .prefix("xnnblob-install-")
         .tempdir()
         .unwrap();
     let prefix = scratch.path().join("prefix");
-    run(Command::new(repository().join("scripts/install.sh"))
-        .arg(&prefix)
-        .arg("--debug"));
+    let mut install = Command::new(repository().join("scripts/install.sh"));
+    install.arg(&prefix).arg("--debug");
+    if let Some(target) = toolchain.target {
+        install.args(["--target", target]);
+    }
+    let said = run(&mut install);
+    assert!(
+        said.contains(toolchain.target.unwrap_or("(debug)")),
+        "install.sh said: {said}"
+    );
     for installed in [
         "lib/libxnnblob.a",
         "lib/libxnnblob.so",
@@ -90,6 +177,9 @@ fn c_and_cpp_consumers_build_against_the_installed_prefix() {
     ] {
         assert!(prefix.join(installed).is_file(), "{installed} installed");
     }
+    for library in ["libxnnblob.a", "libxnnblob.so", "libxnnblob_executorch.so"] {
+        assert_machine(toolchain, &prefix.join("lib").join(library));
+    }
     // Test hooks stay out of what is installed.
     let bridge = std::fs::read_to_string(prefix.join("include/xnnblob/src/ffi.rs.h")).unwrap();
     assert!(!bridge.contains("cpp_delegate_checks"));
@@ -101,10 +191,10 @@ fn c_and_cpp_consumers_build_against_the_installed_prefix() {
     assert!(symbols.contains("xnnblob_cache_open_file"));
     assert!(!symbols.contains(" xnn_create_runtime"));
 
-    let c = cmake_build("c_xnnpack", &prefix, &scratch.path().join("c"));
+    let c = cmake_build(toolchain, "c_xnnpack", &prefix, &scratch.path().join("c"));
     check_cold_then_warm(
         "c_xnnpack (CMake)",
-        cold_then_warm(&c, &[], &scratch.path().join("c.xbc")),
+        cold_then_warm(toolchain, &c, &[], &scratch.path().join("c.xbc")),
         2,
     );
 
@@ -113,18 +203,29 @@ fn c_and_cpp_consumers_build_against_the_installed_prefix() {
         .args(["--cflags", "--libs", "--static", "xnnblob"])
         .env("PKG_CONFIG_PATH", prefix.join("lib/pkgconfig")));
     let by_pkg_config = scratch.path().join("c_pkg_config");
-    run(Command::new("cc")
+    run(Command::new(toolchain.c_compiler)
         .args(["-std=c99", "-o"])
         .arg(&by_pkg_config)
         .arg(repository().join("examples/c_xnnpack/c_xnnpack.c"))
         .args(flags.split_whitespace()));
+    assert_machine(toolchain, &by_pkg_config);
     check_cold_then_warm(
         "c_xnnpack (pkg-config)",
-        cold_then_warm(&by_pkg_config, &[], &scratch.path().join("pc.xbc")),
+        cold_then_warm(
+            toolchain,
+            &by_pkg_config,
+            &[],
+            &scratch.path().join("pc.xbc"),
+        ),
         2,
     );
 
-    let cpp = cmake_build("cpp_delegate", &prefix, &scratch.path().join("cpp"));
+    let cpp = cmake_build(
+        toolchain,
+        "cpp_delegate",
+        &prefix,
+        &scratch.path().join("cpp"),
+    );
     let data = repository().join("tests/data/executorch");
     let (pte, ptd, input) = (
         data.join("mlp_xnn_external.pte"),
@@ -133,7 +234,51 @@ fn c_and_cpp_consumers_build_against_the_installed_prefix() {
     );
     check_cold_then_warm(
         "cpp_delegate",
-        cold_then_warm(&cpp, &[&pte, &ptd, &input], &scratch.path().join("cpp.xbc")),
+        cold_then_warm(
+            toolchain,
+            &cpp,
+            &[&pte, &ptd, &input],
+            &scratch.path().join("cpp.xbc"),
+        ),
         3,
     );
+}
+
+#[test]
+fn c_and_cpp_consumers_build_against_the_installed_prefix() {
+    install_and_consume(&Toolchain::host());
+}
+
+/// `install.sh --target aarch64-unknown-linux-gnu`: every installed library is an aarch64 one,
+/// and the same consumers, cross-built against the prefix, run under qemu cold then warm.
+#[test]
+fn an_aarch64_install_serves_cross_built_consumers_that_run_under_qemu() {
+    if !cfg!(target_arch = "x86_64") {
+        eprintln!("skipped: the aarch64 install is cross-built from an x86-64 host");
+        return;
+    }
+    install_and_consume(&Toolchain::aarch64());
+}
+
+/// A target whose system libraries the install does not know is refused before anything is
+/// built or created, saying why.
+#[test]
+fn an_android_target_is_refused_before_anything_is_built() {
+    let scratch = tempfile::Builder::new()
+        .prefix("xnnblob-install-")
+        .tempdir()
+        .unwrap();
+    let prefix = scratch.path().join("prefix");
+    let out = Command::new(repository().join("scripts/install.sh"))
+        .arg(&prefix)
+        .args(["--target", "aarch64-linux-android"])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{said}");
+    assert!(
+        said.contains("aarch64-linux-android") && said.contains("only Linux GNU targets"),
+        "{said}"
+    );
+    assert!(!prefix.exists(), "the prefix was created");
 }
