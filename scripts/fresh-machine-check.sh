@@ -98,8 +98,45 @@ if compgen -G '/usr/local/share/ca-certificates/*.crt' >/dev/null; then
     { tail -20 "$logs/ca-certificates.log"; die "update-ca-certificates failed"; }
 fi
 
-# The toolchain read-only; cargo's registry and caches are the new machine's own (empty).
-bind "$rustup_home" "$root/root/.rustup" ro
+# The host's toolchain, seen through an overlay so the host's stays untouched, with what a new
+# machine has: the host target's standard library only. The set-up then has to add the aarch64
+# one itself (rustup target add), as on a user's machine. cargo's registry and caches are the new
+# machine's own (empty).
+overlay=$root/var/tmp/rustup-overlay
+mkdir -p "$overlay/upper" "$overlay/work" "$root/root/.rustup"
+mount -t overlay overlay -o "lowerdir=$rustup_home,upperdir=$overlay/upper,workdir=$overlay/work" \
+  "$root/root/.rustup" || die "cannot mount an overlay of $rustup_home"
+mounted+=("$root/root/.rustup")
+host_target=$(rustc -vV | sed -n 's/^host: //p')
+python3 - "$root/root/.rustup/toolchains" "$host_target" <<'PY'
+# Removes every standard library but the host's from each toolchain, with rustup's records of it
+# (its components list, its manifest, its entry in multirust-config.toml).
+import pathlib, re, shutil, sys
+toolchains, host = pathlib.Path(sys.argv[1]), sys.argv[2]
+# A toolchain that is a link (1.95.0 -> stable) names its target by an absolute path, which
+# outside the new root is the host's own toolchain: only real directories are edited, and only
+# below the overlay.
+for toolchain in toolchains.iterdir():
+    if toolchain.is_symlink() or not toolchain.is_dir():
+        continue
+    rustlib = toolchain / "lib" / "rustlib"
+    if not rustlib.resolve().is_relative_to(toolchains.resolve()):
+        sys.exit(f"fresh-machine-check: {rustlib} leads outside the overlay")
+    for std in rustlib.glob("manifest-rust-std-*"):
+        target = std.name.removeprefix("manifest-rust-std-")
+        if target == host:
+            continue
+        shutil.rmtree(rustlib / target, ignore_errors=True)
+        std.unlink()
+        components = rustlib / "components"
+        lines = components.read_text().splitlines(keepends=True)
+        components.write_text("".join(l for l in lines if l.strip() != f"rust-std-{target}"))
+        config = rustlib / "multirust-config.toml"
+        if config.exists():
+            entry = re.compile(r'\[\[components\]\]\npkg = "rust-std"\ntarget = "%s"\n[^\[]*' % re.escape(target))
+            config.write_text(entry.sub("", config.read_text()))
+        print(f"fresh-machine-check: {rustlib.parent.parent.name} without rust-std-{target}")
+PY
 bind "$cargo_home/bin" "$root/root/.cargo/bin" ro
 
 commit=$(git -C "$repo" rev-parse HEAD)
@@ -107,6 +144,8 @@ say "cloning ${commit:0:7} (committed work only) into the new root"
 git clone -q --no-hardlinks "$repo" "$root/root/xnnblob"
 git -C "$root/root/xnnblob" checkout -q "$commit"
 [ ! -e "$root/root/.cache" ] || die "the new root has a ~/.cache already"
+aarch64_std='compgen -G "$(rustc --print target-libdir --target aarch64-unknown-linux-gnu)/libstd-*.rlib"'
+! in_root "$aarch64_std" >/dev/null 2>&1 || die "the new root's toolchain has aarch64's standard library already"
 
 # The README's two commands, verbatim (see README.md, "Set-up").
 commands=(
@@ -133,6 +172,11 @@ for i in "${!commands[@]}"; do
     failed=1
   fi
 done
+# The set-up added the aarch64 standard library the new root lacked.
+if [ "$failed" = 0 ] && [ "$host_target" = x86_64-unknown-linux-gnu ] && ! in_root "$aarch64_std" >/dev/null 2>&1; then
+  say "FAIL: the README's commands left the new root without aarch64's standard library"
+  failed=1
+fi
 
 if [ "$failed" = 0 ]; then
   # Lets CI skip the check until a set-up file changes again.
