@@ -3,6 +3,7 @@
 
 use super::constants::{
     deferrable_constants, failed_fill, load_constants, load_scales, pin_read_as_is, Loaded,
+    Treatment,
 };
 use super::error::{at, DelegateError};
 use super::graph::{named_key, tensor_of, XNN_FLAG_EXTERNAL_OUTPUT};
@@ -180,7 +181,7 @@ pub(crate) fn compile(
         let converted = if fp16_as_fp32 {
             super::fallback::fp16_constants(&p.graph)?
         } else {
-            HashSet::new()
+            HashMap::new()
         };
         let mut deferrable = match deferral {
             Some(_) => deferrable_constants(&p.graph)?,
@@ -207,8 +208,10 @@ pub(crate) fn compile(
             p.header.constant_data_offset as usize,
             map,
             model,
-            &deferrable,
-            (&converted, super::fallback::CONVERSION),
+            Treatment {
+                deferrable: &deferrable,
+                converted: &converted,
+            },
         )?;
         let scales = load_scales(&p.graph, &constants)?;
         let loaded = k.loaded.get_or_init(|| Loaded {

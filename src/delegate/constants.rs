@@ -272,10 +272,16 @@ pub(super) fn listed_keys(map: &dyn NamedDataMap) -> HashSet<&str> {
         .collect()
 }
 
-/// Loads every constant the graph refers to, through the shared data cache; the `deferrable`
-/// ones become placeholders, not read. The `converted` ones (by index) are given to XNNPACK
-/// converted by `conversion`: a converted copy, or a placeholder of the converted size.
-#[allow(clippy::too_many_arguments)] // one call site, each argument a different source
+/// How constants are given to XNNPACK other than as their bytes, by constant_data index.
+pub(super) struct Treatment<'a> {
+    /// Left unread, behind placeholders (with the byte length the graph gives them).
+    pub(super) deferrable: &'a HashMap<usize, usize>,
+    /// Converted: a converted copy, or a placeholder of the converted size.
+    pub(super) converted: &'a HashMap<usize, Conversion>,
+}
+
+/// Loads every constant the graph refers to, through the shared data cache, treated as
+/// `treatment` says.
 pub(super) fn load_constants(
     graph: &fb::XNNGraph<'_>,
     payload: &DataBuffer,
@@ -283,9 +289,12 @@ pub(super) fn load_constants(
     inline_offset: usize,
     map: &dyn NamedDataMap,
     model: &ModelContext,
-    deferrable: &HashMap<usize, usize>,
-    (converted, conversion): (&HashSet<usize>, Conversion),
+    treatment: Treatment<'_>,
 ) -> Result<Vec<Option<Constant>>, DelegateError> {
+    let Treatment {
+        deferrable,
+        converted,
+    } = treatment;
     let shared = model.backend().shared_data();
     let packed = packed_constants(graph)?;
     let mut out: Vec<Option<Constant>> = vec![None];
@@ -309,7 +318,7 @@ pub(super) fn load_constants(
                     )));
                 }
             }
-            let conversion = converted.contains(&i).then_some(conversion);
+            let conversion = converted.get(&i).copied();
             // A converted placeholder is shared only with placeholders of the same conversion.
             let (shared_as, len) = match conversion {
                 Some(c) => (format!("{key}\u{0}{}", c.name()), c.output_len(len)),
@@ -353,7 +362,7 @@ pub(super) fn load_constants(
             Constant::Copied(view, None)
         };
         let backing = buffer.buffer().expect("not deferred");
-        if converted.contains(&i) {
+        if let Some(&conversion) = converted.get(&i) {
             // The conversion is a copy of its own, with the room XNNPACK may over-read.
             let data = conversion.convert(backing.data(), i)?;
             out.push(Some(Constant::Converted {

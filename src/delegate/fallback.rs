@@ -26,11 +26,8 @@ use super::error::{at, DelegateError};
 use super::graph::{constant_index, datatype, tensor_of};
 use crate::schema::xnn as fb;
 use crate::xnn::{Datatype, Subgraph};
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
-
-/// The conversion fp16 constants get.
-pub(super) const CONVERSION: Conversion = Conversion::F16ToF32;
 
 /// Delegates of this process whose fp16 values are computed as fp32.
 static DELEGATES: AtomicUsize = AtomicUsize::new(0);
@@ -84,14 +81,17 @@ pub(super) fn computes_fp16_as_fp32(graph: &fb::XNNGraph<'_>) -> Result<bool, De
     Ok(!runs)
 }
 
-/// The constants (by constant_data index) of fp16 values: given to XNNPACK converted.
-pub(super) fn fp16_constants(graph: &fb::XNNGraph<'_>) -> Result<HashSet<usize>, DelegateError> {
-    let mut out = HashSet::new();
+/// The constants (by constant_data index) of fp16 values, with the conversion XNNPACK is given
+/// them through.
+pub(super) fn fp16_constants(
+    graph: &fb::XNNGraph<'_>,
+) -> Result<HashMap<usize, Conversion>, DelegateError> {
+    let mut out = HashMap::new();
     for (i, v) in graph.xvalues().iter().flatten().enumerate() {
         let (t, _) = tensor_of(v, i)?;
         let index = constant_index(&t);
         if index != 0 && datatype(t.datatype(), i)? == Datatype::Fp16 {
-            out.insert(index);
+            out.insert(index, Conversion::F16ToF32);
         }
     }
     Ok(out)
