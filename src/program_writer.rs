@@ -44,6 +44,15 @@ impl External {
         }
     }
 
+    /// An fp16 input or output of shape `sizes`.
+    pub fn f16(sizes: Vec<usize>, output: bool) -> External {
+        External {
+            dtype: ScalarType::Half,
+            sizes,
+            output,
+        }
+    }
+
     /// The planned bytes; every constructor takes a dtype of known size.
     fn nbytes(&self) -> usize {
         self.sizes.iter().product::<usize>() * self.dtype.element_size().unwrap_or(1)

@@ -67,6 +67,21 @@ impl BlobId {
         BlobId(finish(h))
     }
 
+    /// The identity of the blob made from `source` by `conversion` (for example `"f16->f32"`,
+    /// fp16 weights widened to fp32 where XNNPACK has no fp16 kernels): derived from the
+    /// source's identity and the conversion's name, so the converted bytes need neither be
+    /// made nor hashed to be looked up (a warm launch reads nothing). Hashed under a prefix of
+    /// its own, it is not the identity of the source, of a combination, or of any other
+    /// conversion; equal to [`BlobId::of_bytes`] of genuine data only through a sha256 collision.
+    pub fn converted(source: BlobId, conversion: &str) -> BlobId {
+        let mut h = Sha256::new();
+        h.update(b"xnnblob-converted-id");
+        h.update((conversion.len() as u64).to_le_bytes());
+        h.update(conversion.as_bytes());
+        h.update(source.0);
+        BlobId(finish(h))
+    }
+
     /// True for [`BlobId::NONE`], the identity that stands for no blob (a null bias).
     pub fn is_none(&self) -> bool {
         *self == BlobId::NONE
@@ -103,5 +118,26 @@ mod tests {
         );
         assert_eq!(BlobId::from_named_key(&key), Some(BlobId::of_bytes(bytes)));
         assert_eq!(BlobId::from_named_key(&format!("bias_{key}")), None);
+    }
+
+    #[test]
+    fn a_converted_identity_is_neither_its_source_nor_the_converted_bytes() {
+        let fp16 = [0x00u8, 0x3c, 0x00, 0xc0]; // 1.0, -2.0
+        let fp32: Vec<u8> = [1.0f32, -2.0]
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+        let source = BlobId::of_bytes(&fp16);
+        let converted = BlobId::converted(source, "f16->f32");
+        assert_ne!(converted, source);
+        assert_ne!(converted, BlobId::of_bytes(&fp32));
+        assert_ne!(converted, BlobId::combine(&[source]));
+        assert_ne!(converted, BlobId::converted(source, "f16->bf16"));
+        assert_ne!(
+            converted,
+            BlobId::converted(BlobId::of_bytes(&fp32), "f16->f32")
+        );
+        // Derived, not hashed from the converted bytes: the same at every launch.
+        assert_eq!(converted, BlobId::converted(source, "f16->f32"));
     }
 }

@@ -173,7 +173,8 @@ pub struct BuiltGraph {
     pub payload: Vec<u8>,
     /// (key, bytes), each key once.
     pub blobs: Vec<(String, Vec<u8>)>,
-    /// The graph's fp32 inputs and outputs, by external id: what a program around it plans.
+    /// The graph's inputs and outputs (fp32, or fp16 from [`GraphBuilder::input_f16`]), by
+    /// external id: what a program around it plans.
     pub externals: Vec<crate::program_writer::External>,
 }
 
@@ -257,6 +258,14 @@ impl GraphBuilder {
         v
     }
 
+    /// An fp16 external input: the nodes it feeds compute in fp16 (fully connected layers write
+    /// fp16 outputs).
+    pub fn input_f16(&mut self, dims: &[u32]) -> Value {
+        let v = self.input(dims);
+        self.values[v.0 as usize].datatype = fb::XNNDatatype::xnn_datatype_fp16;
+        v
+    }
+
     /// The external id of an input or output value.
     pub fn external_id(&self, v: Value) -> u32 {
         self.values[v.0 as usize].external_id
@@ -271,7 +280,7 @@ impl GraphBuilder {
         out
     }
 
-    /// Makes `v` an external output (fp32).
+    /// Makes `v` an external output (of its own datatype).
     pub fn output(&mut self, v: Value) {
         let spec = &mut self.values[v.0 as usize];
         spec.external_id = self.externs;
@@ -290,6 +299,21 @@ impl GraphBuilder {
         let bytes = f32_bytes(data);
         let idx = self.constant_entry(to_hex(&sha256(&bytes)), bytes);
         let v = self.value(fb::XNNDatatype::xnn_datatype_fp32, dims.to_vec());
+        self.values[v.0 as usize].constant = idx;
+        v
+    }
+
+    /// An fp16 constant (`bits`: IEEE half-precision bit patterns), stored as named data keyed
+    /// by its sha256.
+    pub fn constant_f16(&mut self, dims: &[u32], bits: &[u16]) -> Value {
+        assert_eq!(
+            dims.iter().product::<u32>() as usize,
+            bits.len(),
+            "constant size"
+        );
+        let bytes: Vec<u8> = bits.iter().flat_map(|b| b.to_le_bytes()).collect();
+        let idx = self.constant_entry(to_hex(&sha256(&bytes)), bytes);
+        let v = self.value(fb::XNNDatatype::xnn_datatype_fp16, dims.to_vec());
         self.values[v.0 as usize].constant = idx;
         v
     }
@@ -370,7 +394,12 @@ impl GraphBuilder {
     ) -> Value {
         let mut dims = self.dims(x).to_vec();
         *dims.last_mut().expect("input has dims") = self.dims(filter)[0];
-        let out = self.fp32(dims);
+        // fp16 in, fp16 out; fp32 and dynamically quantized inputs give fp32.
+        let out = if self.values[x.0 as usize].datatype == fb::XNNDatatype::xnn_datatype_fp16 {
+            self.value(fb::XNNDatatype::xnn_datatype_fp16, dims)
+        } else {
+            self.fp32(dims)
+        };
         self.node(
             Node::FullyConnected {
                 input: x.0,
@@ -825,10 +854,12 @@ impl GraphBuilder {
             .map(|(v, output)| {
                 let spec = &self.values[v as usize];
                 let dims = spec.dims.iter().map(|&d| d as usize).collect();
-                (
-                    spec.external_id,
-                    crate::program_writer::External::f32(dims, output),
-                )
+                let external = if spec.datatype == fb::XNNDatatype::xnn_datatype_fp16 {
+                    crate::program_writer::External::f16(dims, output)
+                } else {
+                    crate::program_writer::External::f32(dims, output)
+                };
+                (spec.external_id, external)
             })
             .collect();
         externals.sort_by_key(|(id, _)| *id);

@@ -3,6 +3,7 @@
 
 use super::constants::{
     deferrable_constants, failed_fill, load_constants, load_scales, pin_read_as_is, Loaded,
+    Treatment,
 };
 use super::error::{at, DelegateError};
 use super::graph::{named_key, tensor_of, XNN_FLAG_EXTERNAL_OUTPUT};
@@ -176,6 +177,12 @@ pub(crate) fn compile(
     let runtime = OwnedRuntime::try_new(keep, |k| -> Result<Runtime<'_>, DelegateError> {
         let p = payload::parse(&k.payload)?;
         check_nodes(&p.graph)?;
+        let fp16_as_fp32 = super::fallback::computes_fp16_as_fp32(&p.graph)?;
+        let converted = if fp16_as_fp32 {
+            super::fallback::fp16_constants(&p.graph)?
+        } else {
+            HashMap::new()
+        };
         let mut deferrable = match deferral {
             Some(_) => deferrable_constants(&p.graph)?,
             None => HashMap::new(),
@@ -201,13 +208,17 @@ pub(crate) fn compile(
             p.header.constant_data_offset as usize,
             map,
             model,
-            &deferrable,
+            Treatment {
+                deferrable: &deferrable,
+                converted: &converted,
+            },
         )?;
         let scales = load_scales(&p.graph, &constants)?;
         let loaded = k.loaded.get_or_init(|| Loaded {
             constants,
             scales,
             pinned: parking_lot::Mutex::new(Vec::new()),
+            fp16_as_fp32,
         });
         let load_time = started.elapsed();
         let registrations = match (&k.cache, &mut check) {
@@ -217,8 +228,10 @@ pub(crate) fn compile(
             _ => Vec::new(),
         };
         let mut g = Subgraph::new(p.graph.num_externs()).map_err(at(|| "subgraph".into()))?;
-        let ids = define_values(&mut g, &p.graph, loaded)?;
+        let (ids, twins) = define_values(&mut g, &p.graph, loaded)?;
+        twins.define_inputs(&mut g)?;
         let read_as_is = super::operators::define_nodes(&mut g, &p.graph, &ids)?;
+        twins.define_outputs(&mut g)?;
         pin_read_as_is(&p.graph, loaded, &read_as_is, deferral.as_ref())?;
         let prepacked = match &k.cache {
             Weights::Packed(cache) if model.prepack() => {
@@ -261,5 +274,15 @@ pub(crate) fn compile(
     let started = std::time::Instant::now();
     finalize(&runtime.borrow_owner().cache)?;
     timings.finalize = started.elapsed();
+    if runtime.borrow_owner().fp16_as_fp32() {
+        super::fallback::count();
+    }
     Ok((runtime, timings))
+}
+
+impl Keep {
+    /// Whether the runtime computes the graph's fp16 values as fp32 (see [`super::fallback`]).
+    pub(crate) fn fp16_as_fp32(&self) -> bool {
+        self.loaded.get().is_some_and(|l| l.fp16_as_fp32)
+    }
 }

@@ -24,6 +24,8 @@ pub(super) struct Loaded {
     /// Placeholders some operator reads as they are: read in before runtime creation and held
     /// readable for as long as the runtime lives.
     pub(super) pinned: parking_lot::Mutex<Vec<Arc<DeferredData>>>,
+    /// fp16 values are defined as fp32, their constants converted (see [`super::fallback`]).
+    pub(super) fp16_as_fp32: bool,
 }
 
 impl Drop for Loaded {
@@ -39,30 +41,113 @@ pub(super) enum Constant {
     Shared(SharedData),
     Copied(DataBuffer, Option<SharedData>),
     /// Not read: a placeholder standing for the named constant `key` (a content key), read in
-    /// only if XNNPACK needs its bytes (see [`crate::deferred`]).
+    /// only if XNNPACK needs its bytes (see [`crate::deferred`]). With a `conversion`, the
+    /// placeholder stands for `key`'s bytes converted (and is that size).
     Deferred {
         key: String,
         data: Arc<DeferredData>,
+        conversion: Option<Conversion>,
+    },
+    /// `source`'s bytes converted into another datatype, in a padded copy of their own: what
+    /// XNNPACK is given where it has no kernels for the graph's own datatype (see
+    /// [`super::fallback`]). The source is held for its identity and its shared entry.
+    Converted {
+        source: Box<Constant>,
+        data: DataBuffer,
+        conversion: Conversion,
     },
 }
 
 impl Constant {
-    /// The bytes, unless the constant is deferred.
+    /// The bytes XNNPACK is given, unless the constant is deferred.
     pub(super) fn buffer(&self) -> Option<&DataBuffer> {
         match self {
             Constant::Shared(s) => Some(s.buffer()),
             Constant::Copied(b, _) => Some(b),
+            Constant::Converted { data, .. } => Some(data),
             Constant::Deferred { .. } => None,
         }
     }
 }
 
-/// How a placeholder's bytes are read in: straight into it, from the delegate's map.
-pub(super) fn fill_from(map: Arc<dyn NamedDataMap>, key: String) -> Arc<Fill> {
-    Arc::new(move |bytes: &mut [u8]| {
-        map.load_data_into(&key, bytes)
-            .map_err(|e| Box::new(e) as Box<dyn std::error::Error + Send + Sync>)
-    })
+/// A conversion of constant data into the datatype XNNPACK computes in instead of the graph's
+/// own (see [`super::fallback`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Conversion {
+    /// fp16 to fp32, little-endian both: exact (every fp16 is an fp32).
+    F16ToF32,
+}
+
+impl Conversion {
+    /// Its name in the identities of converted data ([`BlobId::converted`]): changing it
+    /// changes every such identity.
+    pub(super) fn name(self) -> &'static str {
+        match self {
+            Conversion::F16ToF32 => "f16->f32",
+        }
+    }
+
+    /// The length of `source_len` bytes converted.
+    pub(super) fn output_len(self, source_len: usize) -> usize {
+        match self {
+            Conversion::F16ToF32 => source_len * 2,
+        }
+    }
+
+    /// The length of the source of `output_len` converted bytes.
+    fn source_len(self, output_len: usize) -> usize {
+        match self {
+            Conversion::F16ToF32 => output_len / 2,
+        }
+    }
+
+    /// Converts `source` into `out` ([`output_len`](Self::output_len) of it long).
+    pub(super) fn apply(self, source: &[u8], out: &mut [u8]) {
+        match self {
+            Conversion::F16ToF32 => {
+                for (o, i) in out.chunks_exact_mut(4).zip(source.chunks_exact(2)) {
+                    let bits = u16::from_le_bytes([i[0], i[1]]);
+                    o.copy_from_slice(&crate::tensor::f16_to_f32(bits).to_le_bytes());
+                }
+            }
+        }
+    }
+
+    /// `source` converted, in a buffer with XNNPACK's over-read room after it.
+    fn convert(self, source: &[u8], what: usize) -> Result<DataBuffer, DelegateError> {
+        let len = self.output_len(source.len());
+        let mut out =
+            crate::aligned::AlignedBytes::zeroed(len + XNN_EXTRA_BYTES, 64).ok_or_else(|| {
+                DelegateError::OutOfMemory {
+                    what: format!("constant {what} converted {}", self.name()),
+                    bytes: len + XNN_EXTRA_BYTES,
+                }
+            })?;
+        self.apply(source, &mut out.as_mut_slice()[..len]);
+        Ok(DataBuffer::new(Arc::new(out), 0, len).expect("inside the copy"))
+    }
+}
+
+/// How a placeholder's bytes are read in: straight into it from the delegate's map or, with a
+/// `conversion`, read from the map and converted into it.
+pub(super) fn fill_from(
+    map: Arc<dyn NamedDataMap>,
+    key: String,
+    conversion: Option<Conversion>,
+) -> Arc<Fill> {
+    let boxed = |e: crate::named_data::NamedDataError| {
+        Box::new(e) as Box<dyn std::error::Error + Send + Sync>
+    };
+    match conversion {
+        None => Arc::new(move |bytes: &mut [u8]| map.load_data_into(&key, bytes).map_err(boxed)),
+        Some(conversion) => Arc::new(move |bytes: &mut [u8]| {
+            // Read only on a cache miss, and released as soon as it is converted.
+            let mut source = vec![0u8; conversion.source_len(bytes.len())];
+            map.load_data_into(&key, &mut source).map_err(boxed)?;
+            conversion.apply(&source, bytes);
+            Ok(())
+        }),
+    }
 }
 
 pub(super) enum Scales {
@@ -187,8 +272,16 @@ pub(super) fn listed_keys(map: &dyn NamedDataMap) -> HashSet<&str> {
         .collect()
 }
 
-/// Loads every constant the graph refers to, through the shared data cache; the `deferrable`
-/// ones become placeholders, not read.
+/// How constants are given to XNNPACK other than as their bytes, by constant_data index.
+pub(super) struct Treatment<'a> {
+    /// Left unread, behind placeholders (with the byte length the graph gives them).
+    pub(super) deferrable: &'a HashMap<usize, usize>,
+    /// Converted: a converted copy, or a placeholder of the converted size.
+    pub(super) converted: &'a HashMap<usize, Conversion>,
+}
+
+/// Loads every constant the graph refers to, through the shared data cache, treated as
+/// `treatment` says.
 pub(super) fn load_constants(
     graph: &fb::XNNGraph<'_>,
     payload: &DataBuffer,
@@ -196,8 +289,12 @@ pub(super) fn load_constants(
     inline_offset: usize,
     map: &dyn NamedDataMap,
     model: &ModelContext,
-    deferrable: &HashMap<usize, usize>,
+    treatment: Treatment<'_>,
 ) -> Result<Vec<Option<Constant>>, DelegateError> {
+    let Treatment {
+        deferrable,
+        converted,
+    } = treatment;
     let shared = model.backend().shared_data();
     let packed = packed_constants(graph)?;
     let mut out: Vec<Option<Constant>> = vec![None];
@@ -221,13 +318,20 @@ pub(super) fn load_constants(
                     )));
                 }
             }
+            let conversion = converted.get(&i).copied();
+            // A converted placeholder is shared only with placeholders of the same conversion.
+            let (shared_as, len) = match conversion {
+                Some(c) => (format!("{key}\u{0}{}", c.name()), c.output_len(len)),
+                None => (key.to_string(), len),
+            };
             let data = model
                 .backend()
-                .deferred_constant(key, len)
+                .deferred_constant(&shared_as, len)
                 .map_err(|e| DelegateError::BadGraph(format!("constant {i}: {e}")))?;
             out.push(Some(Constant::Deferred {
                 key: key.to_string(),
                 data,
+                conversion,
             }));
             continue;
         }
@@ -257,9 +361,19 @@ pub(super) fn load_constants(
                 .ok_or_else(|| DelegateError::BadGraph(format!("constant {i}: bad range")))?;
             Constant::Copied(view, None)
         };
+        let backing = buffer.buffer().expect("not deferred");
+        if let Some(&conversion) = converted.get(&i) {
+            // The conversion is a copy of its own, with the room XNNPACK may over-read.
+            let data = conversion.convert(backing.data(), i)?;
+            out.push(Some(Constant::Converted {
+                source: Box::new(buffer),
+                data,
+                conversion,
+            }));
+            continue;
+        }
         // XNNPACK may read past the end of constant data: give data that sits at the very end
         // of its backing a padded copy.
-        let backing = buffer.buffer().expect("not deferred");
         let constant = if backing.slack_after() < XNN_EXTRA_BYTES {
             let data = backing.data();
             let mut padded = crate::aligned::AlignedBytes::zeroed(data.len() + XNN_EXTRA_BYTES, 64)
@@ -273,7 +387,9 @@ pub(super) fn load_constants(
             let held = match buffer {
                 Constant::Shared(s) => Some(s),
                 Constant::Copied(_, held) => held,
-                Constant::Deferred { .. } => unreachable!("handled above"),
+                Constant::Deferred { .. } | Constant::Converted { .. } => {
+                    unreachable!("handled above")
+                }
             };
             let copy = DataBuffer::new(Arc::new(padded), 0, len).expect("inside the copy");
             Constant::Copied(copy, held)
@@ -360,13 +476,18 @@ pub(super) fn load_scales(
     Ok(scales)
 }
 
-/// The named key and placeholder of value `t`, if its constant is deferred.
+/// The named key and placeholder of value `t`, if its constant is deferred and stands for the
+/// key's bytes as they are (not converted).
 pub(super) fn deferred_constant<'k>(
     t: &fb::XNNTensorValue<'_>,
     keep: &'k Loaded,
 ) -> Option<(&'k str, &'k Arc<DeferredData>)> {
     match keep.constants.get(constant_index(t))? {
-        Some(Constant::Deferred { key, data }) => Some((key, data)),
+        Some(Constant::Deferred {
+            key,
+            data,
+            conversion: None,
+        }) => Some((key, data)),
         _ => None,
     }
 }
@@ -384,12 +505,16 @@ pub(super) fn pin_read_as_is(
         if !read_as_is.contains(&t.id_out()) {
             continue;
         }
-        let Some(Some(Constant::Deferred { key, data })) = loaded.constants.get(constant_index(&t))
+        let Some(Some(Constant::Deferred {
+            key,
+            data,
+            conversion,
+        })) = loaded.constants.get(constant_index(&t))
         else {
             continue;
         };
         let map = deferral.expect("placeholders only with a source").clone();
-        let pinned = data.pin(&*fill_from(map, key.clone()));
+        let pinned = data.pin(&*fill_from(map, key.clone(), *conversion));
         // Held (and unpinned on drop) even if the fill failed: pins must balance.
         loaded.pinned.lock().push(data.clone());
         pinned.map_err(|source| DelegateError::UnreadConstant {
@@ -403,7 +528,7 @@ pub(super) fn pin_read_as_is(
 /// The first placeholder of this delegate that XNNPACK needed but could not be read in.
 pub(super) fn failed_fill(loaded: &Loaded) -> Option<DelegateError> {
     loaded.constants.iter().flatten().find_map(|c| match c {
-        Constant::Deferred { key, data } => {
+        Constant::Deferred { key, data, .. } => {
             data.fill_error().map(|why| DelegateError::UnreadConstant {
                 key: key.clone(),
                 source: why.into(),

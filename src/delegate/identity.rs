@@ -139,10 +139,23 @@ pub(super) fn identity(
 ) -> Option<BlobId> {
     let key = named_key(graph, index).unwrap_or("");
     let constant = keep.constants.get(index)?.as_ref()?;
-    match BlobId::from_named_key(key) {
-        Some(claimed) => Some(check.identity(key, claimed)),
-        None => Some(BlobId::of_bytes(constant.buffer()?.data())),
-    }
+    // Converted data is known by its source's identity and the conversion: never hashed, and
+    // never taken for genuine data of the converted type.
+    let (source, conversion) = match constant {
+        Constant::Converted {
+            source, conversion, ..
+        } => (&**source, Some(*conversion)),
+        Constant::Deferred { conversion, .. } => (constant, *conversion),
+        _ => (constant, None),
+    };
+    let id = match BlobId::from_named_key(key) {
+        Some(claimed) => check.identity(key, claimed),
+        None => BlobId::of_bytes(source.buffer()?.data()),
+    };
+    Some(match conversion {
+        Some(c) => BlobId::converted(id, c.name()),
+        None => id,
+    })
 }
 
 /// Registers the data of every constant value with the packed-weight cache, under its content
@@ -189,9 +202,13 @@ pub(super) fn register_constants(
             }
         }
         let registration = match keep.constants[index].as_ref().expect("identity found it") {
-            Constant::Deferred { key, data } => {
+            Constant::Deferred {
+                key,
+                data,
+                conversion,
+            } => {
                 let map = deferral.expect("placeholders only with a source").clone();
-                cache.register_deferred(data.clone(), id, fill_from(map, key.clone()))
+                cache.register_deferred(data.clone(), id, fill_from(map, key.clone(), *conversion))
             }
             constant => cache.register_owned(constant.buffer().expect("not deferred").clone(), id),
         };

@@ -11,6 +11,7 @@ pub mod builder;
 mod compile;
 mod constants;
 mod error;
+mod fallback;
 mod graph;
 mod identity;
 pub mod operators;
@@ -22,6 +23,7 @@ mod values;
 pub use crate::backend::Weights;
 pub use compile::InitTimings;
 pub use error::DelegateError;
+pub use fallback::fp16_as_fp32_delegates;
 pub use summary::{summarize, PayloadSummary};
 
 use crate::backend::ModelContext;
@@ -108,6 +110,13 @@ impl XnnDelegate {
     /// Where `init`'s time went.
     pub fn init_timings(&self) -> InitTimings {
         self.timings
+    }
+
+    /// Whether this delegate computes its fp16 values as fp32, because the linked XNNPACK has no
+    /// fp16 GEMM kernels on this CPU (an Armv8.0 core); its fp16 inputs and outputs are fp16
+    /// all the same. False wherever XNNPACK runs the graph as it is.
+    pub fn computes_fp16_as_fp32(&self) -> bool {
+        self.runtime.borrow_owner().fp16_as_fp32()
     }
 
     /// The external inputs, by ascending id: dtype, declared bound, last shape.

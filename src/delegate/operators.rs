@@ -1077,8 +1077,17 @@ fn convert(g: &mut Subgraph<'_>, node: &fb::XNode<'_>, cx: &Node<'_>) -> Result<
     let u = node
         .xnode_union_as_xnnconvert()
         .ok_or_else(|| malformed(cx))?;
-    g.define_convert(cx.id(u.input_id())?, cx.id(u.output_id())?)
-        .map_err(at(cx.what()))
+    let (input, output) = (cx.id(u.input_id())?, cx.id(u.output_id())?);
+    // Between fp32 and fp16, both sides are fp32 where fp16 is computed as fp32
+    // (super::fallback); XNNPACK has no fp32 to fp32 convert, and a copy is the same.
+    // (A quantized type to itself is a requantization, left to XNNPACK.)
+    let fp32 = Some(crate::xnn::Datatype::Fp32);
+    if g.datatype(input) == fp32 && g.datatype(output) == fp32 {
+        g.define_copy(input, output)
+    } else {
+        g.define_convert(input, output)
+    }
+    .map_err(at(cx.what()))
 }
 
 fn global_average_pooling_2d(

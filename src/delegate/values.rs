@@ -2,6 +2,7 @@
 
 use super::constants::{Constant, Loaded};
 use super::error::{at, DelegateError};
+use super::fallback::{internal_datatype, Twins};
 use super::graph::{
     constant_index, datatype, dims_of, tensor_of, XNN_FLAG_EXTERNAL_INPUT, XNN_FLAG_EXTERNAL_OUTPUT,
 };
@@ -9,19 +10,37 @@ use crate::schema::xnn as fb;
 use crate::xnn::{BlockwiseQuantization, ChannelwiseQuantization, Datatype, Subgraph, ValueRole};
 use std::collections::HashMap;
 
-/// Defines every value of the graph; returns the payload id -> subgraph id map.
+/// Defines every value of the graph; returns the payload id -> subgraph id map (the nodes'
+/// view), and the conversions to define around the nodes when fp16 is computed as fp32: there an
+/// fp16 external keeps its fp16 value, and the nodes get an fp32 twin of it instead.
 pub(super) fn define_values<'k>(
     g: &mut Subgraph<'k>,
     graph: &fb::XNNGraph<'_>,
     keep: &'k Loaded,
-) -> Result<HashMap<u32, u32>, DelegateError> {
+) -> Result<(HashMap<u32, u32>, Twins), DelegateError> {
     let mut ids = HashMap::new();
+    let mut twins = Twins::default();
     for (i, v) in graph.xvalues().iter().flatten().enumerate() {
-        let (t, _) = tensor_of(v, i)?;
+        let (t, q) = tensor_of(v, i)?;
         let role = role_of(&t, i, keep)?;
+        let external = matches!(role, ValueRole::Input(_) | ValueRole::Output(_));
+        let fp16 = datatype(t.datatype(), i)? == Datatype::Fp16;
+        if keep.fp16_as_fp32 && external && fp16 && q.is_none() {
+            let dims = dims_of(&t);
+            let id = g
+                .define_tensor(Datatype::Fp16, &dims, role)
+                .map_err(at(|| format!("value {i} (fp16 external {dims:?})")))?;
+            let twin = define_value(g, v, i, keep, ValueRole::Internal)?;
+            match role {
+                ValueRole::Input(_) => twins.inputs.push((id, twin)),
+                _ => twins.outputs.push((twin, id)),
+            }
+            ids.insert(t.id_out(), twin);
+            continue;
+        }
         ids.insert(t.id_out(), define_value(g, v, i, keep, role)?);
     }
-    Ok(ids)
+    Ok((ids, twins))
 }
 
 /// What value `i` is in the subgraph: constant data (or its placeholder), an external input or
@@ -64,7 +83,7 @@ pub(super) fn define_value<'k>(
 ) -> Result<u32, DelegateError> {
     let (t, q) = tensor_of(v, i)?;
     let dims = dims_of(&t);
-    let dt = datatype(t.datatype(), i)?;
+    let dt = internal_datatype(datatype(t.datatype(), i)?, keep.fp16_as_fp32);
     let what = || format!("value {i} ({dt:?} {dims:?})");
     let Some(q) = q else {
         return g.define_tensor(dt, &dims, role).map_err(at(what));

@@ -2,6 +2,7 @@
 //! weights-cache providers, and `xnn_status` as a typed error.
 
 mod builtin_cache;
+mod capability;
 mod datatype;
 mod error;
 mod kernel_info;
@@ -14,6 +15,7 @@ mod weights_cache;
 mod workspace;
 
 pub use builtin_cache::XnnpackWeightsCache;
+pub use capability::runs_fp16_gemm;
 pub use datatype::Datatype;
 pub(crate) use error::buffer_too_small;
 pub use error::{Status, XnnError};

@@ -613,6 +613,11 @@ impl<'data> Subgraph<'data> {
         }
     }
 
+    /// The datatype value `id` was defined with here, if it was.
+    pub fn datatype(&self, id: u32) -> Option<Datatype> {
+        self.values.get(&id).map(|v| v.datatype)
+    }
+
     /// The dimensions value `id` was defined with here, if it was.
     pub(super) fn dims(&self, id: u32) -> Option<&[usize]> {
         self.values.get(&id).map(|v| v.dims.as_slice())

@@ -156,3 +156,138 @@ fn a_warm_launch_reads_no_weight_bytes_and_matches_the_cold_one() {
         );
     }
 }
+
+/// The bits of `v` as an IEEE half, for values it holds exactly (normal or zero).
+fn f16_bits(v: f32) -> u16 {
+    if v == 0.0 {
+        return 0;
+    }
+    let b = v.to_bits();
+    let sign = ((b >> 16) & 0x8000) as u16;
+    let exponent = ((b >> 23) & 0xff) as i32 - 127 + 15;
+    assert!(
+        (1..31).contains(&exponent) && b & 0x1fff == 0,
+        "{v} is no exact half"
+    );
+    sign | ((exponent as u16) << 10) | ((b >> 13) & 0x3ff) as u16
+}
+
+/// One fp16 launch of `graph` through placeholders, with a cache file: the output's bits and
+/// what was read and packed.
+fn launch_f16(
+    graph: &xnnblob::delegate::builder::BuiltGraph,
+    input: &[u16],
+    output_len: usize,
+    cache: &std::path::Path,
+) -> (Vec<u16>, Launch, bool) {
+    use xnnblob::tensor::{DType, Shape, TensorMut, TensorRef};
+    let map = Arc::new(Counting {
+        inner: MergedMap::new(vec![Arc::new(graph.map("weights").unwrap())]).unwrap(),
+        bytes_read: AtomicUsize::new(0),
+        bytes_filled: AtomicUsize::new(0),
+    });
+    let mut payload = InMemoryMap::new("payload");
+    payload.insert("p", &graph.payload, 64, None).unwrap();
+    let backend = Backend::with_defaults().unwrap();
+    let model = backend
+        .model(Some(&PackedCache::File(cache.to_path_buf())))
+        .unwrap();
+    let mut d = XnnDelegate::init_deferred(&model, payload.get_data("p").unwrap(), map.clone())
+        .unwrap_or_else(|e| panic!("fp16 graph: {e}"));
+    let bytes: Vec<u8> = input.iter().flat_map(|b| b.to_le_bytes()).collect();
+    let shape = Shape::new(&d.input_shapes()[0]).unwrap();
+    let mut out = vec![0u8; output_len * 2];
+    d.execute(
+        &[TensorRef::new(DType::F16, shape, &bytes)],
+        &mut [TensorMut::new(DType::F16, &mut out)],
+    )
+    .unwrap();
+    let stats = model.packed_cache().unwrap().stats();
+    model.packed_cache().unwrap().wait_saved().unwrap();
+    let output = out
+        .chunks_exact(2)
+        .map(|b| u16::from_le_bytes([b[0], b[1]]))
+        .collect();
+    let launch = Launch {
+        output: Vec::new(),
+        bytes_read: map.bytes_read.load(Ordering::Relaxed),
+        bytes_filled: map.bytes_filled.load(Ordering::Relaxed),
+        fills: stats.deferred_fills,
+        packed: stats.packed,
+    };
+    (output, launch, d.computes_fp16_as_fp32())
+}
+
+/// fp16 fully connected weights behind placeholders. Where XNNPACK has no fp16 GEMMs (an Armv8.0
+/// core) the placeholder stands for the weights converted to fp32, is filled (read and
+/// converted) only when the cache misses, and is found by an identity derived from the fp16
+/// key; elsewhere the fp16 weights are packed as they are. Either way the warm launch reads no
+/// weight byte, packs nothing, and gives the cold launch's outputs.
+#[test]
+fn fp16_weights_behind_placeholders_are_read_only_by_the_cold_launch() {
+    let (m, k, n) = (3usize, 24usize, 16usize);
+    // Eighths in [-1, 1]: exact in fp16, so the reference sees the weights XNNPACK sees.
+    let value = |i: usize, seed: usize| ((i * 7 + seed) % 17) as f32 / 8.0 - 1.0;
+    let x: Vec<f32> = (0..m * k).map(|i| value(i, 1)).collect();
+    let w: Vec<f32> = (0..n * k).map(|i| value(i, 5)).collect();
+    let bias: Vec<f32> = (0..n).map(|i| value(i, 3)).collect();
+    let half = |v: &[f32]| v.iter().map(|&v| f16_bits(v)).collect::<Vec<u16>>();
+    let mut b = xnnblob::delegate::builder::GraphBuilder::new();
+    let input = b.input_f16(&[m as u32, k as u32]);
+    let filter = b.constant_f16(&[n as u32, k as u32], &half(&w));
+    let bias_value = b.constant_f16(&[n as u32], &half(&bias));
+    let out = b.fully_connected(
+        input,
+        filter,
+        Some(bias_value),
+        f32::NEG_INFINITY,
+        f32::INFINITY,
+    );
+    b.output(out);
+    let graph = b.finish();
+
+    let dir = common::scratch("deferred-fp16");
+    let cache = dir.join("fp16.xbc");
+    let _ = std::fs::remove_file(&cache);
+    let (cold_out, cold, as_fp32) = launch_f16(&graph, &half(&x), m * n, &cache);
+    let (warm_out, warm, _) = launch_f16(&graph, &half(&x), m * n, &cache);
+
+    let reference: Vec<f32> = (0..m * n)
+        .map(|o| {
+            let (r, c) = (o / n, o % n);
+            bias[c] + (0..k).map(|i| x[r * k + i] * w[c * k + i]).sum::<f32>()
+        })
+        .collect();
+    let got: Vec<f32> = cold_out
+        .iter()
+        .map(|&b| xnnblob::tensor::f16_to_f32(b))
+        .collect();
+    let worst = common::close::relative_difference(&got, &reference);
+    eprintln!(
+        "fp16 weights behind placeholders (fp16 computed as fp32: {as_fp32}): cold read {} B + \
+         {} B filled ({} fills, {} packed), warm read {} B, filled {} B; {worst:e} of the range \
+         from the plain reference",
+        cold.bytes_read,
+        cold.bytes_filled,
+        cold.fills,
+        cold.packed,
+        warm.bytes_read,
+        warm.bytes_filled
+    );
+    // A few fp16 ulp of the output range (fp16 kernels round partial sums to fp16).
+    assert!(worst <= 4e-3, "{worst}");
+    assert!(cold.packed > 0, "the cold launch packs");
+    // The cold launch reads the filter's fp16 bytes: packing ahead may take them from the map
+    // as they are, but a converted placeholder is filled, converting them.
+    assert!(cold.bytes_read + cold.bytes_filled >= n * k * 2);
+    if as_fp32 {
+        assert_eq!(cold.fills, 1, "the converted filter is read in once");
+        assert_eq!(cold.bytes_filled, n * k * 2);
+    }
+    assert_eq!(warm.packed, 0, "the warm launch packs nothing");
+    assert_eq!(warm.fills, 0, "no placeholder was read in");
+    assert_eq!(warm.bytes_filled, 0);
+    // Only the bias, read as it is at every launch.
+    assert_eq!(warm.bytes_read, n * 2);
+    assert_eq!(warm_out, cold_out, "warm and cold outputs are identical");
+}

@@ -418,6 +418,11 @@ pub(crate) fn cache_report() -> String {
             "named_data_copied_bytes={}",
             xnnblob::named_data::copied_bytes()
         ),
+        // Delegates whose fp16 values XNNPACK computes as fp32 here (no fp16 GEMMs on this CPU).
+        format!(
+            "fp16_as_fp32_delegates={}",
+            xnnblob::delegate::fp16_as_fp32_delegates()
+        ),
     ];
     for cache in backend.packed_caches() {
         let s = cache.stats();
