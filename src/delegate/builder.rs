@@ -541,7 +541,12 @@ impl GraphBuilder {
 
     fn unary(&mut self, kind: fb::XNodeUnion, x: Value, clamp: Option<(f32, f32)>) -> Value {
         let dims = self.dims(x).to_vec();
-        let out = self.fp32(dims);
+        // fp16 in, fp16 out; fp32 otherwise.
+        let out = if self.values[x.0 as usize].datatype == fb::XNNDatatype::xnn_datatype_fp16 {
+            self.value(fb::XNNDatatype::xnn_datatype_fp16, dims)
+        } else {
+            self.fp32(dims)
+        };
         self.node(
             Node::Unary {
                 kind,
@@ -555,7 +560,7 @@ impl GraphBuilder {
     }
 
     /// A one-input node of `kind` (an element-wise node of ExecuTorch's schema: XNNSigmoid,
-    /// XNNTanh, ...), fp32, of `x`'s shape.
+    /// XNNTanh, ...), of `x`'s datatype and shape.
     pub fn unary_node(&mut self, kind: fb::XNodeUnion, x: Value) -> Value {
         self.unary(kind, x, None)
     }
@@ -612,7 +617,12 @@ impl GraphBuilder {
         self.unary(fb::XNodeUnion::XNNClamp, x, Some((min, max)))
     }
 
-    /// Softmax of `x` over its last dimension.
+    /// `1 / (1 + exp(-x))` elementwise (of `x`'s datatype).
+    pub fn sigmoid(&mut self, x: Value) -> Value {
+        self.unary(fb::XNodeUnion::XNNSigmoid, x, None)
+    }
+
+    /// Softmax of `x` over its last dimension (of `x`'s datatype).
     pub fn softmax(&mut self, x: Value) -> Value {
         self.unary(fb::XNodeUnion::XNNSoftmax, x, None)
     }

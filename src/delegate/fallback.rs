@@ -1,11 +1,13 @@
-//! fp16 graphs on CPUs where this XNNPACK has no fp16 GEMM kernels.
+//! fp16 graphs on CPUs where this XNNPACK has no fp16 arithmetic kernels.
 //!
-//! XNNPACK 4ea82e5 has fp16 fully connected, convolution and batch matrix multiply kernels on
-//! aarch64 only with FEAT_FP16 arithmetic: on an Armv8.0 core (a Cortex-A53) their creation
-//! fails with `UnsupportedHardware`. ExecuTorch's newer XNNPACK runs such graphs there by
-//! rewriting the subgraph to fp32 inside its optimizer. This delegate does the same while it
-//! defines the subgraph, and only where it must: when the graph has such a node on fp16 values
-//! and [`runs_fp16_gemm`] says XNNPACK cannot run it. Then
+//! XNNPACK 4ea82e5 has most of its fp16 kernels on aarch64 only with FEAT_FP16 arithmetic. On
+//! an Armv8.0 core (a Cortex-A53) it creates fp16 element-wise operators (add, sigmoid, tanh:
+//! they convert to fp32), but fully connected, convolution, batch matrix multiply, softmax,
+//! pooling, bilinear resize and reductions fail with `UnsupportedHardware`. ExecuTorch's newer
+//! XNNPACK runs such graphs there by rewriting them to fp32 inside its subgraph optimizer, node
+//! by node. This delegate does it for the whole graph while it defines the subgraph, and only
+//! where it must: when the graph has an fp16 value and [`runs_fp16_gemm`] says XNNPACK has no
+//! fp16 GEMMs here (the mark of a CPU without fp16 arithmetic). Then
 //!
 //! - every fp16 value that is not an external input or output is defined as fp32;
 //! - fp16 constants are given to XNNPACK as fp32 ([`Conversion::F16ToF32`]): a converted copy,
@@ -17,7 +19,9 @@
 //!   input is converted to an fp32 twin before the first node, an output converted from its
 //!   twin after the last.
 //!
-//! On every other CPU the graph is defined as it is.
+//! The whole graph rather than the nodes without kernels: XNNPACK does not say which nodes those
+//! are before runtime creation fails, and computing element-wise nodes in fp32 too only rounds
+//! less. On every other CPU the graph is defined as it is.
 //!
 //! [`runs_fp16_gemm`]: crate::xnn::runs_fp16_gemm
 
@@ -43,38 +47,16 @@ pub(super) fn count() {
     DELEGATES.fetch_add(1, Ordering::Relaxed);
 }
 
-/// Whether `node` is a layer XNNPACK runs on its GEMM (or, for depthwise convolutions,
-/// multiply-accumulate) kernels, which need fp16 arithmetic in fp16.
-fn needs_fp16_arithmetic(node: &fb::XNode<'_>) -> bool {
-    node.xnode_union_as_xnnfully_connected().is_some()
-        || node.xnode_union_as_xnnconv_2d().is_some()
-        || node.xnode_union_as_xnndepthwise_conv_2d().is_some()
-        || node.xnode_union_as_xnnconv_transpose_2d().is_some()
-        || node.xnode_union_as_xnnbatch_matrix_multiply().is_some()
-}
-
-/// The datatype of each value, by payload id.
-fn datatypes(graph: &fb::XNNGraph<'_>) -> Result<HashMap<u32, Datatype>, DelegateError> {
-    let mut out = HashMap::new();
-    for (i, v) in graph.xvalues().iter().flatten().enumerate() {
-        let (t, _) = tensor_of(v, i)?;
-        out.insert(t.id_out(), datatype(t.datatype(), i)?);
-    }
-    Ok(out)
-}
-
-/// Whether `graph`'s fp16 values must be computed as fp32 here: it has a GEMM-class node
-/// reading or writing fp16, and XNNPACK has no fp16 GEMM kernels on this CPU (asked once per
-/// process). Graphs with no such node are left as they are, whatever the CPU.
+/// Whether `graph`'s fp16 values must be computed as fp32 here: it has an unquantized fp16
+/// value, and XNNPACK has no fp16 GEMM kernels on this CPU (asked once per process, and only for
+/// graphs with fp16 values).
 pub(super) fn computes_fp16_as_fp32(graph: &fb::XNNGraph<'_>) -> Result<bool, DelegateError> {
-    let types = datatypes(graph)?;
-    let fp16 = |id: &u32| types.get(id) == Some(&Datatype::Fp16);
-    let has_fp16_gemm = graph.xnodes().iter().flatten().any(|node| {
-        needs_fp16_arithmetic(&node)
-            && super::operators::node_io(&node)
-                .is_some_and(|(inputs, outputs)| inputs.iter().chain(&outputs).any(fp16))
-    });
-    if !has_fp16_gemm {
+    let mut has_fp16 = false;
+    for (i, v) in graph.xvalues().iter().flatten().enumerate() {
+        let (t, q) = tensor_of(v, i)?;
+        has_fp16 |= q.is_none() && datatype(t.datatype(), i)? == Datatype::Fp16;
+    }
+    if !has_fp16 {
         return Ok(false);
     }
     let runs = crate::xnn::runs_fp16_gemm().map_err(at(|| "probing fp16 GEMMs".into()))?;

@@ -29,7 +29,7 @@ const CPUS: [(&str, &str); 3] = [
 ];
 
 /// The areas run under each emulated CPU (module paths of this binary).
-const AREAS: [&str; 14] = [
+const AREAS: [&str; 15] = [
     "xnnpack_ops::",
     "xnnpack_mlp::",
     "operators::",
@@ -43,6 +43,7 @@ const AREAS: [&str; 14] = [
     "program_fixtures::",
     "runtime_c::",
     "exported_programs::",
+    "fp16_graphs::",
     "stateful::",
 ];
 

@@ -17,6 +17,7 @@ mod delegate_fixtures;
 mod error_reports;
 mod exported_programs;
 mod features;
+mod fp16_graphs;
 mod fuzz_regressions;
 mod key_trust;
 mod mutated_inputs;

@@ -23,10 +23,11 @@
 //!   qemu's; a deviation with a right SMOPA fails the test. xnnblob's XNNPACK has no SME kernels
 //!   (no KleidiAI). Each deviation is printed; on a CPU without SME, ExecuTorch's backend must
 //!   match.
-//! - A program whose fully connected layers are fp16 needs fp16 arithmetic, which `cortex-a53`
-//!   lacks: there both backends compute its fp16 values as fp32 (ExecuTorch's XNNPACK in its
-//!   subgraph optimizer, xnnblob while defining the subgraph), with fp16 inputs and outputs all
-//!   the same. The runner's `fp16_as_fp32_delegates` must say so there and only there, and a
+//! - A program with fp16 fully connected layers, softmax, pooling or reductions needs fp16
+//!   arithmetic, which `cortex-a53` lacks: there both backends compute fp16 values as fp32
+//!   (ExecuTorch's XNNPACK the nodes without fp16 kernels, in its subgraph optimizer; xnnblob
+//!   every fp16 graph, while defining the subgraph), with fp16 inputs and outputs all the
+//!   same. The runner's `fp16_as_fp32_delegates` must say so there and only there, and a
 //!   cold and a warm launch with a cache file run it too: the warm one packs nothing.
 
 mod support;
@@ -51,10 +52,15 @@ struct Cpu {
     sme: bool,
 }
 
-/// Programs with fp16 fully connected layers, computed as fp32 without fp16 arithmetic (the
-/// exported fp16 ones are element-wise, which XNNPACK runs on fp16 conversions alone, so they
-/// are run as they are everywhere).
-const NEEDS_FP16_ARITHMETIC: [&str; 1] = ["c_mlp_fp16_xnn_inline"];
+/// Whether a program's delegates have fp16 values (its name says fp16): without fp16
+/// arithmetic xnnblob computes them as fp32, element-wise ones included (this XNNPACK has no
+/// fp16 softmax, pooling, resize or reduction kernels there, so the rule covers whole graphs).
+fn has_fp16_values(label: &str) -> bool {
+    label.contains("fp16")
+}
+
+/// The program with fp16 fully connected layers, whose fp16 weights a cache file holds.
+const FP16_WEIGHTS: &str = "c_mlp_fp16_xnn_inline";
 
 /// How this qemu computes SME outer products on `cpu`: support/sme_outer_products.c's line,
 /// "fmopa WRONG/N smopa WRONG/N", and the number of wrong SMOPA (int8) elements.
@@ -199,7 +205,7 @@ fn drop_in_on(cpu: Cpu) {
         );
         // fp16 computed as fp32 where, and only where, XNNPACK has no fp16 GEMMs.
         let as_fp32 = m.run.number("fp16_as_fp32_delegates");
-        let expected = !cpu.fp16_arithmetic && NEEDS_FP16_ARITHMETIC.contains(&p.label.as_str());
+        let expected = !cpu.fp16_arithmetic && has_fp16_values(&p.label);
         assert_eq!(
             as_fp32 > 0.0,
             expected,
@@ -259,10 +265,10 @@ fn drop_in_on(cpu: Cpu) {
     // derived from their fp16 source's, so the warm launch packs nothing there either.
     let fp16 = programs
         .iter()
-        .find(|p| p.label == NEEDS_FP16_ARITHMETIC[0])
+        .find(|p| p.label == FP16_WEIGHTS)
         .expect("a runtime-c program");
     let fp16 = WarmCheck {
-        label: NEEDS_FP16_ARITHMETIC[0],
+        label: FP16_WEIGHTS,
         args: fp16.args.clone(),
         output: s("output0.f16"),
         expected: f16s(&std::fs::read(&fp16.expected[0][0].0).unwrap()),
