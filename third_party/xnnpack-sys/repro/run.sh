@@ -4,8 +4,8 @@
 # was built for the chosen architecture. XNNPACK's thread-pool calls are served by src/pool.c
 # (run on the calling thread: no pool is passed), as in xnnblob.
 #   third_party/xnnpack-sys/repro/run.sh [--target aarch64-unknown-linux-gnu] [NAME] [BUILD_DIR]
-# NAME is a .c file here without its suffix: qb4w_kernels (the default; x86-64 only) or
-# f32_qc4w_odd_k. With --target aarch64-unknown-linux-gnu the program is cross-compiled with
+# NAME is a .c file here without its suffix: qb4w_kernels (the default; x86-64 only),
+# f32_qc4w_odd_k or f16_operators. With --target aarch64-unknown-linux-gnu the program is cross-compiled with
 # Debian's aarch64-linux-gnu-gcc and run under qemu-aarch64; QEMU_CPU chooses the emulated CPU.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
