@@ -5,6 +5,7 @@
 pub mod close;
 pub mod counting;
 pub mod cross;
+pub mod half;
 pub mod io_steps;
 pub mod qd8_reference;
 

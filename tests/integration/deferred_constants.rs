@@ -157,21 +157,6 @@ fn a_warm_launch_reads_no_weight_bytes_and_matches_the_cold_one() {
     }
 }
 
-/// The bits of `v` as an IEEE half, for values it holds exactly (normal or zero).
-fn f16_bits(v: f32) -> u16 {
-    if v == 0.0 {
-        return 0;
-    }
-    let b = v.to_bits();
-    let sign = ((b >> 16) & 0x8000) as u16;
-    let exponent = ((b >> 23) & 0xff) as i32 - 127 + 15;
-    assert!(
-        (1..31).contains(&exponent) && b & 0x1fff == 0,
-        "{v} is no exact half"
-    );
-    sign | ((exponent as u16) << 10) | ((b >> 13) & 0x3ff) as u16
-}
-
 /// One fp16 launch of `graph` through placeholders, with a cache file: the output's bits and
 /// what was read and packed.
 fn launch_f16(
@@ -231,7 +216,11 @@ fn fp16_weights_behind_placeholders_are_read_only_by_the_cold_launch() {
     let x: Vec<f32> = (0..m * k).map(|i| value(i, 1)).collect();
     let w: Vec<f32> = (0..n * k).map(|i| value(i, 5)).collect();
     let bias: Vec<f32> = (0..n).map(|i| value(i, 3)).collect();
-    let half = |v: &[f32]| v.iter().map(|&v| f16_bits(v)).collect::<Vec<u16>>();
+    let half = |v: &[f32]| {
+        v.iter()
+            .map(|&v| common::half::to_f16(v))
+            .collect::<Vec<u16>>()
+    };
     let mut b = xnnblob::delegate::builder::GraphBuilder::new();
     let input = b.input_f16(&[m as u32, k as u32]);
     let filter = b.constant_f16(&[n as u32, k as u32], &half(&w));

@@ -15,26 +15,10 @@ use xnnblob::tensor::{f16_to_f32, DType, Shape, TensorMut, TensorRef};
 const ROWS: u32 = 4;
 const COLUMNS: u32 = 24;
 
-/// fp16 bits of `v` rounded to nearest (even), for inputs in fp16's normal range.
-fn to_f16(v: f32) -> u16 {
-    let b = v.to_bits();
-    let sign = ((b >> 16) & 0x8000) as u16;
-    let magnitude = f32::from_bits(b & 0x7fff_ffff);
-    if magnitude < 6.103_515_6e-5 {
-        return sign; // below fp16's smallest normal: the inputs here never are
-    }
-    let exponent = ((magnitude.to_bits() >> 23) as i32) - 127 + 15;
-    let mantissa = magnitude.to_bits() & 0x7f_ffff;
-    let (kept, dropped) = (mantissa >> 13, mantissa & 0x1fff);
-    let rounded = ((exponent as u32) << 10 | kept)
-        + u32::from(dropped > 0x1000 || (dropped == 0x1000 && kept & 1 == 1));
-    sign | rounded as u16
-}
-
 /// Inputs in [-3, 3], as fp16 bits and as the fp32 values those bits are.
 fn inputs() -> (Vec<u16>, Vec<f32>) {
     let bits: Vec<u16> = (0..ROWS * COLUMNS)
-        .map(|i| to_f16(((i * 37 % 97) as f32 / 16.0) - 3.0))
+        .map(|i| common::half::to_f16(((i * 37 % 97) as f32 / 16.0) - 3.0))
         .collect();
     let values = bits.iter().map(|&b| f16_to_f32(b)).collect();
     (bits, values)
