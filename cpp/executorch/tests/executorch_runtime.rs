@@ -65,6 +65,44 @@ fn exported_programs_on(cpu: Option<&str>) {
     }
 }
 
+/// Every exported program executed three times in one launch, in each workspace sharing mode:
+/// every execute gives ExecuTorch's outputs. Under global sharing the delegates of a method share
+/// one XNNPACK workspace, so a delegate finds the memory as the one before it left it; XNNPACK
+/// 4ea82e5 packed a batch matrix multiply's non-constant right-hand side without writing the
+/// padding its AMD Zen kernels read, and op_sdpa_fp32 came out wrong from the second execute
+/// (patch 0004).
+#[test]
+fn repeated_executes_match_in_every_workspace_sharing_mode() {
+    let runner = Runner::host(None);
+    for p in exported_programs() {
+        if p.expected.len() != 1 {
+            continue; // stateful: its steps are its own
+        }
+        // The first step's inputs at every step, so every execute must give its outputs.
+        let mut args: Vec<String> = p
+            .args
+            .iter()
+            .map(|a| a.replace(".s{step}.", ".s0."))
+            .collect();
+        let steps = args.iter().position(|a| a == "--steps").expect("--steps");
+        args[steps + 1] = s("3");
+        let expected = vec![p.expected[0].clone(); 3];
+        for mode in ["0", "1", "2"] {
+            let mut with_mode = args.clone();
+            with_mode.extend([s("--workspace-sharing"), s(mode)]);
+            let label = format!("{} (workspace sharing {mode}, 3 executes)", p.label);
+            let backends: &[&str] = if mode == "2" {
+                &["executorch", "xnnblob"]
+            } else {
+                &["xnnblob"]
+            };
+            for backend in backends {
+                check_outputs(&runner, &label, backend, &with_mode, &expected, p.tolerance);
+            }
+        }
+    }
+}
+
 #[test]
 fn runtime_c_programs_match_executorch_with_both_backends() {
     let runner = Runner::host(None);
