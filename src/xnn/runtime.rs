@@ -184,6 +184,20 @@ impl<'a> Runtime<'a> {
         self.outputs.iter().map(|s| &s.external)
     }
 
+    /// The bytes of the workspace XNNPACK planned this runtime's intermediate tensors into
+    /// (shared with other runtimes on the same workspace), once a run has planned it; `None`
+    /// before that, or for an XNNPACK not built by `xnnpack-sys` (no internal headers to read it
+    /// with).
+    pub fn workspace_size(&self) -> Option<usize> {
+        if !sys::HAS_KERNEL_INFO {
+            return None;
+        }
+        // SAFETY: `raw` is a live runtime owned by `self`; the shim reads two fields of it and of
+        // its workspace and keeps no pointer.
+        let size = unsafe { sys::xnnblob_runtime_workspace_size(self.raw.as_ptr()) };
+        (size > 0).then_some(size)
+    }
+
     /// Runs the graph on one input and one output per external, in ascending id order. Each
     /// output's shape is set to what the run produced.
     pub fn execute(

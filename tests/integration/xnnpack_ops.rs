@@ -1233,3 +1233,52 @@ fn one_nan_among_good_values_is_an_infinite_difference() {
         "close",
     );
 }
+
+/// XNNPACK's memory plan reuses the space below the lowest live tensor (patch 0005): in
+/// input -> clamp -> a (4 MiB) -> slice -> b (2 MiB) -> slice -> c (1 MiB) -> clamp -> output, a
+/// and c are never live together, so c goes where a was and the arena is a + b, 6 MiB. Unpatched,
+/// 4ea82e5 put c after b: 7 MiB (third_party/xnnpack-sys/repro/memory_plan.c).
+#[test]
+fn the_memory_plan_reuses_the_space_below_the_lowest_live_tensor() {
+    const MIB_FLOATS: usize = 1 << 18;
+    let mut g = Subgraph::new(2).unwrap();
+    let input = g
+        .define_f32_tensor(&[4 * MIB_FLOATS], ValueRole::Input(INPUT))
+        .unwrap();
+    let mut internal = |n: usize| g.define_f32_tensor(&[n], ValueRole::Internal).unwrap();
+    let (a, b, c) = (
+        internal(4 * MIB_FLOATS),
+        internal(2 * MIB_FLOATS),
+        internal(MIB_FLOATS),
+    );
+    let output = g
+        .define_f32_tensor(&[MIB_FLOATS], ValueRole::Output(OUTPUT))
+        .unwrap();
+    g.define_clamp(input, a, -2.0, 2.0).unwrap();
+    g.define_static_slice(&[0], &[2 * MIB_FLOATS], a, b)
+        .unwrap();
+    g.define_static_slice(&[0], &[MIB_FLOATS], b, c).unwrap();
+    g.define_clamp(c, output, -1.0, 1.0).unwrap();
+    let x: Vec<f32> = (0..4 * MIB_FLOATS)
+        .map(|i| (i % 1000) as f32 / 250.0 - 2.0)
+        .collect();
+    let mut runtime = Runtime::new(&g, None).unwrap();
+    let mut actual = vec![f32::NAN; MIB_FLOATS];
+    runtime
+        .invoke(&[(INPUT, &x)], &mut [(OUTPUT, &mut actual)])
+        .unwrap();
+    let expected: Vec<f32> = x[..MIB_FLOATS].iter().map(|v| v.clamp(-1.0, 1.0)).collect();
+    assert_eq!(actual, expected);
+    let Some(arena) = runtime.workspace_size() else {
+        eprintln!("skipped: this XNNPACK was not built by xnnpack-sys (no internal headers)");
+        return;
+    };
+    let mib = 1usize << 20;
+    println!("memory plan: {arena} bytes for tensors of 4, 2 and 1 MiB");
+    // Each tensor is padded by XNN_EXTRA_BYTES and aligned: some bytes, never a tensor.
+    assert!(arena >= 6 * mib, "{arena}: a and b are live together");
+    assert!(
+        arena < 6 * mib + 4096,
+        "{arena}: c was not placed where a was"
+    );
+}

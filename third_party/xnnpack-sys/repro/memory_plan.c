@@ -10,13 +10,10 @@
 // live blocks, never below the first, so it places c after b: a 7 MiB arena. In ResNet-18 the
 // same made a 12.4 MiB arena where at most 3.8 MiB are live at once.
 //
-// This XNNPACK is not patched for it (third_party/xnnpack-sys/patches/README, "Not patched"):
-// a planner that also uses the gap below the first live block gave this chain 6 MiB and
-// ResNet-18 ExecuTorch's 4,018,176 bytes, but made one exported program wrong under global
-// workspace sharing, for a reason not yet found.
+// Patch 0005 makes the planner look there too (third_party/xnnpack-sys/patches/README).
 //
 // Built and run by run.sh (`run.sh memory_plan`). Exits 1 when the arena is larger than 6 MiB
-// (plus XNNPACK's per-tensor padding): on this XNNPACK it does.
+// (plus XNNPACK's per-tensor padding): unpatched it does.
 
 #include <math.h>
 #include <stdint.h>

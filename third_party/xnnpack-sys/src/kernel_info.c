@@ -1,12 +1,13 @@
 // Names the GEMM microkernel XNNPACK's own configuration picked on this CPU for each dynamically
 // quantized (qd8) fully connected weight type, so that a wrong result on some CPU class names
-// the kernel that produced it. Compiled only against XNNPACK builds made by this crate, which
+// the kernel that produced it; and says how large a runtime's memory plan made its workspace. Compiled only against XNNPACK builds made by this crate, which
 // install the internal headers whose layout it reads.
 
 #include <stdio.h>
 #include <string.h>
 
 #include "xnnpack/config.h"
+#include "xnnpack/subgraph.h"
 
 struct xnnblob_kernel_name {
   const void* function;
@@ -46,4 +47,10 @@ int xnnblob_qd8_gemm_kernel(int weights, char* buffer, size_t size) {
   snprintf(buffer, size, "unnamed %ux%uc%u kernel (planes %u)", config->mr, config->nr,
            1u << config->log2_kr, config->planes);
   return 0;
+}
+
+// The bytes of the workspace a runtime's intermediate tensors were planned into (its memory
+// arena), or 0 before its first reshape: how large XNNPACK's memory plan made it.
+size_t xnnblob_runtime_workspace_size(const struct xnn_runtime* runtime) {
+  return runtime->workspace != NULL ? runtime->workspace->size : 0;
 }

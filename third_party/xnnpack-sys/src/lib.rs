@@ -24,6 +24,22 @@ unsafe extern "C" {
     ) -> core::ffi::c_int;
 }
 
+#[cfg(xnnpack_kernel_info)]
+unsafe extern "C" {
+    /// The bytes of the workspace `runtime`'s intermediate tensors were planned into, or 0 before
+    /// its first reshape.
+    pub fn xnnblob_runtime_workspace_size(runtime: *const xnn_runtime) -> usize;
+}
+
+/// Without XNNPACK's internal headers (a user-provided build) no workspace can be read.
+///
+/// # Safety
+/// Always safe: it touches no argument. `unsafe` only to match the shim's signature.
+#[cfg(not(xnnpack_kernel_info))]
+pub unsafe extern "C" fn xnnblob_runtime_workspace_size(_runtime: *const xnn_runtime) -> usize {
+    0
+}
+
 /// Without XNNPACK's internal headers (a user-provided build) no kernel can be named.
 ///
 /// # Safety
@@ -37,7 +53,8 @@ pub unsafe extern "C" fn xnnblob_qd8_gemm_kernel(
     -1
 }
 
-/// Whether [`xnnblob_qd8_gemm_kernel`] can name kernels in this build.
+/// Whether [`xnnblob_qd8_gemm_kernel`] can name kernels, and [`xnnblob_runtime_workspace_size`]
+/// read workspaces, in this build.
 pub const HAS_KERNEL_INFO: bool = cfg!(xnnpack_kernel_info);
 
 /// The pthreadpool that XNNPACK calls (`src/pool.c`): a `pthreadpool_t` is a [`PoolHandle`], and
