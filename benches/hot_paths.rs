@@ -38,6 +38,7 @@ fn look_up_hit(c: &mut Criterion) {
         seed: 7,
         kernel: kernel.as_ptr().cast(),
         bias: std::ptr::null(),
+        packed_size: 4096,
     };
     let packed = cache.reserve_space(4096).unwrap();
     cache.look_up_or_insert(&key, Some(packed), 4096).unwrap();

@@ -1,5 +1,6 @@
 //! `xnnblob inspect`: what a `.ptd` or `.pte` file holds, as text or JSON.
 
+use crate::cache::BlobId;
 use crate::named_data::{FileDataMap, FileKind, NamedDataError, NamedDataMap, TensorLayout};
 use crate::sha256::{sha256, to_hex};
 use serde_json::json;
@@ -125,14 +126,6 @@ pub struct KeyMismatch {
     pub actual: String,
 }
 
-/// The sha256, in lower-case hex, that `key` claims its bytes have: ExecuTorch's exporter names a
-/// blob by the sha256 of its bytes (64 hex digits), and quantization scales `scale_` + that.
-fn claimed_sha256(key: &str) -> Option<String> {
-    let hex = key.strip_prefix("scale_").unwrap_or(key);
-    (hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_hexdigit()))
-        .then(|| hex.to_ascii_lowercase())
-}
-
 /// Checks every content-named key of `map` against the sha256 of its bytes (reading every such
 /// blob: a by-hand check, `xnnblob inspect --verify-keys`). A packed-weight cache takes such a key
 /// as the blob's identity without hashing, so a file edited after export under the same keys
@@ -142,15 +135,16 @@ pub fn verify_keys(map: &FileDataMap) -> Result<(usize, Vec<KeyMismatch>), Named
     let mut mismatches = Vec::new();
     for i in 0..map.num_keys() {
         let key = map.key_at(i)?;
-        let Some(claimed) = claimed_sha256(key) else {
+        // The one rule for content keys (`BlobId::from_named_key`), as the caches use it.
+        let Some(claimed) = BlobId::from_named_key(key) else {
             continue;
         };
         checked += 1;
-        let actual = to_hex(&sha256(map.get_data(key)?.data()));
+        let actual = BlobId::of_bytes(map.get_data(key)?.data());
         if actual != claimed {
             mismatches.push(KeyMismatch {
                 key: key.to_string(),
-                actual,
+                actual: actual.to_string(),
             });
         }
     }

@@ -56,8 +56,12 @@ pub(crate) struct Entry {
 }
 
 struct Registered {
-    id: BlobId,
-    count: usize,
+    /// The identities the address is registered under, each with its number of live
+    /// registrations. One identity is the rule; two or more at once (a caller that registered
+    /// the same bytes as two different tensors) make the address ambiguous: look-ups through it
+    /// find nothing and what XNNPACK packs from it is never kept, so neither identity can be
+    /// served the other's packing.
+    ids: Vec<(BlobId, usize)>,
     /// Mapped data whose pages may be released once packed.
     release: Option<DataBuffer>,
     /// A placeholder: its bytes are read in (pinned) only when a look-up misses.
@@ -65,6 +69,16 @@ struct Registered {
     /// How to read them in, one per live registration (each from an init whose data source
     /// is alive while it is registered), by registration token.
     fills: Vec<(u64, Arc<Fill>)>,
+}
+
+impl Registered {
+    /// The one identity of the address; None while it is ambiguous.
+    fn id(&self) -> Option<BlobId> {
+        match self.ids.as_slice() {
+            [(id, _)] => Some(*id),
+            _ => None,
+        }
+    }
 }
 
 #[derive(Default)]
@@ -203,6 +217,8 @@ pub(crate) struct Counters {
     pub key_mismatches: AtomicUsize,
     /// Entries forgotten because their file was cut short under their map.
     pub truncated: AtomicUsize,
+    /// Entries forgotten because a look-up's operator reads another size than they hold.
+    pub wrong_size: AtomicUsize,
 }
 
 #[derive(Default)]
@@ -297,22 +313,45 @@ impl CacheCore {
         state.lost.len()
     }
 
+    /// Registers `ptr` under `id`. If it is registered under another identity already, it is
+    /// ambiguous until one of them is unregistered (see [`Registered`]).
     pub fn register(&self, ptr: *const u8, id: BlobId, release: Option<DataBuffer>) {
         let mut state = self.state.lock();
+        Self::add_registration(&mut state, ptr, id, release);
+    }
+
+    /// Registers `ptr` under `id` only if it is free or registered under `id` already; false
+    /// (and nothing registered) if another identity holds it.
+    pub fn try_register(&self, ptr: *const u8, id: BlobId, release: Option<DataBuffer>) -> bool {
+        let mut state = self.state.lock();
+        if let Some(r) = state.registered.get(&(ptr as usize)) {
+            if r.ids.iter().any(|(other, _)| *other != id) {
+                return false;
+            }
+        }
+        Self::add_registration(&mut state, ptr, id, release);
+        true
+    }
+
+    fn add_registration(
+        state: &mut State,
+        ptr: *const u8,
+        id: BlobId,
+        release: Option<DataBuffer>,
+    ) {
         let r = state
             .registered
             .entry(ptr as usize)
             .or_insert_with(|| Registered {
-                id,
-                count: 0,
+                ids: Vec::new(),
                 release: None,
                 deferred: None,
                 fills: Vec::new(),
             });
-        // A pointer registered again under another identity: the newer registration wins
-        // (the bytes at one address are one blob while borrowed).
-        r.id = id;
-        r.count += 1;
+        match r.ids.iter_mut().find(|(other, _)| *other == id) {
+            Some((_, count)) => *count += 1,
+            None => r.ids.push((id, 1)),
+        }
         if release.is_some() {
             r.release = release;
         }
@@ -320,31 +359,45 @@ impl CacheCore {
 
     /// Registers a placeholder's address under `id`, with how to read its bytes in if a look-up
     /// misses; `token` names this registration's `fill` for [`unregister`](Self::unregister).
+    /// False (and nothing registered) if another identity holds the address.
     pub fn register_deferred(
         &self,
         data: &Arc<DeferredData>,
         id: BlobId,
         fill: Arc<Fill>,
         token: u64,
-    ) {
-        self.register(data.address(), id, None);
+    ) -> bool {
+        let address = data.address();
         let mut state = self.state.lock();
+        if let Some(r) = state.registered.get(&(address as usize)) {
+            if r.ids.iter().any(|(other, _)| *other != id) {
+                return false;
+            }
+        }
+        Self::add_registration(&mut state, address, id, None);
         let r = state
             .registered
-            .get_mut(&(data.address() as usize))
+            .get_mut(&(address as usize))
             .expect("registered just now");
         r.deferred = Some(data.clone());
         r.fills.push((token, fill));
+        true
     }
 
-    pub fn unregister(&self, ptr: *const u8, token: Option<u64>) {
+    /// Ends one registration of `ptr` under `id` (and, for a placeholder, its `token`'s fill).
+    pub fn unregister(&self, ptr: *const u8, id: BlobId, token: Option<u64>) {
         let mut state = self.state.lock();
         if let Some(r) = state.registered.get_mut(&(ptr as usize)) {
             if let Some(token) = token {
                 r.fills.retain(|(t, _)| *t != token);
             }
-            r.count -= 1;
-            if r.count == 0 {
+            if let Some(at) = r.ids.iter().position(|(other, _)| *other == id) {
+                r.ids[at].1 -= 1;
+                if r.ids[at].1 == 0 {
+                    r.ids.remove(at);
+                }
+            }
+            if r.ids.is_empty() {
                 state.registered.remove(&(ptr as usize));
             }
         }
@@ -356,7 +409,7 @@ impl CacheCore {
             .lock()
             .registered
             .get(&(ptr as usize))
-            .map(|r| r.id)
+            .and_then(Registered::id)
     }
 
     /// Which of `kernels` (registered addresses) no entry is packed from yet, under any seed
@@ -372,19 +425,44 @@ impl CacheCore {
                 state
                     .registered
                     .get(&(**p as usize))
-                    .is_none_or(|r| !packed.contains(&r.id))
+                    .and_then(Registered::id)
+                    .is_none_or(|id| !packed.contains(&id))
             })
             .map(|(i, _)| i)
             .collect()
     }
 
+    /// Whether entry `i` holds the `size` bytes the operator looking it up will read. One that
+    /// does not (a file whose index lies, or keys that were swapped) is forgotten: never found
+    /// again, never saved, so the weight is repacked and the file repaired at the next save.
+    /// Returning it would have XNNPACK read another weight's bytes, or past the mapping.
+    fn keeps_if_sized(&self, state: &mut State, i: usize, size: usize) -> bool {
+        let e = &mut state.entries[i];
+        if e.size == size {
+            return true;
+        }
+        if let Some(key) = e.key.take() {
+            if state.by_key.get(&key) == Some(&i) {
+                state.by_key.remove(&key);
+            }
+        }
+        self.counters.wrong_size.fetch_add(1, Ordering::Relaxed);
+        false
+    }
+
     /// The content key of XNNPACK's pointer key; None if a non-null pointer is unknown.
     fn entry_key(state: &State, key: &LookUpKey) -> Option<EntryKey> {
+        // A registered address whose identity is NONE stands for bytes no look-up may find
+        // (see `register_constants`): read in on a miss, never identified.
         let id = |p: *const std::ffi::c_void| -> Option<BlobId> {
             if p.is_null() {
                 Some(BlobId::NONE)
             } else {
-                state.registered.get(&(p as usize)).map(|r| r.id)
+                state
+                    .registered
+                    .get(&(p as usize))
+                    .and_then(Registered::id)
+                    .filter(|id| !id.is_none())
             }
         };
         let kernel = id(key.kernel)?;
@@ -427,7 +505,9 @@ impl CacheCore {
 impl PackedWeightsProvider for CacheCore {
     fn look_up(&self, key: &LookUpKey) -> Option<usize> {
         let mut state = self.state.lock();
-        let found = CacheCore::entry_key(&state, key).and_then(|k| state.by_key.get(&k).copied());
+        let found = CacheCore::entry_key(&state, key)
+            .and_then(|k| state.by_key.get(&k).copied())
+            .filter(|&i| self.keeps_if_sized(&mut state, i, key.packed_size));
         match found {
             Some(i) => {
                 state.entries[i].hit = true;
@@ -501,8 +581,11 @@ impl PackedWeightsProvider for CacheCore {
             deferred.iter().for_each(|(d, _)| d.unpin());
         }
         if let Some(&i) = content_key.as_ref().and_then(|k| state.by_key.get(k)) {
-            // A hit confirmed (null ptr), or another thread packed the same weights first.
-            return Some(i);
+            // A hit confirmed (null ptr), or another thread packed the same weights first;
+            // unless the entry is not the size this operator reads.
+            if self.keeps_if_sized(&mut state, i, size) {
+                return Some(i);
+            }
         }
         let ptr = ptr?;
         let block = match pending {

@@ -33,7 +33,8 @@ impl BlobId {
     }
 
     /// The identity a key already states: ExecuTorch keys XNNPACK constants by the lowercase
-    /// sha256 hex of their bytes, so no hashing is needed. None for any other key.
+    /// sha256 hex of their bytes, so no hashing is needed. None for any other key, upper-case
+    /// hex included (ExecuTorch never writes it; one spelling per identity keeps one rule).
     pub fn from_sha256_key(key: &str) -> Option<BlobId> {
         let hex = key.as_bytes();
         if hex.len() != 64 {
@@ -52,9 +53,28 @@ impl BlobId {
     }
 
     /// The identity a named-data key states, in ExecuTorch's XNNPACK conventions: a bare
-    /// sha256 hex of the bytes, or `scale_<sha256 hex>` for quantization scales.
+    /// sha256 hex of the bytes, or `scale_<sha256 hex>` for quantization scales. This is the one
+    /// rule for "this key is a content key": the packed-weight cache, the shared data cache and
+    /// `xnnblob inspect` all ask it.
     pub fn from_named_key(key: &str) -> Option<BlobId> {
         BlobId::from_sha256_key(key.strip_prefix("scale_").unwrap_or(key))
+    }
+
+    /// The identity of `content` read as `description` says: everything besides the bytes that
+    /// decides what XNNPACK packs from them (datatype, shape, quantization, and the operands
+    /// packed with them). The same bytes under two descriptions are two identities, so a
+    /// weight and its transposed twin, or two zero-initialised layers of different shapes,
+    /// are never served each other's packing. `description` is the caller's canonical
+    /// encoding ([`Description`]); hashed under a prefix of its own, the result is neither the
+    /// content's identity nor a [`combine`](Self::combine)d or [`converted`](Self::converted)
+    /// one.
+    pub fn described(content: BlobId, description: &Description) -> BlobId {
+        let mut h = Sha256::new();
+        h.update(b"xnnblob-described-id");
+        h.update((description.0.len() as u64).to_le_bytes());
+        h.update(&description.0);
+        h.update(content.0);
+        BlobId(finish(h))
     }
 
     /// One identity for blobs that are packed together (order matters).
@@ -88,6 +108,50 @@ impl BlobId {
     }
 }
 
+/// A canonical encoding of what a blob is read as, for [`BlobId::described`]: named fields
+/// of fixed-width little-endian numbers, each prefixed by its name and length, so that no two
+/// different descriptions encode alike.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Description(Vec<u8>);
+
+impl Description {
+    /// An empty description.
+    pub fn new() -> Description {
+        Description::default()
+    }
+
+    /// Appends the field `name` with `value`'s bytes.
+    pub fn bytes(&mut self, name: &str, value: &[u8]) -> &mut Description {
+        self.0.extend_from_slice(&(name.len() as u32).to_le_bytes());
+        self.0.extend_from_slice(name.as_bytes());
+        self.0
+            .extend_from_slice(&(value.len() as u64).to_le_bytes());
+        self.0.extend_from_slice(value);
+        self
+    }
+
+    /// Appends the field `name` with the numbers `values`, each as 8 little-endian bytes.
+    pub fn numbers(&mut self, name: &str, values: &[u64]) -> &mut Description {
+        let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        self.bytes(name, &bytes)
+    }
+
+    /// Appends the field `name` with one number.
+    pub fn number(&mut self, name: &str, value: u64) -> &mut Description {
+        self.numbers(name, &[value])
+    }
+
+    /// The encoding so far.
+    pub fn encoded(&self) -> &[u8] {
+        &self.0
+    }
+
+    /// Appends the field `name` with an identity.
+    pub fn id(&mut self, name: &str, id: BlobId) -> &mut Description {
+        self.bytes(name, &id.0)
+    }
+}
+
 impl fmt::Debug for BlobId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "BlobId({})", &to_hex(&self.0)[..16])
@@ -118,6 +182,28 @@ mod tests {
         );
         assert_eq!(BlobId::from_named_key(&key), Some(BlobId::of_bytes(bytes)));
         assert_eq!(BlobId::from_named_key(&format!("bias_{key}")), None);
+    }
+
+    #[test]
+    fn the_same_bytes_described_as_two_shapes_are_two_identities() {
+        let content = BlobId::of_bytes(&[0u8; 64 * 128 * 4]);
+        let shaped = |dims: &[u64]| {
+            let mut d = Description::new();
+            d.number("datatype", 1).numbers("dims", dims);
+            BlobId::described(content, &d)
+        };
+        assert_ne!(shaped(&[64, 128]), shaped(&[128, 64]));
+        assert_ne!(shaped(&[64, 128]), content);
+        assert_eq!(shaped(&[64, 128]), shaped(&[64, 128]));
+        // Field boundaries are part of the encoding: moving a byte across them changes it.
+        let mut a = Description::new();
+        a.bytes("ab", b"c");
+        let mut b = Description::new();
+        b.bytes("a", b"bc");
+        assert_ne!(
+            BlobId::described(content, &a),
+            BlobId::described(content, &b)
+        );
     }
 
     #[test]

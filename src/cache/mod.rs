@@ -28,7 +28,7 @@ pub use budget::CacheBudget;
 pub use checksum::checksum64;
 pub use cpu::cpu_fingerprint;
 pub use format::{Compat, EntryKey, FileError};
-pub use identity::BlobId;
+pub use identity::{BlobId, Description};
 #[cfg(feature = "xnnpack")]
 pub use packed::*;
 #[cfg(feature = "xnnpack")]

@@ -202,6 +202,10 @@ pub struct CacheStats {
     /// Entries forgotten because the file was cut short under its map (see
     /// [`CacheError::Truncated`]).
     pub truncated: usize,
+    /// Entries forgotten because the operator that looked them up reads another number of
+    /// packed bytes than they hold (a file whose index lies): repacked, and repaired in the file
+    /// at the next save.
+    pub wrong_size: usize,
 }
 
 /// An entry whose packed bytes no longer match their checksum.
@@ -524,10 +528,20 @@ impl PackedWeightsCache {
 
     /// Declares that `data` (about to be handed to XNNPACK as a kernel, bias or other packed
     /// constant) is the blob `id`, for as long as the registration lives.
+    ///
+    /// `id` must stand for everything XNNPACK packs from the data besides its operator's own
+    /// parameters (which its look-up seed carries): for a weight, its bytes *and* its datatype,
+    /// shape and quantization (see [`BlobId::described`]). The same address registered under
+    /// two identities at once is found by neither: look-ups through it miss, and what XNNPACK
+    /// packs from it is used by its runtime only, never kept.
     pub fn register<'a, T: Copy>(&'a self, data: &'a [T], id: BlobId) -> Registration<'a> {
         let ptr = data.as_ptr().cast::<u8>();
         self.core().register(ptr, id, None);
-        Registration { cache: self, ptr }
+        Registration {
+            cache: self,
+            ptr,
+            id,
+        }
     }
 
     /// As [`register`](Self::register), for data from a named-data map: once XNNPACK has packed
@@ -539,32 +553,48 @@ impl PackedWeightsCache {
         Registration {
             cache: self,
             ptr: buffer.as_ptr(),
+            id,
         }
     }
 
     /// As [`register_buffer`](Self::register_buffer), without a borrow: the registration holds
-    /// the buffer (so its address cannot be reused while registered) and the cache.
-    pub fn register_owned(self: &Arc<Self>, buffer: DataBuffer, id: BlobId) -> OwnedRegistration {
-        self.core()
-            .register(buffer.as_ptr(), id, Some(buffer.clone()));
-        OwnedRegistration {
+    /// the buffer (so its address cannot be reused while registered) and the cache. None, with
+    /// nothing registered, if the buffer's address is registered under another identity now
+    /// (the same bytes as another tensor): the caller gives this one an address of its own.
+    pub fn register_owned(
+        self: &Arc<Self>,
+        buffer: DataBuffer,
+        id: BlobId,
+    ) -> Option<OwnedRegistration> {
+        if !self
+            .core()
+            .try_register(buffer.as_ptr(), id, Some(buffer.clone()))
+        {
+            return None;
+        }
+        Some(OwnedRegistration {
             cache: self.clone(),
             address: buffer.as_ptr() as usize,
+            id,
             token: None,
             _held: Held::Buffer(buffer),
-        }
+        })
     }
 
     /// As [`register`](Self::register), for a caller that cannot hold a [`Registration`] (the C
     /// API): the address stays registered until [`unregister_raw`](Self::unregister_raw). The
-    /// pointer is a key only; it is never dereferenced.
-    pub fn register_raw(&self, ptr: *const u8, id: BlobId) {
-        self.core().register(ptr, id, None);
+    /// pointer is a key only; it is never dereferenced. False, with nothing registered, if the
+    /// address is registered under another identity now.
+    pub fn register_raw(&self, ptr: *const u8, id: BlobId) -> bool {
+        self.core().try_register(ptr, id, None)
     }
 
-    /// Ends a [`register_raw`](Self::register_raw) registration of `ptr`.
+    /// Ends a [`register_raw`](Self::register_raw) registration of `ptr` (a raw address holds
+    /// one identity at a time, so the address alone names it).
     pub fn unregister_raw(&self, ptr: *const u8) {
-        self.core().unregister(ptr, None);
+        if let Some(id) = self.core().registered_id(ptr) {
+            self.core().unregister(ptr, id, None);
+        }
     }
 
     /// Which of `kernels` (addresses registered with this cache) have no packed entry yet, by
@@ -581,21 +611,26 @@ impl PackedWeightsCache {
     /// Registers a placeholder ([`DeferredData`]) under `id`: XNNPACK gets its address, and its
     /// bytes are read in with `fill` only if a look-up misses (then released once packed). `fill`
     /// is dropped with the registration, so it may use a data source that lives only as long.
+    /// None, with nothing registered, if the placeholder is registered under another identity
+    /// now (one placeholder shared by two tensors of the same bytes and another shape).
     pub fn register_deferred(
         self: &Arc<Self>,
         data: Arc<DeferredData>,
         id: BlobId,
         fill: Arc<Fill>,
-    ) -> OwnedRegistration {
+    ) -> Option<OwnedRegistration> {
         static TOKENS: AtomicU64 = AtomicU64::new(1);
         let token = TOKENS.fetch_add(1, Ordering::Relaxed);
-        self.core().register_deferred(&data, id, fill, token);
-        OwnedRegistration {
+        if !self.core().register_deferred(&data, id, fill, token) {
+            return None;
+        }
+        Some(OwnedRegistration {
             cache: self.clone(),
             address: data.address() as usize,
+            id,
             token: Some(token),
             _held: Held::Deferred(data),
-        }
+        })
     }
 
     /// Enables runtime setup and saves what was packed since the last save, on a background
@@ -769,6 +804,7 @@ impl PackedWeightsCache {
             evicted: c.evicted.load(Ordering::Relaxed),
             key_mismatches: c.key_mismatches.load(Ordering::Relaxed),
             truncated: c.truncated.load(Ordering::Relaxed),
+            wrong_size: c.wrong_size.load(Ordering::Relaxed),
             entries: state.by_key.len(),
             packed_bytes: state.by_key.values().map(|&i| state.entries[i].size).sum(),
             unsaved: state.entries.iter().filter(|e| e.unsaved).count(),
@@ -895,6 +931,7 @@ pub fn compact_file(
 pub struct Registration<'a> {
     cache: &'a PackedWeightsCache,
     ptr: *const u8,
+    id: BlobId,
 }
 
 /// A registration that owns its buffer and a reference to the cache; dropping it unregisters.
@@ -902,6 +939,8 @@ pub struct OwnedRegistration {
     cache: Arc<PackedWeightsCache>,
     /// The registered address (a key, never dereferenced).
     address: usize,
+    /// The identity it is registered under.
+    id: BlobId,
     /// Names this registration's fill, for a placeholder.
     token: Option<u64>,
     _held: Held,
@@ -918,12 +957,12 @@ impl Drop for OwnedRegistration {
     fn drop(&mut self) {
         self.cache
             .core()
-            .unregister(self.address as *const u8, self.token);
+            .unregister(self.address as *const u8, self.id, self.token);
     }
 }
 
 impl Drop for Registration<'_> {
     fn drop(&mut self) {
-        self.cache.core().unregister(self.ptr, None);
+        self.cache.core().unregister(self.ptr, self.id, None);
     }
 }

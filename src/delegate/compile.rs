@@ -219,11 +219,16 @@ pub(crate) fn compile(
             scales,
             pinned: parking_lot::Mutex::new(Vec::new()),
             fp16_as_fp32,
+            private: std::sync::OnceLock::new(),
         });
         let load_time = started.elapsed();
         let registrations = match (&k.cache, &mut check) {
             (Weights::Packed(cache), Some(check)) => {
-                register_constants(&p.graph, loaded, cache, deferral.as_ref(), check)?
+                let (registrations, private) =
+                    register_constants(&p.graph, loaded, cache, deferral.as_ref(), check)?;
+                // Loaded once per delegate, registered once with it.
+                let _ = loaded.private.set(private);
+                registrations
             }
             _ => Vec::new(),
         };

@@ -26,6 +26,16 @@ pub(super) struct Loaded {
     pub(super) pinned: parking_lot::Mutex<Vec<Arc<DeferredData>>>,
     /// fp16 values are defined as fp32, their constants converted (see [`super::fallback`]).
     pub(super) fp16_as_fp32: bool,
+    /// Values given an address of their own instead of their constant's, by value index (see
+    /// [`super::identity::register_constants`]); set once, when they are registered.
+    pub(super) private: std::sync::OnceLock<HashMap<usize, super::identity::Private>>,
+}
+
+impl Loaded {
+    /// Value `i`'s own placeholder, if it has one.
+    pub(super) fn private(&self, i: usize) -> Option<&super::identity::Private> {
+        self.private.get()?.get(&i)
+    }
 }
 
 impl Drop for Loaded {
@@ -406,7 +416,7 @@ pub(super) fn load_constants(
 /// by all of them unless the map's buffers live only as long as its program. Any other key is
 /// only meaningful within its map, so it is qualified by the map's source.
 pub(super) fn shared_key(map: &dyn NamedDataMap, key: &str) -> String {
-    let content_named = key.len() == 64 && key.bytes().all(|b| b.is_ascii_hexdigit());
+    let content_named = BlobId::from_named_key(key).is_some();
     if content_named && !map.buffers_live_with_program() {
         key.to_string()
     } else {
@@ -503,6 +513,15 @@ pub(super) fn pin_read_as_is(
     for (i, v) in graph.xvalues().iter().flatten().enumerate() {
         let (t, _) = tensor_of(v, i)?;
         if !read_as_is.contains(&t.id_out()) {
+            continue;
+        }
+        if let Some(own) = loaded.private(i) {
+            let pinned = own.data.pin(&*own.fill);
+            loaded.pinned.lock().push(own.data.clone());
+            pinned.map_err(|source| DelegateError::UnreadConstant {
+                key: format!("value {i}"),
+                source,
+            })?;
             continue;
         }
         let Some(Some(Constant::Deferred {

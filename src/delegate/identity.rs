@@ -3,8 +3,11 @@
 
 use super::constants::{fill_from, Constant, Loaded};
 use super::error::DelegateError;
+use super::graph::dims_of;
 use super::graph::{constant_index, named_key, tensor_of};
-use crate::cache::{BlobId, OwnedRegistration, PackedWeightsCache};
+use super::operators::NO_VALUE;
+use crate::cache::{BlobId, Description, OwnedRegistration, PackedWeightsCache};
+use crate::deferred::{DeferredData, Fill};
 use crate::mmap::FileIdentity;
 use crate::named_data::{DataBuffer, NamedDataMap};
 use crate::schema::xnn as fb;
@@ -158,61 +161,269 @@ pub(super) fn identity(
     })
 }
 
-/// Registers the data of every constant value with the packed-weight cache, under its content
-/// identity (combined with its scales' for quantized weights, whose packing includes them).
+/// How the operand `filter` of a node is packed, beyond the operand's own bytes and
+/// description: which node, its packing parameters, the bias packed with it, and the datatypes
+/// and quantization of its input and output (XNNPACK packs a static int8 layer's requantization
+/// scales, derived from both, into the weights, and a dynamically quantized layer's bias too,
+/// though its look-up key names no bias).
+struct Reader {
+    filter: u32,
+    context: Description,
+}
+
+/// Every node that XNNPACK may pack a constant operand of through the weights cache (fully
+/// connected, the three 2-D convolutions, batch matrix multiply), with that operand's context.
+fn readers(graph: &fb::XNNGraph<'_>, operand: impl Fn(u32) -> Vec<u8>) -> Vec<Reader> {
+    let mut out = Vec::new();
+    for node in graph.xnodes().iter().flatten() {
+        let kind = node.xnode_union_type();
+        let mut d = Description::new();
+        d.number("node", kind.0 as u64);
+        let (input, filter, bias, output) =
+            if let Some(fc) = node.xnode_union_as_xnnfully_connected() {
+                d.number("flags", fc.flags() as u64);
+                (fc.input1_id(), fc.filter_id(), fc.bias_id(), fc.output_id())
+            } else if let Some(c) = node
+                .xnode_union_as_xnnconv_2d()
+                .or_else(|| node.xnode_union_as_xnndepthwise_conv_2d())
+                .or_else(|| node.xnode_union_as_xnnconv_transpose_2d())
+            {
+                // What shapes the packing; strides, padding and dilation do not.
+                d.numbers(
+                    "conv",
+                    &[
+                        c.kernel_height(),
+                        c.kernel_width(),
+                        c.groups(),
+                        c.group_input_channels(),
+                        c.group_output_channels(),
+                        c.flags(),
+                    ]
+                    .map(u64::from),
+                );
+                (c.input1_id(), c.filter_id(), c.bias_id(), c.output_id())
+            } else if let Some(b) = node.xnode_union_as_xnnbatch_matrix_multiply() {
+                d.number("flags", b.flags() as u64);
+                (b.input1_id(), b.input2_id(), NO_VALUE, b.output_id())
+            } else {
+                continue;
+            };
+        d.bytes("input", &operand(input));
+        d.bytes("output", &operand(output));
+        if bias != NO_VALUE {
+            d.bytes("bias", &operand(bias));
+        }
+        out.push(Reader { filter, context: d });
+    }
+    out
+}
+
+/// A value's description: its datatype, shape and quantization, with the identity of its
+/// scales (and, for a constant, of its bytes: see [`register_constants`]).
+fn describe(
+    graph: &fb::XNNGraph<'_>,
+    i: usize,
+    v: fb::XValue<'_>,
+    keep: &Loaded,
+    check: &mut KeyCheck<'_>,
+) -> Result<Description, DelegateError> {
+    let (t, q) = tensor_of(v, i)?;
+    let mut d = Description::new();
+    d.number("datatype", t.datatype().0 as u64);
+    d.numbers(
+        "dims",
+        &dims_of(&t).iter().map(|&x| x as u64).collect::<Vec<_>>(),
+    );
+    let Some(q) = q else {
+        return Ok(d);
+    };
+    if let Some(p) = q.quant_params_as_per_tensor_quant() {
+        d.numbers(
+            "per_tensor",
+            &[p.scale().to_bits() as u64, p.zero_point() as i64 as u64],
+        );
+    } else if let Some(p) = q.quant_params_as_per_token_dynamic_quant() {
+        d.number("per_token_dynamic", p.num_nonbatch_dims() as i64 as u64);
+    } else if let Some(p) = q.quant_params_as_per_channel_quant() {
+        d.number("per_channel", p.channel_dim() as i64 as u64);
+        scales_of(graph, i, p.scale_buffer_idx(), &mut d, keep, check);
+    } else if let Some(p) = q.quant_params_as_per_channel_group_quant() {
+        d.numbers(
+            "per_channel_group",
+            &[p.channel_dim() as i64 as u64, p.group_size() as i64 as u64],
+        );
+        scales_of(graph, i, p.scale_buffer_idx(), &mut d, keep, check);
+    } else {
+        d.number("quantization", q.quant_params_type().0 as u64);
+    }
+    Ok(d)
+}
+
+/// Adds the identity of value `i`'s scales (in constant `scale_index`, or inline) to `d`.
+fn scales_of(
+    graph: &fb::XNNGraph<'_>,
+    i: usize,
+    scale_index: u32,
+    d: &mut Description,
+    keep: &Loaded,
+    check: &mut KeyCheck<'_>,
+) {
+    let id = if scale_index != 0 {
+        identity(graph, scale_index as usize, keep, check)
+    } else {
+        match (keep.f32_scales(i), keep.bf16_scales(i)) {
+            (Some(s), _) => Some(BlobId::of_f32s(s)),
+            (None, Some(s)) => Some(BlobId::of_bytes(
+                &s.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>(),
+            )),
+            (None, None) => None,
+        }
+    };
+    d.id("scales", id.unwrap_or(BlobId::NONE));
+}
+
+/// A constant value's address in the graph: its own placeholder where it could not share its
+/// constant's (see [`register_constants`]), with how that placeholder is read in.
+pub(super) struct Private {
+    pub(super) data: Arc<DeferredData>,
+    pub(super) fill: Arc<Fill>,
+}
+
+/// Registers the data of every constant value with the packed-weight cache, under its identity:
+/// its bytes, its description (datatype, shape, quantization with its scales' identity) and,
+/// for an operand XNNPACK packs, the context of the nodes that pack it ([`Reader`]). Returns
+/// the registrations, and the values given an address of their own:
+/// - a value whose constant's address is registered under another identity (the same bytes as
+///   another tensor: ExecuTorch names constants by content, so a layer and its transposed
+///   twin, or zero-initialised layers, share one constant) gets a placeholder of its own, read
+///   from the same source only if a look-up misses;
+/// - a value packed by nodes of different contexts (a tied weight with two requantizations)
+///   cannot be told apart at one address by XNNPACK's look-up: it gets a placeholder that no
+///   look-up finds, so it is packed at each launch, never served another context's packing.
 pub(super) fn register_constants(
     graph: &fb::XNNGraph<'_>,
     keep: &Loaded,
     cache: &Arc<PackedWeightsCache>,
     deferral: Option<&Arc<dyn NamedDataMap>>,
     check: &mut KeyCheck<'_>,
-) -> Result<Vec<OwnedRegistration>, DelegateError> {
+) -> Result<(Vec<OwnedRegistration>, HashMap<usize, Private>), DelegateError> {
+    let values: Vec<fb::XValue<'_>> = graph.xvalues().iter().flatten().collect();
+    // Each value's description, and each constant value's content.
+    let mut described = HashMap::new();
+    let mut contents = HashMap::new();
+    for (i, v) in values.iter().enumerate() {
+        let (t, _) = tensor_of(*v, i)?;
+        described.insert(t.id_out(), describe(graph, i, *v, keep, check)?);
+        let index = constant_index(&t);
+        if index != 0 {
+            if let Some(content) = identity(graph, index, keep, check) {
+                contents.insert(t.id_out(), content);
+            }
+        }
+    }
+    // A node's operands as its context states them: a constant (a bias) by its identity, any
+    // other value (input, output) by its description.
+    let operand = |id: u32| -> Vec<u8> {
+        match (contents.get(&id), described.get(&id)) {
+            (Some(&content), Some(d)) => BlobId::described(content, d).0.to_vec(),
+            (None, Some(d)) => d.encoded().to_vec(),
+            _ => Vec::new(),
+        }
+    };
+    // Each packed operand's context; None where two nodes pack it differently.
+    let mut contexts: HashMap<u32, Option<Description>> = HashMap::new();
+    for r in readers(graph, operand) {
+        contexts
+            .entry(r.filter)
+            .and_modify(|c| {
+                if c.as_ref() != Some(&r.context) {
+                    *c = None;
+                }
+            })
+            .or_insert(Some(r.context));
+    }
     let mut registrations = Vec::new();
-    for (i, v) in graph.xvalues().iter().flatten().enumerate() {
-        let (t, q) = tensor_of(v, i)?;
+    let mut private = HashMap::new();
+    for (i, v) in values.iter().enumerate() {
+        let (t, _) = tensor_of(*v, i)?;
         let index = constant_index(&t);
         if index == 0 {
             continue;
         }
-        let Some(mut id) = identity(graph, index, keep, check) else {
+        let Some(&content) = contents.get(&t.id_out()) else {
             continue;
         };
-        if let Some(q) = q {
-            let scale_index = q
-                .quant_params_as_per_channel_quant()
-                .map(|p| p.scale_buffer_idx())
-                .or_else(|| {
-                    q.quant_params_as_per_channel_group_quant()
-                        .map(|p| p.scale_buffer_idx())
-                })
-                .unwrap_or(0) as usize;
-            let scale_id = if scale_index != 0 {
-                identity(graph, scale_index, keep, check)
-            } else {
-                match (keep.f32_scales(i), keep.bf16_scales(i)) {
-                    (Some(s), _) => Some(BlobId::of_f32s(s)),
-                    (None, Some(s)) => Some(BlobId::of_bytes(
-                        &s.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>(),
-                    )),
-                    (None, None) => None,
-                }
-            };
-            if let Some(scale_id) = scale_id {
-                id = BlobId::combine(&[id, scale_id]);
+        let mut description = described[&t.id_out()].clone();
+        let ambiguous = match contexts.get(&t.id_out()) {
+            Some(Some(context)) => {
+                description.bytes("packed_by", context.encoded());
+                false
             }
-        }
-        let registration = match keep.constants[index].as_ref().expect("identity found it") {
+            Some(None) => true,
+            None => false,
+        };
+        let id = BlobId::described(content, &description);
+        let constant = keep.constants[index].as_ref().expect("identity found it");
+        let fill = || match constant {
             Constant::Deferred {
-                key,
-                data,
-                conversion,
+                key, conversion, ..
             } => {
                 let map = deferral.expect("placeholders only with a source").clone();
-                cache.register_deferred(data.clone(), id, fill_from(map, key.clone(), *conversion))
+                fill_from(map, key.clone(), *conversion)
             }
-            constant => cache.register_owned(constant.buffer().expect("not deferred").clone(), id),
+            constant => copy_of(constant.buffer().expect("not deferred").clone()),
         };
+        if !ambiguous {
+            let registered = match constant {
+                Constant::Deferred { data, .. } => {
+                    cache.register_deferred(data.clone(), id, fill())
+                }
+                constant => {
+                    cache.register_owned(constant.buffer().expect("not deferred").clone(), id)
+                }
+            };
+            if let Some(registration) = registered {
+                registrations.push(registration);
+                continue;
+            }
+        }
+        let len = match constant {
+            Constant::Deferred { data, .. } => data.len(),
+            constant => constant.buffer().expect("not deferred").len(),
+        };
+        let data =
+            Arc::new(
+                DeferredData::reserve(len).map_err(|e| DelegateError::OutOfMemory {
+                    what: format!("an address of its own for value {i} ({e})"),
+                    bytes: len,
+                })?,
+            );
+        let fill = fill();
+        // Registered under NONE, a placeholder is read in when a look-up misses and found by no
+        // look-up; under its identity, by this value's look-ups only (the address is new).
+        let as_id = if ambiguous { BlobId::NONE } else { id };
+        let registration = cache
+            .register_deferred(data.clone(), as_id, fill.clone())
+            .expect("a new placeholder's address is free");
         registrations.push(registration);
+        private.insert(i, Private { data, fill });
     }
-    Ok(registrations)
+    Ok((registrations, private))
+}
+
+/// How a placeholder standing for `source`'s bytes is read in: a copy of them.
+fn copy_of(source: DataBuffer) -> Arc<Fill> {
+    Arc::new(move |bytes: &mut [u8]| {
+        let data = source.data();
+        if data.len() != bytes.len() {
+            return Err(format!(
+                "the source holds {} bytes, the placeholder {}",
+                data.len(),
+                bytes.len()
+            )
+            .into());
+        }
+        bytes.copy_from_slice(data);
+        Ok(())
+    })
 }

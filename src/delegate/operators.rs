@@ -12,7 +12,7 @@ use crate::xnn::{
 use std::cell::RefCell;
 use std::collections::{HashMap, HashSet};
 
-const NO_VALUE: u32 = u32::MAX;
+pub(super) const NO_VALUE: u32 = u32::MAX;
 
 /// A supported node.
 pub struct Operator {

@@ -141,21 +141,27 @@ pub(super) fn prepack(
     })
 }
 
-/// The source's own bytes of a placeholder's constant, registered under its identity, when
-/// the source can give them with XNNPACK's over-read room.
+/// The source's own bytes of value `i`'s placeholder constant, registered under the identity
+/// its address in the graph has, when the source can give them with XNNPACK's over-read room
+/// and their address is free to take that identity (another tensor of the same bytes may be
+/// packing from it now: then the placeholder serves).
 fn source_bytes(
     t: &fb::XNNTensorValue<'_>,
+    i: usize,
     loaded: &Loaded,
     cache: &Arc<PackedWeightsCache>,
     source: Option<&dyn NamedDataMap>,
 ) -> Option<(DataBuffer, OwnedRegistration)> {
-    let (key, placeholder) = deferred_constant(t, loaded)?;
+    let (key, _) = deferred_constant(t, loaded)?;
+    let ValueRole::Deferred(placeholder) = role_of(t, i, loaded).ok()? else {
+        return None;
+    };
     let id = cache.registered_id(placeholder.address())?;
     let buffer = source?.get_data(key).ok()?;
     if buffer.len() != placeholder.len() || buffer.slack_after() < XNN_EXTRA_BYTES {
         return None;
     }
-    let registration = cache.register_owned(buffer.clone(), id);
+    let registration = cache.register_owned(buffer.clone(), id)?;
     Some((buffer, registration))
 }
 
@@ -182,7 +188,7 @@ fn pack_one(
         .map(|&id| {
             let i = value(id)?;
             let (t, _) = tensor_of(values[i], i)?;
-            Ok(source_bytes(&t, loaded, cache, source))
+            Ok(source_bytes(&t, i, loaded, cache, source))
         })
         .collect::<Result<Vec<_>, DelegateError>>()?;
     let mut g = Subgraph::new(2).map_err(at(|| "subgraph".into()))?;

@@ -51,6 +51,9 @@ pub(super) fn role_of<'k>(
     keep: &'k Loaded,
 ) -> Result<ValueRole<'k>, DelegateError> {
     let index = constant_index(t);
+    if let Some(own) = keep.private(i) {
+        return Ok(ValueRole::Deferred(&own.data));
+    }
     Ok(if index != 0 {
         let c = keep
             .constants

@@ -26,6 +26,9 @@ pub struct LookUpKey {
     pub kernel: *const c_void,
     /// The address of the unpacked bias; null when the operator has none.
     pub bias: *const c_void,
+    /// The bytes of packed weights the operator reads at the offset a look-up returns (XNNPACK
+    /// patch 0006): an entry of any other size must not be returned for this key.
+    pub packed_size: usize,
 }
 
 /// The Rust side of a weights cache. Every method may be called from several threads at once.
@@ -153,6 +156,7 @@ unsafe fn read_key(key: *const sys::xnn_weights_cache_look_up_key) -> Option<Loo
         seed: key.seed,
         kernel: key.kernel,
         bias: key.bias,
+        packed_size: key.packed_size,
     })
 }
 

@@ -198,6 +198,10 @@ pub unsafe extern "C" fn xnnblob_cache_xnn(cache: *mut XnnblobCache) -> *mut c_v
 /// are the blob `sha256` (32 bytes: the SHA-256 of those bytes, as ExecuTorch keys them) or, if
 /// `sha256` is null, hashes them now. A packed weight is then found by content in any later
 /// process. The bytes must stay valid and unchanged until [`xnnblob_cache_unregister`].
+/// The identity is the bytes alone: XNNPACK's look-up seed (patched to state every packing
+/// parameter: operator, shapes, tiling) tells the same bytes packed in two shapes apart. An
+/// address holds one identity at a time: registering it again under another fails with
+/// `XNNBLOB_INVALID_ARGUMENT`.
 ///
 /// # Safety
 /// `cache` is null or a live handle; `data` is null or valid for `size` bytes; `sha256` is null
@@ -225,8 +229,15 @@ pub unsafe extern "C" fn xnnblob_cache_register(
             digest.copy_from_slice(unsafe { std::slice::from_raw_parts(sha256, 32) });
             BlobId(digest)
         };
-        handle.cache.register_raw(data.cast(), id);
-        XnnblobStatus::Ok
+        if handle.cache.register_raw(data.cast(), id) {
+            XnnblobStatus::Ok
+        } else {
+            fail(
+                XnnblobStatus::InvalidArgument,
+                "data is registered under another identity: give each tensor's bytes an \
+                 address of their own while both are registered",
+            )
+        }
     })
 }
 
