@@ -373,6 +373,53 @@ class TinyLlama(nn.Module):
         return self.out(self.norm(x))
 
 
+class TransposedTwins(nn.Module):
+    """Two linear layers whose weights are the same bytes in transposed shapes, [64, 128] and
+    [128, 64]: ExecuTorch names both by the sha256 of those bytes, so they are one constant, and
+    XNNPACK's look-up seed (out ^ in ^ ...) is the same for both. A third layer reads the same
+    bytes again, with a bias."""
+
+    def __init__(self):
+        super().__init__()
+        w = torch.randn(64, 128) * 0.1
+        self.a = nn.Linear(128, 64, bias=False)
+        self.b = nn.Linear(64, 128, bias=False)
+        self.c = nn.Linear(128, 64, bias=True)
+        with torch.no_grad():
+            self.a.weight.copy_(w)
+            self.b.weight.copy_(w.reshape(128, 64))
+            self.c.weight.copy_(w)
+
+    def forward(self, x):
+        y = torch.relu(self.a(x))
+        return self.c(torch.relu(self.b(y)))
+
+
+class ZeroInitialised(nn.Module):
+    """Layers whose weights are all zeros, as fresh heads and LoRA's B matrices start: B1 [64, 32]
+    and B2 [32, 64] are the same 8 KiB of zeros in two shapes, and two zero heads of one shape
+    differ only in their biases. Every input width is a multiple of 32, for 8da4w's groups."""
+
+    def __init__(self):
+        super().__init__()
+        self.base = nn.Linear(32, 64)
+        self.a1 = nn.Linear(64, 32, bias=False)
+        self.b1 = nn.Linear(32, 64, bias=False)
+        self.a2 = nn.Linear(64, 64, bias=False)
+        self.b2 = nn.Linear(64, 32, bias=False)
+        self.head1 = nn.Linear(32, 16)
+        self.head2 = nn.Linear(32, 16)
+        with torch.no_grad():
+            for zero in (self.b1, self.b2, self.head1, self.head2):
+                zero.weight.zero_()
+
+    def forward(self, x):
+        h = torch.relu(self.base(x))
+        h = h + self.b1(self.a1(h))
+        g = torch.relu(self.b2(self.a2(h)) + h[..., :32])
+        return self.head1(g) + 2.0 * self.head2(g)
+
+
 def quantize_static_int8(model, inputs):
     from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
         XNNPACKQuantizer,
@@ -414,6 +461,19 @@ def quantize_8da4w(model):
     quantize_(
         model,
         Int8DynamicActivationIntxWeightConfig(weight_dtype=torch.int4, weight_granularity=PerGroup(32)),
+    )
+    return model
+
+
+def quantize_8da8w(model):
+    """Dynamically quantized int8 activations, per-channel int8 weights (XNNPACK's qd8 x qc8w,
+    whose look-up key names no bias: the bias is packed as a scale parameter)."""
+    from torchao.quantization import Int8DynamicActivationIntxWeightConfig, quantize_
+    from torchao.quantization.granularity import PerAxis
+
+    quantize_(
+        model,
+        Int8DynamicActivationIntxWeightConfig(weight_dtype=torch.int8, weight_granularity=PerAxis(0)),
     )
     return model
 
@@ -510,6 +570,24 @@ def main():
         try:
             model, inputs = make()
             export_one(args.out, name, quantize_static_int8(model, inputs), inputs)
+        except Exception as e:
+            print(f"{name}: FAILED: {type(e).__name__}: {str(e)[:400]}", flush=True)
+
+    # The same bytes in several shapes, or beside several biases: what a packed weight is
+    # found by must cover more than the bytes (issue 38).
+    identity = {
+        "id_transposed_twins_fp32": lambda: (TransposedTwins(), (r(2, 128),)),
+        "id_zero_init_fp32": lambda: (ZeroInitialised(), (r(3, 32),)),
+        "id_zero_init_8da4w": lambda: (quantize_8da4w(ZeroInitialised()), (r(3, 32),)),
+        "id_zero_init_8da8w": lambda: (quantize_8da8w(ZeroInitialised()), (r(3, 32),)),
+        "id_transposed_twins_8da4w": lambda: (quantize_8da4w(TransposedTwins()), (r(2, 128),)),
+    }
+    for name, make in identity.items():
+        if only and name not in only:
+            continue
+        try:
+            model, inputs = make()
+            export_one(args.out, name, model, inputs)
         except Exception as e:
             print(f"{name}: FAILED: {type(e).__name__}: {str(e)[:400]}", flush=True)
 

@@ -19,7 +19,7 @@ pub const MAGIC: [u8; 8] = *b"XBPWCAC\x01";
 /// The last 8 bytes of a complete cache file; their absence means a torn or truncated file.
 pub const END_MAGIC: [u8; 8] = *b"XBPWEND\x01";
 /// Bump on any change of layout or meaning; older or newer files are rebuilt.
-pub const FORMAT_VERSION: u32 = 3;
+pub const FORMAT_VERSION: u32 = 4;
 /// Packed regions start at multiples of this (XNNPACK's largest SIMD alignment).
 pub const REGION_ALIGNMENT: usize = 64;
 /// The most bytes of the XNNPACK build identifier the header holds; longer identifiers are

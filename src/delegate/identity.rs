@@ -188,12 +188,19 @@ fn readers(graph: &fb::XNNGraph<'_>, operand: impl Fn(u32) -> Vec<u8>) -> Vec<Re
                 .or_else(|| node.xnode_union_as_xnndepthwise_conv_2d())
                 .or_else(|| node.xnode_union_as_xnnconv_transpose_2d())
             {
-                // What shapes the packing; strides, padding and dilation do not.
+                // What may shape the packing (a transposed convolution's is laid out by its
+                // strides); only the padding never does.
                 d.numbers(
                     "conv",
                     &[
                         c.kernel_height(),
                         c.kernel_width(),
+                        c.subsampling_height(),
+                        c.subsampling_width(),
+                        c.dilation_height(),
+                        c.dilation_width(),
+                        c.adjustment_height(),
+                        c.adjustment_width(),
                         c.groups(),
                         c.group_input_channels(),
                         c.group_output_channels(),

@@ -38,7 +38,7 @@ fn io(name: &str) -> Value {
 }
 
 fn tolerance(name: &str) -> f32 {
-    if name.contains("int8") || name.contains("8da4w") {
+    if name.contains("int8") || name.contains("8da4w") || name.contains("8da8w") {
         1e-3
     } else if name.contains("fp16") {
         2e-3

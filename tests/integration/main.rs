@@ -19,6 +19,7 @@ mod exported_programs;
 mod features;
 mod fp16_graphs;
 mod fuzz_regressions;
+mod identity;
 mod key_trust;
 mod mutated_inputs;
 mod named_blob_store;

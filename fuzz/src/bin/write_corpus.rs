@@ -355,6 +355,25 @@ fn main() {
             ),
         ],
     );
+    // Scripts of index edits (kind, entry, entry, 3 bytes of value; see the target): none, a
+    // size cut to 64 bytes, two keys swapped, a region moved, a key byte changed, a key copied,
+    // a size one alignment step short, and all of them at once.
+    let edits: Seeds = [
+        ("none", vec![]),
+        ("short", vec![0, 0, 0, 0, 0, 64]),
+        ("swapped", vec![1, 0, 1, 0, 0, 0]),
+        ("moved", vec![2, 1, 0, 0, 0, 128]),
+        ("key_byte", vec![3, 2, 0, 0, 7, 33]),
+        ("duplicate", vec![4, 0, 2, 0, 0, 0]),
+        ("one_step_short", vec![5, 3, 0, 0, 0, 0]),
+    ]
+    .into_iter()
+    .map(|(name, script)| (format!("{name}.edits"), script))
+    .collect();
+    let all: Vec<u8> = edits.iter().flat_map(|(_, s)| s.clone()).collect();
+    let mut edits = edits;
+    edits.push(("all.edits".into(), all));
+    write(&root, "cache_lookups", &edits);
     write(&root, "state", &state_scripts());
     write(
         &root,

@@ -206,13 +206,14 @@ pub fn exported_programs() -> Vec<Program> {
     names
         .into_iter()
         .map(|name| {
-            let tolerance = if name.contains("int8") || name.contains("8da4w") {
-                1e-3
-            } else if name.contains("fp16") {
-                2e-3
-            } else {
-                1e-5
-            };
+            let tolerance =
+                if name.contains("int8") || name.contains("8da4w") || name.contains("8da8w") {
+                    1e-3
+                } else if name.contains("fp16") {
+                    2e-3
+                } else {
+                    1e-5
+                };
             let (args, expected) = io_program(&dir, &name);
             Program {
                 label: name,

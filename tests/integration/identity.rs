@@ -1,0 +1,220 @@
+//! What a packed weight is found by (issue 38): everything it was packed from, not its bytes
+//! alone. ExecuTorch exports (`tests/data/executorch/export/id_*`, from
+//! scripts/export-executorch-fixtures.py) whose layers share bytes in other shapes, or beside other
+//! biases, run in xnnblob's executor with no cache file, cold and warm, and match ExecuTorch's
+//! own outputs; the same bytes in two shapes are two entries of the file. The drop-in
+//! (cpp/executorch's tests) and `xnnblob run` (cli/tests) run them too; the C ABI's side is in
+//! cpp/capi's tests.
+
+use std::path::{Path, PathBuf};
+use xnnblob::backend::{Backend, BackendOptions, PackedCache};
+use xnnblob::cache::{format, BlobId, Compat, PackedWeightsCache};
+use xnnblob::program::Program;
+use xnnblob::xnn::{LookUpKey, PackedWeightsProvider};
+
+use crate::common;
+
+/// The exports whose constants share bytes: a layer and its transposed twin (fp32, and 8da4w
+/// where the twin's packing read past a heap buffer), zero-initialised layers of two shapes and
+/// zero heads that differ only in their biases (fp32, 8da4w, and 8da8w, whose look-up key names
+/// no bias).
+const PROGRAMS: [&str; 5] = [
+    "id_transposed_twins_fp32",
+    "id_transposed_twins_8da4w",
+    "id_zero_init_fp32",
+    "id_zero_init_8da4w",
+    "id_zero_init_8da8w",
+];
+
+fn dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/executorch/export")
+}
+
+fn tolerance(name: &str) -> f32 {
+    if name.ends_with("fp32") {
+        1e-5
+    } else {
+        1e-3
+    }
+}
+
+/// Loads `name` through `backend` (with `cache`, if any), runs its steps and returns the worst
+/// difference from ExecuTorch's outputs, as a fraction of their range.
+fn run(backend: &Backend, name: &str, cache: Option<&PackedCache>) -> f32 {
+    let io = common::io_steps::io(&dir(), name);
+    let data: Vec<PathBuf> = io["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| dir().join(d.as_str().unwrap()))
+        .collect();
+    let program = Program::load(
+        backend,
+        dir().join(io["program"].as_str().unwrap()),
+        &data,
+        cache,
+    )
+    .unwrap_or_else(|e| panic!("{name}: {e}"));
+    let mut method = program
+        .method(io["method"].as_str().unwrap())
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
+    common::io_steps::run_steps(&dir(), &io, &mut method, name, true)
+}
+
+fn new_backend() -> Backend {
+    Backend::new(BackendOptions {
+        threads: 2,
+        ..Default::default()
+    })
+    .unwrap()
+}
+
+#[test]
+fn the_same_bytes_in_two_shapes_or_beside_two_biases_give_executorchs_outputs_without_a_cache_file()
+{
+    for name in PROGRAMS {
+        let worst = run(&new_backend(), name, None);
+        assert!(
+            worst <= tolerance(name),
+            "{name}: {worst} of the range from ExecuTorch's outputs"
+        );
+    }
+}
+
+#[test]
+fn the_same_bytes_in_two_shapes_or_beside_two_biases_give_executorchs_outputs_cold_and_warm() {
+    let scratch = common::scratch("identity-cold-warm");
+    for name in PROGRAMS {
+        let path = scratch.join(format!("{name}.xbc"));
+        let cache = PackedCache::File(path.clone());
+        for launch in ["cold", "warm"] {
+            // A backend per launch: a new process's view of the file.
+            let backend = new_backend();
+            let worst = run(&backend, name, Some(&cache));
+            assert!(
+                worst <= tolerance(name),
+                "{name} {launch}: {worst} of the range from ExecuTorch's outputs"
+            );
+            let file = backend.file_cache(&path).unwrap();
+            file.wait_saved().unwrap();
+            let stats = file.stats();
+            if launch == "warm" {
+                assert_eq!(
+                    stats.packed, 0,
+                    "{name}: a warm launch packs nothing: {stats:?}"
+                );
+                assert_eq!(stats.wrong_size, 0, "{name}: {stats:?}");
+            } else {
+                assert!(stats.packed > 0, "{name}: a cold launch packs: {stats:?}");
+            }
+        }
+    }
+}
+
+#[test]
+fn a_layer_and_its_transposed_twin_are_two_entries_of_the_file() {
+    // Both layers' weights are one constant (ExecuTorch names it by the sha256 of its bytes),
+    // packed in two shapes: two entries, of two sizes, neither keyed by the bytes' hash alone.
+    let scratch = common::scratch("identity-twins");
+    let path = scratch.join("twins.xbc");
+    let backend = new_backend();
+    let name = "id_transposed_twins_fp32";
+    run(&backend, name, Some(&PackedCache::File(path.clone())));
+    backend.file_cache(&path).unwrap().wait_saved().unwrap();
+    let bytes = std::fs::read(&path).unwrap();
+    let compat = Compat {
+        build_id: xnnblob::xnn::build_identifier().to_vec(),
+        cpu_fingerprint: xnnblob::cache::cpu_fingerprint(),
+    };
+    let decoded = format::decode(&bytes, &compat).unwrap();
+    // a [64, 128], b [128, 64], c [64, 128] with a bias: three packings of one constant.
+    assert_eq!(decoded.entries.len(), 3, "{:?}", decoded.entries);
+    let kernels: std::collections::HashSet<BlobId> =
+        decoded.entries.iter().map(|e| e.key.kernel).collect();
+    assert_eq!(kernels.len(), 3, "three identities: {kernels:?}");
+    let sizes: std::collections::HashSet<u64> = decoded.entries.iter().map(|e| e.size).collect();
+    assert!(
+        sizes.len() >= 2,
+        "the shapes pack to other sizes: {sizes:?}"
+    );
+}
+
+/// A registered weight packed under one key, then looked up by an operator that reads another
+/// number of bytes: the entry is not returned, and is forgotten.
+#[test]
+fn an_entry_of_another_size_than_the_operator_reads_is_a_miss_and_is_forgotten() {
+    let cache = PackedWeightsCache::in_memory();
+    let kernel = vec![3u8; 4096];
+    let _registration = cache.register(&kernel, BlobId::of_bytes(&kernel));
+    let key = |packed_size| LookUpKey {
+        seed: 11,
+        kernel: kernel.as_ptr().cast(),
+        bias: std::ptr::null(),
+        packed_size,
+    };
+    let packed = cache.reserve_space(1024).unwrap();
+    let offset = cache.look_up_or_insert(&key(1024), Some(packed), 1024);
+    assert!(offset.is_some());
+    assert_eq!(cache.look_up(&key(1024)), offset, "the right size is a hit");
+    assert_eq!(cache.look_up(&key(2048)), None, "another size is a miss");
+    assert_eq!(cache.stats().wrong_size, 1);
+    // Forgotten: not even the size it holds finds it now; a repack takes its place.
+    assert_eq!(cache.look_up(&key(1024)), None);
+    let repacked = cache.reserve_space(2048).unwrap();
+    let again = cache.look_up_or_insert(&key(2048), Some(repacked), 2048);
+    assert!(again.is_some() && again != offset);
+    assert_eq!(cache.look_up(&key(2048)), again);
+    // A confirmation with a null pointer (XNNPACK's convolution path) is checked the same way.
+    assert_eq!(cache.look_up_or_insert(&key(4096), None, 4096), None);
+}
+
+#[test]
+fn an_address_holds_one_identity_at_a_time() {
+    let cache = PackedWeightsCache::in_memory();
+    let bytes = vec![0u8; 256];
+    let buffer = {
+        let mut map = xnnblob::named_data::InMemoryMap::new("zeros");
+        map.insert("z", &bytes, 64, None).unwrap();
+        xnnblob::named_data::NamedDataMap::get_data(&map, "z").unwrap()
+    };
+    let first = BlobId::of_bytes(b"[16, 4]");
+    let second = BlobId::of_bytes(b"[4, 16]");
+    let held = cache.register_owned(buffer.clone(), first).unwrap();
+    assert!(
+        cache.register_owned(buffer.clone(), first).is_some(),
+        "the same identity again shares the address"
+    );
+    assert!(
+        cache.register_owned(buffer.clone(), second).is_none(),
+        "another identity is refused while the first is registered"
+    );
+    assert!(!cache.register_raw(buffer.as_ptr(), second));
+    drop(held);
+    assert!(
+        cache.register_raw(buffer.as_ptr(), second),
+        "free again once unregistered"
+    );
+    cache.unregister_raw(buffer.as_ptr());
+}
+
+#[test]
+fn an_address_registered_under_two_identities_is_found_by_neither() {
+    // The Rust API's borrowed registrations cannot be refused: the address becomes ambiguous.
+    let cache = PackedWeightsCache::in_memory();
+    let kernel = vec![5u8; 512];
+    let key = LookUpKey {
+        seed: 3,
+        kernel: kernel.as_ptr().cast(),
+        bias: std::ptr::null(),
+        packed_size: 512,
+    };
+    let one = cache.register(&kernel, BlobId::of_bytes(b"one shape"));
+    let packed = cache.reserve_space(512).unwrap();
+    cache.look_up_or_insert(&key, Some(packed), 512).unwrap();
+    assert!(cache.look_up(&key).is_some());
+    let two = cache.register(&kernel, BlobId::of_bytes(b"another shape"));
+    assert_eq!(cache.look_up(&key), None, "ambiguous: found by neither");
+    drop(two);
+    assert!(cache.look_up(&key).is_some(), "one identity again");
+    drop(one);
+}
