@@ -121,6 +121,14 @@ enum CacheAction {
     Verify {
         /// The cache file.
         path: PathBuf,
+        /// Also load this program's methods warm against the file: every entry they look up
+        /// must be the size XNNPACK reads for its weight. One that is not is repacked, the file
+        /// is repaired, and the command exits 1.
+        #[arg(long)]
+        program: Option<PathBuf>,
+        /// A .ptd with the program's external data (repeatable).
+        #[arg(long, requires = "program")]
+        data: Vec<PathBuf>,
     },
     /// A kill -9 campaign: launches of a generated model killed at random moments (packing,
     /// saving, renaming); after each kill a launch must complete with the outputs of a run
@@ -655,7 +663,7 @@ fn cache_command(action: CacheAction) -> Result<(), Box<dyn std::error::Error>> 
     let options = CacheOptions::default();
     let (report, path, verify) = match &action {
         CacheAction::Stats { path } => (verify_file(path, &options, false, false)?, path, false),
-        CacheAction::Verify { path } => (verify_file(path, &options, true, true)?, path, true),
+        CacheAction::Verify { path, .. } => (verify_file(path, &options, true, true)?, path, true),
         CacheAction::Compact { path } => (compact_file(path, &options)?, path, false),
         CacheAction::Torture {
             kills,
@@ -712,6 +720,67 @@ fn cache_command(action: CacheAction) -> Result<(), Box<dyn std::error::Error>> 
     }
     if verify && !report.corrupt.is_empty() {
         return Err(format!("{} corrupt entries", report.corrupt.len()).into());
+    }
+    if let CacheAction::Verify {
+        path,
+        program: Some(program),
+        data,
+    } = &action
+    {
+        verify_against_program(path, program, data)?;
+    }
+    Ok(())
+}
+
+/// `xnnblob cache verify PATH --program X.pte`: loads every method of the program against the
+/// file, so that XNNPACK looks each of its weights up with the size it reads; reports the
+/// entries of another size (forgotten, repacked, and replaced in the file by the save).
+fn verify_against_program(
+    path: &std::path::Path,
+    program: &std::path::Path,
+    data: &[PathBuf],
+) -> Result<(), Box<dyn std::error::Error>> {
+    use xnnblob::backend::{Backend, BackendOptions, PackedCache};
+    use xnnblob::program::{Program, ProgramError};
+    let backend = Backend::new(BackendOptions::default())?;
+    let loaded = Program::load(
+        &backend,
+        program,
+        data,
+        Some(&PackedCache::File(path.to_path_buf())),
+    )?;
+    let mut not_delegated = Vec::new();
+    for name in loaded.method_names() {
+        match loaded.method(name) {
+            Ok(_) => {}
+            Err(ProgramError::NotDelegated { operator, .. }) => {
+                not_delegated.push(format!("{name} ({operator})"))
+            }
+            Err(e) => return Err(format!("{name}: {e}").into()),
+        }
+    }
+    let cache = backend.file_cache(path)?;
+    cache.wait_saved()?;
+    let stats = cache.stats();
+    outln!(
+        "{}: {} look-ups found their entry, {} missed (packed now), {} entries of another size          than XNNPACK reads",
+        program.display(),
+        stats.hits,
+        stats.misses,
+        stats.wrong_size
+    );
+    if !not_delegated.is_empty() {
+        outln!(
+            "not checked (not fully delegated to XNNPACK): {}",
+            not_delegated.join(", ")
+        );
+    }
+    if stats.wrong_size > 0 {
+        outln!(
+            "repacked them and rewrote {}; the next launch finds the right sizes",
+            path.display()
+        );
+        return Err(format!("{} entries of the wrong size", stats.wrong_size).into());
     }
     Ok(())
 }

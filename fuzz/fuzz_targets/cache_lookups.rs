@@ -17,7 +17,6 @@ use std::path::PathBuf;
 use std::sync::OnceLock;
 use xnnblob::backend::{Backend, BackendOptions, PackedCache};
 use xnnblob::cache::format::{self, Compat, EntryKey, FileEntry};
-use xnnblob::cache::checksum64;
 use xnnblob::delegate::XnnDelegate;
 
 /// The fixture graphs whose weights go through the cache.
@@ -169,15 +168,7 @@ fn edited(base: &Base, script: &[u8]) -> Vec<u8> {
         }
     }
     // Consistent: each region's checksum is of the bytes it now names.
-    for e in &mut entries {
-        let end = e.offset.checked_add(e.size).filter(|&end| end <= index as u64);
-        if let Some(end) = end {
-            e.checksum = checksum64(&bytes[e.offset as usize..end as usize]);
-        }
-    }
-    let mut out = bytes[..index].to_vec();
-    out.extend_from_slice(&format::encode_index(&entries, &decoded.sources, index as u64));
-    out
+    format::reindexed(bytes, &entries, &decoded.sources).expect("an index")
 }
 
 /// Whether the file, as decoded, serves a key the bytes of another entry of the size that key

@@ -465,6 +465,33 @@ pub fn encode_index(entries: &[FileEntry], sources: &[FileIdentity], index_offse
     out
 }
 
+/// The file `bytes` with its index replaced by `entries` (its packed data and sources as they
+/// were), each entry's checksum recomputed over the bytes its region now names where that lies
+/// before the index: a file consistent in every checksum, whatever its entries claim. What
+/// tools that rewrite keys in place, and the tests and fuzz target that craft lying files
+/// (docs/cache-format.md, threat model), write. None if `bytes` has no index to replace.
+pub fn reindexed(bytes: &[u8], entries: &[FileEntry], sources: &[FileIdentity]) -> Option<Vec<u8>> {
+    let index = index_offset(bytes)?;
+    let data = bytes.get(..usize::try_from(index).ok()?)?;
+    let entries: Vec<FileEntry> = entries
+        .iter()
+        .map(|e| {
+            let region = e
+                .offset
+                .checked_add(e.size)
+                .filter(|&end| end <= index)
+                .map(|end| &data[e.offset as usize..end as usize]);
+            FileEntry {
+                checksum: region.map_or(e.checksum, checksum64),
+                ..*e
+            }
+        })
+        .collect();
+    let mut out = data.to_vec();
+    out.extend_from_slice(&encode_index(&entries, sources, index));
+    Some(out)
+}
+
 /// Where the index starts, per the trailer (no validation beyond the length).
 pub fn index_offset(bytes: &[u8]) -> Option<u64> {
     let t = bytes.get(bytes.len().checked_sub(TRAILER_SIZE)?..)?;

@@ -21,6 +21,7 @@ mod fp16_graphs;
 mod fuzz_regressions;
 mod identity;
 mod key_trust;
+mod lying_cache_files;
 mod mutated_inputs;
 mod named_blob_store;
 mod named_data_bad_input;

@@ -65,6 +65,94 @@ fn exported_programs_on(cpu: Option<&str>) {
     }
 }
 
+/// The exports whose layers share bytes in other shapes, or beside other biases (issue 38:
+/// `id_*`), through xnnblob's backend inside ExecuTorch's runtime: with no cache file, then cold
+/// and warm with one, each within the exported programs' bounds of ExecuTorch's outputs.
+/// Before identities covered shapes, the transposed twins were 0.55 of the range off and their
+/// 8da4w form read past a heap buffer, and 8da8w heads that differ only in their biases got
+/// each other's packing.
+#[test]
+fn the_same_bytes_in_two_shapes_or_beside_two_biases_match_without_a_cache_cold_and_warm() {
+    let runner = Runner::host(None);
+    let dir = scratch("identity");
+    let programs: Vec<_> = exported_programs()
+        .into_iter()
+        .filter(|p| p.label.starts_with("id_"))
+        .collect();
+    assert_eq!(programs.len(), 5, "the id_ exports are there");
+    for p in programs {
+        let name = &p.label;
+        check_outputs(&runner, name, "xnnblob", &p.args, &p.expected, p.tolerance);
+        let cache = dir.join(format!("{name}.xbc"));
+        let mut args = p.args.clone();
+        args.extend([s("--cache"), cache.display().to_string()]);
+        for launch in ["cold", "warm"] {
+            let worst = check_outputs(&runner, name, "xnnblob", &args, &p.expected, p.tolerance);
+            eprintln!("{name} {launch}: {worst:e} of the range");
+        }
+        assert!(cache.exists(), "{name}: the cold launch saved");
+    }
+}
+
+/// A cache file whose last entry was cut short, every checksum recomputed: XNNPACK would read
+/// past the entry, and past the mapping (SIGSEGV on every launch, before patch 0006 let every
+/// hit be checked against the size the operator reads). The launch gives ExecuTorch's outputs,
+/// and the next finds the file repaired.
+#[test]
+fn an_entry_cut_short_is_repacked_inside_executorchs_runtime_and_the_file_repaired() {
+    use xnnblob::cache::format;
+    let dir = scratch("short-entry");
+    let cache = dir.join("weights.xbc");
+    let expected =
+        f32s(&std::fs::read(data().join("mlp_qd8_qc8w_external.output_et.f32")).unwrap());
+    let launch = |tag: &str| -> (Vec<f32>, String) {
+        let out = dir.join(tag);
+        std::fs::create_dir_all(&out).unwrap();
+        let mut args = mlp_args();
+        args.extend([
+            s("--cache"),
+            cache.display().to_string(),
+            s("--output-dir"),
+            out.display().to_string(),
+        ]);
+        let (ok, stdout, stderr) = run_any(&args);
+        assert!(ok, "{tag}: {stdout}{stderr}");
+        (
+            f32s(&std::fs::read(out.join("output0.f32")).unwrap()),
+            stdout,
+        )
+    };
+    let (cold, _) = launch("cold");
+    assert!(relative_difference(&cold, &expected) <= 1e-3);
+    let compat = format::Compat {
+        build_id: xnnblob::xnn::build_identifier().to_vec(),
+        cpu_fingerprint: xnnblob::cache::cpu_fingerprint(),
+    };
+    let bytes = std::fs::read(&cache).unwrap();
+    let decoded = format::decode(&bytes, &compat).unwrap();
+    let mut entries = decoded.entries.clone();
+    let last = (0..entries.len())
+        .max_by_key(|&i| entries[i].offset)
+        .unwrap();
+    entries[last].size = 64;
+    let crafted = format::reindexed(&bytes, &entries, &decoded.sources).unwrap();
+    std::fs::write(&cache, crafted).unwrap();
+    let (lied_to, _) = launch("short");
+    assert_eq!(lied_to, cold, "the short entry was repacked, not read past");
+    let (after, said) = launch("after");
+    assert_eq!(after, cold);
+    let repaired = format::decode(&std::fs::read(&cache).unwrap(), &compat).unwrap();
+    let sizes: Vec<u64> = repaired.entries.iter().map(|e| e.size).collect();
+    let original: Vec<u64> = decoded.entries.iter().map(|e| e.size).collect();
+    let (mut sizes, mut original) = (sizes, original);
+    sizes.sort_unstable();
+    original.sort_unstable();
+    assert_eq!(
+        sizes, original,
+        "the file holds the right sizes again: {said}"
+    );
+}
+
 /// Every exported program executed three times in one launch, in each workspace sharing mode:
 /// every execute gives ExecuTorch's outputs. Under global sharing the delegates of a method share
 /// one XNNPACK workspace, so a delegate finds the memory as the one before it left it; XNNPACK
