@@ -218,3 +218,74 @@ fn an_address_registered_under_two_identities_is_found_by_neither() {
     assert!(cache.look_up(&key).is_some(), "one identity again");
     drop(one);
 }
+
+/// A fully connected layer whose filter is `filter` read as `[outputs, inputs]`, through `cache`;
+/// its output for `input`.
+fn fully_connected(
+    cache: &PackedWeightsCache,
+    filter: &[f32],
+    outputs: usize,
+    inputs: usize,
+    input: &[f32],
+) -> Vec<f32> {
+    use xnnblob::xnn::{Datatype, Runtime, Subgraph, ValueRole};
+    let mut g = Subgraph::new(2).unwrap();
+    let x = g
+        .define_tensor(Datatype::Fp32, &[1, inputs], ValueRole::Input(0))
+        .unwrap();
+    let w = g
+        .define_tensor(
+            Datatype::Fp32,
+            &[outputs, inputs],
+            ValueRole::static_f32(filter),
+        )
+        .unwrap();
+    let y = g
+        .define_tensor(Datatype::Fp32, &[1, outputs], ValueRole::Output(1))
+        .unwrap();
+    g.define_fully_connected(x, w, None, y, f32::NEG_INFINITY, f32::INFINITY)
+        .unwrap();
+    let mut runtime = Runtime::new(&g, Some(cache)).unwrap();
+    cache.finalize().unwrap();
+    let mut out = vec![f32::NAN; outputs];
+    runtime.invoke(&[(0, input)], &mut [(1, &mut out)]).unwrap();
+    out
+}
+
+/// What a C ABI caller does (`xnnblob_cache_register`: the bytes' identity only): one buffer
+/// registered once, packed as [64, 128] and as [128, 64]. XNNPACK's seed, a hash of every
+/// packing parameter since patch 0006 (it XOR-ed out ^ in before), tells the two apart.
+#[test]
+fn registered_by_bytes_alone_a_weight_and_its_transposed_twin_are_told_apart_by_the_seed() {
+    let (n, k) = (64usize, 128usize);
+    // XNNPACK may read a little past a filter: the buffer has room after it.
+    let mut w: Vec<f32> = (0..n * k)
+        .map(|i| ((i * 37) % 101) as f32 / 101.0 - 0.5)
+        .collect();
+    w.extend([0f32; 16]);
+    let filter = &w[..n * k];
+    let cache = PackedWeightsCache::in_memory();
+    let _registration = cache.register(filter, BlobId::of_f32s(filter));
+    let reference = |outputs: usize, inputs: usize, input: &[f32]| -> Vec<f32> {
+        (0..outputs)
+            .map(|o| (0..inputs).map(|i| filter[o * inputs + i] * input[i]).sum())
+            .collect()
+    };
+    let x: Vec<f32> = (0..k).map(|i| (i as f32 * 0.37).sin()).collect();
+    let y = fully_connected(&cache, filter, n, k, &x);
+    let z_in: Vec<f32> = (0..n).map(|i| (i as f32 * 0.21).cos()).collect();
+    let z = fully_connected(&cache, filter, k, n, &z_in);
+    for (got, want, what) in [
+        (y, reference(n, k, &x), "[64, 128]"),
+        (z, reference(k, n, &z_in), "[128, 64]"),
+    ] {
+        assert_eq!(got.len(), want.len(), "{what}");
+        let worst = got
+            .iter()
+            .zip(&want)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        assert!(worst <= 1e-4, "{what}: {worst} from the reference");
+    }
+    assert_eq!(cache.stats().packed, 2, "two packings of one buffer");
+}

@@ -95,3 +95,51 @@ fn a_short_kill_9_campaign_loses_nothing() {
         "{text}"
     );
 }
+
+/// `cache verify --program` loads the program warm against the file, so every entry it uses is
+/// checked against the size XNNPACK reads: an entry cut short (checksums recomputed, so the plain
+/// verify passes) is reported, repacked and repaired, and the command exits 1; run again, it
+/// passes.
+#[test]
+fn verify_against_a_program_finds_an_entry_of_the_wrong_size_and_repairs_it() {
+    let dir = common::scratch("cache-verify-program");
+    let path = dir.join("w.xbc");
+    let data = common::repo_root().join("tests/data/executorch/export");
+    let pte = data.join("id_transposed_twins_fp32.pte");
+    let ptd = data.join("id_transposed_twins_fp32.ptd");
+    let input = data.join("id_transposed_twins_fp32.s0.in0.bin");
+    let (pte, ptd, input, p) = (
+        pte.to_str().unwrap(),
+        ptd.to_str().unwrap(),
+        input.to_str().unwrap(),
+        path.to_str().unwrap(),
+    );
+    let (ok, out) = xnnblob(&["run", pte, "--data", ptd, "--input", input, "--cache", p]);
+    assert!(ok, "the cold launch: {out}");
+    let (ok, out) = xnnblob(&["cache", "verify", p, "--program", pte, "--data", ptd]);
+    assert!(ok && out.contains("0 missed"), "warm: {out}");
+
+    let compat = format::Compat {
+        build_id: xnnblob::xnn::build_identifier().to_vec(),
+        cpu_fingerprint: xnnblob::cache::cpu_fingerprint(),
+    };
+    let bytes = std::fs::read(&path).unwrap();
+    let decoded = format::decode(&bytes, &compat).unwrap();
+    let mut entries = decoded.entries.clone();
+    entries[0].size -= 64;
+    std::fs::write(
+        &path,
+        format::reindexed(&bytes, &entries, &decoded.sources).unwrap(),
+    )
+    .unwrap();
+    let (ok, out) = xnnblob(&["cache", "verify", p]);
+    assert!(ok, "checksums alone see nothing wrong: {out}");
+    let (ok, out) = xnnblob(&["cache", "verify", p, "--program", pte, "--data", ptd]);
+    assert!(!ok, "{out}");
+    assert!(
+        out.contains("1 entries of another size") && out.contains("rewrote"),
+        "{out}"
+    );
+    let (ok, out) = xnnblob(&["cache", "verify", p, "--program", pte, "--data", ptd]);
+    assert!(ok && out.contains("0 missed"), "repaired: {out}");
+}

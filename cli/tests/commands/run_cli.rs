@@ -544,3 +544,59 @@ fn a_directory_that_refuses_new_files_is_said_once_and_the_launch_runs_right() {
     assert!(lines[0].contains(&cache.display().to_string()), "{said}");
     assert!(!cache.exists());
 }
+
+/// The exports whose layers share bytes in other shapes, or beside other biases (issue 38), through
+/// `xnnblob run`: with no cache file, cold and warm, each output within the exported programs'
+/// bounds of ExecuTorch's (the transposed twins were 0.55 of the range off before).
+#[test]
+fn the_same_bytes_in_two_shapes_or_beside_two_biases_run_right_without_a_cache_cold_and_warm() {
+    let tmp = scratch("run-identity");
+    for name in [
+        "id_transposed_twins_fp32",
+        "id_transposed_twins_8da4w",
+        "id_zero_init_fp32",
+        "id_zero_init_8da4w",
+        "id_zero_init_8da8w",
+    ] {
+        let tolerance = if name.ends_with("fp32") { 1e-5 } else { 1e-3 };
+        let expected = f32s(&common::repo_root().join(format!(
+            "tests/data/executorch/export/{name}.s0.out_et0.bin"
+        )));
+        let range = expected.iter().cloned().fold(f32::NEG_INFINITY, f32::max)
+            - expected.iter().cloned().fold(f32::INFINITY, f32::min);
+        let cache = tmp.join(format!("{name}.xbc"));
+        for launch in ["none", "cold", "warm"] {
+            let out = tmp.join(format!("{name}-{launch}"));
+            let (pte, ptd, input) = (
+                format!("export/{name}.pte"),
+                format!("export/{name}.ptd"),
+                format!("export/{name}.s0.in0.bin"),
+            );
+            let mut args = vec![
+                pte.as_str(),
+                "--data",
+                ptd.as_str(),
+                "--input",
+                input.as_str(),
+                "--output-dir",
+                out.to_str().unwrap(),
+            ];
+            if launch != "none" {
+                args.extend(["--cache", cache.to_str().unwrap()]);
+            }
+            let (ok, said) = run(&args);
+            assert!(ok, "{name} {launch}: {said}");
+            let got = f32s(&out.join("output0.f32"));
+            assert_eq!(got.len(), expected.len(), "{name} {launch}");
+            let worst = got
+                .iter()
+                .zip(&expected)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0f32, f32::max);
+            assert!(
+                worst <= tolerance * range,
+                "{name} {launch}: {worst} off, over a range of {range}"
+            );
+        }
+    }
+}
