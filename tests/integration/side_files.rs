@@ -26,6 +26,16 @@ const CHILD_CACHE_VAR: &str = "XNNBLOB_SIDE_FILES_CACHE";
 /// one takes, so only a launch that never ends is failed.
 const BOUND: Duration = Duration::from_secs(120);
 
+/// The most memory a child launch may have resident at its peak: several times what a launch of
+/// [`model`] needs, far below what a read without bound reaches before [`CHILD_DATA_LIMIT`]
+/// stops it.
+const PEAK_BOUND_KIB: u64 = 256 << 10;
+
+/// The child's data limit, a safety net should a side file ever be read without bound again:
+/// the standard library's read fails cleanly at it, so the child's peak shows the bug, and the
+/// machine keeps its memory.
+const CHILD_DATA_LIMIT: u64 = 1 << 30;
+
 fn mkfifo(path: &Path) {
     let status = Command::new("mkfifo").arg(path).status().unwrap();
     assert!(status.success(), "mkfifo {}", path.display());
@@ -60,11 +70,9 @@ fn child_launch() {
     let Some(path) = std::env::var_os(CHILD_CACHE_VAR) else {
         return;
     };
-    // A safety net, should a side file ever be read without bound again: this process fails,
-    // not the machine.
     let limit = libc::rlimit {
-        rlim_cur: 2 << 30,
-        rlim_max: 2 << 30,
+        rlim_cur: CHILD_DATA_LIMIT,
+        rlim_max: CHILD_DATA_LIMIT,
     };
     // SAFETY: `limit` is a valid rlimit that lives across the call; setrlimit only reads it.
     unsafe { libc::setrlimit(libc::RLIMIT_DATA, &limit) };
@@ -77,10 +85,17 @@ fn child_launch() {
         Err(e) => println!("launch: not saved: {}", xnnblob::report::report(&e)),
     }
     println!("launch: checked {}", cache.stats().checked);
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let peak = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .expect("VmHWM in /proc/self/status");
+    println!("launch: peak {}", peak.trim());
 }
 
 /// Runs [`child_launch`] on `path` in a child process, and returns what it printed; fails if it
-/// does not finish within [`BOUND`] (it blocks) or fails.
+/// does not finish within [`BOUND`] (it blocks), fails, or had more than [`PEAK_BOUND_KIB`]
+/// resident (it read without bound).
 fn launch_in_child(path: &Path) -> String {
     let printed = tempfile::NamedTempFile::new().unwrap();
     let mut child = common::this_test_binary()
@@ -113,6 +128,16 @@ fn launch_in_child(path: &Path) -> String {
     };
     let text = std::fs::read_to_string(printed.path()).unwrap();
     assert!(status.success(), "the launch failed ({status}): {text}");
+    let peak_kib: u64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("launch: peak "))
+        .and_then(|p| p.strip_suffix(" kB"))
+        .and_then(|p| p.trim().parse().ok())
+        .unwrap_or_else(|| panic!("the child's peak: {text}"));
+    assert!(
+        peak_kib <= PEAK_BOUND_KIB,
+        "the launch had {peak_kib} KiB resident: a side file was read without bound: {text}"
+    );
     text
 }
 
