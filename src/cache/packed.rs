@@ -577,9 +577,10 @@ impl PackedWeightsCache {
         let path = self.path.as_ref().filter(|_| excess != 0)?;
         let allowed = self.file_mode();
         Some(format!(
-            "packed-weight cache {path} is more readable than the model it was packed from: \
-             it has permission bits {excess:04o} that the model's files ({allowed:04o}) do \
-             not. It is used as it is; `chmod {allowed:o} {path}` narrows it",
+            "packed-weight cache {path} is more readable than the model it was packed from \
+             allows: it has permission bits {excess:04o} beyond {allowed:04o} (the bits of the \
+             model's files, or 0600 where they are not known). It is used as it is; `chmod \
+             {allowed:o} {path}` narrows it",
             path = path.display()
         ))
     }
