@@ -158,7 +158,7 @@ if mkdir -p "$work/full" && mount -t tmpfs -o size=1m tmpfs "$work/full" 2>/dev/
     grep -q "No space left on device" "$work/fout.stderr" && said=$((said + 1))
   done
   echo "$big: 3 launches, the failure said in $said, wrong or failed $wrong," \
-    "temporaries left $(find "$work/full" -name '*.tmp-*' | wc -l)"
+    "temporaries left $(find "$work/full" -name '*.xnnblob-tmp-*' | wc -l)"
   [ "$wrong" = 0 ] || broken=1
   umount "$work/full"
 else

@@ -340,12 +340,31 @@ impl Backend {
     ///
     /// The weights are [`resolve_weights`](Self::resolve_weights)'s, and a path that cannot be
     /// used is this call's error: the caller named a file and expects it to persist.
+    ///
+    /// The model's files are not known here, so a cache file it uses is created no more
+    /// readable than [`PRIVATE_MODE`](crate::cache::PRIVATE_MODE) (see
+    /// [`model_for_files`](Self::model_for_files)).
     pub fn model(&self, cache: Option<&PackedCache>) -> Result<ModelContext, BackendError> {
+        self.model_for_files(cache, crate::cache::PRIVATE_MODE)
+    }
+
+    /// As [`model`](Self::model), for a model whose files (its `.pte` and `.ptd`) all allow the
+    /// permission bits `files_mode` (the bits they have in common): the packed-weight cache it
+    /// uses creates its files no more readable than that
+    /// ([`PackedWeightsCache::limit_permissions`]).
+    pub fn model_for_files(
+        &self,
+        cache: Option<&PackedCache>,
+        files_mode: u32,
+    ) -> Result<ModelContext, BackendError> {
         let request = cache.unwrap_or(&self.0.options.packed_cache);
         let weights = match self.resolve_weights(request, false) {
             (_, Some(CacheNotice::Unusable { error, .. })) => return Err(error.into()),
             (weights, _) => weights,
         };
+        if let Weights::Packed(cache) = &weights {
+            cache.limit_permissions(files_mode);
+        }
         self.model_with_weights(weights)
     }
 

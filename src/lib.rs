@@ -44,6 +44,7 @@ mod schema;
 pub mod sha256;
 #[cfg(feature = "xnnpack")]
 pub mod shared_cache;
+mod side_file;
 #[cfg(feature = "xnnpack")]
 pub mod state;
 pub mod storage;

@@ -507,10 +507,26 @@ fn read_plan(pte: &FileDataMap, name: &str) -> Result<MethodPlan, ProgramError> 
     })
 }
 
+/// The read and write bits a model file may give its packed weights.
+const READ_WRITE: u32 = 0o666;
+
+/// The read and write permission bits of the file at `path` (just opened): who may read the
+/// model, and so its packed weights. [`PRIVATE_MODE`](crate::cache::PRIVATE_MODE) if it cannot
+/// be told.
+fn mode_of_file(path: &Path) -> u32 {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(path).map_or(crate::cache::PRIVATE_MODE, |m| {
+        m.permissions().mode() & READ_WRITE
+    })
+}
+
 impl Program {
     /// Maps `pte` and the external data files, merges their named data (a key in two is an
     /// error), and takes a model context from `backend`: packed weights go to `cache` (the
     /// backend's default when None).
+    ///
+    /// A cache file it creates is no more readable than the `.pte` and every `.ptd`
+    /// ([`Backend::model_for_files`]).
     pub fn load(
         backend: &Backend,
         pte: impl AsRef<Path>,
@@ -518,21 +534,44 @@ impl Program {
         cache: Option<&PackedCache>,
     ) -> Result<Program, ProgramError> {
         let mut maps: Vec<Arc<dyn NamedDataMap>> = Vec::new();
+        let mut data_mode = READ_WRITE;
         for p in ptds {
-            maps.push(Arc::new(FileDataMap::open_ptd(p.as_ref())?));
+            let map = FileDataMap::open_ptd(p.as_ref())?;
+            data_mode &= mode_of_file(p.as_ref());
+            maps.push(Arc::new(map));
         }
-        Program::load_with_maps(backend, pte, maps, cache)
+        Program::load_inner(backend, pte.as_ref(), maps, cache, data_mode)
     }
 
     /// As [`load`](Self::load), with external named data from any maps (linked parameters,
-    /// in-memory blobs, C++ maps) instead of `.ptd` files.
+    /// in-memory blobs, C++ maps) instead of `.ptd` files. Whose those maps' bytes are cannot be
+    /// told, so with any, a cache file it creates is
+    /// [`PRIVATE_MODE`](crate::cache::PRIVATE_MODE) at most.
     pub fn load_with_maps(
         backend: &Backend,
         pte: impl AsRef<Path>,
         external: Vec<Arc<dyn NamedDataMap>>,
         cache: Option<&PackedCache>,
     ) -> Result<Program, ProgramError> {
-        let program = Arc::new(FileDataMap::open_pte(pte.as_ref())?);
+        let data_mode = if external.is_empty() {
+            READ_WRITE
+        } else {
+            crate::cache::PRIVATE_MODE
+        };
+        Program::load_inner(backend, pte.as_ref(), external, cache, data_mode)
+    }
+
+    /// As [`load_with_maps`](Self::load_with_maps); the external data allows the permission
+    /// bits `data_mode`.
+    fn load_inner(
+        backend: &Backend,
+        pte: &Path,
+        external: Vec<Arc<dyn NamedDataMap>>,
+        cache: Option<&PackedCache>,
+        data_mode: u32,
+    ) -> Result<Program, ProgramError> {
+        let program = Arc::new(FileDataMap::open_pte(pte)?);
+        let files_mode = data_mode & mode_of_file(pte);
         let source = program.name().to_string();
         let method_names = program_of(&program)?
             .execution_plan()
@@ -547,7 +586,7 @@ impl Program {
             pte: program,
             method_names,
             map: MergedMap::new(maps)?,
-            model: backend.model(cache)?,
+            model: backend.model_for_files(cache, files_mode)?,
         })
     }
 

@@ -3,8 +3,12 @@
 //! sibling is renamed over the destination, and the directory is synced. A crash at any point
 //! leaves the old file or the complete new one under the destination's name, never a part.
 //!
-//! Temporary names carry the writer's process id (`.<name>.tmp-<pid>-<n>`), so what a killed
-//! writer left behind can be told apart from a live writer's.
+//! Temporary names carry the writer's process id: `.<name>.xnnblob-tmp-<pid>-<n>`, so what a
+//! killed writer left behind can be told apart from a live writer's. The infix is xnnblob's own
+//! and the name is parsed strictly (two decimal numbers, nothing else), so a user's file beside
+//! the destination (`.<name>.tmp-1-notes`, `.<name>.xnnblob-tmp-1-2.bak`) is never taken for
+//! one, and only a regular file of this user is ever reclaimed. A temporary is created
+//! exclusively (`O_EXCL`, which follows no symbolic link) with its final permission bits.
 
 use crate::storage::{Storage, StorageFile};
 use std::fs;
@@ -29,22 +33,24 @@ fn directory_of(path: &Path) -> &Path {
 }
 
 impl<'s> Staged<'s> {
-    /// Creates the temporary sibling of `destination` in `storage`, empty, for writing.
+    /// Creates the temporary sibling of `destination` in `storage`, empty, for writing, with
+    /// permission bits `mode` (less the umask): what the published file will have.
     pub(crate) fn create(
         storage: &'s dyn Storage,
         destination: &Path,
+        mode: u32,
     ) -> io::Result<(Staged<'s>, Box<dyn StorageFile>)> {
         static SEQUENCE: AtomicU64 = AtomicU64::new(0);
         let name = destination
             .file_name()
             .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no file name"))?;
         let temporary = directory_of(destination).join(format!(
-            ".{}.tmp-{}-{}",
-            name.to_string_lossy(),
+            "{}{}-{}",
+            temporary_prefix(name),
             storage.process_id(),
             SEQUENCE.fetch_add(1, Ordering::Relaxed)
         ));
-        let file = storage.create_new(&temporary)?;
+        let file = storage.create_new(&temporary, mode)?;
         let staged = Staged {
             storage,
             temporary,
@@ -83,12 +89,33 @@ impl Drop for Staged<'_> {
     }
 }
 
+/// What every temporary of a destination named `name` begins with.
+fn temporary_prefix(name: &std::ffi::OsStr) -> String {
+    format!(".{}.xnnblob-tmp-", name.to_string_lossy())
+}
+
+/// The process id in `file_name`, if it is exactly a temporary's name for the destination
+/// whose temporaries begin with `prefix`: the prefix, then a process id and a sequence number
+/// in decimal digits joined by one `-`, and nothing else.
+#[cfg(feature = "xnnpack")]
+fn temporary_pid(file_name: &std::ffi::OsStr, prefix: &str) -> Option<libc::pid_t> {
+    let (pid, sequence) = file_name.to_str()?.strip_prefix(prefix)?.split_once('-')?;
+    let decimal = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    if !decimal(pid) || !decimal(sequence) {
+        return None;
+    }
+    sequence.parse::<u64>().ok()?;
+    pid.parse::<libc::pid_t>().ok().filter(|&pid| pid > 0)
+}
+
 /// Removes the temporaries of `destination` left by writers that no longer run (a save killed
 /// midway). Only a writer holding the destination's writer lock makes temporaries, so with
 /// `writers_locked` (the caller holds that lock) every temporary is abandoned, whoever's process
 /// id its name carries: a pid reused by an unrelated process does not keep it. Without the lock
 /// a temporary is abandoned when the process its name carries is gone (a gone process will never
 /// publish it); a live process's, this process's, and any whose name does not parse are kept.
+/// Only regular files owned by this process's user are removed: anything else under such a
+/// name (a directory, a link, another user's file) was not made by this user's saves.
 /// Returns how many were removed.
 #[cfg(feature = "xnnpack")]
 pub(crate) fn reclaim_abandoned(
@@ -96,29 +123,30 @@ pub(crate) fn reclaim_abandoned(
     destination: &Path,
     writers_locked: bool,
 ) -> usize {
+    use std::os::unix::fs::MetadataExt;
     let Some(name) = destination.file_name() else {
         return 0;
     };
-    let prefix = format!(".{}.tmp-", name.to_string_lossy());
+    let prefix = temporary_prefix(name);
     let Ok(entries) = fs::read_dir(directory_of(destination)) else {
         return 0;
     };
+    // SAFETY: geteuid takes no arguments, cannot fail and touches no memory of ours.
+    let user = unsafe { libc::geteuid() };
     let mut removed = 0;
     for entry in entries.flatten() {
-        let file_name = entry.file_name();
-        let Some(rest) = file_name.to_str().and_then(|n| n.strip_prefix(&prefix)) else {
+        let Some(pid) = temporary_pid(&entry.file_name(), &prefix) else {
             continue;
         };
-        let Some(pid) = rest
-            .split_once('-')
-            .and_then(|(pid, _)| pid.parse::<libc::pid_t>().ok())
-            .filter(|&pid| pid > 0)
-        else {
+        let path = entry.path();
+        let ours =
+            fs::symlink_metadata(&path).is_ok_and(|m| m.file_type().is_file() && m.uid() == user);
+        if !ours {
             continue;
-        };
+        }
         let abandoned =
             writers_locked || (pid as u32 != std::process::id() && !process_exists(pid));
-        if abandoned && storage.remove(&entry.path()).is_ok() {
+        if abandoned && storage.remove(&path).is_ok() {
             removed += 1;
         }
     }
@@ -150,9 +178,10 @@ pub(crate) fn refuse_non_regular(destination: &Path) -> io::Result<()> {
     }
 }
 
-/// Replaces `destination` with `bytes`, atomically and durably.
+/// Replaces `destination` with `bytes`, atomically and durably. The new file gets the
+/// permission bits any new file gets (0666 less the umask).
 pub(crate) fn write_atomically(destination: &Path, bytes: &[u8]) -> io::Result<()> {
-    let (staged, mut file) = Staged::create(&crate::storage::OsStorage, destination)?;
+    let (staged, mut file) = Staged::create(&crate::storage::OsStorage, destination, 0o666)?;
     file.write_all(bytes)?;
     staged.publish(file, |_, _| Ok(()))
 }
@@ -186,7 +215,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("weights.xbc");
         fs::write(&path, b"old").unwrap();
-        let (staged, mut file) = Staged::create(&OsStorage, &path).unwrap();
+        let (staged, mut file) = Staged::create(&OsStorage, &path, 0o600).unwrap();
         std::io::Write::write_all(&mut file, b"half").unwrap();
         let temporary = staged.temporary.clone();
         let name = temporary
@@ -195,7 +224,7 @@ mod tests {
             .to_string_lossy()
             .into_owned();
         assert!(
-            name.starts_with(&format!(".weights.xbc.tmp-{}-", std::process::id())),
+            name.starts_with(&format!(".weights.xbc.xnnblob-tmp-{}-", std::process::id())),
             "{name}"
         );
         let failed: io::Result<()> = staged.publish(file, |_, _| {
@@ -204,7 +233,7 @@ mod tests {
         assert!(failed.is_err());
         assert_eq!(fs::read(&path).unwrap(), b"old");
         assert!(!temporary.exists());
-        let (abandoned, _file) = Staged::create(&OsStorage, &path).unwrap();
+        let (abandoned, _file) = Staged::create(&OsStorage, &path, 0o600).unwrap();
         drop(abandoned);
         assert_eq!(siblings(dir.path()), ["weights.xbc"]);
     }
@@ -245,13 +274,13 @@ mod tests {
         gone.wait().unwrap();
         let own = std::process::id();
         let names = [
-            format!(".weights.xbc.tmp-{gone_pid}-0"),
-            format!(".weights.xbc.tmp-{gone_pid}-7"),
-            format!(".weights.xbc.tmp-{own}-3"),
+            format!(".weights.xbc.xnnblob-tmp-{gone_pid}-0"),
+            format!(".weights.xbc.xnnblob-tmp-{gone_pid}-7"),
+            format!(".weights.xbc.xnnblob-tmp-{own}-3"),
             // pid 1 always runs.
-            ".weights.xbc.tmp-1-0".to_string(),
-            ".weights.xbc.tmp-garbage".to_string(),
-            format!(".other.xbc.tmp-{gone_pid}-0"),
+            ".weights.xbc.xnnblob-tmp-1-0".to_string(),
+            ".weights.xbc.xnnblob-tmp-garbage".to_string(),
+            format!(".other.xbc.xnnblob-tmp-{gone_pid}-0"),
         ];
         for n in &names {
             fs::write(dir.path().join(n), b"part").unwrap();
@@ -265,11 +294,65 @@ mod tests {
         // process's are abandoned too; names that do not parse and other files' are kept.
         assert_eq!(reclaim_abandoned(&OsStorage, &path, true), 2);
         let mut kept = vec![
-            format!(".other.xbc.tmp-{gone_pid}-0"),
-            ".weights.xbc.tmp-garbage".to_string(),
+            format!(".other.xbc.xnnblob-tmp-{gone_pid}-0"),
+            ".weights.xbc.xnnblob-tmp-garbage".to_string(),
             "weights.xbc".to_string(),
         ];
         kept.sort();
         assert_eq!(siblings(dir.path()), kept);
+    }
+
+    /// Issue 38: a user's `.NAME.tmp-1-notes` beside the cache was deleted by the next save.
+    #[test]
+    #[cfg(feature = "xnnpack")]
+    fn a_users_file_that_looks_like_a_temporary_is_never_reclaimed() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("weights.xbc");
+        fs::write(&path, b"published").unwrap();
+        let mut gone = std::process::Command::new("true").spawn().unwrap();
+        let gone_pid = gone.id();
+        gone.wait().unwrap();
+        let look_alikes = [
+            ".weights.xbc.tmp-1-notes".to_string(),
+            format!(".weights.xbc.tmp-{gone_pid}-0"),
+            format!(".weights.xbc.xnnblob-tmp-{gone_pid}-1-notes"),
+            format!(".weights.xbc.xnnblob-tmp-{gone_pid}-1.bak"),
+            format!(".weights.xbc.xnnblob-tmp-{gone_pid}-"),
+            format!(".weights.xbc.xnnblob-tmp-+{gone_pid}-1"),
+            format!(".weights.xbc.xnnblob-tmp-{gone_pid}-+1"),
+            format!(".weights.xbc.xnnblob-tmp-{gone_pid}-99999999999999999999999"),
+            ".weights.xbc.xnnblob-tmp-0-1".to_string(),
+            ".weights.xbc.xnnblob-tmp--1-1".to_string(),
+        ];
+        for n in &look_alikes {
+            fs::write(dir.path().join(n), b"the user's").unwrap();
+        }
+        // Well-formed names that are not this user's regular files.
+        let a_directory = format!(".weights.xbc.xnnblob-tmp-{gone_pid}-2");
+        fs::create_dir(dir.path().join(&a_directory)).unwrap();
+        let a_link = format!(".weights.xbc.xnnblob-tmp-{gone_pid}-3");
+        std::os::unix::fs::symlink(&path, dir.path().join(&a_link)).unwrap();
+        let another_users = format!(".weights.xbc.xnnblob-tmp-{gone_pid}-4");
+        let theirs = dir.path().join(&another_users);
+        fs::write(&theirs, b"theirs").unwrap();
+        let other_uid = fs::metadata(&theirs).unwrap().uid() ^ 1;
+        // Only root can give a file away; elsewhere the case is left out.
+        let given_away = std::process::Command::new("chown")
+            .arg(other_uid.to_string())
+            .arg(&theirs)
+            .status()
+            .is_ok_and(|s| s.success());
+        if !given_away {
+            eprintln!("not root: the other user's file case is skipped");
+            fs::remove_file(&theirs).unwrap();
+        }
+        let before = siblings(dir.path());
+        assert_eq!(reclaim_abandoned(&OsStorage, &path, true), 0);
+        assert_eq!(siblings(dir.path()), before);
+        for n in &look_alikes {
+            assert_eq!(fs::read(dir.path().join(n)).unwrap(), b"the user's", "{n}");
+        }
+        assert_eq!(fs::read(&path).unwrap(), b"published", "the link's target");
     }
 }

@@ -507,6 +507,10 @@ fn run_command(args: &RunArgs, inputs: Vec<InputArg>) -> Result<(), Box<dyn std:
         }
     };
     let program = xnnblob::program::Program::load(&backend, &args.program, data, cache.as_ref())?;
+    // Known only once the program's files have limited the cache (its load does that).
+    if let Some(note) = program.weights_cache().and_then(|c| c.permissions_note()) {
+        eprintln!("xnnblob: warning: {note}");
+    }
     let method_name = match method {
         Some(m) => m,
         None => program

@@ -130,7 +130,7 @@ fn temporaries(cache: &Path) -> usize {
     let Some(name) = cache.file_name().map(|n| n.to_string_lossy().into_owned()) else {
         return 0;
     };
-    let prefix = format!(".{name}.tmp-");
+    let prefix = format!(".{name}.xnnblob-tmp-");
     std::fs::read_dir(cache.parent().unwrap_or(Path::new(".")))
         .map(|d| {
             d.flatten()

@@ -11,15 +11,26 @@
 //! is written only for a file whose change time is [`SETTLED`] older than the record, because
 //! a change in the same tick of the file system's clock as the last one would leave the change
 //! time as it was (2 s on FAT, a few ms on ext4 and f2fs).
+//!
+//! It is a side file (`crate::side_file`): anything at its path but a regular file (a FIFO, a
+//! device, a symbolic link, to `/dev/zero` or anywhere else) counts as no record and is left as
+//! it is, and no more than [`RECORD_CAP`] bytes of it are ever read.
 
 use super::format::CheckedRecord as Checked;
 use crate::mmap::{FileIdentity, MappedFile};
-use std::os::unix::fs::MetadataExt;
+use crate::side_file;
+use std::fs::{File, OpenOptions};
+use std::io::{Seek, Write};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// How much older than the record the file's last change must be for the record to be made.
 pub const SETTLED: Duration = Duration::from_secs(2);
+
+/// The most of a file at the record's path that is read: a record is one line of about 100
+/// bytes, so anything longer is not one.
+pub const RECORD_CAP: u64 = 4096;
 
 /// The status of the file `map` maps, if the file at `path` is still that file.
 fn of_mapped(path: &Path, map: &MappedFile) -> Option<Checked> {
@@ -43,15 +54,20 @@ pub fn record_path(path: &Path) -> PathBuf {
     PathBuf::from(name)
 }
 
+/// What the regular file `file` holds, if it is no longer than [`RECORD_CAP`].
+fn read_record(file: &mut File) -> Option<Vec<u8>> {
+    side_file::read_capped(file, RECORD_CAP).ok().flatten()
+}
+
 /// Whether the record beside `path` says the file `map` maps was checked as it is now.
 pub fn is_recorded(path: &Path, map: &MappedFile) -> bool {
     let Some(now) = of_mapped(path, map) else {
         return false;
     };
-    let Ok(text) = std::fs::read(record_path(path)) else {
+    let Ok(mut file) = side_file::open(&record_path(path), OpenOptions::new().read(true)) else {
         return false;
     };
-    Checked::parse(&text) == Some(now)
+    read_record(&mut file).is_some_and(|text| Checked::parse(&text) == Some(now))
 }
 
 /// The file's status before its bytes are checked: [`record`] writes the record only if the
@@ -71,24 +87,39 @@ pub fn before_check(path: &Path, map: &MappedFile) -> Option<Before> {
 }
 
 /// Records that every packed byte of the file `map` maps was checked, if the file at `path` is
-/// the one [`before_check`] saw, unchanged since. Best effort: a record that cannot be written
-/// only means the next launch checks again.
-pub fn record(path: &Path, map: &MappedFile, before: Before) {
+/// the one [`before_check`] saw, unchanged since. A new record gets permission bits `mode` (less
+/// the umask). Best effort: a record that cannot be written only means the next launch checks
+/// again.
+pub fn record(path: &Path, map: &MappedFile, before: Before, mode: u32) {
     // A change during the check moved the change time past when `before` was taken, which
     // was `SETTLED` after the change before it: no tick of the clock can hide it.
     if of_mapped(path, map) != Some(before.0) {
         return;
     }
-    let at = record_path(path);
-    // Something at the path that is not a record of ours (a user's file, a directory) stays.
-    match std::fs::symlink_metadata(&at) {
-        Ok(m) if !m.file_type().is_file() => return,
-        Ok(_) => match std::fs::read_to_string(&at) {
-            Ok(text) if Checked::parse(text.as_bytes()).is_some() => {}
-            _ => return,
-        },
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(_) => return,
+    // One descriptor for the check and the write, so what is checked is what is written.
+    let opened = side_file::open(
+        &record_path(path),
+        OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(mode),
+    );
+    // Anything there that is not a regular file stays as it is.
+    let Ok(mut file) = opened else {
+        return;
+    };
+    // A regular file that is not a record of ours (a user's notes) stays too. Empty, or begun
+    // as a record (one torn by a crash), it is ours: just created, or left by an earlier write.
+    let ours = read_record(&mut file)
+        .is_some_and(|text| text.is_empty() || text.starts_with(Checked::MAGIC.as_bytes()));
+    if !ours {
+        return;
     }
-    let _ = std::fs::write(&at, before.0.to_text());
+    let text = before.0.to_text();
+    let _ = file
+        .set_len(0)
+        .and_then(|()| file.rewind())
+        .and_then(|()| file.write_all(text.as_bytes()));
 }

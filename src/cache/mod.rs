@@ -24,6 +24,7 @@ mod packed;
 #[cfg(feature = "xnnpack")]
 mod persist;
 
+pub use crate::side_file::PRIVATE_MODE;
 pub use budget::CacheBudget;
 pub use checksum::checksum64;
 pub use cpu::cpu_fingerprint;

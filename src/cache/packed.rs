@@ -17,7 +17,7 @@ use crate::xnn::{AsXnnWeightsCache, WeightsCache};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 use std::thread::JoinHandle;
 
@@ -34,13 +34,14 @@ pub enum CacheError {
         #[source]
         error: std::io::Error,
     },
-    /// The cache path names something other than a regular file (a directory, a FIFO, a
-    /// device, a symbolic link to nothing): it is neither read nor replaced.
+    /// The cache path, or its writer lock (`PATH.lock`), names something other than a regular
+    /// file (a directory, a FIFO, a device, a symbolic link to nothing; for the lock, any
+    /// symbolic link): it is neither read nor replaced, and nothing is created through it.
     #[error(
         "packed-weight cache {path}: {kind}, not a regular file; it is neither read nor replaced"
     )]
     NotARegularFile {
-        /// The path as given (made absolute).
+        /// The path as given (made absolute), or its lock's.
         path: PathBuf,
         /// What is there ("a directory", "a FIFO", ...).
         kind: &'static str,
@@ -206,6 +207,12 @@ pub struct CacheStats {
     /// packed bytes than they hold (a file whose index lies): repacked, and repaired in the file
     /// at the next save.
     pub wrong_size: usize,
+    /// Permission bits (as `chmod` writes them: 0o044 is read by group and others) that the
+    /// cache file had, when a model using it was loaded, beyond what that model's files allow
+    /// (see [`PackedWeightsCache::limit_permissions`]); 0 when it had none. The file is used
+    /// as it is; `xnnblob run` and the ExecuTorch backend say so
+    /// ([`PackedWeightsCache::permissions_note`]).
+    pub excess_permissions: u32,
 }
 
 /// An entry whose packed bytes no longer match their checksum.
@@ -264,7 +271,20 @@ pub struct PackedWeightsCache {
     /// The file as opened, when its packed bytes are still to be checked in the background:
     /// none were checked since it last changed (see `checked.rs`).
     to_check: Option<Arc<MappedFile>>,
+    /// The permission bits the files this cache creates may have (see
+    /// [`limit_permissions`](Self::limit_permissions)); [`NO_LIMIT`] until a model says.
+    /// Shared with the saving thread, which reads it at each save.
+    mode_limit: Arc<AtomicU32>,
+    /// Bits the file had beyond a limit, when that limit was set.
+    excess_permissions: AtomicU32,
 }
+
+/// No model has limited a cache's permission bits yet: its files are created
+/// [`PRIVATE_MODE`](super::PRIVATE_MODE).
+const NO_LIMIT: u32 = u32::MAX;
+
+/// The read and write bits of a mode (a cache file is never executable).
+const READ_WRITE: u32 = 0o666;
 
 /// Whether a cache file at a path can be saved, or only used as it is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -284,6 +304,15 @@ fn yield_to_inference() {
     // SAFETY: pid 0 is the calling thread; `param` is a valid sched_param for SCHED_IDLE. A
     // refusal leaves the thread as it was.
     unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) };
+}
+
+/// The permission bits files are created with under `limit` (a [`PackedWeightsCache`]'s).
+fn mode_of_limit(limit: u32) -> u32 {
+    if limit == NO_LIMIT {
+        crate::side_file::PRIVATE_MODE
+    } else {
+        limit & READ_WRITE
+    }
 }
 
 fn registry() -> &'static Mutex<HashMap<PathBuf, Weak<PackedWeightsCache>>> {
@@ -313,7 +342,13 @@ fn refuse_non_regular(path: &Path) -> Result<(), CacheError> {
 /// bytes are read.
 fn refuse_foreign(path: &Path) -> Result<(), CacheError> {
     use std::io::Read;
-    let Ok(mut file) = std::fs::File::open(path) else {
+    use std::os::unix::fs::OpenOptionsExt;
+    // Without blocking: a FIFO put at the path since it was looked at must not stop the open.
+    let opened = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path);
+    let Ok(mut file) = opened else {
         // Absent (the save creates it) or unreadable (the load reports it).
         return Ok(());
     };
@@ -452,6 +487,8 @@ impl PackedWeightsCache {
             options,
             read_only: AtomicBool::new(false),
             to_check,
+            mode_limit: Arc::new(AtomicU32::new(NO_LIMIT)),
+            excess_permissions: AtomicU32::new(0),
         });
         reg.retain(|_, w| w.strong_count() > 0);
         reg.insert(path, Arc::downgrade(&cache));
@@ -471,6 +508,8 @@ impl PackedWeightsCache {
             options: CacheOptions::default(),
             read_only: AtomicBool::new(false),
             to_check: None,
+            mode_limit: Arc::new(AtomicU32::new(NO_LIMIT)),
+            excess_permissions: AtomicU32::new(0),
         })
     }
 
@@ -503,6 +542,51 @@ impl PackedWeightsCache {
     /// What opening the file found.
     pub fn load_outcome(&self) -> &LoadOutcome {
         &self.outcome
+    }
+
+    /// Limits the permission bits of the files this cache creates from now on (the cache file
+    /// at each save, its `.lock` and `.checked` siblings, its temporaries) to those of `mode`:
+    /// a model's packed weights are never more readable than the model's own files. Each model
+    /// that uses the cache gives the bits its files have in common (`Program::load` does); a
+    /// face that cannot know them gives [`PRIVATE_MODE`](super::PRIVATE_MODE). Limits only
+    /// narrow, so a cache shared by several models is no more readable than any of them; until
+    /// the first, files are created [`PRIVATE_MODE`](super::PRIVATE_MODE). The umask applies as
+    /// well, and no file is ever created executable.
+    ///
+    /// A file already at the path with bits beyond the limit is used as it is, and counted in
+    /// [`CacheStats::excess_permissions`] ([`permissions_note`](Self::permissions_note) says it).
+    pub fn limit_permissions(&self, mode: u32) {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = mode & READ_WRITE;
+        let limit = self.mode_limit.fetch_and(mode, Ordering::Relaxed) & mode;
+        let Some(path) = &self.path else { return };
+        if let Ok(m) = std::fs::symlink_metadata(path) {
+            let excess = m.permissions().mode() & READ_WRITE & !limit;
+            if m.is_file() && excess != 0 {
+                self.excess_permissions.fetch_or(excess, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// The permission bits this cache creates its files with now (less the umask): the
+    /// narrowest limit given (see [`limit_permissions`](Self::limit_permissions)).
+    pub fn file_mode(&self) -> u32 {
+        mode_of_limit(self.mode_limit.load(Ordering::Relaxed))
+    }
+
+    /// What a user should hear, once, when the cache file was found more readable than a
+    /// model that uses it allows ([`CacheStats::excess_permissions`]); None otherwise.
+    pub fn permissions_note(&self) -> Option<String> {
+        let excess = self.excess_permissions.load(Ordering::Relaxed);
+        let path = self.path.as_ref().filter(|_| excess != 0)?;
+        let allowed = self.file_mode();
+        Some(format!(
+            "packed-weight cache {path} is more readable than the model it was packed from \
+             allows: it has permission bits {excess:04o} beyond {allowed:04o} (the bits of the \
+             model's files, or 0600 where they are not known). It is used as it is; `chmod \
+             {allowed:o} {path}` narrows it",
+            path = path.display()
+        ))
     }
 
     /// Whether `file`'s named keys must be checked against its bytes before they are taken as
@@ -659,23 +743,26 @@ impl PackedWeightsCache {
         let verify = to_check.is_some();
         let shown = path.display().to_string();
         let checked_path = path.clone();
+        let mode_limit = self.mode_limit.clone();
         // One pass: what is new now (and, in the background, the check of the file).
         let save = move || -> Result<(), CacheError> {
             let unsaved = core.state.lock().has_unsaved();
+            // Read at each pass: a model loaded since the save was asked for may have narrowed it.
+            let mode = mode_of_limit(mode_limit.load(Ordering::Relaxed));
             // A damaged entry found here is left out of the file the save writes.
             let corrupt = match &to_check {
                 Some(map) if core.has_unchecked(true) => {
                     let before = checked::before_check(&checked_path, map);
                     let corrupt = core.forget_corrupt(true);
                     if let (0, Some(before)) = (corrupt, before) {
-                        checked::record(&checked_path, map, before);
+                        checked::record(&checked_path, map, before, mode);
                     }
                     corrupt
                 }
                 _ => 0,
             };
             if unsaved || corrupt > 0 {
-                let saved = persist::save(&core, storage.get(), &path, &compat, budget)?;
+                let saved = persist::save(&core, storage.get(), &path, &compat, budget, mode)?;
                 core.counters
                     .evicted
                     .fetch_add(saved.evicted, Ordering::Relaxed);
@@ -805,6 +892,7 @@ impl PackedWeightsCache {
             key_mismatches: c.key_mismatches.load(Ordering::Relaxed),
             truncated: c.truncated.load(Ordering::Relaxed),
             wrong_size: c.wrong_size.load(Ordering::Relaxed),
+            excess_permissions: self.excess_permissions.load(Ordering::Relaxed),
             entries: state.by_key.len(),
             packed_bytes: state.by_key.values().map(|&i| state.entries[i].size).sum(),
             unsaved: state.entries.iter().filter(|e| e.unsaved).count(),
@@ -853,6 +941,7 @@ impl Drop for PackedWeightsCache {
                 path,
                 &self.compat,
                 self.options.budget,
+                self.file_mode(),
             );
         }
     }

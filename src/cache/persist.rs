@@ -98,26 +98,41 @@ fn sibling(path: &Path, suffix: &str) -> PathBuf {
 /// file is only ever replaced whole, by rename).
 pub(crate) struct WriterLock(#[allow(dead_code)] File);
 
-pub(crate) fn lock_writers(storage: &dyn Storage, path: &Path) -> Result<WriterLock, CacheError> {
+/// Takes the writer lock of the cache file at `path` (its `.lock` sibling, created with
+/// permission bits `mode` if absent). Something other than a regular file there (a FIFO, a
+/// symbolic link) is [`CacheError::NotARegularFile`], with nothing opened through it or created.
+pub(crate) fn lock_writers(
+    storage: &dyn Storage,
+    path: &Path,
+    mode: u32,
+) -> Result<WriterLock, CacheError> {
     let lock_path = sibling(path, ".lock");
-    let f = storage
-        .lock_exclusive(&lock_path)
-        .map_err(|e| io_error(&lock_path, e))?;
+    let f =
+        storage.lock_exclusive(&lock_path, mode).map_err(
+            |e| match crate::side_file::refused_kind(&e) {
+                Some(kind) => CacheError::NotARegularFile {
+                    path: lock_path.clone(),
+                    kind,
+                },
+                None => io_error(&lock_path, e),
+            },
+        )?;
     Ok(WriterLock(f))
 }
 
 /// Writes each kept entry (key, packed bytes, checksum, last use) to a temporary file next to
-/// `path`, makes it durable, maps it, and renames it over `path`. Returns the map and each
-/// written entry's offset.
+/// `path` (permission bits `mode`), makes it durable, maps it, and renames it over `path`.
+/// Returns the map and each written entry's offset.
 pub(crate) fn commit<'a>(
     storage: &dyn Storage,
     path: &Path,
     compat: &Compat,
     entries: impl Iterator<Item = (EntryKey, &'a [u8], u64, u64)>,
     sources: &[FileIdentity],
+    mode: u32,
 ) -> Result<(MappedFile, Vec<FileEntry>), CacheError> {
     let result = (|| {
-        let (staged, file) = Staged::create(storage, path)?;
+        let (staged, file) = Staged::create(storage, path, mode)?;
         let mut w = format::Writer::new(BufWriter::with_capacity(1 << 20, file), compat)?;
         let mut written = Vec::new();
         for (key, data, checksum, last_used) in entries {
@@ -150,16 +165,18 @@ pub(crate) struct Saved {
 
 /// Saves every persistable entry (merged with entries other processes saved meanwhile), less
 /// what `budget` evicts, then points unresolved entries at the new file so their heap copies
-/// are freed. The state lock is held only to take a snapshot and to re-point entries, not
-/// during I/O, so runtimes can be set up and run while a save is in progress.
+/// are freed. The file (and its lock, if new) gets permission bits `mode`. The state lock is
+/// held only to take a snapshot and to re-point entries, not during I/O, so runtimes can be set
+/// up and run while a save is in progress.
 pub(crate) fn save(
     core: &CacheCore,
     storage: &dyn Storage,
     path: &Path,
     compat: &Compat,
     budget: CacheBudget,
+    mode: u32,
 ) -> Result<Saved, CacheError> {
-    let _lock = lock_writers(storage, path)?;
+    let _lock = lock_writers(storage, path, mode)?;
     crate::publish::reclaim_abandoned(storage, path, true);
 
     // Snapshot: what this process knows, with bytes that stay valid without the lock.
@@ -288,6 +305,7 @@ pub(crate) fn save(
                 (e.key, source.bytes(), e.checksum, e.last_used)
             }),
         &sources,
+        mode,
     );
     rows.iter().for_each(|(_, source)| source.release_pages());
     let (map, written) = written?;
@@ -369,7 +387,7 @@ pub struct FileReport {
 /// `rewrite`, replaces the file (under the writer lock) with only the good entries, tightly
 /// packed, when anything was bad or a `compaction` budget is given; that budget also evicts
 /// (the last save's entries are the live ones). `budget` is what the report's evictable bytes
-/// are counted under.
+/// are counted under. A rewrite keeps the file's permission bits (never wider).
 pub(crate) fn inspect_file(
     storage: &dyn Storage,
     path: &Path,
@@ -379,8 +397,13 @@ pub(crate) fn inspect_file(
     budget: CacheBudget,
     compaction: bool,
 ) -> Result<Result<FileReport, FileError>, CacheError> {
+    // What the file allows now is what its rewrite and a new lock get; 0600 if it cannot be
+    // told (then the map below fails anyway).
+    let mode = std::fs::metadata(path).map_or(crate::side_file::PRIVATE_MODE, |m| {
+        std::os::unix::fs::PermissionsExt::mode(&m.permissions()) & 0o666
+    });
     let _lock = if rewrite {
-        let lock = lock_writers(storage, path)?;
+        let lock = lock_writers(storage, path, mode)?;
         crate::publish::reclaim_abandoned(storage, path, true);
         Some(lock)
     } else {
@@ -435,7 +458,7 @@ pub(crate) fn inspect_file(
             .enumerate()
             .filter(|(i, e)| !report.corrupt.contains(e) && !evicted.contains(i))
             .map(|(_, e)| (e.key, data(e), e.checksum, e.last_used));
-        commit(storage, path, compat, good, &decoded.sources)?;
+        commit(storage, path, compat, good, &decoded.sources, mode)?;
         report.rewritten = true;
         report.evicted = evicted.len();
     }

@@ -280,12 +280,9 @@ impl StorageFile for FaultyFile {
 }
 
 impl Storage for FaultyStorage {
-    fn create_new(&self, path: &Path) -> io::Result<Box<dyn StorageFile>> {
+    fn create_new(&self, path: &Path, mode: u32) -> io::Result<Box<dyn StorageFile>> {
         let file = self.run(Call::Create(path.to_path_buf()), || {
-            std::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .open(path)
+            crate::side_file::create_new(path, mode)
         })?;
         let mut state = self.state.lock();
         state.files.push(Tracked {
@@ -324,8 +321,8 @@ impl Storage for FaultyStorage {
         })
     }
 
-    fn lock_exclusive(&self, path: &Path) -> io::Result<File> {
-        self.run(Call::Lock, || super::OsStorage.lock_exclusive(path))
+    fn lock_exclusive(&self, path: &Path, mode: u32) -> io::Result<File> {
+        self.run(Call::Lock, || super::OsStorage.lock_exclusive(path, mode))
     }
 
     fn remove(&self, path: &Path) -> io::Result<()> {

@@ -7,6 +7,10 @@
 //! Only what changes the disk, or reads what a save just wrote, goes through the trait. Checks
 //! of what is at a path (`symlink_metadata`, listing a directory) stay direct: a fault there
 //! only changes which error a caller reports.
+//!
+//! The files a save creates beside the cache (its temporary, the writer lock) are side files:
+//! [`OsStorage`] opens them without following a symbolic link and without blocking, accepts only
+//! a regular file, and creates them with the permission bits the caller gives.
 
 pub mod faults;
 
@@ -25,8 +29,10 @@ pub trait StorageFile: Write + Send {
 
 /// Where files are created, written, renamed, synced, mapped and locked.
 pub trait Storage: Send + Sync {
-    /// Creates the file at `path`, which must not exist, empty and open for writing.
-    fn create_new(&self, path: &Path) -> io::Result<Box<dyn StorageFile>>;
+    /// Creates the file at `path`, which must not exist (a symbolic link there, even to nothing,
+    /// is an existing file), empty and open for writing, with permission bits `mode` (less the
+    /// umask) from the moment it exists.
+    fn create_new(&self, path: &Path, mode: u32) -> io::Result<Box<dyn StorageFile>>;
     /// Renames `from` over `to`, atomically replacing whatever file `to` names.
     fn rename(&self, from: &Path, to: &Path) -> io::Result<()>;
     /// Makes the directory's entries durable: a file created or renamed in it survives a
@@ -35,10 +41,13 @@ pub trait Storage: Send + Sync {
     /// Maps the regular file at `path` read-only, surviving its truncation
     /// ([`MappedFile::open_watched`]).
     fn map(&self, path: &Path) -> io::Result<MappedFile>;
-    /// Takes the exclusive advisory lock on the file at `path` (created if absent), held until
-    /// the returned file is closed, waiting at most [`WRITER_LOCK_WAIT`] for another holder
-    /// (then `TimedOut`): a writer stopped or hung in another process never blocks this one.
-    fn lock_exclusive(&self, path: &Path) -> io::Result<File>;
+    /// Takes the exclusive advisory lock on the file at `path` (created if absent, with
+    /// permission bits `mode` less the umask), held until the returned file is closed, waiting at
+    /// most [`WRITER_LOCK_WAIT`] for another holder (then `TimedOut`): a writer stopped or hung in
+    /// another process never blocks this one. Something other than a regular file at `path` (a
+    /// FIFO, a symbolic link, dangling or not) is neither followed nor waited on: the error is
+    /// `InvalidInput`, and nothing is created.
+    fn lock_exclusive(&self, path: &Path, mode: u32) -> io::Result<File>;
     /// Removes the file at `path`.
     fn remove(&self, path: &Path) -> io::Result<()>;
     /// The process id written into temporary names: a temporary whose process is gone is
@@ -63,12 +72,8 @@ impl StorageFile for File {
 }
 
 impl Storage for OsStorage {
-    fn create_new(&self, path: &Path) -> io::Result<Box<dyn StorageFile>> {
-        let file = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(path)?;
-        Ok(Box::new(file))
+    fn create_new(&self, path: &Path, mode: u32) -> io::Result<Box<dyn StorageFile>> {
+        Ok(Box::new(crate::side_file::create_new(path, mode)?))
     }
 
     fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
@@ -83,12 +88,19 @@ impl Storage for OsStorage {
         MappedFile::open_watched(path)
     }
 
-    fn lock_exclusive(&self, path: &Path) -> io::Result<File> {
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(path)?;
+    fn lock_exclusive(&self, path: &Path, mode: u32) -> io::Result<File> {
+        use std::os::unix::fs::OpenOptionsExt;
+        // Read as well as write: a FIFO opened for writing alone without blocking fails with
+        // ENXIO before its kind can be told; opened for both, it is refused as a FIFO.
+        let file = crate::side_file::open(
+            path,
+            std::fs::OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .read(true)
+                .write(true)
+                .mode(mode),
+        )?;
         let deadline = std::time::Instant::now() + WRITER_LOCK_WAIT;
         let mut pause = std::time::Duration::from_millis(1);
         loop {

@@ -35,6 +35,7 @@ mod program_writer;
 mod runtime_c;
 mod save_faults;
 mod shared_cache;
+mod side_files;
 mod stateful;
 mod threadpool;
 mod truncated_cache;

@@ -325,7 +325,7 @@ fn a_save_that_skips_its_fsync_is_caught_by_the_power_cut() {
     let path = dir.join("data");
     let temporary = dir.join(".data.tmp");
     let storage = FaultyStorage::new(Fault::PowerCutAfterCall { call: 3 });
-    let mut file = storage.create_new(&temporary).unwrap();
+    let mut file = storage.create_new(&temporary, 0o600).unwrap();
     file.write_all(b"never synced").unwrap();
     drop(file);
     storage.rename(&temporary, &path).unwrap();

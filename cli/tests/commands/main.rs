@@ -10,3 +10,4 @@ mod cli;
 mod inspect_cli;
 mod link_cli;
 mod run_cli;
+mod side_files_cli;

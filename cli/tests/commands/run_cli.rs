@@ -174,7 +174,7 @@ fn a_cache_path_that_is_not_a_regular_file_is_never_replaced_nor_waited_on() {
     let leftovers: Vec<_> = std::fs::read_dir(&dir)
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .filter(|n| n.contains(".tmp-"))
+        .filter(|n| n.contains(".xnnblob-tmp-"))
         .collect();
     assert!(leftovers.is_empty(), "{leftovers:?}");
     // The same for --data: a clear error, no hang.
@@ -247,7 +247,7 @@ fn a_save_reclaims_the_temporaries_of_killed_saves() {
     // What 3 saves killed midway leave: a part-written temporary each.
     for n in 0..3 {
         std::fs::write(
-            dir.join(format!(".w.xbc.tmp-{gone_pid}-{n}")),
+            dir.join(format!(".w.xbc.xnnblob-tmp-{gone_pid}-{n}")),
             vec![7u8; 4096],
         )
         .unwrap();
@@ -259,7 +259,7 @@ fn a_save_reclaims_the_temporaries_of_killed_saves() {
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .collect();
     assert!(
-        names.iter().all(|n| !n.contains(".tmp-")),
+        names.iter().all(|n| !n.contains(".xnnblob-tmp-")),
         "left behind: {names:?}"
     );
     assert!(cache.is_file());
@@ -399,7 +399,7 @@ fn a_full_or_read_only_disk_runs_right_without_persistence_and_warns_once() {
         assert!(
             names
                 .iter()
-                .all(|e| !e.file_name().to_string_lossy().contains(".tmp-")),
+                .all(|e| !e.file_name().to_string_lossy().contains(".xnnblob-tmp-")),
             "no temporary left on the full disk"
         );
     }
@@ -494,7 +494,7 @@ fn eight_processes_cold_starting_one_path_leave_one_valid_file() {
         let temporaries = std::fs::read_dir(&dir)
             .unwrap()
             .flatten()
-            .filter(|e| e.file_name().to_string_lossy().contains(".tmp-"))
+            .filter(|e| e.file_name().to_string_lossy().contains(".xnnblob-tmp-"))
             .count();
         assert_eq!(temporaries, 0, "round {round}");
     }

@@ -151,7 +151,9 @@ fn open(
 }
 
 /// Opens the cache kept in the file at `path` (created by the first save). A file already open
-/// in this process is shared. `*out` receives the handle, to [`xnnblob_cache_close`].
+/// in this process is shared. `*out` receives the handle, to [`xnnblob_cache_close`]. The C ABI
+/// is given weights as bytes, not the files they came from, so the files the cache creates are
+/// readable and writable by their owner alone (0600).
 ///
 /// # Safety
 /// `path` is null or a NUL-terminated string; `out` is null or writable.
@@ -168,7 +170,11 @@ pub unsafe extern "C" fn xnnblob_cache_open_file(
     let Ok(path) = path.to_str() else {
         return fail(XnnblobStatus::InvalidArgument, "path is not UTF-8");
     };
-    open(out, || PackedWeightsCache::open(path).map_err(cache_status))
+    open(out, || {
+        let cache = PackedWeightsCache::open(path).map_err(cache_status)?;
+        cache.limit_permissions(xnnblob::cache::PRIVATE_MODE);
+        Ok(cache)
+    })
 }
 
 /// Opens a cache that lives in memory only, for this process.

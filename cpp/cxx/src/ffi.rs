@@ -155,7 +155,8 @@ mod bridge {
         /// The shared data cache's counters, read together.
         fn stats(self: &SharedCache) -> SharedCacheStats;
 
-        /// The packed-weight cache of the file at `path` (created on the first save).
+        /// The packed-weight cache of the file at `path` (created on the first save, mode
+        /// 0600: the files its weights came from are not known).
         fn open_weights_cache(path: &str) -> Result<Box<WeightsCache>>;
         /// A new packed-weight cache with no file: nothing persists.
         fn in_memory_weights_cache() -> Box<WeightsCache>;
@@ -770,7 +771,13 @@ impl SharedCache {
 }
 
 fn open_weights_cache(path: &str) -> Result<Box<WeightsCache>, Reported> {
-    guarded(|| Ok(Box::new(WeightsCache(PackedWeightsCache::open(path)?))))
+    guarded(|| {
+        let cache = PackedWeightsCache::open(path)?;
+        // Weights reach this cache as bytes, not as the files they came from: in doubt, the
+        // files it creates are its owner's alone.
+        cache.limit_permissions(xnnblob::cache::PRIVATE_MODE);
+        Ok(Box::new(WeightsCache(cache)))
+    })
 }
 
 fn in_memory_weights_cache() -> Box<WeightsCache> {

@@ -117,17 +117,17 @@ pub(crate) fn prepare_backend() {
     drop(spawned);
 }
 
-/// Paths already reported as unusable (said once per path, not once per load).
-fn reported_paths() -> &'static Mutex<HashSet<PathBuf>> {
-    static REPORTED: OnceLock<Mutex<HashSet<PathBuf>>> = OnceLock::new();
+/// What was said already, by path and topic (once per path in the process, not once per load).
+fn reported() -> &'static Mutex<HashSet<(PathBuf, &'static str)>> {
+    static REPORTED: OnceLock<Mutex<HashSet<(PathBuf, &'static str)>>> = OnceLock::new();
     REPORTED.get_or_init(Default::default)
 }
 
 /// Something a load says once, beside its success.
 pub(crate) struct Note {
     text: String,
-    /// The user's request was not met (the cache path cannot be used): ExecuTorch's Error
-    /// level, not Info.
+    /// ExecuTorch's Error level, not Info: the user's request was not met (the cache path
+    /// cannot be used), or the user must act (the cache file is more readable than its model).
     severe: bool,
 }
 
@@ -146,17 +146,38 @@ fn weights_for(
         (true, path) => PackedCache::File(PathBuf::from(path)),
     };
     let (weights, notice) = backend.resolve_weights(&request, options.verify_on_load);
-    let note = notice.and_then(|notice| {
+    let mut notes = Vec::new();
+    if let Some(notice) = notice {
         let path = match &notice {
             CacheNotice::ReadOnly { path }
             | CacheNotice::Rebuilt { path, .. }
             | CacheNotice::Unusable { path, .. } => path.clone(),
         };
-        reported_paths().lock().insert(path).then(|| Note {
-            // The user's request was not met only when the path could not be used at all.
-            severe: matches!(notice, CacheNotice::Unusable { .. }),
-            text: notice.to_string(),
-        })
+        if reported().lock().insert((path, "cache")) {
+            notes.push(Note {
+                // The user's request was not met only when the path could not be used at all.
+                severe: matches!(notice, CacheNotice::Unusable { .. }),
+                text: notice.to_string(),
+            });
+        }
+    }
+    if let Weights::Packed(cache) = &weights {
+        // ExecuTorch does not tell a backend which files a program came from: its packed
+        // weights are kept as private as ExecuTorch's own cache keeps them.
+        cache.limit_permissions(xnnblob::cache::PRIVATE_MODE);
+        if let (Some(text), Some(path)) = (cache.permissions_note(), cache.path()) {
+            if reported()
+                .lock()
+                .insert((path.to_path_buf(), "permissions"))
+            {
+                notes.push(Note { text, severe: true });
+            }
+        }
+    }
+    // The backend passes one message to ExecuTorch's log per init.
+    let note = notes.into_iter().reduce(|a, b| Note {
+        text: format!("{}; {}", a.text, b.text),
+        severe: a.severe || b.severe,
     });
     Ok((weights, note))
 }

@@ -787,6 +787,43 @@ fn a_file_at_the_cache_path_that_is_not_a_cache_is_left_alone() {
     }
 }
 
+/// Issue 38: the drop-in created the cache of a private model, and its lock, 0644. ExecuTorch
+/// does not tell it which files a program came from, so it creates them 0600, as ExecuTorch
+/// creates its own cache; a cache file found more readable is said once, at Error level.
+#[test]
+fn the_drop_in_creates_its_cache_private_and_says_when_one_is_more_readable() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = scratch("drop-in-private");
+    let cache = dir.join("weights.xbc");
+    let args = vec![
+        data().join("mlp_xnn_external.pte").display().to_string(),
+        s("--data"),
+        data().join("mlp_xnn_external.ptd").display().to_string(),
+        s("--input"),
+        data().join("mlp.input.f32").display().to_string(),
+        s("--cache"),
+        cache.display().to_string(),
+    ];
+    let (ok, stdout, stderr) = run_any(&args);
+    assert!(ok, "{stdout}{stderr}");
+    let mode = |path: &Path| std::fs::metadata(path).unwrap().permissions().mode() & 0o777;
+    let mut lock = cache.clone().into_os_string();
+    lock.push(".lock");
+    for file in [cache.clone(), PathBuf::from(lock)] {
+        assert_eq!(mode(&file), 0o600, "{}", file.display());
+    }
+    assert!(!stderr.contains("more readable"), "{stderr}");
+    std::fs::set_permissions(&cache, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let (ok, stdout, stderr) = run_any(&args);
+    assert!(ok, "{stdout}{stderr}");
+    assert_eq!(
+        stderr.matches("more readable than the model").count(),
+        1,
+        "said once: {stderr}"
+    );
+    assert_eq!(mode(&cache), 0o644, "used as it is");
+}
+
 #[test]
 fn a_writer_lock_held_elsewhere_delays_exit_by_a_bounded_time_and_leaves_the_file() {
     let dir = scratch("held-lock");
