@@ -617,16 +617,8 @@ fn run_command(args: &RunArgs, inputs: Vec<InputArg>) -> Result<(), Box<dyn std:
                 stats.key_mismatches
             );
         }
-        let corrupt = stats.corrupt_found;
-        if corrupt > 0 {
-            eprintln!(
-                "xnnblob: warning: {corrupt} packed weights of {} failed their checksum: this \
-                 launch used them, its outputs may be wrong; the file was rewritten without them \
-                 and the next launch repacks them",
-                cache
-                    .path()
-                    .map_or("the cache".into(), |p| p.display().to_string())
-            );
+        if let Some(note) = cache.damage_note() {
+            eprintln!("xnnblob: warning: {note}");
         }
     }
     printed

@@ -16,7 +16,7 @@
 //! device, a symbolic link, to `/dev/zero` or anywhere else) counts as no record and is left as
 //! it is, and no more than [`RECORD_CAP`] bytes of it are ever read.
 
-use super::format::CheckedRecord as Checked;
+use super::format::{CheckedRecord as Checked, DamageRecord};
 use crate::mmap::{FileIdentity, MappedFile};
 use crate::side_file;
 use std::fs::{File, OpenOptions};
@@ -118,6 +118,82 @@ pub fn record(path: &Path, map: &MappedFile, before: Before, mode: u32) {
         return;
     }
     let text = before.0.to_text();
+    let _ = file
+        .set_len(0)
+        .and_then(|()| file.rewind())
+        .and_then(|()| file.write_all(text.as_bytes()));
+}
+
+/// Where the record of a cache file that cannot be written (an app's read-only bundle) is kept:
+/// in the user's state directory (`state_dir`, else `$XDG_STATE_HOME/xnnblob`, else
+/// `$HOME/.local/state/xnnblob`), under `read-only-caches/`, named by the hash of the file's
+/// absolute path. None where there is no such directory, or it cannot be made: the caller then
+/// checks the file before use instead.
+pub fn elsewhere_path(path: &Path, state_dir: Option<&Path>) -> Option<PathBuf> {
+    use std::os::unix::fs::DirBuilderExt;
+    let base = match state_dir {
+        Some(dir) => dir.to_path_buf(),
+        None => match std::env::var_os("XDG_STATE_HOME").filter(|d| !d.is_empty()) {
+            Some(dir) => PathBuf::from(dir).join("xnnblob"),
+            None => PathBuf::from(std::env::var_os("HOME").filter(|d| !d.is_empty())?)
+                .join(".local/state/xnnblob"),
+        },
+    };
+    let dir = base.join("read-only-caches");
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(&dir)
+        .ok()?;
+    let absolute = std::path::absolute(path).ok()?;
+    let digest = crate::sha256::sha256(absolute.as_os_str().as_encoded_bytes());
+    let name = crate::sha256::to_hex(&digest[..16]);
+    Some(dir.join(format!("{name}.damage")))
+}
+
+/// The damaged entries' offsets that the record at `record` remembers of the file `map` maps,
+/// if the record is of the file at `path` as it is now (an empty list: checked, all intact).
+pub fn remembered_damage(record: &Path, path: &Path, map: &MappedFile) -> Option<Vec<u64>> {
+    let now = of_mapped(path, map)?;
+    let mut file = side_file::open(record, OpenOptions::new().read(true)).ok()?;
+    let text = read_record(&mut file)?;
+    let remembered = DamageRecord::parse(&text)?;
+    (remembered.file == now).then_some(remembered.damaged)
+}
+
+/// Remembers, at `record`, that the file `map` maps was checked and which entries (by offset)
+/// failed, if the file at `path` is the one [`before_check`] saw, unchanged since, and no more
+/// than [`DamageRecord::MAX_DAMAGED`] failed. Best effort, as [`record`].
+pub fn remember_damage(
+    record: &Path,
+    path: &Path,
+    map: &MappedFile,
+    before: Before,
+    damaged: &[u64],
+) {
+    if of_mapped(path, map) != Some(before.0) || damaged.len() > DamageRecord::MAX_DAMAGED {
+        return;
+    }
+    let mut damaged = damaged.to_vec();
+    damaged.sort_unstable();
+    damaged.dedup();
+    let text = DamageRecord {
+        file: before.0,
+        damaged,
+    }
+    .to_text();
+    let opened = side_file::open(
+        record,
+        OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(side_file::PRIVATE_MODE),
+    );
+    let Ok(mut file) = opened else {
+        return;
+    };
     let _ = file
         .set_len(0)
         .and_then(|()| file.rewind())

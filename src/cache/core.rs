@@ -209,6 +209,8 @@ pub(crate) struct Counters {
     pub deferred_fills: AtomicUsize,
     /// Entries of a file whose packed bytes no longer matched their checksum when checked.
     pub corrupt_found: AtomicUsize,
+    /// Of those, the ones found after runtimes were handed them (the background check).
+    pub corrupt_after_use: AtomicUsize,
     /// Entries of a file whose packed bytes were hashed to check them.
     pub checked: AtomicUsize,
     /// Entries saves left out to keep the file within its budget.
@@ -241,6 +243,12 @@ impl CacheCore {
     /// lock while hashing. A mismatch is forgotten: a later look-up misses and repacks, and a
     /// save leaves it out of the file. Returns how many were forgotten.
     pub fn forget_corrupt(&self, all: bool) -> usize {
+        self.forget_corrupt_at(all).len()
+    }
+
+    /// As [`forget_corrupt`](Self::forget_corrupt); returns where the forgotten entries lie in
+    /// the file their map was made from (their offsets), for a record of them.
+    pub fn forget_corrupt_at(&self, all: bool) -> Vec<u64> {
         let to_check: Vec<(usize, Source, u64)> = {
             let mut state = self.state.lock();
             let picked: Vec<usize> = (0..state.entries.len())
@@ -264,7 +272,7 @@ impl CacheCore {
             .map(|(i, _, _)| i)
             .collect();
         if bad.is_empty() {
-            return 0;
+            return Vec::new();
         }
         let mut state = self.state.lock();
         for &i in &bad {
@@ -277,7 +285,42 @@ impl CacheCore {
         self.counters
             .corrupt_found
             .fetch_add(bad.len(), Ordering::Relaxed);
-        bad.len()
+        bad.iter()
+            .filter_map(|&i| match state.entries[i].location {
+                Location::Mapped { offset, .. } => Some(offset as u64),
+                Location::Heap(_) => None,
+            })
+            .collect()
+    }
+
+    /// Marks every entry of a file checked: a record says its bytes were, as they are now.
+    pub fn mark_checked(&self) {
+        let mut state = self.state.lock();
+        state.entries.iter_mut().for_each(|e| e.checked = true);
+    }
+
+    /// Forgets the entries of the first mapped file that lie at `offsets` (damage a record
+    /// remembered from an earlier check), before any look-up finds them; returns how many.
+    pub fn forget_at(&self, offsets: &[u64]) -> usize {
+        let mut state = self.state.lock();
+        let at: Vec<usize> = (0..state.entries.len())
+            .filter(|&i| {
+                matches!(state.entries[i].location,
+                    Location::Mapped { map: 0, offset } if offsets.contains(&(offset as u64)))
+            })
+            .collect();
+        for &i in &at {
+            if let Some(key) = state.entries[i].key {
+                if state.by_key.get(&key) == Some(&i) {
+                    state.by_key.remove(&key);
+                }
+            }
+            state.entries[i].checked = true;
+        }
+        self.counters
+            .corrupt_found
+            .fetch_add(at.len(), Ordering::Relaxed);
+        at.len()
     }
 
     /// How many maps of this cache found their file cut short in place (reads past the new

@@ -498,6 +498,14 @@ pub fn index_offset(bytes: &[u8]) -> Option<u64> {
     Some(u64_at(t, INDEX_OFFSET_AT))
 }
 
+/// The number `word` spells, if it is its one spelling (no sign, no leading zero), so that a
+/// record is one line of text.
+fn number<T: std::str::FromStr + ToString>(word: Option<&str>) -> Option<T> {
+    let word = word?;
+    let n: T = word.parse().ok()?;
+    (n.to_string() == word).then_some(n)
+}
+
 /// What the record beside a cache file (`PATH.checked`) holds: the status of the file when
 /// every packed byte of it was last checked against its checksum. A launch that finds the file
 /// in this status hashes nothing (docs/cache-format.md).
@@ -537,12 +545,6 @@ impl CheckedRecord {
         if words.next()? != Self::MAGIC || words.next()? != "1" {
             return None;
         }
-        // One spelling per number (no sign, no leading zero), so a record is one line of text.
-        fn number<T: std::str::FromStr + ToString>(word: Option<&str>) -> Option<T> {
-            let word = word?;
-            let n: T = word.parse().ok()?;
-            (n.to_string() == word).then_some(n)
-        }
         let record = CheckedRecord {
             device: number(words.next())?,
             inode: number(words.next())?,
@@ -553,9 +555,101 @@ impl CheckedRecord {
     }
 }
 
+/// What is remembered of a cache file that cannot be written (an app's read-only bundle) once
+/// its packed bytes were checked: the file's status, as [`CheckedRecord`] has it, and where in
+/// the file the entries that failed their checksum lie. It is kept where the user can write
+/// (docs/cache-format.md), so that a launch that finds the file in this status forgets those
+/// entries before any look-up and hashes nothing: the damage is served at most once.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DamageRecord {
+    /// The file's status when it was checked.
+    pub file: CheckedRecord,
+    /// The offsets of the entries whose packed bytes failed their checksum, ascending.
+    pub damaged: Vec<u64>,
+}
+
+impl DamageRecord {
+    /// The record's first word.
+    pub const MAGIC: &'static str = "xnnblob-cache-damage";
+
+    /// The most damaged entries a record lists: more than that and the file is not worth
+    /// remembering piecemeal (it is checked again at each launch).
+    pub const MAX_DAMAGED: usize = 256;
+
+    /// The record as written: one line, `MAGIC 1 device inode size changed_ns count offsets...`.
+    pub fn to_text(&self) -> String {
+        let mut text = format!(
+            "{} 1 {} {} {} {} {}",
+            Self::MAGIC,
+            self.file.device,
+            self.file.inode,
+            self.file.size,
+            self.file.changed_ns,
+            self.damaged.len()
+        );
+        for offset in &self.damaged {
+            text.push_str(&format!(" {offset}"));
+        }
+        text.push('\n');
+        text
+    }
+
+    /// The record `bytes` hold, or None for anything else (another version, a torn line,
+    /// offsets out of order or too many).
+    pub fn parse(bytes: &[u8]) -> Option<DamageRecord> {
+        let text = std::str::from_utf8(bytes).ok()?;
+        let mut words = text.strip_suffix('\n')?.split(' ');
+        if words.next()? != Self::MAGIC || words.next()? != "1" {
+            return None;
+        }
+        let file = CheckedRecord {
+            device: number(words.next())?,
+            inode: number(words.next())?,
+            size: number(words.next())?,
+            changed_ns: number(words.next())?,
+        };
+        let count: usize = number(words.next())?;
+        if count > Self::MAX_DAMAGED {
+            return None;
+        }
+        let damaged = (0..count)
+            .map(|_| number::<u64>(words.next()))
+            .collect::<Option<Vec<u64>>>()?;
+        let ascending = damaged.windows(2).all(|w| w[0] < w[1]);
+        (ascending && words.next().is_none()).then_some(DamageRecord { file, damaged })
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::CheckedRecord;
+    use super::{CheckedRecord, DamageRecord};
+
+    #[test]
+    fn a_damage_record_reads_back_and_nothing_else_parses() {
+        let r = DamageRecord {
+            file: CheckedRecord {
+                device: 2049,
+                inode: 77,
+                size: 4096,
+                changed_ns: 1_795_586_801_276_556_200,
+            },
+            damaged: vec![128, 1024],
+        };
+        assert_eq!(DamageRecord::parse(r.to_text().as_bytes()), Some(r.clone()));
+        let clean = DamageRecord {
+            damaged: vec![],
+            ..r.clone()
+        };
+        assert_eq!(DamageRecord::parse(clean.to_text().as_bytes()), Some(clean));
+        for bad in [
+            "xnnblob-cache-damage 1 2049 77 4096 5 2 1024 128\n",
+            "xnnblob-cache-damage 1 2049 77 4096 5 3 128 1024\n",
+            "xnnblob-cache-damage 1 2049 77 4096 5 1 128",
+            "xnnblob-cache-damage 2 2049 77 4096 5 0\n",
+        ] {
+            assert_eq!(DamageRecord::parse(bad.as_bytes()), None, "{bad:?}");
+        }
+    }
 
     #[test]
     fn a_checked_record_reads_back_and_nothing_else_parses() {

@@ -109,6 +109,11 @@ pub struct CacheOptions {
     /// Where the file is read, written, synced, renamed and locked: the operating system's files
     /// by default; tests put a [`FaultyStorage`](crate::storage::faults::FaultyStorage) here.
     pub storage: SharedStorage,
+    /// Where what was found checking a file that cannot be written (an app's read-only
+    /// bundle) is remembered, so that its damage is served at most once: None for the user's
+    /// state directory (`$XDG_STATE_HOME/xnnblob`, else `~/.local/state/xnnblob`). Where none
+    /// can be had, such a file is checked before use at every launch.
+    pub state_dir: Option<PathBuf>,
 }
 
 /// Whether named keys that state a sha256 (ExecuTorch's XNNPACK exporter names each constant by
@@ -277,6 +282,9 @@ pub struct PackedWeightsCache {
     mode_limit: Arc<AtomicU32>,
     /// Bits the file had beyond a limit, when that limit was set.
     excess_permissions: AtomicU32,
+    /// For a file that cannot be written and is still to be checked: where to remember what
+    /// the check finds (see `checked::elsewhere_path`), until the check is started.
+    remember_at: Mutex<Option<PathBuf>>,
 }
 
 /// No model has limited a cache's permission bits yet: its files are created
@@ -489,6 +497,7 @@ impl PackedWeightsCache {
             to_check,
             mode_limit: Arc::new(AtomicU32::new(NO_LIMIT)),
             excess_permissions: AtomicU32::new(0),
+            remember_at: Mutex::new(None),
         });
         reg.retain(|_, w| w.strong_count() > 0);
         reg.insert(path, Arc::downgrade(&cache));
@@ -510,6 +519,7 @@ impl PackedWeightsCache {
             to_check: None,
             mode_limit: Arc::new(AtomicU32::new(NO_LIMIT)),
             excess_permissions: AtomicU32::new(0),
+            remember_at: Mutex::new(None),
         })
     }
 
@@ -729,6 +739,7 @@ impl PackedWeightsCache {
             return Ok(());
         };
         if self.read_only.load(Ordering::Relaxed) {
+            self.check_and_remember(path);
             return Ok(());
         }
         let (core, compat, saves) = (self.core().clone(), self.compat.clone(), self.saves.clone());
@@ -754,6 +765,9 @@ impl PackedWeightsCache {
                 Some(map) if core.has_unchecked(true) => {
                     let before = checked::before_check(&checked_path, map);
                     let corrupt = core.forget_corrupt(true);
+                    core.counters
+                        .corrupt_after_use
+                        .fetch_add(corrupt, Ordering::Relaxed);
                     if let (0, Some(before)) = (corrupt, before) {
                         checked::record(&checked_path, map, before, mode);
                     }
@@ -825,9 +839,99 @@ impl PackedWeightsCache {
     }
 
     /// Uses the file as it is from now on: nothing this process packs is saved (see
-    /// [`CacheAccess::ReadOnly`]).
+    /// [`CacheAccess::ReadOnly`]). Call it before any runtime is created with the cache.
+    ///
+    /// Damage in such a file cannot be repaired, so it is remembered where the user can write
+    /// ([`CacheOptions::state_dir`]), and served at most once: with
+    /// [`VerifyPacked::Background`], entries a record of an earlier check names are forgotten
+    /// now (nothing is read); a file with no record of its current status is checked after
+    /// the launch, and what is found is recorded. Where nothing can be recorded, the file is
+    /// checked now, before use (every packed byte is read). A warm launch with a record costs
+    /// one small read.
     pub fn keep_read_only(&self) {
-        self.read_only.store(true, Ordering::Relaxed);
+        if self.read_only.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        let (Some(path), Some(map)) = (&self.path, &self.to_check) else {
+            return;
+        };
+        match checked::elsewhere_path(path, self.options.state_dir.as_deref()) {
+            Some(record) => match checked::remembered_damage(&record, path, map) {
+                Some(damaged) => {
+                    self.core().forget_at(&damaged);
+                    self.core().mark_checked();
+                }
+                None => *self.remember_at.lock() = Some(record),
+            },
+            None => {
+                self.core().forget_corrupt(true);
+            }
+        }
+    }
+
+    /// For a read-only file still to be checked ([`keep_read_only`](Self::keep_read_only)):
+    /// checks every entry on a background thread (as a save would, at idle priority, waited for
+    /// by [`wait_saved`](Self::wait_saved)), forgets the damaged ones, and remembers them.
+    fn check_and_remember(&self, path: PathBuf) {
+        let (Some(record), Some(map)) = (self.remember_at.lock().take(), self.to_check.clone())
+        else {
+            return;
+        };
+        let core = self.core().clone();
+        let mut saver = self.saver.lock();
+        if let Some(finished) = saver.thread.take() {
+            let _ = finished.join();
+        }
+        saver.thread = Some(std::thread::spawn(move || {
+            yield_to_inference();
+            let before = checked::before_check(&path, &map);
+            let damaged = core.forget_corrupt_at(true);
+            core.counters
+                .corrupt_after_use
+                .fetch_add(damaged.len(), Ordering::Relaxed);
+            if let Some(before) = before {
+                checked::remember_damage(&record, &path, &map, before, &damaged);
+            }
+        }));
+    }
+
+    /// What the checks of this cache's file found, said as the faces say it (stderr, ExecuTorch's
+    /// log): None if every entry checked was intact.
+    pub fn damage_note(&self) -> Option<String> {
+        let counters = &self.core().counters;
+        let damaged = counters.corrupt_found.load(Ordering::Relaxed);
+        if damaged == 0 {
+            return None;
+        }
+        let after_use = counters.corrupt_after_use.load(Ordering::Relaxed);
+        let path = self
+            .path
+            .as_ref()
+            .map_or_else(|| "memory".to_string(), |p| p.display().to_string());
+        let read_only = self.read_only.load(Ordering::Relaxed);
+        let mut said = Vec::new();
+        if after_use > 0 {
+            said.push(format!(
+                "{after_use} packed weights of {path} failed their checksum after this launch                  used them: its outputs may be wrong; {}",
+                if read_only {
+                    "the file cannot be written, so this is remembered under the user's state                      directory and every later launch repacks them"
+                } else {
+                    "the file was rewritten without them and the next launch repacks them"
+                }
+            ));
+        }
+        if damaged > after_use {
+            said.push(format!(
+                "{} packed weights of {path} failed their checksum before use and were repacked{}",
+                damaged - after_use,
+                if read_only {
+                    " (the file cannot be written: as every launch will)"
+                } else {
+                    ""
+                }
+            ));
+        }
+        Some(said.join("; "))
     }
 
     /// Checks every packed weight of the file not checked yet against its checksum, now, and

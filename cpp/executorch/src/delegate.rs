@@ -90,15 +90,8 @@ extern "C" fn wait_for_saves() {
                 if let Err(e) = cache.wait_saved() {
                     eprintln!("xnnblob: {}; not saved", report(&e));
                 }
-                let damaged = cache.stats().corrupt_found;
-                if damaged > 0 {
-                    eprintln!(
-                        "xnnblob: packed-weight cache {}: {damaged} damaged packed weights found \
-                         and left out of the file; the next launch packs them again",
-                        cache
-                            .path()
-                            .map_or_else(|| "memory".to_string(), |p| p.display().to_string())
-                    );
+                if let Some(note) = cache.damage_note() {
+                    eprintln!("xnnblob: packed-weight cache: {note}");
                 }
             }
         }
