@@ -25,7 +25,7 @@ fn register<'a>(cache: &'a PackedWeightsCache, mlp: &'a Mlp) -> Vec<Registration
 }
 
 /// Creates a runtime through the cache, finalizes, runs once: what a model load does.
-fn launch(cache: &PackedWeightsCache, mlp: &Mlp) -> Vec<f32> {
+pub(crate) fn launch(cache: &PackedWeightsCache, mlp: &Mlp) -> Vec<f32> {
     let registrations = register(cache, mlp);
     let graph = mlp.subgraph(1).unwrap();
     let mut runtime = Runtime::new(&graph, Some(cache)).unwrap();
@@ -39,7 +39,7 @@ fn launch(cache: &PackedWeightsCache, mlp: &Mlp) -> Vec<f32> {
     out
 }
 
-fn assert_matches_reference(mlp: &Mlp, out: &[f32]) {
+pub(crate) fn assert_matches_reference(mlp: &Mlp, out: &[f32]) {
     let expected = mlp.reference_forward(&input_for(mlp), 1);
     for (a, b) in out.iter().zip(&expected) {
         assert!((a - b).abs() <= 1e-4, "{a} vs {b}");
@@ -47,7 +47,7 @@ fn assert_matches_reference(mlp: &Mlp, out: &[f32]) {
 }
 
 /// A fresh process's view: the previous cache object is gone, the file is opened again.
-fn reopen(path: &Path) -> Arc<PackedWeightsCache> {
+pub(crate) fn reopen(path: &Path) -> Arc<PackedWeightsCache> {
     PackedWeightsCache::open(path).unwrap()
 }
 
