@@ -1,84 +1,1016 @@
-//! A fingerprint of the CPU features that decide which XNNPACK microkernels run, and so how
-//! weights are packed: a cache file packed on one CPU is not trusted on another.
+//! The CPU identity a packed-weight cache file is recorded with: every input of XNNPACK's choice
+//! of microkernels, so that a file packed on one CPU is never used on a CPU where XNNPACK would
+//! pick other kernels, and so read the packed bytes in another layout (the AMX qd8 kernels pack
+//! 64 columns to a tile where the AVX512-VNNI ones pack 16).
+//!
+//! XNNPACK 4ea82e5 chooses in two places, both from what cpuinfo reports:
+//! - `src/configs/hardware-config.c` sets its `use_x86_*` / `use_arm_*` flags from cpuinfo's ISA
+//!   predicates and, on Linux, asks the kernel for AMX tile data before it uses AMX;
+//! - `src/configs/gemm-config.c` and `dwconv-config.c` also read the microarchitecture of core 0:
+//!   AMD Zen and Hygon Dhyana get 16s4 f32 GEMM kernels (another packing), Zen 4 is kept off the
+//!   AVX512-VNNI+GFNI qb4w kernels, and on Arm each core type has its own kernels and tiles.
+//!
+//! The fingerprint records the inputs of those decisions as cpuinfo (Debian's snapshot 877328f,
+//! the one XNNPACK is built with) derives them: one named bit per ISA predicate, and what the
+//! microarchitecture is decoded from (x86-64: the vendor and the CPUID signature without its
+//! stepping; aarch64: a hash of the core types' MIDRs). Recording inputs rather than XNNPACK's
+//! resulting flags makes it finer than XNNPACK's decision, never coarser: two CPUs that XNNPACK
+//! treats alike may differ (a file is then rebuilt needlessly), two that it treats differently
+//! never match. `docs/cache-format.md` lists every bit.
+//!
+//! Detection is a pure function of what the CPU reports (`x86::X86Cpuid`, `arm::ArmIsa` and the
+//! MIDRs), compiled on every architecture so that any host's tests can describe any CPU; only
+//! reading the report touches the hardware.
 
-/// Feature bits of this CPU, tagged with the architecture in the top byte.
+use std::sync::OnceLock;
+
+/// Bits 56..64: which architecture, and which scheme of bits below. The previous scheme tagged
+/// x86-64 `0x01` and aarch64 `0x02` and gave the bits other meanings; new tags keep its files
+/// from ever matching a fingerprint of this scheme.
+const TAG_SHIFT: u32 = 56;
+const TAG_X86_64: u64 = 0x11;
+const TAG_AARCH64: u64 = 0x12;
+const TAG_OTHER: u64 = 0xFF;
+
+/// This CPU's fingerprint: its tag in the top byte, then the features and the microarchitecture
+/// inputs that XNNPACK's kernel choice reads. Read once per process (XNNPACK too decides once).
 pub fn cpu_fingerprint() -> u64 {
-    arch_fingerprint()
+    static FINGERPRINT: OnceLock<u64> = OnceLock::new();
+    *FINGERPRINT.get_or_init(detect)
+}
+
+/// A fingerprint in words: its architecture, the features it records and its CPU model, for
+/// messages and tests.
+pub fn describe_cpu_fingerprint(fingerprint: u64) -> String {
+    let bits = fingerprint & !(0xFF << TAG_SHIFT);
+    match fingerprint >> TAG_SHIFT {
+        TAG_X86_64 => format!(
+            "x86-64 [{}] {}",
+            names(x86::NAMES, bits).join(" "),
+            x86::model(bits)
+        ),
+        TAG_AARCH64 => format!(
+            "aarch64 [{}] {}",
+            names(arm::NAMES, bits).join(" "),
+            arm::model(bits)
+        ),
+        TAG_OTHER => "an architecture xnnblob records no features of".to_string(),
+        tag => format!("{fingerprint:#x} (tag {tag:#04x}: not this scheme's)"),
+    }
+}
+
+/// What differs between the fingerprint a file was packed with and this CPU's, in words: the
+/// features only one of them has, and the CPU models when they differ.
+pub fn cpu_fingerprint_difference(file: u64, this: u64) -> String {
+    let tag = file >> TAG_SHIFT;
+    if tag != this >> TAG_SHIFT || !matches!(tag, TAG_X86_64 | TAG_AARCH64) {
+        return format!(
+            "the file's is {}, this CPU's {}",
+            describe_cpu_fingerprint(file),
+            describe_cpu_fingerprint(this)
+        );
+    }
+    let (table, model): (&Names, fn(u64) -> String) = if tag == TAG_X86_64 {
+        (x86::NAMES, x86::model)
+    } else {
+        (arm::NAMES, arm::model)
+    };
+    let mut parts = Vec::new();
+    let only_file = names(table, file & !this);
+    if !only_file.is_empty() {
+        parts.push(format!("only the file's CPU has {}", only_file.join(" ")));
+    }
+    let only_this = names(table, this & !file);
+    if !only_this.is_empty() {
+        parts.push(format!("only this CPU has {}", only_this.join(" ")));
+    }
+    let features = table.iter().fold(0, |all, (mask, _)| all | mask);
+    if (file ^ this) & !features & !(0xFF << TAG_SHIFT) != 0 {
+        parts.push(format!(
+            "CPU model {} in the file, {} here",
+            model(file),
+            model(this)
+        ));
+    }
+    parts.join("; ")
+}
+
+/// Each feature bit of an architecture with its name, in bit order.
+type Names = [(u64, &'static str)];
+
+/// The names of the features set in `bits`, in the table's order.
+fn names(table: &Names, bits: u64) -> Vec<&'static str> {
+    table
+        .iter()
+        .filter(|(mask, _)| bits & mask != 0)
+        .map(|(_, name)| *name)
+        .collect()
+}
+
+/// x86-64: one bit per cpuinfo predicate that `hardware-config.c` reads, named after the
+/// XNNPACK flags it feeds; then the CPU's vendor and signature, which cpuinfo decodes the
+/// microarchitecture (`cpuinfo_get_core(0)->uarch`) from.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+mod x86 {
+    use super::{Names, TAG_SHIFT, TAG_X86_64};
+
+    /// SSSE3, CPUID.1:ECX[9]: `use_x86_ssse3`.
+    pub const SSSE3: u64 = 1 << 0;
+    /// SSE4.1, CPUID.1:ECX[19]: `use_x86_sse4_1`.
+    pub const SSE4_1: u64 = 1 << 1;
+    /// AVX, CPUID.1:ECX[28], with YMM state enabled in XCR0: `use_x86_avx`.
+    pub const AVX: u64 = 1 << 2;
+    /// F16C, CPUID.1:ECX[29], with YMM state: `use_x86_f16c`.
+    pub const F16C: u64 = 1 << 3;
+    /// FMA3, CPUID.1:ECX[12], with YMM state: `use_x86_fma3` (and, with the model, Zen's 16s4
+    /// f32 GEMM).
+    pub const FMA3: u64 = 1 << 4;
+    /// AVX2, CPUID.(7,0):EBX[5], with YMM state: `use_x86_avx2`.
+    pub const AVX2: u64 = 1 << 5;
+    /// AVX-512F, CPUID.(7,0):EBX[16], with opmask and ZMM state enabled in XCR0:
+    /// `use_x86_avx512f`.
+    pub const AVX512F: u64 = 1 << 6;
+    /// AVX-512BW, CPUID.(7,0):EBX[30], with ZMM state: part of `use_x86_avx512skx`.
+    pub const AVX512BW: u64 = 1 << 7;
+    /// AVX-512DQ, CPUID.(7,0):EBX[17], with ZMM state: part of `use_x86_avx512skx`.
+    pub const AVX512DQ: u64 = 1 << 8;
+    /// AVX-512VL, CPUID.(7,0):EBX[31], with ZMM state: part of `use_x86_avx512skx`.
+    pub const AVX512VL: u64 = 1 << 9;
+    /// AVX-512VBMI, CPUID.(7,0):ECX[1], with ZMM state: `use_x86_avx512vbmi`.
+    pub const AVX512VBMI: u64 = 1 << 10;
+    /// AVX-512VNNI, CPUID.(7,0):ECX[11], with ZMM state: `use_x86_avx512vnni`.
+    pub const AVX512VNNI: u64 = 1 << 11;
+    /// GFNI, CPUID.(7,0):ECX[8] (cpuinfo asks no OS state of it): `use_x86_avx512vnnigfni`,
+    /// `use_x86_avx256vnnigfni`.
+    pub const GFNI: u64 = 1 << 12;
+    /// AVX-512FP16, CPUID.(7,0):EDX[23], with ZMM state: `use_x86_avx512fp16`.
+    pub const AVX512FP16: u64 = 1 << 13;
+    /// AMX-INT8, CPUID.(7,0):EDX[25], with ZMM state (cpuinfo's test): `use_x86_avx512amx`, and
+    /// XNNPACK's stand-in for AVX10 in `use_x86_avx256skx` and `use_x86_avx256vnni`.
+    pub const AMX_INT8: u64 = 1 << 14;
+    /// AMX-TILE, CPUID.(7,0):EDX[24], with ZMM state. Not read by XNNPACK 4ea82e5; recorded
+    /// because the tile state XNNPACK's AMX kernels use is this feature's.
+    pub const AMX_TILE: u64 = 1 << 15;
+    /// AMX-BF16, CPUID.(7,0):EDX[22], with ZMM state. Not read by XNNPACK 4ea82e5.
+    pub const AMX_BF16: u64 = 1 << 16;
+    /// AMX-FP16, CPUID.(7,1):EAX[21], with ZMM state. Not read by XNNPACK 4ea82e5.
+    pub const AMX_FP16: u64 = 1 << 17;
+    /// XCR0[17]: the OS saves the AMX tile configuration (XTILECFG).
+    pub const XTILECFG: u64 = 1 << 18;
+    /// XCR0[18]: the OS saves the AMX tile data (XTILEDATA), which Linux hands out on request.
+    pub const XTILEDATA: u64 = 1 << 19;
+    /// Linux granted this process AMX tile data: `arch_prctl(ARCH_REQ_XCOMP_PERM,
+    /// XFEATURE_XTILEDATA)` returned 0. XNNPACK makes that request when AVX512-SKX, -VNNI, GFNI
+    /// and AMX-INT8 are all present, and clears `use_x86_avx512amx` when it is refused; so it is
+    /// asked under the same condition, and set only then. Outside Linux XNNPACK asks nothing and
+    /// the bit is set with the CPU's.
+    pub const AMX_GRANTED: u64 = 1 << 20;
+    /// AVX-VNNI, CPUID.(7,1):EAX[4], with YMM state: `use_x86_avxvnni`, `use_x86_avx256vnni`.
+    pub const AVXVNNI: u64 = 1 << 21;
+    /// AVX-VNNI-INT8, CPUID.(7,1):EDX[4], with YMM state: `use_x86_avxvnniint8`.
+    pub const AVXVNNIINT8: u64 = 1 << 22;
+
+    /// Bits 24..27: the vendor, as cpuinfo distinguishes the ones its microarchitectures belong
+    /// to (0: another vendor).
+    pub const VENDOR_SHIFT: u32 = 24;
+    pub const INTEL: u64 = 1;
+    pub const AMD: u64 = 2;
+    pub const HYGON: u64 = 3;
+    /// Bits 27..51: CPUID.1:EAX[27:4], the signature without its stepping (model, family,
+    /// extended model and family, processor type), everything cpuinfo decodes a
+    /// microarchitecture from.
+    pub const SIGNATURE_SHIFT: u32 = 27;
+    pub const SIGNATURE_BITS: u32 = 24;
+
+    /// Every feature bit with its name, in bit order.
+    pub const NAMES: &Names = &[
+        (SSSE3, "ssse3"),
+        (SSE4_1, "sse4.1"),
+        (AVX, "avx"),
+        (F16C, "f16c"),
+        (FMA3, "fma3"),
+        (AVX2, "avx2"),
+        (AVX512F, "avx512f"),
+        (AVX512BW, "avx512bw"),
+        (AVX512DQ, "avx512dq"),
+        (AVX512VL, "avx512vl"),
+        (AVX512VBMI, "avx512vbmi"),
+        (AVX512VNNI, "avx512vnni"),
+        (GFNI, "gfni"),
+        (AVX512FP16, "avx512fp16"),
+        (AMX_INT8, "amx-int8"),
+        (AMX_TILE, "amx-tile"),
+        (AMX_BF16, "amx-bf16"),
+        (AMX_FP16, "amx-fp16"),
+        (XTILECFG, "xcr0.xtilecfg"),
+        (XTILEDATA, "xcr0.xtiledata"),
+        (AMX_GRANTED, "amx-granted"),
+        (AVXVNNI, "avx-vnni"),
+        (AVXVNNIINT8, "avx-vnni-int8"),
+    ];
+
+    /// The CPU model a fingerprint records, in words, with the microarchitecture XNNPACK treats
+    /// apart when it is one.
+    pub fn model(bits: u64) -> String {
+        let vendor = match (bits >> VENDOR_SHIFT) & 0b111 {
+            INTEL => "Intel",
+            AMD => "AMD",
+            HYGON => "Hygon",
+            _ => "another vendor's",
+        };
+        let signature = ((bits >> SIGNATURE_SHIFT) & ((1 << SIGNATURE_BITS) - 1)) as u32;
+        let (family, model) = family_and_model(signature << 4);
+        let uarch = match uarch_xnnpack_reads((bits >> VENDOR_SHIFT) & 0b111, family, model) {
+            Some(name) => format!(" ({name})"),
+            None => String::new(),
+        };
+        format!("{vendor} family {family:#x} model {model:#x}{uarch}")
+    }
+
+    /// Family and model as cpuinfo computes them from CPUID.1:EAX (`cpuinfo_x86_decode_model_info`:
+    /// the extended fields are added for every family).
+    pub fn family_and_model(eax: u32) -> (u32, u32) {
+        let family = ((eax >> 8) & 0xF) + ((eax >> 20) & 0xFF);
+        let model = ((eax >> 4) & 0xF) + (((eax >> 16) & 0xF) << 4);
+        (family, model)
+    }
+
+    /// The microarchitectures XNNPACK 4ea82e5 asks cpuinfo about, as cpuinfo 877328f decodes
+    /// them (`src/x86/uarch.c`), for messages only: the fingerprint keeps the whole signature.
+    fn uarch_xnnpack_reads(vendor: u64, family: u32, model: u32) -> Option<&'static str> {
+        let extended_model = model >> 4;
+        match (vendor, family, extended_model) {
+            (AMD, 0x17, 0x0 | 0x1) => Some("Zen: XNNPACK's f32 GEMM packs 16s4"),
+            (AMD, 0x19, 0x1 | 0x6 | 0x7 | 0xA) => Some("Zen 4: XNNPACK avoids its GFNI qb4w GEMM"),
+            // cpuinfo 877328f matches Hygon's family 0, which Dhyana (family 0x18) never reports:
+            // mirrored as written.
+            (HYGON, 0x00, _) => Some("Dhyana: XNNPACK's f32 GEMM packs 16s4"),
+            _ => None,
+        }
+    }
+
+    /// What cpuinfo reads of an x86-64 CPU: the CPUID leaves and XCR0 behind its ISA predicates and
+    /// its microarchitecture. Leaves the CPU does not have, and XCR0 where the OS has not enabled
+    /// XSAVE, are zero (as cpuinfo takes them).
+    #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+    pub struct X86Cpuid {
+        /// CPUID.0:EBX, EDX, ECX: the vendor string.
+        pub vendor: [u8; 12],
+        /// CPUID.1:EAX: the signature (stepping, model, family).
+        pub leaf1_eax: u32,
+        /// CPUID.1:ECX.
+        pub leaf1_ecx: u32,
+        /// CPUID.(7,0): EBX, ECX, EDX.
+        pub leaf7: [u32; 3],
+        /// CPUID.(7,1): EAX, EDX.
+        pub leaf7_1: [u32; 2],
+        /// CPUID.(0xD,0): EDX:EAX, the XCR0 bits the CPU supports.
+        pub xcr0_supported: u64,
+        /// XCR0 as XGETBV reads it: the register state the OS saves.
+        pub xcr0: u64,
+    }
+
+    /// The x86-64 fingerprint of `cpu`. `amx_granted` asks the OS for AMX tile data, as XNNPACK
+    /// does; it is called only where XNNPACK would call it.
+    pub fn x86_fingerprint(cpu: &X86Cpuid, amx_granted: impl FnOnce() -> bool) -> u64 {
+        let has = |word: u32, bit: u32| (word >> bit) & 1 == 1;
+        // cpuinfo's `avx_regs` and `avx512_regs` (src/x86/isa.c): the CPU has XSAVE and the OS
+        // enabled it (CPUID.1:ECX[26,27]), and XCR0 enables the state the CPU supports: YMM
+        // (bits 1, 2), and for AVX-512 also opmask and both halves of ZMM (bits 5, 6, 7).
+        let xsave = cpu.leaf1_ecx & 0x0C00_0000 == 0x0C00_0000;
+        let saves =
+            |mask: u64| xsave && cpu.xcr0_supported & mask == mask && cpu.xcr0 & mask == mask;
+        let ymm = saves(0x06);
+        let zmm = saves(0xE6);
+        let [ebx7, ecx7, edx7] = cpu.leaf7;
+        let [eax7_1, edx7_1] = cpu.leaf7_1;
+        let ecx1 = cpu.leaf1_ecx;
+        let features = [
+            (SSSE3, has(ecx1, 9)),
+            (SSE4_1, has(ecx1, 19)),
+            (AVX, ymm && has(ecx1, 28)),
+            (F16C, ymm && has(ecx1, 29)),
+            (FMA3, ymm && has(ecx1, 12)),
+            (AVX2, ymm && has(ebx7, 5)),
+            (AVX512F, zmm && has(ebx7, 16)),
+            (AVX512BW, zmm && has(ebx7, 30)),
+            (AVX512DQ, zmm && has(ebx7, 17)),
+            (AVX512VL, zmm && has(ebx7, 31)),
+            (AVX512VBMI, zmm && has(ecx7, 1)),
+            (AVX512VNNI, zmm && has(ecx7, 11)),
+            (GFNI, has(ecx7, 8)),
+            (AVX512FP16, zmm && has(edx7, 23)),
+            (AMX_INT8, zmm && has(edx7, 25)),
+            (AMX_TILE, zmm && has(edx7, 24)),
+            (AMX_BF16, zmm && has(edx7, 22)),
+            (AMX_FP16, zmm && has(eax7_1, 21)),
+            (XTILECFG, xsave && (cpu.xcr0 >> 17) & 1 == 1),
+            (XTILEDATA, xsave && (cpu.xcr0 >> 18) & 1 == 1),
+            (AVXVNNI, ymm && has(eax7_1, 4)),
+            (AVXVNNIINT8, ymm && has(edx7_1, 4)),
+        ];
+        let mut bits = features
+            .iter()
+            .filter(|(_, on)| *on)
+            .fold(0, |bits, (mask, _)| bits | mask);
+        // hardware-config.c: use_x86_avx512amx = avx512vnnigfni && amx_int8, then the request.
+        let xnnpack_asks = AVX512F | AVX512BW | AVX512DQ | AVX512VL | AVX512VNNI | GFNI | AMX_INT8;
+        if bits & xnnpack_asks == xnnpack_asks && amx_granted() {
+            bits |= AMX_GRANTED;
+        }
+        let vendor = match &cpu.vendor {
+            b"GenuineIntel" => INTEL,
+            b"AuthenticAMD" => AMD,
+            b"HygonGenuine" => HYGON,
+            _ => 0,
+        };
+        let signature = u64::from(cpu.leaf1_eax >> 4) & ((1 << SIGNATURE_BITS) - 1);
+        (TAG_X86_64 << TAG_SHIFT) | (signature << SIGNATURE_SHIFT) | (vendor << VENDOR_SHIFT) | bits
+    }
+}
+
+/// aarch64: one bit per cpuinfo predicate that `hardware-config.c` reads and that can differ
+/// between arm64 CPUs (vfpv3, neon, neon-fp16, neon-fma and neon-v8 are true on every one),
+/// then a hash of the core types' MIDRs, which cpuinfo decodes core 0's and every cluster's
+/// microarchitecture from.
+#[cfg_attr(
+    not(all(
+        target_arch = "aarch64",
+        any(target_os = "linux", target_os = "android")
+    )),
+    allow(dead_code)
+)]
+mod arm {
+    use super::{Names, TAG_AARCH64, TAG_SHIFT};
+
+    /// FP16 arithmetic (cpuinfo's `fp16arith`): `use_arm_fp16_arith`,
+    /// `use_arm_neon_fp16_arith`.
+    pub const FP16_ARITH: u64 = 1 << 0;
+    /// SDOT/UDOT (cpuinfo's `dot`): `use_arm_neon_dot`.
+    pub const DOT: u64 = 1 << 1;
+    /// Int8 matrix multiply, HWCAP2_I8MM: `use_arm_neon_i8mm`.
+    pub const I8MM: u64 = 1 << 2;
+    /// BF16, HWCAP2_BF16 or HWCAP2_SVEBF16 (cpuinfo takes either): `use_arm_neon_bf16`.
+    pub const BF16: u64 = 1 << 3;
+    /// SVE, HWCAP_SVE: `use_arm_sve`.
+    pub const SVE: u64 = 1 << 4;
+    /// SVE2, HWCAP2_SVE2: `use_arm_sve2`.
+    pub const SVE2: u64 = 1 << 5;
+    /// SME, HWCAP2_SME: `use_arm_sme`.
+    pub const SME: u64 = 1 << 6;
+    /// SME2, HWCAP2_SME2: `use_arm_sme2`.
+    pub const SME2: u64 = 1 << 7;
+    /// FP16 multiply-accumulate into fp32, HWCAP_ASIMDFHM. Not read by XNNPACK 4ea82e5; kept from
+    /// the previous scheme.
+    pub const FHM: u64 = 1 << 8;
+
+    /// Bits 24..56: the low 32 bits of the XXH3-64 of the distinct MIDRs, sorted (0: none could be
+    /// read).
+    pub const MIDRS_SHIFT: u32 = 24;
+
+    /// Every feature bit with its name, in bit order.
+    pub const NAMES: &Names = &[
+        (FP16_ARITH, "fp16-arith"),
+        (DOT, "dot"),
+        (I8MM, "i8mm"),
+        (BF16, "bf16"),
+        (SVE, "sve"),
+        (SVE2, "sve2"),
+        (SME, "sme"),
+        (SME2, "sme2"),
+        (FHM, "fhm"),
+    ];
+
+    /// The core types a fingerprint records, in words.
+    pub fn model(bits: u64) -> String {
+        match (bits >> MIDRS_SHIFT) as u32 {
+            0 => "no core types read".to_string(),
+            hash => format!("core types #{hash:08x}"),
+        }
+    }
+
+    /// The arm64 ISA predicates of cpuinfo that XNNPACK reads (`cpuinfo_has_arm_*`).
+    #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+    pub struct ArmIsa {
+        pub fp16_arith: bool,
+        pub dot: bool,
+        pub i8mm: bool,
+        pub bf16: bool,
+        pub sve: bool,
+        pub sve2: bool,
+        pub sme: bool,
+        pub sme2: bool,
+        pub fhm: bool,
+    }
+
+    /// Linux's arm64 HWCAP and HWCAP2 bits that cpuinfo reads (`src/arm/linux/api.h`).
+    pub mod hwcap {
+        // AT_HWCAP.
+        pub const FPHP: u64 = 1 << 9;
+        pub const ASIMDHP: u64 = 1 << 10;
+        pub const ASIMDDP: u64 = 1 << 20;
+        pub const SVE: u64 = 1 << 22;
+        pub const ASIMDFHM: u64 = 1 << 23;
+        // AT_HWCAP2.
+        pub const SVE2: u64 = 1 << 1;
+        pub const SVEBF16: u64 = 1 << 12;
+        pub const I8MM: u64 = 1 << 13;
+        pub const BF16: u64 = 1 << 14;
+        pub const SME: u64 = 1 << 23;
+        pub const SME2: u64 = 1 << 37;
+    }
+
+    /// cpuinfo's arm64 predicates on Linux (`cpuinfo_arm64_linux_decode_isa_from_proc_cpuinfo`):
+    /// the kernel's HWCAPs, except that FP16 arithmetic and dot products are also taken from the
+    /// MIDR of the last core `/proc/cpuinfo` lists, for cores whose old kernels do not report them.
+    /// (cpuinfo also turns FP16 arithmetic off on the Exynos 9810 by its chipset name; the 9810's
+    /// Exynos M3 cores are in the MIDR hash, so its fingerprint differs anyway.)
+    pub fn arm_isa_of_linux(hwcap: u64, hwcap2: u64, last_midr: u32) -> ArmIsa {
+        // Implementer and part number (MIDR_EL1 bits 24..32 and 4..16).
+        let core = last_midr & 0xFF00_FFF0;
+        let variant = (last_midr >> 20) & 0xF;
+        let fp16_arith = match core {
+            0x4100_D050 | 0x4100_D060 | 0x4100_D0A0 | 0x4100_D0B0 | 0x4100_D0C0 | 0x4100_D0D0
+            | 0x4100_D0E0 | 0x4100_D400 | 0x4100_D490 | 0x4100_D4F0 | 0x4800_D400 | 0x5100_8020
+            | 0x5100_8030 | 0x5100_8040 | 0x5100_8050 | 0x5300_0030 | 0x5300_0040 => true,
+            _ => hwcap & (hwcap::FPHP | hwcap::ASIMDHP) == hwcap::FPHP | hwcap::ASIMDHP,
+        };
+        let dot = match core {
+            0x4100_D060 | 0x4100_D0B0 | 0x4100_D0C0 | 0x4100_D0D0 | 0x4100_D0E0 | 0x4100_D400
+            | 0x4100_D490 | 0x4100_D4A0 | 0x4100_D4F0 | 0x4800_D400 | 0x5100_8040 | 0x5100_8050
+            | 0x5300_0030 | 0x5300_0040 => true,
+            // Cortex-A55 from r1, Cortex-A75 from r2.
+            0x4100_D050 => variant >= 1,
+            0x4100_D0A0 => variant >= 2,
+            _ => hwcap & hwcap::ASIMDDP != 0,
+        };
+        ArmIsa {
+            fp16_arith,
+            dot,
+            i8mm: hwcap2 & hwcap::I8MM != 0,
+            bf16: hwcap2 & (hwcap::BF16 | hwcap::SVEBF16) != 0,
+            sve: hwcap & hwcap::SVE != 0,
+            sve2: hwcap2 & hwcap::SVE2 != 0,
+            sme: hwcap2 & hwcap::SME != 0,
+            sme2: hwcap2 & hwcap::SME2 != 0,
+            fhm: hwcap & hwcap::ASIMDFHM != 0,
+        }
+    }
+
+    /// The aarch64 fingerprint of a CPU with `isa` whose cores have the MIDRs `midrs` (any order,
+    /// repeats allowed: one per listed core).
+    pub fn arm_fingerprint(isa: &ArmIsa, midrs: &[u32]) -> u64 {
+        let features = [
+            (FP16_ARITH, isa.fp16_arith),
+            (DOT, isa.dot),
+            (I8MM, isa.i8mm),
+            (BF16, isa.bf16),
+            (SVE, isa.sve),
+            (SVE2, isa.sve2),
+            (SME, isa.sme),
+            (SME2, isa.sme2),
+            (FHM, isa.fhm),
+        ];
+        let bits = features
+            .iter()
+            .filter(|(_, on)| *on)
+            .fold(0, |bits, (mask, _)| bits | mask);
+        // The set of core types, not the list: cores taken offline (common on phones) leave
+        // /proc/cpuinfo but usually leave a core of their type behind, and cpuinfo infers their
+        // type from it, so XNNPACK's choice does not change with them.
+        let mut types = midrs.to_vec();
+        types.sort_unstable();
+        types.dedup();
+        let hash = if types.is_empty() {
+            0
+        } else {
+            let bytes: Vec<u8> = types.iter().flat_map(|m| m.to_le_bytes()).collect();
+            crate::cache::checksum::checksum64(&bytes) & 0xFFFF_FFFF
+        };
+        (TAG_AARCH64 << TAG_SHIFT) | (hash << MIDRS_SHIFT) | bits
+    }
+
+    /// The MIDR of each core `/proc/cpuinfo` lists, in its order, from the fields cpuinfo composes
+    /// it of (`CPU implementer`, `CPU variant`, `CPU part`, `CPU revision`). A core without an
+    /// implementer or a part is left out.
+    pub fn midrs_of_proc_cpuinfo(text: &str) -> Vec<u32> {
+        #[derive(Default)]
+        struct Core {
+            implementer: Option<u32>,
+            variant: u32,
+            part: Option<u32>,
+            revision: u32,
+        }
+        fn number(value: &str) -> Option<u32> {
+            match value
+                .strip_prefix("0x")
+                .or_else(|| value.strip_prefix("0X"))
+            {
+                Some(hex) => u32::from_str_radix(hex, 16).ok(),
+                None => value.parse().ok(),
+            }
+        }
+        fn finish(core: Core, into: &mut Vec<u32>) {
+            if let (Some(implementer), Some(part)) = (core.implementer, core.part) {
+                into.push(
+                    (implementer & 0xFF) << 24
+                        | (core.variant & 0xF) << 20
+                        | (part & 0xFFF) << 4
+                        | (core.revision & 0xF),
+                );
+            }
+        }
+        let mut midrs = Vec::new();
+        let mut core = Core::default();
+        for line in text.lines() {
+            let Some((key, value)) = line.split_once(':') else {
+                continue;
+            };
+            let (key, value) = (key.trim(), value.trim());
+            match key {
+                "processor" => finish(std::mem::take(&mut core), &mut midrs),
+                "CPU implementer" => core.implementer = number(value),
+                "CPU variant" => core.variant = number(value).unwrap_or(0),
+                "CPU part" => core.part = number(value),
+                "CPU revision" => core.revision = number(value).unwrap_or(0),
+                _ => {}
+            }
+        }
+        finish(core, &mut midrs);
+        midrs
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
-fn arch_fingerprint() -> u64 {
-    macro_rules! bits {
-        ($($feature:tt),* $(,)?) => {{
-            let mut bits = 0u64;
-            let mut i = 0;
-            $(
-                if std::arch::is_x86_feature_detected!($feature) {
-                    bits |= 1 << i;
-                }
-                i += 1;
-            )*
-            let _ = i;
-            bits
-        }};
-    }
-    let features = bits!(
-        "sse2",
-        "sse3",
-        "ssse3",
-        "sse4.1",
-        "sse4.2",
-        "avx",
-        "avx2",
-        "fma",
-        "f16c",
-        "avx512f",
-        "avx512bw",
-        "avx512dq",
-        "avx512vl",
-        "avx512cd",
-        "avx512vnni",
-        "avx512bf16",
-        "avx512fp16",
-        "avx512vbmi",
-        "avxvnni",
-        "popcnt",
-        "bmi2",
-    );
-    (1u64 << 56) | features
+fn detect() -> u64 {
+    x86::x86_fingerprint(&read_x86_cpuid(), request_amx_tile_data)
 }
 
-#[cfg(target_arch = "aarch64")]
-fn arch_fingerprint() -> u64 {
-    macro_rules! bits {
-        ($($feature:tt),* $(,)?) => {{
-            let mut bits = 0u64;
-            let mut i = 0;
-            $(
-                if std::arch::is_aarch64_feature_detected!($feature) {
-                    bits |= 1 << i;
-                }
-                i += 1;
-            )*
-            let _ = i;
-            bits
-        }};
+#[cfg(target_arch = "x86_64")]
+fn read_x86_cpuid() -> x86::X86Cpuid {
+    use std::arch::x86_64::__cpuid_count;
+    let leaf0 = __cpuid_count(0, 0);
+    let max_leaf = leaf0.eax;
+    let mut vendor = [0u8; 12];
+    vendor[..4].copy_from_slice(&leaf0.ebx.to_le_bytes());
+    vendor[4..8].copy_from_slice(&leaf0.edx.to_le_bytes());
+    vendor[8..].copy_from_slice(&leaf0.ecx.to_le_bytes());
+    let mut cpu = x86::X86Cpuid {
+        vendor,
+        ..x86::X86Cpuid::default()
+    };
+    if max_leaf >= 1 {
+        let leaf1 = __cpuid_count(1, 0);
+        cpu.leaf1_eax = leaf1.eax;
+        cpu.leaf1_ecx = leaf1.ecx;
     }
-    let features = bits!("neon", "dotprod", "fp16", "i8mm", "bf16", "sve", "sve2", "fhm");
-    (2u64 << 56) | features
+    if max_leaf >= 7 {
+        let l = __cpuid_count(7, 0);
+        cpu.leaf7 = [l.ebx, l.ecx, l.edx];
+        let l = __cpuid_count(7, 1);
+        cpu.leaf7_1 = [l.eax, l.edx];
+    }
+    if cpu.leaf1_ecx & 0x0C00_0000 == 0x0C00_0000 {
+        if max_leaf >= 0xD {
+            let l = __cpuid_count(0xD, 0);
+            cpu.xcr0_supported = (u64::from(l.edx) << 32) | u64::from(l.eax);
+        }
+        // SAFETY: CPUID.1:ECX says the CPU has XSAVE (bit 26) and the OS has enabled it (bit 27,
+        // OSXSAVE), which is what makes XGETBV available in user mode; it reads XCR0 only.
+        cpu.xcr0 = unsafe { std::arch::x86_64::_xgetbv(0) };
+    }
+    cpu
+}
+
+/// Asks Linux for AMX tile data, as XNNPACK's `init_hardware_config` does, and says whether it
+/// was granted. The grant is per process and permanent, so asking first changes nothing
+/// XNNPACK then sees; and the answer can differ between processes of one machine (the kernel
+/// refuses a process whose signal stacks are too small for the tile state), which is why it is
+/// part of the fingerprint.
+#[cfg(all(
+    target_arch = "x86_64",
+    any(target_os = "linux", target_os = "android")
+))]
+fn request_amx_tile_data() -> bool {
+    const ARCH_REQ_XCOMP_PERM: libc::c_long = 0x1023;
+    const XFEATURE_XTILEDATA: libc::c_long = 18;
+    // SAFETY: arch_prctl(ARCH_REQ_XCOMP_PERM, feature) takes two integers and touches no memory
+    // of this process; it only permits the process to use the feature's register state.
+    let status = unsafe {
+        libc::syscall(
+            libc::SYS_arch_prctl,
+            ARCH_REQ_XCOMP_PERM,
+            XFEATURE_XTILEDATA,
+        )
+    };
+    status == 0
+}
+
+/// Outside Linux XNNPACK asks nothing: the CPU's AMX bits decide alone.
+#[cfg(all(
+    target_arch = "x86_64",
+    not(any(target_os = "linux", target_os = "android"))
+))]
+fn request_amx_tile_data() -> bool {
+    true
+}
+
+#[cfg(all(
+    target_arch = "aarch64",
+    any(target_os = "linux", target_os = "android")
+))]
+fn detect() -> u64 {
+    // SAFETY: getauxval only reads the auxiliary vector the kernel gave the process.
+    let (hwcap, hwcap2) = unsafe {
+        (
+            libc::getauxval(libc::AT_HWCAP),
+            libc::getauxval(libc::AT_HWCAP2),
+        )
+    };
+    // Unreadable (a sandbox): no core types, as under user-mode emulation.
+    let midrs = std::fs::read_to_string("/proc/cpuinfo")
+        .map(|text| arm::midrs_of_proc_cpuinfo(&text))
+        .unwrap_or_default();
+    let last = midrs.last().copied().unwrap_or(0);
+    arm::arm_fingerprint(&arm::arm_isa_of_linux(hwcap, hwcap2, last), &midrs)
+}
+
+/// Outside Linux (Apple, Windows) cpuinfo asks the OS for features, as the standard library
+/// does; there are no MIDRs to read.
+#[cfg(all(
+    target_arch = "aarch64",
+    not(any(target_os = "linux", target_os = "android"))
+))]
+fn detect() -> u64 {
+    use std::arch::is_aarch64_feature_detected as has;
+    let isa = arm::ArmIsa {
+        fp16_arith: has!("fp16"),
+        dot: has!("dotprod"),
+        i8mm: has!("i8mm"),
+        bf16: has!("bf16"),
+        sve: has!("sve"),
+        sve2: has!("sve2"),
+        sme: false,
+        sme2: false,
+        fhm: has!("fhm"),
+    };
+    arm::arm_fingerprint(&isa, &[])
 }
 
 #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
-fn arch_fingerprint() -> u64 {
-    0xFF << 56
+fn detect() -> u64 {
+    TAG_OTHER << TAG_SHIFT
 }
 
 #[cfg(test)]
 mod tests {
+    use super::arm::{
+        self, arm_fingerprint, arm_isa_of_linux, hwcap, midrs_of_proc_cpuinfo, ArmIsa,
+    };
+    use super::x86::{self, x86_fingerprint, X86Cpuid};
+    use super::*;
+
+    /// A Sapphire Rapids Xeon as cpuinfo reads it: every x86 feature XNNPACK 4ea82e5 reads, with
+    /// the OS saving YMM, ZMM and AMX state.
+    fn sapphire_rapids() -> X86Cpuid {
+        X86Cpuid {
+            vendor: *b"GenuineIntel",
+            // Family 6, model 0x8F, stepping 8.
+            leaf1_eax: 0x0008_06F8,
+            leaf1_ecx: (1 << 9) | (1 << 19) | (1 << 28) | (1 << 29) | (1 << 12) | 0x0C00_0000,
+            leaf7: [
+                (1 << 5) | (1 << 16) | (1 << 30) | (1 << 17) | (1 << 31),
+                (1 << 1) | (1 << 11) | (1 << 8),
+                (1 << 23) | (1 << 25) | (1 << 24) | (1 << 22),
+            ],
+            leaf7_1: [(1 << 21) | (1 << 4), 1 << 4],
+            xcr0_supported: 0x6_00E7,
+            xcr0: 0x6_00E7,
+        }
+    }
+
+    fn granted() -> bool {
+        true
+    }
+
+    /// Takes one CPUID or XCR0 bit out of a report.
+    type ClearBit = fn(&mut X86Cpuid);
+
+    /// Each x86 feature's name, and how to take its CPUID or XCR0 bit out of a report.
+    fn x86_sources() -> Vec<(&'static str, ClearBit)> {
+        vec![
+            ("ssse3", |c| c.leaf1_ecx &= !(1 << 9)),
+            ("sse4.1", |c| c.leaf1_ecx &= !(1 << 19)),
+            ("avx", |c| c.leaf1_ecx &= !(1 << 28)),
+            ("f16c", |c| c.leaf1_ecx &= !(1 << 29)),
+            ("fma3", |c| c.leaf1_ecx &= !(1 << 12)),
+            ("avx2", |c| c.leaf7[0] &= !(1 << 5)),
+            ("avx512f", |c| c.leaf7[0] &= !(1 << 16)),
+            ("avx512bw", |c| c.leaf7[0] &= !(1 << 30)),
+            ("avx512dq", |c| c.leaf7[0] &= !(1 << 17)),
+            ("avx512vl", |c| c.leaf7[0] &= !(1 << 31)),
+            ("avx512vbmi", |c| c.leaf7[1] &= !(1 << 1)),
+            ("avx512vnni", |c| c.leaf7[1] &= !(1 << 11)),
+            ("gfni", |c| c.leaf7[1] &= !(1 << 8)),
+            ("avx512fp16", |c| c.leaf7[2] &= !(1 << 23)),
+            ("amx-int8", |c| c.leaf7[2] &= !(1 << 25)),
+            ("amx-tile", |c| c.leaf7[2] &= !(1 << 24)),
+            ("amx-bf16", |c| c.leaf7[2] &= !(1 << 22)),
+            ("amx-fp16", |c| c.leaf7_1[0] &= !(1 << 21)),
+            ("xcr0.xtilecfg", |c| c.xcr0 &= !(1 << 17)),
+            ("xcr0.xtiledata", |c| c.xcr0 &= !(1 << 18)),
+            ("avx-vnni", |c| c.leaf7_1[0] &= !(1 << 4)),
+            ("avx-vnni-int8", |c| c.leaf7_1[1] &= !(1 << 4)),
+        ]
+    }
+
     #[test]
-    fn fingerprint_is_stable_and_tagged() {
-        let f = super::cpu_fingerprint();
-        assert_eq!(f, super::cpu_fingerprint());
-        assert_ne!(f >> 56, 0, "architecture tag");
+    fn every_x86_feature_xnnpack_reads_changes_the_fingerprint_alone() {
+        let full = x86_fingerprint(&sapphire_rapids(), granted);
+        assert_eq!(
+            names(x86::NAMES, full).len(),
+            x86::NAMES.len(),
+            "{}",
+            describe_cpu_fingerprint(full)
+        );
+        let sources = x86_sources();
+        // Every named feature but the OS grant (below) has its CPUID or XCR0 bit.
+        assert_eq!(sources.len() + 1, x86::NAMES.len());
+        for (name, clear) in sources {
+            let mut cpu = sapphire_rapids();
+            clear(&mut cpu);
+            let without = x86_fingerprint(&cpu, granted);
+            let difference = cpu_fingerprint_difference(full, without);
+            // Clearing an AMX-request input also takes the grant, which is not asked then.
+            let expected = if [
+                "avx512f",
+                "avx512bw",
+                "avx512dq",
+                "avx512vl",
+                "avx512vnni",
+                "gfni",
+                "amx-int8",
+            ]
+            .contains(&name)
+            {
+                format!("only the file's CPU has {name} amx-granted")
+            } else {
+                format!("only the file's CPU has {name}")
+            };
+            assert_eq!(difference, expected);
+        }
+    }
+
+    #[test]
+    fn a_refused_amx_grant_changes_the_fingerprint() {
+        let cpu = sapphire_rapids();
+        let refused = x86_fingerprint(&cpu, || false);
+        let full = x86_fingerprint(&cpu, granted);
+        assert_eq!(
+            cpu_fingerprint_difference(full, refused),
+            "only the file's CPU has amx-granted"
+        );
+    }
+
+    #[test]
+    fn amx_is_requested_only_where_xnnpack_requests_it() {
+        // XNNPACK asks only with AVX512-SKX, -VNNI, GFNI and AMX-INT8; so does the fingerprint,
+        // and a CPU without them never records a grant.
+        for (name, clear) in x86_sources() {
+            let mut cpu = sapphire_rapids();
+            clear(&mut cpu);
+            let mut asked = false;
+            x86_fingerprint(&cpu, || {
+                asked = true;
+                true
+            });
+            let xnnpack_asks = !matches!(
+                name,
+                "avx512f"
+                    | "avx512bw"
+                    | "avx512dq"
+                    | "avx512vl"
+                    | "avx512vnni"
+                    | "gfni"
+                    | "amx-int8"
+            );
+            assert_eq!(asked, xnnpack_asks, "without {name}");
+        }
+    }
+
+    #[test]
+    fn vector_features_count_only_when_the_os_saves_their_registers() {
+        // The CPU reports AVX-512 and AMX, but the OS saves no ZMM state (XCR0 = x87|SSE|YMM):
+        // cpuinfo, and so XNNPACK, sees AVX2 and no AVX-512 or AMX.
+        let mut cpu = sapphire_rapids();
+        cpu.xcr0 = 0x7;
+        let f = x86_fingerprint(&cpu, granted);
+        let got = names(x86::NAMES, f);
+        assert!(
+            got.contains(&"avx2") && got.contains(&"avx-vnni"),
+            "{got:?}"
+        );
+        assert!(!got
+            .iter()
+            .any(|n| n.starts_with("avx512") || n.starts_with("amx")));
+        // GFNI needs no OS state in cpuinfo's test.
+        assert!(got.contains(&"gfni"));
+        // Without OSXSAVE, XCR0 is not read at all: no AVX either.
+        let mut cpu = sapphire_rapids();
+        cpu.leaf1_ecx &= !(1 << 27);
+        let got = names(x86::NAMES, x86_fingerprint(&cpu, granted));
+        assert_eq!(got, ["ssse3", "sse4.1", "gfni"]);
+    }
+
+    #[test]
+    fn the_cpu_model_is_recorded_without_its_stepping() {
+        let cpu = sapphire_rapids();
+        let f = x86_fingerprint(&cpu, granted);
+        let mut stepping = cpu;
+        stepping.leaf1_eax ^= 0x7;
+        assert_eq!(x86_fingerprint(&stepping, granted), f);
+        let mut model = cpu;
+        model.leaf1_eax = 0x0006_06A6;
+        assert_eq!(
+            cpu_fingerprint_difference(f, x86_fingerprint(&model, granted)),
+            "CPU model Intel family 0x6 model 0x8f in the file, Intel family 0x6 model 0x6a here"
+        );
+        let mut vendor = cpu;
+        vendor.vendor = *b"AuthenticAMD";
+        assert_ne!(x86_fingerprint(&vendor, granted), f);
+    }
+
+    /// An AMD CPU of `family` and `model` with AVX2 and FMA3 (the Zen path of XNNPACK's f32 GEMM).
+    fn amd(family: u32, model: u32) -> u64 {
+        let (base_family, extended_family) = if family >= 0xF {
+            (0xF, family - 0xF)
+        } else {
+            (family, 0)
+        };
+        let cpu = X86Cpuid {
+            vendor: *b"AuthenticAMD",
+            leaf1_eax: (extended_family << 20)
+                | ((model >> 4) << 16)
+                | (base_family << 8)
+                | ((model & 0xF) << 4),
+            leaf1_ecx: (1 << 12) | (1 << 28) | 0x0C00_0000,
+            leaf7: [1 << 5, 0, 0],
+            xcr0_supported: 0x7,
+            xcr0: 0x7,
+            ..X86Cpuid::default()
+        };
+        x86_fingerprint(&cpu, granted)
+    }
+
+    #[test]
+    fn zen_and_zen_4_are_told_apart_from_their_neighbours_and_named() {
+        // Zen (0x17, models 0x00-0x1F) gets XNNPACK's 16s4 f32 GEMM; Zen 2 (0x17, 0x31) does not.
+        let zen = amd(0x17, 0x01);
+        let zen2 = amd(0x17, 0x31);
+        assert_ne!(zen, zen2);
+        let why = cpu_fingerprint_difference(zen, zen2);
+        assert!(
+            why.contains("model 0x1 (Zen: XNNPACK's f32 GEMM packs 16s4)"),
+            "{why}"
+        );
+        // Zen 4 (0x19, 0x61) is kept off XNNPACK's GFNI qb4w kernels; Zen 3 (0x19, 0x21) is not.
+        let why = cpu_fingerprint_difference(amd(0x19, 0x21), amd(0x19, 0x61));
+        assert!(
+            why.ends_with("model 0x61 (Zen 4: XNNPACK avoids its GFNI qb4w GEMM) here"),
+            "{why}"
+        );
+        assert!(!why.contains("only"), "same features: {why}");
+    }
+
+    #[test]
+    fn fingerprints_of_the_previous_scheme_never_match() {
+        // The previous scheme tagged x86-64 1 and aarch64 2, with other bit meanings.
+        let f = x86_fingerprint(&sapphire_rapids(), granted);
+        assert_eq!(f >> TAG_SHIFT, TAG_X86_64);
+        let arm = arm_fingerprint(&ArmIsa::default(), &[]);
+        assert_eq!(arm >> TAG_SHIFT, TAG_AARCH64);
+        for old_tag in [1u64, 2] {
+            let old = (old_tag << TAG_SHIFT) | (f & 0xFF_FFFF);
+            assert_ne!(old, f);
+            assert!(cpu_fingerprint_difference(old, f).contains("not this scheme's"));
+        }
+    }
+
+    /// Linux HWCAPs of an arm64 core with every feature XNNPACK reads.
+    const HWCAP_ALL: u64 =
+        hwcap::FPHP | hwcap::ASIMDHP | hwcap::ASIMDDP | hwcap::SVE | hwcap::ASIMDFHM;
+    const HWCAP2_ALL: u64 = hwcap::SVE2 | hwcap::I8MM | hwcap::BF16 | hwcap::SME | hwcap::SME2;
+    /// A Neoverse V2 (Arm 0xD4F, r0p1).
+    const NEOVERSE_V2: u32 = 0x410F_D4F1;
+
+    #[test]
+    fn every_arm_feature_xnnpack_reads_changes_the_fingerprint_alone() {
+        let midrs = [NEOVERSE_V2];
+        let full = arm_fingerprint(&arm_isa_of_linux(HWCAP_ALL, HWCAP2_ALL, 0), &midrs);
+        assert_eq!(names(arm::NAMES, full).len(), arm::NAMES.len());
+        let cases: [(&str, u64, u64); 9] = [
+            ("fp16-arith", hwcap::FPHP, 0),
+            ("dot", hwcap::ASIMDDP, 0),
+            ("i8mm", 0, hwcap::I8MM),
+            ("bf16", 0, hwcap::BF16),
+            ("sve", hwcap::SVE, 0),
+            ("sve2", 0, hwcap::SVE2),
+            ("sme", 0, hwcap::SME),
+            ("sme2", 0, hwcap::SME2),
+            ("fhm", hwcap::ASIMDFHM, 0),
+        ];
+        for (name, cap, cap2) in cases {
+            let isa = arm_isa_of_linux(HWCAP_ALL & !cap, HWCAP2_ALL & !cap2, 0);
+            assert_eq!(
+                cpu_fingerprint_difference(full, arm_fingerprint(&isa, &midrs)),
+                format!("only the file's CPU has {name}")
+            );
+        }
+        // Either of cpuinfo's two BF16 HWCAPs is BF16.
+        let sve_bf16 = arm_isa_of_linux(0, hwcap::SVEBF16, 0);
+        assert!(sve_bf16.bf16);
+    }
+
+    #[test]
+    fn cpuinfo_takes_fp16_and_dot_from_the_core_type_where_old_kernels_omit_them() {
+        // A Cortex-A76 whose kernel reports neither: cpuinfo, so XNNPACK, uses both.
+        let a76 = arm_isa_of_linux(0, 0, 0x413F_D0B0);
+        assert!(a76.fp16_arith && a76.dot);
+        // Cortex-A55 r0 has FP16 but no dot product; r1 has both.
+        let a55r0 = arm_isa_of_linux(0, 0, 0x410F_D050);
+        assert!(a55r0.fp16_arith && !a55r0.dot);
+        let a55r1 = arm_isa_of_linux(0, 0, 0x411F_D050);
+        assert!(a55r1.dot);
+        // Cortex-A75: dot from r2 only.
+        assert!(!arm_isa_of_linux(0, 0, 0x411F_D0A0).dot);
+        assert!(arm_isa_of_linux(0, 0, 0x412F_D0A0).dot);
+        // A core type cpuinfo has no rule for: the HWCAPs alone; FP16 needs scalar and vector.
+        let a53 = 0x410F_D034;
+        assert!(!arm_isa_of_linux(hwcap::FPHP, 0, a53).fp16_arith);
+        assert!(arm_isa_of_linux(hwcap::FPHP | hwcap::ASIMDHP, 0, a53).fp16_arith);
+    }
+
+    #[test]
+    fn core_types_are_recorded_as_a_set() {
+        let isa = arm_isa_of_linux(HWCAP_ALL, 0, 0);
+        let a55 = 0x411F_D051;
+        let a78 = 0x411F_D410;
+        let big_little = arm_fingerprint(&isa, &[a55, a55, a78, a78]);
+        // Order and the number of cores of a type do not matter (cores go offline)...
+        assert_eq!(arm_fingerprint(&isa, &[a78, a55]), big_little);
+        // ...a core type does: XNNPACK's kernels follow core 0's (the biggest).
+        let little_only = arm_fingerprint(&isa, &[a55]);
+        assert_ne!(little_only, big_little);
+        let why = cpu_fingerprint_difference(big_little, little_only);
+        assert!(why.starts_with("CPU model core types #"), "{why}");
+        // The revision counts too (cpuinfo tells Cortex-A55 r0p0 from later ones by it).
+        assert_ne!(arm_fingerprint(&isa, &[a55 & !0xF]), little_only);
+        assert_eq!(
+            arm_fingerprint(&isa, &[]) >> arm::MIDRS_SHIFT,
+            TAG_AARCH64 << (TAG_SHIFT - arm::MIDRS_SHIFT),
+            "no MIDR read: a zero hash"
+        );
+    }
+
+    #[test]
+    fn midrs_are_read_from_each_core_of_proc_cpuinfo() {
+        let text = "processor\t: 0\nBogoMIPS\t: 50.00\nFeatures\t: fp asimd\n\
+                    CPU implementer\t: 0x41\nCPU architecture: 8\nCPU variant\t: 0x1\n\
+                    CPU part\t: 0xd05\nCPU revision\t: 0\n\n\
+                    processor\t: 1\nCPU implementer\t: 0x41\nCPU architecture: 8\n\
+                    CPU variant\t: 0x3\nCPU part\t: 0xd0b\nCPU revision\t: 1\n\n\
+                    processor\t: 2\nFeatures\t: fp\n";
+        assert_eq!(midrs_of_proc_cpuinfo(text), [0x4110_D050, 0x4130_D0B1]);
+        // An x86 /proc/cpuinfo (what user-mode emulation shows) has none.
+        assert!(midrs_of_proc_cpuinfo("processor\t: 0\nvendor_id\t: AuthenticAMD\n").is_empty());
+    }
+
+    #[test]
+    fn any_fingerprint_can_be_described() {
+        // A crafted file's header can hold any value; its rejection message must still form.
+        let mut value = 0x9E37_79B9_7F4A_7C15u64;
+        for tag in [0, 1, 2, TAG_X86_64, TAG_AARCH64, TAG_OTHER, 0x7F] {
+            for _ in 0..64 {
+                value = value.rotate_left(17).wrapping_mul(0x2545_F491_4F6C_DD1D);
+                let f = (tag << TAG_SHIFT) | (value >> 8);
+                assert!(!describe_cpu_fingerprint(f).is_empty());
+                assert!(!cpu_fingerprint_difference(f, cpu_fingerprint()).is_empty());
+                assert!(!cpu_fingerprint_difference(f, f ^ 1).is_empty());
+            }
+        }
+    }
+
+    #[test]
+    fn this_cpus_fingerprint_is_stable_and_tagged() {
+        let f = cpu_fingerprint();
+        assert_eq!(f, cpu_fingerprint());
+        assert_eq!(f, detect(), "detecting again gives the same answer");
+        let tag = f >> TAG_SHIFT;
+        if cfg!(target_arch = "x86_64") {
+            assert_eq!(tag, TAG_X86_64);
+        } else if cfg!(target_arch = "aarch64") {
+            assert_eq!(tag, TAG_AARCH64);
+        }
+        println!("this CPU: {f:#x} {}", describe_cpu_fingerprint(f));
     }
 }

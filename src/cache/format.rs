@@ -149,8 +149,13 @@ pub enum FileError {
     /// [`MAX_BUILD_ID`]): its packing code may differ.
     #[error("packed by another XNNPACK build")]
     BuildMismatch,
-    /// The file was packed for a CPU whose features select other microkernels.
-    #[error("packed for CPU features {file:#x}, this CPU has {this:#x}")]
+    /// The file was packed for a CPU on which XNNPACK may select other microkernels: its
+    /// fingerprint differs. The message says in what
+    /// ([`cpu_fingerprint_difference`](super::cpu_fingerprint_difference)).
+    #[error(
+        "packed for CPU features {file:#x}, this CPU has {this:#x}: {}",
+        super::cpu_fingerprint_difference(*.file, *.this)
+    )]
     CpuMismatch {
         /// The CPU fingerprint recorded in the file's header.
         file: u64,

@@ -11,6 +11,9 @@ mod aarch64;
 mod backend;
 mod background_saves;
 mod cache_budget;
+// Runs this binary under emulated x86-64 CPUs (and builds the library for aarch64): host only.
+#[cfg(target_arch = "x86_64")]
+mod cpu_identity;
 mod deferred_constants;
 mod delegate;
 mod delegate_fixtures;

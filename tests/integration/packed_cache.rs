@@ -47,7 +47,7 @@ pub(crate) fn assert_matches_reference(mlp: &Mlp, out: &[f32]) {
 }
 
 /// A fresh process's view: the previous cache object is gone, the file is opened again.
-fn reopen(path: &Path) -> Arc<PackedWeightsCache> {
+pub(crate) fn reopen(path: &Path) -> Arc<PackedWeightsCache> {
     PackedWeightsCache::open(path).unwrap()
 }
 
