@@ -759,7 +759,8 @@ fn verify_against_program(
     cache.wait_saved()?;
     let stats = cache.stats();
     outln!(
-        "{}: {} look-ups found their entry, {} missed (packed now), {} entries of another size          than XNNPACK reads",
+        "{}: {} look-ups found their entry, {} missed (packed now), {} entries of another size \
+         than XNNPACK reads",
         program.display(),
         stats.hits,
         stats.misses,

@@ -912,9 +912,11 @@ impl PackedWeightsCache {
         let mut said = Vec::new();
         if after_use > 0 {
             said.push(format!(
-                "{after_use} packed weights of {path} failed their checksum after this launch                  used them: its outputs may be wrong; {}",
+                "{after_use} packed weights of {path} failed their checksum after this launch \
+                 used them: its outputs may be wrong; {}",
                 if read_only {
-                    "the file cannot be written, so this is remembered under the user's state                      directory and every later launch repacks them"
+                    "the file cannot be written, so this is remembered under the user's state \
+                     directory and every later launch repacks them"
                 } else {
                     "the file was rewritten without them and the next launch repacks them"
                 }
@@ -1037,7 +1039,9 @@ impl Drop for PackedWeightsCache {
         // A save in progress completes; whatever was packed after the last finalize is saved
         // now. A failure only costs a repack at the next launch.
         let _ = self.wait_saved();
-        let unsaved = self.core().state.lock().has_unsaved();
+        // A file used read-only is never written, not even at the end.
+        let unsaved =
+            self.core().state.lock().has_unsaved() && !self.read_only.load(Ordering::Relaxed);
         if let (Some(path), true) = (&self.path, unsaved) {
             let _ = persist::save(
                 self.core(),

@@ -322,7 +322,11 @@ pub(crate) fn save(
     state.maps.push(Arc::new(map));
     for fe in written {
         match state.by_key.get(&fe.key).copied() {
-            Some(i) => {
+            // The entry under this key now may not be the one written: while the save ran, the
+            // one snapshotted may have been forgotten (the size XNNPACK read was another) and
+            // its weight repacked. Only bytes of the entry's own size stand for it; a repacked
+            // entry stays on the heap, unsaved, for the next save.
+            Some(i) if state.entries[i].size as u64 == fe.size => {
                 let e = &mut state.entries[i];
                 e.unsaved = false;
                 if !e.resolved {
@@ -336,6 +340,7 @@ pub(crate) fn save(
                 }
                 e.last_used = fe.last_used;
             }
+            Some(_) => {}
             // Saved by another process: look-up-able here too.
             None => state.insert_mapped(m, &fe),
         }

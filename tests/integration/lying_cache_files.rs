@@ -16,7 +16,7 @@ use crate::common;
 
 /// A chain of fully connected layers, each larger than the one before, so that every packed
 /// entry has a size of its own: `chain.pte` and `chain.ptd` in `dir`. `seed` varies the weights.
-fn chain(dir: &Path, name: &str, seed: u32) -> (PathBuf, PathBuf) {
+pub(crate) fn chain(dir: &Path, name: &str, seed: u32) -> (PathBuf, PathBuf) {
     let mut g = GraphBuilder::new();
     let mut x = g.input(&[1, 16]);
     for layer in 0..6u32 {

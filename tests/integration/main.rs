@@ -35,6 +35,7 @@ mod packed_cache_ops;
 mod parallel_packing;
 mod program_fixtures;
 mod program_writer;
+mod read_only_damage;
 mod runtime_c;
 mod save_faults;
 mod shared_cache;
