@@ -37,6 +37,7 @@ fn main() {
         .define("XNNBLOB_EXAMPLE_AS_LIBRARY", None)
         .file(repo.join("examples/c_xnnpack/c_xnnpack.c"))
         .file("hooks/c_map_check.c")
+        .file("hooks/c_identity_check.c")
         .flag_if_supported("-Wall")
         .flag_if_supported("-Wextra")
         .compile("xnnblob-c-checks");

@@ -26,6 +26,7 @@ mod persist;
 
 pub use crate::side_file::PRIVATE_MODE;
 pub use budget::CacheBudget;
+#[cfg(feature = "xnnpack")]
 pub use checked::SETTLED;
 pub use checksum::checksum64;
 pub use cpu::{cpu_fingerprint, cpu_fingerprint_difference, describe_cpu_fingerprint};

@@ -2,8 +2,10 @@
  * and ExecuTorch named data (.ptd, .pte) read in place.
  *
  * The first launch packs and saves; later launches map the file and XNNPACK packs nothing.
- * Packed weights are found by what their unpacked bytes are (their SHA-256), never by address
- * or name. Use it with XNNPACK as built with xnnblob (the one libxnnblob carries).
+ * Packed weights are found by what their unpacked bytes are (their SHA-256) and by everything
+ * XNNPACK packs them with (its look-up seed: operator, shapes, tiling), never by address or name.
+ * Use it with XNNPACK as built with xnnblob (the one libxnnblob carries, whose seeds hash every
+ * packing parameter and whose look-ups state the size they read).
  *
  *   xnnblob_cache* cache;
  *   xnnblob_cache_open_file("weights.xbc", &cache);
@@ -66,7 +68,12 @@ void* xnnblob_cache_xnn(xnnblob_cache* cache);
 
 /* Declares that the `size` bytes at `data`, about to be handed to XNNPACK as a filter or bias,
  * are the blob `sha256` (32 bytes, the SHA-256 of those bytes, as ExecuTorch keys them), or, with
- * `sha256` NULL, hashes them now. The bytes stay valid and unchanged until unregistered. */
+ * `sha256` NULL, hashes them now. The bytes stay valid and unchanged until unregistered. The
+ * same bytes packed in two shapes are told apart by XNNPACK's seed; layers whose filters share
+ * bytes but differ in what XNNPACK packs from arrays its key does not name (a dynamically
+ * quantized layer's bias, a static int8 layer's requantization scales) need 32 bytes of their
+ * own here. An address holds one identity at a time: registering it again as other bytes fails
+ * with XNNBLOB_INVALID_ARGUMENT until it is unregistered. */
 xnnblob_status xnnblob_cache_register(xnnblob_cache* cache, const void* data, size_t size,
                                       const uint8_t* sha256);
 

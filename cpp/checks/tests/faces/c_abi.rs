@@ -21,6 +21,11 @@ unsafe extern "C" {
         output: *mut f32,
         stats: *mut CacheStats,
     ) -> i32;
+    fn xnnblob_c_identity_check(
+        path: *const std::ffi::c_char,
+        error: *mut f32,
+        stats: *mut CacheStats,
+    ) -> i32;
     fn xnnblob_last_error() -> *const std::ffi::c_char;
     fn xnnblob_checks_panic_inside_guard() -> i32;
     fn xnnblob_c_map_check(
@@ -105,6 +110,76 @@ fn a_c_program_packs_once_and_a_second_process_packs_nothing() {
     assert_eq!((packed, hits, entries), (0, 2, 2), "warm");
     assert_eq!(warm, cold, "identical outputs");
     assert_eq!(std::fs::metadata(&path).unwrap().len(), size);
+}
+
+const IDENTITY_CHILD: &str = "XNNBLOB_C_IDENTITY_CHILD";
+
+/// In a child process: the C identity check (hooks/c_identity_check.c) once.
+#[test]
+fn c_identity_launch() {
+    let Ok(path) = std::env::var(IDENTITY_CHILD) else {
+        return; // Only as a child of the test below.
+    };
+    let path = std::ffi::CString::new(path).unwrap();
+    let mut error = f32::NAN;
+    let mut stats = CacheStats::default();
+    // SAFETY: a NUL-terminated path, a writable float and stats struct.
+    let result = unsafe { xnnblob_c_identity_check(path.as_ptr(), &mut error, &mut stats) };
+    // SAFETY: xnnblob_last_error returns a NUL-terminated string valid until the next call.
+    let message = unsafe { std::ffi::CStr::from_ptr(xnnblob_last_error()) };
+    assert_eq!(result, 0, "step {result}: {message:?}");
+    println!(
+        "RESULT packed={} hits={} entries={} error={error}",
+        stats.packed, stats.hits, stats.entries
+    );
+}
+
+/// One buffer registered by its bytes through the C ABI and packed by raw XNNPACK as [64, 128]
+/// and as [128, 64]: two packings, each layer right (within 1e-4 of plain C), cold and in a
+/// second process warm (issue 38; the seeds were `out ^ in ^ ...` before patch 0006, one for
+/// both shapes).
+#[test]
+fn through_the_c_abi_the_same_bytes_in_transposed_shapes_are_two_packings() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("twins.xbc");
+    let launch = || {
+        let out = Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                &crate::common::test_path(module_path!(), "c_identity_launch"),
+                "--nocapture",
+                "--test-threads",
+                "1",
+            ])
+            .env(IDENTITY_CHILD, &path)
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "{stdout}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        stdout
+            .lines()
+            .find_map(|l| l.split_once("RESULT ").map(|(_, rest)| rest.to_string()))
+            .unwrap_or_else(|| panic!("no result in {stdout}"))
+    };
+    let field = |line: &str, name: &str| -> f64 {
+        line.split_whitespace()
+            .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('='))
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    let cold = launch();
+    assert_eq!(field(&cold, "packed"), 2.0, "two packings: {cold}");
+    assert_eq!(field(&cold, "entries"), 2.0, "{cold}");
+    assert!(field(&cold, "error") <= 1e-4, "{cold}");
+    let warm = launch();
+    assert_eq!(field(&warm, "packed"), 0.0, "warm packs nothing: {warm}");
+    assert_eq!(field(&warm, "hits"), 2.0, "{warm}");
+    assert!(field(&warm, "error") <= 1e-4, "{warm}");
 }
 
 #[test]
