@@ -169,6 +169,9 @@ struct State {
     in_memory: Arc<PackedWeightsCache>,
     /// Held open for the backend's life, so models loaded one after another share them.
     files: Mutex<HashMap<PathBuf, Arc<PackedWeightsCache>>>,
+    /// The paths [`Backend::resolve_weights`] resolved to a file cache, as they were asked for:
+    /// asked again (a program of 62 delegates asks 62 times), they make no system call.
+    resolved: Mutex<HashMap<PathBuf, Arc<PackedWeightsCache>>>,
     /// With [`WorkspaceSharing::Global`].
     /// Made on first use by a model of global workspace sharing.
     global_workspace: OnceLock<Arc<Workspace>>,
@@ -215,6 +218,7 @@ impl Backend {
             shared: SharedDataCache::new(),
             in_memory: PackedWeightsCache::in_memory(),
             files: Mutex::new(HashMap::new()),
+            resolved: Mutex::new(HashMap::new()),
             global_workspace,
             threadpool,
             deferred: Mutex::new(Placeholders::default()),
@@ -265,7 +269,9 @@ impl Backend {
     ///   the packed weights in the backend's in-memory cache ([`CacheNotice::Unusable`]); a face
     ///   that must persist turns that notice into its error;
     /// - with `verify_on_load`, every packed weight of the file is checked before any runtime
-    ///   uses it.
+    ///   uses it;
+    /// - a path resolved before by this backend gives the same cache again, with no notice and
+    ///   no system call (ExecuTorch's runtime asks once per delegate).
     ///
     /// The notice is the face's to say, in its own way (ExecuTorch's log, stderr, an error).
     pub fn resolve_weights(
@@ -278,6 +284,13 @@ impl Backend {
             PackedCache::InMemory => return (Weights::Packed(self.0.in_memory.clone()), None),
             PackedCache::File(path) => path,
         };
+        if let Some(cache) = self.0.resolved.lock().get(path).cloned() {
+            // Resolved before: the same cache, and its notice was given then.
+            if verify_on_load {
+                cache.verify_before_use();
+            }
+            return (Weights::Packed(cache), None);
+        }
         let opened = PackedWeightsCache::access_at(path)
             .and_then(|access| Ok((access, self.file_cache(path)?)));
         let (access, cache) = match opened {
@@ -293,6 +306,7 @@ impl Backend {
         if verify_on_load {
             cache.verify_before_use();
         }
+        self.0.resolved.lock().insert(path.clone(), cache.clone());
         let notice = if access == CacheAccess::ReadOnly {
             cache.keep_read_only();
             Some(CacheNotice::ReadOnly { path: path.clone() })

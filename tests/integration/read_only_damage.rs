@@ -64,7 +64,7 @@ fn damage_in_a_read_only_cache_is_served_at_most_once() {
     let program = Program::load(
         &backend,
         &pte,
-        &[ptd.clone()],
+        std::slice::from_ref(&ptd),
         Some(&PackedCache::File(path.clone())),
     )
     .unwrap();
