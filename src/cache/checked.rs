@@ -8,9 +8,9 @@
 //! open with [`VerifyPacked::BeforeUse`](super::VerifyPacked::BeforeUse).
 //!
 //! The record is a hint: absent, unreadable, torn or foreign, the bytes are checked again. It
-//! is written only for a file whose change time is [`SETTLED`] older than the record, because
-//! a change in the same tick of the file system's clock as the last one would leave the change
-//! time as it was (2 s on FAT, a few ms on ext4 and f2fs).
+//! is written only for a file whose change time is older than the record by more than one tick
+//! of its file system's clock ([`settle_time`]), because a change in the same tick as the last
+//! one would leave the change time as it was (2 s on FAT, a few ms on ext4 and f2fs).
 //!
 //! It is a side file (`crate::side_file`): anything at its path but a regular file (a FIFO, a
 //! device, a symbolic link, to `/dev/zero` or anywhere else) counts as no record and is left as
@@ -25,8 +25,43 @@ use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-/// How much older than the record the file's last change must be for the record to be made.
+/// How much older than the record the file's last change must be for the record to be made,
+/// on a file system whose clock is not known to tick finer ([`settle_time`]).
 pub const SETTLED: Duration = Duration::from_secs(2);
+
+/// On the file systems whose change times the kernel keeps to the nanosecond, updated at least
+/// once per scheduler tick (ext4, XFS, Btrfs, F2FS, tmpfs, overlayfs): more than a tick at the
+/// lowest tick rate Linux builds with (100 Hz).
+const FINE_CLOCK_SETTLED: Duration = Duration::from_millis(20);
+
+/// How long a file at `path` must be left unchanged before its change time can tell any later
+/// change: [`FINE_CLOCK_SETTLED`] where its file system keeps a fine clock, [`SETTLED`] anywhere
+/// else (FAT's clock ticks every 2 s).
+pub fn settle_time(path: &Path) -> Duration {
+    use std::os::unix::ffi::OsStrExt;
+    const FINE: [i64; 6] = [
+        0xEF53,      // ext2/3/4
+        0x5846_5342, // XFS
+        0x9123_683E, // Btrfs
+        0xF2F5_2010, // F2FS
+        0x0102_1994, // tmpfs
+        0x794C_7630, // overlayfs
+    ];
+    let Ok(name) = std::ffi::CString::new(path.as_os_str().as_bytes()) else {
+        return SETTLED;
+    };
+    // SAFETY: an all-zero statfs is a valid value to be overwritten.
+    let mut fs: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `name` is NUL-terminated and outlives the call; `fs` is writable.
+    if unsafe { libc::statfs(name.as_ptr(), &mut fs) } != 0 {
+        return SETTLED;
+    }
+    if FINE.contains(&(fs.f_type as i64)) {
+        FINE_CLOCK_SETTLED
+    } else {
+        SETTLED
+    }
+}
 
 /// The most of a file at the record's path that is read: a record is one line of about 100
 /// bytes, so anything longer is not one.
@@ -76,14 +111,15 @@ pub fn is_recorded(path: &Path, map: &MappedFile) -> bool {
 pub struct Before(Checked);
 
 /// The status of the file `map` maps, if the file at `path` is still that file, and it has not
-/// changed for [`SETTLED`] (otherwise no record can be trusted for it yet).
+/// changed for its [`settle_time`] (otherwise no record can be trusted for it yet).
 pub fn before_check(path: &Path, map: &MappedFile) -> Option<Before> {
     let checked = of_mapped(path, map)?;
     let taken_ns = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .ok()?
         .as_nanos() as i128;
-    (checked.changed_ns + SETTLED.as_nanos() as i128 <= taken_ns).then_some(Before(checked))
+    let settled = settle_time(path).as_nanos() as i128;
+    (checked.changed_ns + settled <= taken_ns).then_some(Before(checked))
 }
 
 /// Records that every packed byte of the file `map` maps was checked, if the file at `path` is
@@ -92,7 +128,7 @@ pub fn before_check(path: &Path, map: &MappedFile) -> Option<Before> {
 /// again.
 pub fn record(path: &Path, map: &MappedFile, before: Before, mode: u32) {
     // A change during the check moved the change time past when `before` was taken, which
-    // was `SETTLED` after the change before it: no tick of the clock can hide it.
+    // was a settle time after the change before it: no tick of the clock can hide it.
     if of_mapped(path, map) != Some(before.0) {
         return;
     }

@@ -752,6 +752,8 @@ impl PackedWeightsCache {
             .clone()
             .filter(|_| self.options.verify == VerifyPacked::Background && !self.blocking_save);
         let verify = to_check.is_some();
+        // With background checks, what a save writes is recorded as checked.
+        let record_saves = self.options.verify == VerifyPacked::Background && !self.blocking_save;
         let shown = path.display().to_string();
         let checked_path = path.clone();
         let mode_limit = self.mode_limit.clone();
@@ -781,6 +783,19 @@ impl PackedWeightsCache {
                     .evicted
                     .fetch_add(saved.evicted, Ordering::Relaxed);
                 saves.fetch_add(1, Ordering::Relaxed);
+                if record_saves {
+                    // Every byte a save writes was checked as it was written (packed here, or
+                    // copied only if it matched its checksum): the new file needs no check by
+                    // the launches after this one. Recorded once its clock has ticked past the
+                    // write (a few ms on ext4), so that any later change shows.
+                    let written = core.state.lock().maps.last().cloned();
+                    if let Some(map) = written {
+                        std::thread::sleep(checked::settle_time(&checked_path));
+                        if let Some(before) = checked::before_check(&checked_path, &map) {
+                            checked::record(&checked_path, &map, before, mode);
+                        }
+                    }
+                }
             }
             Ok(())
         };
