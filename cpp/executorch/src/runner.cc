@@ -248,14 +248,22 @@ std::map<std::string, unsigned long long> proc_io() {
   return io;
 }
 
-long peak_rss_kib() {
+// A field of /proc/self/status in KiB (VmHWM: the peak resident set; RssAnon: anonymous
+// memory, which iOS's phys_footprint and Android's low-memory killer count; RssFile: file
+// pages, clean ones of which the kernel can drop), or -1.
+long status_kib(const char* field) {
   std::ifstream in("/proc/self/status");
   std::string line;
+  const size_t n = std::strlen(field);
   while (std::getline(in, line)) {
-    if (line.rfind("VmHWM:", 0) == 0) return std::stol(line.substr(6));
+    if (line.compare(0, n, field) == 0 && line.size() > n && line[n] == ':') {
+      return std::stol(line.substr(n + 1));
+    }
   }
   return -1;
 }
+
+long peak_rss_kib() { return status_kib("VmHWM"); }
 
 double ms_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count();
@@ -288,6 +296,8 @@ struct Launch {
   std::vector<double> execute_ms;
   unsigned long long load_rchar = 0;
   unsigned long long load_read_bytes = 0;
+  long load_rss_anon_kib = 0;  // right after the load, before any execute
+  long load_rss_file_kib = 0;
   std::vector<std::vector<Output>> steps;  // per step, per output
 };
 
@@ -321,6 +331,8 @@ Launch launch(const Options& o, const Program& p, std::unique_ptr<Module>& keep)
   auto io_after = proc_io();
   r.load_rchar = io_after["rchar"] - io_before["rchar"];
   r.load_read_bytes = io_after["read_bytes"] - io_before["read_bytes"];
+  r.load_rss_anon_kib = status_kib("RssAnon");
+  r.load_rss_file_kib = status_kib("RssFile");
 
   auto meta = module.method_meta(p.method);
   if (!meta.ok()) fail("method " + p.method + ": " + error_text(meta.error()));
@@ -410,6 +422,8 @@ void report(const Options& o, size_t p, const Launch& r) {
   }
   std::printf("%sload_rchar=%llu\n", prefix.c_str(), r.load_rchar);
   std::printf("%sload_read_bytes=%llu\n", prefix.c_str(), r.load_read_bytes);
+  std::printf("%sload_rss_anon_kib=%ld\n", prefix.c_str(), r.load_rss_anon_kib);
+  std::printf("%sload_rss_file_kib=%ld\n", prefix.c_str(), r.load_rss_file_kib);
   for (size_t s = 0; s < r.steps.size(); ++s) {
     for (size_t j = 0; j < r.steps[s].size(); ++j) {
       const Output& out = r.steps[s][j];
@@ -510,6 +524,8 @@ int run(int argc, char** argv) {
 
   std::printf("backend=%s\n", library.c_str());
   std::printf("peak_rss_kib=%ld\n", peak_rss_kib());
+  std::printf("rss_anon_kib=%ld\n", status_kib("RssAnon"));
+  std::printf("rss_file_kib=%ld\n", status_kib("RssFile"));
   std::printf("threads=%d\n", o.threads);
   std::printf("own_pool_threads=%d\n", threads_named("xnnblob-pool"));
   for (size_t p = 0; p < o.programs.size(); ++p) {
