@@ -568,7 +568,13 @@ impl PackedWeightsCache {
     pub fn limit_permissions(&self, mode: u32) {
         use std::os::unix::fs::PermissionsExt;
         let mode = mode & READ_WRITE;
-        let limit = self.mode_limit.fetch_and(mode, Ordering::Relaxed) & mode;
+        let before = self.mode_limit.fetch_and(mode, Ordering::Relaxed);
+        let limit = before & mode;
+        // Asked again with no narrower limit (every delegate of a program asks): nothing new
+        // to compare, and no system call.
+        if limit == before {
+            return;
+        }
         let Some(path) = &self.path else { return };
         if let Ok(m) = std::fs::symlink_metadata(path) {
             let excess = m.permissions().mode() & READ_WRITE & !limit;
