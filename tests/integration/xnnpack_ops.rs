@@ -1282,3 +1282,63 @@ fn the_memory_plan_reuses_the_space_below_the_lowest_live_tensor() {
         "{arena}: c was not placed where a was"
     );
 }
+
+/// A blockwise scale that is not a positive normal number is refused at definition, wherever it
+/// sits, and every positive normal one is accepted: XNNPACK patch 0007 tests all of a model's
+/// scales with one branch-free pass over their bits (a warm LLM launch spent a quarter of its
+/// CPU in the per-scale float test before), and must refuse exactly what that test did.
+#[test]
+fn blockwise_scales_are_refused_exactly_when_not_positive_normal() {
+    let (outputs, inputs, block) = (4usize, 64usize, 32usize);
+    let packed = vec![0x88u8; outputs * inputs / 2 + 64];
+    let define = |scales: &[u16]| {
+        let mut g = Subgraph::new(1).unwrap();
+        g.define_blockwise_quantized_tensor(
+            Datatype::Qbint4,
+            &[outputs, inputs],
+            BlockwiseQuantization {
+                zero_point: 8,
+                scales,
+                channel_dim: 0,
+                block_size: block,
+            },
+            ValueRole::Static(&packed[..outputs * inputs / 2]),
+        )
+        .map(|_| ())
+    };
+    let one = 0x3F80u16; // 1.0
+    let good = [
+        one, 0x0080, // the smallest normal
+        0x7F7F, // the largest finite
+        0x3C80,
+    ];
+    let bad = [
+        0x0000, // +0
+        0x8000, // -0
+        0x0001, // subnormal
+        0x007F, // the largest subnormal
+        0xBF80, // -1.0
+        0x7F80, // +inf
+        0xFF80, // -inf
+        0x7FC0, // NaN
+        0xFFC1, // negative NaN
+    ];
+    let count = outputs * inputs / block;
+    for value in good {
+        let scales = vec![value; count];
+        assert!(
+            define(&scales).is_ok(),
+            "{value:#06x} is a positive normal scale"
+        );
+    }
+    for value in bad {
+        for at in [0, count / 2, count - 1] {
+            let mut scales = vec![one; count];
+            scales[at] = value;
+            assert!(
+                define(&scales).is_err(),
+                "{value:#06x} at block {at} is refused"
+            );
+        }
+    }
+}
