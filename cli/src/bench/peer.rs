@@ -173,7 +173,7 @@ pub struct PeerOptions {
 }
 
 /// The model names `--models` takes.
-pub const MODEL_NAMES: [&str; 7] = [
+pub const MODEL_NAMES: [&str; 8] = [
     "fp32",
     "qd8",
     "qb4w",
@@ -181,6 +181,7 @@ pub const MODEL_NAMES: [&str; 7] = [
     "cnn",
     "llm-export",
     "resnet18-export",
+    "llm1b-export",
 ];
 
 /// The generated models, measured by default (with each export that is there).
@@ -188,9 +189,10 @@ pub const DEFAULT_MODELS: [&str; 5] = ["fp32", "qd8", "qb4w", "llm1184", "cnn"];
 
 /// The exported programs by `--models` name: the file stem that
 /// `scripts/export-executorch-fixtures.sh --bench` writes.
-const EXPORTS: [(&str, &str); 2] = [
+const EXPORTS: [(&str, &str); 3] = [
     ("llm-export", "bench_llama_8da4w"),
     ("resnet18-export", "bench_resnet18_fp32"),
+    ("llm1b-export", "bench_llama1b_8da4w"),
 ];
 
 /// A model of the peer bench.
@@ -331,7 +333,9 @@ fn exported_program(dir: &Path, stem: &str) -> Result<Program, String> {
 /// `llm1184` (96 MiB qd8/qc8w in 1184 Linear: an on-device LLM's count of cache entries), `cnn`
 /// (64 MiB of fp32 convolutions and depthwise convolutions); and two programs exported by
 /// ExecuTorch: `llm-export` (a Llama-shaped 8da4w decoder, d=1024, 12 layers, 32k vocabulary,
-/// decoding 16 tokens per launch) and `resnet18-export` (ResNet-18, fp32).
+/// decoding 16 tokens per launch), `resnet18-export` (ResNet-18, fp32) and `llm1b-export`
+/// (Llama-3.2-1B's shape in 8da4w: d=2048, 16 layers, FFN 8192, 32k vocabulary, 8 tokens; the
+/// scale of the app ExecuTorch's packed cache was made for).
 pub fn peer_model(name: &str) -> Result<PeerModel, String> {
     if let Some((_, stem)) = EXPORTS.iter().find(|(n, _)| *n == name) {
         return Ok(PeerModel::Exported(stem));
