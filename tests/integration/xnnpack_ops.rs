@@ -1283,28 +1283,40 @@ fn the_memory_plan_reuses_the_space_below_the_lowest_live_tensor() {
     );
 }
 
-/// A blockwise scale that is not a positive normal number is refused at definition, wherever it
-/// sits, and every positive normal one is accepted: XNNPACK patch 0007 tests all of a model's
-/// scales with one branch-free pass over their bits (a warm LLM launch spent a quarter of its
-/// CPU in the per-scale float test before), and must refuse exactly what that test did.
+/// A blockwise scale that is not a positive normal number is refused where the weights are
+/// packed (the runtime's creation), wherever it sits, and every positive normal one is accepted.
+/// XNNPACK patch 0007 validates scales there, once, with one vectorized pass, instead of at the
+/// tensor's definition and again at the operator's creation one float at a time: a warm LLM
+/// launch spent a quarter of its CPU there, and read every scale of the model, though it packed
+/// nothing. It must refuse exactly what that test did.
 #[test]
-fn blockwise_scales_are_refused_exactly_when_not_positive_normal() {
+fn blockwise_scales_are_refused_where_they_are_packed_exactly_when_not_positive_normal() {
     let (outputs, inputs, block) = (4usize, 64usize, 32usize);
     let packed = vec![0x88u8; outputs * inputs / 2 + 64];
-    let define = |scales: &[u16]| {
-        let mut g = Subgraph::new(1).unwrap();
-        g.define_blockwise_quantized_tensor(
-            Datatype::Qbint4,
-            &[outputs, inputs],
-            BlockwiseQuantization {
-                zero_point: 8,
-                scales,
-                channel_dim: 0,
-                block_size: block,
+    let bias = vec![0f32; outputs];
+    let create = |scales: &[u16]| {
+        let g = qd8_fully_connected_graph(
+            1,
+            inputs,
+            outputs,
+            |g| {
+                g.define_blockwise_quantized_tensor(
+                    Datatype::Qbint4,
+                    &[outputs, inputs],
+                    BlockwiseQuantization {
+                        zero_point: 8,
+                        scales,
+                        channel_dim: 0,
+                        block_size: block,
+                    },
+                    ValueRole::Static(&packed[..outputs * inputs / 2]),
+                )
+                .expect("defined: the scales are checked where they are packed")
             },
-            ValueRole::Static(&packed[..outputs * inputs / 2]),
-        )
-        .map(|_| ())
+            &bias,
+            FullyConnectedFlags::default(),
+        );
+        Runtime::new(&g, None).map(|_| ())
     };
     let one = 0x3F80u16; // 1.0
     let good = [
@@ -1327,7 +1339,7 @@ fn blockwise_scales_are_refused_exactly_when_not_positive_normal() {
     for value in good {
         let scales = vec![value; count];
         assert!(
-            define(&scales).is_ok(),
+            create(&scales).is_ok(),
             "{value:#06x} is a positive normal scale"
         );
     }
@@ -1336,7 +1348,7 @@ fn blockwise_scales_are_refused_exactly_when_not_positive_normal() {
             let mut scales = vec![one; count];
             scales[at] = value;
             assert!(
-                define(&scales).is_err(),
+                create(&scales).is_err(),
                 "{value:#06x} at block {at} is refused"
             );
         }
