@@ -11,6 +11,30 @@ pub fn io(dir: &Path, name: &str) -> Value {
     serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap()
 }
 
+/// The program `io` describes (its `.pte` and `.ptd` files in `dir`), loaded through `backend`
+/// with `cache`; panics naming `name` if it cannot be.
+pub fn load(
+    backend: &xnnblob::backend::Backend,
+    dir: &Path,
+    io: &Value,
+    name: &str,
+    cache: Option<&xnnblob::backend::PackedCache>,
+) -> xnnblob::program::Program {
+    let data: Vec<std::path::PathBuf> = io["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| dir.join(d.as_str().unwrap()))
+        .collect();
+    xnnblob::program::Program::load(
+        backend,
+        dir.join(io["program"].as_str().unwrap()),
+        &data,
+        cache,
+    )
+    .unwrap_or_else(|e| panic!("{name}: {e}"))
+}
+
 /// A tensor of an io.json step, its file in `dir`: dtype, shape, bytes.
 pub fn tensor(dir: &Path, t: &Value) -> (DType, Shape, Vec<u8>) {
     let dtype = DType::parse(t["dtype"].as_str().unwrap()).unwrap();

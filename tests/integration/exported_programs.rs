@@ -13,7 +13,7 @@ use xnnblob::backend::Backend;
 use xnnblob::delegate::builder::GraphBuilder;
 use xnnblob::delegate::{summarize, XnnDelegate};
 use xnnblob::named_data::{DataBuffer, FileDataMap, InMemoryMap, NamedDataMap};
-use xnnblob::program::{Program, ProgramError};
+use xnnblob::program::ProgramError;
 
 use crate::common;
 
@@ -53,19 +53,7 @@ fn fully_delegated_programs_match_executorch_in_xnnblobs_own_executor() {
     let (mut ran, mut not_delegated) = (Vec::new(), Vec::new());
     for name in names() {
         let io = io(&name);
-        let data: Vec<PathBuf> = io["data"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|d| dir().join(d.as_str().unwrap()))
-            .collect();
-        let program = Program::load(
-            &backend,
-            dir().join(io["program"].as_str().unwrap()),
-            &data,
-            None,
-        )
-        .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let program = common::io_steps::load(&backend, &dir(), &io, &name, None);
         let method = program.method(io["method"].as_str().unwrap());
         let mut method = match method {
             Ok(m) => m,

@@ -9,7 +9,6 @@
 use std::path::{Path, PathBuf};
 use xnnblob::backend::{Backend, BackendOptions, PackedCache};
 use xnnblob::cache::{format, BlobId, Compat, PackedWeightsCache};
-use xnnblob::program::Program;
 use xnnblob::xnn::{LookUpKey, PackedWeightsProvider};
 
 use crate::common;
@@ -42,19 +41,7 @@ fn tolerance(name: &str) -> f32 {
 /// difference from ExecuTorch's outputs, as a fraction of their range.
 fn run(backend: &Backend, name: &str, cache: Option<&PackedCache>) -> f32 {
     let io = common::io_steps::io(&dir(), name);
-    let data: Vec<PathBuf> = io["data"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|d| dir().join(d.as_str().unwrap()))
-        .collect();
-    let program = Program::load(
-        backend,
-        dir().join(io["program"].as_str().unwrap()),
-        &data,
-        cache,
-    )
-    .unwrap_or_else(|e| panic!("{name}: {e}"));
+    let program = common::io_steps::load(backend, &dir(), &io, name, cache);
     let mut method = program
         .method(io["method"].as_str().unwrap())
         .unwrap_or_else(|e| panic!("{name}: {e}"));

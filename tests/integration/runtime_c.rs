@@ -19,20 +19,7 @@ fn io(name: &str) -> Value {
 }
 
 fn load(backend: &Backend, name: &str, cache: Option<&PackedCache>) -> Program {
-    let io = io(name);
-    let data: Vec<PathBuf> = io["data"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|d| dir().join(d.as_str().unwrap()))
-        .collect();
-    Program::load(
-        backend,
-        dir().join(io["program"].as_str().unwrap()),
-        &data,
-        cache,
-    )
-    .unwrap_or_else(|e| panic!("{name}: {e}"))
+    common::io_steps::load(backend, &dir(), &io(name), name, cache)
 }
 
 fn tensor(t: &Value) -> (DType, Shape, Vec<u8>) {

@@ -94,6 +94,27 @@ fn the_same_bytes_in_two_shapes_or_beside_two_biases_match_without_a_cache_cold_
     }
 }
 
+/// One launch of `mlp_qd8_qc8w_external` with the cache file `cache`, its outputs written under
+/// `dir/tag`: the output, the runner's stdout and its stderr.
+fn launch_mlp(dir: &Path, cache: &Path, tag: &str) -> (Vec<f32>, String, String) {
+    let out = dir.join(tag);
+    std::fs::create_dir_all(&out).unwrap();
+    let mut args = mlp_args();
+    args.extend([
+        s("--cache"),
+        cache.display().to_string(),
+        s("--output-dir"),
+        out.display().to_string(),
+    ]);
+    let (ok, stdout, stderr) = run_any(&args);
+    assert!(ok, "{tag}: {stdout}{stderr}");
+    (
+        f32s(&std::fs::read(out.join("output0.f32")).unwrap()),
+        stdout,
+        stderr,
+    )
+}
+
 /// A cache file whose last entry was cut short, every checksum recomputed: XNNPACK would read
 /// past the entry, and past the mapping (SIGSEGV on every launch, before patch 0006 let every
 /// hit be checked against the size the operator reads). The launch gives ExecuTorch's outputs,
@@ -105,22 +126,9 @@ fn an_entry_cut_short_is_repacked_inside_executorchs_runtime_and_the_file_repair
     let cache = dir.join("weights.xbc");
     let expected =
         f32s(&std::fs::read(data().join("mlp_qd8_qc8w_external.output_et.f32")).unwrap());
-    let launch = |tag: &str| -> (Vec<f32>, String) {
-        let out = dir.join(tag);
-        std::fs::create_dir_all(&out).unwrap();
-        let mut args = mlp_args();
-        args.extend([
-            s("--cache"),
-            cache.display().to_string(),
-            s("--output-dir"),
-            out.display().to_string(),
-        ]);
-        let (ok, stdout, stderr) = run_any(&args);
-        assert!(ok, "{tag}: {stdout}{stderr}");
-        (
-            f32s(&std::fs::read(out.join("output0.f32")).unwrap()),
-            stdout,
-        )
+    let launch = |tag: &str| {
+        let (output, stdout, _) = launch_mlp(&dir, &cache, tag);
+        (output, stdout)
     };
     let (cold, _) = launch("cold");
     assert!(relative_difference(&cold, &expected) <= 1e-3);
@@ -870,22 +878,9 @@ fn damaged_packed_bytes_are_found_after_the_launch_and_never_served_again() {
     let cache = dir.join("weights.xbc");
     let expected =
         f32s(&std::fs::read(data().join("mlp_qd8_qc8w_external.output_et.f32")).unwrap());
-    let launch = |tag: &str| -> (Vec<f32>, String) {
-        let out = dir.join(tag);
-        std::fs::create_dir_all(&out).unwrap();
-        let mut args = mlp_args();
-        args.extend([
-            s("--cache"),
-            cache.display().to_string(),
-            s("--output-dir"),
-            out.display().to_string(),
-        ]);
-        let (ok, stdout, stderr) = run_any(&args);
-        assert!(ok, "{tag}: {stdout}{stderr}");
-        (
-            f32s(&std::fs::read(out.join("output0.f32")).unwrap()),
-            stderr,
-        )
+    let launch = |tag: &str| {
+        let (output, _, stderr) = launch_mlp(&dir, &cache, tag);
+        (output, stderr)
     };
     let (cold, _) = launch("cold");
     assert!(relative_difference(&cold, &expected) <= 1e-3);
