@@ -2,6 +2,7 @@
 //! f32 files and manifests read, and a plain Rust reference for quantized graphs.
 #![allow(dead_code)] // each test crate uses its own subset
 
+pub mod bounded;
 pub mod close;
 pub mod counting;
 pub mod cross;

@@ -14,17 +14,13 @@ use common::{dir, f32s, scratch};
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use xnnblob::backend::{Backend, BackendOptions, PackedCache};
 use xnnblob::cache::{CacheError, CacheOptions, PackedWeightsCache, VerifyPacked};
 use xnnblob::program::Program;
 
 /// Set for [`child_launch`]: the cache path of the launch it runs.
 const CHILD_CACHE_VAR: &str = "XNNBLOB_SIDE_FILES_CACHE";
-
-/// How long a child launch may take before it is taken to block: far beyond the few seconds
-/// one takes, so only a launch that never ends is failed.
-const BOUND: Duration = Duration::from_secs(120);
 
 /// The most memory a child launch may have resident at its peak: several times what a launch of
 /// [`model`] needs, far below what a read without bound reaches before [`CHILD_DATA_LIMIT`]
@@ -94,7 +90,7 @@ fn child_launch() {
 }
 
 /// Runs [`child_launch`] on `path` in a child process, and returns what it printed; fails if it
-/// does not finish within [`BOUND`] (it blocks), fails, or had more than [`PEAK_BOUND_KIB`]
+/// does not finish within `common::bounded`'s bound (it blocks), fails, or had more than [`PEAK_BOUND_KIB`]
 /// resident (it read without bound).
 fn launch_in_child(path: &Path) -> String {
     let printed = tempfile::NamedTempFile::new().unwrap();
@@ -110,22 +106,7 @@ fn launch_in_child(path: &Path) -> String {
         .stderr(Stdio::inherit())
         .spawn()
         .unwrap();
-    let deadline = Instant::now() + BOUND;
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!(
-                "a launch on {} did not finish in {} s: it blocks",
-                path.display(),
-                BOUND.as_secs()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let status = common::bounded::wait(&mut child, &format!("a launch on {}", path.display()));
     let text = std::fs::read_to_string(printed.path()).unwrap();
     assert!(status.success(), "the launch failed ({status}): {text}");
     let peak_kib: u64 = text

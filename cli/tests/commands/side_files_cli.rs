@@ -9,14 +9,10 @@ use common::scratch;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, Instant};
-
-/// How long a launch may take before it is taken to block: far beyond the second or two one
-/// takes, so only a launch that never ends fails.
-const BOUND: Duration = Duration::from_secs(120);
+use std::time::Duration;
 
 /// Runs `xnnblob run` with `args` and returns whether it succeeded, and its stdout and stderr;
-/// fails the test if it has not finished within [`BOUND`].
+/// fails the test if it never finishes (`common::bounded`).
 fn run_bounded(args: &[&str]) -> (bool, String) {
     let stdout = tempfile::NamedTempFile::new().unwrap();
     let stderr = tempfile::NamedTempFile::new().unwrap();
@@ -27,21 +23,7 @@ fn run_bounded(args: &[&str]) -> (bool, String) {
         .stderr(stderr.reopen().unwrap())
         .spawn()
         .unwrap();
-    let deadline = Instant::now() + BOUND;
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!(
-                "xnnblob run {args:?} did not finish in {} s: it blocks",
-                BOUND.as_secs()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let status = common::bounded::wait(&mut child, &format!("xnnblob run {args:?}"));
     let text = std::fs::read_to_string(stdout.path()).unwrap()
         + &std::fs::read_to_string(stderr.path()).unwrap();
     (status.success(), text)
