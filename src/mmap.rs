@@ -1,11 +1,13 @@
-//! Read-only memory maps of files: the one place xnnblob maps memory.
+//! Memory maps of files: the one place xnnblob maps them. Read-only maps of published files
+//! ([`MappedFile`]), and the shared, writable windows of a cache file being made
+//! ([`FileWindow`], a draft only its own process writes until it is published).
 //!
 //! Mapping is unsafe because the bytes can change, or vanish (SIGBUS), if another process
 //! modifies or truncates the file while it is mapped. xnnblob never writes to or truncates a
-//! file in place once published: writers build a temporary file and rename it over the old
-//! one, which leaves existing maps on the old inode intact. Files modified in place by someone
-//! else are outside what any reader can defend against; the parsers only ever trust bytes
-//! they have validated.
+//! file in place once published: writers build a temporary file (or a draft) and rename it over
+//! the old one, which leaves existing maps on the old inode intact. Files modified in place by
+//! someone else are outside what any reader can defend against; the parsers only ever trust
+//! bytes they have validated, and maps of cache files survive truncation (`truncation.rs`).
 
 mod truncation;
 
@@ -179,6 +181,148 @@ impl MappedFile {
 impl AsRef<[u8]> for MappedFile {
     fn as_ref(&self) -> &[u8] {
         self.bytes()
+    }
+}
+
+/// A window of a file being written, mapped shared and writable at a fixed offset of the file:
+/// the cache file a cold launch packs into (see `cache/draft.rs`). The window may reach past the
+/// file's end; its owner makes the file long enough (with its blocks allocated) before it hands
+/// out any byte of the window, so no write faults for want of disk space. The window's address
+/// never changes, so the memory it hands out may be given to XNNPACK for good.
+#[cfg(feature = "xnnpack")]
+pub(crate) struct FileWindow {
+    // Dropped before `map`, as in `MappedFile`.
+    watch: parking_lot::Mutex<Option<truncation::Watch>>,
+    map: memmap2::MmapRaw,
+    /// The offset in the file of the window's first byte.
+    file_offset: u64,
+}
+
+#[cfg(feature = "xnnpack")]
+impl FileWindow {
+    /// Maps `len` bytes of `file` from `file_offset` (a multiple of the page size), shared and
+    /// writable.
+    pub(crate) fn map(
+        file: &std::fs::File,
+        file_offset: u64,
+        len: usize,
+    ) -> io::Result<FileWindow> {
+        let map = memmap2::MmapOptions::new()
+            .offset(file_offset)
+            .len(len)
+            .map_raw(file)?;
+        Ok(FileWindow {
+            watch: parking_lot::Mutex::new(None),
+            map,
+            file_offset,
+        })
+    }
+
+    /// The offset in the file of the window's first byte.
+    pub(crate) fn file_offset(&self) -> u64 {
+        self.file_offset
+    }
+
+    /// How many bytes the window spans (not all of them need be in the file yet).
+    pub(crate) fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    /// The address of the window's byte `at` (`at` no more than its length).
+    pub(crate) fn address(&self, at: usize) -> *mut u8 {
+        assert!(
+            at <= self.map.len(),
+            "{at} is past a window of {}",
+            self.map.len()
+        );
+        // SAFETY: `at` is within the mapping (checked above), so the result points into it or
+        // one past its end.
+        unsafe { self.map.as_mut_ptr().add(at) }
+    }
+
+    /// The `len` bytes of the window from `at`, which must lie inside the file and must have
+    /// been written (a packed region XNNPACK finished, a copy this process made): nothing writes
+    /// them again while they are borrowed.
+    pub(crate) fn bytes(&self, at: usize, len: usize) -> &[u8] {
+        assert!(
+            at.checked_add(len).is_some_and(|end| end <= self.map.len()),
+            "{len} bytes at {at} are past a window of {}",
+            self.map.len()
+        );
+        // SAFETY: the range lies inside the mapping (checked above), which lives as long as
+        // `self`; the caller's contract says no one writes it while it is read, and the file
+        // reaches it (the owner allocated it first), so reading it does not fault.
+        unsafe { std::slice::from_raw_parts(self.map.as_mut_ptr().add(at), len) }
+    }
+
+    /// Copies `bytes` into the window at `at`; the range must lie inside the file and be
+    /// written by no one else.
+    pub(crate) fn write(&self, at: usize, bytes: &[u8]) {
+        assert!(
+            at.checked_add(bytes.len())
+                .is_some_and(|end| end <= self.map.len()),
+            "{} bytes at {at} are past a window of {}",
+            bytes.len(),
+            self.map.len()
+        );
+        // SAFETY: the destination lies inside the writable mapping (checked above) and inside
+        // the file (the caller's contract), is used by no one else, and cannot overlap `bytes`,
+        // which Rust's borrow holds elsewhere or reads from memory no writer touches.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                bytes.as_ptr(),
+                self.map.as_mut_ptr().add(at),
+                bytes.len(),
+            )
+        };
+    }
+
+    /// Makes the pages under `len` bytes from `at` present and writable now, in one system call
+    /// (`MADV_POPULATE_WRITE`), rather than one fault per page as they are first written: a
+    /// region about to be packed is written whole. The range must lie inside the file. Advice
+    /// only: a kernel without it (before 5.14) faults them in as they are written.
+    pub(crate) fn prepare_for_writing(&self, at: usize, len: usize) {
+        const PAGE: usize = 4096;
+        let Some(end) = at.checked_add(len).filter(|&end| end <= self.map.len()) else {
+            return;
+        };
+        let base = self.map.as_mut_ptr() as usize;
+        let start = (base + at) / PAGE * PAGE;
+        let end = (base + end).next_multiple_of(PAGE);
+        // SAFETY: [start, end) covers only pages of this mapping that hold the range, which the
+        // file reaches (the caller's contract), so populating them faults nothing past its end;
+        // MADV_POPULATE_WRITE changes no byte (the pages read as they did), and a failure is
+        // ignored.
+        let _ = unsafe {
+            libc::madvise(
+                start as *mut libc::c_void,
+                end - start,
+                libc::MADV_POPULATE_WRITE,
+            )
+        };
+    }
+
+    /// From now on, survives the file being cut short under the window's first `len` bytes, as
+    /// [`MappedFile::open_watched`] does: once the file is published, anyone who may write it
+    /// could truncate it.
+    pub(crate) fn watch(&self, len: usize) {
+        let len = len.min(self.map.len());
+        let mut watch = self.watch.lock();
+        if watch.is_none() && len > 0 {
+            // SAFETY: the first `len` bytes lie inside the mapping, which outlives the watch
+            // (dropped first); the slice is only used for its address and length.
+            let bytes = unsafe { std::slice::from_raw_parts(self.map.as_ptr(), len) };
+            *watch = truncation::Watch::start(bytes);
+        }
+    }
+
+    /// Whether a read of the watched part found the file cut short (see
+    /// [`MappedFile::lost_pages`]).
+    pub(crate) fn lost_pages(&self) -> bool {
+        self.watch
+            .lock()
+            .as_ref()
+            .is_some_and(truncation::Watch::faulted)
     }
 }
 

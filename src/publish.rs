@@ -72,13 +72,112 @@ impl<'s> Staged<'s> {
         file.sync()?;
         drop(file);
         let value = before_rename(self.storage, &self.temporary)?;
-        refuse_non_regular(&self.destination)?;
-        self.storage.rename(&self.temporary, &self.destination)?;
+        put_in_place(self.storage, &self.temporary, &self.destination)?;
         self.published = true;
-        self.storage
-            .sync_directory(directory_of(&self.destination))?;
         Ok(value)
     }
+}
+
+/// Renames `temporary` (complete and synced) over `destination` and syncs the directory: the
+/// last step of every publish. A destination that is not a regular file is never replaced.
+pub(crate) fn put_in_place(
+    storage: &dyn Storage,
+    temporary: &Path,
+    destination: &Path,
+) -> io::Result<()> {
+    refuse_non_regular(destination)?;
+    storage.rename(temporary, destination)?;
+    storage.sync_directory(directory_of(destination))
+}
+
+/// A draft: a temporary sibling of a destination that is written over a long time, through a
+/// map, while its process runs (the packed-weight cache a cold launch packs into), and published
+/// by [`put_in_place`] once synced. Its name carries the draft infix
+/// (`.<name>.xnnblob-draft-<pid>-<n>`): unlike a save's temporary it is made without the
+/// writer lock, so it is reclaimed only once its process is gone, never by a live writer's save.
+/// Removed when dropped unless published.
+#[cfg(feature = "xnnpack")]
+pub(crate) struct Draft {
+    storage: crate::storage::SharedStorage,
+    temporary: PathBuf,
+    published: bool,
+}
+
+/// The drafts open in this process: a reclaim never takes them, whatever their names say.
+#[cfg(feature = "xnnpack")]
+fn open_drafts() -> &'static parking_lot::Mutex<Vec<PathBuf>> {
+    static OPEN: std::sync::OnceLock<parking_lot::Mutex<Vec<PathBuf>>> = std::sync::OnceLock::new();
+    OPEN.get_or_init(Default::default)
+}
+
+#[cfg(feature = "xnnpack")]
+impl Draft {
+    /// Creates an empty draft beside `destination`, with permission bits `mode`.
+    pub(crate) fn create(
+        storage: crate::storage::SharedStorage,
+        destination: &Path,
+        mode: u32,
+    ) -> io::Result<(Draft, Box<dyn StorageFile>)> {
+        static SEQUENCE: AtomicU64 = AtomicU64::new(0);
+        let name = destination
+            .file_name()
+            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no file name"))?;
+        let temporary = directory_of(destination).join(format!(
+            "{}{}-{}",
+            draft_prefix(name),
+            storage.get().process_id(),
+            SEQUENCE.fetch_add(1, Ordering::Relaxed)
+        ));
+        open_drafts().lock().push(temporary.clone());
+        let file = match storage.get().create_new(&temporary, mode) {
+            Ok(file) => file,
+            Err(e) => {
+                open_drafts().lock().retain(|p| *p != temporary);
+                return Err(e);
+            }
+        };
+        Ok((
+            Draft {
+                storage,
+                temporary,
+                published: false,
+            },
+            file,
+        ))
+    }
+
+    /// The storage it is made in.
+    pub(crate) fn storage(&self) -> &crate::storage::SharedStorage {
+        &self.storage
+    }
+
+    /// Where the draft is.
+    pub(crate) fn path(&self) -> &Path {
+        &self.temporary
+    }
+
+    /// Renames the draft (complete and synced by the caller) over `destination`.
+    pub(crate) fn publish(mut self, destination: &Path) -> io::Result<()> {
+        put_in_place(self.storage.get(), &self.temporary, destination)?;
+        self.published = true;
+        Ok(())
+    }
+}
+
+#[cfg(feature = "xnnpack")]
+impl Drop for Draft {
+    fn drop(&mut self) {
+        if !self.published {
+            let _ = self.storage.get().remove(&self.temporary);
+        }
+        open_drafts().lock().retain(|p| *p != self.temporary);
+    }
+}
+
+/// What every draft of a destination named `name` begins with.
+#[cfg(feature = "xnnpack")]
+fn draft_prefix(name: &std::ffi::OsStr) -> String {
+    format!(".{}.xnnblob-draft-", name.to_string_lossy())
 }
 
 impl Drop for Staged<'_> {
@@ -109,7 +208,7 @@ fn temporary_pid(file_name: &std::ffi::OsStr, prefix: &str) -> Option<libc::pid_
 }
 
 /// Removes the temporaries of `destination` left by writers that no longer run (a save killed
-/// midway). Only a writer holding the destination's writer lock makes temporaries, so with
+/// midway), and the [`Draft`]s of processes that are gone. Only a writer holding the destination's writer lock makes temporaries, so with
 /// `writers_locked` (the caller holds that lock) every temporary is abandoned, whoever's process
 /// id its name carries: a pid reused by an unrelated process does not keep it. Without the lock
 /// a temporary is abandoned when the process its name carries is gone (a gone process will never
@@ -134,18 +233,24 @@ pub(crate) fn reclaim_abandoned(
     // SAFETY: geteuid takes no arguments, cannot fail and touches no memory of ours.
     let user = unsafe { libc::geteuid() };
     let mut removed = 0;
+    let drafts = draft_prefix(name);
     for entry in entries.flatten() {
-        let Some(pid) = temporary_pid(&entry.file_name(), &prefix) else {
-            continue;
+        // A save's temporary, or a draft: a draft is made without the writer lock, so holding
+        // it says nothing about drafts; only their process's end does.
+        let (pid, locked) = match temporary_pid(&entry.file_name(), &prefix) {
+            Some(pid) => (pid, writers_locked),
+            None => match temporary_pid(&entry.file_name(), &drafts) {
+                Some(pid) => (pid, false),
+                None => continue,
+            },
         };
         let path = entry.path();
         let ours =
             fs::symlink_metadata(&path).is_ok_and(|m| m.file_type().is_file() && m.uid() == user);
-        if !ours {
+        if !ours || open_drafts().lock().contains(&path) {
             continue;
         }
-        let abandoned =
-            writers_locked || (pid as u32 != std::process::id() && !process_exists(pid));
+        let abandoned = locked || (pid as u32 != std::process::id() && !process_exists(pid));
         if abandoned && storage.remove(&path).is_ok() {
             removed += 1;
         }
@@ -300,6 +405,45 @@ mod tests {
         ];
         kept.sort();
         assert_eq!(siblings(dir.path()), kept);
+    }
+
+    #[test]
+    #[cfg(feature = "xnnpack")]
+    fn drafts_are_reclaimed_only_once_their_process_is_gone_even_under_the_writer_lock() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("weights.xbc");
+        let mut gone = std::process::Command::new("true").spawn().unwrap();
+        let gone_pid = gone.id();
+        gone.wait().unwrap();
+        let dead = format!(".weights.xbc.xnnblob-draft-{gone_pid}-999999");
+        // pid 1 always runs: a draft of a live process, which packs into it through a map.
+        let live = ".weights.xbc.xnnblob-draft-1-4".to_string();
+        for n in [&dead, &live] {
+            fs::write(dir.path().join(n), b"packed").unwrap();
+        }
+        // This process's own open draft, named with a dead pid (as a test plays a dying
+        // process): never taken while it is open.
+        let storage = crate::storage::SharedStorage::new(std::sync::Arc::new(
+            crate::storage::faults::FaultyStorage::new(crate::storage::faults::Fault::None)
+                .with_process_id(gone_pid),
+        ));
+        let (open, _file) = Draft::create(storage, &path, 0o600).unwrap();
+        let open_name = open
+            .path()
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .into_owned();
+        assert_eq!(reclaim_abandoned(&OsStorage, &path, true), 1);
+        let mut kept = vec![live.clone(), open_name.clone()];
+        kept.sort();
+        assert_eq!(siblings(dir.path()), kept);
+        drop(open);
+        assert_eq!(
+            siblings(dir.path()),
+            [live],
+            "an unpublished draft is removed when dropped"
+        );
     }
 
     /// Issue 38: a user's `.NAME.tmp-1-notes` beside the cache was deleted by the next save.

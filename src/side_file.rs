@@ -79,7 +79,12 @@ pub(crate) fn open(path: &Path, options: &mut OpenOptions) -> io::Result<File> {
 pub(crate) fn create_new(path: &Path, mode: u32) -> io::Result<File> {
     open(
         path,
-        OpenOptions::new().write(true).create_new(true).mode(mode),
+        // Readable too: a draft of a cache file is mapped shared and writable, which takes both.
+        OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .mode(mode),
     )
 }
 

@@ -2,6 +2,7 @@
 //! from memory packed in this process.
 
 use super::checksum::checksum64;
+use super::draft::{DraftFile, Space};
 use super::format::{EntryKey, FileEntry, REGION_ALIGNMENT};
 use super::identity::BlobId;
 use crate::aligned::AlignedBytes;
@@ -21,6 +22,24 @@ pub(crate) enum Location {
     Mapped { map: usize, offset: usize },
     /// Packed in this process (shared with a save in progress).
     Heap(Arc<AlignedBytes>),
+    /// Packed in this process straight into a cache file being made (see `draft.rs`), which a
+    /// save may have published since.
+    Drafted(Space),
+}
+
+/// Memory `reserve_space` handed to XNNPACK, until `look_up_or_insert` adopts it.
+enum Reserved {
+    Heap(AlignedBytes),
+    Drafted(Space, usize),
+}
+
+/// How a file-backed cache starts a draft of its file when XNNPACK first packs.
+pub(crate) struct DraftPlan {
+    pub storage: crate::storage::SharedStorage,
+    /// The cache file.
+    pub destination: std::path::PathBuf,
+    /// The permission bits to create it with, asked when it is created.
+    pub mode: Box<dyn Fn() -> u32 + Send + Sync>,
 }
 
 pub(crate) struct Entry {
@@ -91,7 +110,11 @@ pub(crate) struct State {
     first_looks: u64,
     /// The `first_miss` of look-ups that missed, for the entry their packing inserts next.
     missed_at: FastMap<EntryKey, u64>,
-    pending: FastMap<usize, AlignedBytes>,
+    pending: FastMap<usize, Reserved>,
+    /// Where packing goes for a file-backed cache that can be written; None packs on the heap.
+    pub drafting: Option<DraftPlan>,
+    /// The draft packing goes into now, until a save takes it.
+    pub draft: Option<DraftFile>,
     registered: FastMap<usize, Registered>,
     /// Data files whose named keys were checked against their bytes, the most recently
     /// checked first: their keys are taken as content identities without hashing.
@@ -100,6 +123,8 @@ pub(crate) struct State {
     pub sources_unsaved: bool,
     /// Indices of `maps` whose file was cut short under them.
     pub lost: Vec<usize>,
+    /// Draft windows (by address) whose published file was cut short under them.
+    lost_windows: Vec<usize>,
 }
 
 /// An entry of a file that [`CacheCore::forget_corrupt`] has yet to check.
@@ -115,6 +140,7 @@ fn unchecked(e: &Entry, all: bool) -> bool {
 pub(crate) enum Source {
     Mapped(Arc<MappedFile>, usize, usize),
     Heap(Arc<AlignedBytes>, usize),
+    Drafted(Space, usize),
 }
 
 impl Source {
@@ -122,6 +148,15 @@ impl Source {
         match self {
             Source::Mapped(m, offset, size) => &m.bytes()[*offset..*offset + *size],
             Source::Heap(b, size) => &b[..*size],
+            Source::Drafted(space, size) => space.bytes(*size),
+        }
+    }
+
+    /// The draft space it lies in, if it does.
+    pub fn space(&self) -> Option<&Space> {
+        match self {
+            Source::Drafted(space, _) => Some(space),
+            _ => None,
         }
     }
 
@@ -161,6 +196,7 @@ impl State {
                 Source::Mapped(self.maps[*map].clone(), *offset, e.size)
             }
             Location::Heap(b) => Source::Heap(b.clone(), e.size),
+            Location::Drafted(space) => Source::Drafted(space.clone(), e.size),
         }
     }
 
@@ -168,7 +204,28 @@ impl State {
         match &e.location {
             Location::Mapped { map, offset } => &self.maps[*map].bytes()[*offset..*offset + e.size],
             Location::Heap(b) => &b[..e.size],
+            Location::Drafted(space) => space.bytes(e.size),
         }
+    }
+
+    /// Room for `n` packed bytes in the draft of the cache file, started now if there is none;
+    /// None where the cache does not draft, or the draft cannot grow (then the weight is packed
+    /// on the heap, and saved as before). A draft that cannot be started is not tried again.
+    fn reserve_in_draft(&mut self, n: usize) -> Option<Space> {
+        let plan = self.drafting.as_ref()?;
+        if self.draft.is_none() {
+            match DraftFile::create(plan.storage.clone(), &plan.destination, (plan.mode)()) {
+                Ok(draft) => self.draft = Some(draft),
+                Err(_) => {
+                    self.drafting = None;
+                    return None;
+                }
+            }
+        }
+        self.draft
+            .as_mut()?
+            .reserve(n, REGION_ALIGNMENT as u64)
+            .ok()
     }
 
     /// Adds the entry `e` of the file `maps[map]`, unless its key is known already.
@@ -288,7 +345,7 @@ impl CacheCore {
         bad.iter()
             .filter_map(|&i| match state.entries[i].location {
                 Location::Mapped { offset, .. } => Some(offset as u64),
-                Location::Heap(_) => None,
+                Location::Heap(_) | Location::Drafted(_) => None,
             })
             .collect()
     }
@@ -335,12 +392,31 @@ impl CacheCore {
         let newly: Vec<usize> = (0..state.maps.len())
             .filter(|&m| state.maps[m].lost_pages() && !state.lost.contains(&m))
             .collect();
-        if !newly.is_empty() {
+        let mut windows: Vec<usize> = state
+            .entries
+            .iter()
+            .filter_map(|e| match &e.location {
+                Location::Drafted(space) if space.window.lost_pages() => {
+                    Some(Arc::as_ptr(&space.window) as usize)
+                }
+                _ => None,
+            })
+            .filter(|w| !state.lost_windows.contains(w))
+            .collect();
+        windows.sort_unstable();
+        windows.dedup();
+        if !newly.is_empty() || !windows.is_empty() {
             let forget: Vec<usize> = (0..state.entries.len())
                 .filter(|&i| {
                     let e = &state.entries[i];
-                    matches!(e.location, Location::Mapped { map, .. } if newly.contains(&map))
-                        && e.key.is_some_and(|k| state.by_key.get(&k) == Some(&i))
+                    let lost = match &e.location {
+                        Location::Mapped { map, .. } => newly.contains(map),
+                        Location::Drafted(space) => {
+                            windows.contains(&(Arc::as_ptr(&space.window) as usize))
+                        }
+                        Location::Heap(_) => false,
+                    };
+                    lost && e.key.is_some_and(|k| state.by_key.get(&k) == Some(&i))
                 })
                 .collect();
             for &i in &forget {
@@ -352,8 +428,9 @@ impl CacheCore {
                 .truncated
                 .fetch_add(forget.len(), Ordering::Relaxed);
             state.lost.extend(newly);
+            state.lost_windows.extend(windows);
         }
-        state.lost.len()
+        state.lost.len() + state.lost_windows.len()
     }
 
     /// Registers `ptr` under `id`. If it is registered under another identity already, it is
@@ -597,12 +674,21 @@ impl PackedWeightsProvider for CacheCore {
         self.counters
             .reserve_space_calls
             .fetch_add(1, Ordering::Relaxed);
+        let mut state = self.state.lock();
+        if let Some(space) = state.reserve_in_draft(n) {
+            let ptr = NonNull::new(space.address())?;
+            state
+                .pending
+                .insert(ptr.as_ptr() as usize, Reserved::Drafted(space, n));
+            return Some(ptr);
+        }
+        drop(state);
         let block = AlignedBytes::zeroed(n, REGION_ALIGNMENT)?;
         let ptr = NonNull::new(block.as_ptr())?;
         self.state
             .lock()
             .pending
-            .insert(ptr.as_ptr() as usize, block);
+            .insert(ptr.as_ptr() as usize, Reserved::Heap(block));
         Some(ptr)
     }
 
@@ -631,12 +717,13 @@ impl PackedWeightsProvider for CacheCore {
             }
         }
         let ptr = ptr?;
-        let block = match pending {
-            Some(block) if block.len() >= size => block,
+        let location = match pending {
+            Some(Reserved::Drafted(space, n)) if n >= size => Location::Drafted(space),
+            Some(Reserved::Heap(block)) if block.len() >= size => Location::Heap(Arc::new(block)),
             _ => {
                 // SAFETY: XNNPACK hands us `size` readable bytes of packed weights at `ptr`.
                 let packed = unsafe { std::slice::from_raw_parts(ptr.as_ptr(), size) };
-                AlignedBytes::copy_from(packed, REGION_ALIGNMENT)?
+                Location::Heap(Arc::new(AlignedBytes::copy_from(packed, REGION_ALIGNMENT)?))
             }
         };
         CacheCore::release_unpacked(&state, key);
@@ -645,7 +732,7 @@ impl PackedWeightsProvider for CacheCore {
         state.entries.push(Entry {
             key: content_key,
             size,
-            location: Location::Heap(Arc::new(block)),
+            location,
             checksum: None,
             last_used: 0,
             hit: false,

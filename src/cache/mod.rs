@@ -17,6 +17,8 @@ mod checksum;
 #[cfg(feature = "xnnpack")]
 mod core;
 mod cpu;
+#[cfg(feature = "xnnpack")]
+mod draft;
 pub mod format;
 mod identity;
 #[cfg(feature = "xnnpack")]

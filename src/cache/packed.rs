@@ -4,7 +4,7 @@
 use super::budget::CacheBudget;
 use super::checked;
 use super::checksum::checksum64;
-use super::core::{CacheCore, Location};
+use super::core::{CacheCore, DraftPlan, Location};
 use super::cpu::cpu_fingerprint;
 use super::format::{Compat, EntryKey, FileError};
 use super::identity::BlobId;
@@ -240,7 +240,16 @@ struct Saver {
     thread: Option<JoinHandle<()>>,
     /// Shared with that thread.
     queue: Arc<Mutex<SaveQueue>>,
+    /// Wakes a saving thread that waits for packing to pause (see [`PACKING_PAUSE`]).
+    hurry: Arc<parking_lot::Condvar>,
 }
+
+/// How long packing must pause before a background save starts: a program's delegates are
+/// created one after another, each asking for a save, and packing into the file being made (see
+/// `draft.rs`) goes on between them. One save after the last publishes that file; a save per
+/// delegate would rewrite it whole each time. [`PackedWeightsCache::wait_saved`] (and exit)
+/// does not wait for the pause.
+const PACKING_PAUSE: std::time::Duration = std::time::Duration::from_millis(100);
 
 #[derive(Default)]
 struct SaveQueue {
@@ -252,6 +261,8 @@ struct SaveQueue {
     given_up: bool,
     /// That save's error, until [`PackedWeightsCache::wait_saved`] reports it.
     failed: Option<CacheError>,
+    /// Someone waits for the save: it starts now, packing or not.
+    hurried: bool,
 }
 
 /// A packed-weight cache, persistent (one file) or in memory; an `xnn_weights_cache_t` for
@@ -471,6 +482,7 @@ impl PackedWeightsCache {
         }
         let compat = options.compat();
         let core = CacheCore::default();
+        let mode_limit = Arc::new(AtomicU32::new(NO_LIMIT));
         // Temporaries of saves killed midway are reclaimed here too, not only by a save: a
         // process that never saves again (every later launch warm) would keep them forever. A
         // temporary whose writer is gone can never be published, so no lock is needed.
@@ -495,9 +507,16 @@ impl PackedWeightsCache {
             options,
             read_only: AtomicBool::new(false),
             to_check,
-            mode_limit: Arc::new(AtomicU32::new(NO_LIMIT)),
+            mode_limit: mode_limit.clone(),
             excess_permissions: AtomicU32::new(0),
             remember_at: Mutex::new(None),
+        });
+        // XNNPACK packs straight into a draft of the file from the first weight on (see
+        // `draft.rs`); a cache kept read-only packs on the heap instead.
+        cache.core().state.lock().drafting = Some(DraftPlan {
+            storage: cache.options.storage.clone(),
+            destination: path.clone(),
+            mode: Box::new(move || mode_of_limit(mode_limit.load(Ordering::Relaxed))),
         });
         reg.retain(|_, w| w.strong_count() > 0);
         reg.insert(path, Arc::downgrade(&cache));
@@ -832,9 +851,24 @@ impl PackedWeightsCache {
             let _ = finished.join();
         }
         let queue = saver.queue.clone();
+        let hurry = saver.hurry.clone();
+        let packing = self.core().clone();
         saver.thread = Some(std::thread::spawn(move || {
             yield_to_inference();
             loop {
+                // Until packing pauses, or someone waits for the save.
+                loop {
+                    let packed = packing.counters.reserve_space_calls.load(Ordering::Relaxed);
+                    let mut q = queue.lock();
+                    if !q.hurried {
+                        hurry.wait_for(&mut q, PACKING_PAUSE);
+                    }
+                    let unchanged =
+                        packing.counters.reserve_space_calls.load(Ordering::Relaxed) == packed;
+                    if q.hurried || unchanged {
+                        break;
+                    }
+                }
                 // A panic in a save ends this thread's saves as an error would, never leaving
                 // `running` set for a thread that is gone.
                 let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(&save))
@@ -873,6 +907,7 @@ impl PackedWeightsCache {
         if self.read_only.swap(true, Ordering::Relaxed) {
             return;
         }
+        self.core().state.lock().drafting = None;
         let (Some(path), Some(map)) = (&self.path, &self.to_check) else {
             return;
         };
@@ -988,7 +1023,10 @@ impl PackedWeightsCache {
     pub fn wait_saved(&self) -> Result<(), CacheError> {
         let mut saver = self.saver.lock();
         if let Some(thread) = saver.thread.take() {
+            saver.queue.lock().hurried = true;
+            saver.hurry.notify_all();
             let _ = thread.join();
+            saver.queue.lock().hurried = false;
         }
         let failed = saver.queue.lock().failed.take();
         match failed {
@@ -1041,6 +1079,7 @@ impl PackedWeightsCache {
                 if checksum64(state.bytes_of(e)) != sum {
                     let offset = match e.location {
                         Location::Mapped { offset, .. } => offset as u64,
+                        Location::Drafted(ref space) => space.file_offset(),
                         Location::Heap(_) => 0,
                     };
                     bad.push(BadEntry {

@@ -5,6 +5,7 @@
 use super::budget::{self, CacheBudget};
 use super::checksum::checksum64;
 use super::core::{CacheCore, Entry, Location, Source};
+use super::draft::Row;
 use super::format::{self, Compat, EntryKey, FileEntry, FileError};
 use super::CacheError;
 use crate::mmap::{FileIdentity, MappedFile};
@@ -180,8 +181,11 @@ pub(crate) fn save(
     crate::publish::reclaim_abandoned(storage, path, true);
 
     // Snapshot: what this process knows, with bytes that stay valid without the lock.
-    let (ours, repacked, mut sources) = {
-        let state = core.state.lock();
+    let (ours, repacked, mut sources, draft) = {
+        let mut state = core.state.lock();
+        // What XNNPACK packed into the draft is saved by completing it; what it packs from now
+        // on goes into a new one.
+        let draft = state.draft.take();
         let repacked: HashSet<_> = state
             .entries
             .iter()
@@ -204,7 +208,7 @@ pub(crate) fn save(
                 })
             })
             .collect();
-        (ours, repacked, state.sources.clone())
+        (ours, repacked, state.sources.clone(), draft)
     };
     // Entries a repack in this process superseded: same weights, another seed, not used.
     let superseded = |k: &EntryKey, used: bool| {
@@ -291,22 +295,58 @@ pub(crate) fn save(
     // Each mapped entry's pages go once the next is asked for (the writer has the bytes by
     // then), so the save holds one entry resident at a time.
     let mut last_asked: Option<&Source> = None;
-    let written = commit(
-        storage,
-        path,
-        compat,
-        rows.iter()
+    let mut kept = rows
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| !evicted.contains(i))
+        .map(|(_, (e, source))| {
+            if let Some(done) = last_asked.replace(source) {
+                done.release_pages();
+            }
+            (e, source)
+        });
+    // The draft becomes the file, unless an entry packed into it is evicted (its bytes would
+    // stay in the file, unnamed) or most of it is holes. Then the file is written anew, as
+    // without a draft.
+    let draft = draft.filter(|draft| {
+        let kept_here = rows
+            .iter()
             .enumerate()
             .filter(|(i, _)| !evicted.contains(i))
-            .map(|(_, (e, source))| {
-                if let Some(done) = last_asked.replace(source) {
-                    done.release_pages();
-                }
-                (e.key, source.bytes(), e.checksum, e.last_used)
-            }),
-        &sources,
-        mode,
-    );
+            .filter_map(|(_, (_, source))| {
+                source.space().cloned().map(|s| (s, source.bytes().len()))
+            });
+        let (spaces, sizes): (Vec<_>, Vec<_>) = kept_here.unzip();
+        !rows
+            .iter()
+            .enumerate()
+            .any(|(i, (_, source))| evicted.contains(&i) && source.space().is_some())
+            && !draft.mostly_holes(spaces.into_iter(), sizes.into_iter())
+    });
+    let written = match draft {
+        Some(draft) => draft
+            .publish(
+                path,
+                compat,
+                kept.by_ref().map(|(e, source)| Row {
+                    entry: *e,
+                    space: source.space(),
+                    bytes: source.bytes(),
+                }),
+                &sources,
+            )
+            .map_err(|e| io_error(path, e)),
+        None => commit(
+            storage,
+            path,
+            compat,
+            kept.by_ref()
+                .map(|(e, source)| (e.key, source.bytes(), e.checksum, e.last_used)),
+            &sources,
+            mode,
+        ),
+    };
+    drop(kept);
     rows.iter().for_each(|(_, source)| source.release_pages());
     let (map, written) = written?;
     drop(rows);
@@ -329,7 +369,12 @@ pub(crate) fn save(
             Some(i) if state.entries[i].size as u64 == fe.size => {
                 let e = &mut state.entries[i];
                 e.unsaved = false;
-                if !e.resolved {
+                if matches!(e.location, Location::Drafted(_)) {
+                    // Its pages are where it was packed, in a file that is published now (or
+                    // about to be copied from, at the next save).
+                    e.checksum = Some(fe.checksum);
+                    e.checked = true;
+                } else if !e.resolved {
                     // Nothing holds this address yet: read it from the file from now on,
                     // which frees the heap copy.
                     e.location = Location::Mapped {

@@ -27,6 +27,11 @@ pub enum Call {
     Write(usize),
     /// A sync of a created file.
     Sync,
+    /// An allocation of a created file up to this length (what a map then writes counts as
+    /// written, and is lost at a power cut unless synced).
+    Allocate(u64),
+    /// A created file cut to this length.
+    SetLen(u64),
     /// [`Storage::rename`] to this path.
     Rename(PathBuf),
     /// [`Storage::sync_directory`].
@@ -94,6 +99,9 @@ struct State {
     calls: Vec<Call>,
     /// Killed or powered off: nothing happens any more.
     gone: bool,
+    /// The power was cut: when the storage and its files are dropped (the "process" ends),
+    /// every file loses what it had not synced.
+    power_cut: bool,
     files: Vec<Tracked>,
 }
 
@@ -114,7 +122,7 @@ fn gone_error() -> io::Error {
 impl State {
     fn decide(&mut self, call: Call, fault: Fault) -> Verdict {
         let n = self.calls.len();
-        let is_write = matches!(call, Call::Write(_));
+        let is_write = matches!(call, Call::Write(_) | Call::Allocate(_));
         self.calls.push(call);
         if self.gone {
             return Verdict::Fail(gone_error());
@@ -144,9 +152,21 @@ impl State {
         }
     }
 
-    /// Loses every unsynced byte of every tracked file, and stops everything.
+    /// Stops everything; every unsynced byte of every tracked file is lost once the process
+    /// ends (this storage is dropped). Not before: the process goes on computing with what it
+    /// has, and a file it has mapped (a draft of a cache file) must keep its length until then,
+    /// as the pages a real power cut loses are lost with the process that mapped them.
     fn cut_power(&mut self) {
         self.gone = true;
+        self.power_cut = true;
+    }
+}
+
+impl Drop for State {
+    fn drop(&mut self) {
+        if !self.power_cut {
+            return;
+        }
         for f in &self.files {
             if f.written > f.synced {
                 // A file removed or replaced meanwhile has nothing left to lose.
@@ -256,7 +276,58 @@ impl Write for FaultyFile {
     }
 }
 
+impl FaultyFile {
+    /// Makes call `call` on the file with `change`, which returns the file's new length; a cut
+    /// of the power after it, or a torn one, loses what was not synced.
+    fn resize(
+        &mut self,
+        call: Call,
+        change: impl FnOnce(&File) -> io::Result<u64>,
+    ) -> io::Result<()> {
+        let mut state = self.state.lock();
+        let verdict = state.decide(call, self.fault);
+        let apply = |state: &mut State| -> io::Result<()> {
+            let len = change(&self.file)?;
+            let t = &mut state.files[self.tracked];
+            t.written = len;
+            t.synced = t.synced.min(len);
+            Ok(())
+        };
+        match verdict {
+            Verdict::Proceed => apply(&mut state),
+            Verdict::Fail(e) => Err(e),
+            Verdict::ProceedThenCut => {
+                let r = apply(&mut state);
+                state.cut_power();
+                r
+            }
+            Verdict::Tear => {
+                state.cut_power();
+                Err(gone_error())
+            }
+        }
+    }
+}
+
 impl StorageFile for FaultyFile {
+    fn allocate(&mut self, len: u64) -> io::Result<()> {
+        self.resize(Call::Allocate(len), |file| {
+            super::allocate(file, len)?;
+            Ok(file.metadata()?.len())
+        })
+    }
+
+    fn set_len(&mut self, len: u64) -> io::Result<()> {
+        self.resize(Call::SetLen(len), |file| {
+            file.set_len(len)?;
+            Ok(len)
+        })
+    }
+
+    fn file(&self) -> &File {
+        &self.file
+    }
+
     fn sync(&mut self) -> io::Result<()> {
         let mut state = self.state.lock();
         let verdict = state.decide(Call::Sync, self.fault);

@@ -23,8 +23,16 @@ use std::sync::{Arc, OnceLock};
 
 /// A file being written: its bytes reach the disk only once [`sync`](Self::sync) returns.
 pub trait StorageFile: Write + Send {
-    /// Makes everything written so far durable (`fsync`).
+    /// Makes everything written so far durable (`fsync`), through a map of the file too.
     fn sync(&mut self) -> io::Result<()>;
+    /// Makes the file at least `len` bytes long, with disk blocks allocated for all of them
+    /// (`fallocate`), so that writes through a map of it cannot fail for want of space. Fails
+    /// without effect (`ENOSPC`, or `EOPNOTSUPP` on a file system that cannot allocate ahead).
+    fn allocate(&mut self, len: u64) -> io::Result<()>;
+    /// Cuts the file to exactly `len` bytes (`ftruncate`).
+    fn set_len(&mut self, len: u64) -> io::Result<()>;
+    /// The open file, to map it ([`FileWindow`](crate::mmap::FileWindow)).
+    fn file(&self) -> &File;
 }
 
 /// Where files are created, written, renamed, synced, mapped and locked.
@@ -68,6 +76,37 @@ pub struct OsStorage;
 impl StorageFile for File {
     fn sync(&mut self) -> io::Result<()> {
         self.sync_all()
+    }
+
+    fn allocate(&mut self, len: u64) -> io::Result<()> {
+        allocate(self, len)
+    }
+
+    fn set_len(&mut self, len: u64) -> io::Result<()> {
+        File::set_len(self, len)
+    }
+
+    fn file(&self) -> &File {
+        self
+    }
+}
+
+/// `fallocate` of `file` up to `len` bytes (mode 0: the size grows, blocks are allocated).
+pub(crate) fn allocate(file: &File, len: u64) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let len = libc::off_t::try_from(len)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "length past off_t"))?;
+    loop {
+        // SAFETY: the descriptor is open for as long as `file` is borrowed; fallocate takes no
+        // pointer.
+        let r = unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, len) };
+        if r == 0 {
+            return Ok(());
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
     }
 }
 

@@ -107,7 +107,7 @@ fn cold_then_warm_packs_nothing_and_gives_identical_outputs() {
 }
 
 #[test]
-fn a_blocking_save_moves_packed_weights_from_the_heap_into_the_file() {
+fn a_cold_launch_packs_straight_into_the_file_it_publishes() {
     let dir = scratch("blocking");
     let path = dir.join("weights.xbc");
     let mlp = model();
@@ -120,14 +120,26 @@ fn a_blocking_save_moves_packed_weights_from_the_heap_into_the_file() {
     let graph = mlp.subgraph(1).unwrap();
     let mut runtime = Runtime::new(&graph, Some(&*cache)).unwrap();
     drop(registrations);
-    assert_eq!(cache.stats().heap_entries, 3);
+    // Packed into a draft of the file beside it, never on the heap.
+    assert_eq!(cache.stats().packed, 3);
+    assert_eq!(cache.stats().heap_entries, 0, "no packed byte on the heap");
+    let drafts = |dir: &std::path::Path| -> Vec<String> {
+        std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.contains("xnnblob-draft"))
+            .collect()
+    };
+    assert_eq!(drafts(&dir).len(), 1, "one draft while packing");
+    assert!(!path.exists(), "nothing published before the save");
     cache.finalize().unwrap();
     assert_eq!(cache.saves(), 1, "saved before finalize returned");
-    assert_eq!(
-        cache.stats().heap_entries,
-        0,
-        "read from the file from now on"
-    );
+    assert!(drafts(&dir).is_empty(), "the draft became the file");
+    let report = verify_file(&path, &CacheOptions::default(), true, false)
+        .unwrap()
+        .unwrap();
+    assert_eq!((report.entries, report.corrupt.len()), (3, 0));
+    // The runtime reads its packed weights where they were packed: in the published file.
     let input = input_for(&mlp);
     let mut out = vec![0f32; mlp.output_width()];
     runtime

@@ -176,10 +176,11 @@ fn eight_threads_loading_one_program_cold_share_one_packing_of_each_weight() {
 }
 
 #[test]
-fn a_cold_launch_saves_packed_weights_in_graph_order() {
-    // Packed ahead on two threads, the weights reach the cache out of order; the file must
-    // still hold them in the order the runtime uses them, so that a first inference from a
-    // cold page cache reads it front to back (one readahead stream, not two interleaved).
+fn a_cold_launch_publishes_the_file_it_packed_into_in_packing_order() {
+    // Packed ahead on two threads, largest first, straight into a draft of the file: the save
+    // publishes that draft as it is, each weight where it was packed, rather than writing the
+    // bytes a second time in graph order. (A warm launch from a cold page cache reads the whole
+    // file ahead on a thread of its own; see `CacheOptions::prefetch`.)
     use xnnblob::cache::{format, Compat};
     use xnnblob::delegate::builder::GraphBuilder;
     let dir = common::scratch("parallel-packing-order");
@@ -217,11 +218,19 @@ fn a_cold_launch_saves_packed_weights_in_graph_order() {
     };
     let decoded = format::decode(&bytes, &compat).unwrap();
     // Identities cover shapes as well as bytes, so the file is read by size: each layer's
-    // packing is larger than the one before it.
+    // packing is larger than the one before it, and packing ahead takes the largest first. On
+    // two threads the two largest may swap; nothing else does.
     let in_file: Vec<u64> = decoded.entries.iter().map(|e| e.size).collect();
     assert_eq!(in_file.len(), expected);
+    let mut descending = in_file.clone();
+    descending.sort_unstable_by(|a, b| b.cmp(a));
+    let out_of_place = in_file
+        .iter()
+        .zip(&descending)
+        .filter(|(a, b)| a != b)
+        .count();
     assert!(
-        in_file.windows(2).all(|w| w[0] < w[1]),
-        "file order is graph order: sizes {in_file:?}"
+        out_of_place <= 4,
+        "file order is packing order: sizes {in_file:?}"
     );
 }

@@ -785,10 +785,11 @@ pub fn markdown(results: &[PeerResult], repeats: usize) -> String {
                 et_none / xb_cold,
                 et_disk / xb_disk
             );
-            // Issue 16's targets for the generated models; issue 27's for ExecuTorch's exports.
+            // Issue 16's targets for the generated models; issue 39's for ExecuTorch's exports
+            // (the LLM the project exists for), under both loaders.
             let warm_limit = match (mode, exported) {
+                (_, true) => 0.7,
                 ("mmap", _) => 0.5,
-                (_, true) => 0.1,
                 _ => 0.01,
             };
             let (cold_limit, none_limit) = if exported { (0.5, 0.8) } else { (0.4, 0.7) };
@@ -872,10 +873,26 @@ pub fn markdown(results: &[PeerResult], repeats: usize) -> String {
                     1.0,
                 );
             }
+            if let (true, Some(et), Some(xb)) = (
+                exported,
+                g.get("executorch cache, cold"),
+                g.get("xnnblob, cold"),
+            ) {
+                // Issue 39: the tokens of the launch that packs, while its save runs.
+                verdict(
+                    format!(
+                        "{model} ({mode}): steady execute in the launch that packs / ExecuTorch's"
+                    ),
+                    xb.steady_execute_ms.median / et.steady_execute_ms.median,
+                    1.05,
+                );
+            }
             if let (Some(et), Some(xb)) = (
                 g.get("executorch cache, warm, busy cores"),
                 g.get("xnnblob, warm, busy cores"),
             ) {
+                // Issue 39 asks 1.1 of the exports; issue 27 asked 1.2 of every model.
+                let busy_limit = if exported { 1.1 } else { 1.2 };
                 // Two sets of ExecuTorch's own launches: the ratio a backend scores against
                 // itself, next to each ratio of worst cases.
                 let again = g.get("executorch cache, warm, busy cores, again");
@@ -894,7 +911,7 @@ pub fn markdown(results: &[PeerResult], repeats: usize) -> String {
                         itself(|m| m.first_execute_ms.max)
                     ),
                     xb.first_execute_ms.max / et.first_execute_ms.max,
-                    1.2,
+                    busy_limit,
                 );
                 verdict(
                     format!(
@@ -902,7 +919,7 @@ pub fn markdown(results: &[PeerResult], repeats: usize) -> String {
                         itself(|m| m.steady_execute_ms.max)
                     ),
                     xb.steady_execute_ms.max / et.steady_execute_ms.max,
-                    1.2,
+                    busy_limit,
                 );
             }
         }

@@ -349,18 +349,29 @@ fn eight_threads_loading_one_program_share_one_cache_file() {
     // The runner fails if any thread's outputs differ from the first's.
     let run = run_ok(&args);
     let c = run.cache(&cache.display().to_string());
+    // Each weight once: the entries and packed bytes of a single thread's file (the layout may
+    // differ: a draft the threads' races left mostly holes is written anew, tightly).
+    let contents = |path: &std::path::Path| {
+        let options = xnnblob::cache::CacheOptions::default();
+        let report = xnnblob::cache::verify_file(path, &options, true, false)
+            .unwrap()
+            .unwrap();
+        assert!(report.corrupt.is_empty() && report.invalid_entries == 0);
+        (report.entries, report.packed_bytes)
+    };
     let single = {
         let one_dir = scratch("threads-one");
         let one = one_dir.join("weights.xbc");
         let mut a = mlp_args();
         a.extend([s("--cache"), one.display().to_string()]);
         run_ok(&a);
-        std::fs::metadata(&one).unwrap().len()
+        contents(&one)
     };
-    assert_eq!(
-        std::fs::metadata(&cache).unwrap().len(),
-        single,
-        "one cache of 1x size"
+    assert_eq!(contents(&cache), single, "one cache of 1x size");
+    let file_len = std::fs::metadata(&cache).unwrap().len();
+    assert!(
+        file_len < single.1 + single.1 / 4 + 64 * 1024,
+        "{file_len} bytes: no more than a quarter of holes"
     );
     let mut files: Vec<String> = std::fs::read_dir(&dir)
         .unwrap()
