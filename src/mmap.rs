@@ -277,31 +277,6 @@ impl FileWindow {
         };
     }
 
-    /// Makes the pages under `len` bytes from `at` present and writable now, in one system call
-    /// (`MADV_POPULATE_WRITE`), rather than one fault per page as they are first written: a
-    /// region about to be packed is written whole. The range must lie inside the file. Advice
-    /// only: a kernel without it (before 5.14) faults them in as they are written.
-    pub(crate) fn prepare_for_writing(&self, at: usize, len: usize) {
-        const PAGE: usize = 4096;
-        let Some(end) = at.checked_add(len).filter(|&end| end <= self.map.len()) else {
-            return;
-        };
-        let base = self.map.as_mut_ptr() as usize;
-        let start = (base + at) / PAGE * PAGE;
-        let end = (base + end).next_multiple_of(PAGE);
-        // SAFETY: [start, end) covers only pages of this mapping that hold the range, which the
-        // file reaches (the caller's contract), so populating them faults nothing past its end;
-        // MADV_POPULATE_WRITE changes no byte (the pages read as they did), and a failure is
-        // ignored.
-        let _ = unsafe {
-            libc::madvise(
-                start as *mut libc::c_void,
-                end - start,
-                libc::MADV_POPULATE_WRITE,
-            )
-        };
-    }
-
     /// From now on, survives the file being cut short under the window's first `len` bytes, as
     /// [`MappedFile::open_watched`] does: once the file is published, anyone who may write it
     /// could truncate it.

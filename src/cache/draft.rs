@@ -123,7 +123,6 @@ impl DraftFile {
         }
         self.end = end;
         let at = (offset - window.file_offset()) as usize;
-        window.prepare_for_writing(at, n);
         Ok(Space { at, window })
     }
 

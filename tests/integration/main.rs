@@ -32,6 +32,7 @@ mod named_data_fixtures;
 mod operators;
 mod packed_cache;
 mod packed_cache_ops;
+mod packers;
 mod parallel_packing;
 mod program_fixtures;
 mod program_writer;

@@ -1,0 +1,243 @@
+//! XNNPACK's packers that this project patched for speed give the bytes their original
+//! definition gives, for every shape the patch's fast path takes and every one it does not. A
+//! packed-weight cache file holds those bytes: a faster packer that packed differently would
+//! make files no older launch, and no other device's launch, could share.
+//!
+//! The oracle is the original loop, as XNNPACK 4ea82e5 wrote it, ported line for line below;
+//! the packer under test is the patched one linked into this binary (patch 0008).
+
+use std::ffi::c_void;
+
+#[repr(C)]
+struct Qs8Qc4wPackingParams {
+    input_zero_point: i8,
+    kernel_zero_point: u8,
+}
+
+extern "C" {
+    // XNNPACK's internal packer (src/xnnpack/pack.h); linked from the static library.
+    fn xnn_pack_qs8_qb4w_gemm_goi_w(
+        g: usize,
+        nc: usize,
+        kc: usize,
+        nr: usize,
+        kr: usize,
+        sr: usize,
+        bl: usize,
+        k: *const u8,
+        bias: *const f32,
+        scale: *const u16,
+        packed_weights: *mut c_void,
+        extra_bytes_bl: usize,
+        extra_bytes_n: usize,
+        params: *const Qs8Qc4wPackingParams,
+    );
+}
+
+struct Shape {
+    g: usize,
+    nc: usize,
+    kc: usize,
+    nr: usize,
+    kr: usize,
+    sr: usize,
+    bl: usize,
+    extra_bytes_bl: usize,
+    extra_bytes_n: usize,
+}
+
+/// The original `xnn_pack_qs8_qb4w_gemm_goi_w`, a line-for-line port (offsets into `k` and
+/// `out` for its pointer arithmetic; the float sums in its order and precision).
+fn original(s: &Shape, k: &[u8], scale: &[u16], izp: i32, out: &mut [u8]) {
+    let skr = s.sr * s.kr;
+    let round_up = |x: usize, q: usize| x.div_ceil(q) * q;
+    let num_blocks = round_up(s.kc, skr) / s.bl;
+    let mut pos = 0usize;
+    let mut k_base = 0usize;
+    for _ in 0..s.g {
+        let mut nr_block_start = 0;
+        while nr_block_start < s.nc {
+            let nr_block_size = (s.nc - nr_block_start).min(s.nr);
+            let packed_b = pos;
+            pos += 4 * s.nr;
+            let mut kr_block_start = 0;
+            while kr_block_start < round_up(s.kc, skr * 2) {
+                for n in 0..nr_block_size {
+                    let mut ksum: i32 = 0;
+                    let kc_begin =
+                        kr_block_start / skr * skr + ((kr_block_start + n * s.kr) & (skr - 1));
+                    for j in 0..s.kr {
+                        let kc_idx = kc_begin + j;
+                        let k_offset = (nr_block_start + n) * s.kc + kc_idx;
+                        let kh_offset = k_offset + s.kr;
+                        let nibble = |at: usize| {
+                            if at & 1 == 1 {
+                                k[k_base + (at >> 1)] >> 4
+                            } else {
+                                k[k_base + (at >> 1)] & 0xF
+                            }
+                        };
+                        let lo = if kc_idx < s.kc { nibble(k_offset) } else { 8 };
+                        let hi = if kc_idx + s.kr < s.kc {
+                            nibble(kh_offset)
+                        } else {
+                            8
+                        };
+                        ksum += lo as i32 + hi as i32 - 16;
+                        out[pos + j] = (lo | (hi << 4)) ^ 0x88;
+                    }
+                    let block_index = kr_block_start / s.bl;
+                    let scale_index = (nr_block_start + n) * num_blocks + block_index;
+                    let at = packed_b + 4 * n;
+                    let b = f32::from_le_bytes(out[at..at + 4].try_into().unwrap());
+                    let sc = f32::from_bits((scale[scale_index] as u32) << 16);
+                    let b = b - ksum as f32 * izp as f32 * sc;
+                    out[at..at + 4].copy_from_slice(&b.to_le_bytes());
+                    pos += s.kr;
+                }
+                if (2 * s.kr + kr_block_start) % s.bl == 0 {
+                    pos += s.extra_bytes_bl;
+                }
+                pos += (s.nr - nr_block_size) * s.kr;
+                kr_block_start += s.kr * 2;
+            }
+            pos += s.extra_bytes_n;
+            nr_block_start += s.nr;
+        }
+        // As the original: a group's kernel starts nc * kc bytes (not nibbles) after the
+        // last one's.
+        k_base += s.nc * s.kc;
+    }
+}
+
+/// A small deterministic generator (xorshift), so a failure names a reproducible case.
+struct Bits(u64);
+
+impl Bits {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+}
+
+#[test]
+fn the_patched_qb4w_packer_packs_every_shape_as_the_original_does() {
+    let mut bits = Bits(0x9e37_79b9_7f4a_7c15);
+    let mut cases = 0;
+    // kr and sr as XNNPACK's qb4w kernels use them (c4, c8, c16; sr 1 and 2), row lengths
+    // that are a multiple of 2 * kr (the fast path throughout), odd, or short of it (the
+    // general loop at each row's end), groups, and ragged last column blocks.
+    for (kr, sr) in [(4usize, 1usize), (8, 1), (16, 1), (4, 2), (8, 2), (2, 1)] {
+        let skr = kr * sr;
+        for nr in [sr.max(4), 8, 16] {
+            for kc in [
+                2 * skr,
+                4 * skr,
+                4 * skr - 1,
+                4 * skr - kr,
+                6 * skr + 3,
+                32 * skr,
+                64,
+                96,
+                256,
+            ] {
+                let k_rounded = kc.div_ceil(skr) * skr;
+                // XNNPACK's blockwise layers have blocks of a multiple of 32 and rows of whole
+                // blocks; the packer reads its scales past the row's blocks for shapes where the
+                // last byte group starts past them, which no layer has.
+                let in_bounds = |bl: usize| {
+                    let last_group = kc.div_ceil(2 * skr) * 2 * skr - 2 * kr;
+                    last_group / bl < k_rounded / bl
+                };
+                for bl in [2 * skr, 4 * skr, k_rounded, 32, 64]
+                    .into_iter()
+                    .filter(|&bl| {
+                        k_rounded % bl == 0
+                            && bl % skr == 0
+                            && bl <= k_rounded
+                            && 2 * skr <= bl
+                            && in_bounds(bl)
+                    })
+                {
+                    for (g, nc) in [(1, nr), (1, 3 * nr + 1), (2, nr - 1), (1, 1)] {
+                        let shape = Shape {
+                            g,
+                            nc,
+                            kc,
+                            nr,
+                            kr,
+                            sr,
+                            bl,
+                            extra_bytes_bl: nr * 2,
+                            extra_bytes_n: nr * 4,
+                        };
+                        check(&shape, &mut bits);
+                        cases += 1;
+                    }
+                }
+            }
+        }
+    }
+    assert!(cases > 300, "{cases} cases");
+}
+
+fn check(s: &Shape, bits: &mut Bits) {
+    let num_blocks = s.kc.div_ceil(s.sr * s.kr) * (s.sr * s.kr) / s.bl;
+    let k: Vec<u8> = (0..s.g * s.nc * s.kc + 1)
+        .map(|_| bits.next() as u8)
+        .collect();
+    // Positive normal bf16 scales (what patch 0007 lets through), of varied magnitude.
+    let scale: Vec<u16> = (0..s.g * s.nc * num_blocks)
+        .map(|_| 0x3c00 + (bits.next() % 0x0600) as u16)
+        .collect();
+    let izp = 1 + (bits.next() % 100) as i8;
+    // Generously sized: the original's own layout arithmetic says where it stops.
+    let blocks = s.nc.div_ceil(s.nr);
+    let skr = s.sr * s.kr;
+    let steps = s.kc.div_ceil(2 * skr) * 2 * skr / (2 * s.kr);
+    let per_block = 4 * s.nr + steps * (s.nr * s.kr + s.extra_bytes_bl) + s.extra_bytes_n;
+    let len = s.g * blocks * per_block + 64;
+    // The bias slots hold what the caller put there first (the packer subtracts from them).
+    let start: Vec<u8> = (0..len).map(|_| bits.next() as u8 & 0x3f).collect();
+    let mut want = start.clone();
+    original(s, &k, &scale, izp as i32, &mut want);
+    let mut got = start;
+    let params = Qs8Qc4wPackingParams {
+        input_zero_point: izp,
+        kernel_zero_point: 8,
+    };
+    // SAFETY: the buffers are as large as the original's layout reaches for this shape (it
+    // wrote `want` within them), the shape meets the packer's asserted constraints, and the
+    // bias is null as it requires.
+    unsafe {
+        xnn_pack_qs8_qb4w_gemm_goi_w(
+            s.g,
+            s.nc,
+            s.kc,
+            s.nr,
+            s.kr,
+            s.sr,
+            s.bl,
+            k.as_ptr(),
+            std::ptr::null(),
+            scale.as_ptr(),
+            got.as_mut_ptr().cast(),
+            s.extra_bytes_bl,
+            s.extra_bytes_n,
+            &params,
+        )
+    };
+    assert!(
+        got == want,
+        "g {} nc {} kc {} nr {} kr {} sr {} bl {}: the packed bytes differ from the original's",
+        s.g,
+        s.nc,
+        s.kc,
+        s.nr,
+        s.kr,
+        s.sr,
+        s.bl
+    );
+}
