@@ -95,7 +95,7 @@ fn original(s: &Shape, k: &[u8], scale: &[u16], izp: i32, out: &mut [u8]) {
                     out[at..at + 4].copy_from_slice(&b.to_le_bytes());
                     pos += s.kr;
                 }
-                if (2 * s.kr + kr_block_start) % s.bl == 0 {
+                if (2 * s.kr + kr_block_start).is_multiple_of(s.bl) {
                     pos += s.extra_bytes_bl;
                 }
                 pos += (s.nr - nr_block_size) * s.kr;
@@ -154,8 +154,8 @@ fn the_patched_qb4w_packer_packs_every_shape_as_the_original_does() {
                 for bl in [2 * skr, 4 * skr, k_rounded, 32, 64]
                     .into_iter()
                     .filter(|&bl| {
-                        k_rounded % bl == 0
-                            && bl % skr == 0
+                        k_rounded.is_multiple_of(bl)
+                            && bl.is_multiple_of(skr)
                             && bl <= k_rounded
                             && 2 * skr <= bl
                             && in_bounds(bl)
