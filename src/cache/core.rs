@@ -83,6 +83,11 @@ struct Registered {
     ids: Vec<(BlobId, usize)>,
     /// Mapped data whose pages may be released once packed.
     release: Option<DataBuffer>,
+    /// Other data XNNPACK reads only to pack this (a blockwise layer's scales): released with it.
+    companions: Vec<DataBuffer>,
+    /// Placeholders of other data XNNPACK reads only to pack this, with how to read each in:
+    /// read in when a look-up of it misses, released once it is packed.
+    companion_placeholders: Vec<(Arc<DeferredData>, Arc<Fill>)>,
     /// A placeholder: its bytes are read in (pinned) only when a look-up misses.
     deferred: Option<Arc<DeferredData>>,
     /// How to read them in, one per live registration (each from an init whose data source
@@ -465,6 +470,8 @@ impl CacheCore {
             .or_insert_with(|| Registered {
                 ids: Vec::new(),
                 release: None,
+                companions: Vec::new(),
+                companion_placeholders: Vec::new(),
                 deferred: None,
                 fills: Vec::new(),
             });
@@ -596,28 +603,61 @@ impl CacheCore {
         })
     }
 
-    /// The placeholders among a key's kernel and bias, each with the ways to read it in (one per
-    /// live registration, newest first).
+    /// The placeholders among a key's kernel and bias, and those of what XNNPACK reads to pack
+    /// them ([`read_with`](Self::read_with)), each with the ways to read it in (one per live
+    /// registration, newest first).
     fn deferred_of(state: &State, key: &LookUpKey) -> Vec<(Arc<DeferredData>, Vec<Arc<Fill>>)> {
-        [key.kernel, key.bias]
+        let registered: Vec<&Registered> = [key.kernel, key.bias]
             .into_iter()
             .filter_map(|p| state.registered.get(&(p as usize)))
-            .filter_map(|r| {
-                let d = r.deferred.clone()?;
-                Some((d, r.fills.iter().rev().map(|(_, f)| f.clone()).collect()))
-            })
-            .collect()
+            .collect();
+        let own = registered.iter().filter_map(|r| {
+            let d = r.deferred.clone()?;
+            Some((d, r.fills.iter().rev().map(|(_, f)| f.clone()).collect()))
+        });
+        let companions = registered.iter().flat_map(|r| {
+            r.companion_placeholders
+                .iter()
+                .map(|(d, f)| (d.clone(), vec![f.clone()]))
+        });
+        own.chain(companions).collect()
+    }
+
+    /// Reads `data` in with `fill` whenever what is registered at `ptr` is about to be packed (a
+    /// look-up of it misses), and lets it go once packed: a placeholder of data XNNPACK reads
+    /// only to pack it. False if nothing is registered there.
+    pub fn read_with(&self, ptr: *const u8, data: Arc<DeferredData>, fill: Arc<Fill>) -> bool {
+        let mut state = self.state.lock();
+        match state.registered.get_mut(&(ptr as usize)) {
+            Some(r) => {
+                r.companion_placeholders.push((data, fill));
+                true
+            }
+            None => false,
+        }
     }
 
     fn release_unpacked(state: &State, key: &LookUpKey) {
         for p in [key.kernel, key.bias] {
-            if let Some(buf) = state
-                .registered
-                .get(&(p as usize))
-                .and_then(|r| r.release.as_ref())
-            {
-                buf.release_pages();
+            if let Some(r) = state.registered.get(&(p as usize)) {
+                r.release
+                    .iter()
+                    .chain(&r.companions)
+                    .for_each(DataBuffer::release_pages);
             }
+        }
+    }
+
+    /// Releases `data`'s pages too whenever what is registered at `ptr` has been packed:
+    /// data XNNPACK reads only while packing it. False if nothing is registered there.
+    pub fn release_with(&self, ptr: *const u8, data: DataBuffer) -> bool {
+        let mut state = self.state.lock();
+        match state.registered.get_mut(&(ptr as usize)) {
+            Some(r) => {
+                r.companions.push(data);
+                true
+            }
+            None => false,
         }
     }
 }

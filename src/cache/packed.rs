@@ -716,6 +716,28 @@ impl PackedWeightsCache {
         }
     }
 
+    /// Releases `data`'s resident pages (if it is file-backed) whenever the weights registered
+    /// at `registered` (a registration's address) have been packed, as their own are: data
+    /// XNNPACK reads only to pack them, such as a blockwise layer's scales. Lasts as long as the
+    /// registration; false if nothing is registered there.
+    pub fn release_with(&self, registered: *const u8, data: DataBuffer) -> bool {
+        self.core().release_with(registered, data)
+    }
+
+    /// Reads the placeholder `data` in with `fill` whenever the weights registered at
+    /// `registered` are about to be packed (a look-up of them misses), and lets it go once they
+    /// are: a placeholder of data XNNPACK reads only to pack them, such as a blockwise layer's
+    /// scales, which a warm launch then never reads. Lasts as long as the registration; false
+    /// if nothing is registered there.
+    pub fn read_with(
+        &self,
+        registered: *const u8,
+        data: Arc<DeferredData>,
+        fill: Arc<Fill>,
+    ) -> bool {
+        self.core().read_with(registered, data, fill)
+    }
+
     /// Which of `kernels` (addresses registered with this cache) have no packed entry yet, by
     /// index: the weights a runtime created now would pack.
     pub(crate) fn unpacked_kernels(&self, kernels: &[*const u8]) -> Vec<usize> {

@@ -245,7 +245,7 @@ pub(crate) fn compile(
                     &p.graph,
                     loaded,
                     cache,
-                    deferral.as_deref(),
+                    deferral.as_ref(),
                     model.threads(),
                 )?;
                 (done, started.elapsed())

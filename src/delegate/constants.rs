@@ -171,6 +171,17 @@ pub(super) enum Scales {
 pub(super) enum ScaleValues<T> {
     InConstant(usize),
     Copied(Vec<T>),
+    /// Behind constant `.0`'s placeholder: a blockwise filter's scales, read only to pack it.
+    Deferred(usize),
+}
+
+/// What XNNPACK reads only to pack a value, never at a launch that finds its packing: a
+/// blockwise filter's scales (XNNPACK patch 0007).
+pub(super) enum ReadToPack {
+    /// In memory: their pages are released once the value is packed.
+    InMemory(DataBuffer),
+    /// Behind a placeholder, read in (with `fill`) when the value is packed.
+    Deferred(Arc<DeferredData>, Arc<Fill>),
 }
 
 impl<T: FromBytes + Immutable> ScaleValues<T> {
@@ -186,12 +197,39 @@ impl<T: FromBytes + Immutable> ScaleValues<T> {
 }
 
 impl Loaded {
+    /// What XNNPACK reads only to pack value `value`, besides its own bytes (see
+    /// [`ReadToPack`]); `deferral` reads placeholders in.
+    pub(super) fn read_only_to_pack(
+        &self,
+        value: usize,
+        deferral: Option<&Arc<dyn NamedDataMap>>,
+    ) -> Option<ReadToPack> {
+        match self.scales.get(&value)? {
+            Scales::Bf16(ScaleValues::InConstant(index)) => Some(ReadToPack::InMemory(
+                self.constants.get(*index)?.as_ref()?.buffer()?.clone(),
+            )),
+            Scales::Bf16(ScaleValues::Deferred(index)) => match self.constants.get(*index)? {
+                Some(Constant::Deferred {
+                    key,
+                    data,
+                    conversion: None,
+                }) => Some(ReadToPack::Deferred(
+                    data.clone(),
+                    fill_from(deferral?.clone(), key.clone(), None),
+                )),
+                _ => None,
+            },
+            _ => None,
+        }
+    }
+
     fn scale_values<'a, T: FromBytes + Immutable>(
         &'a self,
         values: &'a ScaleValues<T>,
     ) -> Option<&'a [T]> {
         match values {
             ScaleValues::Copied(v) => Some(v),
+            ScaleValues::Deferred(_) => None,
             ScaleValues::InConstant(index) => {
                 let bytes = self.constants.get(*index)?.as_ref()?.buffer()?.data();
                 <[T]>::ref_from_bytes(bytes).ok()
@@ -207,10 +245,19 @@ impl Loaded {
         }
     }
 
-    /// Value `value`'s bf16 scales (per block).
-    pub(super) fn bf16_scales(&self, value: usize) -> Option<&[u16]> {
+    /// Value `value`'s bf16 scales (per block): in memory, or behind a placeholder.
+    pub(super) fn bf16_scales(&self, value: usize) -> Option<crate::xnn::BlockwiseScales<'_>> {
+        use crate::xnn::BlockwiseScales;
         match self.scales.get(&value)? {
-            Scales::Bf16(s) => self.scale_values(s),
+            Scales::Bf16(ScaleValues::Deferred(index)) => match self.constants.get(*index)? {
+                Some(Constant::Deferred {
+                    data,
+                    conversion: None,
+                    ..
+                }) => Some(BlockwiseScales::Deferred(data)),
+                _ => None,
+            },
+            Scales::Bf16(s) => self.scale_values(s).map(BlockwiseScales::InMemory),
             Scales::F32(_) => None,
         }
     }
@@ -225,6 +272,15 @@ pub(super) fn deferrable_constants(
     let packed = super::operators::packed_operands(graph);
     let mut deferrable = HashMap::new();
     let mut scales = Vec::new();
+    let mut blockwise_scales = Vec::new();
+    let content_named = |index: usize| {
+        let key = graph
+            .constant_data()
+            .filter(|all| index < all.len())
+            .and_then(|all| all.get(index).named_key())
+            .unwrap_or("");
+        BlobId::from_named_key(key).is_some()
+    };
     for (i, v) in graph.xvalues().iter().flatten().enumerate() {
         let (t, q) = tensor_of(v, i)?;
         if let Some(q) = q {
@@ -232,10 +288,24 @@ pub(super) fn deferrable_constants(
                 q.quant_params_as_per_channel_quant()
                     .map(|p| p.scale_buffer_idx()),
             );
-            scales.extend(
-                q.quant_params_as_per_channel_group_quant()
-                    .map(|p| p.scale_buffer_idx()),
-            );
+            if let Some(p) = q.quant_params_as_per_channel_group_quant() {
+                // A packed blockwise filter's scales are read only to pack it (XNNPACK patch
+                // 0007): they too wait behind a placeholder, of one bf16 per block.
+                let index = p.scale_buffer_idx() as usize;
+                let blocks = dims_of(&t)
+                    .iter()
+                    .try_fold(1usize, |n, &d| n.checked_mul(d))
+                    .zip(Some(p.group_size() as usize).filter(|&g| g > 0))
+                    .map(|(n, g)| n / g);
+                match blocks {
+                    Some(blocks)
+                        if index != 0 && packed.contains(&t.id_out()) && content_named(index) =>
+                    {
+                        blockwise_scales.push((index, blocks * 2))
+                    }
+                    _ => scales.push(index as u32),
+                }
+            }
         }
         let index = constant_index(&t);
         if index == 0 || !packed.contains(&t.id_out()) {
@@ -254,6 +324,11 @@ pub(super) fn deferrable_constants(
         };
         deferrable.insert(index, len);
     }
+    for (index, len) in blockwise_scales {
+        deferrable.insert(index, len);
+    }
+    // Scales read at every launch, or shared with a value they are not the blockwise scales of,
+    // are read as they are.
     for s in scales {
         deferrable.remove(&(s as usize));
     }
@@ -468,7 +543,16 @@ pub(super) fn load_scales(
             scales.insert(i, Scales::F32(s));
         } else if let Some(p) = q.quant_params_as_per_channel_group_quant() {
             let index = p.scale_buffer_idx();
-            let s = if index != 0 {
+            let deferred = matches!(
+                constants.get(index as usize),
+                Some(Some(Constant::Deferred {
+                    conversion: None,
+                    ..
+                }))
+            );
+            let s = if index != 0 && deferred {
+                ScaleValues::Deferred(index as usize)
+            } else if index != 0 {
                 ScaleValues::of_constant(index as usize, from_constant(index, i)?, u16s)
             } else if let Some(bf16) = p.scale_bf16() {
                 ScaleValues::Copied(bf16.iter().collect())

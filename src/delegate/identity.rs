@@ -1,7 +1,7 @@
 //! The identities packed weights are looked up by: a constant's content, checked once per data
 //! file where its named key claims it.
 
-use super::constants::{fill_from, Constant, Loaded};
+use super::constants::{fill_from, Constant, Loaded, ReadToPack};
 use super::error::DelegateError;
 use super::graph::dims_of;
 use super::graph::{constant_index, named_key, tensor_of};
@@ -280,10 +280,11 @@ fn scales_of(
     } else {
         match (keep.f32_scales(i), keep.bf16_scales(i)) {
             (Some(s), _) => Some(BlobId::of_f32s(s)),
-            (None, Some(s)) => Some(BlobId::of_bytes(
+            (None, Some(crate::xnn::BlockwiseScales::InMemory(s))) => Some(BlobId::of_bytes(
                 &s.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>(),
             )),
-            (None, None) => None,
+            // Inline scales are always in memory.
+            (None, _) => None,
         }
     };
     d.id("scales", id.unwrap_or(BlobId::NONE));
@@ -380,13 +381,18 @@ pub(super) fn register_constants(
             }
             constant => copy_of(constant.buffer().expect("not deferred").clone()),
         };
+        let release_scales =
+            |address: *const u8| attach_read_to_pack(cache, address, keep, i, deferral);
         if !ambiguous {
             let registered = match constant {
-                Constant::Deferred { data, .. } => {
-                    cache.register_deferred(data.clone(), id, fill())
-                }
+                Constant::Deferred { data, .. } => cache
+                    .register_deferred(data.clone(), id, fill())
+                    .inspect(|_| release_scales(data.address())),
                 constant => {
-                    cache.register_owned(constant.buffer().expect("not deferred").clone(), id)
+                    let buffer = constant.buffer().expect("not deferred");
+                    cache
+                        .register_owned(buffer.clone(), id)
+                        .inspect(|_| release_scales(buffer.as_ptr()))
                 }
             };
             if let Some(registration) = registered {
@@ -412,10 +418,31 @@ pub(super) fn register_constants(
         let registration = cache
             .register_deferred(data.clone(), as_id, fill.clone())
             .expect("a new placeholder's address is free");
+        release_scales(data.address());
         registrations.push(registration);
         private.insert(i, Private { data, fill });
     }
     Ok((registrations, private))
+}
+
+/// Ties to the registration at `address` (value `i`'s) what XNNPACK reads only to pack it (a
+/// blockwise filter's scales): released once it is packed, or read in when it is to be packed.
+pub(super) fn attach_read_to_pack(
+    cache: &PackedWeightsCache,
+    address: *const u8,
+    keep: &Loaded,
+    i: usize,
+    deferral: Option<&Arc<dyn NamedDataMap>>,
+) {
+    match keep.read_only_to_pack(i, deferral) {
+        Some(ReadToPack::InMemory(data)) => {
+            cache.release_with(address, data);
+        }
+        Some(ReadToPack::Deferred(data, fill)) => {
+            cache.read_with(address, data, fill);
+        }
+        None => {}
+    }
 }
 
 /// How a placeholder standing for `source`'s bytes is read in: a copy of them.

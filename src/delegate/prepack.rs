@@ -60,7 +60,7 @@ pub(super) fn prepack(
     graph: &fb::XNNGraph<'_>,
     loaded: &Loaded,
     cache: &Arc<PackedWeightsCache>,
-    source: Option<&dyn NamedDataMap>,
+    source: Option<&Arc<dyn NamedDataMap>>,
     threads: usize,
 ) -> Result<Prepacked, DelegateError> {
     let values: Vec<fb::XValue<'_>> = graph.xvalues().iter().flatten().collect();
@@ -150,7 +150,7 @@ fn source_bytes(
     i: usize,
     loaded: &Loaded,
     cache: &Arc<PackedWeightsCache>,
-    source: Option<&dyn NamedDataMap>,
+    source: Option<&Arc<dyn NamedDataMap>>,
 ) -> Option<(DataBuffer, OwnedRegistration)> {
     let (key, _) = deferred_constant(t, loaded)?;
     let ValueRole::Deferred(placeholder) = role_of(t, i, loaded).ok()? else {
@@ -162,6 +162,8 @@ fn source_bytes(
         return None;
     }
     let registration = cache.register_owned(buffer.clone(), id)?;
+    // Its scales are read in, or their pages released, with its own.
+    super::identity::attach_read_to_pack(cache, buffer.as_ptr(), loaded, i, source);
     Some((buffer, registration))
 }
 
@@ -173,7 +175,7 @@ fn pack_one(
     job: &Job<'_>,
     loaded: &Loaded,
     cache: &Arc<PackedWeightsCache>,
-    source: Option<&dyn NamedDataMap>,
+    source: Option<&Arc<dyn NamedDataMap>>,
 ) -> Result<(), DelegateError> {
     let value = |id: u32| {
         by_id.get(&id).copied().ok_or_else(|| {

@@ -24,7 +24,7 @@ pub use memory_cache::{InMemoryWeightsCache, ProviderStats};
 pub use nodes::{BinaryOp, Deconvolution2dParams, Pooling2dParams, UnaryOp};
 pub use runtime::{External, RawInput, RawOutput, Runtime, RuntimeOptions};
 pub use subgraph::{
-    BlockwiseQuantization, ChannelwiseQuantization, Convolution2dParams,
+    BlockwiseQuantization, BlockwiseScales, ChannelwiseQuantization, Convolution2dParams,
     DepthwiseConvolution2dParams, ExternalDecl, FullyConnectedFlags, Padding2d, Subgraph,
     ValueRole,
 };

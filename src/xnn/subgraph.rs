@@ -98,12 +98,42 @@ pub struct BlockwiseQuantization<'data> {
     pub zero_point: i32,
     /// bf16 bit patterns, `dims[0] * dims[1] / block_size` of them, blocks of an output channel
     /// adjacent; XNNPACK keeps the pointer, so it is borrowed like static data.
-    pub scales: &'data [u16],
+    pub scales: BlockwiseScales<'data>,
     /// The output-channel dimension: 0.
     pub channel_dim: usize,
     /// Input channels per block: non-zero, dividing the input channels; fully connected
     /// operators need at least `XNN_MIN_BLOCKSIZE`.
     pub block_size: usize,
+}
+
+/// Where a blockwise filter's scales are.
+#[derive(Debug, Clone, Copy)]
+pub enum BlockwiseScales<'data> {
+    /// In memory.
+    InMemory(&'data [u16]),
+    /// Behind a placeholder of their byte length, read in only when the filter is packed:
+    /// XNNPACK (with patch 0007) reads a blockwise filter's scales only to pack it, on a
+    /// weights-cache miss, when the packed-weight cache fills the placeholder (see
+    /// [`PackedWeightsCache::read_with`](crate::cache::PackedWeightsCache::read_with)).
+    Deferred(&'data crate::deferred::DeferredData),
+}
+
+impl BlockwiseScales<'_> {
+    /// How many scales.
+    fn len(&self) -> usize {
+        match self {
+            BlockwiseScales::InMemory(s) => s.len(),
+            BlockwiseScales::Deferred(d) => d.len() / 2,
+        }
+    }
+
+    /// The first scale's address, for XNNPACK.
+    fn as_ptr(&self) -> *const u16 {
+        match self {
+            BlockwiseScales::InMemory(s) => s.as_ptr(),
+            BlockwiseScales::Deferred(d) => d.address().cast(),
+        }
+    }
 }
 
 /// Features of a fully connected node.
@@ -493,7 +523,11 @@ impl<'data> Subgraph<'data> {
         }
         let blocks =
             dims[0].checked_mul(dims[1]).ok_or_else(|| refuse(CALL))? / quantization.block_size;
-        if quantization.scales.len() != blocks {
+        let whole = match quantization.scales {
+            BlockwiseScales::Deferred(d) => d.len() % 2 == 0,
+            BlockwiseScales::InMemory(_) => true,
+        };
+        if quantization.scales.len() != blocks || !whole {
             return Err(XnnError::QuantizationScales {
                 expected: blocks,
                 given: quantization.scales.len(),
@@ -504,7 +538,9 @@ impl<'data> Subgraph<'data> {
         let mut id = sys::XNN_INVALID_VALUE_ID;
         // SAFETY: as in `define_tensor`; `dims` has the two entries XNNPACK reads, the block
         // size is non-zero, and XNNPACK reads `dims[0] * dims[1] / block_size` scales, which is
-        // how many the slice holds (checked above); it keeps the pointer, borrowed for 'data.
+        // how many the slice or placeholder holds (checked above; a placeholder is readable
+        // whenever XNNPACK packs the filter, the one time it reads them); it keeps the pointer,
+        // borrowed for 'data.
         check(CALL, unsafe {
             sys::xnn_define_blockwise_quantized_tensor_value(
                 self.as_raw(),

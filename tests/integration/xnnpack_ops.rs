@@ -8,7 +8,7 @@ use common::close::max_abs_difference;
 use common::kernels_line;
 use xnnblob::synthetic::SplitMix64;
 use xnnblob::xnn::{
-    BlockwiseQuantization, ChannelwiseQuantization, Convolution2dParams, Datatype,
+    BlockwiseQuantization, BlockwiseScales, ChannelwiseQuantization, Convolution2dParams, Datatype,
     DepthwiseConvolution2dParams, FullyConnectedFlags, Padding2d, Qd8Weights, Runtime, Status,
     Subgraph, ValueRole, XnnError,
 };
@@ -702,7 +702,7 @@ fn check_qd8_qb4w(batch: usize) {
                 &[outputs, inputs],
                 BlockwiseQuantization {
                     zero_point: 8,
-                    scales,
+                    scales: BlockwiseScales::InMemory(scales),
                     channel_dim: 0,
                     block_size: block,
                 },
@@ -986,7 +986,7 @@ fn quantization_parameters_that_do_not_fit_are_refused() {
             dims,
             BlockwiseQuantization {
                 zero_point: 8,
-                scales,
+                scales: BlockwiseScales::InMemory(scales),
                 channel_dim: 0,
                 block_size,
             },
@@ -1305,7 +1305,7 @@ fn blockwise_scales_are_refused_where_they_are_packed_exactly_when_not_positive_
                     &[outputs, inputs],
                     BlockwiseQuantization {
                         zero_point: 8,
-                        scales,
+                        scales: BlockwiseScales::InMemory(scales),
                         channel_dim: 0,
                         block_size: block,
                     },
