@@ -29,12 +29,9 @@ use std::sync::Arc;
 const FIRST_WINDOW: usize = if usize::BITS >= 64 { 1 << 30 } else { 64 << 20 };
 /// Windows start at multiples of this: a page on every kernel XNNPACK runs on (4, 16 or 64 KiB).
 const WINDOW_ALIGNMENT: u64 = 64 << 10;
-/// The file is allocated up to the next multiple of this past what is handed out, and no
-/// further: the kernel reads ahead (zero-fills) the allocated pages around a fault and maps them
-/// into the process, so an allocation far ahead of need is resident memory until the save cuts
-/// the file to its length (an eighth of the file ahead cost a 1B-parameter model 70 MiB of its
-/// cold peak). One call per weight or so costs microseconds.
-const ALLOCATE_STEP: u64 = 1 << 20;
+/// The file is allocated up to the next multiple of this past what is handed out: one call per
+/// several weights, and what is allocated beyond the last region is cut off by the save.
+const ALLOCATE_STEP: u64 = 8 << 20;
 
 /// Where a packed region lies in a draft: a window and an offset in it. Its bytes stay readable
 /// for as long as the window lives, published or not.

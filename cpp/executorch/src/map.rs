@@ -226,31 +226,6 @@ impl Backing for EtBytes {
         }
     }
 
-    /// ExecuTorch's buffers are a map of the file (its mmap loader) or a heap copy (its file
-    /// loader), and which is not said: `MADV_PAGEOUT` suits both, as it never changes what the
-    /// memory reads. Clean file pages (a blockwise layer's scales, read once to pack its weights)
-    /// leave the process now rather than when the buffer is freed, which for data a delegate
-    /// holds is never; heap pages stay, with no swap to go to.
-    fn release_pages(&self, offset: usize, len: usize) {
-        const PAGE: usize = 4096;
-        let bytes = self.bytes();
-        let Some(end) = offset.checked_add(len).filter(|&end| end <= bytes.len()) else {
-            return;
-        };
-        let base = bytes.as_ptr() as usize;
-        let start = (base + offset).next_multiple_of(PAGE);
-        let end = (base + end) / PAGE * PAGE;
-        if start < end {
-            // SAFETY: [start, end) covers only whole pages inside this buffer, which lives as
-            // long as `self`; MADV_PAGEOUT only asks the kernel to reclaim them (a file page is
-            // read back unchanged on the next touch, an anonymous one is kept without swap),
-            // so no reader ever sees other bytes. A failure (an older kernel) changes nothing.
-            let _ = unsafe {
-                libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_PAGEOUT)
-            };
-        }
-    }
-
     /// ExecuTorch sizes its buffers exactly (a read, or a map of the segment's pages): what is
     /// readable past the end is the rest of the last page.
     fn readable_after(&self) -> usize {
