@@ -478,6 +478,105 @@ def quantize_8da8w(model):
     return model
 
 
+# ---- Methods that share mutable buffers (issue 43) ------------------------------------------
+
+
+class PrefillStep(nn.Module):
+    """The design's case at its smallest: `prefill(x)` computes a cache into a registered buffer;
+    `step(y)` reads it at every call (as an addend, not a matmul operand: see
+    `export_shared`) and counts its calls in another buffer."""
+
+    def __init__(self, d=16):
+        super().__init__()
+        self.encode = nn.Linear(d, d)
+        self.decode = nn.Linear(d, d)
+        self.register_buffer("cache", torch.zeros(1, d))
+        self.register_buffer("counter", torch.zeros(1, 1))
+
+    def prefill(self, x):
+        c = torch.tanh(self.encode(x))
+        self.cache.copy_(c)
+        return c
+
+    def step(self, y):
+        self.counter.add_(1.0)
+        return self.decode(y + self.cache) + self.counter
+
+
+class MethodOf(nn.Module):
+    """One method of a module, as the `forward` torch.export exports: every method's graph then
+    names the module's buffers alike (`m.cache`), which is what lets the memory planner give them
+    one place in the shared arena."""
+
+    def __init__(self, module, name):
+        super().__init__()
+        self.m = module
+        self.name = name
+
+    def forward(self, *args):
+        return getattr(self.m, self.name)(*args)
+
+
+def export_shared(out, name, model, calls):
+    """Exports `model`'s methods (the distinct ones of `calls`: [(method, inputs)], in order)
+    into one program whose mutable buffers every method shares (ExecuTorch's
+    `MemoryPlanningPass(share_mutable_buffers=True)`), lowered to XNNPACK. Records the eager
+    outputs of the call sequence, and ExecuTorch's own (its Python runtime shares a program's
+    arenas between its methods), in NAME.calls.json (not io.json: a sequence of calls, not steps of
+    one method): {"program", "data", "calls": [{"method", "inputs", "outputs_eager",
+    "outputs_et"}]}."""
+    import copy
+
+    from executorch.exir import ExecutorchBackendConfig
+    from executorch.exir.passes import MemoryPlanningPass
+
+    model = model.eval()
+    eager = copy.deepcopy(model)
+    methods = []
+    for method, inputs in calls:
+        if method not in methods:
+            methods.append(method)
+    first_inputs = {m: next(i for c, i in calls if c == m) for m in methods}
+    with torch.no_grad():
+        programs = {
+            m: export(MethodOf(model, m), first_inputs[m], strict=False) for m in methods
+        }
+        edge = to_edge_transform_and_lower(programs, partitioner=[XnnpackPartitioner()])
+        prog = edge.to_executorch(
+            ExecutorchBackendConfig(
+                memory_planning_pass=MemoryPlanningPass(share_mutable_buffers=True),
+                emit_mutable_buffer_names=True,
+            )
+        )
+    pte = os.path.join(out, name + ".pte")
+    with open(pte, "wb") as f:
+        prog.write_to_file(f)
+
+    program = Runtime.get().load_program(pte)
+    loaded = {m: program.load_method(m) for m in methods}
+    io = {"program": os.path.basename(pte), "data": [], "calls": []}
+    for k, (method, inputs) in enumerate(calls):
+        with torch.no_grad():
+            want = getattr(eager, method)(*inputs)
+        want = want if isinstance(want, (tuple, list)) else (want,)
+        got = loaded[method].execute(list(inputs))
+        io["calls"].append(
+            {
+                "method": method,
+                "inputs": [tensor_entry(out, name, f"c{k}.in{i}", t) for i, t in enumerate(inputs)],
+                "outputs_eager": [
+                    tensor_entry(out, name, f"c{k}.out_eager{j}", o) for j, o in enumerate(want)
+                ],
+                "outputs_et": [
+                    tensor_entry(out, name, f"c{k}.out_et{j}", o) for j, o in enumerate(got)
+                ],
+            }
+        )
+    with open(os.path.join(out, name + ".calls.json"), "w") as f:
+        json.dump(io, f, indent=1)
+    print(f"{name}: {os.path.getsize(pte)} bytes, {len(calls)} call(s)", flush=True)
+
+
 def export_bench(out, only):
     """The peer bench's real programs: a Llama-shaped 8da4w decoder (d=1024, 12 layers, a 32k
     vocabulary, about 250 MB in .pte and .ptd) decoding 16 tokens, and ResNet-18 in fp32."""
@@ -602,6 +701,14 @@ def main():
             export_one(args.out, name, model, inputs)
         except Exception as e:
             print(f"{name}: FAILED: {type(e).__name__}: {str(e)[:400]}", flush=True)
+
+    if not only or "shared_prefill_step" in only:
+        try:
+            d = 16
+            calls = [("prefill", (r(1, d),))] + [("step", (r(1, d),)) for _ in range(3)]
+            export_shared(args.out, "shared_prefill_step", PrefillStep(d), calls)
+        except Exception as e:
+            print(f"shared_prefill_step: FAILED: {type(e).__name__}: {str(e)[:400]}", flush=True)
 
     if not only or "arch_llama_8da4w" in only:
         try:

@@ -57,13 +57,15 @@ pub enum ProgramError {
         available: Vec<String>,
     },
     /// The method runs an operator outside a delegate (or a non-XNNPACK delegate).
-    #[error("method {method:?} is not fully delegated to XNNPACK: it runs {operator}")]
+    #[error("method {method:?} is not fully delegated to XNNPACK: it runs {operator}{hint}")]
     NotDelegated {
         /// The method's name.
         method: String,
         /// What it runs, as a phrase: `the operator aten::add.out`, `operator #3` (an index the
         /// plan does not list) or `a delegate of backend "..."`.
         operator: String,
+        /// Where to run it instead, when that is known (empty, or a sentence led by "; ").
+        hint: &'static str,
     },
     /// The plan is malformed or uses what this runner does not support.
     #[error("method {method:?}: {reason}")]
@@ -430,9 +432,20 @@ fn read_plan(pte: &FileDataMap, name: &str) -> Result<MethodPlan, ProgramError> 
                     || format!("operator #{}", k.op_index()),
                     |o| format!("the operator {o}"),
                 );
+            // A mutable buffer's write-back: the program keeps state between calls, perhaps
+            // shared by its methods, which this executor does not run.
+            let hint = if operator.contains("aten::copy_") {
+                "; that is the write-back of a mutable buffer (state kept between calls, which \
+                 methods exported with share_mutable_buffers share): run it inside ExecuTorch's \
+                 runtime with xnnblob's backend, its methods on one Module with \
+                 share_memory_arenas (`xnnblob-et-run PROGRAM --call METHOD:INPUTS ...` does)"
+            } else {
+                ""
+            };
             return Err(ProgramError::NotDelegated {
                 method: name.to_string(),
                 operator,
+                hint,
             });
         } else if let Some(d) = instruction.instr_args_as_delegate_call() {
             let i = index(name, d.delegate_index(), delegates.len(), "delegate")?;
@@ -441,6 +454,7 @@ fn read_plan(pte: &FileDataMap, name: &str) -> Result<MethodPlan, ProgramError> 
                 return Err(ProgramError::NotDelegated {
                     method: name.to_string(),
                     operator: format!("a delegate of backend {id:?}"),
+                    hint: "",
                 });
             }
             steps.push(Step::Delegate {

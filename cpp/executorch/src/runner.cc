@@ -64,8 +64,13 @@ const char kUsage[] =
     "         [--no-weight-cache] [--workspace-sharing 0|1|2] [--steps N] [--repeat N]\n"
     "         [--threads N] [--pool-threads N] [--no-pool] [--verify-on-load]\n"
     "         [--wait-between-executes] [--output-dir DIR]\n"
+    "         [--call METHOD[:INPUT,...] [--times N] [--input FILE ...]]... [--share-arenas on|off]\n"
     "--data, --method and --input apply to the program named last. An input path may hold\n"
     "{step}, replaced by the step number (0..N-1) for stateful programs. --steps 0 loads only.\n"
+    "--call runs methods of one loaded program in the order given, each --times N times ({step}\n"
+    "counts them), instead of --method --steps; --input, --dtype and --shape then apply to the\n"
+    "call named last. Methods that share mutable buffers share ExecuTorch's memory arenas\n"
+    "(Module's share_memory_arenas): on by default when calls name two methods or more.\n"
     "--threads N loads and runs in N threads at once; --pool-threads N resizes ExecuTorch's\n"
     "thread pool first; --no-pool holds a NoThreadPoolGuard in each of them.\n"
     "--wait-between-executes reads a line from stdin before each repeat after the first.\n";
@@ -76,12 +81,23 @@ struct Input {
   std::optional<std::vector<int64_t>> shape;
 };
 
+// One method call of a sequence (--call): run `times` times in a row.
+struct Call {
+  std::string method;
+  std::vector<Input> inputs;
+  int times = 1;
+};
+
 // One program to load, with its data files, method and inputs.
 struct Program {
   std::string path;
   std::vector<std::string> data;
   std::string method = "forward";
   std::vector<Input> inputs;
+  // A sequence of method calls on the one loaded program, instead of `method` run --steps times.
+  std::vector<Call> calls;
+  // Module's share_memory_arenas: unset is on when the calls name two methods or more.
+  std::optional<bool> share_arenas;
 };
 
 struct Options {
@@ -181,6 +197,11 @@ Options parse(int argc, char** argv) {
     if (o.programs.empty()) usage_error(option + " must follow a program");
     return o.programs.back();
   };
+  // Where --input, --dtype and --shape go: the last call's inputs, or the program's.
+  auto inputs_of = [&](const std::string& option) -> std::vector<Input>& {
+    Program& p = program(option);
+    return p.calls.empty() ? p.inputs : p.calls.back().inputs;
+  };
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--data") program(a).data.push_back(value(i));
@@ -193,9 +214,32 @@ Options parse(int argc, char** argv) {
     else if (a == "--no-weight-cache") o.weight_cache = false;
     else if (a == "--workspace-sharing") o.workspace_sharing = number(i);
     else if (a == "--method") program(a).method = value(i);
-    else if (a == "--input") program(a).inputs.push_back(Input{value(i), std::nullopt, std::nullopt});
-    else if (a == "--dtype" || a == "--shape") {
-      auto& inputs = program(a).inputs;
+    else if (a == "--input") inputs_of(a).push_back(Input{value(i), std::nullopt, std::nullopt});
+    else if (a == "--call") {
+      std::string spec = value(i);
+      Call call;
+      size_t colon = spec.find(':');
+      call.method = spec.substr(0, colon);
+      if (call.method.empty()) usage_error("--call " + spec + ": no method named");
+      if (colon != std::string::npos) {
+        std::stringstream files(spec.substr(colon + 1));
+        std::string file;
+        while (std::getline(files, file, ',')) {
+          if (file.empty()) usage_error("--call " + spec + ": an empty input path");
+          call.inputs.push_back(Input{file, std::nullopt, std::nullopt});
+        }
+      }
+      program(a).calls.push_back(std::move(call));
+    } else if (a == "--times") {
+      Program& p = program(a);
+      if (p.calls.empty()) usage_error("--times must follow a --call");
+      p.calls.back().times = std::max(1, number(i));
+    } else if (a == "--share-arenas") {
+      std::string v = value(i);
+      if (v != "on" && v != "off") usage_error("--share-arenas " + v + ": on or off");
+      program(a).share_arenas = v == "on";
+    } else if (a == "--dtype" || a == "--shape") {
+      auto& inputs = inputs_of(a);
       if (inputs.empty()) usage_error(a + " must follow an --input");
       std::string v = value(i);
       if (a == "--dtype") {
@@ -298,15 +342,89 @@ struct Launch {
   unsigned long long load_read_bytes = 0;
   long load_rss_anon_kib = 0;  // right after the load, before any execute
   long load_rss_file_kib = 0;
-  std::vector<std::vector<Output>> steps;  // per step, per output
+  std::vector<std::vector<Output>> steps;  // per step (per call made), per output
+  bool share_arenas = false;
+  std::vector<std::string> calls;  // per call made: "METHOD ITERATION MS"
 };
+
+// One execute's inputs: each file (its {step} replaced) as the tensor the method declares, or of
+// the dtype and shape given. `storage` and `tensors` hold what the inputs point into.
+std::vector<EValue> make_inputs(const std::string& method, executorch::runtime::MethodMeta meta,
+                                const std::vector<Input>& given, int step,
+                                std::vector<std::vector<uint8_t>>& storage,
+                                std::vector<executorch::extension::TensorPtr>& tensors) {
+  if (given.size() != meta.num_inputs()) {
+    fail("method " + method + " takes " + std::to_string(meta.num_inputs()) + " inputs, " +
+         std::to_string(given.size()) + " given");
+  }
+  std::vector<EValue> inputs;
+  storage.reserve(given.size());
+  for (size_t i = 0; i < given.size(); ++i) {
+    auto tmeta = meta.input_tensor_meta(i);
+    if (!tmeta.ok()) fail(method + ": input " + std::to_string(i) + " is not a tensor");
+    ScalarType dtype = given[i].dtype.value_or(tmeta->scalar_type());
+    std::vector<int64_t> shape(tmeta->sizes().begin(), tmeta->sizes().end());
+    storage.push_back(read_file(for_step(given[i].path, step)));
+    size_t bytes = storage.back().size();
+    size_t element = executorch::runtime::elementSize(dtype);
+    if (given[i].shape) {
+      shape = *given[i].shape;
+    } else if (!shape.empty()) {
+      // A dynamic leading dimension, from the file's size.
+      size_t rest = element;
+      for (size_t d = 1; d < shape.size(); ++d) rest *= static_cast<size_t>(shape[d]);
+      if (rest > 0 && bytes % rest == 0) shape[0] = static_cast<int64_t>(bytes / rest);
+    }
+    size_t numel = 1;
+    for (auto d : shape) numel *= static_cast<size_t>(d);
+    if (numel * element != bytes) {
+      fail(for_step(given[i].path, step) + ": " + std::to_string(bytes) +
+           " bytes do not hold the input's shape");
+    }
+    std::vector<executorch::aten::SizesType> sizes(shape.begin(), shape.end());
+    tensors.push_back(executorch::extension::from_blob(storage.back().data(), sizes, dtype));
+    inputs.emplace_back(*tensors.back());
+  }
+  return inputs;
+}
+
+// Copies every tensor output (an output may alias an arena the next call reuses).
+std::vector<Output> copy_outputs(const std::vector<EValue>& result) {
+  std::vector<Output> outputs;
+  for (const EValue& v : result) {
+    if (!v.isTensor()) continue;
+    const auto& out = v.toTensor();
+    const uint8_t* p = static_cast<const uint8_t*>(out.const_data_ptr());
+    outputs.push_back(Output{out.scalar_type(),
+                             std::vector<int64_t>(out.sizes().begin(), out.sizes().end()),
+                             std::vector<uint8_t>(p, p + out.nbytes())});
+  }
+  return outputs;
+}
+
+// The distinct methods of a program's calls, in first-call order.
+std::vector<std::string> call_methods(const Program& p) {
+  std::vector<std::string> methods;
+  for (const Call& c : p.calls) {
+    if (std::find(methods.begin(), methods.end(), c.method) == methods.end()) {
+      methods.push_back(c.method);
+    }
+  }
+  return methods;
+}
 
 Launch launch(const Options& o, const Program& p, std::unique_ptr<Module>& keep) {
   Launch r;
   auto io_before = proc_io();
   auto started = std::chrono::steady_clock::now();
   auto mode = o.mmap ? Module::LoadMode::Mmap : Module::LoadMode::File;
-  keep = std::make_unique<Module>(p.path, p.data, mode);
+  // Methods called in sequence share ExecuTorch's arenas (mem_id 1, activations, and 2, the
+  // mutable buffers that share_mutable_buffers plans there): without it, each method has its own
+  // copy of a buffer another method writes, and reads zeros.
+  const std::vector<std::string> methods =
+      p.calls.empty() ? std::vector<std::string>{p.method} : call_methods(p);
+  r.share_arenas = p.share_arenas.value_or(methods.size() > 1);
+  keep = std::make_unique<Module>(p.path, p.data, mode, nullptr, nullptr, nullptr, r.share_arenas);
   Module& module = *keep;
 
   executorch::runtime::BackendOptions<5> backend_options;
@@ -325,8 +443,10 @@ Launch launch(const Options& o, const Program& p, std::unique_ptr<Module>& keep)
   }
   Error e = module.load(options_map);
   if (e != Error::Ok) fail("loading " + p.path + ": " + error_text(e));
-  e = module.load_method(p.method, nullptr, nullptr, &options_map);
-  if (e != Error::Ok) fail("loading method " + p.method + ": " + error_text(e));
+  for (const std::string& m : methods) {
+    e = module.load_method(m, nullptr, nullptr, &options_map);
+    if (e != Error::Ok) fail("loading method " + m + ": " + error_text(e));
+  }
   r.load_to_ready_ms = ms_since(started);
   auto io_after = proc_io();
   r.load_rchar = io_after["rchar"] - io_before["rchar"];
@@ -334,43 +454,32 @@ Launch launch(const Options& o, const Program& p, std::unique_ptr<Module>& keep)
   r.load_rss_anon_kib = status_kib("RssAnon");
   r.load_rss_file_kib = status_kib("RssFile");
 
+  if (!p.calls.empty()) {
+    for (const Call& call : p.calls) {
+      auto meta = module.method_meta(call.method);
+      if (!meta.ok()) fail("method " + call.method + ": " + error_text(meta.error()));
+      for (int step = 0; step < call.times; ++step) {
+        std::vector<std::vector<uint8_t>> storage;
+        std::vector<executorch::extension::TensorPtr> tensors;
+        auto inputs = make_inputs(call.method, *meta, call.inputs, step, storage, tensors);
+        auto t = std::chrono::steady_clock::now();
+        auto result = module.execute(call.method, inputs);
+        double took = ms_since(t);
+        if (!result.ok()) fail("executing " + call.method + ": " + error_text(result.error()));
+        if (r.execute_ms.empty()) r.first_execute_ms = took;
+        r.execute_ms.push_back(took);
+        r.steps.push_back(copy_outputs(*result));
+        r.calls.push_back(call.method + " " + std::to_string(step) + " " + std::to_string(took));
+      }
+    }
+    return r;
+  }
   auto meta = module.method_meta(p.method);
   if (!meta.ok()) fail("method " + p.method + ": " + error_text(meta.error()));
-  if (o.steps > 0 && p.inputs.size() != meta->num_inputs()) {
-    fail("method " + p.method + " takes " + std::to_string(meta->num_inputs()) + " inputs, " +
-         std::to_string(p.inputs.size()) + " given");
-  }
   for (int step = 0; step < o.steps; ++step) {
     std::vector<std::vector<uint8_t>> storage;
     std::vector<executorch::extension::TensorPtr> tensors;
-    std::vector<EValue> inputs;
-    for (size_t i = 0; i < p.inputs.size(); ++i) {
-      auto tmeta = meta->input_tensor_meta(i);
-      if (!tmeta.ok()) fail("input " + std::to_string(i) + " is not a tensor");
-      ScalarType dtype = p.inputs[i].dtype.value_or(tmeta->scalar_type());
-      std::vector<int64_t> shape(tmeta->sizes().begin(), tmeta->sizes().end());
-      storage.push_back(read_file(for_step(p.inputs[i].path, step)));
-      size_t bytes = storage.back().size();
-      size_t element = executorch::runtime::elementSize(dtype);
-      if (p.inputs[i].shape) {
-        shape = *p.inputs[i].shape;
-      } else if (!shape.empty()) {
-        // A dynamic leading dimension, from the file's size.
-        size_t rest = element;
-        for (size_t d = 1; d < shape.size(); ++d) rest *= static_cast<size_t>(shape[d]);
-        if (rest > 0 && bytes % rest == 0) shape[0] = static_cast<int64_t>(bytes / rest);
-      }
-      size_t numel = 1;
-      for (auto d : shape) numel *= static_cast<size_t>(d);
-      if (numel * element != bytes) {
-        fail(for_step(p.inputs[i].path, step) + ": " + std::to_string(bytes) +
-             " bytes do not hold the input's shape");
-      }
-      std::vector<executorch::aten::SizesType> sizes(shape.begin(), shape.end());
-      tensors.push_back(
-          executorch::extension::from_blob(storage.back().data(), sizes, dtype));
-      inputs.emplace_back(*tensors.back());
-    }
+    auto inputs = make_inputs(p.method, *meta, p.inputs, step, storage, tensors);
     std::vector<Output> outputs;
     for (int rep = 0; rep < (step == 0 ? o.repeat : 1); ++rep) {
       if (rep > 0 && o.wait_between_executes) {
@@ -385,16 +494,7 @@ Launch launch(const Options& o, const Program& p, std::unique_ptr<Module>& keep)
       if (!result.ok()) fail("executing " + p.method + ": " + error_text(result.error()));
       if (step == 0 && rep == 0) r.first_execute_ms = took;
       r.execute_ms.push_back(took);
-      if (rep == 0) {
-        for (const EValue& v : *result) {
-          if (!v.isTensor()) continue;
-          const auto& out = v.toTensor();
-          const uint8_t* p = static_cast<const uint8_t*>(out.const_data_ptr());
-          outputs.push_back(Output{out.scalar_type(),
-                                   std::vector<int64_t>(out.sizes().begin(), out.sizes().end()),
-                                   std::vector<uint8_t>(p, p + out.nbytes())});
-        }
-      }
+      if (rep == 0) outputs = copy_outputs(*result);
     }
     r.steps.push_back(std::move(outputs));
   }
@@ -424,6 +524,15 @@ void report(const Options& o, size_t p, const Launch& r) {
   std::printf("%sload_read_bytes=%llu\n", prefix.c_str(), r.load_read_bytes);
   std::printf("%sload_rss_anon_kib=%ld\n", prefix.c_str(), r.load_rss_anon_kib);
   std::printf("%sload_rss_file_kib=%ld\n", prefix.c_str(), r.load_rss_file_kib);
+  std::printf("%sshare_memory_arenas=%d\n", prefix.c_str(), r.share_arenas ? 1 : 0);
+  for (size_t c = 0; c < r.calls.size(); ++c) {
+    // "call step=S method=M iteration=I ms=T": which method each step's outputs came from.
+    std::stringstream fields(r.calls[c]);
+    std::string method, iteration, ms;
+    fields >> method >> iteration >> ms;
+    std::printf("%scall step=%zu method=%s iteration=%s ms=%s\n", prefix.c_str(), c,
+                method.c_str(), iteration.c_str(), ms.c_str());
+  }
   for (size_t s = 0; s < r.steps.size(); ++s) {
     for (size_t j = 0; j < r.steps[s].size(); ++j) {
       const Output& out = r.steps[s][j];

@@ -1174,3 +1174,91 @@ fn every_failed_save_is_said_once_with_its_path_and_cause() {
         );
     }
 }
+
+/// Issue 43: an ExecuTorch 1.5.1 export whose methods share mutable buffers
+/// (`MemoryPlanningPass(share_mutable_buffers=True)`): `prefill(x)` writes `cache`, `step(y)`
+/// reads it and counts its calls in `counter`, both delegated to XNNPACK. Called in sequence on one
+/// loaded program (`--call`), which shares ExecuTorch's arenas between the methods, each call's
+/// output is eager PyTorch's (recorded by the export script), through xnnblob's backend cold and
+/// warm with a cache file and through ExecuTorch's own. With the arenas not shared (ExecuTorch's
+/// default), `step` reads a `cache` prefill never wrote: both backends then differ from eager, which
+/// is why the runner shares them.
+#[test]
+fn methods_sharing_mutable_buffers_match_eager_when_their_arenas_are_shared() {
+    let dir = data().join("export");
+    let calls: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("shared_prefill_step.calls.json")).unwrap())
+            .unwrap();
+    let calls = calls["calls"].as_array().unwrap();
+    let out = scratch("shared-buffers");
+    let cache = out.join("weights.xbc");
+    let mut args = vec![dir.join("shared_prefill_step.pte").display().to_string()];
+    for c in calls {
+        let inputs: Vec<String> = c["inputs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| dir.join(t["file"].as_str().unwrap()).display().to_string())
+            .collect();
+        args.extend([
+            s("--call"),
+            format!("{}:{}", c["method"].as_str().unwrap(), inputs.join(",")),
+        ]);
+    }
+    // The largest difference from eager over every call, whether the arenas were shared, and the
+    // launch.
+    let launch = |tag: &str, backend: &str, extra: &[&str]| -> (f32, bool, Run) {
+        let outputs = out.join(tag);
+        std::fs::create_dir_all(&outputs).unwrap();
+        let mut a = args.clone();
+        a.extend([s("--backend"), s(backend), s("--output-dir")]);
+        a.push(outputs.display().to_string());
+        a.extend(extra.iter().map(|e| e.to_string()));
+        let run = run_ok(&a);
+        let mut worst = 0f32;
+        for (k, c) in calls.iter().enumerate() {
+            let eager = f32s(
+                &std::fs::read(dir.join(c["outputs_eager"][0]["file"].as_str().unwrap())).unwrap(),
+            );
+            let ours = f32s(&std::fs::read(outputs.join(format!("step{k}.output0.f32"))).unwrap());
+            assert_eq!(ours.len(), eager.len(), "{tag}: call {k}");
+            worst = worst.max(relative_difference(&ours, &eager));
+        }
+        let shared = run.number("share_memory_arenas") == 1.0;
+        (worst, shared, run)
+    };
+    let cache_arg = cache.display().to_string();
+    for (tag, backend, extra) in [
+        ("executorch", "executorch", vec![]),
+        (
+            "xnnblob-cold",
+            "xnnblob",
+            vec!["--cache", cache_arg.as_str()],
+        ),
+        (
+            "xnnblob-warm",
+            "xnnblob",
+            vec!["--cache", cache_arg.as_str()],
+        ),
+    ] {
+        let (worst, shared, run) = launch(tag, backend, &extra);
+        assert!(shared, "{tag}: calls of two methods share the arenas");
+        assert!(worst < 1e-5, "{tag}: {worst:e} of the range from eager");
+        if tag == "xnnblob-warm" {
+            assert_eq!(run.cache(&cache_arg)["packed"], 0, "warm: nothing packed");
+        }
+    }
+    assert!(cache.is_file(), "the cold launch saved its cache");
+    for backend in ["xnnblob", "executorch"] {
+        let (worst, shared, _) = launch(
+            &format!("{backend}-apart"),
+            backend,
+            &["--share-arenas", "off"],
+        );
+        assert!(!shared);
+        assert!(
+            worst > 1e-2,
+            "{backend}: with the arenas apart, step reads a cache prefill never wrote ({worst:e})"
+        );
+    }
+}
