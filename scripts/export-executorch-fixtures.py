@@ -517,6 +517,80 @@ class MethodOf(nn.Module):
         return getattr(self.m, self.name)(*args)
 
 
+class PrefillDecode(TinyLlama):
+    """A KV-cache decoder whose prefill and decode are methods of their own, as LLM runners export
+    them: both run the decoder, over several positions or one, and both read and write every
+    layer's caches, which the two methods share."""
+
+    def prefill(self, tokens, pos):
+        return self.forward(tokens, pos)
+
+    def decode(self, tokens, pos):
+        return self.forward(tokens, pos)
+
+
+class EncoderDecoder(nn.Module):
+    """The design's encoder-decoder: `encode(x)` computes a cross-attention cache (keys and values
+    of the source) into buffers; `decode(y)` attends to them at every call and keeps a running
+    position of its own. Each cache is read by `decode` as a matmul operand, which it also writes
+    back (unchanged): a buffer a method only reads is a constant to ExecuTorch's XNNPACK
+    partitioner, frozen into that method's delegate (see `export_shared`)."""
+
+    def __init__(self, d=32, src=6, heads=2):
+        super().__init__()
+        self.heads, self.hd = heads, d // heads
+        self.enc = nn.Linear(d, d)
+        self.k, self.v = nn.Linear(d, d, bias=False), nn.Linear(d, d, bias=False)
+        self.q, self.o = nn.Linear(d, d, bias=False), nn.Linear(d, d)
+        self.register_buffer("cross_k", torch.zeros(1, heads, src, d // heads))
+        self.register_buffer("cross_v", torch.zeros(1, heads, src, d // heads))
+        self.register_buffer("position", torch.zeros(1, 1))
+
+    def encode(self, x):
+        b, t, d = x.shape
+        h = torch.tanh(self.enc(x))
+        self.cross_k.copy_(self.k(h).view(b, t, self.heads, self.hd).transpose(1, 2))
+        self.cross_v.copy_(self.v(h).view(b, t, self.heads, self.hd).transpose(1, 2))
+        return h
+
+    def decode(self, y):
+        b, t, d = y.shape
+        # Written back as they are: the caches stay mutable buffers of this method, inputs of its
+        # delegate, rather than constants frozen into it at export.
+        k = self.cross_k.clone()
+        v = self.cross_v.clone()
+        self.cross_k.copy_(k)
+        self.cross_v.copy_(v)
+        self.position.add_(1.0)
+        q = self.q(y + self.position).view(b, t, self.heads, self.hd).transpose(1, 2)
+        att = torch.softmax((q @ k.transpose(2, 3)) / (self.hd**0.5), dim=-1)
+        return self.o((att @ v).transpose(1, 2).reshape(b, t, d))
+
+
+class MatmulOperand(nn.Module):
+    """`prefill(x)` computes a matrix into a buffer; `step(y)` multiplies by it. Exported as
+    `step` reads it (`y @ self.w`), ExecuTorch 1.5.1's XNNPACK partitioner makes the buffer the
+    static weight of a fully connected node and freezes its export-time value (zeros) into
+    `step`'s delegate: both backends then return zeros, and ExecuTorch's outputs differ from eager
+    by the whole range. The recipe: `step` writes the buffer back as it reads it, which keeps it a
+    mutable buffer of `step` (an input, not a constant); the product then runs outside the
+    delegate, on the buffer that `prefill` wrote."""
+
+    def __init__(self, d=16):
+        super().__init__()
+        self.enc = nn.Linear(d, d)
+        self.register_buffer("w", torch.zeros(d, d))
+
+    def prefill(self, x):
+        self.w.copy_(torch.tanh(self.enc(x)))
+        return self.w + 0
+
+    def step(self, y):
+        w = self.w.clone()
+        self.w.copy_(w)
+        return y @ w
+
+
 def export_shared(out, name, model, calls):
     """Exports `model`'s methods (the distinct ones of `calls`: [(method, inputs)], in order)
     into one program whose mutable buffers every method shares (ExecuTorch's
@@ -709,6 +783,31 @@ def main():
             export_shared(args.out, "shared_prefill_step", PrefillStep(d), calls)
         except Exception as e:
             print(f"shared_prefill_step: FAILED: {type(e).__name__}: {str(e)[:400]}", flush=True)
+
+    if not only or "shared_prefill_decode" in only:
+        try:
+            tokens = [1, 9, 42, 7, 3, 99, 12]
+            calls = [("prefill", (torch.tensor([tokens[:4]]), torch.arange(4)))] + [
+                ("decode", (torch.tensor([[t]]), torch.tensor([4 + k])))
+                for k, t in enumerate(tokens[4:])
+            ]
+            export_shared(args.out, "shared_prefill_decode", PrefillDecode(), calls)
+        except Exception as e:
+            print(f"shared_prefill_decode: FAILED: {type(e).__name__}: {str(e)[:400]}", flush=True)
+
+    if not only or "shared_encoder_decoder" in only:
+        try:
+            calls = [("encode", (r(1, 6, 32),))] + [("decode", (r(1, 1, 32),)) for _ in range(3)]
+            export_shared(args.out, "shared_encoder_decoder", EncoderDecoder(), calls)
+        except Exception as e:
+            print(f"shared_encoder_decoder: FAILED: {type(e).__name__}: {str(e)[:400]}", flush=True)
+
+    if not only or "shared_matmul_operand" in only:
+        try:
+            calls = [("prefill", (r(16, 16),))] + [("step", (r(1, 16),)) for _ in range(2)]
+            export_shared(args.out, "shared_matmul_operand", MatmulOperand(), calls)
+        except Exception as e:
+            print(f"shared_matmul_operand: FAILED: {type(e).__name__}: {str(e)[:400]}", flush=True)
 
     if not only or "arch_llama_8da4w" in only:
         try:

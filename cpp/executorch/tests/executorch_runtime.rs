@@ -1175,24 +1175,54 @@ fn every_failed_save_is_said_once_with_its_path_and_cause() {
     }
 }
 
-/// Issue 43: an ExecuTorch 1.5.1 export whose methods share mutable buffers
-/// (`MemoryPlanningPass(share_mutable_buffers=True)`): `prefill(x)` writes `cache`, `step(y)`
-/// reads it and counts its calls in `counter`, both delegated to XNNPACK. Called in sequence on one
-/// loaded program (`--call`), which shares ExecuTorch's arenas between the methods, each call's
-/// output is eager PyTorch's (recorded by the export script), through xnnblob's backend cold and
-/// warm with a cache file and through ExecuTorch's own. With the arenas not shared (ExecuTorch's
-/// default), `step` reads a `cache` prefill never wrote: both backends then differ from eager, which
-/// is why the runner shares them.
+/// Issue 43: ExecuTorch 1.5.1 exports whose methods share mutable buffers
+/// (`MemoryPlanningPass(share_mutable_buffers=True)`, `scripts/export-executorch-fixtures.py`):
+/// - `shared_prefill_step`: `prefill(x)` writes `cache`; `step(y)` reads it and counts its calls;
+/// - `shared_prefill_decode`: a KV-cache decoder whose prefill (4 tokens) and decode (1 token)
+///   are methods of their own, sharing every layer's caches;
+/// - `shared_encoder_decoder`: `encode` computes a cross-attention cache that `decode` attends to,
+///   keeping a running position;
+/// - `shared_matmul_operand`: `step` multiplies by a matrix `prefill` wrote, written back as it is
+///   read (the recipe that keeps ExecuTorch's partitioner from freezing it: see the script).
+///
+/// Called in sequence on one loaded program (`--call`), which shares ExecuTorch's arenas between
+/// the methods, each call's output is eager PyTorch's (recorded by the export script), through
+/// xnnblob's backend cold and warm with a cache file and through ExecuTorch's own. With the arenas
+/// not shared (ExecuTorch's default), a method reads state the other never wrote: both backends
+/// then differ from eager, which is why the runner shares them.
 #[test]
 fn methods_sharing_mutable_buffers_match_eager_when_their_arenas_are_shared() {
     let dir = data().join("export");
+    let mut names: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .filter_map(|e| {
+            let name = e.ok()?.file_name().to_string_lossy().into_owned();
+            name.strip_suffix(".calls.json").map(str::to_string)
+        })
+        .collect();
+    names.sort();
+    assert_eq!(
+        names,
+        [
+            "shared_encoder_decoder",
+            "shared_matmul_operand",
+            "shared_prefill_decode",
+            "shared_prefill_step"
+        ]
+    );
+    for name in &names {
+        sharing_program_matches_eager(&dir, name);
+    }
+}
+
+fn sharing_program_matches_eager(dir: &Path, name: &str) {
     let calls: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(dir.join("shared_prefill_step.calls.json")).unwrap())
+        serde_json::from_slice(&std::fs::read(dir.join(format!("{name}.calls.json"))).unwrap())
             .unwrap();
     let calls = calls["calls"].as_array().unwrap();
-    let out = scratch("shared-buffers");
+    let out = scratch(&format!("shared-{name}"));
     let cache = out.join("weights.xbc");
-    let mut args = vec![dir.join("shared_prefill_step.pte").display().to_string()];
+    let mut args = vec![dir.join(format!("{name}.pte")).display().to_string()];
     for c in calls {
         let inputs: Vec<String> = c["inputs"]
             .as_array()
@@ -1200,13 +1230,14 @@ fn methods_sharing_mutable_buffers_match_eager_when_their_arenas_are_shared() {
             .iter()
             .map(|t| dir.join(t["file"].as_str().unwrap()).display().to_string())
             .collect();
+        // Each input of the dtype and shape the method declares (tokens and positions as int64).
         args.extend([
             s("--call"),
             format!("{}:{}", c["method"].as_str().unwrap(), inputs.join(",")),
         ]);
     }
-    // The largest difference from eager over every call, whether the arenas were shared, and the
-    // launch.
+    // The largest difference from eager over every call (of the range of eager's output), whether
+    // the arenas were shared, and the launch.
     let launch = |tag: &str, backend: &str, extra: &[&str]| -> (f32, bool, Run) {
         let outputs = out.join(tag);
         std::fs::create_dir_all(&outputs).unwrap();
@@ -1221,7 +1252,7 @@ fn methods_sharing_mutable_buffers_match_eager_when_their_arenas_are_shared() {
                 &std::fs::read(dir.join(c["outputs_eager"][0]["file"].as_str().unwrap())).unwrap(),
             );
             let ours = f32s(&std::fs::read(outputs.join(format!("step{k}.output0.f32"))).unwrap());
-            assert_eq!(ours.len(), eager.len(), "{tag}: call {k}");
+            assert_eq!(ours.len(), eager.len(), "{name} {tag}: call {k}");
             worst = worst.max(relative_difference(&ours, &eager));
         }
         let shared = run.number("share_memory_arenas") == 1.0;
@@ -1242,13 +1273,22 @@ fn methods_sharing_mutable_buffers_match_eager_when_their_arenas_are_shared() {
         ),
     ] {
         let (worst, shared, run) = launch(tag, backend, &extra);
-        assert!(shared, "{tag}: calls of two methods share the arenas");
-        assert!(worst < 1e-5, "{tag}: {worst:e} of the range from eager");
+        assert!(
+            shared,
+            "{name} {tag}: calls of two methods share the arenas"
+        );
+        assert!(
+            worst < 1e-5,
+            "{name} {tag}: {worst:e} of the range from eager"
+        );
         if tag == "xnnblob-warm" {
-            assert_eq!(run.cache(&cache_arg)["packed"], 0, "warm: nothing packed");
+            assert_eq!(
+                run.cache(&cache_arg)["packed"],
+                0,
+                "{name} warm: nothing packed"
+            );
         }
     }
-    assert!(cache.is_file(), "the cold launch saved its cache");
     for backend in ["xnnblob", "executorch"] {
         let (worst, shared, _) = launch(
             &format!("{backend}-apart"),
@@ -1258,7 +1298,8 @@ fn methods_sharing_mutable_buffers_match_eager_when_their_arenas_are_shared() {
         assert!(!shared);
         assert!(
             worst > 1e-2,
-            "{backend}: with the arenas apart, step reads a cache prefill never wrote ({worst:e})"
+            "{name} {backend}: with the arenas apart, a method reads state the other never \
+             wrote ({worst:e})"
         );
     }
 }
