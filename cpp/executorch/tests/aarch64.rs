@@ -35,7 +35,7 @@ mod support;
 use support::cross;
 use support::programs::{
     data, exported_programs, f16s, fixture_programs, measure, mlp_args, runtime_c_programs, s,
-    Program, Runner,
+    sharing_program_matches_eager, sharing_programs, Program, Runner,
 };
 use support::{f32s, relative_difference, scratch};
 
@@ -114,6 +114,12 @@ fn every_program_matches_with_both_backends_on_an_emulated_cortex_a53() {
 
 #[test]
 fn every_program_matches_with_both_backends_on_an_emulated_neoverse_n1() {
+    // Issue 43's exports whose methods share mutable buffers, on one aarch64 class: called in
+    // sequence with the arenas shared, both backends give eager PyTorch's outputs.
+    let runner = runner_on("neoverse-n1");
+    for name in sharing_programs() {
+        sharing_program_matches_eager(&runner, &data().join("export"), &name);
+    }
     drop_in_on(Cpu {
         model: "neoverse-n1",
         fp16_arithmetic: true,

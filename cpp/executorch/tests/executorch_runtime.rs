@@ -6,7 +6,7 @@ mod support;
 
 use support::programs::{
     check_outputs, data, exported_programs, f16s, fixture_programs, mlp_args, runtime_c,
-    runtime_c_programs, s, Run, Runner,
+    runtime_c_programs, s, sharing_program_matches_eager, sharing_programs, Run, Runner,
 };
 use support::{f32s, relative_difference, scratch};
 
@@ -1193,14 +1193,7 @@ fn every_failed_save_is_said_once_with_its_path_and_cause() {
 #[test]
 fn methods_sharing_mutable_buffers_match_eager_when_their_arenas_are_shared() {
     let dir = data().join("export");
-    let mut names: Vec<String> = std::fs::read_dir(&dir)
-        .unwrap()
-        .filter_map(|e| {
-            let name = e.ok()?.file_name().to_string_lossy().into_owned();
-            name.strip_suffix(".calls.json").map(str::to_string)
-        })
-        .collect();
-    names.sort();
+    let names = sharing_programs();
     assert_eq!(
         names,
         [
@@ -1211,95 +1204,6 @@ fn methods_sharing_mutable_buffers_match_eager_when_their_arenas_are_shared() {
         ]
     );
     for name in &names {
-        sharing_program_matches_eager(&dir, name);
-    }
-}
-
-fn sharing_program_matches_eager(dir: &Path, name: &str) {
-    let calls: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(dir.join(format!("{name}.calls.json"))).unwrap())
-            .unwrap();
-    let calls = calls["calls"].as_array().unwrap();
-    let out = scratch(&format!("shared-{name}"));
-    let cache = out.join("weights.xbc");
-    let mut args = vec![dir.join(format!("{name}.pte")).display().to_string()];
-    for c in calls {
-        let inputs: Vec<String> = c["inputs"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|t| dir.join(t["file"].as_str().unwrap()).display().to_string())
-            .collect();
-        // Each input of the dtype and shape the method declares (tokens and positions as int64).
-        args.extend([
-            s("--call"),
-            format!("{}:{}", c["method"].as_str().unwrap(), inputs.join(",")),
-        ]);
-    }
-    // The largest difference from eager over every call (of the range of eager's output), whether
-    // the arenas were shared, and the launch.
-    let launch = |tag: &str, backend: &str, extra: &[&str]| -> (f32, bool, Run) {
-        let outputs = out.join(tag);
-        std::fs::create_dir_all(&outputs).unwrap();
-        let mut a = args.clone();
-        a.extend([s("--backend"), s(backend), s("--output-dir")]);
-        a.push(outputs.display().to_string());
-        a.extend(extra.iter().map(|e| e.to_string()));
-        let run = run_ok(&a);
-        let mut worst = 0f32;
-        for (k, c) in calls.iter().enumerate() {
-            let eager = f32s(
-                &std::fs::read(dir.join(c["outputs_eager"][0]["file"].as_str().unwrap())).unwrap(),
-            );
-            let ours = f32s(&std::fs::read(outputs.join(format!("step{k}.output0.f32"))).unwrap());
-            assert_eq!(ours.len(), eager.len(), "{name} {tag}: call {k}");
-            worst = worst.max(relative_difference(&ours, &eager));
-        }
-        let shared = run.number("share_memory_arenas") == 1.0;
-        (worst, shared, run)
-    };
-    let cache_arg = cache.display().to_string();
-    for (tag, backend, extra) in [
-        ("executorch", "executorch", vec![]),
-        (
-            "xnnblob-cold",
-            "xnnblob",
-            vec!["--cache", cache_arg.as_str()],
-        ),
-        (
-            "xnnblob-warm",
-            "xnnblob",
-            vec!["--cache", cache_arg.as_str()],
-        ),
-    ] {
-        let (worst, shared, run) = launch(tag, backend, &extra);
-        assert!(
-            shared,
-            "{name} {tag}: calls of two methods share the arenas"
-        );
-        assert!(
-            worst < 1e-5,
-            "{name} {tag}: {worst:e} of the range from eager"
-        );
-        if tag == "xnnblob-warm" {
-            assert_eq!(
-                run.cache(&cache_arg)["packed"],
-                0,
-                "{name} warm: nothing packed"
-            );
-        }
-    }
-    for backend in ["xnnblob", "executorch"] {
-        let (worst, shared, _) = launch(
-            &format!("{backend}-apart"),
-            backend,
-            &["--share-arenas", "off"],
-        );
-        assert!(!shared);
-        assert!(
-            worst > 1e-2,
-            "{name} {backend}: with the arenas apart, a method reads state the other never \
-             wrote ({worst:e})"
-        );
+        sharing_program_matches_eager(&Runner::host(None), &dir, name);
     }
 }

@@ -437,3 +437,112 @@ pub fn check_outputs(
     );
     m.worst
 }
+
+/// The exports whose methods share mutable buffers (`NAME.calls.json` in the export directory:
+/// a sequence of method calls with eager PyTorch's outputs), by name.
+pub fn sharing_programs() -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(data().join("export"))
+        .unwrap()
+        .filter_map(|e| {
+            let name = e.ok()?.file_name().to_string_lossy().into_owned();
+            name.strip_suffix(".calls.json").map(str::to_string)
+        })
+        .collect();
+    names.sort();
+    names
+}
+
+/// Runs `name`'s calls in sequence with `runner` (issue 43): each output within 1e-5 of the
+/// range of eager's, through ExecuTorch's backend and xnnblob's cold and warm with a cache file
+/// (the warm launch packs nothing), with the arenas shared; with them apart, both backends
+/// differ from eager.
+pub fn sharing_program_matches_eager(runner: &Runner, dir: &Path, name: &str) {
+    let calls: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join(format!("{name}.calls.json"))).unwrap())
+            .unwrap();
+    let calls = calls["calls"].as_array().unwrap();
+    let out = scratch(&format!("shared-{name}"));
+    let cache = out.join("weights.xbc");
+    let mut args = vec![dir.join(format!("{name}.pte")).display().to_string()];
+    for c in calls {
+        let inputs: Vec<String> = c["inputs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| dir.join(t["file"].as_str().unwrap()).display().to_string())
+            .collect();
+        // Each input of the dtype and shape the method declares (tokens and positions as int64).
+        args.extend([
+            s("--call"),
+            format!("{}:{}", c["method"].as_str().unwrap(), inputs.join(",")),
+        ]);
+    }
+    // The largest difference from eager over every call (of the range of eager's output), whether
+    // the arenas were shared, and the launch.
+    let launch = |tag: &str, backend: &str, extra: &[&str]| -> (f32, bool, Run) {
+        let outputs = out.join(tag);
+        std::fs::create_dir_all(&outputs).unwrap();
+        let mut a = args.clone();
+        a.extend([s("--backend"), s(backend), s("--output-dir")]);
+        a.push(outputs.display().to_string());
+        a.extend(extra.iter().map(|e| e.to_string()));
+        let run = runner
+            .run(&a)
+            .unwrap_or_else(|e| panic!("xnnblob-et-run {a:?} failed: {e}"));
+        let mut worst = 0f32;
+        for (k, c) in calls.iter().enumerate() {
+            let eager = f32s(
+                &std::fs::read(dir.join(c["outputs_eager"][0]["file"].as_str().unwrap())).unwrap(),
+            );
+            let ours = f32s(&std::fs::read(outputs.join(format!("step{k}.output0.f32"))).unwrap());
+            assert_eq!(ours.len(), eager.len(), "{name} {tag}: call {k}");
+            worst = worst.max(relative_difference(&ours, &eager));
+        }
+        let shared = run.number("share_memory_arenas") == 1.0;
+        (worst, shared, run)
+    };
+    let cache_arg = cache.display().to_string();
+    for (tag, backend, extra) in [
+        ("executorch", "executorch", vec![]),
+        (
+            "xnnblob-cold",
+            "xnnblob",
+            vec!["--cache", cache_arg.as_str()],
+        ),
+        (
+            "xnnblob-warm",
+            "xnnblob",
+            vec!["--cache", cache_arg.as_str()],
+        ),
+    ] {
+        let (worst, shared, run) = launch(tag, backend, &extra);
+        assert!(
+            shared,
+            "{name} {tag}: calls of two methods share the arenas"
+        );
+        assert!(
+            worst < 1e-5,
+            "{name} {tag}: {worst:e} of the range from eager"
+        );
+        if tag == "xnnblob-warm" {
+            assert_eq!(
+                run.cache(&cache_arg)["packed"],
+                0,
+                "{name} warm: nothing packed"
+            );
+        }
+    }
+    for backend in ["xnnblob", "executorch"] {
+        let (worst, shared, _) = launch(
+            &format!("{backend}-apart"),
+            backend,
+            &["--share-arenas", "off"],
+        );
+        assert!(!shared);
+        assert!(
+            worst > 1e-2,
+            "{name} {backend}: with the arenas apart, a method reads state the other never \
+             wrote ({worst:e})"
+        );
+    }
+}
