@@ -591,6 +591,16 @@ class MatmulOperand(nn.Module):
         return y @ w
 
 
+class MatmulOperandFrozen(MatmulOperand):
+    """`MatmulOperand` without the recipe: `step` only reads the buffer, as a matmul weight, and
+    ExecuTorch's partitioner freezes its export-time zeros into `step`'s delegate. Kept as the
+    negative case: its recorded outputs show ExecuTorch's own runtime returning zeros where eager
+    does not, and `xnnblob inspect` / `xnnblob run` warn about it."""
+
+    def step(self, y):
+        return y @ self.w
+
+
 def export_shared(out, name, model, calls):
     """Exports `model`'s methods (the distinct ones of `calls`: [(method, inputs)], in order)
     into one program whose mutable buffers every method shares (ExecuTorch's
@@ -808,6 +818,13 @@ def main():
             export_shared(args.out, "shared_matmul_operand", MatmulOperand(), calls)
         except Exception as e:
             print(f"shared_matmul_operand: FAILED: {type(e).__name__}: {str(e)[:400]}", flush=True)
+
+    if not only or "frozen_matmul_operand" in only:
+        try:
+            calls = [("prefill", (r(16, 16),))] + [("step", (r(1, 16),)) for _ in range(2)]
+            export_shared(args.out, "frozen_matmul_operand", MatmulOperandFrozen(), calls)
+        except Exception as e:
+            print(f"frozen_matmul_operand: FAILED: {type(e).__name__}: {str(e)[:400]}", flush=True)
 
     if not only or "arch_llama_8da4w" in only:
         try:

@@ -247,6 +247,103 @@ pub fn delegate_payloads(
         .collect()
 }
 
+/// A delegate constant that is all zeros and exactly the size of a mutable buffer that the
+/// program's methods share: most likely that buffer, frozen into the delegate at export.
+/// ExecuTorch 1.5.1's XNNPACK partitioner takes a buffer a method only reads as a matrix
+/// product's weight for a constant, and keeps its export-time value (zeros, as mutable buffers
+/// are exported), so that method never sees what another method writes (issue 43; the README
+/// gives the export recipe that avoids it). A genuine weight of zeros of that very size is told
+/// apart by nothing in the file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FrozenBufferSuspect {
+    /// The method whose delegate holds the constant.
+    pub method: String,
+    /// Which of its XNNPACK delegates.
+    pub delegate: usize,
+    /// The constant's named key: the sha256 of its bytes, all zero.
+    pub key: String,
+    /// Its length in bytes.
+    pub bytes: usize,
+    /// The shared mutable buffer of that size: `value N of METHOD`, for each method that plans
+    /// one (memory id 2, where `share_mutable_buffers` puts them).
+    pub buffers: Vec<String>,
+}
+
+/// The delegate constants of `pte` that look like frozen shared buffers (see
+/// [`FrozenBufferSuspect`]): read from the plans and the payloads' constant tables, with one
+/// sha256 of zeros per size of a constant in the program's named data that some shared buffer
+/// has; nothing is loaded. Constants kept in a `.ptd` are not looked at.
+pub fn frozen_buffer_suspects(pte: &FileDataMap) -> Result<Vec<FrozenBufferSuspect>, ProgramError> {
+    // The memory id `share_mutable_buffers` plans every mutable buffer in, shared by all methods.
+    const SHARED_STATE: u32 = 2;
+    let program = program_of(pte)?;
+    let mut buffers: std::collections::BTreeMap<usize, Vec<String>> = Default::default();
+    for plan in program.execution_plan().iter().flatten() {
+        let method = plan.name().unwrap_or("");
+        for (v, value) in plan.values().iter().flatten().enumerate() {
+            let Some(t) = value.val_as_tensor() else {
+                continue;
+            };
+            if t.allocation_info().map(|a| a.memory_id()) != Some(SHARED_STATE) {
+                continue;
+            }
+            if let Some(bytes) = value_spec(method, v, &t)?.and_then(|s| s.bound.nbytes(s.dtype)) {
+                buffers
+                    .entry(bytes)
+                    .or_default()
+                    .push(format!("value {v} of {method}"));
+            }
+        }
+    }
+    if buffers.is_empty() {
+        return Ok(Vec::new());
+    }
+    // The sha256 of `n` zero bytes, hashed in chunks: `n` is the size of a constant the file
+    // holds, never a size a plan merely claims.
+    let zeros_key = |n: usize| {
+        use sha2::Digest;
+        let chunk = [0u8; 1 << 16];
+        let mut hasher = crate::sha256::Sha256::new();
+        let mut left = n;
+        while left > 0 {
+            let take = left.min(chunk.len());
+            hasher.update(&chunk[..take]);
+            left -= take;
+        }
+        crate::sha256::to_hex(&crate::sha256::finish(hasher))
+    };
+    let mut zero_keys: std::collections::HashMap<usize, String> = Default::default();
+    let mut suspects = Vec::new();
+    for (method, payloads) in delegate_payloads(pte)? {
+        for (delegate, payload) in payloads.iter().enumerate() {
+            let summary =
+                crate::delegate::summarize(payload).map_err(|error| ProgramError::Delegate {
+                    method: method.clone(),
+                    error,
+                })?;
+            for key in summary.constant_keys {
+                // Constants in the program's own named data (a `.ptd`'s are not seen here), of
+                // the size of a shared buffer.
+                let Some(bytes) = pte.data_size(&key).ok().filter(|n| buffers.contains_key(n))
+                else {
+                    continue;
+                };
+                let zeros = zero_keys.entry(bytes).or_insert_with(|| zeros_key(bytes));
+                if *zeros == key {
+                    suspects.push(FrozenBufferSuspect {
+                        method: method.clone(),
+                        delegate,
+                        key,
+                        bytes,
+                        buffers: buffers[&bytes].clone(),
+                    });
+                }
+            }
+        }
+    }
+    Ok(suspects)
+}
+
 /// A loaded program: its named data merged with external data, and the model context (packed
 /// weights, workspace) its methods share.
 pub struct Program {

@@ -280,7 +280,30 @@ fn inspect(file: &Path, json: bool, sha: bool) -> Result<(), Box<dyn std::error:
             out!("{}", delegates_text(d));
         }
     }
+    // Shared mutable buffers that ExecuTorch's partitioner may have frozen into a delegate: a
+    // warning on stderr, so the report itself stays as it was.
+    if delegates.is_some() {
+        for s in xnnblob::program::frozen_buffer_suspects(&map)? {
+            eprintln!("{}", frozen_buffer_warning(&s));
+        }
+    }
     Ok(())
+}
+
+/// What `xnnblob inspect` and `xnnblob run` say of a [`FrozenBufferSuspect`].
+fn frozen_buffer_warning(s: &xnnblob::program::FrozenBufferSuspect) -> String {
+    format!(
+        "xnnblob: warning: method {:?}, XNNPACK delegate {}: constant {} is {} bytes of zeros, the \
+         size of the shared mutable buffer {}: ExecuTorch's partitioner likely froze that buffer \
+         into this delegate at export, and this method will not see what the others write to it. \
+         Export with the method writing the buffer back where it reads it (the README's \
+         \"Methods that share state\")",
+        s.method,
+        s.delegate,
+        s.key,
+        s.bytes,
+        s.buffers.join(" or ")
+    )
 }
 
 /// (method, delegate index, summary) for each XNNPACK delegate of a program.
@@ -461,6 +484,15 @@ fn run_command(args: &RunArgs, inputs: Vec<InputArg>) -> Result<(), Box<dyn std:
     use xnnblob::backend::{Backend, CacheNotice, PackedCache};
     use xnnblob::tensor::{Shape, TensorRef};
     let program_path = args.program.display().to_string();
+    // A shared buffer frozen into this method's delegate at export gives wrong outputs without
+    // any error: said first (a file that cannot be read is the load's to report).
+    if let Ok(map) = FileDataMap::open(&args.program) {
+        for s in xnnblob::program::frozen_buffer_suspects(&map).unwrap_or_default() {
+            if args.method.as_deref().is_none_or(|m| m == s.method) {
+                eprintln!("{}", frozen_buffer_warning(&s));
+            }
+        }
+    }
     let (data, method, cache, out_dir) = (
         &args.data,
         args.method.clone(),

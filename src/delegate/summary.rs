@@ -17,6 +17,8 @@ pub struct PayloadSummary {
     /// Each value datatype, with its quantization where it has one (`qint8 per tensor`,
     /// `qcint4 per channel`, `qbint4 blockwise`, `qdint8 dynamic`), and how many values have it.
     pub datatypes: Vec<(String, usize)>,
+    /// The named keys of the constants the payload reads from named data, in its order.
+    pub constant_keys: Vec<String>,
 }
 
 impl PayloadSummary {
@@ -62,8 +64,18 @@ pub fn summarize(payload: &[u8]) -> Result<PayloadSummary, DelegateError> {
         }
         *datatypes.entry(name).or_default() += 1;
     }
+    let constant_keys = parsed
+        .graph
+        .constant_data()
+        .iter()
+        .flatten()
+        .filter_map(|c| c.named_key())
+        .filter(|k| !k.is_empty())
+        .map(str::to_string)
+        .collect();
     Ok(PayloadSummary {
         nodes: nodes.into_iter().map(|(n, (c, ok))| (n, c, ok)).collect(),
         datatypes: datatypes.into_iter().collect(),
+        constant_keys,
     })
 }

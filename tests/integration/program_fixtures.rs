@@ -213,6 +213,47 @@ fn a_method_writing_back_a_mutable_buffer_is_refused_with_where_it_runs() {
     }
 }
 
+/// Issue 43: a buffer one method writes and another only reads as a matmul weight is frozen into
+/// the reader's delegate by ExecuTorch's partitioner (`frozen_matmul_operand`, exported without
+/// the recipe: ExecuTorch's own outputs for `step` are zeros). xnnblob finds its constant, zeros
+/// of the buffer's size, and nothing in the exports that keep their buffers shared or in any
+/// other exported program (weights of zeros included: `id_zero_init_*` have no shared buffer).
+#[test]
+fn a_shared_buffer_frozen_into_a_delegate_is_found_and_only_it() {
+    use xnnblob::named_data::FileDataMap;
+    use xnnblob::program::frozen_buffer_suspects;
+    let export = dir().join("export");
+    let frozen = FileDataMap::open(export.join("frozen_matmul_operand.pte")).unwrap();
+    let found = frozen_buffer_suspects(&frozen).unwrap();
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert_eq!(
+        (found[0].method.as_str(), found[0].delegate, found[0].bytes),
+        ("step", 0, 16 * 16 * 4)
+    );
+    assert_eq!(found[0].buffers, ["value 0 of prefill"]);
+    // ExecuTorch's own runtime returns the frozen zeros, where eager does not.
+    let calls: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(export.join("frozen_matmul_operand.calls.json")).unwrap(),
+    )
+    .unwrap();
+    let step = &calls["calls"][1];
+    let read =
+        |key: &str| std::fs::read(export.join(step[key][0]["file"].as_str().unwrap())).unwrap();
+    assert!(read("outputs_et").iter().all(|&b| b == 0));
+    assert!(read("outputs_eager").iter().any(|&b| b != 0));
+    let mut clean = 0;
+    for entry in std::fs::read_dir(&export).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        if name.ends_with(".pte") && !name.starts_with("frozen_") {
+            let map = FileDataMap::open(&path).unwrap();
+            assert_eq!(frozen_buffer_suspects(&map).unwrap(), [], "{name}");
+            clean += 1;
+        }
+    }
+    assert!(clean >= 20, "{clean} exports checked");
+}
+
 #[test]
 fn missing_foreign_or_doubled_data_and_truncated_payloads_are_clear_errors() {
     let pte = dir().join("mlp_xnn_external.pte");

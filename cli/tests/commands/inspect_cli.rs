@@ -138,3 +138,32 @@ fn verify_keys_finds_a_weight_edited_after_export() {
         "{text}"
     );
 }
+
+/// Issue 43: `xnnblob inspect` warns, on stderr, about a shared buffer that ExecuTorch's
+/// partitioner froze into a delegate (`frozen_matmul_operand`), naming the method, the buffer and
+/// the recipe, and says nothing of the same program exported with the recipe.
+#[test]
+fn inspect_warns_of_a_shared_buffer_frozen_into_a_delegate() {
+    let export = common::repo_root().join("tests/data/executorch/export");
+    let stderr_of = |name: &str| {
+        let out = Command::new(env!("CARGO_BIN_EXE_xnnblob"))
+            .arg("inspect")
+            .arg(export.join(name))
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let warned = stderr_of("frozen_matmul_operand.pte");
+    assert!(
+        warned.contains("warning: method \"step\"")
+            && warned.contains("value 0 of prefill")
+            && warned.contains("Methods that share state"),
+        "{warned}"
+    );
+    assert_eq!(stderr_of("shared_matmul_operand.pte"), "");
+}
