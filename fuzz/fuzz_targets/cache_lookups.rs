@@ -95,7 +95,10 @@ fn base() -> &'static Base {
             .map(|o| o.expect("every fixture graph runs"))
             .collect();
         assert!(
-            packed.into_iter().map(|o| o.expect("runs cold")).eq(reference.clone()),
+            packed
+                .into_iter()
+                .map(|o| o.expect("runs cold"))
+                .eq(reference.clone()),
             "a cold launch computes what no cache does"
         );
         let bytes = std::fs::read(&path).expect("the saved cache file");

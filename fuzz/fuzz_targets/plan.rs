@@ -2,8 +2,9 @@
 //! flatbuffer, its named data merged with the fixtures' external named data) and every method's
 //! loading (the execution-plan reader: values, inputs and outputs, instructions, delegate
 //! payloads inline or in segments, constants in the constant segment; each delegate compiled to
-//! XNNPACK), then one execute on zeroed inputs. Each step must return an error or work, never
-//! panic or crash. The bytes are written to a scratch file first: programs load from a path.
+//! XNNPACK), then one execute on zeroed inputs; first, the check for shared buffers frozen into
+//! delegates (`frozen_buffer_suspects`). Each step must return an error or work, never panic or
+//! crash. The bytes are written to a scratch file first: programs load from a path.
 //!
 //! Asserted: a method asked for by a name the program lacks is `NoSuchMethod`; a loaded method
 //! declares the inputs `Program::input_specs` reported; after a successful run every output is
@@ -23,6 +24,11 @@ const RUN_LIMIT: usize = 1 << 20;
 fuzz_target!(init: xnnblob_fuzz::limit_address_space(), |data: &[u8]| {
     xnnblob_fuzz::record_input(data);
     let path = xnnblob_fuzz::scratch_file("input.pte", data);
+    // The frozen-buffer check reads the plans and every payload's constant table, and hashes
+    // zeros only for sizes of constants the file holds: an error or an answer, never a crash.
+    if let Ok(map) = xnnblob::named_data::FileDataMap::open(&path) {
+        let _ = xnnblob::program::frozen_buffer_suspects(&map);
+    }
     let external: Arc<dyn NamedDataMap> = xnnblob_fuzz::named_data().clone();
     let Ok(program) = Program::load_with_maps(
         xnnblob_fuzz::backend(),
