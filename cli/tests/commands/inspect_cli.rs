@@ -6,11 +6,12 @@ use serde_json::Value;
 use std::path::Path;
 use std::process::Command;
 
-fn inspect_json(file: &Path) -> Value {
+/// `xnnblob inspect FILE ARGS`, which must succeed.
+fn inspect_ok(file: &Path, args: &[&str]) -> std::process::Output {
     let out = Command::new(env!("CARGO_BIN_EXE_xnnblob"))
         .arg("inspect")
         .arg(file)
-        .args(["--json", "--sha256"])
+        .args(args)
         .output()
         .unwrap();
     assert!(
@@ -18,7 +19,11 @@ fn inspect_json(file: &Path) -> Value {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    serde_json::from_slice(&out.stdout).unwrap()
+    out
+}
+
+fn inspect_json(file: &Path) -> Value {
+    serde_json::from_slice(&inspect_ok(file, &["--json", "--sha256"]).stdout).unwrap()
 }
 
 #[test]
@@ -146,17 +151,7 @@ fn verify_keys_finds_a_weight_edited_after_export() {
 fn inspect_warns_of_a_shared_buffer_frozen_into_a_delegate() {
     let export = common::repo_root().join("tests/data/executorch/export");
     let stderr_of = |name: &str| {
-        let out = Command::new(env!("CARGO_BIN_EXE_xnnblob"))
-            .arg("inspect")
-            .arg(export.join(name))
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stderr).into_owned()
+        String::from_utf8_lossy(&inspect_ok(&export.join(name), &[]).stderr).into_owned()
     };
     let warned = stderr_of("frozen_matmul_operand.pte");
     assert!(
