@@ -601,7 +601,7 @@ class MatmulOperandFrozen(MatmulOperand):
         return y @ self.w
 
 
-def export_shared(out, name, model, calls):
+def export_shared(out, name, model, calls, external=False):
     """Exports `model`'s methods (the distinct ones of `calls`: [(method, inputs)], in order)
     into one program whose mutable buffers every method shares (ExecuTorch's
     `MemoryPlanningPass(share_mutable_buffers=True)`), lowered to XNNPACK. Records the eager
@@ -622,9 +622,15 @@ def export_shared(out, name, model, calls):
             methods.append(method)
     first_inputs = {m: next(i for c, i in calls if c == m) for m in methods}
     with torch.no_grad():
-        programs = {
-            m: export(MethodOf(model, m), first_inputs[m], strict=False) for m in methods
-        }
+        programs = {}
+        for m in methods:
+            if external:
+                # Weights in NAME.ptd, as the delegate keeps them there (named data).
+                unlifted = export(MethodOf(model, m), first_inputs[m], strict=False).module()
+                delegate_external_constants_pass_unlifted(module=unlifted, gen_tag_fn=lambda _n: name)
+                programs[m] = export(unlifted, first_inputs[m], strict=False)
+            else:
+                programs[m] = export(MethodOf(model, m), first_inputs[m], strict=False)
         edge = to_edge_transform_and_lower(programs, partitioner=[XnnpackPartitioner()])
         prog = edge.to_executorch(
             ExecutorchBackendConfig(
@@ -635,10 +641,16 @@ def export_shared(out, name, model, calls):
     pte = os.path.join(out, name + ".pte")
     with open(pte, "wb") as f:
         prog.write_to_file(f)
+    ptds = []
+    if external:
+        prog.write_tensor_data_to_file(out)
+        ptd = os.path.join(out, name + ".ptd")
+        if os.path.exists(ptd):
+            ptds.append(ptd)
 
-    program = Runtime.get().load_program(pte)
+    program = Runtime.get().load_program(pte, data_path=ptds[0] if ptds else None)
     loaded = {m: program.load_method(m) for m in methods}
-    io = {"program": os.path.basename(pte), "data": [], "calls": []}
+    io = {"program": os.path.basename(pte), "data": [os.path.basename(p) for p in ptds], "calls": []}
     for k, (method, inputs) in enumerate(calls):
         with torch.no_grad():
             want = getattr(eager, method)(*inputs)
@@ -790,7 +802,7 @@ def main():
         try:
             d = 16
             calls = [("prefill", (r(1, d),))] + [("step", (r(1, d),)) for _ in range(3)]
-            export_shared(args.out, "shared_prefill_step", PrefillStep(d), calls)
+            export_shared(args.out, "shared_prefill_step", PrefillStep(d), calls, external=True)
         except Exception as e:
             print(f"shared_prefill_step: FAILED: {type(e).__name__}: {str(e)[:400]}", flush=True)
 

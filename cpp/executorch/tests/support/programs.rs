@@ -461,13 +461,19 @@ pub fn sharing_programs() -> Vec<String> {
 /// (the warm launch packs nothing), with the arenas shared; with them apart, both backends
 /// differ from eager.
 pub fn sharing_program_matches_eager(runner: &Runner, dir: &Path, name: &str) {
-    let calls: serde_json::Value =
+    let description: serde_json::Value =
         serde_json::from_slice(&std::fs::read(dir.join(format!("{name}.calls.json"))).unwrap())
             .unwrap();
-    let calls = calls["calls"].as_array().unwrap();
+    let calls = description["calls"].as_array().unwrap();
     let out = scratch(&format!("shared-{name}"));
     let cache = out.join("weights.xbc");
     let mut args = vec![dir.join(format!("{name}.pte")).display().to_string()];
+    for data in description["data"].as_array().unwrap() {
+        args.extend([
+            s("--data"),
+            dir.join(data.as_str().unwrap()).display().to_string(),
+        ]);
+    }
     for c in calls {
         let inputs: Vec<String> = c["inputs"]
             .as_array()
