@@ -711,6 +711,21 @@ def export_bench(out, only):
             continue
         model, steps = make()
         export_one(out, name, model, steps[0], steps)
+    # The d=1024 decoder as an LLM runner exports it for a prompt: prefill (16 tokens) and decode
+    # (one token) as methods of their own sharing the KV caches (issue 43); the peer bench times
+    # the prefill as the first execute and the decodes after it.
+    name = "bench_llama_prefill_decode"
+    if not only or name in only:
+        prompt = [1, 450, 4996, 17354, 1701, 29916, 432, 17204, 975, 278, 17366, 11203, 29889, 13, 450, 338]
+        following = [263, 1243, 310, 278, 3186, 29889, 13, 1576]
+        calls = [("prefill", (torch.tensor([prompt]), torch.arange(len(prompt))))] + [
+            ("decode", (torch.tensor([[t]]), torch.tensor([len(prompt) + k])))
+            for k, t in enumerate(following)
+        ]
+        model = quantize_8da4w(
+            PrefillDecode(vocab=32000, d=1024, heads=16, hidden=2816, layers=12, max_len=128).eval()
+        )
+        export_shared(out, name, model, calls)
     return 0
 
 

@@ -173,7 +173,7 @@ pub struct PeerOptions {
 }
 
 /// The model names `--models` takes.
-pub const MODEL_NAMES: [&str; 8] = [
+pub const MODEL_NAMES: [&str; 9] = [
     "fp32",
     "qd8",
     "qb4w",
@@ -182,6 +182,7 @@ pub const MODEL_NAMES: [&str; 8] = [
     "llm-export",
     "resnet18-export",
     "llm1b-export",
+    "llm-prefill-decode-export",
 ];
 
 /// The generated models, measured by default (with each export that is there).
@@ -189,10 +190,11 @@ pub const DEFAULT_MODELS: [&str; 5] = ["fp32", "qd8", "qb4w", "llm1184", "cnn"];
 
 /// The exported programs by `--models` name: the file stem that
 /// `scripts/export-executorch-fixtures.sh --bench` writes.
-const EXPORTS: [(&str, &str); 3] = [
+const EXPORTS: [(&str, &str); 4] = [
     ("llm-export", "bench_llama_8da4w"),
     ("resnet18-export", "bench_resnet18_fp32"),
     ("llm1b-export", "bench_llama1b_8da4w"),
+    ("llm-prefill-decode-export", "bench_llama_prefill_decode"),
 ];
 
 /// A model of the peer bench.
@@ -277,8 +279,14 @@ impl PeerModel {
     }
 }
 
-/// An exported program's files, from its `io.json`.
+/// An exported program's files, from its `io.json` (steps of one method), or its `calls.json`
+/// (a sequence of calls of methods that share state: each launch runs them in order on one
+/// program, with ExecuTorch's arenas shared; the first execute is the first call's, a prefill).
 fn exported_program(dir: &Path, stem: &str) -> Result<Program, String> {
+    let calls_path = dir.join(format!("{stem}.calls.json"));
+    if calls_path.exists() {
+        return called_program(dir, stem, &calls_path);
+    }
     let io_path = dir.join(format!("{stem}.io.json"));
     let text = std::fs::read_to_string(&io_path).map_err(|e| {
         format!(
@@ -328,14 +336,62 @@ fn exported_program(dir: &Path, stem: &str) -> Result<Program, String> {
     })
 }
 
+/// A program described by `calls.json`: `--call METHOD:INPUT,...` per call, in order.
+fn called_program(dir: &Path, stem: &str, path: &Path) -> Result<Program, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let described: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+    let pte = dir.join(described["program"].as_str().unwrap_or_default());
+    let ptd = described["data"]
+        .as_array()
+        .and_then(|d| d.first())
+        .and_then(|name| name.as_str())
+        .map(|name| dir.join(name));
+    let calls = described["calls"].as_array().cloned().unwrap_or_default();
+    if calls.is_empty() {
+        return Err(format!("{}: no calls", path.display()));
+    }
+    let mut weights_mib = 0.0;
+    for file in std::iter::once(&pte).chain(&ptd) {
+        let m = std::fs::metadata(file).map_err(|e| format!("{}: {e}", file.display()))?;
+        weights_mib += m.len() as f64 / 1048576.0;
+    }
+    let mut args = vec![pte.display().to_string()];
+    if let Some(ptd) = &ptd {
+        args.extend(["--data".into(), ptd.display().to_string()]);
+    }
+    for call in &calls {
+        let method = call["method"].as_str().unwrap_or_default();
+        let inputs: Vec<String> = call["inputs"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|t| t["file"].as_str())
+            .map(|f| dir.join(f).display().to_string())
+            .collect();
+        args.extend(["--call".into(), format!("{method}:{}", inputs.join(","))]);
+    }
+    Ok(Program {
+        name: stem.to_string(),
+        weights_mib,
+        pte,
+        ptd,
+        args,
+        exported: true,
+        steps: calls.len(),
+    })
+}
+
 /// A measured model by name: `fp32` (384 MiB, 48 Linear), `qd8` (96 MiB qd8/qc8w, 48 Linear),
 /// `qb4w` (96 MiB of blockwise 4-bit weights with bf16 scales, 48 Linear: the LLM format),
 /// `llm1184` (96 MiB qd8/qc8w in 1184 Linear: an on-device LLM's count of cache entries), `cnn`
-/// (64 MiB of fp32 convolutions and depthwise convolutions); and two programs exported by
+/// (64 MiB of fp32 convolutions and depthwise convolutions); and programs exported by
 /// ExecuTorch: `llm-export` (a Llama-shaped 8da4w decoder, d=1024, 12 layers, 32k vocabulary,
-/// decoding 16 tokens per launch), `resnet18-export` (ResNet-18, fp32) and `llm1b-export`
+/// decoding 16 tokens per launch), `resnet18-export` (ResNet-18, fp32), `llm1b-export`
 /// (Llama-3.2-1B's shape in 8da4w: d=2048, 16 layers, FFN 8192, 32k vocabulary, 8 tokens; the
-/// scale of the app ExecuTorch's packed cache was made for).
+/// scale of the app ExecuTorch's packed cache was made for) and `llm-prefill-decode-export` (the
+/// d=1024 decoder with prefill and decode as methods sharing its KV caches: a 16-token prefill,
+/// then 8 decodes).
 pub fn peer_model(name: &str) -> Result<PeerModel, String> {
     if let Some((_, stem)) = EXPORTS.iter().find(|(n, _)| *n == name) {
         return Ok(PeerModel::Exported(stem));
@@ -1155,6 +1211,25 @@ mod tests {
         assert_eq!(&p.args[5..], ["--steps", "4"]);
         let e = exported_program(&dir, "missing").err().unwrap();
         assert!(e.contains("export-executorch-fixtures.sh --bench"), "{e}");
+    }
+
+    #[test]
+    fn a_program_of_calls_runs_them_in_order_on_one_launch() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/data/executorch/export");
+        let p = exported_program(&dir, "shared_prefill_step").unwrap();
+        assert_eq!(p.steps, 4);
+        assert_eq!(p.args[1], "--data");
+        assert!(p.args[2].ends_with("shared_prefill_step.ptd"));
+        let calls: Vec<&str> = p
+            .args
+            .iter()
+            .skip_while(|a| *a != "--call")
+            .step_by(2)
+            .map(String::as_str)
+            .collect();
+        assert_eq!(calls, ["--call"; 4]);
+        assert!(p.args[4].starts_with("prefill:") && p.args[4].ends_with("c0.in0.bin"));
+        assert!(p.args[10].starts_with("step:") && p.args[10].ends_with("c3.in0.bin"));
     }
 
     #[test]
