@@ -225,22 +225,28 @@ fn readers(graph: &fb::XNNGraph<'_>, operand: impl Fn(u32) -> Vec<u8>) -> Vec<Re
     out
 }
 
-/// A value's description: its datatype, shape and quantization, with the identity of its
-/// scales (and, for a constant, of its bytes: see [`register_constants`]).
+/// A value's description: its datatype, shape (with `dims`) and quantization, with the identity
+/// of its scales (and, for a constant, of its bytes: see [`register_constants`]). An activation
+/// is described to a packing context without its shape: XNNPACK packs a filter the same whatever
+/// the batch or sequence length it is applied to (a prefill's 16 tokens or a decode's one), so
+/// two methods of one model find one packing of their shared weights.
 fn describe(
     graph: &fb::XNNGraph<'_>,
     i: usize,
     v: fb::XValue<'_>,
     keep: &Loaded,
     check: &mut KeyCheck<'_>,
+    dims: bool,
 ) -> Result<Description, DelegateError> {
     let (t, q) = tensor_of(v, i)?;
     let mut d = Description::new();
     d.number("datatype", t.datatype().0 as u64);
-    d.numbers(
-        "dims",
-        &dims_of(&t).iter().map(|&x| x as u64).collect::<Vec<_>>(),
-    );
+    if dims {
+        d.numbers(
+            "dims",
+            &dims_of(&t).iter().map(|&x| x as u64).collect::<Vec<_>>(),
+        );
+    }
     let Some(q) = q else {
         return Ok(d);
     };
@@ -316,12 +322,17 @@ pub(super) fn register_constants(
     check: &mut KeyCheck<'_>,
 ) -> Result<(Vec<OwnedRegistration>, HashMap<usize, Private>), DelegateError> {
     let values: Vec<fb::XValue<'_>> = graph.xvalues().iter().flatten().collect();
-    // Each value's description, and each constant value's content.
+    // Each value's description (and an activation's, without its shape, for the contexts of
+    // the nodes that read or write it), and each constant value's content.
     let mut described = HashMap::new();
+    let mut activations = HashMap::new();
     let mut contents = HashMap::new();
     for (i, v) in values.iter().enumerate() {
         let (t, _) = tensor_of(*v, i)?;
-        described.insert(t.id_out(), describe(graph, i, *v, keep, check)?);
+        described.insert(t.id_out(), describe(graph, i, *v, keep, check, true)?);
+        if constant_index(&t) == 0 {
+            activations.insert(t.id_out(), describe(graph, i, *v, keep, check, false)?);
+        }
         let index = constant_index(&t);
         if index != 0 {
             if let Some(content) = identity(graph, index, keep, check) {
@@ -332,9 +343,10 @@ pub(super) fn register_constants(
     // A node's operands as its context states them: a constant (a bias) by its identity, any
     // other value (input, output) by its description.
     let operand = |id: u32| -> Vec<u8> {
-        match (contents.get(&id), described.get(&id)) {
-            (Some(&content), Some(d)) => BlobId::described(content, d).0.to_vec(),
-            (None, Some(d)) => d.encoded().to_vec(),
+        match (contents.get(&id), described.get(&id), activations.get(&id)) {
+            (Some(&content), Some(d), _) => BlobId::described(content, d).0.to_vec(),
+            (None, _, Some(d)) => d.encoded().to_vec(),
+            (None, Some(d), None) => d.encoded().to_vec(),
             _ => Vec::new(),
         }
     };

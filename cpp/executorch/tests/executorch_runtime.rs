@@ -1207,3 +1207,46 @@ fn methods_sharing_mutable_buffers_match_eager_when_their_arenas_are_shared() {
         sharing_program_matches_eager(&Runner::host(None), &dir, name);
     }
 }
+
+/// A KV-cache decoder whose prefill (4 tokens) and decode (1 token) are methods of their own
+/// applies the same weights to activations of other shapes: one packing serves both, as in
+/// ExecuTorch's cache (a weight's identity covers what XNNPACK packs from, which the batch or
+/// sequence length of its input is not). Decode, loaded after prefill, packs nothing.
+#[test]
+fn prefill_and_decode_methods_share_one_packing_of_each_weight() {
+    let dir = data().join("export");
+    let out = scratch("prefill-decode-packing");
+    let calls: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(dir.join("shared_prefill_decode.calls.json")).unwrap(),
+    )
+    .unwrap();
+    let call = |c: &serde_json::Value| {
+        let inputs: Vec<String> = c["inputs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| dir.join(t["file"].as_str().unwrap()).display().to_string())
+            .collect();
+        format!("{}:{}", c["method"].as_str().unwrap(), inputs.join(","))
+    };
+    let packed = |tag: &str, calls: &[serde_json::Value]| {
+        let cache = out.join(format!("{tag}.xbc"));
+        let mut args = vec![dir.join("shared_prefill_decode.pte").display().to_string()];
+        for c in calls {
+            args.extend([s("--call"), call(c)]);
+        }
+        args.extend([s("--cache"), cache.display().to_string()]);
+        run_ok(&args).cache(&cache.display().to_string())["packed"]
+    };
+    let all = calls["calls"].as_array().unwrap();
+    let prefill_only = packed("prefill", &all[..1]);
+    assert!(
+        prefill_only > 10,
+        "{prefill_only} weights packed for prefill"
+    );
+    assert_eq!(
+        packed("both", all),
+        prefill_only,
+        "decode packs nothing more"
+    );
+}
