@@ -227,10 +227,19 @@ impl State {
                 }
             }
         }
-        self.draft
-            .as_mut()?
-            .reserve(n, REGION_ALIGNMENT as u64)
-            .ok()
+        match self.draft.as_mut()?.reserve(n, REGION_ALIGNMENT as u64) {
+            Ok(space) => Some(space),
+            // A file system that cannot allocate ahead never will: pack on the heap from now on,
+            // rather than asking again for every weight. (What was packed into the draft stays
+            // readable through its windows, and the next save copies it.)
+            Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => {
+                self.drafting = None;
+                self.draft = None;
+                None
+            }
+            // Out of space, say: this weight on the heap; the next may fit.
+            Err(_) => None,
+        }
     }
 
     /// Adds the entry `e` of the file `maps[map]`, unless its key is known already.

@@ -407,3 +407,34 @@ fn compaction_survives_a_power_cut_or_kill_at_every_call() {
         }
     }
 }
+
+/// A file system that cannot allocate ahead (`fallocate` fails with EOPNOTSUPP) is asked once:
+/// the weight in hand and every later one are packed on the heap, and the save writes the file
+/// as without a draft. Nothing is lost: the next launch finds every entry.
+#[test]
+fn a_file_system_that_cannot_allocate_ahead_is_asked_once() {
+    let calls = calls_of_a_save();
+    let at = calls
+        .iter()
+        .position(|c| matches!(c, Call::Allocate(_)))
+        .expect("packing allocates the draft");
+    let b = before("no-fallocate");
+    let run = faulty_launch(
+        &b,
+        Fault::FailCall {
+            call: at,
+            errno: libc::EOPNOTSUPP,
+        },
+    );
+    run.saved.unwrap();
+    let after = &run.calls[at + 1..];
+    assert!(
+        !after.iter().any(|c| matches!(c, Call::Allocate(_))),
+        "asked again: {after:?}"
+    );
+    assert!(
+        after.iter().any(|c| matches!(c, Call::Write(_))),
+        "{after:?}"
+    );
+    assert!(check_after(&b, Fault::None), "the file was saved whole");
+}
