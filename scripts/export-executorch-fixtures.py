@@ -813,45 +813,46 @@ def main():
         except Exception as e:
             print(f"{name}: FAILED: {type(e).__name__}: {str(e)[:400]}", flush=True)
 
-    if not only or "shared_prefill_step" in only:
+    # Programs whose methods share mutable buffers (issue 43): the model, its calls in order, and
+    # whether its weights go to a .ptd. `frozen_*` is exported without the recipe that keeps a
+    # buffer shared, as the negative case.
+    tokens = [1, 9, 42, 7, 3, 99, 12]
+    shared = {
+        "shared_prefill_step": lambda: (
+            PrefillStep(16),
+            [("prefill", (r(1, 16),))] + [("step", (r(1, 16),)) for _ in range(3)],
+            True,
+        ),
+        "shared_prefill_decode": lambda: (
+            PrefillDecode(),
+            [("prefill", (torch.tensor([tokens[:4]]), torch.arange(4)))]
+            + [("decode", (torch.tensor([[t]]), torch.tensor([4 + k]))) for k, t in enumerate(tokens[4:])],
+            False,
+        ),
+        "shared_encoder_decoder": lambda: (
+            EncoderDecoder(),
+            [("encode", (r(1, 6, 32),))] + [("decode", (r(1, 1, 32),)) for _ in range(3)],
+            False,
+        ),
+        "shared_matmul_operand": lambda: (
+            MatmulOperand(),
+            [("prefill", (r(16, 16),))] + [("step", (r(1, 16),)) for _ in range(2)],
+            False,
+        ),
+        "frozen_matmul_operand": lambda: (
+            MatmulOperandFrozen(),
+            [("prefill", (r(16, 16),))] + [("step", (r(1, 16),)) for _ in range(2)],
+            False,
+        ),
+    }
+    for name, make in shared.items():
+        if only and name not in only:
+            continue
         try:
-            d = 16
-            calls = [("prefill", (r(1, d),))] + [("step", (r(1, d),)) for _ in range(3)]
-            export_shared(args.out, "shared_prefill_step", PrefillStep(d), calls, external=True)
+            model, calls, external = make()
+            export_shared(args.out, name, model, calls, external=external)
         except Exception as e:
-            print(f"shared_prefill_step: FAILED: {type(e).__name__}: {str(e)[:400]}", flush=True)
-
-    if not only or "shared_prefill_decode" in only:
-        try:
-            tokens = [1, 9, 42, 7, 3, 99, 12]
-            calls = [("prefill", (torch.tensor([tokens[:4]]), torch.arange(4)))] + [
-                ("decode", (torch.tensor([[t]]), torch.tensor([4 + k])))
-                for k, t in enumerate(tokens[4:])
-            ]
-            export_shared(args.out, "shared_prefill_decode", PrefillDecode(), calls)
-        except Exception as e:
-            print(f"shared_prefill_decode: FAILED: {type(e).__name__}: {str(e)[:400]}", flush=True)
-
-    if not only or "shared_encoder_decoder" in only:
-        try:
-            calls = [("encode", (r(1, 6, 32),))] + [("decode", (r(1, 1, 32),)) for _ in range(3)]
-            export_shared(args.out, "shared_encoder_decoder", EncoderDecoder(), calls)
-        except Exception as e:
-            print(f"shared_encoder_decoder: FAILED: {type(e).__name__}: {str(e)[:400]}", flush=True)
-
-    if not only or "shared_matmul_operand" in only:
-        try:
-            calls = [("prefill", (r(16, 16),))] + [("step", (r(1, 16),)) for _ in range(2)]
-            export_shared(args.out, "shared_matmul_operand", MatmulOperand(), calls)
-        except Exception as e:
-            print(f"shared_matmul_operand: FAILED: {type(e).__name__}: {str(e)[:400]}", flush=True)
-
-    if not only or "frozen_matmul_operand" in only:
-        try:
-            calls = [("prefill", (r(16, 16),))] + [("step", (r(1, 16),)) for _ in range(2)]
-            export_shared(args.out, "frozen_matmul_operand", MatmulOperandFrozen(), calls)
-        except Exception as e:
-            print(f"frozen_matmul_operand: FAILED: {type(e).__name__}: {str(e)[:400]}", flush=True)
+            print(f"{name}: FAILED: {type(e).__name__}: {str(e)[:400]}", flush=True)
 
     if not only or "arch_llama_8da4w" in only:
         try:

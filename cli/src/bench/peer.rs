@@ -279,6 +279,30 @@ impl PeerModel {
     }
 }
 
+/// An exported program's `.pte` and first `.ptd` as its description names them (in `dir`), their
+/// size in MiB, and the runner arguments that load them.
+fn described_files(
+    dir: &Path,
+    described: &serde_json::Value,
+) -> Result<(PathBuf, Option<PathBuf>, f64, Vec<String>), String> {
+    let pte = dir.join(described["program"].as_str().unwrap_or_default());
+    let ptd = described["data"]
+        .as_array()
+        .and_then(|d| d.first())
+        .and_then(|name| name.as_str())
+        .map(|name| dir.join(name));
+    let mut weights_mib = 0.0;
+    for file in std::iter::once(&pte).chain(&ptd) {
+        let m = std::fs::metadata(file).map_err(|e| format!("{}: {e}", file.display()))?;
+        weights_mib += m.len() as f64 / 1048576.0;
+    }
+    let mut args = vec![pte.display().to_string()];
+    if let Some(ptd) = &ptd {
+        args.extend(["--data".into(), ptd.display().to_string()]);
+    }
+    Ok((pte, ptd, weights_mib, args))
+}
+
 /// An exported program's files, from its `io.json` (steps of one method), or its `calls.json`
 /// (a sequence of calls of methods that share state: each launch runs them in order on one
 /// program, with ExecuTorch's arenas shared; the first execute is the first call's, a prefill).
@@ -296,26 +320,12 @@ fn exported_program(dir: &Path, stem: &str) -> Result<Program, String> {
     })?;
     let io: serde_json::Value =
         serde_json::from_str(&text).map_err(|e| format!("{}: {e}", io_path.display()))?;
-    let pte = dir.join(io["program"].as_str().unwrap_or_default());
-    let ptd = io["data"]
-        .as_array()
-        .and_then(|d| d.first())
-        .and_then(|name| name.as_str())
-        .map(|name| dir.join(name));
     let steps = io["steps"].as_array().map_or(0, Vec::len);
     let inputs = io["steps"][0]["inputs"].as_array().map_or(0, Vec::len);
     if steps == 0 || inputs == 0 {
         return Err(format!("{}: no inputs", io_path.display()));
     }
-    let mut weights_mib = 0.0;
-    for file in std::iter::once(&pte).chain(&ptd) {
-        let m = std::fs::metadata(file).map_err(|e| format!("{}: {e}", file.display()))?;
-        weights_mib += m.len() as f64 / 1048576.0;
-    }
-    let mut args = vec![pte.display().to_string()];
-    if let Some(ptd) = &ptd {
-        args.extend(["--data".into(), ptd.display().to_string()]);
-    }
+    let (pte, ptd, weights_mib, mut args) = described_files(dir, &io)?;
     for i in 0..inputs {
         args.extend([
             "--input".into(),
@@ -341,25 +351,11 @@ fn called_program(dir: &Path, stem: &str, path: &Path) -> Result<Program, String
     let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let described: serde_json::Value =
         serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
-    let pte = dir.join(described["program"].as_str().unwrap_or_default());
-    let ptd = described["data"]
-        .as_array()
-        .and_then(|d| d.first())
-        .and_then(|name| name.as_str())
-        .map(|name| dir.join(name));
     let calls = described["calls"].as_array().cloned().unwrap_or_default();
     if calls.is_empty() {
         return Err(format!("{}: no calls", path.display()));
     }
-    let mut weights_mib = 0.0;
-    for file in std::iter::once(&pte).chain(&ptd) {
-        let m = std::fs::metadata(file).map_err(|e| format!("{}: {e}", file.display()))?;
-        weights_mib += m.len() as f64 / 1048576.0;
-    }
-    let mut args = vec![pte.display().to_string()];
-    if let Some(ptd) = &ptd {
-        args.extend(["--data".into(), ptd.display().to_string()]);
-    }
+    let (pte, ptd, weights_mib, mut args) = described_files(dir, &described)?;
     for call in &calls {
         let method = call["method"].as_str().unwrap_or_default();
         let inputs: Vec<String> = call["inputs"]

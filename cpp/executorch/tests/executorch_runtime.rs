@@ -5,7 +5,7 @@
 mod support;
 
 use support::programs::{
-    check_outputs, data, exported_programs, f16s, fixture_programs, mlp_args, runtime_c,
+    call_arg, check_outputs, data, exported_programs, f16s, fixture_programs, mlp_args, runtime_c,
     runtime_c_programs, s, sharing_program_matches_eager, sharing_programs, Run, Runner,
 };
 use support::{f32s, relative_difference, scratch};
@@ -1220,20 +1220,11 @@ fn prefill_and_decode_methods_share_one_packing_of_each_weight() {
         &std::fs::read(dir.join("shared_prefill_decode.calls.json")).unwrap(),
     )
     .unwrap();
-    let call = |c: &serde_json::Value| {
-        let inputs: Vec<String> = c["inputs"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|t| dir.join(t["file"].as_str().unwrap()).display().to_string())
-            .collect();
-        format!("{}:{}", c["method"].as_str().unwrap(), inputs.join(","))
-    };
     let packed = |tag: &str, calls: &[serde_json::Value]| {
         let cache = out.join(format!("{tag}.xbc"));
         let mut args = vec![dir.join("shared_prefill_decode.pte").display().to_string()];
         for c in calls {
-            args.extend([s("--call"), call(c)]);
+            args.extend([s("--call"), call_arg(&dir, c)]);
         }
         args.extend([s("--cache"), cache.display().to_string()]);
         run_ok(&args).cache(&cache.display().to_string())["packed"]

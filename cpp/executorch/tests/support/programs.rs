@@ -456,6 +456,18 @@ pub fn sharing_programs() -> Vec<String> {
     names
 }
 
+/// The runner's `--call` value for one call of a `calls.json` (its files in `dir`):
+/// `METHOD:INPUT,...`.
+pub fn call_arg(dir: &Path, call: &Value) -> String {
+    let inputs: Vec<String> = call["inputs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| dir.join(t["file"].as_str().unwrap()).display().to_string())
+        .collect();
+    format!("{}:{}", call["method"].as_str().unwrap(), inputs.join(","))
+}
+
 /// Runs `name`'s calls in sequence with `runner` (issue 43): each output within 1e-5 of the
 /// range of eager's, through ExecuTorch's backend and xnnblob's cold and warm with a cache file
 /// (the warm launch packs nothing), with the arenas shared; with them apart, both backends
@@ -475,17 +487,8 @@ pub fn sharing_program_matches_eager(runner: &Runner, dir: &Path, name: &str) {
         ]);
     }
     for c in calls {
-        let inputs: Vec<String> = c["inputs"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|t| dir.join(t["file"].as_str().unwrap()).display().to_string())
-            .collect();
         // Each input of the dtype and shape the method declares (tokens and positions as int64).
-        args.extend([
-            s("--call"),
-            format!("{}:{}", c["method"].as_str().unwrap(), inputs.join(",")),
-        ]);
+        args.extend([s("--call"), call_arg(dir, c)]);
     }
     // The largest difference from eager over every call (of the range of eager's output), whether
     // the arenas were shared, and the launch.
