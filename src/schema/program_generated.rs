@@ -11,6 +11,90 @@ pub mod pte {
 
 
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
+pub const ENUM_MIN_TENSOR_DATA_LOCATION: i8 = 0;
+#[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
+pub const ENUM_MAX_TENSOR_DATA_LOCATION: i8 = 1;
+#[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
+#[allow(non_camel_case_types)]
+pub const ENUM_VALUES_TENSOR_DATA_LOCATION: [TensorDataLocation; 2] = [
+  TensorDataLocation::SEGMENT,
+  TensorDataLocation::EXTERNAL,
+];
+
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+#[repr(transparent)]
+pub struct TensorDataLocation(pub i8);
+#[allow(non_upper_case_globals)]
+impl TensorDataLocation {
+  pub const SEGMENT: Self = Self(0);
+  pub const EXTERNAL: Self = Self(1);
+
+  pub const ENUM_MIN: i8 = 0;
+  pub const ENUM_MAX: i8 = 1;
+  pub const ENUM_VALUES: &'static [Self] = &[
+    Self::SEGMENT,
+    Self::EXTERNAL,
+  ];
+  /// Returns the variant's name or "" if unknown.
+  pub fn variant_name(self) -> Option<&'static str> {
+    match self {
+      Self::SEGMENT => Some("SEGMENT"),
+      Self::EXTERNAL => Some("EXTERNAL"),
+      _ => None,
+    }
+  }
+}
+impl ::core::fmt::Debug for TensorDataLocation {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter) -> ::core::fmt::Result {
+    if let Some(name) = self.variant_name() {
+      f.write_str(name)
+    } else {
+      f.write_fmt(format_args!("<UNKNOWN {:?}>", self.0))
+    }
+  }
+}
+impl<'a> ::flatbuffers::Follow<'a> for TensorDataLocation {
+  type Inner = Self;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    let b = unsafe { ::flatbuffers::read_scalar_at::<i8>(buf, loc) };
+    Self(b)
+  }
+}
+
+impl ::flatbuffers::Push for TensorDataLocation {
+    type Output = TensorDataLocation;
+    #[inline]
+    unsafe fn push(&self, dst: &mut [u8], _written_len: usize) {
+        unsafe { ::flatbuffers::emplace_scalar::<i8>(dst, self.0) };
+    }
+}
+
+impl ::flatbuffers::EndianScalar for TensorDataLocation {
+  type Scalar = i8;
+  #[inline]
+  fn to_little_endian(self) -> i8 {
+    self.0.to_le()
+  }
+  #[inline]
+  #[allow(clippy::wrong_self_convention)]
+  fn from_little_endian(v: i8) -> Self {
+    let b = i8::from_le(v);
+    Self(b)
+  }
+}
+
+impl<'a> ::flatbuffers::Verifiable for TensorDataLocation {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    i8::run_verifier(v, pos)
+  }
+}
+
+impl ::flatbuffers::SimpleToVerifyInSlice for TensorDataLocation {}
+#[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 pub const ENUM_MIN_KERNEL_TYPES: u8 = 0;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 pub const ENUM_MAX_KERNEL_TYPES: u8 = 11;
@@ -446,6 +530,136 @@ impl ::core::fmt::Debug for AllocationDetails<'_> {
       ds.finish()
   }
 }
+pub enum ExtraTensorInfoOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+pub struct ExtraTensorInfo<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for ExtraTensorInfo<'a> {
+  type Inner = ExtraTensorInfo<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> ExtraTensorInfo<'a> {
+  pub const VT_MUTABLE_DATA_SEGMENTS_IDX: ::flatbuffers::VOffsetT = 4;
+  pub const VT_FULLY_QUALIFIED_NAME: ::flatbuffers::VOffsetT = 6;
+  pub const VT_LOCATION: ::flatbuffers::VOffsetT = 8;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    ExtraTensorInfo { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args ExtraTensorInfoArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<ExtraTensorInfo<'bldr>> {
+    let mut builder = ExtraTensorInfoBuilder::new(_fbb);
+    builder.add_mutable_data_segments_idx(args.mutable_data_segments_idx);
+    if let Some(x) = args.fully_qualified_name { builder.add_fully_qualified_name(x); }
+    builder.add_location(args.location);
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn mutable_data_segments_idx(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(ExtraTensorInfo::VT_MUTABLE_DATA_SEGMENTS_IDX, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn fully_qualified_name(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(ExtraTensorInfo::VT_FULLY_QUALIFIED_NAME, None)}
+  }
+  #[inline]
+  pub fn location(&self) -> TensorDataLocation {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<TensorDataLocation>(ExtraTensorInfo::VT_LOCATION, Some(TensorDataLocation::SEGMENT)).unwrap()}
+  }
+}
+
+impl ::flatbuffers::Verifiable for ExtraTensorInfo<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<u64>("mutable_data_segments_idx", Self::VT_MUTABLE_DATA_SEGMENTS_IDX, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("fully_qualified_name", Self::VT_FULLY_QUALIFIED_NAME, false)?
+     .visit_field::<TensorDataLocation>("location", Self::VT_LOCATION, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct ExtraTensorInfoArgs<'a> {
+    pub mutable_data_segments_idx: u64,
+    pub fully_qualified_name: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub location: TensorDataLocation,
+}
+impl<'a> Default for ExtraTensorInfoArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    ExtraTensorInfoArgs {
+      mutable_data_segments_idx: 0,
+      fully_qualified_name: None,
+      location: TensorDataLocation::SEGMENT,
+    }
+  }
+}
+
+pub struct ExtraTensorInfoBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> ExtraTensorInfoBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_mutable_data_segments_idx(&mut self, mutable_data_segments_idx: u64) {
+    self.fbb_.push_slot::<u64>(ExtraTensorInfo::VT_MUTABLE_DATA_SEGMENTS_IDX, mutable_data_segments_idx, 0);
+  }
+  #[inline]
+  pub fn add_fully_qualified_name(&mut self, fully_qualified_name: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ExtraTensorInfo::VT_FULLY_QUALIFIED_NAME, fully_qualified_name);
+  }
+  #[inline]
+  pub fn add_location(&mut self, location: TensorDataLocation) {
+    self.fbb_.push_slot::<TensorDataLocation>(ExtraTensorInfo::VT_LOCATION, location, TensorDataLocation::SEGMENT);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> ExtraTensorInfoBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    ExtraTensorInfoBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<ExtraTensorInfo<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for ExtraTensorInfo<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("ExtraTensorInfo");
+      ds.field("mutable_data_segments_idx", &self.mutable_data_segments_idx());
+      ds.field("fully_qualified_name", &self.fully_qualified_name());
+      ds.field("location", &self.location());
+      ds.finish()
+  }
+}
 pub enum TensorOffset {}
 #[derive(Copy, Clone, PartialEq)]
 
@@ -471,6 +685,7 @@ impl<'a> Tensor<'a> {
   pub const VT_ALLOCATION_INFO: ::flatbuffers::VOffsetT = 16;
   pub const VT_LAYOUT: ::flatbuffers::VOffsetT = 18;
   pub const VT_SHAPE_DYNAMISM: ::flatbuffers::VOffsetT = 20;
+  pub const VT_EXTRA_TENSOR_INFO: ::flatbuffers::VOffsetT = 22;
 
   #[inline]
   pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
@@ -482,6 +697,7 @@ impl<'a> Tensor<'a> {
     args: &'args TensorArgs<'args>
   ) -> ::flatbuffers::WIPOffset<Tensor<'bldr>> {
     let mut builder = TensorBuilder::new(_fbb);
+    if let Some(x) = args.extra_tensor_info { builder.add_extra_tensor_info(x); }
     if let Some(x) = args.allocation_info { builder.add_allocation_info(x); }
     builder.add_data_buffer_idx(args.data_buffer_idx);
     if let Some(x) = args.dim_order { builder.add_dim_order(x); }
@@ -558,6 +774,13 @@ impl<'a> Tensor<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<i8>(Tensor::VT_SHAPE_DYNAMISM, Some(0)).unwrap()}
   }
+  #[inline]
+  pub fn extra_tensor_info(&self) -> Option<ExtraTensorInfo<'a>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<ExtraTensorInfo>>(Tensor::VT_EXTRA_TENSOR_INFO, None)}
+  }
 }
 
 impl ::flatbuffers::Verifiable for Tensor<'_> {
@@ -575,6 +798,7 @@ impl ::flatbuffers::Verifiable for Tensor<'_> {
      .visit_field::<::flatbuffers::ForwardsUOffset<AllocationDetails>>("allocation_info", Self::VT_ALLOCATION_INFO, false)?
      .visit_field::<i8>("layout", Self::VT_LAYOUT, false)?
      .visit_field::<i8>("shape_dynamism", Self::VT_SHAPE_DYNAMISM, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<ExtraTensorInfo>>("extra_tensor_info", Self::VT_EXTRA_TENSOR_INFO, false)?
      .finish();
     Ok(())
   }
@@ -589,6 +813,7 @@ pub struct TensorArgs<'a> {
     pub allocation_info: Option<::flatbuffers::WIPOffset<AllocationDetails<'a>>>,
     pub layout: i8,
     pub shape_dynamism: i8,
+    pub extra_tensor_info: Option<::flatbuffers::WIPOffset<ExtraTensorInfo<'a>>>,
 }
 impl<'a> Default for TensorArgs<'a> {
   #[inline]
@@ -603,6 +828,7 @@ impl<'a> Default for TensorArgs<'a> {
       allocation_info: None,
       layout: 0,
       shape_dynamism: 0,
+      extra_tensor_info: None,
     }
   }
 }
@@ -649,6 +875,10 @@ impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> TensorBuilder<'a, 'b, A> {
     self.fbb_.push_slot::<i8>(Tensor::VT_SHAPE_DYNAMISM, shape_dynamism, 0);
   }
   #[inline]
+  pub fn add_extra_tensor_info(&mut self, extra_tensor_info: ::flatbuffers::WIPOffset<ExtraTensorInfo<'b >>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<ExtraTensorInfo>>(Tensor::VT_EXTRA_TENSOR_INFO, extra_tensor_info);
+  }
+  #[inline]
   pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> TensorBuilder<'a, 'b, A> {
     let start = _fbb.start_table();
     TensorBuilder {
@@ -675,6 +905,7 @@ impl ::core::fmt::Debug for Tensor<'_> {
       ds.field("allocation_info", &self.allocation_info());
       ds.field("layout", &self.layout());
       ds.field("shape_dynamism", &self.shape_dynamism());
+      ds.field("extra_tensor_info", &self.extra_tensor_info());
       ds.finish()
   }
 }
@@ -771,6 +1002,198 @@ impl ::core::fmt::Debug for Int<'_> {
   fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
     let mut ds = f.debug_struct("Int");
       ds.field("int_val", &self.int_val());
+      ds.finish()
+  }
+}
+pub enum BoolOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+pub struct Bool<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for Bool<'a> {
+  type Inner = Bool<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> Bool<'a> {
+  pub const VT_BOOL_VAL: ::flatbuffers::VOffsetT = 4;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    Bool { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args BoolArgs
+  ) -> ::flatbuffers::WIPOffset<Bool<'bldr>> {
+    let mut builder = BoolBuilder::new(_fbb);
+    builder.add_bool_val(args.bool_val);
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn bool_val(&self) -> bool {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<bool>(Bool::VT_BOOL_VAL, Some(false)).unwrap()}
+  }
+}
+
+impl ::flatbuffers::Verifiable for Bool<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<bool>("bool_val", Self::VT_BOOL_VAL, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct BoolArgs {
+    pub bool_val: bool,
+}
+impl<'a> Default for BoolArgs {
+  #[inline]
+  fn default() -> Self {
+    BoolArgs {
+      bool_val: false,
+    }
+  }
+}
+
+pub struct BoolBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> BoolBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_bool_val(&mut self, bool_val: bool) {
+    self.fbb_.push_slot::<bool>(Bool::VT_BOOL_VAL, bool_val, false);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> BoolBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    BoolBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<Bool<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for Bool<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("Bool");
+      ds.field("bool_val", &self.bool_val());
+      ds.finish()
+  }
+}
+pub enum IntListOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+pub struct IntList<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for IntList<'a> {
+  type Inner = IntList<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> IntList<'a> {
+  pub const VT_ITEMS: ::flatbuffers::VOffsetT = 4;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    IntList { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args IntListArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<IntList<'bldr>> {
+    let mut builder = IntListBuilder::new(_fbb);
+    if let Some(x) = args.items { builder.add_items(x); }
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn items(&self) -> Option<::flatbuffers::Vector<'a, i64>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, i64>>>(IntList::VT_ITEMS, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for IntList<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, i64>>>("items", Self::VT_ITEMS, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct IntListArgs<'a> {
+    pub items: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, i64>>>,
+}
+impl<'a> Default for IntListArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    IntListArgs {
+      items: None,
+    }
+  }
+}
+
+pub struct IntListBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> IntListBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_items(&mut self, items: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , i64>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(IntList::VT_ITEMS, items);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> IntListBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    IntListBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<IntList<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for IntList<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("IntList");
+      ds.field("items", &self.items());
       ds.finish()
   }
 }
@@ -933,13 +1356,13 @@ impl<'a> EValue<'a> {
 
   #[inline]
   #[allow(non_snake_case)]
-  pub fn val_as_bool(&self) -> Option<Other<'a>> {
+  pub fn val_as_bool(&self) -> Option<Bool<'a>> {
     if self.val_type() == KernelTypes::Bool {
       self.val().map(|t| {
        // Safety:
        // Created from a valid Table for this object
        // Which contains a valid union in this slot
-       unsafe { Other::init_from_table(t) }
+       unsafe { Bool::init_from_table(t) }
      })
     } else {
       None
@@ -993,13 +1416,13 @@ impl<'a> EValue<'a> {
 
   #[inline]
   #[allow(non_snake_case)]
-  pub fn val_as_int_list(&self) -> Option<Other<'a>> {
+  pub fn val_as_int_list(&self) -> Option<IntList<'a>> {
     if self.val_type() == KernelTypes::IntList {
       self.val().map(|t| {
        // Safety:
        // Created from a valid Table for this object
        // Which contains a valid union in this slot
-       unsafe { Other::init_from_table(t) }
+       unsafe { IntList::init_from_table(t) }
      })
     } else {
       None
@@ -1078,11 +1501,11 @@ impl ::flatbuffers::Verifiable for EValue<'_> {
         match key {
           KernelTypes::Null => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<Null>>("KernelTypes::Null", pos),
           KernelTypes::Int => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<Int>>("KernelTypes::Int", pos),
-          KernelTypes::Bool => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<Other>>("KernelTypes::Bool", pos),
+          KernelTypes::Bool => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<Bool>>("KernelTypes::Bool", pos),
           KernelTypes::Double => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<Other>>("KernelTypes::Double", pos),
           KernelTypes::Tensor => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<Tensor>>("KernelTypes::Tensor", pos),
           KernelTypes::String => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<Other>>("KernelTypes::String", pos),
-          KernelTypes::IntList => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<Other>>("KernelTypes::IntList", pos),
+          KernelTypes::IntList => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<IntList>>("KernelTypes::IntList", pos),
           KernelTypes::DoubleList => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<Other>>("KernelTypes::DoubleList", pos),
           KernelTypes::BoolList => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<Other>>("KernelTypes::BoolList", pos),
           KernelTypes::TensorList => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<Other>>("KernelTypes::TensorList", pos),
@@ -3280,6 +3703,7 @@ impl<'a> Program<'a> {
   pub const VT_BACKEND_DELEGATE_DATA: ::flatbuffers::VOffsetT = 10;
   pub const VT_SEGMENTS: ::flatbuffers::VOffsetT = 12;
   pub const VT_CONSTANT_SEGMENT: ::flatbuffers::VOffsetT = 14;
+  pub const VT_MUTABLE_DATA_SEGMENTS: ::flatbuffers::VOffsetT = 16;
   pub const VT_NAMED_DATA: ::flatbuffers::VOffsetT = 18;
 
   #[inline]
@@ -3293,6 +3717,7 @@ impl<'a> Program<'a> {
   ) -> ::flatbuffers::WIPOffset<Program<'bldr>> {
     let mut builder = ProgramBuilder::new(_fbb);
     if let Some(x) = args.named_data { builder.add_named_data(x); }
+    if let Some(x) = args.mutable_data_segments { builder.add_mutable_data_segments(x); }
     if let Some(x) = args.constant_segment { builder.add_constant_segment(x); }
     if let Some(x) = args.segments { builder.add_segments(x); }
     if let Some(x) = args.backend_delegate_data { builder.add_backend_delegate_data(x); }
@@ -3338,6 +3763,13 @@ impl<'a> Program<'a> {
     unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<SubsegmentOffsets>>(Program::VT_CONSTANT_SEGMENT, None)}
   }
   #[inline]
+  pub fn mutable_data_segments(&self) -> Option<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<SubsegmentOffsets<'a>>>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<SubsegmentOffsets>>>>(Program::VT_MUTABLE_DATA_SEGMENTS, None)}
+  }
+  #[inline]
   pub fn named_data(&self) -> Option<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<NamedData<'a>>>> {
     // Safety:
     // Created from valid Table for this object
@@ -3357,6 +3789,7 @@ impl ::flatbuffers::Verifiable for Program<'_> {
      .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, ::flatbuffers::ForwardsUOffset<BackendDelegateInlineData>>>>("backend_delegate_data", Self::VT_BACKEND_DELEGATE_DATA, false)?
      .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, ::flatbuffers::ForwardsUOffset<DataSegment>>>>("segments", Self::VT_SEGMENTS, false)?
      .visit_field::<::flatbuffers::ForwardsUOffset<SubsegmentOffsets>>("constant_segment", Self::VT_CONSTANT_SEGMENT, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, ::flatbuffers::ForwardsUOffset<SubsegmentOffsets>>>>("mutable_data_segments", Self::VT_MUTABLE_DATA_SEGMENTS, false)?
      .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, ::flatbuffers::ForwardsUOffset<NamedData>>>>("named_data", Self::VT_NAMED_DATA, false)?
      .finish();
     Ok(())
@@ -3368,6 +3801,7 @@ pub struct ProgramArgs<'a> {
     pub backend_delegate_data: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<BackendDelegateInlineData<'a>>>>>,
     pub segments: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<DataSegment<'a>>>>>,
     pub constant_segment: Option<::flatbuffers::WIPOffset<SubsegmentOffsets<'a>>>,
+    pub mutable_data_segments: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<SubsegmentOffsets<'a>>>>>,
     pub named_data: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<NamedData<'a>>>>>,
 }
 impl<'a> Default for ProgramArgs<'a> {
@@ -3379,6 +3813,7 @@ impl<'a> Default for ProgramArgs<'a> {
       backend_delegate_data: None,
       segments: None,
       constant_segment: None,
+      mutable_data_segments: None,
       named_data: None,
     }
   }
@@ -3410,6 +3845,10 @@ impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> ProgramBuilder<'a, 'b, A> {
     self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<SubsegmentOffsets>>(Program::VT_CONSTANT_SEGMENT, constant_segment);
   }
   #[inline]
+  pub fn add_mutable_data_segments(&mut self, mutable_data_segments: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , ::flatbuffers::ForwardsUOffset<SubsegmentOffsets<'b >>>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(Program::VT_MUTABLE_DATA_SEGMENTS, mutable_data_segments);
+  }
+  #[inline]
   pub fn add_named_data(&mut self, named_data: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , ::flatbuffers::ForwardsUOffset<NamedData<'b >>>>) {
     self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(Program::VT_NAMED_DATA, named_data);
   }
@@ -3436,6 +3875,7 @@ impl ::core::fmt::Debug for Program<'_> {
       ds.field("backend_delegate_data", &self.backend_delegate_data());
       ds.field("segments", &self.segments());
       ds.field("constant_segment", &self.constant_segment());
+      ds.field("mutable_data_segments", &self.mutable_data_segments());
       ds.field("named_data", &self.named_data());
       ds.finish()
   }

@@ -40,6 +40,7 @@ mod read_only_damage;
 mod runtime_c;
 mod save_faults;
 mod shared_cache;
+mod shared_state;
 mod side_files;
 mod stateful;
 mod threadpool;

@@ -186,33 +186,6 @@ fn methods_not_delegated_to_xnnpack_are_rejected_naming_the_operator() {
     }
 }
 
-/// Issue 43: an export whose methods share mutable buffers writes them back with `aten::copy_`
-/// outside the delegate. xnnblob's executor runs fully delegated methods only, so it refuses each
-/// method and says where such a program runs: inside ExecuTorch's runtime with xnnblob's backend,
-/// its methods sharing one Module's arenas (the drop-in's tests run it there).
-#[test]
-fn a_method_writing_back_a_mutable_buffer_is_refused_with_where_it_runs() {
-    let pte = dir().join("export/shared_prefill_step.pte");
-    let program = Program::load(
-        &Backend::with_defaults().unwrap(),
-        &pte,
-        &[] as &[PathBuf],
-        None,
-    )
-    .unwrap();
-    for method in ["prefill", "step"] {
-        let err = program.method(method).err().unwrap();
-        let said = err.to_string();
-        assert!(
-            matches!(err, ProgramError::NotDelegated { .. })
-                && said.contains("aten::copy_")
-                && said.contains("share_memory_arenas")
-                && said.contains("xnnblob-et-run"),
-            "{method}: {said}"
-        );
-    }
-}
-
 /// Issue 43: a buffer one method writes and another only reads as a matmul weight is frozen into
 /// the reader's delegate by ExecuTorch's partitioner (`frozen_matmul_operand`, exported without
 /// the recipe: ExecuTorch's own outputs for `step` are zeros). xnnblob finds its constant, zeros

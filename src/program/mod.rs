@@ -6,6 +6,17 @@
 //! A [`Method`] holds a buffer for every value it produces, sized for the value's declared
 //! bound, made once at init: an execute binds the caller's inputs and these buffers to the
 //! delegates in place, reshapes only when a shape changed, and allocates nothing.
+//!
+//! Programs that keep state run too (issue 43). A mutable buffer lives as long as its method
+//! (a KV cache between calls), or, planned in the memory the methods share
+//! ([`SHARED_MEMORY_ID`]), as long as the [`SharedState`] the methods were made with. Outside
+//! the delegates a method may run only the two operators such programs add: `aten::copy_`,
+//! the write-back of a mutable buffer, and `aten::expand_copy.out` ([`broadcast`]).
+
+mod broadcast;
+mod shared_state;
+
+pub use shared_state::{SharedState, SHARED_MEMORY_ID};
 
 use crate::backend::{Backend, BackendError, ModelContext, PackedCache};
 use crate::cache::PackedWeightsCache;
@@ -198,6 +209,35 @@ enum Step {
         from: usize,
         to: usize,
     },
+    /// `aten::copy_`: `src` broadcast into `dst`, in place (a mutable buffer's write-back).
+    Copy {
+        src: usize,
+        dst: usize,
+    },
+    /// `aten::expand_copy.out`: `src` broadcast to `sizes` (-1 keeps a dimension) into `dst`.
+    Expand {
+        src: usize,
+        dst: usize,
+        sizes: Vec<i64>,
+    },
+}
+
+/// A mutable buffer a method plans: state kept between its executes, or between methods when
+/// planned in the shared memory.
+#[derive(Debug, Clone)]
+struct MutableBuffer {
+    value: usize,
+    /// What it holds when the method is made (None: zeros).
+    initial: Option<ValueBytes>,
+}
+
+/// Where the bytes of a constant, or of a mutable buffer's initial value, are.
+#[derive(Debug, Clone)]
+enum ValueBytes {
+    /// In the program.
+    Here(DataBuffer),
+    /// Under this key of the named data (a `.ptd`, for tensors ExecuTorch marks external).
+    Named(String),
 }
 
 #[derive(Debug, Clone)]
@@ -210,8 +250,12 @@ struct MethodPlan {
     steps: Vec<Step>,
     /// The processed payload of each delegate.
     payloads: Vec<DataBuffer>,
-    /// Constant tensors of the plan, viewed in the program's constant segment.
-    constants: Vec<(usize, DataBuffer)>,
+    /// Constant tensors of the plan, viewed in the program's constant segment or named.
+    constants: Vec<(usize, ValueBytes)>,
+    /// The plan's mutable buffers.
+    mutable: Vec<MutableBuffer>,
+    /// Values planned in the shared memory, and their offsets in it.
+    shared: Vec<(usize, usize)>,
 }
 
 /// The XNNPACK delegate payloads of every method of a `.pte`, by method name, in file order
@@ -352,6 +396,35 @@ pub struct Program {
     method_names: Vec<String>,
     map: MergedMap,
     model: ModelContext,
+    /// The shared mutable buffers of the methods from `method`.
+    state: SharedState,
+}
+
+/// A zeroed arena for the shared memory of `pte`'s methods: the largest any plans.
+fn shared_state_of(pte: &FileDataMap) -> Result<SharedState, ProgramError> {
+    let (mut len, mut largest) = (0usize, String::new());
+    for plan in program_of(pte)?.execution_plan().iter().flatten() {
+        let sizes = plan.non_const_buffer_sizes();
+        if let Some(&b) = sizes
+            .iter()
+            .flatten()
+            .collect::<Vec<i64>>()
+            .get(SHARED_MEMORY_ID as usize)
+        {
+            let method = plan.name().unwrap_or("");
+            let b = usize::try_from(b)
+                .map_err(|_| plan_error(method, format!("shared memory of {b} bytes")))?;
+            if b > len {
+                (len, largest) = (b, method.to_string());
+            }
+        }
+    }
+    SharedState::zeroed(len).ok_or_else(|| {
+        plan_error(
+            &largest,
+            format!("{len} bytes of shared memory cannot be allocated"),
+        )
+    })
 }
 
 fn plan_error(method: &str, reason: impl Into<String>) -> ProgramError {
@@ -495,18 +568,12 @@ fn read_plan(pte: &FileDataMap, name: &str) -> Result<MethodPlan, ProgramError> 
     };
     let inputs = ids(plan.inputs(), "input value")?;
     let outputs = ids(plan.outputs(), "output value")?;
-    let operators: Vec<String> = plan
+    // (name, overload) of each operator.
+    let operators: Vec<(&str, &str)> = plan
         .operators()
         .iter()
         .flatten()
-        .map(|o| {
-            let (op, overload) = (o.name().unwrap_or("?"), o.overload().unwrap_or(""));
-            if overload.is_empty() {
-                op.to_string()
-            } else {
-                format!("{op}.{overload}")
-            }
-        })
+        .map(|o| (o.name().unwrap_or("?"), o.overload().unwrap_or("")))
         .collect();
     let delegates: Vec<fb::BackendDelegate<'_>> = plan.delegates().iter().flatten().collect();
     let chains: Vec<fb::Chain<'_>> = plan.chains().iter().flatten().collect();
@@ -516,6 +583,25 @@ fn read_plan(pte: &FileDataMap, name: &str) -> Result<MethodPlan, ProgramError> 
             format!("{} chains (one is supported)", chains.len()),
         ));
     }
+    // The integers of an IntList value, whose items are the indices of Int values.
+    let int_list = |v: usize| -> Result<Vec<i64>, ProgramError> {
+        let list = values[v]
+            .val_as_int_list()
+            .ok_or_else(|| plan_error(name, format!("value {v} is not a list of integers")))?;
+        list.items()
+            .iter()
+            .flatten()
+            .map(|i| {
+                let i = usize::try_from(i)
+                    .ok()
+                    .filter(|&i| i < n)
+                    .ok_or_else(|| plan_error(name, format!("value {v}: item {i} out of range")))?;
+                values[i].val_as_int().map(|x| x.int_val()).ok_or_else(|| {
+                    plan_error(name, format!("value {v}: item {i} is not an integer"))
+                })
+            })
+            .collect()
+    };
     let mut steps = Vec::new();
     for instruction in chains
         .iter()
@@ -524,26 +610,36 @@ fn read_plan(pte: &FileDataMap, name: &str) -> Result<MethodPlan, ProgramError> 
         if let Some(k) = instruction.instr_args_as_kernel_call() {
             let operator = usize::try_from(k.op_index())
                 .ok()
-                .and_then(|i| operators.get(i))
-                .map_or_else(
-                    || format!("operator #{}", k.op_index()),
-                    |o| format!("the operator {o}"),
-                );
-            // A mutable buffer's write-back: the program keeps state between calls, perhaps
-            // shared by its methods, which this executor does not run.
-            let hint = if operator.contains("aten::copy_") {
-                "; that is the write-back of a mutable buffer (state kept between calls, which \
-                 methods exported with share_mutable_buffers share): run it inside ExecuTorch's \
-                 runtime with xnnblob's backend, its methods on one Module with \
-                 share_memory_arenas (`xnnblob-et-run PROGRAM --call METHOD:INPUTS ...` does)"
-            } else {
-                ""
-            };
-            return Err(ProgramError::NotDelegated {
-                method: name.to_string(),
-                operator,
-                hint,
-            });
+                .and_then(|i| operators.get(i).copied());
+            let args = ids(k.args(), "kernel argument")?;
+            // The out-variants' signatures: copy_(self, src, non_blocking) -> self, and
+            // expand_copy.out(self, size, implicit, out) -> out; the result is the last argument.
+            match operator {
+                Some(("aten::copy_", "")) if args.len() == 4 && args[3] == args[0] => {
+                    steps.push(Step::Copy {
+                        src: args[1],
+                        dst: args[0],
+                    })
+                }
+                Some(("aten::expand_copy", "out")) if args.len() == 5 && args[4] == args[3] => {
+                    steps.push(Step::Expand {
+                        src: args[0],
+                        dst: args[3],
+                        sizes: int_list(args[1])?,
+                    })
+                }
+                _ => {
+                    return Err(ProgramError::NotDelegated {
+                        method: name.to_string(),
+                        operator: match operator {
+                            Some((op, "")) => format!("the operator {op}"),
+                            Some((op, overload)) => format!("the operator {op}.{overload}"),
+                            None => format!("operator #{}", k.op_index()),
+                        },
+                        hint: NOT_DELEGATED_HINT,
+                    })
+                }
+            }
         } else if let Some(d) = instruction.instr_args_as_delegate_call() {
             let i = index(name, d.delegate_index(), delegates.len(), "delegate")?;
             let id = delegates[i].id().unwrap_or("");
@@ -551,7 +647,7 @@ fn read_plan(pte: &FileDataMap, name: &str) -> Result<MethodPlan, ProgramError> 
                 return Err(ProgramError::NotDelegated {
                     method: name.to_string(),
                     operator: format!("a delegate of backend {id:?}"),
-                    hint: "",
+                    hint: NOT_DELEGATED_HINT,
                 });
             }
             steps.push(Step::Delegate {
@@ -570,42 +666,123 @@ fn read_plan(pte: &FileDataMap, name: &str) -> Result<MethodPlan, ProgramError> 
         }
     }
     let payloads = plan_payloads(pte, &program, &delegates, name)?;
-    let constant_segment = program.constant_segment();
-    let mut constants = Vec::new();
-    for (v, value) in values.iter().enumerate() {
-        let Some(t) = value.val_as_tensor() else {
-            continue;
-        };
-        if t.data_buffer_idx() == 0 {
-            continue;
-        }
-        let spec = specs[v].ok_or_else(|| {
-            plan_error(
-                name,
-                format!("constant value {v} has scalar type {}", t.scalar_type()),
-            )
-        })?;
-        let seg = constant_segment
-            .as_ref()
-            .ok_or_else(|| plan_error(name, "constants but no constant segment"))?;
-        let idx = t.data_buffer_idx() as usize;
-        let offset = seg
+    // Bytes `size` long at entry `idx` of a subsegment table (the constant segment, or the
+    // segment of mutable buffers' initial values), viewed in the file.
+    let subsegment = |table: Option<fb::SubsegmentOffsets<'_>>,
+                      idx: u32,
+                      size: usize,
+                      what: &str|
+     -> Result<DataBuffer, ProgramError> {
+        let outside = || plan_error(name, format!("{what} lies outside its segment"));
+        let table = table.ok_or_else(|| plan_error(name, format!("{what}: no segment")))?;
+        let offset = table
             .offsets()
-            .filter(|o| idx < o.len())
-            .map(|o| o.get(idx))
-            .ok_or_else(|| plan_error(name, format!("constant value {v}: no offset")))?;
+            .filter(|o| (idx as usize) < o.len())
+            .map(|o| o.get(idx as usize))
+            .ok_or_else(|| plan_error(name, format!("{what}: no offset")))?;
         let &(seg_offset, seg_size) = pte
             .segments()
-            .get(seg.segment_index() as usize)
-            .ok_or_else(|| plan_error(name, "constant segment out of range"))?;
-        let size = spec.bound.nbytes(spec.dtype).unwrap_or(usize::MAX);
-        let outside = || plan_error(name, format!("constant value {v} lies outside its segment"));
+            .get(table.segment_index() as usize)
+            .ok_or_else(|| plan_error(name, format!("{what}: segment out of range")))?;
         let offset = usize::try_from(offset).map_err(|_| outside())?;
         if offset.checked_add(size).is_none_or(|end| end > seg_size) {
             return Err(outside());
         }
         let at = seg_offset.checked_add(offset).ok_or_else(outside)?;
-        constants.push((v, file.slice(at, size).ok_or_else(outside)?));
+        file.slice(at, size).ok_or_else(outside)
+    };
+    // The bytes the planned memory of each id holds.
+    let planned: Vec<i64> = plan
+        .non_const_buffer_sizes()
+        .map(|v| v.iter().collect())
+        .unwrap_or_default();
+    let shared_len = planned
+        .get(SHARED_MEMORY_ID as usize)
+        .map_or(0, |&b| usize::try_from(b).unwrap_or(usize::MAX));
+    let mut constants = Vec::new();
+    let mut mutable = Vec::new();
+    let mut shared = Vec::new();
+    for (v, value) in values.iter().enumerate() {
+        let Some(t) = value.val_as_tensor() else {
+            continue;
+        };
+        let extra = t.extra_tensor_info();
+        let fqn = extra.and_then(|e| e.fully_qualified_name());
+        let external = extra.is_some_and(|e| e.location() == fb::TensorDataLocation::EXTERNAL);
+        let external_key = || {
+            fqn.map(|k| ValueBytes::Named(k.to_string()))
+                .ok_or_else(|| plan_error(name, format!("value {v} is external but has no name")))
+        };
+        let spec = specs[v];
+        let size = || {
+            spec.and_then(|s| s.bound.nbytes(s.dtype)).ok_or_else(|| {
+                plan_error(
+                    name,
+                    format!("value {v} has scalar type {}", t.scalar_type()),
+                )
+            })
+        };
+        match t.allocation_info() {
+            // A constant: in the program's constant segment, or external.
+            None if external => constants.push((v, external_key()?)),
+            None if t.data_buffer_idx() != 0 => {
+                let what = format!("constant value {v}");
+                let bytes = subsegment(
+                    program.constant_segment(),
+                    t.data_buffer_idx(),
+                    size()?,
+                    &what,
+                )?;
+                constants.push((v, ValueBytes::Here(bytes)));
+            }
+            None => {}
+            // Planned memory; a mutable buffer when named or given an initial value, which is
+            // external, or in the first table of mutable data (where ExecuTorch's runtime
+            // reads it, whatever the tensor names).
+            Some(a) => {
+                // Of a dtype no delegate takes: no step here can touch it (one that did would
+                // be refused at init), so it needs no place.
+                let Ok(bytes) = size() else {
+                    continue;
+                };
+                let initial = if external {
+                    Some(external_key()?)
+                } else if t.data_buffer_idx() != 0 {
+                    let what = format!("initial value of value {v}");
+                    let table = program
+                        .mutable_data_segments()
+                        .and_then(|m| m.iter().next());
+                    Some(ValueBytes::Here(subsegment(
+                        table,
+                        t.data_buffer_idx(),
+                        bytes,
+                        &what,
+                    )?))
+                } else {
+                    None
+                };
+                if a.memory_id() == SHARED_MEMORY_ID {
+                    let offset =
+                        u64::from(a.memory_offset_low()) | u64::from(a.memory_offset_high()) << 32;
+                    let fits = usize::try_from(offset)
+                        .ok()
+                        .and_then(|o| Some((o, o.checked_add(bytes)?)))
+                        .filter(|&(_, end)| end <= shared_len);
+                    let (offset, _) = fits.ok_or_else(|| {
+                        plan_error(
+                            name,
+                            format!(
+                                "value {v} lies outside the shared memory ({shared_len} bytes)"
+                            ),
+                        )
+                    })?;
+                    shared.push((v, offset));
+                }
+                if initial.is_some() || fqn.is_some() {
+                    mutable.push(MutableBuffer { value: v, initial });
+                }
+            }
+        }
     }
     Ok(MethodPlan {
         name: name.to_string(),
@@ -615,8 +792,16 @@ fn read_plan(pte: &FileDataMap, name: &str) -> Result<MethodPlan, ProgramError> 
         steps,
         payloads,
         constants,
+        mutable,
+        shared,
     })
 }
+
+/// Where a method that is not fully delegated runs instead.
+const NOT_DELEGATED_HINT: &str = "; xnnblob's executor runs XNNPACK delegates and, for programs \
+     with state, the write-back of mutable buffers (aten::copy_) and aten::expand_copy, nothing \
+     else: run it inside ExecuTorch's runtime with xnnblob's backend (`xnnblob-et-run PROGRAM \
+     --call METHOD:INPUTS ...`, or any app with libxnnblob_executorch)";
 
 /// The read and write bits a model file may give its packed weights.
 const READ_WRITE: u32 = 0o666;
@@ -694,6 +879,7 @@ impl Program {
         maps.extend(external);
         Ok(Program {
             source,
+            state: shared_state_of(&program)?,
             pte: program,
             method_names,
             map: MergedMap::new(maps)?,
@@ -732,8 +918,17 @@ impl Program {
     }
 
     /// Initialises a method: one XNNPACK delegate per delegate call, and a buffer for every
-    /// value it produces.
+    /// value it produces. Methods made here share the program's one [`SharedState`]: what one
+    /// writes into a shared mutable buffer, the next one reads (ExecuTorch's `Module` with
+    /// `share_memory_arenas`).
     pub fn method(&self, name: &str) -> Result<Method, ProgramError> {
+        self.method_in(name, &self.state)
+    }
+
+    /// As [`method`](Self::method), with the shared mutable buffers of `state` (from
+    /// [`new_state`](Self::new_state)): one more instance of the program's state, e.g. a second
+    /// conversation beside the first.
+    pub fn method_in(&self, name: &str, state: &SharedState) -> Result<Method, ProgramError> {
         let plan = self.plan(name)?;
         let mut delegates = Vec::new();
         for payload in &plan.payloads {
@@ -746,7 +941,18 @@ impl Program {
                 })?;
             delegates.push(d);
         }
-        Method::new(plan, delegates)
+        Method::new(plan, delegates, &self.map, state)
+    }
+
+    /// The state the methods from [`method`](Self::method) share.
+    pub fn state(&self) -> &SharedState {
+        &self.state
+    }
+
+    /// A fresh instance of the program's shared mutable buffers, all zero until a method made
+    /// with it (by [`method_in`](Self::method_in)) writes them.
+    pub fn new_state(&self) -> Result<SharedState, ProgramError> {
+        shared_state_of(&self.pte)
     }
 
     /// The model context (packed-weight cache, workspace) all methods share.
@@ -791,6 +997,8 @@ enum Source {
     Input(usize),
     /// The method's own buffer.
     Buffer,
+    /// The shared state's arena, at this offset, in the value's declared shape.
+    Shared(usize),
     /// Never written before it is read: rejected at init.
     Unset,
 }
@@ -799,45 +1007,149 @@ enum Source {
 pub struct Method {
     plan: MethodPlan,
     delegates: Vec<XnnDelegate>,
-    /// A buffer for every value a step writes, every constant, and every output.
+    /// A buffer for every value a step writes, every constant, every mutable buffer not shared,
+    /// and every output.
     buffers: Vec<Option<PaddedTensor>>,
     /// Where each value is read from.
     sources: Vec<Source>,
+    /// The state shared with the program's other methods, when this one plans values in it.
+    shared: Option<SharedState>,
+}
+
+/// A value's bytes for one step: where they start, and the shape they have.
+struct Located {
+    data: *const u8,
+    shape: Shape,
 }
 
 impl Method {
     /// Checks the plan against the delegates (arity, dtypes, values written before read) and
-    /// makes every buffer.
-    fn new(plan: MethodPlan, delegates: Vec<XnnDelegate>) -> Result<Method, ProgramError> {
+    /// makes every buffer. `shared` is the state the method shares with the program's others:
+    /// its mutable buffers there take their initial values now, as in ExecuTorch's runtime.
+    fn new(
+        plan: MethodPlan,
+        delegates: Vec<XnnDelegate>,
+        named: &dyn NamedDataMap,
+        shared: &SharedState,
+    ) -> Result<Method, ProgramError> {
         let name = plan.name.clone();
         let n = plan.values.len();
         let mut sources = vec![Source::Unset; n];
         let mut buffers: Vec<Option<PaddedTensor>> = (0..n).map(|_| None).collect();
-        let make = |buffers: &mut Vec<Option<PaddedTensor>>, v: usize| {
-            if buffers[v].is_some() {
-                return Ok(());
-            }
-            let spec = plan.values[v].ok_or_else(|| {
+        let spec_of = |v: usize| {
+            plan.values[v].ok_or_else(|| {
                 plan_error(
                     &name,
                     format!("value {v} is not a tensor of a supported dtype"),
                 )
-            })?;
+            })
+        };
+        let make = |buffers: &mut Vec<Option<PaddedTensor>>, v: usize| {
+            if buffers[v].is_some() {
+                return Ok(());
+            }
+            let spec = spec_of(v)?;
             let t = PaddedTensor::zeros(spec.dtype, spec.bound)
                 .map_err(|e| plan_error(&name, format!("value {v}: {e}")))?;
             buffers[v] = Some(t);
             Ok::<(), ProgramError>(())
+        };
+        // The bytes of a constant or initial value, exactly as many as the value's shape holds.
+        let bytes_of = |v: usize, bytes: &ValueBytes| -> Result<DataBuffer, ProgramError> {
+            let data = match bytes {
+                ValueBytes::Here(b) => b.clone(),
+                ValueBytes::Named(key) => named.get_data(key)?,
+            };
+            let spec = spec_of(v)?;
+            let needed = spec.bound.nbytes(spec.dtype);
+            if needed != Some(data.len()) {
+                return Err(plan_error(
+                    &name,
+                    format!(
+                        "value {v} has {} bytes, its shape {} of {} needs {needed:?}",
+                        data.len(),
+                        spec.bound,
+                        spec.dtype
+                    ),
+                ));
+            }
+            Ok(data)
         };
         specs_of(&plan, &plan.inputs)?;
         for (k, &v) in plan.inputs.iter().enumerate() {
             sources[v] = Source::Input(k);
         }
         for (v, data) in &plan.constants {
+            let data = bytes_of(*v, data)?;
             make(&mut buffers, *v)?;
             let t = buffers[*v].as_mut().expect("made");
             t.data_mut().copy_from_slice(data.data());
             sources[*v] = Source::Buffer;
         }
+        for &(v, offset) in &plan.shared {
+            let end = spec_of(v)?
+                .bound
+                .nbytes(spec_of(v)?.dtype)
+                .and_then(|b| offset.checked_add(b));
+            if end.is_none_or(|end| end > shared.len()) {
+                return Err(plan_error(
+                    &name,
+                    format!(
+                        "value {v} lies outside the shared state ({} bytes): a state made for \
+                         another program?",
+                        shared.len()
+                    ),
+                ));
+            }
+            sources[v] = Source::Shared(offset);
+        }
+        // A write-back's target is state, whether or not the program names it: it may be read
+        // before this execute writes it.
+        let written_back = plan.steps.iter().filter_map(|s| match s {
+            Step::Copy { dst, .. } => Some(*dst),
+            _ => None,
+        });
+        let mutable: Vec<(usize, Option<&ValueBytes>)> = plan
+            .mutable
+            .iter()
+            .map(|m| (m.value, m.initial.as_ref()))
+            .chain(written_back.map(|v| (v, None)))
+            .collect();
+        for (v, initial) in mutable {
+            if let Source::Input(_) = sources[v] {
+                return Err(plan_error(
+                    &name,
+                    format!("value {v} is an input and a mutable buffer"),
+                ));
+            }
+            let data = initial.map(|i| bytes_of(v, i)).transpose()?;
+            match (sources[v], data) {
+                (Source::Shared(offset), Some(data)) => {
+                    let mut arena = shared.lock();
+                    arena.as_mut_slice()[offset..offset + data.len()].copy_from_slice(data.data());
+                }
+                (Source::Shared(_), None) => {}
+                (_, data) => {
+                    make(&mut buffers, v)?;
+                    if let Some(data) = data {
+                        let t = buffers[v].as_mut().expect("made");
+                        t.data_mut().copy_from_slice(data.data());
+                    }
+                    sources[v] = Source::Buffer;
+                }
+            }
+        }
+        // Shared values are read and written in the arena, in their declared shapes; steps
+        // that would give one another shape are refused.
+        let not_shared = |sources: &[Source], v: usize, what: &str| {
+            match sources[v] {
+            Source::Shared(_) => Err(plan_error(
+                &name,
+                format!("{what} value {v}, which is in the shared state (only aten::copy_ writes there)"),
+            )),
+            _ => Ok(()),
+        }
+        };
         for step in &plan.steps {
             match step {
                 Step::Delegate { index, args } => {
@@ -882,26 +1194,81 @@ impl Method {
                                     format!("delegate {index} writes value {a}, which it reads or the caller gives"),
                                 ));
                             }
+                            not_shared(&sources, a, &format!("delegate {index} writes"))?;
                             make(&mut buffers, a)?;
                             sources[a] = Source::Buffer;
                         }
                     }
                 }
-                Step::Move { from, to } => {
-                    if sources[*from] == Source::Unset {
+                &Step::Move { from, to } | &Step::Copy { src: from, dst: to } => {
+                    let what = if matches!(step, Step::Move { .. }) {
+                        "moved"
+                    } else {
+                        "copied"
+                    };
+                    if sources[from] == Source::Unset {
                         return Err(plan_error(
                             &name,
-                            format!("value {from} is moved before it is written"),
+                            format!("value {from} is {what} before it is written"),
                         ));
                     }
-                    if plan.values[*from].map(|s| s.dtype) != plan.values[*to].map(|s| s.dtype) {
+                    let (f, t) = (spec_of(from)?, spec_of(to)?);
+                    if f.dtype != t.dtype {
                         return Err(plan_error(
                             &name,
-                            format!("move from value {from} to {to} changes the dtype"),
+                            format!("value {from} {what} to value {to} changes the dtype"),
                         ));
                     }
-                    make(&mut buffers, *to)?;
-                    sources[*to] = Source::Buffer;
+                    if let Step::Copy { .. } = step {
+                        // Its shape at each execute is checked then; its bound must fit now.
+                        broadcast::check(&f.bound, &t.bound).map_err(|e| {
+                            plan_error(&name, format!("copy_ of value {from} into {to}: {e}"))
+                        })?;
+                    } else {
+                        not_shared(&sources, to, "a move writes")?;
+                    }
+                    if let Source::Input(_) = sources[to] {
+                        return Err(plan_error(
+                            &name,
+                            format!("value {to} is given by the caller and written by the method"),
+                        ));
+                    }
+                    if !matches!(sources[to], Source::Shared(_)) {
+                        make(&mut buffers, to)?;
+                        sources[to] = Source::Buffer;
+                    }
+                }
+                Step::Expand { src, dst, sizes } => {
+                    let (src, dst) = (*src, *dst);
+                    if sources[src] == Source::Unset {
+                        return Err(plan_error(
+                            &name,
+                            format!("value {src} is expanded before it is written"),
+                        ));
+                    }
+                    let (f, t) = (spec_of(src)?, spec_of(dst)?);
+                    let to = broadcast::expanded(&f.bound, sizes).filter(|to| {
+                        broadcast::check(&f.bound, to).is_ok() && to.fits_within(&t.bound)
+                    });
+                    if f.dtype != t.dtype || to.is_none() {
+                        return Err(plan_error(
+                            &name,
+                            format!(
+                                "expand_copy of value {src} ({} {}) to {sizes:?} does not fit \
+                                 value {dst} ({} {})",
+                                f.dtype, f.bound, t.dtype, t.bound
+                            ),
+                        ));
+                    }
+                    not_shared(&sources, dst, "expand_copy writes")?;
+                    if let Source::Input(_) = sources[dst] {
+                        return Err(plan_error(
+                            &name,
+                            format!("value {dst} is given by the caller and written by the method"),
+                        ));
+                    }
+                    make(&mut buffers, dst)?;
+                    sources[dst] = Source::Buffer;
                 }
             }
         }
@@ -914,16 +1281,19 @@ impl Method {
                         format!("output value {o} is never written"),
                     ))
                 }
-                // An input returned as an output: copied into a buffer at each execute.
-                Source::Input(_) => make(&mut buffers, o)?,
+                // An input, or a shared value (which the next method may change), returned as
+                // an output: copied into a buffer at each execute.
+                Source::Input(_) | Source::Shared(_) => make(&mut buffers, o)?,
                 Source::Buffer => {}
             }
         }
+        let shared = (!plan.shared.is_empty()).then(|| shared.clone());
         Ok(Method {
             plan,
             delegates,
             buffers,
             sources,
+            shared,
         })
     }
 
@@ -1010,16 +1380,35 @@ impl Method {
                 }));
             }
         }
+        // Methods sharing state run one at a time: the arena is this execute's until it ends.
+        let shared = self.shared.clone();
+        let mut arena = shared.as_ref().map(|s| s.lock());
+        let base = arena
+            .as_mut()
+            .map_or(std::ptr::null_mut(), |a| a.as_mut_slice().as_mut_ptr());
         for s in 0..self.plan.steps.len() {
             match &self.plan.steps[s] {
                 Step::Delegate { index, args } => {
                     let (index, n_in) = (*index, self.delegates[*index].inputs().len());
                     let buffers = self.buffers.as_mut_ptr();
-                    let sources = &self.sources;
+                    let (sources, values) = (&self.sources, &self.plan.values);
                     let input = |i: usize| {
                         let a = args[i];
                         match sources[a] {
                             Source::Input(k) => RawInput::of(&inputs[k]),
+                            Source::Shared(offset) => {
+                                let spec = values[a].expect("checked at init");
+                                RawInput {
+                                    // SAFETY: `offset` plus the value's bytes lie inside the
+                                    // arena, which XNNPACK's slack follows (checked at init);
+                                    // the arena is locked for this execute.
+                                    data: unsafe { base.add(offset) },
+                                    len: spec.bound.nbytes(spec.dtype).unwrap_or(0),
+                                    dtype: spec.dtype,
+                                    shape: spec.bound,
+                                    padded: true,
+                                }
+                            }
                             // SAFETY: `a` < buffers.len() (a value index) and holds a buffer
                             // (a written value, checked at init); no output of this call is
                             // `a` (checked at init), so no mutable access aliases it.
@@ -1033,8 +1422,9 @@ impl Method {
                     };
                     let output = |j: usize| {
                         let a = args[n_in + j];
-                        // SAFETY: as above; output arguments are distinct buffers, not read by
-                        // this call, so this is the only access to `a` during it.
+                        // SAFETY: as above; output arguments are distinct buffers (never in the
+                        // shared arena, checked at init), not read by this call, so this is the
+                        // only access to `a` during it.
                         let t = unsafe { &mut *buffers.add(a) }
                             .as_mut()
                             .expect("made at init");
@@ -1045,8 +1435,9 @@ impl Method {
                         }
                     };
                     // SAFETY: inputs are the caller's borrowed views (with their own lengths and
-                    // slack) or this method's buffers; outputs are buffers with their
-                    // capacities; all outlive the call, and no output aliases an input.
+                    // slack), this method's buffers or the locked arena; outputs are buffers
+                    // with their capacities; all outlive the call, and no output aliases an
+                    // input.
                     unsafe { self.delegates[index].execute_raw(input, output) }.map_err(
                         |error| ProgramError::Delegate {
                             method: self.plan.name.clone(),
@@ -1061,37 +1452,126 @@ impl Method {
                         debug_assert!(fits, "output shape {} beyond capacity", e.shape);
                     }
                 }
-                &Step::Move { from, to } => self.copy_value(from, to, inputs),
+                &Step::Move { from, to } => {
+                    let from = self.locate(from, inputs, base);
+                    self.write(to, &from, from.shape, base)?
+                }
+                &Step::Copy { src, dst } => {
+                    let from = self.locate(src, inputs, base);
+                    let to = self.locate(dst, inputs, base).shape;
+                    self.write(dst, &from, to, base)?
+                }
+                Step::Expand { src, dst, sizes } => {
+                    let (dst, from) = (*dst, self.locate(*src, inputs, base));
+                    let to = broadcast::expanded(&from.shape, sizes).ok_or_else(|| {
+                        plan_error(
+                            &self.plan.name,
+                            format!("expand_copy of {} to {sizes:?}", from.shape),
+                        )
+                    })?;
+                    self.write(dst, &from, to, base)?
+                }
             }
         }
         for i in 0..self.plan.outputs.len() {
             let o = self.plan.outputs[i];
-            if let Source::Input(_) = self.sources[o] {
-                self.copy_value(o, o, inputs);
+            if let Source::Input(_) | Source::Shared(_) = self.sources[o] {
+                let from = self.locate(o, inputs, base);
+                let t = self.buffers[o].as_mut().expect("made at init");
+                if t.set_shape(from.shape) {
+                    let n = t.data().len();
+                    // SAFETY: the source holds its shape's bytes (an input checked above, or
+                    // the locked arena, checked at init); the buffer is another allocation.
+                    unsafe { std::ptr::copy_nonoverlapping(from.data, t.as_mut_ptr(), n) };
+                }
             }
         }
+        drop(arena);
         Ok(())
     }
 
-    /// Copies value `from` (an input or a buffer) into the buffer of `to`.
-    fn copy_value(&mut self, from: usize, to: usize, inputs: &[TensorRef<'_>]) {
-        let (shape, bytes): (Shape, *const u8) = match self.sources[from] {
-            Source::Input(k) => (*inputs[k].shape(), inputs[k].data().as_ptr()),
+    /// Where value `v` is for this execute, and its shape now. `base` is the locked arena's
+    /// start (null when the method shares nothing).
+    fn locate(&self, v: usize, inputs: &[TensorRef<'_>], base: *mut u8) -> Located {
+        match self.sources[v] {
+            Source::Input(k) => Located {
+                data: inputs[k].data().as_ptr(),
+                shape: *inputs[k].shape(),
+            },
+            Source::Shared(offset) => Located {
+                // SAFETY: inside the arena (checked at init), which `base` starts.
+                data: unsafe { base.add(offset) }.cast_const(),
+                shape: self.plan.values[v].expect("checked at init").bound,
+            },
+            Source::Buffer | Source::Unset => {
+                let t = self.buffers[v].as_ref().expect("made at init");
+                Located {
+                    data: t.data().as_ptr(),
+                    shape: *t.shape(),
+                }
+            }
+        }
+    }
+
+    /// Writes `from` into value `to` in shape `shape`: the same bytes when the shapes agree
+    /// (a move, or a write-back), else broadcast.
+    fn write(
+        &mut self,
+        to: usize,
+        from: &Located,
+        shape: Shape,
+        base: *mut u8,
+    ) -> Result<(), ProgramError> {
+        let spec = self.plan.values[to].expect("checked at init");
+        let unfit = |why: String| plan_error(&self.plan.name, format!("writing value {to}: {why}"));
+        let dst = match self.sources[to] {
+            Source::Shared(offset) => {
+                if shape != spec.bound {
+                    return Err(unfit(format!(
+                        "shape {shape}, in the shared state {}",
+                        spec.bound
+                    )));
+                }
+                // SAFETY: inside the arena (checked at init), which `base` starts.
+                unsafe { base.add(offset) }
+            }
             _ => {
-                let t = self.buffers[from].as_ref().expect("made at init");
-                (*t.shape(), t.data().as_ptr())
+                let t = self.buffers[to].as_mut().expect("made at init");
+                if t.as_mut_ptr().cast_const() == from.data {
+                    // A value moved onto itself, or a buffer written back to itself.
+                    return Ok(());
+                }
+                if !t.set_shape(shape) {
+                    return Err(unfit(format!(
+                        "shape {shape} is beyond its bound {}",
+                        spec.bound
+                    )));
+                }
+                t.as_mut_ptr()
             }
         };
-        if from == to && self.sources[from] == Source::Buffer {
-            return;
+        let bytes = |s: &Shape| s.nbytes(spec.dtype).unwrap_or(0);
+        let (n_src, n_dst) = (bytes(&from.shape), bytes(&shape));
+        if from.shape == shape {
+            // SAFETY: both hold the shape's bytes (inputs checked in execute, buffers and the
+            // arena by construction); they may overlap in the arena, so this is a memmove.
+            unsafe { std::ptr::copy(from.data, dst, n_dst) };
+            return Ok(());
         }
-        let t = self.buffers[to].as_mut().expect("made at init");
-        if t.set_shape(shape) {
-            let n = t.data().len();
-            // SAFETY: the source holds at least the shape's bytes (inputs checked in execute,
-            // buffers by construction); `to` is another buffer, or an input's own buffer.
-            unsafe { std::ptr::copy(bytes, t.data_mut().as_mut_ptr(), n) };
+        broadcast::check(&from.shape, &shape).map_err(|e| unfit(e.to_string()))?;
+        let (s, d) = (from.data as usize, dst as usize);
+        if s < d + n_dst && d < s + n_src {
+            return Err(unfit("its source overlaps it in the shared state".into()));
         }
+        // SAFETY: as above, and the two ranges do not overlap (just checked).
+        let (src, dst) = unsafe {
+            (
+                std::slice::from_raw_parts(from.data, n_src),
+                std::slice::from_raw_parts_mut(dst, n_dst),
+            )
+        };
+        broadcast::copy(src, &from.shape, dst, &shape, spec.dtype.size());
+        Ok(())
     }
 
     /// Output `index` of the last execute, in place: dtype, actual shape, bytes.
