@@ -168,6 +168,15 @@ struct RunArgs {
     /// The method to run [default: the program's first].
     #[arg(long)]
     method: Option<String>,
+    /// Run methods of the one loaded program in this order (repeatable): METHOD:FILE,... with
+    /// each input of the dtype and shape the method declares; `{step}` in a path becomes the
+    /// iteration (from 0) of the --times that follows. The methods share the program's mutable
+    /// buffers: what `prefill` writes, `step` reads. Outputs go to stepK.outputI.EXT.
+    #[arg(long, conflicts_with_all = ["method", "input", "inputs"])]
+    call: Vec<String>,
+    /// Run the --call before it this many times in a row.
+    #[arg(long)]
+    times: Vec<usize>,
     /// A packed-weight cache file: the first launch packs and saves, later ones pack nothing.
     #[arg(long)]
     cache: Option<PathBuf>,
@@ -240,7 +249,7 @@ fn main() -> ExitCode {
         Command::Link { ptd, out, model } => link(&ptd, &out, model.as_deref()),
         Command::Run(args) => {
             let run = matches.subcommand_matches("run").expect("the run command");
-            input_args(&args, run).and_then(|inputs| run_command(&args, inputs))
+            calls_of(&args, run).and_then(|calls| run_command(&args, calls))
         }
     };
     match result {
@@ -479,26 +488,162 @@ fn described<'a>(
         .ok_or_else(|| format!("{flag} follows the --input it describes"))
 }
 
-fn run_command(args: &RunArgs, inputs: Vec<InputArg>) -> Result<(), Box<dyn std::error::Error>> {
+/// One `--call`: a method, its inputs, and how many times in a row it runs.
+struct CallArg {
+    method: String,
+    inputs: Vec<InputArg>,
+    times: usize,
+}
+
+/// What `xnnblob run` executes.
+enum Calls {
+    /// `--method` (or the first) once, with `--input` files.
+    One {
+        method: Option<String>,
+        inputs: Vec<InputArg>,
+    },
+    /// `--call`s, in order, on one loaded program.
+    Sequence(Vec<CallArg>),
+}
+
+impl Calls {
+    /// Whether method `name` is run.
+    fn runs(&self, name: &str) -> bool {
+        match self {
+            Calls::One { method, .. } => method.as_deref().is_none_or(|m| m == name),
+            Calls::Sequence(calls) => calls.iter().any(|c| c.method == name),
+        }
+    }
+}
+
+/// The calls of `xnnblob run`: each `--call METHOD[:FILE,...]` with the `--times` after it, or
+/// the one method and its inputs.
+fn calls_of(args: &RunArgs, run: &ArgMatches) -> Result<Calls, Box<dyn std::error::Error>> {
+    if args.call.is_empty() {
+        if !args.times.is_empty() {
+            return Err("--times follows the --call it repeats".into());
+        }
+        return Ok(Calls::One {
+            method: args.method.clone(),
+            inputs: input_args(args, run)?,
+        });
+    }
+    let positions =
+        |id: &str| -> Vec<usize> { run.indices_of(id).map_or(Vec::new(), Iterator::collect) };
+    let mut calls: Vec<(usize, CallArg)> = Vec::new();
+    for (at, spec) in positions("call").into_iter().zip(&args.call) {
+        let (method, files) = spec.split_once(':').unwrap_or((spec, ""));
+        if method.is_empty() {
+            return Err(format!("--call {spec}: no method named").into());
+        }
+        let inputs = files
+            .split(',')
+            .filter(|f| !f.is_empty())
+            .map(|f| InputArg {
+                path: f.to_string(),
+                dtype: None,
+                shape: None,
+            })
+            .collect();
+        calls.push((
+            at,
+            CallArg {
+                method: method.to_string(),
+                inputs,
+                times: 1,
+            },
+        ));
+    }
+    for (at, &times) in positions("times").into_iter().zip(&args.times) {
+        let call = calls
+            .iter_mut()
+            .rev()
+            .find(|(call_at, _)| *call_at < at)
+            .ok_or("--times follows the --call it repeats")?;
+        call.1.times = times;
+    }
+    Ok(Calls::Sequence(calls.into_iter().map(|(_, c)| c).collect()))
+}
+
+/// The inputs of one execute of `method`: each file as the dtype and shape given, or as the
+/// method declares (for a dynamic leading dimension, as many rows as the file holds).
+fn input_views<'a>(
+    method: &xnnblob::program::Method,
+    inputs: &[InputArg],
+    files: &'a [(String, Vec<u8>)],
+) -> Result<Vec<xnnblob::tensor::TensorRef<'a>>, Box<dyn std::error::Error>> {
+    use xnnblob::tensor::{Shape, TensorRef};
+    let specs = method.input_specs();
+    if inputs.len() != specs.len() {
+        let declared: Vec<String> = specs
+            .iter()
+            .map(|s| format!("{} {}", s.dtype, s.bound))
+            .collect();
+        return Err(format!(
+            "method {:?} takes {} inputs ({}); {} given",
+            method.name(),
+            specs.len(),
+            declared.join(", "),
+            inputs.len()
+        )
+        .into());
+    }
+    let mut views = Vec::new();
+    for (i, ((arg, (path, bytes)), spec)) in inputs.iter().zip(files).zip(&specs).enumerate() {
+        let dtype = arg.dtype.unwrap_or(spec.dtype);
+        let shape = match &arg.shape {
+            Some(dims) => Shape::new(dims)?,
+            None => {
+                let elements = bytes.len() / dtype.size();
+                xnnblob::program::rows_for(spec, elements)
+            }
+        };
+        let needed = shape.nbytes(dtype).ok_or("the input's size overflows")?;
+        if bytes.len() != needed {
+            return Err(format!(
+                "{path}: {} bytes, an input {i} of {dtype} {shape} needs {needed} (give --dtype and --shape after --input)",
+                bytes.len()
+            )
+            .into());
+        }
+        views.push(TensorRef::new(dtype, shape, bytes));
+    }
+    Ok(views)
+}
+
+/// One line on output `i`: dtype, shape, range, mean and first values.
+fn output_summary(i: usize, out: xnnblob::tensor::TensorRef<'_>) -> String {
+    let values = xnnblob::tensor::to_f32_lossy(out.dtype(), out.data());
+    let (min, max) = values
+        .iter()
+        .fold((f32::INFINITY, f32::NEG_INFINITY), |(a, b), v| {
+            (a.min(*v), b.max(*v))
+        });
+    let mean = values.iter().map(|v| *v as f64).sum::<f64>() / values.len().max(1) as f64;
+    let head: Vec<String> = values.iter().take(6).map(|v| format!("{v:.5}")).collect();
+    format!(
+        "output {i}: {} {}, {} values, min {min:.5}, max {max:.5}, mean {mean:.5}, first [{}]",
+        out.dtype(),
+        out.shape(),
+        values.len(),
+        head.join(", ")
+    )
+}
+
+fn run_command(args: &RunArgs, calls: Calls) -> Result<(), Box<dyn std::error::Error>> {
     use std::time::Instant;
     use xnnblob::backend::{Backend, CacheNotice, PackedCache};
-    use xnnblob::tensor::{Shape, TensorRef};
     let program_path = args.program.display().to_string();
     // A shared buffer frozen into this method's delegate at export gives wrong outputs without
     // any error: said first (a file that cannot be read is the load's to report).
     if let Ok(map) = FileDataMap::open(&args.program) {
         for s in xnnblob::program::frozen_buffer_suspects(&map).unwrap_or_default() {
-            if args.method.as_deref().is_none_or(|m| m == s.method) {
+            if calls.runs(&s.method) {
                 eprintln!("{}", frozen_buffer_warning(&s));
             }
         }
     }
-    let (data, method, cache, out_dir) = (
-        &args.data,
-        args.method.clone(),
-        args.cache.clone(),
-        &args.output_dir,
-    );
+    let (data, cache, out_dir) = (&args.data, args.cache.clone(), &args.output_dir);
     let t = Instant::now();
     let backend = Backend::new(xnnblob::backend::BackendOptions {
         threads: args
@@ -543,65 +688,72 @@ fn run_command(args: &RunArgs, inputs: Vec<InputArg>) -> Result<(), Box<dyn std:
     if let Some(note) = program.weights_cache().and_then(|c| c.permissions_note()) {
         eprintln!("xnnblob: warning: {note}");
     }
-    let method_name = match method {
-        Some(m) => m,
-        None => program
-            .method_names()
-            .first()
-            .map(|s| s.to_string())
-            .ok_or("the program has no methods")?,
-    };
-    let mut m = program.method(&method_name)?;
-    let load_ms = t.elapsed().as_secs_f64() * 1e3;
-    let specs = m.input_specs();
-    if inputs.len() != specs.len() {
-        let declared: Vec<String> = specs
-            .iter()
-            .map(|s| format!("{} {}", s.dtype, s.bound))
-            .collect();
-        return Err(format!(
-            "method {method_name:?} takes {} inputs ({}); {} given",
-            specs.len(),
-            declared.join(", "),
-            inputs.len()
-        )
-        .into());
-    }
-    let mut files = Vec::new();
-    for arg in &inputs {
-        files.push(std::fs::read(&arg.path).map_err(|e| format!("{}: {e}", arg.path))?);
-    }
-    let mut views = Vec::new();
-    for (i, ((arg, bytes), spec)) in inputs.iter().zip(&files).zip(&specs).enumerate() {
-        let dtype = arg.dtype.unwrap_or(spec.dtype);
-        let shape = match &arg.shape {
-            Some(dims) => Shape::new(dims)?,
-            None => {
-                let elements = bytes.len() / dtype.size();
-                xnnblob::program::rows_for(spec, elements)
-            }
-        };
-        let needed = shape.nbytes(dtype).ok_or("the input's size overflows")?;
-        if bytes.len() != needed {
-            return Err(format!(
-                "{}: {} bytes, an input {i} of {dtype} {shape} needs {needed} (give --dtype and --shape after --input)",
-                arg.path,
-                bytes.len()
-            )
-            .into());
+    let calls = match calls {
+        Calls::One { method, inputs } => {
+            let method = match method {
+                Some(m) => m,
+                None => program
+                    .method_names()
+                    .first()
+                    .map(|s| s.to_string())
+                    .ok_or("the program has no methods")?,
+            };
+            vec![CallArg {
+                method,
+                inputs,
+                times: 1,
+            }]
         }
-        views.push(TensorRef::new(dtype, shape, bytes));
+        Calls::Sequence(calls) => calls,
+    };
+    // One instance of each method called, all sharing the program's mutable buffers.
+    let mut methods: Vec<xnnblob::program::Method> = Vec::new();
+    for call in &calls {
+        if !methods.iter().any(|m| m.name() == call.method) {
+            methods.push(program.method(&call.method)?);
+        }
     }
-    let t = Instant::now();
-    m.execute(&views)?;
-    let exec_ms = t.elapsed().as_secs_f64() * 1e3;
-    // Outputs are written before anything is printed: a closed stdout loses nothing.
-    if let Some(dir) = out_dir {
-        std::fs::create_dir_all(dir)?;
-        for i in 0..m.num_outputs() {
-            let out = m.output(i)?;
-            let name = format!("output{i}.{}", out.dtype().short_name());
-            std::fs::write(std::path::Path::new(dir).join(name), out.data())?;
+    let load_ms = t.elapsed().as_secs_f64() * 1e3;
+    let sequence = calls.len() > 1 || calls[0].times > 1;
+    // (method, iteration, ms, each output's summary) of each execute, printed at the end.
+    let mut made: Vec<(String, usize, f64, Vec<String>)> = Vec::new();
+    for call in &calls {
+        let m = methods
+            .iter_mut()
+            .find(|m| m.name() == call.method)
+            .expect("made above");
+        for iteration in 0..call.times {
+            let files: Vec<(String, Vec<u8>)> = call
+                .inputs
+                .iter()
+                .map(|arg| {
+                    let path = arg.path.replace("{step}", &iteration.to_string());
+                    let bytes = std::fs::read(&path).map_err(|e| format!("{path}: {e}"))?;
+                    Ok::<_, String>((path, bytes))
+                })
+                .collect::<Result<_, _>>()?;
+            let views = input_views(m, &call.inputs, &files)?;
+            let t = Instant::now();
+            m.execute(&views)?;
+            let exec_ms = t.elapsed().as_secs_f64() * 1e3;
+            // Outputs are written before anything is printed: a closed stdout loses nothing.
+            let prefix = if sequence {
+                format!("step{}.", made.len())
+            } else {
+                String::new()
+            };
+            if let Some(dir) = out_dir {
+                std::fs::create_dir_all(dir)?;
+                for i in 0..m.num_outputs() {
+                    let out = m.output(i)?;
+                    let name = format!("{prefix}output{i}.{}", out.dtype().short_name());
+                    std::fs::write(std::path::Path::new(dir).join(name), out.data())?;
+                }
+            }
+            let summaries = (0..m.num_outputs())
+                .map(|i| Ok(output_summary(i, m.output(i)?)))
+                .collect::<Result<_, xnnblob::program::ProgramError>>()?;
+            made.push((call.method.clone(), iteration, exec_ms, summaries));
         }
     }
     // Printed in a closure so that a reader that went away still lets the save finish below.
@@ -609,26 +761,20 @@ fn run_command(args: &RunArgs, inputs: Vec<InputArg>) -> Result<(), Box<dyn std:
         let (packed, hits) = program
             .weights_cache()
             .map_or((0, 0), |c| (c.stats().packed, c.stats().hits));
-        outln!(
-            "{program_path} method {method_name:?}: loaded in {load_ms:.2} ms ({packed} weights packed, {hits} found packed), executed in {exec_ms:.2} ms"
-        );
-        for i in 0..m.num_outputs() {
-            let out = m.output(i)?;
-            let values = xnnblob::tensor::to_f32_lossy(out.dtype(), out.data());
-            let (min, max) = values
-                .iter()
-                .fold((f32::INFINITY, f32::NEG_INFINITY), |(a, b), v| {
-                    (a.min(*v), b.max(*v))
-                });
-            let mean = values.iter().map(|v| *v as f64).sum::<f64>() / values.len().max(1) as f64;
-            let head: Vec<String> = values.iter().take(6).map(|v| format!("{v:.5}")).collect();
-            outln!(
-                "output {i}: {} {}, {} values, min {min:.5}, max {max:.5}, mean {mean:.5}, first [{}]",
-                out.dtype(),
-                out.shape(),
-                values.len(),
-                head.join(", ")
-            );
+        let loaded =
+            format!("loaded in {load_ms:.2} ms ({packed} weights packed, {hits} found packed)");
+        if sequence {
+            outln!("{program_path}: {loaded}; {} calls", made.len());
+        }
+        for (k, (method, iteration, exec_ms, summaries)) in made.iter().enumerate() {
+            if sequence {
+                outln!("call {k}: method {method:?} iteration {iteration}: executed in {exec_ms:.2} ms");
+            } else {
+                outln!("{program_path} method {method:?}: {loaded}, executed in {exec_ms:.2} ms");
+            }
+            for line in summaries {
+                outln!("{line}");
+            }
         }
         Ok(())
     };

@@ -620,3 +620,71 @@ fn the_same_bytes_in_two_shapes_or_beside_two_biases_run_right_without_a_cache_c
         }
     }
 }
+
+/// Issue 43: `--call` runs a sequence of methods on one loaded program, sharing its mutable
+/// buffers, as NAME.calls.json describes it; every output is eager PyTorch's, cold and warm
+/// with a cache file. A program that needs ExecuTorch's portable operators is refused, saying
+/// where it runs.
+#[test]
+fn calls_of_methods_sharing_mutable_buffers_give_eagers_outputs() {
+    let tmp = scratch("run-calls");
+    let dir = common::repo_root().join("tests/data/executorch/export");
+    for name in ["shared_prefill_step", "shared_encoder_decoder"] {
+        let description: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(dir.join(format!("{name}.calls.json"))).unwrap())
+                .unwrap();
+        let cache = tmp.join(format!("{name}.xbc"));
+        let mut args = vec![dir.join(format!("{name}.pte")).display().to_string()];
+        for data in description["data"].as_array().unwrap() {
+            args.extend([
+                "--data".into(),
+                dir.join(data.as_str().unwrap()).display().to_string(),
+            ]);
+        }
+        let calls = description["calls"].as_array().unwrap();
+        for call in calls {
+            let files: Vec<String> = call["inputs"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|t| dir.join(t["file"].as_str().unwrap()).display().to_string())
+                .collect();
+            args.extend([
+                "--call".into(),
+                format!("{}:{}", call["method"].as_str().unwrap(), files.join(",")),
+            ]);
+        }
+        args.extend(["--cache".into(), cache.display().to_string()]);
+        for launch in ["cold", "warm"] {
+            let out_dir = tmp.join(format!("{name}-{launch}"));
+            let mut a = args.clone();
+            a.extend(["--output-dir".into(), out_dir.display().to_string()]);
+            let (ok, text) = run_strings(&a);
+            assert!(ok, "{name} {launch}: {text}");
+            assert!(text.contains(&format!("; {} calls", calls.len())), "{text}");
+            if launch == "warm" {
+                assert!(text.contains("(0 weights packed"), "{name} warm: {text}");
+            }
+            for (k, call) in calls.iter().enumerate() {
+                let got = f32s(&out_dir.join(format!("step{k}.output0.f32")));
+                let want = f32s(&dir.join(call["outputs_eager"][0]["file"].as_str().unwrap()));
+                let worst = common::close::relative_difference(&got, &want);
+                assert!(
+                    worst < 1e-5,
+                    "{name} {launch} call {k}: {worst:e} of eager's range"
+                );
+            }
+        }
+    }
+    let pte = dir.join("shared_prefill_decode.pte");
+    let x = dir.join("shared_prefill_decode.c0.in0.bin");
+    let (ok, text) = run(&[
+        pte.to_str().unwrap(),
+        "--call",
+        &format!("prefill:{}", x.display()),
+    ]);
+    assert!(
+        !ok && text.contains("the operator aten::") && text.contains("xnnblob-et-run"),
+        "{text}"
+    );
+}

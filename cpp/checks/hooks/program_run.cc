@@ -1,8 +1,11 @@
 // A C++ caller of whole programs: load a .pte with its .ptd files, initialise a method, run it.
 #include <cstddef>
+#include <algorithm>
 #include <cstring>
 #include <stdexcept>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "xnnblob/src/ffi.rs.h"
 #include "xnnblob-checks/hooks/test_hooks.h"
@@ -53,6 +56,49 @@ rust::Vec<std::uint8_t> cpp_run_program_raw(rust::Str pte, const rust::Vec<rust:
     result.push_back(b);
   }
   return result;
+}
+
+}  // namespace xnnblob
+
+namespace xnnblob {
+
+rust::Vec<float> cpp_run_calls(rust::Str pte, const rust::Vec<rust::String>& ptds,
+                               const rust::Vec<rust::String>& methods,
+                               rust::Slice<const float> inputs) {
+  rust::Box<Backend> backend = new_backend(default_backend_config());
+  rust::Box<Program> program =
+      load_program(*backend, pte, rust::Slice<const rust::String>(ptds.data(), ptds.size()), "");
+  // One Method per name, made once: the program's methods share its mutable buffers, so what
+  // one call writes the next one reads.
+  std::vector<std::pair<std::string, rust::Box<Method>>> made;
+  rust::Vec<float> outputs;
+  std::size_t at = 0;
+  for (const rust::String& name : methods) {
+    std::string key(name);
+    auto it = std::find_if(made.begin(), made.end(), [&](const auto& m) { return m.first == key; });
+    if (it == made.end()) {
+      made.emplace_back(key, program->method(name));
+      it = made.end() - 1;
+    }
+    Method& m = *it->second;
+    rust::Vec<std::size_t> shape = m.input_shape(0);
+    std::size_t n = 1;
+    for (std::size_t d : shape) n *= d;
+    if (at + n > inputs.size()) throw std::runtime_error("fewer inputs than the calls take");
+    m.bind_input(0, /*float32*/ 6, rust::Slice<const std::size_t>(shape.data(), shape.size()),
+                 rust::Slice<const std::uint8_t>(
+                     reinterpret_cast<const std::uint8_t*>(inputs.data() + at), n * sizeof(float)),
+                 false);
+    at += n;
+    m.execute();
+    rust::Slice<const std::uint8_t> out = m.output_data(0);
+    for (std::size_t i = 0; i + sizeof(float) <= out.size(); i += sizeof(float)) {
+      float v;
+      std::memcpy(&v, out.data() + i, sizeof(float));
+      outputs.push_back(v);
+    }
+  }
+  return outputs;
 }
 
 }  // namespace xnnblob

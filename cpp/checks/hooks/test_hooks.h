@@ -49,4 +49,11 @@ rust::Vec<std::uint8_t> cpp_run_program_raw(rust::Str pte, const rust::Vec<rust:
 rust::Vec<float> cpp_run_program(rust::Str pte, const rust::Vec<rust::String>& ptds, rust::Str method,
                                  rust::Slice<const float> input);
 
+// Runs calls of methods, in order, on one loaded program whose methods share its mutable
+// buffers: each call's one fp32 input taken from `inputs` in turn; returns the calls' outputs 0
+// one after the other (program_run.cc).
+rust::Vec<float> cpp_run_calls(rust::Str pte, const rust::Vec<rust::String>& ptds,
+                               const rust::Vec<rust::String>& methods,
+                               rust::Slice<const float> inputs);
+
 }  // namespace xnnblob

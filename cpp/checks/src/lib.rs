@@ -56,6 +56,15 @@ mod bridge {
             shape: &[usize],
             input: &[u8],
         ) -> Result<Vec<u8>>;
+        /// Runs a sequence of calls on one program from C++, each method made once, each call
+        /// taking its one fp32 input from `inputs` in turn; returns every call's output 0, one
+        /// after the other (hooks/program_run.cc).
+        fn cpp_run_calls(
+            pte: &str,
+            ptds: &Vec<String>,
+            methods: &Vec<String>,
+            inputs: &[f32],
+        ) -> Result<Vec<f32>>;
         /// Runs a program's method from C++ (hooks/program_run.cc).
         fn cpp_run_program(
             pte: &str,
@@ -67,8 +76,8 @@ mod bridge {
 }
 
 pub use bridge::{
-    cpp_delegate_checks, cpp_execute_f32, cpp_make_delegate, cpp_run_program, cpp_run_program_raw,
-    cpp_stateful_counter, run_minimal_example, HeldDelegate,
+    cpp_delegate_checks, cpp_execute_f32, cpp_make_delegate, cpp_run_calls, cpp_run_program,
+    cpp_run_program_raw, cpp_stateful_counter, run_minimal_example, HeldDelegate,
 };
 
 fn panic_inside_bridge(message: &str) -> Result<(), xnnblob_cxx::Reported> {

@@ -85,3 +85,45 @@ fn from_cpp_a_dynamic_batch_and_fp16_run_too() {
         assert!(err <= 1.5e-3, "{name} from C++: {err}");
     }
 }
+
+/// Issue 43 from C++: the methods of one loaded program share its mutable buffers, so an
+/// exported prefill/step pair and encoder/decoder give eager PyTorch's outputs call by call.
+#[test]
+fn from_cpp_methods_sharing_mutable_buffers_give_eagers_outputs() {
+    let export = common::repo_root().join("tests/data/executorch/export");
+    for name in ["shared_prefill_step", "shared_encoder_decoder"] {
+        let description: Value = serde_json::from_slice(
+            &std::fs::read(export.join(format!("{name}.calls.json"))).unwrap(),
+        )
+        .unwrap();
+        let ptds: Vec<String> = description["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| export.join(d.as_str().unwrap()).display().to_string())
+            .collect();
+        let calls = description["calls"].as_array().unwrap();
+        let methods: Vec<String> = calls
+            .iter()
+            .map(|c| c["method"].as_str().unwrap().to_string())
+            .collect();
+        let (mut inputs, mut eager) = (Vec::new(), Vec::new());
+        for c in calls {
+            inputs.extend(f32s(&export.join(c["inputs"][0]["file"].as_str().unwrap())));
+            eager.push(f32s(
+                &export.join(c["outputs_eager"][0]["file"].as_str().unwrap()),
+            ));
+        }
+        let pte = export.join(format!("{name}.pte"));
+        let out = xnnblob_checks::cpp_run_calls(pte.to_str().unwrap(), &ptds, &methods, &inputs)
+            .unwrap_or_else(|e| panic!("{name}: {}", e.what()));
+        let mut at = 0;
+        for (k, want) in eager.iter().enumerate() {
+            let got = &out[at..at + want.len()];
+            at += want.len();
+            let d = common::close::relative_difference(got, want);
+            assert!(d < 1e-5, "{name} call {k}: {d:e} of eager's range");
+        }
+        assert_eq!(at, out.len(), "{name}: one output per call");
+    }
+}
