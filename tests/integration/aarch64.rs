@@ -29,7 +29,7 @@ const CPUS: [(&str, &str); 3] = [
 ];
 
 /// The areas run under each emulated CPU (module paths of this binary).
-const AREAS: [&str; 17] = [
+const AREAS: [&str; 18] = [
     "xnnpack_ops::",
     "xnnpack_mlp::",
     "operators::",
@@ -45,6 +45,8 @@ const AREAS: [&str; 17] = [
     "exported_programs::",
     "fp16_graphs::",
     "stateful::",
+    // Methods sharing mutable buffers, exported by ExecuTorch (issue 43).
+    "shared_state::",
     // What a packed weight is found by, and lying files: packed sizes differ by kernel class.
     "identity::",
     "lying_cache_files::",
