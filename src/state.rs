@@ -1,5 +1,9 @@
-//! Stateful programs: mutable buffers (a KV cache, an encoder's cross-attention state) shared by
-//! the methods of one program instance.
+//! Stateful programs built by hand: mutable buffers (a KV cache, an encoder's cross-attention
+//! state) shared by the methods of one program instance, over raw delegate payloads.
+//!
+//! ExecuTorch's own exports of such programs (`share_mutable_buffers=True`) are not read here:
+//! [`crate::program::Program`] runs them, its methods sharing a
+//! [`SharedState`](crate::program::SharedState) laid out as ExecuTorch plans it.
 //!
 //! - Buffers are declared once for the program ([`StateSpec`]) and laid out once over all of them
 //!   ([`StateLayout`]: declaration order, 64-byte alignment, XNNPACK's over-read slack after

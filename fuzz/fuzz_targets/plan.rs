@@ -2,7 +2,8 @@
 //! flatbuffer, its named data merged with the fixtures' external named data) and every method's
 //! loading (the execution-plan reader: values, inputs and outputs, instructions, delegate
 //! payloads inline or in segments, constants in the constant segment; each delegate compiled to
-//! XNNPACK), then one execute on zeroed inputs; first, the check for shared buffers frozen into
+//! XNNPACK; mutable buffers, the shared state, write-backs and expand_copy), then one execute
+//! on zeroed inputs; first, the check for shared buffers frozen into
 //! delegates (`frozen_buffer_suspects`). Each step must return an error or work, never panic or
 //! crash. The bytes are written to a scratch file first: programs load from a path.
 //!

@@ -318,8 +318,6 @@ pub struct FrozenBufferSuspect {
 /// sha256 of zeros per size of a constant in the program's named data that some shared buffer
 /// has; nothing is loaded. Constants kept in a `.ptd` are not looked at.
 pub fn frozen_buffer_suspects(pte: &FileDataMap) -> Result<Vec<FrozenBufferSuspect>, ProgramError> {
-    // The memory id `share_mutable_buffers` plans every mutable buffer in, shared by all methods.
-    const SHARED_STATE: u32 = 2;
     let program = program_of(pte)?;
     let mut buffers: std::collections::BTreeMap<usize, Vec<String>> = Default::default();
     for plan in program.execution_plan().iter().flatten() {
@@ -328,7 +326,7 @@ pub fn frozen_buffer_suspects(pte: &FileDataMap) -> Result<Vec<FrozenBufferSuspe
             let Some(t) = value.val_as_tensor() else {
                 continue;
             };
-            if t.allocation_info().map(|a| a.memory_id()) != Some(SHARED_STATE) {
+            if t.allocation_info().map(|a| a.memory_id()) != Some(SHARED_MEMORY_ID) {
                 continue;
             }
             if let Some(bytes) = value_spec(method, v, &t)?.and_then(|s| s.bound.nbytes(s.dtype)) {
