@@ -92,3 +92,36 @@ fn a_warm_method_execute_allocates_nothing_even_as_shapes_change() {
         "allocations in 100 warm method executes"
     );
 }
+
+/// Methods sharing mutable buffers (issue 43): an encoder-decoder's `decode` reads the shared
+/// state `encode` wrote, expands, and writes its buffers back, all without allocating.
+#[test]
+fn warm_executes_of_methods_sharing_state_allocate_nothing() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/executorch/export");
+    let backend = Backend::with_defaults().unwrap();
+    let program = Program::load(
+        &backend,
+        dir.join("shared_encoder_decoder.pte"),
+        &[] as &[&Path],
+        None,
+    )
+    .unwrap();
+    let (mut encode, mut decode) = (
+        program.method("encode").unwrap(),
+        program.method("decode").unwrap(),
+    );
+    let x = vec![0.25f32; encode.input_specs()[0].bound.numel().unwrap()];
+    let y = vec![0.5f32; decode.input_specs()[0].bound.numel().unwrap()];
+    let (xs, ys) = (encode.input_specs()[0].bound, decode.input_specs()[0].bound);
+    let mut run = || {
+        encode.execute(&[TensorRef::f32(xs, &x)]).unwrap();
+        decode.execute(&[TensorRef::f32(ys, &y)]).unwrap();
+        decode.execute(&[TensorRef::f32(ys, &y)]).unwrap();
+    };
+    run();
+    assert_eq!(
+        allocations(|| (0..100).for_each(|_| run())),
+        0,
+        "allocations in 100 warm encode + 2 decode sequences"
+    );
+}
