@@ -42,7 +42,7 @@ done
 cargo_target=()
 if [ -n "$target" ]; then
   # The link flags below are a Linux GNU target's (glibc, libstdc++, libgcc_s). Android's
-  # differ (bionic, libc++, liblog) and have not been tried: see the README.
+  # differ (bionic, libc++, liblog) and have not been tried: see docs/install.md.
   case "$target" in
     *-linux-gnu*) ;;
     *) echo "install: --target $target: only Linux GNU targets are installed (Android has not been tried: its system libraries differ)" >&2

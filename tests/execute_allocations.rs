@@ -3,7 +3,7 @@
 //! count is in `cpp/checks/tests/cpp_allocations.rs`. Only this thread's allocations count
 //! (tests run in parallel).
 
-mod common;
+use xnnblob_test_support as common;
 
 use common::counting::{allocations, Counting};
 use std::path::Path;

@@ -6,7 +6,7 @@
 //! must show that it ran every input and that the code under test was instrumented and covered
 //! (coverage grows from the seeds' as mutations reach further).
 
-mod common;
+use xnnblob_test_support as common;
 
 use std::path::Path;
 use std::process::Command;

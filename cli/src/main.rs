@@ -305,7 +305,7 @@ fn frozen_buffer_warning(s: &xnnblob::program::FrozenBufferSuspect) -> String {
         "xnnblob: warning: method {:?}, XNNPACK delegate {}: constant {} is {} bytes of zeros, the \
          size of the shared mutable buffer {}: ExecuTorch's partitioner likely froze that buffer \
          into this delegate at export, and this method will not see what the others write to it. \
-         Export with the method writing the buffer back where it reads it (the README's \
+         Export with the method writing the buffer back where it reads it (docs/executorch.md, \
          \"Methods that share state\")",
         s.method,
         s.delegate,

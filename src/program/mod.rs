@@ -295,7 +295,7 @@ pub fn delegate_payloads(
 /// program's methods share: most likely that buffer, frozen into the delegate at export.
 /// ExecuTorch 1.5.1's XNNPACK partitioner takes a buffer a method only reads as a matrix
 /// product's weight for a constant, and keeps its export-time value (zeros, as mutable buffers
-/// are exported), so that method never sees what another method writes (issue 43; the README
+/// are exported), so that method never sees what another method writes (issue 43; docs/executorch.md
 /// gives the export recipe that avoids it). A genuine weight of zeros of that very size is told
 /// apart by nothing in the file.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -4,8 +4,7 @@
 //! `execute_allocations` installs a counting global allocator, which would count every other
 //! test's allocations here, and `fuzz_short` builds and runs the fuzz targets (minutes).
 
-#[path = "../common/mod.rs"]
-mod common;
+use xnnblob_test_support as common;
 
 mod aarch64;
 mod backend;

@@ -74,7 +74,7 @@ fn io(name: &str) -> (String, Vec<String>, f32) {
     (format!("{io}.input.f32"), outputs, 1e-5)
 }
 
-const XNNPACK_FIXTURES: [&str; 9] = [
+const XNNPACK_FIXTURES: [&str; 8] = [
     "mlp_xnn_inline",
     "mlp_xnn_external",
     "two_methods_xnn_external",
@@ -83,7 +83,6 @@ const XNNPACK_FIXTURES: [&str; 9] = [
     "mlp_qc4w_inline",
     "mlp_qb4w_inline",
     "mlp_qb4w_gk_inline",
-    "mlp_xnn_inline",
 ];
 
 fn max_rel_diff(a: &[f32], b: &[f32]) -> f32 {

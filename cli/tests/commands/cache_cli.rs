@@ -3,22 +3,12 @@
 use crate::common;
 
 use std::path::Path;
-use std::process::Command;
 use xnnblob::cache::{format, PackedWeightsCache};
 use xnnblob::synthetic::Mlp;
 use xnnblob::xnn::Runtime;
 
 fn xnnblob(args: &[&str]) -> (bool, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_xnnblob"))
-        .args(args)
-        .output()
-        .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.success(), text)
+    crate::run_xnnblob_in(Path::new("."), args)
 }
 
 fn make_cache(path: &Path) {
@@ -68,7 +58,7 @@ fn stats_verify_and_compact() {
 
 #[test]
 fn a_short_kill_9_campaign_loses_nothing() {
-    // The short run of `xnnblob cache torture` (the long one is in the README): launches
+    // The short run of `xnnblob cache torture` (the long one is in docs/cache.md): launches
     // killed while packing, saving or renaming; each next launch must give the outputs of a run
     // without cache, the file must verify, and at the end it must be the size of one built from
     // scratch with no temporary file left.

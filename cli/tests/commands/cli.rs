@@ -1,12 +1,9 @@
 //! The `xnnblob` command line itself: help and version everywhere, unknown options refused.
 
-use std::process::{Command, Output};
+use std::process::Output;
 
 fn xnnblob(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_xnnblob"))
-        .args(args)
-        .output()
-        .unwrap()
+    crate::xnnblob().args(args).output().unwrap()
 }
 
 #[test]

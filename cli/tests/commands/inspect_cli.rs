@@ -4,11 +4,10 @@ use crate::common;
 
 use serde_json::Value;
 use std::path::Path;
-use std::process::Command;
 
 /// `xnnblob inspect FILE ARGS`, which must succeed.
 fn inspect_ok(file: &Path, args: &[&str]) -> std::process::Output {
-    let out = Command::new(env!("CARGO_BIN_EXE_xnnblob"))
+    let out = crate::xnnblob()
         .arg("inspect")
         .arg(file)
         .args(args)
@@ -73,7 +72,7 @@ fn inspect_json_lists_every_key_as_the_manifests_do() {
 
 #[test]
 fn inspect_a_bad_file_fails_with_a_message() {
-    let out = Command::new(env!("CARGO_BIN_EXE_xnnblob"))
+    let out = crate::xnnblob()
         .args(["inspect", "Cargo.toml"])
         .current_dir(common::repo_root())
         .output()
@@ -117,7 +116,7 @@ fn inspect_json_escapes_any_key() {
 fn verify_keys_finds_a_weight_edited_after_export() {
     let fixture = common::repo_root().join("tests/data/executorch/mlp_xnn_external.ptd");
     let verify = |file: &Path| {
-        let out = Command::new(env!("CARGO_BIN_EXE_xnnblob"))
+        let out = crate::xnnblob()
             .args(["inspect", "--verify-keys"])
             .arg(file)
             .output()

@@ -2,15 +2,13 @@
 
 use crate::common;
 
-use std::process::Command;
-
 #[test]
 fn link_writes_one_static_per_parameter_and_the_lookups() {
     // `link` makes its output directory itself.
     let scratch = common::scratch("link");
     let dir = scratch.join("out");
     let ptd = common::repo_root().join("tests/data/executorch/mlp_portable_external.ptd");
-    let out = Command::new(env!("CARGO_BIN_EXE_xnnblob"))
+    let out = crate::xnnblob()
         .arg("link")
         .arg(&ptd)
         .arg("--out")
@@ -36,7 +34,7 @@ fn link_writes_one_static_per_parameter_and_the_lookups() {
         std::fs::metadata(dir.join("param_0.bin")).unwrap().len(),
         65536
     );
-    let bad = Command::new(env!("CARGO_BIN_EXE_xnnblob"))
+    let bad = crate::xnnblob()
         .args(["link", "Cargo.toml", "--out"])
         .arg(&dir)
         .output()

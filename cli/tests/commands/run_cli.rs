@@ -6,19 +6,10 @@ use common::{scratch, Tmpfs};
 use std::path::Path;
 use std::process::Command;
 
+/// `xnnblob run ARGS` beside the fixtures, whose names the arguments use.
 fn run(args: &[&str]) -> (bool, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_xnnblob"))
-        .arg("run")
-        .args(args)
-        .current_dir(common::repo_root().join("tests/data/executorch"))
-        .output()
-        .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.success(), text)
+    let args: Vec<&str> = std::iter::once("run").chain(args.iter().copied()).collect();
+    crate::run_xnnblob_in(&common::repo_root().join("tests/data/executorch"), &args)
 }
 
 fn f32s(path: &Path) -> Vec<f32> {
@@ -134,7 +125,7 @@ fn a_cache_path_that_is_not_a_regular_file_is_never_replaced_nor_waited_on() {
         .status()
         .is_ok_and(|s| s.success());
     if !made_device {
-        eprintln!("not root: the character device case is skipped");
+        common::cannot_run("not root: the character device case (mknod) is left out");
     }
     let mut cases = vec![
         (fifo.clone(), "a FIFO"),
@@ -207,7 +198,7 @@ fn a_closed_stdout_ends_the_run_normally_with_its_outputs_written() {
     let dir = scratch("closed-stdout");
     for i in 0..5 {
         let out_dir = dir.join(format!("out{i}"));
-        let mut child = Command::new(env!("CARGO_BIN_EXE_xnnblob"))
+        let mut child = crate::xnnblob()
             .args([
                 "run",
                 "mlp_xnn_external.pte",
@@ -340,7 +331,7 @@ fn damaged_packed_bytes_are_found_after_the_launch_and_repacked_by_the_next() {
         "the launch that used it says so: {text}"
     );
     let (ok, text) = {
-        let out = Command::new(env!("CARGO_BIN_EXE_xnnblob"))
+        let out = crate::xnnblob()
             .args(["cache", "verify", cache.to_str().unwrap()])
             .output()
             .unwrap();
@@ -455,7 +446,7 @@ fn eight_processes_cold_starting_one_path_leave_one_valid_file() {
     let one = |out: &Path| {
         let mut args = mlp_with_cache(&cache);
         args.extend(["--output-dir".into(), out.display().to_string()]);
-        Command::new(env!("CARGO_BIN_EXE_xnnblob"))
+        crate::xnnblob()
             .arg("run")
             .args(&args)
             .current_dir(common::repo_root().join("tests/data/executorch"))
@@ -495,7 +486,7 @@ fn eight_processes_cold_starting_one_path_leave_one_valid_file() {
             );
         }
         let (ok, text) = {
-            let out = Command::new(env!("CARGO_BIN_EXE_xnnblob"))
+            let out = crate::xnnblob()
                 .args(["cache", "stats", cache.to_str().unwrap()])
                 .output()
                 .unwrap();

@@ -16,7 +16,7 @@ use std::time::Duration;
 fn run_bounded(args: &[&str]) -> (bool, String) {
     let stdout = tempfile::NamedTempFile::new().unwrap();
     let stderr = tempfile::NamedTempFile::new().unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_xnnblob"))
+    let mut child = crate::xnnblob()
         .arg("run")
         .args(args)
         .stdout(stdout.reopen().unwrap())

@@ -5,9 +5,7 @@
 //! The same again for aarch64: `install.sh --target`, the consumers cross-built with Debian's
 //! cross compilers and run under `qemu-aarch64`.
 
-#[allow(dead_code)]
-#[path = "../../../tests/common/cross.rs"]
-mod cross;
+use xnnblob_test_support::cross;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -254,7 +252,7 @@ fn c_and_cpp_consumers_build_against_the_installed_prefix() {
 #[test]
 fn an_aarch64_install_serves_cross_built_consumers_that_run_under_qemu() {
     if !cfg!(target_arch = "x86_64") {
-        eprintln!("skipped: the aarch64 install is cross-built from an x86-64 host");
+        xnnblob_test_support::cannot_run("the aarch64 install is cross-built from an x86-64 host");
         return;
     }
     install_and_consume(&Toolchain::aarch64());

@@ -2,8 +2,7 @@
 //! C++ span `execute` (hooks/delegate_checks.cc) 100 times after warm-up, counted by a global
 //! allocator. Its own binary, so that no other test's allocations are counted.
 
-#[path = "../../../tests/common/mod.rs"]
-mod common;
+use xnnblob_test_support as common;
 
 use common::counting::{allocations, Counting};
 use xnnblob::synthetic::Mlp;

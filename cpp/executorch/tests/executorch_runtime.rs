@@ -229,7 +229,7 @@ fn every_xnnpack_fixture_matches_with_both_backends() {
 fn two_programs_sharing_a_weight_pack_it_once() {
     let (a, _) = runtime_c("c_shared_a_xnn_external");
     let (b, _) = runtime_c("c_shared_b_xnn_external");
-    // Entries, not packs: a launch whose placeholder read failed packs again (README, gaps).
+    // Entries, not packs: a launch whose placeholder read failed packs again (docs/executorch.md, "Known gaps").
     let entries = |args: Vec<String>| run_ok(&args).cache("memory")["entries"];
     let alone = entries(a.clone()) + entries(b.clone());
     let together = run_ok(&[a, b].concat()).cache("memory");
@@ -608,10 +608,10 @@ fn a_warm_launch_with_the_mmap_loader_leaves_the_weights_on_disk() {
     std::fs::File::open(&ptd).unwrap().sync_all().unwrap();
     drop_from_page_cache(&ptd);
     if resident_fraction(&ptd) > 0.01 {
-        eprintln!(
-            "skipped: {} stays in the page cache after POSIX_FADV_DONTNEED (tmpfs?)",
+        xnnblob_test_support::cannot_run(&format!(
+            "{} stays in the page cache after POSIX_FADV_DONTNEED (tmpfs?)",
             ptd.display()
-        );
+        ));
         return;
     }
     let warm = run_ok(&args);
@@ -971,7 +971,7 @@ fn a_valid_cache_in_a_directory_that_takes_no_new_files_is_used_warm() {
     assert!(ok, "cold: {stdout}{stderr}");
     let before = std::fs::read(&cache).unwrap();
     let Some(_frozen) = Immutable::set(&dir) else {
-        eprintln!("skipped: this file system has no immutable attribute (chattr +i)");
+        xnnblob_test_support::cannot_run("this file system has no immutable attribute (chattr +i)");
         return;
     };
     let (ok, stdout, said) = run_any(&args);

@@ -9,7 +9,19 @@
     clippy::all
 )]
 
-include!(concat!(env!("OUT_DIR"), "/bindings.rs"));
+/// The generated bindings: bindgen writes unsafe blocks (in its bitfield accessors) without the
+/// SAFETY lines the workspace asks of hand-written code.
+#[allow(clippy::undocumented_unsafe_blocks)]
+mod bindings {
+    #![allow(
+        non_camel_case_types,
+        non_upper_case_globals,
+        non_snake_case,
+        clippy::all
+    )]
+    include!(concat!(env!("OUT_DIR"), "/bindings.rs"));
+}
+pub use bindings::*;
 
 #[cfg(xnnpack_kernel_info)]
 unsafe extern "C" {

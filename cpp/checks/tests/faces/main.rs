@@ -2,8 +2,7 @@
 //! the C++ delegate API and its documented example from C++, programs and stateful programs
 //! from C++, and each face's panic policy.
 
-#[path = "../../../../tests/common/mod.rs"]
-mod common;
+use xnnblob_test_support as common;
 
 mod c_abi;
 mod cpp_delegate;

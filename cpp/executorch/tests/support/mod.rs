@@ -33,11 +33,8 @@ pub fn backend_library() -> PathBuf {
     bin_dir.join("libxnnblob_executorch.so")
 }
 
-#[path = "../../../../tests/common/scratch.rs"]
-#[allow(dead_code)] // the bench shares this module and makes none
-mod scratch;
 #[allow(unused_imports)] // the bench shares this module and makes none
-pub use scratch::{scratch, without_permission_override, Tmpfs};
+pub use xnnblob_test_support::{scratch, without_permission_override, Tmpfs};
 
 /// Output bytes as little-endian f32 values.
 #[allow(dead_code)] // each test crate uses its own subset
@@ -50,16 +47,11 @@ pub fn f32s(bytes: &[u8]) -> Vec<f32> {
 
 /// The closeness checks of xnnblob's own tests: one definition of "matches" (length, NaN,
 /// tolerance) for both crates.
-#[allow(dead_code)]
-#[path = "../../../../tests/common/close.rs"]
-mod close;
 #[allow(unused_imports)]
-pub use close::relative_difference;
+pub use xnnblob_test_support::close::relative_difference;
 
 /// Building for aarch64 and running the result under qemu-aarch64 (tests/aarch64.rs).
-#[allow(dead_code)]
-#[path = "../../../../tests/common/cross.rs"]
-pub mod cross;
+pub use xnnblob_test_support::cross;
 
 /// The drop-in cross-built for aarch64 (tests/aarch64.rs, tests/cmake_app.rs).
 #[allow(dead_code)]

@@ -135,7 +135,7 @@ pub const RUNTIME_C: [(&str, f32); 6] = [
     ("c_kvcache_xnn_external", 1e-5),
     ("c_shared_a_xnn_external", 1e-5),
     ("c_shared_b_xnn_external", 1e-5),
-    // fp16 accumulation rounds differently in the XNNPACK xnnblob builds (README).
+    // fp16 accumulation rounds differently in the XNNPACK xnnblob builds (docs/executorch.md).
     ("c_mlp_fp16_xnn_inline", 2e-3),
 ];
 

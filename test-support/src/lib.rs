@@ -1,6 +1,7 @@
-//! Helpers shared by the fixture tests: where ExecuTorch's exported fixtures are, how their raw
-//! f32 files and manifests read, and a plain Rust reference for quantized graphs.
-#![allow(dead_code)] // each test crate uses its own subset
+//! What xnnblob's test suites share (the core's, the command line's, the faces' and the
+//! drop-in's): where ExecuTorch's exported fixtures are, how their raw f32 files and manifests
+//! read, scratch directories, comparisons, a plain Rust reference for quantized graphs, cross
+//! builds for aarch64, and how a test that cannot run here says so. It ships in nothing.
 
 pub mod bounded;
 pub mod close;
@@ -9,6 +10,9 @@ pub mod cross;
 pub mod half;
 pub mod io_steps;
 pub mod qd8_reference;
+mod skip;
+
+pub use skip::{cannot_run, MUST_RUN_VAR};
 
 use serde_json::Value;
 use std::path::{Path, PathBuf};

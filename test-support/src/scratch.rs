@@ -36,8 +36,8 @@ pub fn scratch(name: &str) -> Scratch {
 pub struct Tmpfs(std::path::PathBuf);
 
 impl Tmpfs {
-    /// Mounts a tmpfs with `options` at `dir` (created); None, said on stderr, where mounting
-    /// is not allowed (not root, or no CAP_SYS_ADMIN).
+    /// Mounts a tmpfs with `options` at `dir` (created); None where mounting is not allowed (not
+    /// root, or no CAP_SYS_ADMIN), said by [`cannot_run`](crate::cannot_run).
     pub fn mount(dir: &Path, options: &str) -> Option<Tmpfs> {
         std::fs::create_dir_all(dir).unwrap();
         let ok = std::process::Command::new("mount")
@@ -47,7 +47,7 @@ impl Tmpfs {
             .status()
             .is_ok_and(|s| s.success());
         if !ok {
-            eprintln!("skipped: cannot mount a tmpfs here (not root, or no CAP_SYS_ADMIN)");
+            crate::cannot_run("cannot mount a tmpfs here (not root, or no CAP_SYS_ADMIN)");
             return None;
         }
         Some(Tmpfs(dir.to_path_buf()))
@@ -82,7 +82,7 @@ pub fn without_permission_override(program: &Path) -> Option<std::process::Comma
         .output()
         .is_ok_and(|o| o.status.success());
     if !has_setpriv {
-        eprintln!("skipped: root without setpriv cannot drop its permission override");
+        crate::cannot_run("root without setpriv cannot drop its permission override");
         return None;
     }
     let mut c = std::process::Command::new("setpriv");
