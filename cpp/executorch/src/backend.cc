@@ -9,7 +9,9 @@
 #include <executorch/runtime/core/exec_aten/util/tensor_util.h>
 #include <executorch/runtime/platform/log.h>
 
+#include <cstdio>
 #include <cstring>
+#include <stdexcept>
 #include <mutex>
 #include <new>
 #include <string>
@@ -43,29 +45,48 @@ size_t EtBuffer::size() const { return buffer_.size(); }
 
 EtDataMap::EtDataMap(const executorch::runtime::NamedDataMap* map) : map_(map) {}
 
-int64_t EtDataMap::num_keys() const {
+namespace {
+
+// ExecuTorch's error as the bridge names it (the codes are ExecuTorch's own).
+EtError bridged(Error e) { return static_cast<EtError>(static_cast<uint32_t>(e)); }
+
+// An exception for the bridge's fallible calls (cxx hands it to Rust as an Err).
+[[noreturn]] void fail(const std::string& what, Error e) {
+  char code[16];
+  std::snprintf(code, sizeof code, "%#x", static_cast<unsigned>(e));
+  throw std::runtime_error(what + " failed with ExecuTorch error " + code);
+}
+
+}  // namespace
+
+uint32_t EtDataMap::num_keys() const {
   auto n = map_->get_num_keys();
-  return n.ok() ? static_cast<int64_t>(*n) : -1;
+  if (!n.ok()) fail("get_num_keys()", n.error());
+  return *n;
 }
 
 size_t EtDataMap::identity() const { return reinterpret_cast<size_t>(map_); }
 
 rust::String EtDataMap::key_at(uint32_t index) const {
   auto key = map_->get_key(index);
-  return key.ok() && *key != nullptr ? rust::String(*key) : rust::String();
+  if (!key.ok()) fail("get_key(" + std::to_string(index) + ")", key.error());
+  if (*key == nullptr) {
+    fail("get_key(" + std::to_string(index) + ") gave no key: it", Error::Internal);
+  }
+  return rust::String(*key);
 }
 
-std::unique_ptr<EtBuffer> EtDataMap::get_data(rust::Str key, uint32_t& error) const {
+std::unique_ptr<EtBuffer> EtDataMap::get_data(rust::Str key, EtError& error) const {
   // ExecuTorch's maps take a string_view but compare keys as C strings (through its data()), so
   // a view into a Rust string, which has no terminating NUL, matched only when the byte after it
   // happened to be 0. Hand them a terminated copy.
   const std::string terminated(key.data(), key.size());
   auto data = map_->get_data(terminated);
   if (!data.ok()) {
-    error = static_cast<uint32_t>(data.error());
+    error = bridged(data.error());
     return nullptr;
   }
-  error = 0;
+  error = EtError::Ok;
   return std::make_unique<EtBuffer>(std::move(*data));
 }
 
@@ -91,13 +112,13 @@ bool EtCall::tensor(size_t index, TensorArg& arg) const {
   return true;
 }
 
-uint32_t EtCall::resize(size_t index, rust::Slice<const int64_t> sizes, TensorArg& arg) {
+EtError EtCall::resize(size_t index, rust::Slice<const int64_t> sizes, TensorArg& arg) {
   if (index >= args_.size() || !args_[index]->isTensor()) {
-    return static_cast<uint32_t>(Error::InvalidArgument);
+    return EtError::InvalidArgument;
   }
   constexpr size_t kMaxRank = 16;
   if (sizes.size() > kMaxRank) {
-    return static_cast<uint32_t>(Error::InvalidArgument);
+    return EtError::InvalidArgument;
   }
   executorch::aten::SizesType new_sizes[kMaxRank];
   for (size_t d = 0; d < sizes.size(); ++d) {
@@ -107,9 +128,9 @@ uint32_t EtCall::resize(size_t index, rust::Slice<const int64_t> sizes, TensorAr
   Error e = executorch::runtime::resize_tensor(
       t, ArrayRef<executorch::aten::SizesType>(new_sizes, sizes.size()));
   if (e != Error::Ok) {
-    return static_cast<uint32_t>(e);
+    return bridged(e);
   }
-  return tensor(index, arg) ? 0 : static_cast<uint32_t>(Error::InvalidArgument);
+  return tensor(index, arg) ? EtError::Ok : EtError::InvalidArgument;
 }
 
 // ---- The backend -------------------------------------------------------------------------

@@ -16,6 +16,8 @@
 namespace xnnblob::et {
 
 struct TensorArg;
+// ExecuTorch's error codes by name (defined by the bridge, lib.rs).
+enum class EtError : std::uint32_t;
 
 // A FreeableBuffer moved out of ExecuTorch; freed (ExecuTorch's Free) on destruction.
 class EtBuffer {
@@ -32,12 +34,12 @@ class EtBuffer {
 class EtDataMap {
  public:
   explicit EtDataMap(const executorch::runtime::NamedDataMap* map);
-  int64_t num_keys() const;
+  uint32_t num_keys() const;
   // The address of ExecuTorch's map: it names the map for as long as its program lives, where
   // this wrapper lives for one init.
   size_t identity() const;
   rust::String key_at(uint32_t index) const;
-  std::unique_ptr<EtBuffer> get_data(rust::Str key, uint32_t& error) const;
+  std::unique_ptr<EtBuffer> get_data(rust::Str key, EtError& error) const;
 
  private:
   const executorch::runtime::NamedDataMap* map_;
@@ -49,7 +51,7 @@ class EtCall {
   explicit EtCall(executorch::runtime::Span<executorch::runtime::EValue*> args);
   size_t num_args() const;
   bool tensor(size_t index, TensorArg& arg) const;
-  uint32_t resize(size_t index, rust::Slice<const int64_t> sizes, TensorArg& arg);
+  EtError resize(size_t index, rust::Slice<const int64_t> sizes, TensorArg& arg);
 
  private:
   executorch::runtime::Span<executorch::runtime::EValue*> args_;

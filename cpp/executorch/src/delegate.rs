@@ -1,6 +1,6 @@
 //! One ExecuTorch delegate call site (`init`, `execute`) on xnnblob's process-wide backend.
 
-use crate::ffi::{EtBuffer, EtCall, EtDataMap, InitOptions, Outcome, Status, TensorArg};
+use crate::ffi::{EtBuffer, EtCall, EtDataMap, EtError, InitOptions, Outcome, Status, TensorArg};
 use crate::map::{EtBytes, EtMap, MapKeys};
 use cxx::UniquePtr;
 use parking_lot::Mutex;
@@ -229,7 +229,9 @@ fn init(
     let processed = Arc::new(EtBytes(processed));
     let len = xnnblob::named_data::Backing::bytes(&*processed).len();
     let payload = DataBuffer::new(processed, 0, len).expect("the whole buffer");
-    let map = Arc::new(EtMap::new(map));
+    let map = Arc::new(
+        EtMap::new(map).map_err(|e| Outcome::error(Status::InvalidExternalData, report(&e)))?,
+    );
     let delegate = XnnDelegate::init_deferred(&model, payload, map.clone());
     map.close();
     let delegate = delegate.map_err(|e| Outcome::error(status_of(&e), report(&e)))?;
@@ -364,16 +366,20 @@ fn execute(delegate: &mut EtDelegate, mut call: Pin<&mut EtCall>) -> Result<(), 
                     }
                 };
                 let code = call.as_mut().resize(index, sizes, &mut arg);
-                if code != 0 {
+                let resized = code == EtError::Ok;
+                if !resized {
                     failure.get_or_insert(Outcome::error(
                         Status::InvalidArgument,
-                        format!("output {j}: resize_tensor to {sizes:?} failed ({code:#x})"),
+                        format!(
+                            "output {j}: resize_tensor to {sizes:?} failed (ExecuTorch error {:#x})",
+                            code.repr
+                        ),
                     ));
                 }
                 let dtype = DType::from_scalar_type(arg.scalar_type).unwrap_or(DType::F32);
                 RawOutput {
                     data: arg.data,
-                    capacity: if code == 0 { arg.nbytes } else { 0 },
+                    capacity: if resized { arg.nbytes } else { 0 },
                     dtype,
                 }
             },

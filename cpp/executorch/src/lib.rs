@@ -36,6 +36,24 @@ pub mod ffi {
         Internal,
     }
 
+    /// ExecuTorch's `Error` codes (runtime/core/error.h) as its calls return them across the
+    /// bridge, by name. A code not named here crosses too, by its value.
+    #[derive(Debug)]
+    #[repr(u32)]
+    enum EtError {
+        Ok = 0x00,
+        Internal = 0x01,
+        InvalidState = 0x02,
+        NotSupported = 0x10,
+        InvalidArgument = 0x12,
+        NotFound = 0x20,
+        MemoryAllocationFailed = 0x21,
+        AccessFailed = 0x22,
+        InvalidProgram = 0x23,
+        InvalidExternalData = 0x24,
+        OutOfResources = 0x25,
+    }
+
     /// The options of one init: ExecuTorch's, per load over process-wide.
     struct InitOptions {
         /// False: no packed-weight cache at all (every load packs privately).
@@ -85,21 +103,31 @@ pub mod ffi {
         fn num_args(self: &EtCall) -> usize;
         /// Describes argument `index`; false when it is not a tensor.
         fn tensor(self: &EtCall, index: usize, arg: &mut TensorArg) -> bool;
-        /// `resize_tensor` of argument `index` to `sizes`, then describes it again: 0 or
-        /// ExecuTorch's error code.
-        fn resize(self: Pin<&mut EtCall>, index: usize, sizes: &[i64], arg: &mut TensorArg) -> u32;
+        /// `resize_tensor` of argument `index` to `sizes`, then describes it again.
+        fn resize(
+            self: Pin<&mut EtCall>,
+            index: usize,
+            sizes: &[i64],
+            arg: &mut TensorArg,
+        ) -> EtError;
 
         /// The method's `NamedDataMap`, borrowed for the duration of one init.
         type EtDataMap;
-        /// The number of keys, or -1.
-        fn num_keys(self: &EtDataMap) -> i64;
-        /// Key `index`, or an empty string.
-        fn key_at(self: &EtDataMap, index: u32) -> String;
+        /// The number of keys. Every call of the map that can fail in C++ (ExecuTorch's error,
+        /// or an allocation) is declared fallible: its exception arrives as an `Err`.
+        fn num_keys(self: &EtDataMap) -> Result<u32>;
+        /// Key `index`.
+        fn key_at(self: &EtDataMap, index: u32) -> Result<String>;
         /// The address of ExecuTorch's own map, which lives as long as its program (the
         /// wrapper lives for one init).
         fn identity(self: &EtDataMap) -> usize;
-        /// `get_data(key)`; null with `error` set to ExecuTorch's error code on failure.
-        fn get_data(self: &EtDataMap, key: &str, error: &mut u32) -> UniquePtr<EtBuffer>;
+        /// `get_data(key)`; null with `error` set to ExecuTorch's error when it fails (an
+        /// exception, such as an allocation's, arrives as an `Err`).
+        fn get_data(
+            self: &EtDataMap,
+            key: &str,
+            error: &mut EtError,
+        ) -> Result<UniquePtr<EtBuffer>>;
     }
 
     extern "Rust" {

@@ -1,6 +1,6 @@
 //! ExecuTorch's `NamedDataMap`, seen as xnnblob's [`NamedDataMap`].
 
-use crate::ffi::{EtBuffer, EtDataMap};
+use crate::ffi::{EtBuffer, EtDataMap, EtError};
 use cxx::UniquePtr;
 use parking_lot::Mutex;
 use std::collections::{HashMap, HashSet};
@@ -28,23 +28,27 @@ pub(crate) struct MapKeys {
 /// here belongs to a map still alive at that address.
 static KEY_LISTS: Mutex<Option<HashMap<usize, Weak<MapKeys>>>> = Mutex::new(None);
 
-fn keys_of(map: &EtDataMap) -> Arc<MapKeys> {
+fn keys_of(map: &EtDataMap, source: &str) -> Result<Arc<MapKeys>, NamedDataError> {
     let identity = map.identity();
     let mut lists = KEY_LISTS.lock();
     let lists = lists.get_or_insert_with(HashMap::new);
     if let Some(keys) = lists.get(&identity).and_then(Weak::upgrade) {
-        return keys;
+        return Ok(keys);
     }
-    let in_order: Vec<Arc<str>> = (0..map.num_keys().max(0) as u32)
-        .map(|i| Arc::from(map.key_at(i)))
-        .collect();
+    let failed = |e: cxx::Exception| NamedDataError::Backend {
+        map: source.to_string(),
+        message: format!("listing its keys: {}", e.what()),
+    };
+    let in_order: Vec<Arc<str>> = (0..map.num_keys().map_err(failed)?)
+        .map(|i| map.key_at(i).map(Arc::from).map_err(failed))
+        .collect::<Result<_, _>>()?;
     let keys = Arc::new(MapKeys {
         listed: in_order.iter().cloned().collect(),
         in_order,
     });
     lists.retain(|_, list| list.strong_count() > 0);
     lists.insert(identity, Arc::downgrade(&keys));
-    keys
+    Ok(keys)
 }
 
 // SAFETY: ExecuTorch's NamedDataMap methods are const and its maps (FlatTensorDataMap, the
@@ -55,14 +59,9 @@ unsafe impl Send for EtMap {}
 unsafe impl Sync for EtMap {}
 
 impl EtMap {
-    pub fn new(map: UniquePtr<EtDataMap>) -> EtMap {
-        let keys = match map.as_ref() {
-            Some(m) => keys_of(m),
-            None => Arc::new(MapKeys {
-                in_order: Vec::new(),
-                listed: HashSet::new(),
-            }),
-        };
+    /// Wraps the map one init borrows, listing its keys (once per map); an error when
+    /// ExecuTorch's map cannot list them.
+    pub fn new(map: UniquePtr<EtDataMap>) -> Result<EtMap, NamedDataError> {
         // What this map lends is valid, and its keys meaningful, only within it: the address
         // of ExecuTorch's map names it for as long as the program that owns it lives (this
         // wrapper's own address would be reused by the next init).
@@ -70,11 +69,18 @@ impl EtMap {
             "executorch-named-data@{:#x}",
             map.as_ref().map_or(0, |m| m.identity())
         );
-        EtMap {
+        let keys = match map.as_ref() {
+            Some(m) => keys_of(m, &source)?,
+            None => Arc::new(MapKeys {
+                in_order: Vec::new(),
+                listed: HashSet::new(),
+            }),
+        };
+        Ok(EtMap {
             map: Mutex::new(Some(map).filter(|m| !m.is_null())),
             keys,
             source,
-        }
+        })
     }
 
     /// The map's key list, for a delegate made from it to hold (see [`KEY_LISTS`]).
@@ -102,9 +108,8 @@ impl EtMap {
         }
     }
 
-    fn error(&self, key: &str, code: u32, what: &str) -> NamedDataError {
-        // ExecuTorch's NotFound.
-        if code == 0x20 {
+    fn error(&self, key: &str, code: EtError, what: &str) -> NamedDataError {
+        if code == EtError::NotFound {
             return NamedDataError::KeyNotFound {
                 key: key.to_string(),
                 map: self.source.clone(),
@@ -112,19 +117,34 @@ impl EtMap {
         }
         NamedDataError::Backend {
             map: self.source.clone(),
-            message: format!("{what}({key:?}) failed with ExecuTorch error {code:#x}"),
+            message: format!(
+                "{what}({key:?}) failed with ExecuTorch error {:#x}",
+                code.repr
+            ),
         }
+    }
+
+    /// `get_data(key)` of ExecuTorch's map: its buffer, or why not (ExecuTorch's error, or a
+    /// C++ exception such as an allocation's).
+    fn fetch(&self, m: &EtDataMap, key: &str) -> Result<UniquePtr<EtBuffer>, NamedDataError> {
+        let mut code = EtError::Ok;
+        let buffer = m
+            .get_data(key, &mut code)
+            .map_err(|e| NamedDataError::Backend {
+                map: self.source.clone(),
+                message: format!("get_data({key:?}): {}", e.what()),
+            })?;
+        if buffer.is_null() {
+            return Err(self.error(key, code, "get_data"));
+        }
+        Ok(buffer)
     }
 }
 
 impl NamedDataMap for EtMap {
     fn get_data(&self, key: &str) -> Result<DataBuffer, NamedDataError> {
         self.with(key, |m| {
-            let mut code = 0u32;
-            let buffer: UniquePtr<EtBuffer> = m.get_data(key, &mut code);
-            if buffer.is_null() {
-                return Err(self.error(key, code, "get_data"));
-            }
+            let buffer = self.fetch(m, key)?;
             let lent = Arc::new(EtBytes(buffer));
             // An mmap loader's segment is read by faults: without this, each fault reads the
             // device's whole readahead window around a blob of a few KiB.
@@ -160,10 +180,9 @@ impl NamedDataMap for EtMap {
     /// too, and crashes on the layout-less blobs of its XNNPACK exports (as `get_tensor_layout`).
     fn load_data_into(&self, key: &str, buffer: &mut [u8]) -> Result<(), NamedDataError> {
         self.with(key, |m| {
-            let mut code = 0u32;
-            let data: UniquePtr<EtBuffer> = m.get_data(key, &mut code);
+            let data = self.fetch(m, key)?;
             let Some(b) = data.as_ref() else {
-                return Err(self.error(key, code, "get_data"));
+                return Err(self.error(key, EtError::Internal, "get_data"));
             };
             if b.size() != buffer.len() {
                 return Err(NamedDataError::SizeMismatch {

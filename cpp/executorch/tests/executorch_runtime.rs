@@ -1059,8 +1059,11 @@ fn a_cache_file_cut_short_during_executes_fails_them_without_sigbus() {
                 .unwrap();
             file.set_len(to(file.metadata().unwrap().len())).unwrap();
             let mut stdin = child.stdin.take().unwrap();
-            writeln!(stdin).unwrap();
-            writeln!(stdin).unwrap();
+            // One line per execute waited for. The first execute after the cut fails and the
+            // runner exits, so the second line may meet a closed pipe: that is the outcome
+            // asserted below, not an error of the test (a flake under load otherwise).
+            let _ = writeln!(stdin);
+            let _ = writeln!(stdin);
             drop(stdin);
             let mut rest = String::new();
             std::io::Read::read_to_string(&mut stderr, &mut rest).unwrap();
