@@ -1,24 +1,8 @@
 //! Owned byte buffers with a chosen alignment (a `Vec<u8>` only promises 1).
 
+use crate::mmap::anonymous::OwnPages;
 use std::alloc::{self, Layout};
 use std::ptr::NonNull;
-
-/// The size of a transparent huge page on x86-64.
-const HUGE_PAGE: usize = 2 << 20;
-
-/// Asks the kernel to back the whole huge pages inside `[start, start + len)` with transparent
-/// huge pages. Packing writes hundreds of MiB into fresh memory: one fault and one clear per
-/// 2 MiB instead of per 4 KiB made a cold load of a 384 MiB model a third faster here. A hint
-/// only: the kernel may decline, and nothing else changes.
-fn advise_huge_pages(start: *mut u8, len: usize) {
-    let first = (start as usize).next_multiple_of(HUGE_PAGE);
-    let end = (start as usize + len) & !(HUGE_PAGE - 1);
-    if end > first {
-        // SAFETY: [first, end) lies inside an allocation this process owns; MADV_HUGEPAGE
-        // changes how its pages are backed, never their contents.
-        unsafe { libc::madvise(first as *mut libc::c_void, end - first, libc::MADV_HUGEPAGE) };
-    }
-}
 
 /// A zero-initialised buffer whose start is aligned to a power of two.
 pub struct AlignedBytes {
@@ -34,7 +18,7 @@ enum Memory {
     /// The allocator's, as `alloc_zeroed` returned it with this layout.
     Heap { base: NonNull<u8>, layout: Layout },
     /// Pages of its own (see [`OWN_PAGES_FROM`]), unmapped on drop.
-    Pages { _map: memmap2::MmapMut },
+    Pages { _map: OwnPages },
 }
 
 /// From this size on, a buffer gets pages of its own from the kernel, given back when it is
@@ -60,14 +44,8 @@ impl AlignedBytes {
             // Fresh anonymous pages are zero and page-aligned: over-mapped only for an
             // alignment above the page.
             let extra = if align > SMALLEST_PAGE { align } else { 0 };
-            let mut pages = memmap2::MmapOptions::new()
-                .len(len.checked_add(extra)?)
-                .map_anon()
-                .ok()?;
+            let mut pages = OwnPages::zeroed(len.checked_add(extra)?)?;
             let base = NonNull::new(pages.as_mut_ptr())?;
-            if len >= HUGE_PAGE {
-                advise_huge_pages(base.as_ptr(), pages.len());
-            }
             let skip = base.as_ptr().align_offset(align);
             // SAFETY: skip < align <= extra (or 0), so ptr and the len bytes after it lie
             // inside the map.

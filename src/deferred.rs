@@ -20,6 +20,7 @@
 //! [`pin`]: DeferredData::pin
 //! [`unpin`]: DeferredData::unpin
 
+use crate::mmap::anonymous::{self, Access};
 use parking_lot::Mutex;
 use std::fmt;
 use std::io;
@@ -94,28 +95,15 @@ fn take(reserved: usize) -> io::Result<NonNull<u8>> {
         }
     }
     let size = reserved.max(CHUNK_BYTES);
-    // SAFETY: an anonymous private mapping at an address of the kernel's choosing touches no
-    // existing memory; MAP_NORESERVE because nothing is committed until a placeholder is pinned.
-    let base = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            size,
-            libc::PROT_NONE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-            -1,
-            0,
-        )
-    };
-    if base == libc::MAP_FAILED {
-        return Err(io::Error::last_os_error());
-    }
+    // Committed to nothing until a placeholder is pinned.
+    let base = anonymous::reserve(size)?;
     chunks.push(Chunk {
-        base: base as usize,
+        base: base.as_ptr() as usize,
         size,
         used: reserved,
         live: 1,
     });
-    NonNull::new(base.cast()).ok_or_else(io::Error::last_os_error)
+    Ok(base)
 }
 
 /// Returns a placeholder's range, inaccessible and discarded already, to the arena.
@@ -136,9 +124,11 @@ fn give_back(at: usize) {
     if newest {
         c.used = 0;
     } else {
-        // SAFETY: the chunk is our own mapping, and no placeholder in it is alive, so no address
-        // in it is held by a runtime.
-        unsafe { libc::munmap(c.base as *mut libc::c_void, c.size) };
+        if let Some(base) = NonNull::new(c.base as *mut u8) {
+            // SAFETY: the chunk is one whole reservation of ours, and no placeholder in it is
+            // alive, so no address in it is held by a runtime.
+            unsafe { anonymous::unreserve(base, c.size) };
+        }
         chunks.remove(i);
     }
 }
@@ -210,7 +200,7 @@ impl DeferredData {
         if state.readable {
             return Ok(());
         }
-        self.protect(libc::PROT_READ | libc::PROT_WRITE)?;
+        self.protect(Access::ReadWrite)?;
         // SAFETY: the region is readable and writable now, `len` lies inside it, and no one
         // reads it before this lock is released (readers wait for `pin` to return).
         let bytes = unsafe { std::slice::from_raw_parts_mut(self.base.as_ptr(), self.len) };
@@ -219,7 +209,7 @@ impl DeferredData {
         state.fills += 1;
         state.readable = true;
         // Read-only from here: the bytes stand for immutable constant data.
-        self.protect(libc::PROT_READ)?;
+        self.protect(Access::Read)?;
         outcome
     }
 
@@ -238,27 +228,17 @@ impl DeferredData {
     /// Makes the region inaccessible and returns its pages to the kernel: inaccessible first,
     /// then discarded; if either fails the region only stays resident.
     fn discard(&self) {
-        if self.protect(libc::PROT_NONE).is_ok() {
-            // SAFETY: the range is ours and private; MADV_DONTNEED on it drops anonymous pages
-            // (zero-filled if ever made accessible again, which only `pin` does, refilling them).
-            unsafe {
-                libc::madvise(
-                    self.base.as_ptr().cast(),
-                    self.reserved,
-                    libc::MADV_DONTNEED,
-                );
-            }
+        if self.protect(Access::None).is_ok() {
+            // SAFETY: the range is this placeholder's own; its bytes are needed no longer (zero
+            // if ever made accessible again, which only `pin` does, refilling them).
+            unsafe { anonymous::discard(self.base, self.reserved) };
         }
     }
 
-    fn protect(&self, protection: libc::c_int) -> io::Result<()> {
-        // SAFETY: the range is exactly our own mapping.
-        let rc = unsafe { libc::mprotect(self.base.as_ptr().cast(), self.reserved, protection) };
-        if rc == 0 {
-            Ok(())
-        } else {
-            Err(io::Error::last_os_error())
-        }
+    fn protect(&self, access: Access) -> io::Result<()> {
+        // SAFETY: the range is this placeholder's own, page-aligned; a reader of its bytes
+        // holds a pin, and the pins' count keeps them accessible while any is held.
+        unsafe { anonymous::protect(self.base, self.reserved, access) }
     }
 }
 

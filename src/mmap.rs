@@ -1,6 +1,7 @@
-//! Memory maps of files: the one place xnnblob maps them. Read-only maps of published files
-//! ([`MappedFile`]), and the shared, writable windows of a cache file being made
-//! ([`FileWindow`], a draft only its own process writes until it is published).
+//! Memory maps: the one place xnnblob maps memory. Read-only maps of published files
+//! ([`MappedFile`]), the shared, writable windows of a cache file being made ([`FileWindow`], a
+//! draft only its own process writes until it is published), and anonymous memory
+//! ([`anonymous`]: pages of a buffer's own, and reserved address space for deferred constants).
 //!
 //! Mapping is unsafe because the bytes can change, or vanish (SIGBUS), if another process
 //! modifies or truncates the file while it is mapped. xnnblob never writes to or truncates a
@@ -9,6 +10,7 @@
 //! someone else are outside what any reader can defend against; the parsers only ever trust
 //! bytes they have validated, and maps of cache files survive truncation (`truncation.rs`).
 
+pub mod anonymous;
 mod truncation;
 
 pub use truncation::any_fault;
