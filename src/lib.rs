@@ -13,7 +13,7 @@
 //! - [`program`], [`program_writer`], [`state`]: whole `.pte` programs fully delegated to
 //!   XNNPACK, a writer for them, and stateful programs' mutable buffers.
 //! - [`tensor`]: element types, shapes and tensor views at a delegate's boundary.
-//! - [`link`]: a `.ptd`'s blobs compiled into the binary; [`inspect`]: what a file holds.
+//! - [`link`]: a `.ptd`'s blobs compiled into the binary.
 //! - [`aligned`], [`mmap`], [`sha256`]: aligned buffers, read-only file maps, content keys.
 //!
 //! The faces are crates of their own: `xnnblob-cxx` (C++), `xnnblob-capi` (C),
@@ -30,7 +30,6 @@ pub mod deferred;
 #[cfg(feature = "xnnpack")]
 pub mod delegate;
 mod fast_hash;
-pub mod inspect;
 mod le;
 pub mod link;
 pub mod mmap;

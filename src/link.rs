@@ -7,7 +7,7 @@
 //! (key → id, sorted for binary search), an `extern "C"` lookup, and [`LinkedDataMap`] serves
 //! them as a [`NamedDataMap`].
 
-use crate::inspect::alignment_of;
+use crate::named_data::alignment_of;
 use crate::named_data::{
     Backing, DataBuffer, FileDataMap, NamedDataError, NamedDataMap, TensorLayout,
 };

@@ -4,6 +4,8 @@ use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser, Subcommand};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use xnnblob::named_data::FileDataMap;
+
+mod inspect;
 use xnnblob::report::report;
 
 /// Writes to stdout, returning the error instead of panicking: a reader that goes away (`| head`,
@@ -277,14 +279,13 @@ fn inspect(file: &Path, json: bool, sha: bool) -> Result<(), Box<dyn std::error:
         xnnblob::named_data::FileKind::Ptd => None,
     };
     if json {
-        let mut value: serde_json::Value =
-            serde_json::from_str(&xnnblob::inspect::to_json(&map, sha)?)?;
+        let mut value: serde_json::Value = serde_json::from_str(&inspect::to_json(&map, sha)?)?;
         if let Some(d) = &delegates {
             value["delegates"] = delegates_json(d);
         }
         outln!("{}", serde_json::to_string_pretty(&value)?);
     } else {
-        out!("{}", xnnblob::inspect::to_text(&map, sha));
+        out!("{}", inspect::to_text(&map, sha));
         if let Some(d) = &delegates {
             out!("{}", delegates_text(d));
         }
@@ -386,7 +387,7 @@ fn delegates_json(summaries: &Summaries) -> serde_json::Value {
 /// `xnnblob inspect --verify-keys`.
 fn inspect_keys(file: &Path) -> Result<(), Box<dyn std::error::Error>> {
     let map = FileDataMap::open(file)?;
-    let (checked, mismatches) = xnnblob::inspect::verify_keys(&map)?;
+    let (checked, mismatches) = xnnblob::cache::verify_keys(&map)?;
     for m in &mismatches {
         outln!("key {} holds bytes whose sha256 is {}", m.key, m.actual);
     }

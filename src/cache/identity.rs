@@ -1,5 +1,6 @@
 //! Content identities of unpacked weights: what a packed weight is looked up by.
 
+use crate::named_data::{FileDataMap, NamedDataError, NamedDataMap};
 use crate::sha256::{finish, sha256, to_hex, Sha256};
 use sha2::Digest;
 use std::fmt;
@@ -225,5 +226,78 @@ mod tests {
         );
         // Derived, not hashed from the converted bytes: the same at every launch.
         assert_eq!(converted, BlobId::converted(source, "f16->f32"));
+    }
+}
+
+/// A key named by content whose bytes do not hash to it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyMismatch {
+    /// The key, as the file names it.
+    pub key: String,
+    /// The sha256 of the bytes it holds, in hex.
+    pub actual: String,
+}
+
+/// Checks every content-named key of `map` against the sha256 of its bytes (reading every such
+/// blob: a by-hand check, `xnnblob inspect --verify-keys`). A packed-weight cache takes such a key
+/// as the blob's identity without hashing, so a file edited after export under the same keys
+/// would be served the old packing. Returns how many keys were checked and which did not match.
+pub fn verify_keys(map: &FileDataMap) -> Result<(usize, Vec<KeyMismatch>), NamedDataError> {
+    let mut checked = 0;
+    let mut mismatches = Vec::new();
+    for i in 0..map.num_keys() {
+        let key = map.key_at(i)?;
+        // The one rule for content keys (`BlobId::from_named_key`), as the caches use it.
+        let Some(claimed) = BlobId::from_named_key(key) else {
+            continue;
+        };
+        checked += 1;
+        let actual = BlobId::of_bytes(map.get_data(key)?.data());
+        if actual != claimed {
+            mismatches.push(KeyMismatch {
+                key: key.to_string(),
+                actual: actual.to_string(),
+            });
+        }
+    }
+    Ok((checked, mismatches))
+}
+
+#[cfg(test)]
+mod verify_keys_tests {
+    use super::*;
+    use crate::named_data::{FileKind, NamedBlobStore};
+    use crate::sha256::{sha256, to_hex};
+
+    #[test]
+    fn a_blob_edited_under_its_content_key_is_reported() {
+        let weights = [1u8, 2, 3, 4, 5, 6, 7, 8];
+        let key = to_hex(&sha256(&weights));
+        let scales = [9u8; 16];
+        let scale_key = format!("scale_{}", to_hex(&sha256(&scales)));
+        let build = |w: &[u8]| {
+            let mut store = NamedBlobStore::new();
+            store.add_named_blob(&key, w, 16, "t", None).unwrap();
+            store
+                .add_named_blob(&scale_key, &scales, 16, "t", None)
+                .unwrap();
+            store
+                .add_named_blob("not_content_named", &[0u8; 4], 16, "t", None)
+                .unwrap();
+            FileDataMap::from_bytes(&store.serialize("t").unwrap(), Some(FileKind::Ptd), "t")
+                .unwrap()
+        };
+        assert_eq!(verify_keys(&build(&weights)).unwrap(), (2, vec![]));
+        let mut edited = weights;
+        edited[3] = 0;
+        let (checked, bad) = verify_keys(&build(&edited)).unwrap();
+        assert_eq!(checked, 2);
+        assert_eq!(
+            bad,
+            vec![KeyMismatch {
+                key: key.clone(),
+                actual: to_hex(&sha256(&edited))
+            }]
+        );
     }
 }

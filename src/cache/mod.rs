@@ -33,7 +33,7 @@ pub use checked::SETTLED;
 pub use checksum::checksum64;
 pub use cpu::{cpu_fingerprint, cpu_fingerprint_difference, describe_cpu_fingerprint};
 pub use format::{Compat, EntryKey, FileError};
-pub use identity::{BlobId, Description};
+pub use identity::{verify_keys, BlobId, Description, KeyMismatch};
 #[cfg(feature = "xnnpack")]
 pub use packed::*;
 #[cfg(feature = "xnnpack")]

@@ -82,3 +82,13 @@ pub trait NamedDataMap: Send + Sync {
         None
     }
 }
+
+/// The largest power of two (up to 4096, a page) that divides `offset`: the alignment a
+/// mapped segment starting there has.
+pub fn alignment_of(offset: usize) -> usize {
+    if offset == 0 {
+        4096
+    } else {
+        (1usize << offset.trailing_zeros()).min(4096)
+    }
+}

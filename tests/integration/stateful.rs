@@ -333,10 +333,9 @@ fn counter_with_named_initial_state_and_a_zero_buffer_that_costs_no_bytes() {
         tick.blobs.len() + 2,
         "weights, count_init, slack: nothing for zeros"
     );
-    let json = xnnblob::inspect::to_json(&map, false).unwrap();
     assert!(
-        json.contains("count_init") && !json.contains("zeros"),
-        "{json}"
+        keys.iter().any(|k| k == "count_init") && !keys.iter().any(|k| k.contains("zeros")),
+        "{keys:?}"
     );
 
     let specs = vec![

@@ -119,7 +119,7 @@ fn data_is_in_the_binary_image_aligned_as_in_the_ptd() {
             "{} is in the image",
             e.key
         );
-        let align = xnnblob::inspect::alignment_of(e.offset).clamp(16, 4096);
+        let align = xnnblob::named_data::alignment_of(e.offset).clamp(16, 4096);
         assert_eq!(p % align, 0, "{} keeps its {align}-byte alignment", e.key);
     }
 }
