@@ -7,8 +7,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use xnnblob::backend::Backend;
 use xnnblob::delegate::XnnDelegate;
 use xnnblob::named_data::{InMemoryMap, NamedDataMap};
-use xnnblob::synthetic::Mlp;
 use xnnblob::tensor::{Shape, TensorMut, TensorRef};
+use xnnblob_test_support::synthetic::Mlp;
 
 /// Counts the bytes and calls of every allocation, so the bench can report both per execute.
 struct Counting;
@@ -45,7 +45,7 @@ fn allocated_per_call(runs: usize, mut f: impl FnMut()) -> (f64, f64) {
 
 fn delegate_execute(c: &mut Criterion) {
     let mlp = Mlp::random(&[32, 64, 48, 16], 21);
-    let built = xnnblob::synthetic::mlp_payload(&mlp, 2);
+    let built = xnnblob_test_support::synthetic::mlp_payload(&mlp, 2);
     let map = built.map("mlp").unwrap();
     let mut holder = InMemoryMap::new("payload");
     holder.insert("p", &built.payload, 64, None).unwrap();

@@ -3,8 +3,8 @@
 //! Prints the median and spread of each, and their ratio, measured in one run.
 
 use std::time::Instant;
-use xnnblob::synthetic::Mlp;
 use xnnblob::xnn::{InMemoryWeightsCache, Runtime, WeightsCache};
+use xnnblob_test_support::synthetic::Mlp;
 
 const REPEATS: usize = 15;
 

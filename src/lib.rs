@@ -1,8 +1,6 @@
 //! xnnblob: fast, lean on-device model loading for XNNPACK.
 //!
 //! - [`xnn`]: a small safe layer over XNNPACK (subgraphs, runtimes, weights-cache providers).
-//! - [`synthetic`]: deterministic models with Rust references, and whole ExecuTorch-style
-//!   programs of any size, for the demo, tests and benches.
 //! - [`named_data`]: ExecuTorch-compatible named data: `.ptd`/`.pte` readers, maps, the writer.
 //! - [`shared_cache`]: one shared copy of each named blob across a backend's models and methods.
 //! - [`cache`]: the persistent packed-weight cache bridged to XNNPACK's weights-cache callbacks.
@@ -10,14 +8,17 @@
 //! - [`backend`]: the backend-wide object (shared data, packed-weight caches, workspace,
 //!   threads) and the per-model context its delegates share.
 //! - [`delegate`]: ExecuTorch's XNNPACK delegate: a processed payload becomes a runtime.
-//! - [`program`], [`program_writer`], [`state`]: whole `.pte` programs fully delegated to
-//!   XNNPACK, a writer for them, and stateful programs' mutable buffers.
+//! - [`program`], [`state`]: whole `.pte` programs run on XNNPACK, and stateful programs built
+//!   by hand.
+//! - [`schema`]: the flatbuffer schemas xnnblob reads, as flatc generates them.
 //! - [`tensor`]: element types, shapes and tensor views at a delegate's boundary.
 //! - [`link`]: a `.ptd`'s blobs compiled into the binary.
 //! - [`aligned`], [`mmap`], [`sha256`]: aligned buffers, read-only file maps, content keys.
 //!
 //! The faces are crates of their own: `xnnblob-cxx` (C++), `xnnblob-capi` (C),
-//! `xnnblob-executorch` (ExecuTorch's runtime) and `xnnblob-cli` (the command line).
+//! `xnnblob-executorch` (ExecuTorch's runtime) and `xnnblob-cli` (the command line). What only
+//! tests, benches and the demo need (synthetic models, the payload builder, the program writer,
+//! the fault injector) is `xnnblob-test-support`, which no library links.
 #![deny(unsafe_op_in_unsafe_fn)]
 #![deny(missing_docs)]
 
@@ -36,10 +37,9 @@ pub mod mmap;
 pub mod named_data;
 #[cfg(feature = "xnnpack")]
 pub mod program;
-pub mod program_writer;
 mod publish;
 pub mod report;
-mod schema;
+pub mod schema;
 pub mod sha256;
 #[cfg(feature = "xnnpack")]
 pub mod shared_cache;
@@ -47,8 +47,6 @@ mod side_file;
 #[cfg(feature = "xnnpack")]
 pub mod state;
 pub mod storage;
-#[cfg(feature = "xnnpack")]
-pub mod synthetic;
 #[cfg(feature = "xnnpack")]
 pub mod tensor;
 #[cfg(feature = "xnnpack")]

@@ -407,6 +407,34 @@ mod tests {
         assert_eq!(siblings(dir.path()), kept);
     }
 
+    /// The real file system, naming its temporaries and drafts as the process it holds the id of
+    /// would: a test playing a process that has died.
+    struct AsProcess(u32);
+
+    impl Storage for AsProcess {
+        fn create_new(&self, path: &Path, mode: u32) -> io::Result<Box<dyn StorageFile>> {
+            OsStorage.create_new(path, mode)
+        }
+        fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+            OsStorage.rename(from, to)
+        }
+        fn sync_directory(&self, dir: &Path) -> io::Result<()> {
+            OsStorage.sync_directory(dir)
+        }
+        fn map(&self, path: &Path) -> io::Result<crate::mmap::MappedFile> {
+            OsStorage.map(path)
+        }
+        fn lock_exclusive(&self, path: &Path, mode: u32) -> io::Result<std::fs::File> {
+            OsStorage.lock_exclusive(path, mode)
+        }
+        fn remove(&self, path: &Path) -> io::Result<()> {
+            OsStorage.remove(path)
+        }
+        fn process_id(&self) -> u32 {
+            self.0
+        }
+    }
+
     #[test]
     #[cfg(feature = "xnnpack")]
     fn drafts_are_reclaimed_only_once_their_process_is_gone_even_under_the_writer_lock() {
@@ -423,10 +451,7 @@ mod tests {
         }
         // This process's own open draft, named with a dead pid (as a test plays a dying
         // process): never taken while it is open.
-        let storage = crate::storage::SharedStorage::new(std::sync::Arc::new(
-            crate::storage::faults::FaultyStorage::new(crate::storage::faults::Fault::None)
-                .with_process_id(gone_pid),
-        ));
+        let storage = crate::storage::SharedStorage::new(std::sync::Arc::new(AsProcess(gone_pid)));
         let (open, _file) = Draft::create(storage, &path, 0o600).unwrap();
         let open_name = open
             .path()

@@ -11,15 +11,15 @@ use xnnblob::backend::Backend;
 use xnnblob::delegate::XnnDelegate;
 use xnnblob::named_data::{InMemoryMap, NamedDataMap};
 use xnnblob::program::Program;
-use xnnblob::synthetic::Mlp;
 use xnnblob::tensor::{DType, PaddedTensor, Shape, TensorMut, TensorRef};
+use xnnblob_test_support::synthetic::Mlp;
 
 #[global_allocator]
 static ALLOCATOR: Counting = Counting;
 
 fn mlp_delegate() -> (XnnDelegate, Vec<u8>, InMemoryMap) {
     let mlp = Mlp::random(&[32, 64, 48, 16], 21);
-    let built = xnnblob::synthetic::mlp_payload(&mlp, 2);
+    let built = xnnblob_test_support::synthetic::mlp_payload(&mlp, 2);
     let map = built.map("mlp").unwrap();
     let mut holder = InMemoryMap::new("payload");
     holder.insert("p", &built.payload, 64, None).unwrap();

@@ -4,7 +4,7 @@
 //!   backend, and the demo.
 //! - [`torture`]: kill -9 at random points of cold launches, then check every cache file left.
 //!
-//! The models they launch come from [`xnnblob::synthetic::model`].
+//! The models they launch come from [`xnnblob_test_support::synthetic::model`].
 #![deny(unsafe_op_in_unsafe_fn)]
 #![deny(missing_docs)]
 

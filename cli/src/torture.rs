@@ -13,8 +13,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 use xnnblob::cache::{verify_file, CacheOptions};
-use xnnblob::synthetic::model::{ensure, Dtype, ModelSpec, Preset};
-use xnnblob::synthetic::SplitMix64;
+use xnnblob_test_support::synthetic::model::{ensure, Dtype, ModelSpec, Preset};
+use xnnblob_test_support::synthetic::SplitMix64;
 
 /// A campaign's settings.
 #[derive(Debug, Clone)]
@@ -96,7 +96,7 @@ impl std::fmt::Display for TortureReport {
 
 /// One `xnnblob run` of the model, as arguments.
 fn run_args(
-    files: &xnnblob::synthetic::model::ModelFiles,
+    files: &xnnblob_test_support::synthetic::model::ModelFiles,
     input: &Path,
     out: &Path,
 ) -> Vec<String> {

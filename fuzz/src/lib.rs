@@ -11,9 +11,9 @@ pub mod state_script;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 use xnnblob::backend::{Backend, BackendOptions, ModelContext, PackedCache};
-use xnnblob::delegate::builder::{BuiltGraph, ConvGeometry, GraphBuilder};
+use xnnblob_test_support::builder::{BuiltGraph, ConvGeometry, GraphBuilder};
 use xnnblob::named_data::{DataBuffer, InMemoryMap, NamedDataMap};
-use xnnblob::synthetic::SplitMix64;
+use xnnblob_test_support::synthetic::SplitMix64;
 
 /// The keys, sizes and values a stateful program's initial states may name (besides the
 /// graphs' own constants): one key for each buffer size the state methods use, one of a size

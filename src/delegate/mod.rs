@@ -7,7 +7,6 @@
 //! passes a delegate call's arguments in), as tensors of any boundary dtype and of any shape
 //! within the declared one.
 
-pub mod builder;
 mod compile;
 mod constants;
 mod error;

@@ -354,7 +354,7 @@ pub static OPERATORS: &[Operator] = &[
 ];
 
 /// The operator of a node kind, if supported.
-pub(crate) fn find(kind: fb::XNodeUnion) -> Option<&'static Operator> {
+pub fn find(kind: fb::XNodeUnion) -> Option<&'static Operator> {
     OPERATORS.iter().find(|o| o.kind == kind)
 }
 

@@ -28,7 +28,7 @@ pub use index::{IndexEntry, NamedDataIndex};
 pub use layout::{ScalarType, TensorLayout};
 pub use memory::InMemoryMap;
 pub use merged::MergedMap;
-pub(crate) use store::write_atomically;
+pub use store::write_atomically;
 pub use store::NamedBlobStore;
 
 /// Data by key, as ExecuTorch's `NamedDataMap` offers it to backends. Lookups by key are hash

@@ -275,7 +275,7 @@ impl NamedBlobStore {
 }
 
 /// Replaces `path` with `bytes` atomically and durably ([`crate::publish`]).
-pub(crate) fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), StoreError> {
+pub fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), StoreError> {
     crate::publish::write_atomically(path, bytes).map_err(|error| StoreError::Io {
         path: path.display().to_string(),
         error,

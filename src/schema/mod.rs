@@ -1,6 +1,9 @@
-//! Flatbuffers code generated from `schema/*.fbs` by `scripts/gen-flatbuffers.sh` (do not edit).
+//! The flatbuffer schemas xnnblob reads and writes (ExecuTorch's program and `.ptd`, and the
+//! XNNPACK delegate's payload), as flatc generates them from `schema/*.fbs` with
+//! `scripts/gen-flatbuffers.sh` (do not edit). Public for writers of test programs and payloads.
 
 #[allow(
+    missing_docs,
     clippy::all,
     clippy::pedantic,
     clippy::undocumented_unsafe_blocks,
@@ -14,6 +17,7 @@
 mod flat_tensor_generated;
 
 #[allow(
+    missing_docs,
     clippy::all,
     clippy::pedantic,
     clippy::undocumented_unsafe_blocks,
@@ -27,6 +31,7 @@ mod flat_tensor_generated;
 mod program_generated;
 
 #[allow(
+    missing_docs,
     clippy::all,
     clippy::pedantic,
     clippy::undocumented_unsafe_blocks,

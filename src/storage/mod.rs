@@ -1,6 +1,6 @@
 //! The file-system calls a durable write makes, behind one small trait: creating a file,
 //! writing and syncing it, renaming it, syncing its directory, mapping it, locking, removing.
-//! [`OsStorage`] makes the real calls; [`faults::FaultyStorage`] makes the same calls and fails,
+//! [`OsStorage`] makes the real calls; the test support's `FaultyStorage` makes the same calls and fails,
 //! tears or cuts the power under them on request, so tests can show that every call of a save
 //! may fail without losing a file.
 //!
@@ -11,8 +11,6 @@
 //! The files a save creates beside the cache (its temporary, the writer lock) are side files:
 //! [`OsStorage`] opens them without following a symbolic link and without blocking, accepts only
 //! a regular file, and creates them with the permission bits the caller gives.
-
-pub mod faults;
 
 use crate::mmap::MappedFile;
 use std::fmt;
@@ -91,8 +89,14 @@ impl StorageFile for File {
     }
 }
 
+/// Creates the side file at `path` as [`OsStorage`] does: not through a symbolic link, never
+/// blocking, a regular file only, with permission bits `mode`.
+pub fn create_side_file(path: &Path, mode: u32) -> io::Result<File> {
+    crate::side_file::create_new(path, mode)
+}
+
 /// `fallocate` of `file` up to `len` bytes (mode 0: the size grows, blocks are allocated).
-pub(crate) fn allocate(file: &File, len: u64) -> io::Result<()> {
+pub fn allocate(file: &File, len: u64) -> io::Result<()> {
     use std::os::fd::AsRawFd;
     let len = libc::off_t::try_from(len)
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "length past off_t"))?;

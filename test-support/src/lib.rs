@@ -4,13 +4,17 @@
 //! builds for aarch64, and how a test that cannot run here says so. It ships in nothing.
 
 pub mod bounded;
+pub mod builder;
 pub mod close;
 pub mod counting;
 pub mod cross;
+pub mod faults;
 pub mod half;
 pub mod io_steps;
+pub mod program_writer;
 pub mod qd8_reference;
 mod skip;
+pub mod synthetic;
 
 pub use skip::{cannot_run, MUST_RUN_VAR};
 
@@ -207,7 +211,7 @@ pub fn new_backend() -> xnnblob::backend::Backend {
 /// ids, as a model load does before it creates runtimes.
 pub fn register_mlps<'a>(
     cache: &'a xnnblob::cache::PackedWeightsCache,
-    models: &[&'a xnnblob::synthetic::Mlp],
+    models: &[&'a crate::synthetic::Mlp],
 ) -> Vec<xnnblob::cache::Registration<'a>> {
     use xnnblob::cache::BlobId;
     models

@@ -9,7 +9,7 @@ use crate::common;
 use common::scratch;
 use xnnblob::backend::{Backend, PackedCache};
 use xnnblob::program::Program;
-use xnnblob::synthetic::model::{self, Dtype, ModelSpec, Preset};
+use xnnblob_test_support::synthetic::model::{self, Dtype, ModelSpec, Preset};
 
 #[test]
 fn finalizes_during_a_save_are_saved_by_it_and_nothing_is_lost() {

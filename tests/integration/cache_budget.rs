@@ -9,8 +9,8 @@ use std::sync::Arc;
 use xnnblob::cache::{
     compact_file, verify_file, CacheBudget, CacheOptions, FileReport, PackedWeightsCache,
 };
-use xnnblob::synthetic::{Mlp, MLP_INPUT, MLP_OUTPUT};
 use xnnblob::xnn::Runtime;
+use xnnblob_test_support::synthetic::{Mlp, MLP_INPUT, MLP_OUTPUT};
 
 /// The model an app ships in `month`: same shape, new weights.
 fn release(month: u64) -> Mlp {

@@ -160,7 +160,7 @@ fn a_warm_launch_reads_no_weight_bytes_and_matches_the_cold_one() {
 /// One fp16 launch of `graph` through placeholders, with a cache file: the output's bits and
 /// what was read and packed.
 fn launch_f16(
-    graph: &xnnblob::delegate::builder::BuiltGraph,
+    graph: &xnnblob_test_support::builder::BuiltGraph,
     input: &[u16],
     output_len: usize,
     cache: &std::path::Path,
@@ -221,7 +221,7 @@ fn fp16_weights_behind_placeholders_are_read_only_by_the_cold_launch() {
             .map(|&v| common::half::to_f16(v))
             .collect::<Vec<u16>>()
     };
-    let mut b = xnnblob::delegate::builder::GraphBuilder::new();
+    let mut b = xnnblob_test_support::builder::GraphBuilder::new();
     let input = b.input_f16(&[m as u32, k as u32]);
     let filter = b.constant_f16(&[n as u32, k as u32], &half(&w));
     let bias_value = b.constant_f16(&[n as u32], &half(&bias));

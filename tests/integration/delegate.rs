@@ -9,10 +9,10 @@ use common::close::max_abs_difference;
 use common::scratch;
 
 use xnnblob::cache::PackedWeightsCache;
-use xnnblob::delegate::builder::{BuiltGraph, ConvGeometry, GraphBuilder};
 use xnnblob::delegate::{DelegateError, XnnDelegate};
 use xnnblob::named_data::{DataBuffer, FileDataMap, InMemoryMap, NamedDataMap};
-use xnnblob::synthetic::{Mlp, SplitMix64};
+use xnnblob_test_support::builder::{BuiltGraph, ConvGeometry, GraphBuilder};
+use xnnblob_test_support::synthetic::{Mlp, SplitMix64};
 
 fn payload(bytes: &[u8]) -> DataBuffer {
     let mut map = InMemoryMap::new("payload");
@@ -21,7 +21,7 @@ fn payload(bytes: &[u8]) -> DataBuffer {
 }
 
 fn mlp_graph(mlp: &Mlp, batch: u32) -> BuiltGraph {
-    xnnblob::synthetic::mlp_payload(mlp, batch)
+    xnnblob_test_support::synthetic::mlp_payload(mlp, batch)
 }
 
 fn run(d: &mut XnnDelegate, input: &[f32]) -> Vec<f32> {

@@ -10,10 +10,10 @@ use serde_json::Value;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use xnnblob::backend::Backend;
-use xnnblob::delegate::builder::GraphBuilder;
 use xnnblob::delegate::{summarize, XnnDelegate};
 use xnnblob::named_data::{DataBuffer, FileDataMap, InMemoryMap, NamedDataMap};
 use xnnblob::program::ProgramError;
+use xnnblob_test_support::builder::GraphBuilder;
 
 use crate::common;
 

@@ -7,10 +7,10 @@
 use crate::common;
 
 use xnnblob::backend::Backend;
-use xnnblob::delegate::builder::{BuiltGraph, GraphBuilder, Value};
 use xnnblob::delegate::XnnDelegate;
 use xnnblob::named_data::{InMemoryMap, NamedDataMap};
 use xnnblob::tensor::{f16_to_f32, DType, Shape, TensorMut, TensorRef};
+use xnnblob_test_support::builder::{BuiltGraph, GraphBuilder, Value};
 
 const ROWS: u32 = 4;
 const COLUMNS: u32 = 24;

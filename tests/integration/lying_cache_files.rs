@@ -9,8 +9,8 @@ use std::path::{Path, PathBuf};
 use xnnblob::backend::{Backend, BackendOptions, PackedCache};
 use xnnblob::cache::format::{self, Compat, FileEntry};
 use xnnblob::cache::{compact_file, CacheOptions};
-use xnnblob::delegate::builder::GraphBuilder;
 use xnnblob::program::Program;
+use xnnblob_test_support::builder::GraphBuilder;
 
 use crate::common;
 

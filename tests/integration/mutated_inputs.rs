@@ -11,7 +11,7 @@ use xnnblob::backend::{Backend, BackendOptions, PackedCache};
 use xnnblob::delegate::XnnDelegate;
 use xnnblob::named_data::{DataBuffer, InMemoryMap, NamedDataMap};
 use xnnblob::program::Program;
-use xnnblob::synthetic::SplitMix64;
+use xnnblob_test_support::synthetic::SplitMix64;
 
 /// One mutation of `seed`: flipped bits, overwritten bytes, a cut, a duplicated run, or a small
 /// integer written where offsets and lengths live.
@@ -54,7 +54,7 @@ fn backend() -> Backend {
 
 /// The delegate payload and named data of a small generated qd8 model.
 fn payload_seed(dir: &Path) -> (Vec<u8>, InMemoryMap) {
-    use xnnblob::synthetic::model::{ensure, Dtype, ModelSpec, Preset};
+    use xnnblob_test_support::synthetic::model::{ensure, Dtype, ModelSpec, Preset};
     let spec = ModelSpec {
         preset: Preset::LlmLike,
         dtype: Dtype::Qd8,
@@ -138,7 +138,7 @@ fn mutated_programs_load_or_fail_cleanly() {
 fn a_graph_with_a_node_nothing_reads_is_refused_not_aborted_on() {
     // Found by the mutations above: XNNPACK drops such a node but not what feeds it, then
     // aborts the process in its fusion pass.
-    use xnnblob::delegate::builder::GraphBuilder;
+    use xnnblob_test_support::builder::GraphBuilder;
     let mut g = GraphBuilder::new();
     let x = g.input(&[1, 16]);
     let w: Vec<f32> = (0..256).map(|i| i as f32 / 256.0).collect();

@@ -11,8 +11,8 @@ use xnnblob::cache::{
     format, verify_file, BlobId, CacheError, CacheOptions, LoadOutcome, PackedWeightsCache,
     Registration,
 };
-use xnnblob::synthetic::{Mlp, MLP_INPUT, MLP_OUTPUT};
 use xnnblob::xnn::Runtime;
+use xnnblob_test_support::synthetic::{Mlp, MLP_INPUT, MLP_OUTPUT};
 
 fn input_for(mlp: &Mlp) -> Vec<f32> {
     (0..mlp.input_width())

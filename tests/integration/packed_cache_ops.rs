@@ -7,11 +7,11 @@ use crate::common;
 use common::scratch;
 
 use xnnblob::cache::{BlobId, PackedWeightsCache, Registration};
-use xnnblob::synthetic::SplitMix64;
 use xnnblob::xnn::{
     ChannelwiseQuantization, Convolution2dParams, Datatype, DepthwiseConvolution2dParams,
     FullyConnectedFlags, Padding2d, Runtime, Subgraph, ValueRole,
 };
+use xnnblob_test_support::synthetic::SplitMix64;
 
 const INPUT: u32 = 0;
 const OUTPUT: u32 = 1;

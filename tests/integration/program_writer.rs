@@ -1,4 +1,4 @@
-//! Programs written by `xnnblob::program_writer` around generated graphs: they parse as ExecuTorch
+//! Programs written by `xnnblob_test_support::program_writer` around generated graphs: they parse as ExecuTorch
 //! programs (header, flatbuffer, segment), and xnnblob's own executor runs them to the plain Rust
 //! reference. ExecuTorch's runtime runs them too: see cpp/executorch/tests.
 
@@ -8,13 +8,13 @@ use common::scratch;
 
 use xnnblob::named_data::pte_format;
 use xnnblob::program::Program;
-use xnnblob::synthetic::Mlp;
+use xnnblob_test_support::synthetic::Mlp;
 
 #[test]
 fn a_written_mlp_program_runs_to_the_reference() {
     let dir = scratch("mlp");
     let mlp = Mlp::random(&[32, 64, 48, 16], 5);
-    let built = xnnblob::synthetic::mlp_payload(&mlp, 3);
+    let built = xnnblob_test_support::synthetic::mlp_payload(&mlp, 3);
     built.write_pte(&dir.join("mlp.pte"), "forward").unwrap();
     built.write_ptd(&dir.join("mlp.ptd")).unwrap();
 

@@ -1,5 +1,5 @@
 //! A packed-weight cache save under every failure of every call it makes, through the fault
-//! injector (`xnnblob::storage::faults`): an error (EIO, ENOSPC), a kill, a power cut after the
+//! injector (`xnnblob_test_support::faults`): an error (EIO, ENOSPC), a kill, a power cut after the
 //! call, a torn write. Each test first runs the save without a fault to list its calls, then
 //! once per call with the fault there. After each:
 //!
@@ -16,10 +16,10 @@ use common::scratch;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use xnnblob::cache::{verify_file, CacheError, CacheOptions, PackedWeightsCache};
-use xnnblob::storage::faults::{Call, Fault, FaultyStorage};
 use xnnblob::storage::SharedStorage;
-use xnnblob::synthetic::{Mlp, MLP_INPUT, MLP_OUTPUT};
 use xnnblob::xnn::Runtime;
+use xnnblob_test_support::faults::{Call, Fault, FaultyStorage};
+use xnnblob_test_support::synthetic::{Mlp, MLP_INPUT, MLP_OUTPUT};
 
 /// The model already in the file before the faulty save.
 fn old_model() -> Mlp {

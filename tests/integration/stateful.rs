@@ -9,13 +9,13 @@ use memmap2::{Mmap, MmapMut};
 use std::path::Path;
 use std::ptr::NonNull;
 use std::sync::{Arc, Mutex};
-use xnnblob::delegate::builder::{BuiltGraph, GraphBuilder};
 use xnnblob::named_data::{DataBuffer, FileDataMap, InMemoryMap, NamedBlobStore, NamedDataMap};
 use xnnblob::state::{
     HostBank, InitialState, Instance, MemoryBank, StateLayout, StateSpec, StatefulMethod,
     StatefulProgram,
 };
-use xnnblob::synthetic::SplitMix64;
+use xnnblob_test_support::builder::{BuiltGraph, GraphBuilder};
+use xnnblob_test_support::synthetic::SplitMix64;
 
 const D: usize = 8;
 const W: usize = 4;

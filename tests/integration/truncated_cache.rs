@@ -12,7 +12,7 @@ use xnnblob::backend::{Backend, BackendOptions, PackedCache};
 use xnnblob::cache::{CacheError, CacheOptions};
 use xnnblob::delegate::DelegateError;
 use xnnblob::program::{Method, Program, ProgramError};
-use xnnblob::synthetic::model::{self, Dtype, ModelFiles, ModelSpec, Preset};
+use xnnblob_test_support::synthetic::model::{self, Dtype, ModelFiles, ModelSpec, Preset};
 
 const SPEC: ModelSpec = ModelSpec {
     preset: Preset::LlmLike,

@@ -2,8 +2,8 @@
 
 use crate::common;
 
-use xnnblob::synthetic::{Mlp, MLP_INPUT, MLP_OUTPUT};
 use xnnblob::xnn::{InMemoryWeightsCache, Runtime, Status, WeightsCache};
+use xnnblob_test_support::synthetic::{Mlp, MLP_INPUT, MLP_OUTPUT};
 
 fn run(runtime: &mut Runtime<'_>, input: &[f32], outputs: usize) -> Vec<f32> {
     let mut out = vec![f32::NAN; outputs];

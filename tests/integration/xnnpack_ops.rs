@@ -6,12 +6,12 @@ use crate::common;
 use common::close::max_abs_difference;
 
 use common::kernels_line;
-use xnnblob::synthetic::SplitMix64;
 use xnnblob::xnn::{
     BlockwiseQuantization, BlockwiseScales, ChannelwiseQuantization, Convolution2dParams, Datatype,
     DepthwiseConvolution2dParams, FullyConnectedFlags, Padding2d, Qd8Weights, Runtime, Status,
     Subgraph, ValueRole, XnnError,
 };
+use xnnblob_test_support::synthetic::SplitMix64;
 
 const INPUT: u32 = 0;
 const OUTPUT: u32 = 1;

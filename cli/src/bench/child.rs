@@ -6,8 +6,8 @@ use std::time::Instant;
 use xnnblob::backend::{machine_threads, Backend, BackendOptions};
 use xnnblob::delegate::{Weights, XnnDelegate};
 use xnnblob::named_data::{FileDataMap, InMemoryMap, NamedDataMap};
-use xnnblob::synthetic::model::ModelFiles;
 use xnnblob::xnn::{InMemoryWeightsCache, WeightsCache, XnnpackWeightsCache};
+use xnnblob_test_support::synthetic::model::ModelFiles;
 
 /// How a launch gets its packed weights: what the benchmark compares.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

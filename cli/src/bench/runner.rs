@@ -7,7 +7,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use xnnblob::synthetic::model::{self, Dtype, ModelFiles, ModelSpec, Preset};
+use xnnblob_test_support::synthetic::model::{self, Dtype, ModelFiles, ModelSpec, Preset};
 
 /// Options of a benchmark run (from the command line).
 #[derive(Debug, Clone)]

@@ -4,8 +4,8 @@ use crate::common;
 
 use std::path::Path;
 use xnnblob::cache::{format, PackedWeightsCache};
-use xnnblob::synthetic::Mlp;
 use xnnblob::xnn::Runtime;
+use xnnblob_test_support::synthetic::Mlp;
 
 fn xnnblob(args: &[&str]) -> (bool, String) {
     crate::run_xnnblob_in(Path::new("."), args)

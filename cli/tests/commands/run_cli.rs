@@ -358,13 +358,13 @@ fn damaged_packed_bytes_are_found_after_the_launch_and_repacked_by_the_next() {
 #[test]
 fn a_full_or_read_only_disk_runs_right_without_persistence_and_warns_once() {
     let dir = scratch("full-disk");
-    let spec = xnnblob::synthetic::model::ModelSpec {
-        preset: xnnblob::synthetic::model::Preset::LlmLike,
-        dtype: xnnblob::synthetic::model::Dtype::Qd8,
+    let spec = xnnblob_test_support::synthetic::model::ModelSpec {
+        preset: xnnblob_test_support::synthetic::model::Preset::LlmLike,
+        dtype: xnnblob_test_support::synthetic::model::Dtype::Qd8,
         mib: 4,
         layers: 8,
     };
-    let files = xnnblob::synthetic::model::ensure(&spec, &dir.join("models")).unwrap();
+    let files = xnnblob_test_support::synthetic::model::ensure(&spec, &dir.join("models")).unwrap();
     let input = dir.join("input.f32");
     spec.write_input(&input).unwrap();
     let args = |cache: Option<&Path>, out: &str| {

@@ -5,7 +5,7 @@
 use xnnblob_test_support as common;
 
 use common::counting::{allocations, Counting};
-use xnnblob::synthetic::Mlp;
+use xnnblob_test_support::synthetic::Mlp;
 
 #[global_allocator]
 static ALLOCATOR: Counting = Counting;
@@ -14,7 +14,7 @@ static ALLOCATOR: Counting = Counting;
 fn a_warm_execute_from_cpp_allocates_nothing() {
     let dir = common::scratch("alloc");
     let mlp = Mlp::random(&[32, 64, 48, 16], 21);
-    let built = xnnblob::synthetic::mlp_payload(&mlp, 2);
+    let built = xnnblob_test_support::synthetic::mlp_payload(&mlp, 2);
     let ptd = dir.join("mlp.ptd");
     built.write_ptd(&ptd).unwrap();
     let mut d = xnnblob_checks::cpp_make_delegate(ptd.to_str().unwrap(), &built.payload).unwrap();

@@ -449,8 +449,8 @@ fn programs_written_by_xnnblob_run_in_executorch_with_both_backends() {
     // runtime must load it as it loads an exported program, and both backends must compute the
     // plain Rust reference.
     let dir = scratch("written");
-    let mlp = xnnblob::synthetic::Mlp::random(&[48, 96, 64, 24], 17);
-    let built = xnnblob::synthetic::mlp_payload(&mlp, 2);
+    let mlp = xnnblob_test_support::synthetic::Mlp::random(&[48, 96, 64, 24], 17);
+    let built = xnnblob_test_support::synthetic::mlp_payload(&mlp, 2);
     built.write_pte(&dir.join("mlp.pte"), "forward").unwrap();
     built.write_ptd(&dir.join("mlp.ptd")).unwrap();
     let input: Vec<f32> = (0..96).map(|i| ((i % 13) as f32 - 6.0) / 6.0).collect();
@@ -478,8 +478,8 @@ fn programs_written_by_xnnblob_run_in_executorch_with_both_backends() {
 }
 
 /// A peer bench model at `mib`, written into `dir`, with an input file: its runner arguments.
-fn bench_model(spec: xnnblob::synthetic::model::ModelSpec, dir: &Path) -> Vec<String> {
-    let files = xnnblob::synthetic::model::ensure(&spec, dir).unwrap();
+fn bench_model(spec: xnnblob_test_support::synthetic::model::ModelSpec, dir: &Path) -> Vec<String> {
+    let files = xnnblob_test_support::synthetic::model::ensure(&spec, dir).unwrap();
     let input_path = dir.join(format!("{}.input.f32", spec.name()));
     spec.write_input(&input_path).unwrap();
     vec![
@@ -496,7 +496,7 @@ fn every_peer_bench_model_runs_alike_in_both_backends() {
     // The peer bench compares load times only if both backends compute the same model: every
     // kind it generates (fp32, qd8 with qc8w or qb4w weights, a CNN) runs in ExecuTorch's own
     // backend and in xnnblob's, cold and warm, to the same outputs.
-    use xnnblob::synthetic::model::{Dtype, ModelSpec, Preset};
+    use xnnblob_test_support::synthetic::model::{Dtype, ModelSpec, Preset};
     let dir = scratch("peer-models");
     let llm = |dtype| ModelSpec {
         preset: Preset::LlmLike,
@@ -591,7 +591,7 @@ fn a_warm_launch_with_the_mmap_loader_leaves_the_weights_on_disk() {
     // a warm launch reads those few KiB: it must not fault in the device's readahead window
     // around each (8 MiB on some disks), which read a CNN's whole weight file before.
     let dir = scratch("mmap-warm-disk");
-    let spec = xnnblob::synthetic::model::ModelSpec::cnn(48);
+    let spec = xnnblob_test_support::synthetic::model::ModelSpec::cnn(48);
     let mut args = bench_model(spec, &dir);
     let ptd = PathBuf::from(&args[2]);
     args.extend([
@@ -1002,9 +1002,9 @@ fn a_cache_file_cut_short_during_executes_fails_them_without_sigbus() {
     use std::io::{BufRead, Write};
     use std::process::Stdio;
     let dir = scratch("cut-short");
-    let spec = xnnblob::synthetic::model::ModelSpec {
-        preset: xnnblob::synthetic::model::Preset::LlmLike,
-        dtype: xnnblob::synthetic::model::Dtype::Qd8,
+    let spec = xnnblob_test_support::synthetic::model::ModelSpec {
+        preset: xnnblob_test_support::synthetic::model::Preset::LlmLike,
+        dtype: xnnblob_test_support::synthetic::model::Dtype::Qd8,
         mib: 2,
         layers: 8,
     };

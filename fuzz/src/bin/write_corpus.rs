@@ -9,13 +9,13 @@ use std::path::{Path, PathBuf};
 use xnnblob::backend::{Backend, BackendOptions, PackedCache};
 use xnnblob::delegate::XnnDelegate;
 use xnnblob::named_data::{NamedBlobStore, ScalarType, TensorLayout};
-use xnnblob::program_writer::DelegatedProgram;
+use xnnblob_test_support::program_writer::DelegatedProgram;
 use xnnblob_fuzz::capi_input::{self as capi, CapiInput};
 use xnnblob_fuzz::state_script::{Binding, Decl, MethodDecl, Op, Script};
 
 type Seeds = Vec<(String, Vec<u8>)>;
 
-fn program(graph: &xnnblob::delegate::builder::BuiltGraph, method: &str) -> Vec<u8> {
+fn program(graph: &xnnblob_test_support::builder::BuiltGraph, method: &str) -> Vec<u8> {
     DelegatedProgram {
         method,
         payload: &graph.payload,

@@ -6,11 +6,11 @@ use crate::common;
 use common::scratch;
 
 use std::path::Path;
-use xnnblob::synthetic::Mlp;
+use xnnblob_test_support::synthetic::Mlp;
 
 fn model(dir: &Path) -> (Vec<u8>, Vec<f32>, Vec<f32>) {
     let mlp = Mlp::random(&[24, 40, 12], 17);
-    let built = xnnblob::synthetic::mlp_payload(&mlp, 1);
+    let built = xnnblob_test_support::synthetic::mlp_payload(&mlp, 1);
     built.write_ptd(&dir.join("model.ptd")).unwrap();
     let input: Vec<f32> = (0..24).map(|i| (i as f32 * 0.3).sin()).collect();
     let expected = mlp.reference_forward(&input, 1);
@@ -65,12 +65,15 @@ fn the_cpp_delegate_runs_an_mlp_a_cnn_and_a_qd8_mlp_like_the_rust_one() {
     let models = [
         (
             "mlp",
-            xnnblob::synthetic::mlp_payload(&Mlp::random(&[16, 32, 8], 4), 2),
+            xnnblob_test_support::synthetic::mlp_payload(&Mlp::random(&[16, 32, 8], 4), 2),
         ),
-        ("cnn", xnnblob::synthetic::cnn_payload(8, 8, 5, 6)),
+        (
+            "cnn",
+            xnnblob_test_support::synthetic::cnn_payload(8, 8, 5, 6),
+        ),
         (
             "qd8",
-            xnnblob::synthetic::qd8_mlp_payload(&[32, 24, 8], 3, 7),
+            xnnblob_test_support::synthetic::qd8_mlp_payload(&[32, 24, 8], 3, 7),
         ),
     ];
     for (name, built) in models {

@@ -1,8 +1,8 @@
 //! A stateful program from C++ with a C++ memory bank (hooks/stateful_checks.cc).
 
 use crate::common::scratch;
-use xnnblob::delegate::builder::GraphBuilder;
 use xnnblob::named_data::NamedBlobStore;
+use xnnblob_test_support::builder::GraphBuilder;
 
 #[test]
 fn a_cpp_bank_through_the_bridge_gets_initial_state_only_through_its_copy_function() {

@@ -2,7 +2,7 @@
 //! XNNPACK payload (`<name>.xnn`), its weights as named data (`<name>.ptd`), and the payload as a
 //! program (`<name>.pte`) for ExecuTorch's runtime.
 
-use crate::delegate::builder::{ConvGeometry, GraphBuilder};
+use crate::builder::{ConvGeometry, GraphBuilder};
 use crate::synthetic::SplitMix64;
 use std::path::{Path, PathBuf};
 
@@ -186,7 +186,7 @@ fn bf16(x: f32) -> u16 {
     ((bits + 0x7fff + ((bits >> 16) & 1)) >> 16) as u16
 }
 
-fn build(spec: &ModelSpec) -> crate::delegate::builder::BuiltGraph {
+fn build(spec: &ModelSpec) -> crate::builder::BuiltGraph {
     let w = spec.width();
     let mut rng = SplitMix64(0x5EED ^ spec.layers as u64);
     let mut g = GraphBuilder::new();

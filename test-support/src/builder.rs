@@ -2,12 +2,12 @@
 //! ExecuTorch's exporter does, so that synthetic models of any size can be made without Python:
 //! constants are keyed by the sha256 hex of their bytes, scales by `scale_<sha256>`.
 
-use super::payload::{PayloadHeader, FLATBUFFER_ALIGNMENT, HEADER_LENGTH};
-use crate::named_data::{InMemoryMap, NamedBlobStore, NamedDataError, StoreError};
-use crate::schema::xnn as fb;
-use crate::sha256::{sha256, to_hex};
 use flatbuffers::{FlatBufferBuilder, UnionWIPOffset, WIPOffset};
 use std::path::Path;
+use xnnblob::delegate::payload::{PayloadHeader, FLATBUFFER_ALIGNMENT, HEADER_LENGTH};
+use xnnblob::named_data::{InMemoryMap, NamedBlobStore, NamedDataError, StoreError};
+use xnnblob::schema::xnn as fb;
+use xnnblob::sha256::{sha256, to_hex};
 
 const EXTERNAL_INPUT: u32 = 1;
 const EXTERNAL_OUTPUT: u32 = 2;
@@ -784,7 +784,7 @@ impl GraphBuilder {
                 let (kind, union) = encode_node(&mut b, node);
                 // The builder writes only what the operator table defines.
                 debug_assert!(
-                    super::operators::find(kind).is_some(),
+                    xnnblob::delegate::operators::find(kind).is_some(),
                     "the builder wrote {kind:?}, which src/delegate/operators.rs lacks"
                 );
                 let output_min_max = clamp.map(|(output_min, output_max)| {

@@ -10,13 +10,13 @@
 //!   to it after its last sync. Renames and creations done before the cut are kept: losing them
 //!   as well only ever leaves an older state, which the same checks accept.
 
-use super::{Storage, StorageFile};
-use crate::mmap::MappedFile;
 use parking_lot::Mutex;
 use std::fs::File;
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use xnnblob::mmap::MappedFile;
+use xnnblob::storage::{Storage, StorageFile};
 
 /// One call made through a [`FaultyStorage`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -312,7 +312,7 @@ impl FaultyFile {
 impl StorageFile for FaultyFile {
     fn allocate(&mut self, len: u64) -> io::Result<()> {
         self.resize(Call::Allocate(len), |file| {
-            super::allocate(file, len)?;
+            xnnblob::storage::allocate(file, len)?;
             Ok(file.metadata()?.len())
         })
     }
@@ -353,7 +353,7 @@ impl StorageFile for FaultyFile {
 impl Storage for FaultyStorage {
     fn create_new(&self, path: &Path, mode: u32) -> io::Result<Box<dyn StorageFile>> {
         let file = self.run(Call::Create(path.to_path_buf()), || {
-            crate::side_file::create_new(path, mode)
+            xnnblob::storage::create_side_file(path, mode)
         })?;
         let mut state = self.state.lock();
         state.files.push(Tracked {
@@ -393,7 +393,9 @@ impl Storage for FaultyStorage {
     }
 
     fn lock_exclusive(&self, path: &Path, mode: u32) -> io::Result<File> {
-        self.run(Call::Lock, || super::OsStorage.lock_exclusive(path, mode))
+        self.run(Call::Lock, || {
+            xnnblob::storage::OsStorage.lock_exclusive(path, mode)
+        })
     }
 
     fn remove(&self, path: &Path) -> io::Result<()> {

@@ -3,7 +3,7 @@
 
 pub mod model;
 
-use crate::xnn::{Subgraph, ValueRole, XnnError};
+use xnnblob::xnn::{Subgraph, ValueRole, XnnError};
 
 /// A dense layer: `y = x · Wᵀ + b`, W stored [outputs, inputs] as XNNPACK expects.
 pub struct DenseLayer {
@@ -126,9 +126,9 @@ impl SplitMix64 {
 }
 
 /// The MLP as an ExecuTorch-style XNNPACK payload over named data (see
-/// [`GraphBuilder`](crate::delegate::builder::GraphBuilder)): input `[batch, in]`.
-pub fn mlp_payload(mlp: &Mlp, batch: u32) -> crate::delegate::builder::BuiltGraph {
-    let mut g = crate::delegate::builder::GraphBuilder::new();
+/// [`GraphBuilder`](crate::builder::GraphBuilder)): input `[batch, in]`.
+pub fn mlp_payload(mlp: &Mlp, batch: u32) -> crate::builder::BuiltGraph {
+    let mut g = crate::builder::GraphBuilder::new();
     let mut x = g.input(&[batch, mlp.input_width() as u32]);
     for (i, l) in mlp.layers.iter().enumerate() {
         let w = g.constant_f32(&[l.outputs as u32, l.inputs as u32], &l.weights);
@@ -146,13 +146,8 @@ pub fn mlp_payload(mlp: &Mlp, batch: u32) -> crate::delegate::builder::BuiltGrap
 
 /// A small CNN payload: conv 3x3 (relu), depthwise 3x3 (relu), global average pooling, fully
 /// connected, softmax; input `[1, h, w, 3]` NHWC, `classes` outputs.
-pub fn cnn_payload(
-    h: u32,
-    w: u32,
-    classes: u32,
-    seed: u64,
-) -> crate::delegate::builder::BuiltGraph {
-    use crate::delegate::builder::{ConvGeometry, GraphBuilder};
+pub fn cnn_payload(h: u32, w: u32, classes: u32, seed: u64) -> crate::builder::BuiltGraph {
+    use crate::builder::{ConvGeometry, GraphBuilder};
     let (ci, co) = (3u32, 8u32);
     let mut rng = SplitMix64(seed);
     let mut random =
@@ -191,13 +186,9 @@ pub fn cnn_payload(
 
 /// A dynamically quantized MLP payload (qd8 activations, qc8w weights with one fp32 scale per
 /// output channel): input `[batch, widths[0]]`.
-pub fn qd8_mlp_payload(
-    widths: &[u32],
-    batch: u32,
-    seed: u64,
-) -> crate::delegate::builder::BuiltGraph {
+pub fn qd8_mlp_payload(widths: &[u32], batch: u32, seed: u64) -> crate::builder::BuiltGraph {
     let mut rng = SplitMix64(seed);
-    let mut g = crate::delegate::builder::GraphBuilder::new();
+    let mut g = crate::builder::GraphBuilder::new();
     let mut x = g.input(&[batch, widths[0]]);
     for (i, w) in widths.windows(2).enumerate() {
         let (cols, rows) = (w[0], w[1]);

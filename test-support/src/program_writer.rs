@@ -10,9 +10,9 @@
 //! segment 1, the payload
 //! ```
 
-use crate::named_data::pte_format::{HEADER_LENGTH, HEADER_MAGIC};
-use crate::named_data::ScalarType;
-use crate::schema::pte as fb;
+use xnnblob::named_data::pte_format::{HEADER_LENGTH, HEADER_MAGIC};
+use xnnblob::named_data::ScalarType;
+use xnnblob::schema::pte as fb;
 
 /// Where ExecuTorch's exporter aligns segments by default, so that they can be mapped.
 const SEGMENT_ALIGNMENT: usize = 128;
@@ -72,8 +72,8 @@ pub struct DelegatedProgram<'a> {
 
 impl DelegatedProgram<'_> {
     /// Writes the program to `path` atomically: a crash leaves the old file or the new one.
-    pub fn write(&self, path: &std::path::Path) -> Result<(), crate::named_data::StoreError> {
-        crate::named_data::write_atomically(path, &self.serialize())
+    pub fn write(&self, path: &std::path::Path) -> Result<(), xnnblob::named_data::StoreError> {
+        xnnblob::named_data::write_atomically(path, &self.serialize())
     }
 
     /// The program's bytes: flatbuffer with the `eh00` header spliced in, then the payload as a
