@@ -5,7 +5,7 @@ use criterion::{criterion_group, criterion_main, Criterion};
 use std::hint::black_box;
 use xnnblob::cache::{BlobId, PackedWeightsCache};
 use xnnblob::named_data::{FileDataMap, NamedBlobStore, NamedDataMap};
-use xnnblob::shared_cache::SharedDataCache;
+use xnnblob::shared_data::SharedDataCache;
 use xnnblob::xnn::{LookUpKey, PackedWeightsProvider};
 
 fn map_of_10k() -> FileDataMap {

@@ -12,7 +12,7 @@
 
 use crate::cache::{CacheAccess, CacheError, CacheOptions, PackedWeightsCache};
 use crate::deferred::DeferredData;
-use crate::shared_cache::SharedDataCache;
+use crate::shared_data::SharedDataCache;
 use crate::xnn::{
     AsXnnWeightsCache, InMemoryWeightsCache, RuntimeOptions, Threadpool, WeightsCache, Workspace,
     XnnError, XnnpackWeightsCache,

@@ -2,7 +2,7 @@
 //!
 //! - [`xnn`]: a small safe layer over XNNPACK (subgraphs, runtimes, weights-cache providers).
 //! - [`named_data`]: ExecuTorch-compatible named data: `.ptd`/`.pte` readers, maps, the writer.
-//! - [`shared_cache`]: one shared copy of each named blob across a backend's models and methods.
+//! - [`shared_data`]: one shared copy of each named blob across a backend's models and methods.
 //! - [`cache`]: the persistent packed-weight cache bridged to XNNPACK's weights-cache callbacks.
 //! - [`deferred`]: constants whose bytes are read only if XNNPACK needs them (a cache miss).
 //! - [`backend`]: the backend-wide object (shared data, packed-weight caches, workspace,
@@ -42,7 +42,7 @@ pub mod report;
 pub mod schema;
 pub mod sha256;
 #[cfg(feature = "xnnpack")]
-pub mod shared_cache;
+pub mod shared_data;
 mod side_file;
 #[cfg(feature = "xnnpack")]
 pub mod state;

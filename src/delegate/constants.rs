@@ -9,7 +9,7 @@ use crate::cache::BlobId;
 use crate::deferred::{DeferredData, Fill};
 use crate::named_data::{DataBuffer, NamedDataMap};
 use crate::schema::xnn as fb;
-use crate::shared_cache::SharedData;
+use crate::shared_data::SharedData;
 use crate::tensor::XNN_EXTRA_BYTES;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;

@@ -1,7 +1,7 @@
 //! Why a delegate could not be initialised or run.
 
 use crate::cache::CacheError;
-use crate::shared_cache::SharedCacheError;
+use crate::shared_data::SharedCacheError;
 use crate::xnn::XnnError;
 
 /// Why a delegate could not be initialised or run.

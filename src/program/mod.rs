@@ -25,7 +25,7 @@ use crate::named_data::{
     pte_format, DataBuffer, FileDataMap, FormatError, MergedMap, NamedDataError, NamedDataMap,
 };
 use crate::schema::pte as fb;
-use crate::shared_cache::SharedDataCache;
+use crate::shared_data::SharedDataCache;
 use crate::tensor::{DType, PaddedTensor, Shape, ShapeMismatch, TensorRef, TooManyDims};
 use crate::xnn::{RawInput, RawOutput};
 use std::fmt;

@@ -1,26 +1,25 @@
 //! A small safe layer over XNNPACK: process-wide initialisation, owned subgraphs and runtimes,
 //! weights-cache providers, and `xnn_status` as a typed error.
 
-mod builtin_cache;
 mod capability;
 mod datatype;
 mod error;
+mod in_memory_provider;
 mod kernel_info;
-mod memory_cache;
 mod nodes;
 mod runtime;
 mod subgraph;
 mod threadpool;
-mod weights_cache;
+mod weights_provider;
 mod workspace;
+mod xnnpack_provider;
 
-pub use builtin_cache::XnnpackWeightsCache;
 pub use capability::runs_fp16_gemm;
 pub use datatype::Datatype;
 pub(crate) use error::buffer_too_small;
 pub use error::{Status, XnnError};
+pub use in_memory_provider::{InMemoryWeightsCache, ProviderStats};
 pub use kernel_info::{qd8_gemm_kernel, Qd8Weights};
-pub use memory_cache::{InMemoryWeightsCache, ProviderStats};
 pub use nodes::{BinaryOp, Deconvolution2dParams, Pooling2dParams, UnaryOp};
 pub use runtime::{External, RawInput, RawOutput, Runtime, RuntimeOptions};
 pub use subgraph::{
@@ -29,8 +28,9 @@ pub use subgraph::{
     ValueRole,
 };
 pub use threadpool::Threadpool;
-pub use weights_cache::{AsXnnWeightsCache, LookUpKey, PackedWeightsProvider, WeightsCache};
+pub use weights_provider::{AsXnnWeightsCache, LookUpKey, PackedWeightsProvider, WeightsCache};
 pub use workspace::Workspace;
+pub use xnnpack_provider::XnnpackWeightsCache;
 /// The two operations a pool gives XNNPACK ([`Threadpool::with_ops`]).
 pub use xnnpack_sys::pool::{PoolOps, RangeFn};
 

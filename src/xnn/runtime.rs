@@ -9,7 +9,7 @@
 use super::error::{check, XnnError};
 use super::subgraph::{ExternalDecl, Subgraph};
 use super::threadpool::Threadpool;
-use super::weights_cache::AsXnnWeightsCache;
+use super::weights_provider::AsXnnWeightsCache;
 use super::workspace::Workspace;
 use crate::aligned::AlignedBytes;
 use crate::tensor::{DType, Shape, ShapeMismatch, TensorMut, TensorRef, XNN_EXTRA_BYTES};

@@ -9,7 +9,7 @@ use xnnblob::delegate::DelegateError;
 use xnnblob::named_data::{FormatError, NamedDataError, StoreError};
 use xnnblob::program::{InputError, ProgramError};
 use xnnblob::report::report;
-use xnnblob::shared_cache::SharedDataCache;
+use xnnblob::shared_data::SharedDataCache;
 use xnnblob::state::StateError;
 use xnnblob::xnn::{Status, XnnError};
 

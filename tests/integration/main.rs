@@ -38,7 +38,7 @@ mod program_writer;
 mod read_only_damage;
 mod runtime_c;
 mod save_faults;
-mod shared_cache;
+mod shared_data;
 mod shared_state;
 mod side_files;
 mod stateful;

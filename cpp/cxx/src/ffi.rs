@@ -357,7 +357,7 @@ fn xnnpack_build_identifier() -> String {
 /// A named-data map, behind the bridge's `DataMap`.
 pub struct DataMap(Arc<dyn xnnblob::named_data::NamedDataMap>);
 /// A buffer, and the shared-cache entry it came from (held so the entry lives as long).
-pub struct Buffer(DataBuffer, Option<xnnblob::shared_cache::SharedData>);
+pub struct Buffer(DataBuffer, Option<xnnblob::shared_data::SharedData>);
 /// The backend's shared data cache (the backend handle, whose cache it is).
 pub struct SharedCache(xnnblob::backend::Backend);
 /// A packed-weight cache, behind the bridge's `WeightsCache`.

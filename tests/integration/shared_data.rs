@@ -14,7 +14,7 @@ use std::time::Duration;
 use xnnblob::named_data::{
     DataBuffer, FileDataMap, InMemoryMap, NamedBlobStore, NamedDataError, NamedDataMap,
 };
-use xnnblob::shared_cache::{SharedCacheError, SharedData, SharedDataCache};
+use xnnblob::shared_data::{SharedCacheError, SharedData, SharedDataCache};
 
 /// How long a liveness check waits before calling a hang a failure (never reached when the
 /// code is right; not a timing assertion).

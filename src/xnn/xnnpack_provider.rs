@@ -2,7 +2,7 @@
 //! `look_up` never hits by key, it only deduplicates identical packed bytes within a process.
 
 use super::error::{check, XnnError};
-use super::weights_cache::AsXnnWeightsCache;
+use super::weights_provider::AsXnnWeightsCache;
 use std::ptr::NonNull;
 use xnnpack_sys as sys;
 

@@ -4,7 +4,7 @@
 //! so a second runtime over the same weights packs nothing. It is also the "floor" the persistent
 //! cache is measured against: no cache can be faster than one that already holds every weight.
 
-use super::weights_cache::{LookUpKey, PackedWeightsProvider};
+use super::weights_provider::{LookUpKey, PackedWeightsProvider};
 use crate::aligned::AlignedBytes;
 use parking_lot::Mutex;
 use std::collections::HashMap;
