@@ -5,16 +5,16 @@
 # "libclang*" should mistake for the libclang that bindgen loads.
 #
 # What needs what:
-#   cmake, ninja-build     build XNNPACK (third_party/xnnpack-sys/build.rs)
+#   cmake, ninja-build     build XNNPACK (sys/xnnpack-sys/build.rs)
 #   libclang-dev           bindgen loads libclang to read xnnpack.h
 #   g++                    XNNPACK's C++ sources and the cxx bridge (build.rs)
 #   xz-utils               unpacks Debian's .orig.tar.xz source tarballs
-#   patch                  applies third_party/xnnpack-sys/patches/*.patch to XNNPACK's sources
+#   patch                  applies sys/xnnpack-sys/patches/*.patch to XNNPACK's sources
 #   binutils               nm lists the microkernels the XNNPACK build defines (xnnpack-sys)
 #   debian-archive-keyring the private apt configuration that fetches those tarballs checks their lists with it
 #   ca-certificates        cargo and apt reach the package registries over TLS
 #   qemu-user              tests re-run the quantized checks on an emulated AVX2-only CPU (x86-64 only)
-#   python3-venv           third_party/executorch-sys pip-installs ExecuTorch 1.5.1's wheel (its C++
+#   python3-venv           sys/executorch-sys pip-installs ExecuTorch 1.5.1's wheel (its C++
 #                          runtime) with a throw-away venv
 #
 # On an x86-64 host, also what cross-building and emulated testing for 64-bit Arm Linux need (the

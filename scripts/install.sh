@@ -72,7 +72,7 @@ for line in open(sys.argv[1]):
     except ValueError:
         continue
     if m.get("reason") == "build-script-executed" and "xnnblob-capi" in m.get("package_id", "") \
-            or m.get("reason") == "build-script-executed" and "/cpp/capi#" in m.get("package_id", ""):
+            or m.get("reason") == "build-script-executed" and "/faces/capi#" in m.get("package_id", ""):
         out_dir = m["out_dir"]
 meta = json.loads(subprocess.check_output(["cargo", "metadata", "--format-version", "1", "--no-deps"]))
 if out_dir is None:
@@ -91,9 +91,9 @@ install -d "$prefix/lib/pkgconfig" "$prefix/lib/cmake/xnnblob" "$prefix/include/
 install -m 644 "$built/libxnnblob_capi.a" "$prefix/lib/libxnnblob.a"
 install -m 755 "$built/libxnnblob_capi.so" "$prefix/lib/libxnnblob.so"
 install -m 755 "$built/libxnnblob_executorch.so" "$prefix/lib/"
-install -m 644 cpp/capi/include/xnnblob.h "$prefix/include/"
-install -m 644 cpp/cxx/include/xnnblob/delegate.h cpp/cxx/include/xnnblob/named_data.h \
-  cpp/cxx/include/xnnblob/memory_bank.h cpp/cxx/include/xnnblob/xnnblob.h "$prefix/include/xnnblob/"
+install -m 644 faces/capi/include/xnnblob.h "$prefix/include/"
+install -m 644 faces/cxx/include/xnnblob/delegate.h faces/cxx/include/xnnblob/named_data.h \
+  faces/cxx/include/xnnblob/memory_bank.h faces/cxx/include/xnnblob/xnnblob.h "$prefix/include/xnnblob/"
 install -m 644 "$cxxbridge/xnnblob/src/ffi.rs.h" "$prefix/include/xnnblob/src/"
 install -m 644 "$cxxbridge/rust/cxx.h" "$prefix/include/rust/"
 IFS=: read -ra xnnpack_dirs <<<"$xnnpack_include"

@@ -1,6 +1,6 @@
 //! A warm execute allocates nothing: counted by a global allocator over 100 executes after
 //! warm-up, through the delegate and a whole method (at changing shapes too). The C++ face's
-//! count is in `cpp/checks/tests/cpp_allocations.rs`. Only this thread's allocations count
+//! count is in `faces/checks/tests/cpp_allocations.rs`. Only this thread's allocations count
 //! (tests run in parallel).
 
 use xnnblob_test_support as common;

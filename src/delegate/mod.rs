@@ -1,7 +1,7 @@
 //! ExecuTorch's XNNPACK delegate, built on xnnblob: a processed payload (`XH00` + `XN01`
 //! graph) becomes an XNNPACK runtime whose constants come from a [`NamedDataMap`] through the
 //! backend's shared data cache, and whose packed weights come from the model's packed-weight
-//! cache ([`ModelContext`]). The C++ face (`cpp/cxx/include/xnnblob/delegate.h`) wraps exactly this.
+//! cache ([`ModelContext`]). The C++ face (`faces/cxx/include/xnnblob/delegate.h`) wraps exactly this.
 //!
 //! Inputs and outputs are bound by position, in ascending external id (the order ExecuTorch
 //! passes a delegate call's arguments in), as tensors of any boundary dtype and of any shape

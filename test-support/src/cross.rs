@@ -1,6 +1,6 @@
 //! Building for aarch64 from an x86-64 host and running what was built under user-mode qemu:
 //! shared by the core suite's aarch64 run (tests/integration/aarch64.rs) and the ExecuTorch
-//! drop-in's (cpp/executorch/tests/aarch64.rs, which includes this file by path).
+//! drop-in's (faces/executorch/tests/aarch64.rs, which includes this file by path).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -31,7 +31,7 @@ pub fn test_path(module: &str, name: &str) -> String {
 }
 
 /// The repository's root, where the core crate is: the tests of the command line (`cli/`) and
-/// of the faces (`cpp/checks/`) share these helpers and its fixtures.
+/// of the faces (`faces/checks/`) share these helpers and its fixtures.
 pub fn repo_root() -> &'static Path {
     let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
     manifest

@@ -2,7 +2,7 @@
 //! scripts/export-executorch-fixtures.py; outputs from ExecuTorch's own runtime and XNNPACK
 //! backend): every node type its lowering emits, in fp32, fp16 and static int8, and small real
 //! architectures. Here in xnnblob's own executor where the whole method is delegated (ExecuTorch's
-//! runtime runs all of them in cpp/executorch's tests), and the two node types ExecuTorch 1.5.1
+//! runtime runs all of them in faces/executorch's tests), and the two node types ExecuTorch 1.5.1
 //! does not lower (ELU, scaled dot-product attention) from payloads built here, against a plain
 //! reference.
 

@@ -3,8 +3,8 @@
 //! scripts/export-executorch-fixtures.py) whose layers share bytes in other shapes, or beside other
 //! biases, run in xnnblob's executor with no cache file, cold and warm, and match ExecuTorch's
 //! own outputs; the same bytes in two shapes are two entries of the file. The drop-in
-//! (cpp/executorch's tests) and `xnnblob run` (cli/tests) run them too; the C ABI's side is in
-//! cpp/capi's tests.
+//! (faces/executorch's tests) and `xnnblob run` (cli/tests) run them too; the C ABI's side is in
+//! faces/capi's tests.
 
 use std::path::{Path, PathBuf};
 use xnnblob::backend::{Backend, BackendOptions, PackedCache};

@@ -1,6 +1,6 @@
 //! Programs written by `xnnblob_test_support::program_writer` around generated graphs: they parse as ExecuTorch
 //! programs (header, flatbuffer, segment), and xnnblob's own executor runs them to the plain Rust
-//! reference. ExecuTorch's runtime runs them too: see cpp/executorch/tests.
+//! reference. ExecuTorch's runtime runs them too: see faces/executorch/tests.
 
 use crate::common;
 

@@ -456,7 +456,7 @@ fn assert_within_qd8_bound(
 /// Batch sizes for the quantized fully connected tests: every remainder of the widest qd8 GEMM
 /// tiles (14 rows for AVX512-VNNI+GFNI qb4w, 16 for AMX), where rows past the batch alias the
 /// last one. XNNPACK 4ea82e5 as released got batches 2, 3 and 15-17 wrong with its 14-row qb4w
-/// kernel (third_party/xnnpack-sys/patches/0001-*).
+/// kernel (sys/xnnpack-sys/patches/0001-*).
 const QD8_BATCHES: std::ops::RangeInclusive<usize> = 1..=17;
 
 /// Builds `fp32 input -> convert -> qdint8 -> fully connected (quantized filter) -> fp32`.
@@ -1237,7 +1237,7 @@ fn one_nan_among_good_values_is_an_infinite_difference() {
 /// XNNPACK's memory plan reuses the space below the lowest live tensor (patch 0005): in
 /// input -> clamp -> a (4 MiB) -> slice -> b (2 MiB) -> slice -> c (1 MiB) -> clamp -> output, a
 /// and c are never live together, so c goes where a was and the arena is a + b, 6 MiB. Unpatched,
-/// 4ea82e5 put c after b: 7 MiB (third_party/xnnpack-sys/repro/memory_plan.c).
+/// 4ea82e5 put c after b: 7 MiB (sys/xnnpack-sys/repro/memory_plan.c).
 #[test]
 fn the_memory_plan_reuses_the_space_below_the_lowest_live_tensor() {
     const MIB_FLOATS: usize = 1 << 18;

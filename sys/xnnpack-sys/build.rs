@@ -1,0 +1,893 @@
+//! Provides XNNPACK's static libraries and generates its bindings.
+//!
+//! Where XNNPACK comes from, in order:
+//! 1. `XNNPACK_INCLUDE_DIR` + `XNNPACK_LIB_DIR` (path lists): a build the user already has.
+//! 2. A cached build under the per-user cache (`XNNBLOB_XNNPACK_CACHE`, else
+//!    `$XDG_CACHE_HOME/xnnblob`, else `~/.cache/xnnblob`), keyed by the sources' hashes and the
+//!    build recipe, so `cargo clean` or a second checkout does not rebuild.
+//! 3. A fresh build from Debian's source packages: tarballs taken from `XNNBLOB_XNNPACK_SOURCES`
+//!    (a directory) or fetched with the system's apt from trixie/sid, each checked against its
+//!    sha256, patched with `patches/*.patch` (see `patches/README`), then built with cmake + ninja.
+//!
+//! Own builds also install XNNPACK's internal headers, so that `src/kernel_info.c` can name the
+//! microkernels XNNPACK's GEMM configs picked on this CPU (`xnnblob_qd8_gemm_kernel`).
+//!
+//! Cross builds (`--target` other than the host) configure CMake from the toolchain the `cc`
+//! crate finds for `TARGET` (`build/toolchain.rs`); the cache key names that toolchain.
+
+use sha2::{Digest, Sha256};
+use std::env;
+use std::fs::{self, File};
+use std::io::{self, Read};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+#[path = "build/toolchain.rs"]
+mod toolchain;
+use toolchain::Toolchain;
+
+/// One Debian source package that XNNPACK's build needs.
+struct DebianSource {
+    package: &'static str,
+    version: &'static str,
+    tarball: &'static str,
+    sha256: &'static str,
+}
+
+const SOURCES: [DebianSource; 6] = [
+    DebianSource {
+        package: "xnnpack",
+        version: "0.0~git20241108.4ea82e5-2",
+        tarball: "xnnpack_0.0~git20241108.4ea82e5.orig.tar.xz",
+        sha256: "90bde2caef0f880f627bab0dc805a86c4b8070cd98e3243db3046ab3f3be1a99",
+    },
+    DebianSource {
+        package: "cpuinfo",
+        version: "0.0~git20250905.877328f-1",
+        tarball: "cpuinfo_0.0~git20250905.877328f.orig.tar.xz",
+        sha256: "557ca404a3836b9f335a3a06b65ff9fe9dbaaefab7fb5c0185f53d9f33615a10",
+    },
+    DebianSource {
+        package: "pthreadpool",
+        version: "0.0~git20240616.560c60d-1",
+        tarball: "pthreadpool_0.0~git20240616.560c60d.orig.tar.xz",
+        sha256: "4cc3cbd933b28131d2a34edc54f76af9fb41bc490af5eae1a5bd3cd07ea90708",
+    },
+    DebianSource {
+        package: "fxdiv",
+        version: "0.0~git20200417.b408327-4",
+        tarball: "fxdiv_0.0~git20200417.b408327.orig.tar.xz",
+        sha256: "7953482badaf4cb34026c3487c257b8e4ab2df061c019bd6fabbbc12ad52c44b",
+    },
+    DebianSource {
+        package: "fp16",
+        version: "0.0~git20200514.4dfe081-5",
+        tarball: "fp16_0.0~git20200514.4dfe081.orig.tar.xz",
+        sha256: "7d7782b37b74136e0e12593a2a93ccbe7db831f4374cc408e44623d9b708b54e",
+    },
+    DebianSource {
+        package: "psimd",
+        version: "0.0~git20200517.072586a-2",
+        tarball: "psimd_0.0~git20200517.072586a.orig.tar.xz",
+        sha256: "32bbce81289866e3419e36cab6541bbddb6d45d3db10a7dcd2598dc9d0c8c6f4",
+    },
+];
+
+/// Bump when the cmake options or the install layout change: it is part of the cache key.
+/// 2: patches applied; internal headers installed under include/internal.
+/// 3: compilers, archiver and (cross builds) system and processor passed to CMake explicitly;
+///    the toolchain's identity in the key; KleidiAI off.
+const RECIPE_VERSION: &str = "3";
+
+/// The smallest `XNN_EXTRA_QUANTIZATION_PARAMS` that is safe for every qd8 GEMM kernel (see
+/// patches/0001-*): a user-provided XNNPACK with less gets a warning.
+const SAFE_EXTRA_QUANTIZATION_PARAMS: u32 = 15;
+
+const CMAKE_OPTIONS: &[&str] = &[
+    "-DXNNPACK_BUILD_TESTS=OFF",
+    "-DXNNPACK_BUILD_BENCHMARKS=OFF",
+    "-DXNNPACK_BUILD_ALL_MICROKERNELS=OFF",
+    "-DXNNPACK_LIBRARY_TYPE=static",
+    "-DCMAKE_BUILD_TYPE=Release",
+    "-DCMAKE_POSITION_INDEPENDENT_CODE=ON",
+    // XNNPACK's aarch64 build would download KleidiAI's sources at configure time, which this
+    // build neither can (no network beyond the package registries) nor should (unverified code).
+    // Without it the qp8 (KleidiAI) GEMMs are absent; XNNPACK's own NEON kernels run instead.
+    // Only arm64 consults it: x86 builds are the same either way.
+    "-DXNNPACK_ENABLE_KLEIDIAI=OFF",
+];
+
+/// Static libraries of our own build, in link order (dependents first). pthreadpool is not among
+/// them: XNNPACK's calls to it are served by `src/pool.c`, linked between XNNPACK and cpuinfo.
+const OWN_LIBS: [&str; 3] = ["XNNPACK", "microkernels-prod", "cpuinfo"];
+
+/// The static library `src/pool.c` is compiled into.
+const POOL_LIB: &str = "xnnblob_pool";
+
+/// What to run when a tool the build needs is missing.
+const INSTALL_HINT: &str =
+    "run ./scripts/install-system-deps.sh from the repository's root (it installs with apt-get every \
+     tool the build needs, and says which)";
+
+/// What to run when the cross toolchain is missing.
+const CROSS_INSTALL_HINT: &str =
+    "for aarch64-unknown-linux-gnu, run ./scripts/install-system-deps.sh --target \
+     aarch64-unknown-linux-gnu from the repository's root (Debian's cross gcc and g++); for other \
+     targets, install their C and C++ cross compilers and name them with CC_<target> and \
+     CXX_<target> if the cc crate does not find them";
+
+const HELP: &str = "\
+How to provide XNNPACK:
+  * let this build fetch it: needs apt-get (Debian), network access to Debian's archive,
+    and cmake + ninja-build + xz-utils installed (./scripts/install-system-deps.sh);
+  * or put the six .orig.tar.xz tarballs listed in sys/xnnpack-sys/build.rs in a
+    directory and set XNNBLOB_XNNPACK_SOURCES=that directory (no network needed);
+  * or point at an XNNPACK you already built: XNNPACK_INCLUDE_DIR=<dirs with xnnpack.h and
+    pthreadpool.h> XNNPACK_LIB_DIR=<dirs with libXNNPACK and libcpuinfo> (its pthreadpool is
+    not linked: xnnblob serves XNNPACK's thread-pool calls itself).";
+
+fn fail(what: &str) -> ! {
+    eprintln!("\nerror: xnnpack-sys cannot provide XNNPACK: {what}\n\n{HELP}\n");
+    std::process::exit(1);
+}
+
+/// For a missing build tool: the remedy is installing it, so the ways of providing XNNPACK
+/// would only distract.
+fn fail_missing_tool(what: &str) -> ! {
+    eprintln!("\nerror: xnnpack-sys: {what}\n");
+    std::process::exit(1);
+}
+
+fn main() {
+    for var in [
+        "XNNPACK_INCLUDE_DIR",
+        "XNNPACK_LIB_DIR",
+        "XNNBLOB_XNNPACK_CACHE",
+        "XNNBLOB_XNNPACK_SOURCES",
+        "XDG_CACHE_HOME",
+        "HOME",
+        "LIBCLANG_PATH",
+    ] {
+        println!("cargo:rerun-if-env-changed={var}");
+    }
+    println!("cargo:rerun-if-changed=build.rs");
+    println!("cargo:rerun-if-changed=build/toolchain.rs");
+
+    let toolchain = Toolchain::from_env().unwrap_or_else(|e| fail_missing_tool(&e));
+    for var in toolchain::env_vars(&env::var("TARGET").unwrap_or_default()) {
+        println!("cargo:rerun-if-env-changed={var}");
+    }
+    let install = match (
+        env::var_os("XNNPACK_INCLUDE_DIR"),
+        env::var_os("XNNPACK_LIB_DIR"),
+    ) {
+        (Some(inc), Some(lib)) => Install::user_provided(&inc, &lib),
+        (None, None) => Install::cached_or_built(&toolchain),
+        _ => fail("XNNPACK_INCLUDE_DIR and XNNPACK_LIB_DIR must be set together"),
+    };
+    install.check_quantization_padding();
+    // Before XNNPACK's libraries: the shim's references to them must precede them on the link line.
+    install.build_kernel_info();
+    install.build_pool();
+    install.emit_link_directives();
+    generate_bindings(&install.include_dirs, &toolchain.bindgen_args());
+}
+
+fn patches_dir() -> PathBuf {
+    PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"))
+        .join("patches")
+}
+
+/// `patches/*.patch` in name order, with their contents.
+fn patches() -> Vec<(String, Vec<u8>)> {
+    let dir = patches_dir();
+    println!("cargo:rerun-if-changed={}", dir.display());
+    let mut found: Vec<(String, Vec<u8>)> = fs::read_dir(&dir)
+        .map(|rd| {
+            rd.flatten()
+                .filter(|e| e.path().extension().is_some_and(|x| x == "patch"))
+                .map(|e| {
+                    let text = fs::read(e.path()).unwrap_or_else(|err| {
+                        fail(&format!("cannot read {}: {err}", e.path().display()))
+                    });
+                    (e.file_name().to_string_lossy().into_owned(), text)
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    found.sort();
+    found
+}
+
+/// Where headers and libraries are, and which libraries to link.
+struct Install {
+    include_dirs: Vec<PathBuf>,
+    lib_dirs: Vec<PathBuf>,
+    /// (name, static?)
+    libs: Vec<(String, bool)>,
+}
+
+impl Install {
+    fn user_provided(inc: &std::ffi::OsStr, lib: &std::ffi::OsStr) -> Install {
+        let include_dirs: Vec<PathBuf> = env::split_paths(inc).collect();
+        let lib_dirs: Vec<PathBuf> = env::split_paths(lib).collect();
+        if !include_dirs.iter().any(|d| d.join("xnnpack.h").is_file()) {
+            fail(&format!(
+                "no xnnpack.h in XNNPACK_INCLUDE_DIR={}",
+                inc.to_string_lossy()
+            ));
+        }
+        let mut libs = Vec::new();
+        for name in OWN_LIBS {
+            let found = lib_dirs.iter().find_map(|d| {
+                if d.join(format!("lib{name}.a")).is_file() {
+                    Some(true)
+                } else if d.join(format!("lib{name}.so")).is_file() {
+                    Some(false)
+                } else {
+                    None
+                }
+            });
+            match (found, name) {
+                (Some(is_static), _) => libs.push((name.to_string(), is_static)),
+                // Older and shared XNNPACK builds fold the microkernels into libXNNPACK.
+                (None, "microkernels-prod") => {}
+                (None, _) => fail(&format!(
+                    "no lib{name}.a or lib{name}.so in XNNPACK_LIB_DIR={}",
+                    lib.to_string_lossy()
+                )),
+            }
+        }
+        Install {
+            include_dirs,
+            lib_dirs,
+            libs,
+        }
+    }
+
+    fn cached_or_built(toolchain: &Toolchain) -> Install {
+        let root = cache_root();
+        let identity = toolchain
+            .identity()
+            .unwrap_or_else(|problem| match problem {
+                toolchain::Problem::Compiler(e) => fail_missing_tool(&format!(
+                    "{e}\n{}",
+                    if toolchain.is_cross() {
+                        CROSS_INSTALL_HINT
+                    } else {
+                        INSTALL_HINT
+                    }
+                )),
+                toolchain::Problem::Setup(e) => fail_missing_tool(&e),
+            });
+        let key = cache_key(&identity);
+        let dir = root.join(format!("xnnpack-{key}"));
+        let stamp = dir.join("BUILD_OK");
+        if !stamp.is_file() {
+            fs::create_dir_all(&root).unwrap_or_else(|e| {
+                fail(&format!("cannot create cache dir {}: {e}", root.display()))
+            });
+            // Two builds (e.g. debug and release) may start at once: one builds, the other waits.
+            let lock = File::create(root.join(format!("xnnpack-{key}.lock")))
+                .and_then(|f| f.lock().map(|()| f))
+                .unwrap_or_else(|e| fail(&format!("cannot lock {}: {e}", root.display())));
+            if !stamp.is_file() {
+                build_into(&root, &key, &dir, toolchain);
+            }
+            drop(lock);
+        }
+        Install {
+            include_dirs: vec![dir.join("include")],
+            lib_dirs: vec![dir.join("lib")],
+            libs: OWN_LIBS.iter().map(|n| (n.to_string(), true)).collect(),
+        }
+    }
+
+    /// Warns when a user-provided XNNPACK pads quantization parameters too little for its own
+    /// 14- and 16-row qd8 kernels (our builds carry patches/0001-* for that).
+    fn check_quantization_padding(&self) {
+        let Some(header) = self
+            .include_dirs
+            .iter()
+            .map(|d| d.join("xnnpack.h"))
+            .find(|h| h.is_file())
+        else {
+            return;
+        };
+        let text = fs::read_to_string(&header).unwrap_or_default();
+        let value = text.lines().find_map(|l| {
+            l.trim()
+                .strip_prefix("#define XNN_EXTRA_QUANTIZATION_PARAMS")
+                .and_then(|v| v.trim().parse::<u32>().ok())
+        });
+        if let Some(v) = value.filter(|v| *v < SAFE_EXTRA_QUANTIZATION_PARAMS) {
+            println!(
+                "cargo:warning={} pads {v} quantization parameters; qd8 x qb4w fully connected \
+                 layers give wrong results on AVX512-VNNI+GFNI CPUs for batches of 2, 3 and \
+                 14k+1 to 14k+3 rows unless it is at least {SAFE_EXTRA_QUANTIZATION_PARAMS} \
+                 (sys/xnnpack-sys/patches/0001-*)",
+                header.display()
+            );
+        }
+    }
+
+    /// Compiles src/kernel_info.c when XNNPACK's internal headers are at hand (our own builds),
+    /// with a table of every qd8 GEMM microkernel the linked libraries define, taken from their
+    /// symbols so that it matches the build whatever the architecture.
+    fn build_kernel_info(&self) {
+        println!("cargo:rustc-check-cfg=cfg(xnnpack_kernel_info)");
+        let Some(internal) = self
+            .include_dirs
+            .iter()
+            .map(|d| d.join("internal"))
+            .find(|d| d.join("xnnpack/config.h").is_file())
+        else {
+            return;
+        };
+        let mut names: Vec<String> = Vec::new();
+        for (lib, is_static) in &self.libs {
+            let Some(path) = self
+                .lib_dirs
+                .iter()
+                .map(|d| d.join(format!("lib{lib}.a")))
+                .find(|p| *is_static && p.is_file())
+            else {
+                continue;
+            };
+            let Ok(out) = Command::new("nm")
+                .args(["--defined-only", "--format=posix"])
+                .arg(&path)
+                .output()
+            else {
+                continue;
+            };
+            for line in String::from_utf8_lossy(&out.stdout).lines() {
+                let mut words = line.split_whitespace();
+                if let (Some(name), Some("T")) = (words.next(), words.next()) {
+                    if name.starts_with("xnn_qd8_f32_q") && name.contains("_gemm_minmax_ukernel_") {
+                        names.push(name.to_string());
+                    }
+                }
+            }
+        }
+        names.sort();
+        names.dedup();
+        let out = PathBuf::from(env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
+        let mut table = String::from(
+            "// Generated by xnnpack-sys's build script from the libraries' symbols.\n\
+             #include <stddef.h>\n\
+             struct xnnblob_kernel_name { const void* function; const char* name; };\n",
+        );
+        for n in &names {
+            table.push_str(&format!("extern void {n}(void);\n"));
+        }
+        table.push_str("const struct xnnblob_kernel_name xnnblob_kernel_names[] = {\n");
+        for n in &names {
+            table.push_str(&format!("  {{ (const void*) {n}, \"{n}\" }},\n"));
+        }
+        table.push_str("  { NULL, NULL }\n};\n");
+        let table_path = out.join("kernel_table.c");
+        fs::write(&table_path, table)
+            .unwrap_or_else(|e| fail(&format!("cannot write {}: {e}", table_path.display())));
+        let shim = PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets it"))
+            .join("src/kernel_info.c");
+        println!("cargo:rerun-if-changed={}", shim.display());
+        cc::Build::new()
+            .file(&shim)
+            .file(&table_path)
+            .includes(&self.include_dirs)
+            .include(&internal)
+            .warnings(false)
+            .compile("xnnblob_kernel_info");
+        println!("cargo:rustc-cfg=xnnpack_kernel_info");
+    }
+
+    /// Compiles src/pool.c, pthreadpool's API over xnnblob's pools; linked by
+    /// `emit_link_directives` after XNNPACK (which calls it) and before cpuinfo (which it calls).
+    fn build_pool(&self) {
+        let source = PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets it"))
+            .join("src/pool.c");
+        println!("cargo:rerun-if-changed={}", source.display());
+        cc::Build::new()
+            .file(&source)
+            .includes(&self.include_dirs)
+            .warnings(false)
+            // Hidden: linked into a program beside ExecuTorch's own pthreadpool library, these
+            // definitions must not take the place of that library's (its pool would then be
+            // run by this code); XNNPACK's calls bind to them when the program is linked.
+            .flag("-fvisibility=hidden")
+            .cargo_metadata(false)
+            .compile(POOL_LIB);
+        let out = PathBuf::from(env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
+        println!("cargo:rustc-link-search=native={}", out.display());
+    }
+
+    fn emit_link_directives(&self) {
+        for d in &self.lib_dirs {
+            println!("cargo:rustc-link-search=native={}", d.display());
+        }
+        for (name, is_static) in &self.libs {
+            if name == "cpuinfo" {
+                println!("cargo:rustc-link-lib=static={POOL_LIB}");
+            }
+            let kind = if *is_static { "static" } else { "dylib" };
+            println!("cargo:rustc-link-lib={kind}={name}");
+        }
+        // XNNPACK has C++ translation units (reference packing) and uses libm and pthreads.
+        println!("cargo:rustc-link-lib=dylib=stdc++");
+        println!("cargo:rustc-link-lib=dylib=m");
+        println!("cargo:rustc-link-lib=dylib=pthread");
+        let joined = env::join_paths(&self.include_dirs).expect("include dirs are joinable");
+        // Seen by dependents as DEP_XNNPACK_INCLUDE (for their C++ code).
+        println!("cargo:include={}", joined.to_string_lossy());
+    }
+}
+
+fn cache_root() -> PathBuf {
+    if let Some(dir) = env::var_os("XNNBLOB_XNNPACK_CACHE") {
+        return PathBuf::from(dir);
+    }
+    if let Some(dir) = env::var_os("XDG_CACHE_HOME").filter(|d| !d.is_empty()) {
+        return PathBuf::from(dir).join("xnnblob");
+    }
+    if let Some(home) = env::var_os("HOME").filter(|d| !d.is_empty()) {
+        return PathBuf::from(home).join(".cache").join("xnnblob");
+    }
+    PathBuf::from(env::var_os("OUT_DIR").expect("cargo sets OUT_DIR")).join("xnnpack-cache")
+}
+
+/// A short hash of everything that determines the build's output: sources, patches, recipe, and
+/// the toolchain (`Toolchain::identity`), so that a build for one target or by one compiler is
+/// never taken for another's.
+fn cache_key(toolchain_identity: &str) -> String {
+    let mut h = Sha256::new();
+    h.update(RECIPE_VERSION);
+    for s in &SOURCES {
+        h.update(s.sha256);
+    }
+    for (name, text) in patches() {
+        h.update(name);
+        h.update(text);
+    }
+    for o in CMAKE_OPTIONS {
+        h.update(o);
+    }
+    h.update(env::var("TARGET").unwrap_or_default());
+    h.update(toolchain_identity);
+    hex(&h.finalize())[..16].to_string()
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn sha256_of(path: &Path) -> io::Result<String> {
+    let mut f = File::open(path)?;
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 1 << 16];
+    loop {
+        let n = f.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+    }
+    Ok(hex(&h.finalize()))
+}
+
+fn has_verified(dir: &Path, s: &DebianSource) -> bool {
+    sha256_of(&dir.join(s.tarball)).is_ok_and(|sum| sum == s.sha256)
+}
+
+/// Makes sure every tarball is in `downloads`, verified.
+fn fetch_sources(root: &Path, downloads: &Path) {
+    fs::create_dir_all(downloads)
+        .unwrap_or_else(|e| fail(&format!("cannot create {}: {e}", downloads.display())));
+    if let Some(offline) = env::var_os("XNNBLOB_XNNPACK_SOURCES").map(PathBuf::from) {
+        for s in SOURCES.iter().filter(|s| !has_verified(downloads, s)) {
+            let from = offline.join(s.tarball);
+            if let Err(e) = fs::copy(&from, downloads.join(s.tarball)) {
+                fail(&format!("cannot copy {}: {e}", from.display()));
+            }
+        }
+    }
+    let missing: Vec<&DebianSource> = SOURCES
+        .iter()
+        .filter(|s| !has_verified(downloads, s))
+        .collect();
+    if !missing.is_empty() {
+        apt_download(root, downloads, &missing);
+    }
+    for s in &SOURCES {
+        let path = downloads.join(s.tarball);
+        match sha256_of(&path) {
+            Ok(sum) if sum == s.sha256 => {}
+            Ok(sum) => {
+                let _ = fs::remove_file(&path);
+                fail(&format!(
+                    "{} has sha256 {sum}, expected {}; removed it",
+                    s.tarball, s.sha256
+                ))
+            }
+            Err(_) => fail(&format!(
+                "source package {}={} could not be downloaded (its tarball {} is missing)",
+                s.package, s.version, s.tarball
+            )),
+        }
+    }
+}
+
+/// Downloads source tarballs with the system's apt, pointed at trixie and sid through a private
+/// configuration so the system's own lists and sources are untouched.
+fn apt_download(root: &Path, downloads: &Path, missing: &[&DebianSource]) {
+    if Command::new("apt-get")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .status()
+        .is_err()
+    {
+        fail("apt-get is not available to download Debian's source packages");
+    }
+    let mirror = debian_mirror().unwrap_or_else(|| {
+        fail("no Debian mirror found in /etc/apt/sources.list or /etc/apt/sources.list.d/*.sources")
+    });
+    let apt = root.join("apt");
+    for sub in ["lists/partial", "cache/archives/partial"] {
+        fs::create_dir_all(apt.join(sub))
+            .unwrap_or_else(|e| fail(&format!("cannot create {}: {e}", apt.display())));
+    }
+    let keyring = "/usr/share/keyrings/debian-archive-keyring.gpg";
+    let list = apt.join("sources.list");
+    let text = ["trixie", "sid"]
+        .iter()
+        .map(|suite| format!("deb-src [signed-by={keyring}] {mirror} {suite} main\n"))
+        .collect::<String>();
+    fs::write(&list, text)
+        .unwrap_or_else(|e| fail(&format!("cannot write {}: {e}", list.display())));
+    let opts = [
+        format!("-oDir::Etc::SourceList={}", list.display()),
+        "-oDir::Etc::SourceParts=/dev/null".to_string(),
+        format!("-oDir::State::Lists={}", apt.join("lists").display()),
+        format!("-oDir::Cache={}", apt.join("cache").display()),
+        "-oAPT::Sandbox::User=root".to_string(),
+        // Mirrors and caches may serve an index past its Valid-Until, or a clock may be off: the
+        // index only locates the tarballs, whose sha256 is checked here, so its age is no risk.
+        // Set here, not left to the machine's apt.conf.d, which a new machine does not share.
+        "-oAcquire::Check-Valid-Until=false".to_string(),
+        "-oAcquire::Check-Date=false".to_string(),
+        "-q".to_string(),
+    ];
+    let log = apt.join("apt.log");
+    let out = File::create(&log).unwrap_or_else(|e| fail(&format!("cannot write log: {e}")));
+    let update = Command::new("apt-get")
+        .args(&opts)
+        .arg("update")
+        .stdout(out.try_clone().expect("log handle"))
+        .stderr(out.try_clone().expect("log handle"))
+        .status();
+    if !update.is_ok_and(|s| s.success()) {
+        fail(&format!(
+            "`apt-get update` for Debian's trixie/sid source lists failed (log: {})\n{}",
+            log.display(),
+            tail(&log, 15)
+        ));
+    }
+    // The mirror may answer 404 for a package's .dsc while its .orig tarball arrives: apt then
+    // exits non-zero, so the exit code is ignored and the tarballs' sha256 decide.
+    let _ = Command::new("apt-get")
+        .args(&opts)
+        .args(["source", "--download-only"])
+        .args(
+            missing
+                .iter()
+                .map(|s| format!("{}={}", s.package, s.version)),
+        )
+        .current_dir(downloads)
+        .stdout(out.try_clone().expect("log handle"))
+        .stderr(out)
+        .status();
+    for s in missing {
+        if !has_verified(downloads, s) {
+            fail(&format!(
+                "apt did not deliver {} ({}={}) with sha256 {} (log: {})\n{}",
+                s.tarball,
+                s.package,
+                s.version,
+                s.sha256,
+                log.display(),
+                tail(&log, 15)
+            ));
+        }
+    }
+    // Only the orig tarballs are used.
+    if let Ok(entries) = fs::read_dir(downloads) {
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if !SOURCES.iter().any(|s| s.tarball == name) {
+                let _ = fs::remove_file(e.path());
+            }
+        }
+    }
+}
+
+/// The first Debian archive URI the system's apt uses (not the security archive).
+fn debian_mirror() -> Option<String> {
+    let mut uris = Vec::new();
+    if let Ok(entries) = fs::read_dir("/etc/apt/sources.list.d") {
+        let mut paths: Vec<PathBuf> = entries.flatten().map(|e| e.path()).collect();
+        paths.sort();
+        for p in paths
+            .iter()
+            .filter(|p| p.extension().is_some_and(|e| e == "sources"))
+        {
+            let text = fs::read_to_string(p).unwrap_or_default();
+            for line in text.lines() {
+                if let Some(rest) = line.trim().strip_prefix("URIs:") {
+                    uris.extend(rest.split_whitespace().map(str::to_string));
+                }
+            }
+        }
+    }
+    if let Ok(text) = fs::read_to_string("/etc/apt/sources.list") {
+        for line in text.lines() {
+            let mut words = line.split_whitespace().filter(|w| !w.starts_with('['));
+            if words.next() == Some("deb") {
+                uris.extend(words.next().map(str::to_string));
+            }
+        }
+    }
+    uris.into_iter()
+        .find(|u| u.contains("debian") && !u.contains("security"))
+}
+
+fn tail(path: &Path, lines: usize) -> String {
+    let text = fs::read_to_string(path).unwrap_or_default();
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+fn run_logged(cmd: &mut Command, log: &Path, what: &str) {
+    let out = File::create(log).unwrap_or_else(|e| fail(&format!("cannot write log: {e}")));
+    let status = cmd
+        .stdout(out.try_clone().expect("log handle"))
+        .stderr(out)
+        .status()
+        .unwrap_or_else(|e| fail(&format!("cannot run {what}: {e} (is it installed?)")));
+    if !status.success() {
+        fail(&format!(
+            "{what} failed ({status}); log: {}\n{}",
+            log.display(),
+            tail(log, 30)
+        ));
+    }
+}
+
+/// Extracts a tarball into `dest`, dropping a single top-level directory if it has one.
+fn extract(tarball: &Path, dest: &Path) {
+    let tmp = dest.with_extension("extract");
+    let _ = fs::remove_dir_all(&tmp);
+    fs::create_dir_all(&tmp).unwrap_or_else(|e| fail(&format!("cannot create dir: {e}")));
+    run_logged(
+        Command::new("tar")
+            .arg("xf")
+            .arg(tarball)
+            .arg("-C")
+            .arg(&tmp),
+        &tmp.with_extension("log"),
+        &format!("tar xf {}", tarball.display()),
+    );
+    let entries: Vec<PathBuf> = fs::read_dir(&tmp)
+        .map(|rd| rd.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default();
+    let top = match entries.as_slice() {
+        [only] if only.is_dir() => only.clone(),
+        _ => tmp.clone(),
+    };
+    let _ = fs::remove_dir_all(dest);
+    fs::rename(&top, dest).unwrap_or_else(|e| fail(&format!("cannot move sources: {e}")));
+    let _ = fs::remove_dir_all(&tmp);
+}
+
+/// Fetches, builds and installs XNNPACK into `dir` (headers and static libraries), then stamps it.
+fn build_into(root: &Path, key: &str, dir: &Path, toolchain: &Toolchain) {
+    // The compilers were run already, for the cache key.
+    require_tools(&[
+        ("cmake", "--version"),
+        ("ninja", "--version"),
+        ("xz", "--version"),
+        ("patch", "--version"),
+    ]);
+    let downloads = root.join("downloads");
+    fetch_sources(root, &downloads);
+
+    let work = root.join(format!("xnnpack-{key}.work"));
+    let _ = fs::remove_dir_all(&work);
+    let src = work.join("src");
+    fs::create_dir_all(&src)
+        .unwrap_or_else(|e| fail(&format!("cannot create {}: {e}", src.display())));
+    for s in &SOURCES {
+        extract(&downloads.join(s.tarball), &src.join(s.package));
+    }
+    for (name, _) in patches() {
+        let file = patches_dir().join(&name);
+        run_logged(
+            Command::new("patch")
+                .args(["-p1", "--batch", "--forward", "-i"])
+                .arg(&file)
+                .current_dir(src.join("xnnpack")),
+            &work.join(format!("{name}.log")),
+            &format!("patch -p1 < {}", file.display()),
+        );
+    }
+
+    let build = work.join("build");
+    let mut configure = Command::new("cmake");
+    configure
+        .arg("-G")
+        .arg("Ninja")
+        .arg("-S")
+        .arg(src.join("xnnpack"))
+        .arg("-B")
+        .arg(&build)
+        .args(CMAKE_OPTIONS)
+        .args(toolchain.cmake_args());
+    for (var, pkg) in [
+        ("CPUINFO", "cpuinfo"),
+        ("PTHREADPOOL", "pthreadpool"),
+        ("FXDIV", "fxdiv"),
+        ("FP16", "fp16"),
+        ("PSIMD", "psimd"),
+    ] {
+        configure.arg(format!("-D{var}_SOURCE_DIR={}", src.join(pkg).display()));
+    }
+    run_logged(
+        &mut configure,
+        &work.join("configure.log"),
+        "cmake configure of XNNPACK",
+    );
+    let jobs = env::var("NUM_JOBS").unwrap_or_else(|_| "2".into());
+    run_logged(
+        Command::new("cmake")
+            .arg("--build")
+            .arg(&build)
+            .args(["--target", "XNNPACK", "-j", &jobs]),
+        &work.join("build.log"),
+        "cmake --build of XNNPACK (ninja)",
+    );
+
+    let staging = root.join(format!("xnnpack-{key}.staging"));
+    let _ = fs::remove_dir_all(&staging);
+    let (inc, lib) = (staging.join("include"), staging.join("lib"));
+    for d in [&inc, &lib] {
+        fs::create_dir_all(d)
+            .unwrap_or_else(|e| fail(&format!("cannot create {}: {e}", d.display())));
+    }
+    for name in OWN_LIBS {
+        let file = format!("lib{name}.a");
+        let found = find_file(&build, &file)
+            .unwrap_or_else(|| fail(&format!("the build produced no {file}")));
+        copy(&found, &lib.join(&file));
+    }
+    for header in [
+        src.join("xnnpack/include/xnnpack.h"),
+        src.join("pthreadpool/include/pthreadpool.h"),
+    ] {
+        copy(
+            &header,
+            &inc.join(header.file_name().expect("header has a name")),
+        );
+    }
+    // XNNPACK's internal headers, for src/kernel_info.c only (never for bindings).
+    let internal = inc.join("internal/xnnpack");
+    fs::create_dir_all(&internal)
+        .unwrap_or_else(|e| fail(&format!("cannot create {}: {e}", internal.display())));
+    let headers = src.join("xnnpack/src/xnnpack");
+    for e in fs::read_dir(&headers)
+        .unwrap_or_else(|e| fail(&format!("cannot list {}: {e}", headers.display())))
+        .flatten()
+    {
+        if e.path().extension().is_some_and(|x| x == "h") {
+            copy(&e.path(), &internal.join(e.file_name()));
+        }
+    }
+    fs::write(staging.join("BUILD_OK"), format!("key {key}\n"))
+        .unwrap_or_else(|e| fail(&format!("cannot write stamp: {e}")));
+    let _ = fs::remove_dir_all(dir);
+    fs::rename(&staging, dir).unwrap_or_else(|e| fail(&format!("cannot publish build: {e}")));
+    let _ = fs::remove_dir_all(&work);
+}
+
+/// Stops with one message naming every missing tool, before a long build fails half-way.
+fn require_tools(tools: &[(&str, &str)]) {
+    let missing: Vec<&str> = tools
+        .iter()
+        .filter(|(tool, probe)| {
+            !Command::new(tool)
+                .arg(probe)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+        })
+        .map(|(tool, _)| *tool)
+        .collect();
+    if !missing.is_empty() {
+        fail_missing_tool(&format!(
+            "building XNNPACK needs {}, which this machine lacks: {INSTALL_HINT}",
+            missing.join(", ")
+        ));
+    }
+}
+
+fn copy(from: &Path, to: &Path) {
+    if let Err(e) = fs::copy(from, to) {
+        fail(&format!(
+            "cannot copy {} to {}: {e}",
+            from.display(),
+            to.display()
+        ));
+    }
+}
+
+fn find_file(dir: &Path, name: &str) -> Option<PathBuf> {
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in fs::read_dir(&d).ok()?.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if e.file_name() == name {
+                return Some(p);
+            }
+        }
+    }
+    None
+}
+
+fn generate_bindings(include_dirs: &[PathBuf], target_args: &[String]) {
+    let out = PathBuf::from(env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
+    let builder = bindgen::Builder::default()
+        .header_contents("wrapper.h", "#include <xnnpack.h>\n")
+        .clang_args(target_args)
+        .clang_args(include_dirs.iter().map(|d| format!("-I{}", d.display())))
+        .allowlist_function("xnn_.*")
+        // The thread pool XNNPACK runs on (xnnpack.h includes pthreadpool.h): the handle type
+        // and the flags; src/pool.c implements the calls.
+        .allowlist_type("pthreadpool_t")
+        .allowlist_var("PTHREADPOOL_FLAG_.*")
+        .allowlist_type("xnn_.*")
+        .allowlist_var("XNN_.*")
+        .prepend_enum_name(false)
+        .derive_default(true);
+    // bindgen panics when it cannot load libclang; that becomes one message, not a backtrace.
+    let message = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let seen = std::sync::Arc::clone(&message);
+    std::panic::set_hook(Box::new(move |info| {
+        let text = info
+            .payload()
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| info.payload().downcast_ref::<&str>().map(|s| s.to_string()))
+            .unwrap_or_default();
+        *seen.lock().unwrap_or_else(|e| e.into_inner()) = text;
+    }));
+    // The builder is dropped with the panic; nothing of it is observed afterwards.
+    let generated =
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || builder.generate()));
+    let _ = std::panic::take_hook();
+    let bindings = match generated {
+        Ok(Ok(bindings)) => bindings,
+        Ok(Err(e)) => fail(&format!("bindgen could not read xnnpack.h: {e}")),
+        Err(_) => {
+            let why = message.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            fail_missing_tool(&format!(
+                "bindgen cannot load libclang ({why}).\n\
+                 The libclang bindgen loads comes from libclang-dev (libclang-cpp is not it): \
+                 {INSTALL_HINT}, or set LIBCLANG_PATH to a directory holding libclang.so"
+            ))
+        }
+    };
+    bindings
+        .write_to_file(out.join("bindings.rs"))
+        .unwrap_or_else(|e| fail(&format!("cannot write bindings: {e}")));
+}
