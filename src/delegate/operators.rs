@@ -1,7 +1,9 @@
 //! The one table of XNNPACK nodes this delegate supports: for each, the node kind of ExecuTorch's
-//! XNNPACK schema, the XNNPACK call it becomes, and how it is defined in the subgraph. Checking
-//! a payload, defining its nodes, the builder's tests and docs/delegate.md's list all follow
-//! from [`OPERATORS`].
+//! XNNPACK schema, the XNNPACK call it becomes, how it is defined in the subgraph, the values it
+//! reads and writes, and the operand it packs through the weights cache. Checking a payload,
+//! defining its nodes, ordering and deferring its constants, the builder's tests and
+//! docs/delegate.md's list all follow from [`OPERATORS`]: a new node is one new row (and its
+//! definition).
 
 use super::error::{at, DelegateError};
 use crate::schema::xnn as fb;
@@ -22,7 +24,18 @@ pub struct Operator {
     pub xnnpack: &'static str,
     kind: fb::XNodeUnion,
     define: Define,
+    /// The payload ids it reads (an absent bias left out) and those it writes.
+    io: Io,
+    /// The operand XNNPACK reads only to pack it, through the weights cache after a look-up
+    /// keyed by its address, if any (see [`packed_operands`]).
+    packs: Packs,
 }
+
+/// What a node reads and writes; None when its table is not the one its kind names.
+type Io = for<'g> fn(&fb::XNode<'g>) -> Option<(Vec<u32>, Vec<u32>)>;
+
+/// The payload id of the operand a node packs through the weights cache, if any.
+type Packs = for<'g> fn(&fb::XNode<'g>) -> Option<u32>;
 
 /// Defines one node: the subgraph, the node, and what it refers to.
 type Define =
@@ -74,282 +87,376 @@ pub static OPERATORS: &[Operator] = &[
         xnnpack: "xnn_define_fully_connected",
         kind: fb::XNodeUnion::XNNFullyConnected,
         define: fully_connected,
+        io: fully_connected_io,
+        packs: fully_connected_filter,
     },
     Operator {
         node: "XNNConv2d",
         xnnpack: "xnn_define_convolution_2d",
         kind: fb::XNodeUnion::XNNConv2d,
         define: convolution_2d,
+        io: convolution_io,
+        packs: convolution_filter,
     },
     Operator {
         node: "XNNDepthwiseConv2d",
         xnnpack: "xnn_define_depthwise_convolution_2d",
         kind: fb::XNodeUnion::XNNDepthwiseConv2d,
         define: depthwise_convolution_2d,
+        io: convolution_io,
+        packs: nothing_packed,
     },
     Operator {
         node: "XNNAdd",
         xnnpack: "xnn_define_binary (add, clamped to the node's min/max)",
         kind: fb::XNodeUnion::XNNAdd,
         define: add,
+        io: two_to_one_io,
+        packs: nothing_packed,
     },
     Operator {
         node: "XNNMultiply",
         xnnpack: "xnn_define_binary (multiply, clamped to the node's min/max)",
         kind: fb::XNodeUnion::XNNMultiply,
         define: multiply,
+        io: two_to_one_io,
+        packs: nothing_packed,
     },
     Operator {
         node: "XNNBatchMatrixMultiply",
         xnnpack: "xnn_define_batch_matrix_multiply",
         kind: fb::XNodeUnion::XNNBatchMatrixMultiply,
         define: batch_matrix_multiply,
+        io: two_to_one_io,
+        packs: nothing_packed,
     },
     Operator {
         node: "XNNClamp",
         xnnpack: "xnn_define_clamp",
         kind: fb::XNodeUnion::XNNClamp,
         define: clamp,
+        io: one_to_one_io,
+        packs: nothing_packed,
     },
     Operator {
         node: "XNNSoftmax",
         xnnpack: "xnn_define_softmax",
         kind: fb::XNodeUnion::XNNSoftmax,
         define: softmax,
+        io: one_to_one_io,
+        packs: nothing_packed,
     },
     Operator {
         node: "XNNConvert",
         xnnpack: "xnn_define_convert",
         kind: fb::XNodeUnion::XNNConvert,
         define: convert,
+        io: one_to_one_io,
+        packs: nothing_packed,
     },
     Operator {
         node: "XNNGlobalAvgPooling2d",
         xnnpack: "xnn_define_global_average_pooling_2d",
         kind: fb::XNodeUnion::XNNGlobalAvgPooling2d,
         define: global_average_pooling_2d,
+        io: one_to_one_io,
+        packs: nothing_packed,
     },
     Operator {
         node: "XNNStaticReshape",
         xnnpack: "xnn_define_static_reshape",
         kind: fb::XNodeUnion::XNNStaticReshape,
         define: static_reshape,
+        io: static_reshape_io,
+        packs: nothing_packed,
     },
     Operator {
         node: "XNNStaticTranspose",
         xnnpack: "xnn_define_static_transpose",
         kind: fb::XNodeUnion::XNNStaticTranspose,
         define: static_transpose,
+        io: static_transpose_io,
+        packs: nothing_packed,
     },
     Operator {
         node: "XNNStaticSlice",
         xnnpack: "xnn_define_static_slice",
         kind: fb::XNodeUnion::XNNStaticSlice,
         define: static_slice,
+        io: static_slice_io,
+        packs: nothing_packed,
     },
     Operator {
         node: "XNNConcatenate2",
         xnnpack: "xnn_define_concatenate2",
         kind: fb::XNodeUnion::XNNConcatenate2,
         define: concatenate,
+        io: concatenation_io,
+        packs: nothing_packed,
     },
     Operator {
         node: "XNNSubtract",
         xnnpack: "xnn_define_binary (subtract, clamped to the node's min/max)",
         kind: fb::XNodeUnion::XNNSubtract,
         define: subtract,
+        io: two_to_one_io,
+        packs: nothing_packed,
     },
     Operator {
         node: "XNNDiv",
         xnnpack: "xnn_define_binary (divide, clamped to the node's min/max)",
         kind: fb::XNodeUnion::XNNDiv,
         define: divide,
+        io: two_to_one_io,
+        packs: nothing_packed,
     },
     Operator {
         node: "XNNMinimum",
         xnnpack: "xnn_define_binary (minimum)",
         kind: fb::XNodeUnion::XNNMinimum,
         define: minimum,
+        io: two_to_one_io,
+        packs: nothing_packed,
     },
     Operator {
         node: "XNNMaximum",
         xnnpack: "xnn_define_binary (maximum)",
         kind: fb::XNodeUnion::XNNMaximum,
         define: maximum,
+        io: two_to_one_io,
+        packs: nothing_packed,
     },
     Operator {
         node: "XNNPReLU",
         xnnpack: "xnn_define_prelu",
         kind: fb::XNodeUnion::XNNPReLU,
         define: prelu,
+        io: two_to_one_io,
+        packs: nothing_packed,
     },
     Operator {
         node: "XNNAbs",
         xnnpack: "xnn_define_unary (abs)",
         kind: fb::XNodeUnion::XNNAbs,
         define: abs,
+        io: one_to_one_io,
+        packs: nothing_packed,
     },
     Operator {
         node: "XNNCeiling",
         xnnpack: "xnn_define_unary (ceiling)",
         kind: fb::XNodeUnion::XNNCeiling,
         define: ceiling,
+        io: one_to_one_io,
+        packs: nothing_packed,
     },
     Operator {
         node: "XNNExp",
         xnnpack: "xnn_define_unary (exp)",
         kind: fb::XNodeUnion::XNNExp,
         define: exp,
+        io: one_to_one_io,
+        packs: nothing_packed,
     },
     Operator {
         node: "XNNFloor",
         xnnpack: "xnn_define_unary (floor)",
         kind: fb::XNodeUnion::XNNFloor,
         define: floor,
+        io: one_to_one_io,
+        packs: nothing_packed,
     },
     Operator {
         node: "XNNGelu",
         xnnpack: "xnn_define_unary (gelu)",
         kind: fb::XNodeUnion::XNNGelu,
         define: gelu,
+        io: one_to_one_io,
+        packs: nothing_packed,
     },
     Operator {
         node: "XNNHardswish",
         xnnpack: "xnn_define_unary (hardswish)",
         kind: fb::XNodeUnion::XNNHardswish,
         define: hardswish,
+        io: one_to_one_io,
+        packs: nothing_packed,
     },
     Operator {
         node: "XNNLog",
         xnnpack: "xnn_define_unary (log)",
         kind: fb::XNodeUnion::XNNLog,
         define: log,
+        io: one_to_one_io,
+        packs: nothing_packed,
     },
     Operator {
         node: "XNNNegate",
         xnnpack: "xnn_define_unary (negate)",
         kind: fb::XNodeUnion::XNNNegate,
         define: negate,
+        io: one_to_one_io,
+        packs: nothing_packed,
     },
     Operator {
         node: "XNNReciprocalSquareRoot",
         xnnpack: "xnn_define_unary (reciprocal_square_root)",
         kind: fb::XNodeUnion::XNNReciprocalSquareRoot,
         define: reciprocal_square_root,
+        io: one_to_one_io,
+        packs: nothing_packed,
     },
     Operator {
         node: "XNNSigmoid",
         xnnpack: "xnn_define_unary (sigmoid)",
         kind: fb::XNodeUnion::XNNSigmoid,
         define: sigmoid,
+        io: one_to_one_io,
+        packs: nothing_packed,
     },
     Operator {
         node: "XNNSin",
         xnnpack: "xnn_define_unary (sine)",
         kind: fb::XNodeUnion::XNNSin,
         define: sine,
+        io: one_to_one_io,
+        packs: nothing_packed,
     },
     Operator {
         node: "XNNCos",
         xnnpack: "xnn_define_unary (cosine)",
         kind: fb::XNodeUnion::XNNCos,
         define: cosine,
+        io: one_to_one_io,
+        packs: nothing_packed,
     },
     Operator {
         node: "XNNSquare",
         xnnpack: "xnn_define_unary (square)",
         kind: fb::XNodeUnion::XNNSquare,
         define: square,
+        io: one_to_one_io,
+        packs: nothing_packed,
     },
     Operator {
         node: "XNNSquareRoot",
         xnnpack: "xnn_define_unary (square_root)",
         kind: fb::XNodeUnion::XNNSquareRoot,
         define: square_root,
+        io: one_to_one_io,
+        packs: nothing_packed,
     },
     Operator {
         node: "XNNTanh",
         xnnpack: "xnn_define_unary (tanh)",
         kind: fb::XNodeUnion::XNNTanh,
         define: tanh,
+        io: one_to_one_io,
+        packs: nothing_packed,
     },
     Operator {
         node: "XNNLeakyReLU",
         xnnpack: "xnn_define_unary (leaky_relu, negative_slope)",
         kind: fb::XNodeUnion::XNNLeakyReLU,
         define: leaky_relu,
+        io: leaky_relu_io,
+        packs: nothing_packed,
     },
     Operator {
         node: "XNNELU",
         xnnpack: "xnn_define_unary (elu, alpha)",
         kind: fb::XNodeUnion::XNNELU,
         define: elu,
+        io: elu_io,
+        packs: nothing_packed,
     },
     Operator {
         node: "XNNMaxPooling2d",
         xnnpack: "xnn_define_max_pooling_2d",
         kind: fb::XNodeUnion::XNNMaxPooling2d,
         define: max_pooling_2d,
+        io: pooling_io,
+        packs: nothing_packed,
     },
     Operator {
         node: "XNNAvgPooling2d",
         xnnpack: "xnn_define_average_pooling_2d",
         kind: fb::XNodeUnion::XNNAvgPooling2d,
         define: average_pooling_2d,
+        io: pooling_io,
+        packs: nothing_packed,
     },
     Operator {
         node: "XNNArgMaxPooling2d",
         xnnpack: "xnn_define_argmax_pooling_2d",
         kind: fb::XNodeUnion::XNNArgMaxPooling2d,
         define: argmax_pooling_2d,
+        io: arg_max_pooling_io,
+        packs: nothing_packed,
     },
     Operator {
         node: "XNNConvTranspose2d",
         xnnpack: "xnn_define_deconvolution_2d",
         kind: fb::XNodeUnion::XNNConvTranspose2d,
         define: deconvolution_2d,
+        io: convolution_io,
+        packs: nothing_packed,
     },
     Operator {
         node: "XNNStaticConstantPad",
         xnnpack: "xnn_define_static_constant_pad",
         kind: fb::XNodeUnion::XNNStaticConstantPad,
         define: static_constant_pad,
+        io: constant_pad_io,
+        packs: nothing_packed,
     },
     Operator {
         node: "XNNStaticResizeBilinear2D",
         xnnpack: "xnn_define_static_resize_bilinear_2d",
         kind: fb::XNodeUnion::XNNStaticResizeBilinear2D,
         define: static_resize_bilinear_2d,
+        io: resize_bilinear_io,
+        packs: nothing_packed,
     },
     Operator {
         node: "XNNConcatenate3",
         xnnpack: "xnn_define_concatenate3",
         kind: fb::XNodeUnion::XNNConcatenate3,
         define: concatenate,
+        io: concatenation_io,
+        packs: nothing_packed,
     },
     Operator {
         node: "XNNConcatenate4",
         xnnpack: "xnn_define_concatenate4",
         kind: fb::XNodeUnion::XNNConcatenate4,
         define: concatenate,
+        io: concatenation_io,
+        packs: nothing_packed,
     },
     Operator {
         node: "XNNConcatenate5",
         xnnpack: "xnn_define_concatenate5",
         kind: fb::XNodeUnion::XNNConcatenate5,
         define: concatenate,
+        io: concatenation_io,
+        packs: nothing_packed,
     },
     Operator {
         node: "XNNCopy",
         xnnpack: "xnn_define_copy",
         kind: fb::XNodeUnion::XNNCopy,
         define: copy,
+        io: one_to_one_io,
+        packs: nothing_packed,
     },
     Operator {
         node: "XNNScaledDotProductAttention",
         xnnpack: "xnn_define_scaled_dot_product_attention",
         kind: fb::XNodeUnion::XNNScaledDotProductAttention,
         define: scaled_dot_product_attention,
+        io: attention_io,
+        packs: nothing_packed,
     },
 ];
 
@@ -428,68 +535,123 @@ fn convolution<'g>(node: &fb::XNode<'g>) -> Option<fb::_XNNNodeConv<'g>> {
         .or_else(|| node.xnode_union_as_xnnconv_transpose_2d())
 }
 
-/// The payload ids a supported node reads (an absent bias left out) and those it writes.
+/// The payload ids a supported node reads (an absent bias left out) and those it writes: its
+/// row's [`Io`].
 pub(crate) fn node_io(node: &fb::XNode<'_>) -> Option<(Vec<u32>, Vec<u32>)> {
-    let present = |ids: &[u32]| ids.iter().copied().filter(|&i| i != NO_VALUE).collect();
-    if let Some(n) = one_to_one(node) {
-        return Some((vec![n.input_id()], vec![n.output_id()]));
-    }
-    if let Some(n) = two_to_one(node) {
-        return Some((vec![n.input1_id(), n.input2_id()], vec![n.output_id()]));
-    }
-    if let Some(n) = convolution(node) {
-        let inputs = present(&[n.input1_id(), n.filter_id(), n.bias_id()]);
-        return Some((inputs, vec![n.output_id()]));
-    }
-    if let Some(n) = node.xnode_union_as_xnnfully_connected() {
-        let inputs = present(&[n.input1_id(), n.filter_id(), n.bias_id()]);
-        return Some((inputs, vec![n.output_id()]));
-    }
-    if let Some((c, inputs)) = concatenation(node) {
-        return Some((inputs, vec![c.output_id()]));
-    }
-    if let Some(n) = pooling(node) {
-        return Some((vec![n.input_id()], vec![n.output_id()]));
-    }
-    if let Some(n) = node.xnode_union_as_xnnarg_max_pooling_2d() {
-        return Some((
-            vec![n.input_id()],
-            vec![n.output_value_id(), n.output_index_id()],
-        ));
-    }
-    if let Some(n) = node.xnode_union_as_xnnscaled_dot_product_attention() {
-        let inputs = vec![
-            n.query_id(),
-            n.key_id(),
-            n.value_id(),
-            n.scale_id(),
-            n.mask_id(),
-        ];
-        return Some((inputs, vec![n.output_id()]));
-    }
-    let one = |input: u32, output: u32| Some((vec![input], vec![output]));
-    if let Some(n) = node.xnode_union_as_xnnstatic_reshape() {
-        return one(n.input_id(), n.output_id());
-    }
-    if let Some(n) = node.xnode_union_as_xnnstatic_transpose() {
-        return one(n.input_id(), n.output_id());
-    }
-    if let Some(n) = node.xnode_union_as_xnnstatic_slice() {
-        return one(n.input_id(), n.output_id());
-    }
-    if let Some(n) = node.xnode_union_as_xnnstatic_constant_pad() {
-        return one(n.input_id(), n.output_id());
-    }
-    if let Some(n) = node.xnode_union_as_xnnstatic_resize_bilinear_2_d() {
-        return one(n.input_id(), n.output_id());
-    }
-    if let Some(n) = node.xnode_union_as_xnnleaky_re_lu() {
-        return one(n.input_id(), n.output_id());
-    }
-    if let Some(n) = node.xnode_union_as_xnnelu() {
-        return one(n.input_id(), n.output_id());
-    }
+    (find(node.xnode_union_type())?.io)(node)
+}
+
+/// Payload ids, an absent one (`NO_VALUE`) left out.
+fn present(ids: &[u32]) -> Vec<u32> {
+    ids.iter().copied().filter(|&i| i != NO_VALUE).collect()
+}
+
+fn one_to_one_io(node: &fb::XNode<'_>) -> Option<(Vec<u32>, Vec<u32>)> {
+    let n = one_to_one(node)?;
+    Some((vec![n.input_id()], vec![n.output_id()]))
+}
+
+fn two_to_one_io(node: &fb::XNode<'_>) -> Option<(Vec<u32>, Vec<u32>)> {
+    let n = two_to_one(node)?;
+    Some((vec![n.input1_id(), n.input2_id()], vec![n.output_id()]))
+}
+
+fn convolution_io(node: &fb::XNode<'_>) -> Option<(Vec<u32>, Vec<u32>)> {
+    let n = convolution(node)?;
+    Some((
+        present(&[n.input1_id(), n.filter_id(), n.bias_id()]),
+        vec![n.output_id()],
+    ))
+}
+
+fn fully_connected_io(node: &fb::XNode<'_>) -> Option<(Vec<u32>, Vec<u32>)> {
+    let n = node.xnode_union_as_xnnfully_connected()?;
+    Some((
+        present(&[n.input1_id(), n.filter_id(), n.bias_id()]),
+        vec![n.output_id()],
+    ))
+}
+
+fn concatenation_io(node: &fb::XNode<'_>) -> Option<(Vec<u32>, Vec<u32>)> {
+    let (c, inputs) = concatenation(node)?;
+    Some((inputs, vec![c.output_id()]))
+}
+
+fn pooling_io(node: &fb::XNode<'_>) -> Option<(Vec<u32>, Vec<u32>)> {
+    let n = pooling(node)?;
+    Some((vec![n.input_id()], vec![n.output_id()]))
+}
+
+fn arg_max_pooling_io(node: &fb::XNode<'_>) -> Option<(Vec<u32>, Vec<u32>)> {
+    let n = node.xnode_union_as_xnnarg_max_pooling_2d()?;
+    Some((
+        vec![n.input_id()],
+        vec![n.output_value_id(), n.output_index_id()],
+    ))
+}
+
+fn attention_io(node: &fb::XNode<'_>) -> Option<(Vec<u32>, Vec<u32>)> {
+    let n = node.xnode_union_as_xnnscaled_dot_product_attention()?;
+    let inputs = vec![
+        n.query_id(),
+        n.key_id(),
+        n.value_id(),
+        n.scale_id(),
+        n.mask_id(),
+    ];
+    Some((inputs, vec![n.output_id()]))
+}
+
+fn static_reshape_io(node: &fb::XNode<'_>) -> Option<(Vec<u32>, Vec<u32>)> {
+    let n = node.xnode_union_as_xnnstatic_reshape()?;
+    Some((vec![n.input_id()], vec![n.output_id()]))
+}
+
+fn static_transpose_io(node: &fb::XNode<'_>) -> Option<(Vec<u32>, Vec<u32>)> {
+    let n = node.xnode_union_as_xnnstatic_transpose()?;
+    Some((vec![n.input_id()], vec![n.output_id()]))
+}
+
+fn static_slice_io(node: &fb::XNode<'_>) -> Option<(Vec<u32>, Vec<u32>)> {
+    let n = node.xnode_union_as_xnnstatic_slice()?;
+    Some((vec![n.input_id()], vec![n.output_id()]))
+}
+
+fn constant_pad_io(node: &fb::XNode<'_>) -> Option<(Vec<u32>, Vec<u32>)> {
+    let n = node.xnode_union_as_xnnstatic_constant_pad()?;
+    Some((vec![n.input_id()], vec![n.output_id()]))
+}
+
+fn resize_bilinear_io(node: &fb::XNode<'_>) -> Option<(Vec<u32>, Vec<u32>)> {
+    let n = node.xnode_union_as_xnnstatic_resize_bilinear_2_d()?;
+    Some((vec![n.input_id()], vec![n.output_id()]))
+}
+
+fn leaky_relu_io(node: &fb::XNode<'_>) -> Option<(Vec<u32>, Vec<u32>)> {
+    let n = node.xnode_union_as_xnnleaky_re_lu()?;
+    Some((vec![n.input_id()], vec![n.output_id()]))
+}
+
+fn elu_io(node: &fb::XNode<'_>) -> Option<(Vec<u32>, Vec<u32>)> {
+    let n = node.xnode_union_as_xnnelu()?;
+    Some((vec![n.input_id()], vec![n.output_id()]))
+}
+
+/// A node that packs no operand through the weights cache.
+fn nothing_packed(_node: &fb::XNode<'_>) -> Option<u32> {
     None
+}
+
+/// A fully connected node's filter.
+fn fully_connected_filter(node: &fb::XNode<'_>) -> Option<u32> {
+    Some(node.xnode_union_as_xnnfully_connected()?.filter_id())
+}
+
+/// A 2-D convolution's filter, unless it has one input channel per group: XNNPACK runs that as
+/// a depthwise convolution, which reads its filter as it is.
+fn convolution_filter(node: &fb::XNode<'_>) -> Option<u32> {
+    let c = node.xnode_union_as_xnnconv_2d()?;
+    (c.groups() <= 1 || c.group_input_channels() != 1).then(|| c.filter_id())
 }
 
 /// The name of every node type of ExecuTorch 1.5.1's XNNPACK schema, in discriminant order.
@@ -506,27 +668,17 @@ pub fn is_supported(node: &str) -> bool {
 }
 
 /// The payload ids of the operands XNNPACK reads only to pack them through the weights cache,
-/// after a look-up keyed by their address: the filters of fully connected and convolution nodes.
-/// Biases are left out: for dynamically quantized inputs XNNPACK packs the bias without it being
-/// part of the look-up key. So is a convolution with one input channel per group, which XNNPACK
-/// runs as a depthwise convolution. Whether another node also reads one as it is,
-/// [`define_nodes`] tells.
+/// after a look-up keyed by their address: each row's [`Packs`], the filters of fully connected
+/// and convolution nodes. Biases are left out: for dynamically quantized inputs XNNPACK packs
+/// the bias without it being part of the look-up key. Whether another node also reads one as it
+/// is, [`define_nodes`] tells.
 pub(crate) fn packed_operands(graph: &fb::XNNGraph<'_>) -> HashSet<u32> {
-    let mut packed = HashSet::new();
-    for node in graph.xnodes().iter().flatten() {
-        let filter = if let Some(fc) = node.xnode_union_as_xnnfully_connected() {
-            fc.filter_id()
-        } else if let Some(c) = node
-            .xnode_union_as_xnnconv_2d()
-            .filter(|c| c.groups() <= 1 || c.group_input_channels() != 1)
-        {
-            c.filter_id()
-        } else {
-            continue;
-        };
-        packed.insert(filter);
-    }
-    packed
+    graph
+        .xnodes()
+        .iter()
+        .flatten()
+        .filter_map(|node| (find(node.xnode_union_type())?.packs)(&node))
+        .collect()
 }
 
 /// Defines every node of the graph (checked against the table before anything was loaded).
