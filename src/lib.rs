@@ -12,7 +12,8 @@
 //!   by hand.
 //! - [`schema`]: the flatbuffer schemas xnnblob reads, as flatc generates them.
 //! - [`tensor`]: element types, shapes and tensor views at a delegate's boundary.
-//! - [`link`]: a `.ptd`'s blobs compiled into the binary.
+//! - [`link`]: a `.ptd`'s blobs compiled into the binary (by the `xnnblob-link` generator),
+//!   served in place.
 //! - [`aligned`], [`mmap`], [`sha256`]: aligned buffers, read-only file maps, content keys.
 //!
 //! The faces are crates of their own: `xnnblob-cxx` (C++), `xnnblob-capi` (C),

@@ -411,8 +411,8 @@ fn inspect_keys(file: &Path) -> Result<(), Box<dyn std::error::Error>> {
 
 fn link(ptd: &Path, out: &Path, model: Option<&str>) -> Result<(), Box<dyn std::error::Error>> {
     let written = match model {
-        Some(model) => xnnblob::link::generate_named(ptd, out, model),
-        None => xnnblob::link::generate(ptd, out),
+        Some(model) => xnnblob_link::generate_named(ptd, out, model),
+        None => xnnblob_link::generate(ptd, out),
     };
     let written = written.map_err(|e| format!("{}: {e}", ptd.display()))?;
     outln!("written {}", written.display());

@@ -10,7 +10,7 @@ fn main() {
         ("mlp_portable_external", "second"),
     ] {
         let ptd = data.join(format!("{model}.ptd"));
-        xnnblob::link::generate(&ptd, &out.join(dir)).expect("linked parameters");
+        xnnblob_link::generate(&ptd, &out.join(dir)).expect("linked parameters");
         println!("cargo:rerun-if-changed={}", ptd.display());
     }
 }

@@ -52,7 +52,7 @@ fn a_key_cannot_inject_code_into_the_generated_source() {
         .unwrap();
     let ptd = dir.join("9 odd-name.ptd");
     store.write_ptd("m", &ptd).unwrap();
-    let rs = xnnblob::link::generate(&ptd, &dir.join("out")).unwrap();
+    let rs = xnnblob_link::generate(&ptd, &dir.join("out")).unwrap();
     let rs = std::fs::read_to_string(rs).unwrap();
     assert!(
         !rs.lines()
