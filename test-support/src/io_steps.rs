@@ -98,3 +98,15 @@ pub fn run_steps(
     }
     worst
 }
+
+/// The `--call` value (`xnnblob run`, `xnnblob-et-run`) for one call of a `NAME.calls.json`, its
+/// files in `dir`: `METHOD:INPUT,...`.
+pub fn call_arg(dir: &Path, call: &Value) -> String {
+    let inputs: Vec<String> = call["inputs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| dir.join(t["file"].as_str().unwrap()).display().to_string())
+        .collect();
+    format!("{}:{}", call["method"].as_str().unwrap(), inputs.join(","))
+}

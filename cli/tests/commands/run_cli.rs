@@ -634,16 +634,7 @@ fn calls_of_methods_sharing_mutable_buffers_give_eagers_outputs() {
         }
         let calls = description["calls"].as_array().unwrap();
         for call in calls {
-            let files: Vec<String> = call["inputs"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|t| dir.join(t["file"].as_str().unwrap()).display().to_string())
-                .collect();
-            args.extend([
-                "--call".into(),
-                format!("{}:{}", call["method"].as_str().unwrap(), files.join(",")),
-            ]);
+            args.extend(["--call".into(), common::io_steps::call_arg(&dir, call)]);
         }
         args.extend(["--cache".into(), cache.display().to_string()]);
         for launch in ["cold", "warm"] {

@@ -456,17 +456,7 @@ pub fn sharing_programs() -> Vec<String> {
     names
 }
 
-/// The runner's `--call` value for one call of a `calls.json` (its files in `dir`):
-/// `METHOD:INPUT,...`.
-pub fn call_arg(dir: &Path, call: &Value) -> String {
-    let inputs: Vec<String> = call["inputs"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| dir.join(t["file"].as_str().unwrap()).display().to_string())
-        .collect();
-    format!("{}:{}", call["method"].as_str().unwrap(), inputs.join(","))
-}
+pub use xnnblob_test_support::io_steps::call_arg;
 
 /// Runs `name`'s calls in sequence with `runner` (issue 43): each output within 1e-5 of the
 /// range of eager's, through ExecuTorch's backend and xnnblob's cold and warm with a cache file
