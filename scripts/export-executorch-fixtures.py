@@ -591,6 +591,23 @@ class MatmulOperand(nn.Module):
         return y @ w
 
 
+class InitialState(nn.Module):
+    """A running sum whose start is not zero: `forward(x)` adds a layer of `x` to `acc` and keeps
+    it. Exported with `acc` initialized, the program carries its initial value in its mutable
+    data segment, and a runtime must start from it (zeros give other outputs from the first call
+    on)."""
+
+    def __init__(self, d=16):
+        super().__init__()
+        self.lin = nn.Linear(d, d)
+        self.register_buffer("acc", torch.arange(d, dtype=torch.float32).reshape(1, d) * 0.5 + 1.0)
+
+    def forward(self, x):
+        y = self.lin(x) + self.acc
+        self.acc.copy_(y)
+        return y
+
+
 class MatmulOperandFrozen(MatmulOperand):
     """`MatmulOperand` without the recipe: `step` only reads the buffer, as a matmul weight, and
     ExecuTorch's partitioner freezes its export-time zeros into `step`'s delegate. Kept as the
@@ -601,18 +618,22 @@ class MatmulOperandFrozen(MatmulOperand):
         return y @ self.w
 
 
-def export_shared(out, name, model, calls, external=False):
+def export_shared(out, name, model, calls, external=False, share=True, initialized=()):
     """Exports `model`'s methods (the distinct ones of `calls`: [(method, inputs)], in order)
     into one program whose mutable buffers every method shares (ExecuTorch's
     `MemoryPlanningPass(share_mutable_buffers=True)`), lowered to XNNPACK. Records the eager
     outputs of the call sequence, and ExecuTorch's own (its Python runtime shares a program's
     arenas between its methods), in NAME.calls.json (not io.json: a sequence of calls, not steps of
     one method): {"program", "data", "calls": [{"method", "inputs", "outputs_eager",
-    "outputs_et"}]}."""
+    "outputs_et"}]}. With `share` False, mutable buffers stay in each method's own memory (id 1);
+    the buffers named in `initialized` keep their initial values (ExecuTorch's
+    `InitializedMutableBufferPass`: in the program's mutable data segment, where they are zeros
+    otherwise)."""
     import copy
 
     from executorch.exir import ExecutorchBackendConfig
     from executorch.exir.passes import MemoryPlanningPass
+    from executorch.exir.passes.init_mutable_pass import InitializedMutableBufferPass
 
     model = model.eval()
     eager = copy.deepcopy(model)
@@ -634,8 +655,9 @@ def export_shared(out, name, model, calls, external=False):
         edge = to_edge_transform_and_lower(programs, partitioner=[XnnpackPartitioner()])
         prog = edge.to_executorch(
             ExecutorchBackendConfig(
-                memory_planning_pass=MemoryPlanningPass(share_mutable_buffers=True),
+                memory_planning_pass=MemoryPlanningPass(share_mutable_buffers=share),
                 emit_mutable_buffer_names=True,
+                passes=[InitializedMutableBufferPass(list(initialized))] if initialized else [],
             )
         )
     pte = os.path.join(out, name + ".pte")
@@ -814,8 +836,10 @@ def main():
             print(f"{name}: FAILED: {type(e).__name__}: {str(e)[:400]}", flush=True)
 
     # Programs whose methods share mutable buffers (issue 43): the model, its calls in order, and
-    # whether its weights go to a .ptd. `frozen_*` is exported without the recipe that keeps a
-    # buffer shared, as the negative case.
+    # whether its weights go to a .ptd; then, optionally, whether the buffers are shared (memory
+    # id 2) and which keep their initial values. `frozen_*` is exported without the recipe that
+    # keeps a buffer shared, as the negative case; `state_initial_value*` are one method whose
+    # buffer starts from a value of its own, in its method's memory and in the shared memory.
     tokens = [1, 9, 42, 7, 3, 99, 12]
     shared = {
         "shared_prefill_step": lambda: (
@@ -839,6 +863,20 @@ def main():
             [("prefill", (r(16, 16),))] + [("step", (r(1, 16),)) for _ in range(2)],
             False,
         ),
+        "state_initial_value": lambda: (
+            InitialState(),
+            [("forward", (r(1, 16),)) for _ in range(3)],
+            False,
+            False,
+            ("acc",),
+        ),
+        "state_initial_value_shared": lambda: (
+            InitialState(),
+            [("forward", (r(1, 16),)) for _ in range(3)],
+            False,
+            True,
+            ("acc",),
+        ),
         "frozen_matmul_operand": lambda: (
             MatmulOperandFrozen(),
             [("prefill", (r(16, 16),))] + [("step", (r(1, 16),)) for _ in range(2)],
@@ -849,8 +887,8 @@ def main():
         if only and name not in only:
             continue
         try:
-            model, calls, external = make()
-            export_shared(args.out, name, model, calls, external=external)
+            model, calls, external, *options = make()
+            export_shared(args.out, name, model, calls, external, *options)
         except Exception as e:
             print(f"{name}: FAILED: {type(e).__name__}: {str(e)[:400]}", flush=True)
 

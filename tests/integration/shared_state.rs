@@ -111,6 +111,41 @@ fn methods_sharing_mutable_buffers_match_eager_in_xnnblobs_executor_cold_and_war
     }
 }
 
+/// A mutable buffer exported with its initial value (`InitializedMutableBufferPass`) starts from
+/// it, in its method's own memory and in the shared memory alike, as in ExecuTorch's runtime:
+/// zeros would leave eager's outputs from the first call on (the value reaches 8.5).
+#[test]
+fn mutable_buffers_start_from_their_exported_initial_values() {
+    let tmp = common::scratch("initial-state");
+    for name in ["state_initial_value", "state_initial_value_shared"] {
+        let cache = PackedCache::File(tmp.join(format!("{name}.xbc")));
+        for launch in ["cold", "warm"] {
+            let backend = Backend::with_defaults().unwrap();
+            let program = load(&backend, name, Some(&cache));
+            let (eager, et) = run_sequence(name, |m| program.method(m).unwrap());
+            assert!(
+                eager < 1e-5,
+                "{name} {launch}: {eager:e} of the range from eager"
+            );
+            assert!(et < 1e-5, "{name} {launch}: {et:e} from ExecuTorch's");
+            program.weights_cache().unwrap().wait_saved().unwrap();
+        }
+    }
+    // In the shared memory the value is there as soon as the method is made, before any call.
+    let backend = Backend::with_defaults().unwrap();
+    let program = load(&backend, "state_initial_value_shared", None);
+    let _method = program.method("forward").unwrap();
+    let start: Vec<f32> = program
+        .state()
+        .read(0, 64)
+        .unwrap()
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+        .collect();
+    let want: Vec<f32> = (0..16).map(|i| i as f32 * 0.5 + 1.0).collect();
+    assert_eq!(start, want);
+}
+
 /// Each method in a state of its own (as ExecuTorch's Module without `share_memory_arenas`):
 /// the reader sees zeros and the outputs leave eager's. So the agreement above comes from the
 /// sharing, and the test can fail.
