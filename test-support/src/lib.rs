@@ -45,6 +45,32 @@ pub fn dir() -> PathBuf {
     repo_root().join("tests/data/executorch")
 }
 
+/// The XNNPACK fixtures of [`dir`], by name (`NAME.pte`, `NAME.json`).
+pub const XNNPACK_FIXTURES: [&str; 8] = [
+    "mlp_xnn_inline",
+    "mlp_xnn_external",
+    "two_methods_xnn_external",
+    "cnn_xnn_external",
+    "mlp_qd8_qc8w_external",
+    "mlp_qc4w_inline",
+    "mlp_qb4w_inline",
+    "mlp_qb4w_gk_inline",
+];
+
+/// The programs of `scripts/export-executorch-fixtures.py` described by an `NAME.io.json` in
+/// `export/` under [`dir`] (steps of one method), sorted by name.
+pub fn exported_names() -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir().join("export"))
+        .unwrap()
+        .filter_map(|e| {
+            let name = e.ok()?.file_name().to_string_lossy().into_owned();
+            name.strip_suffix(".io.json").map(str::to_string)
+        })
+        .collect();
+    names.sort();
+    names
+}
+
 /// A raw little-endian f32 file.
 pub fn f32s(path: &Path) -> Vec<f32> {
     std::fs::read(path)

@@ -21,18 +21,6 @@ fn dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/executorch/export")
 }
 
-fn names() -> Vec<String> {
-    let mut names: Vec<String> = std::fs::read_dir(dir())
-        .unwrap()
-        .filter_map(|e| {
-            let name = e.ok()?.file_name().to_string_lossy().into_owned();
-            name.strip_suffix(".io.json").map(str::to_string)
-        })
-        .collect();
-    names.sort();
-    names
-}
-
 fn io(name: &str) -> Value {
     common::io_steps::io(&dir(), name)
 }
@@ -51,7 +39,7 @@ fn tolerance(name: &str) -> f32 {
 fn fully_delegated_programs_match_executorch_in_xnnblobs_own_executor() {
     let backend = Backend::with_defaults().unwrap();
     let (mut ran, mut not_delegated) = (Vec::new(), Vec::new());
-    for name in names() {
+    for name in common::exported_names() {
         let io = io(&name);
         let program = common::io_steps::load(&backend, &dir(), &io, &name, None);
         let method = program.method(io["method"].as_str().unwrap());
@@ -105,7 +93,7 @@ fn exported_programs_hold_every_node_type_executorch_lowers_and_all_are_defined(
         );
     }
     let mut seen = BTreeSet::new();
-    for name in names() {
+    for name in common::exported_names() {
         let map = FileDataMap::open(dir().join(format!("{name}.pte"))).unwrap();
         for (method, payloads) in xnnblob::program::delegate_payloads(&map).unwrap() {
             for p in payloads {

@@ -2,6 +2,7 @@
 //! payloads inline or in segments, external weights, methods that share weights.
 
 use crate::common;
+use common::XNNPACK_FIXTURES;
 
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -73,17 +74,6 @@ fn io(name: &str) -> (String, Vec<String>, f32) {
     // fp32 against PyTorch eager: only summation order differs.
     (format!("{io}.input.f32"), outputs, 1e-5)
 }
-
-const XNNPACK_FIXTURES: [&str; 8] = [
-    "mlp_xnn_inline",
-    "mlp_xnn_external",
-    "two_methods_xnn_external",
-    "cnn_xnn_external",
-    "mlp_qd8_qc8w_external",
-    "mlp_qc4w_inline",
-    "mlp_qb4w_inline",
-    "mlp_qb4w_gk_inline",
-];
 
 fn max_rel_diff(a: &[f32], b: &[f32]) -> f32 {
     let peak = b.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-6);

@@ -139,17 +139,7 @@ pub const RUNTIME_C: [(&str, f32); 6] = [
     ("c_mlp_fp16_xnn_inline", 2e-3),
 ];
 
-/// The XNNPACK fixtures of tests/data/executorch.
-pub const XNNPACK_FIXTURES: [&str; 8] = [
-    "mlp_xnn_inline",
-    "mlp_xnn_external",
-    "two_methods_xnn_external",
-    "cnn_xnn_external",
-    "mlp_qd8_qc8w_external",
-    "mlp_qc4w_inline",
-    "mlp_qb4w_inline",
-    "mlp_qb4w_gk_inline",
-];
+pub use xnnblob_test_support::XNNPACK_FIXTURES;
 
 /// The runtime-c programs.
 pub fn runtime_c_programs() -> Vec<Program> {
@@ -191,14 +181,7 @@ pub fn fixture_programs() -> Vec<Program> {
 /// top) and 1e-3 for quantized programs.
 pub fn exported_programs() -> Vec<Program> {
     let dir = data().join("export");
-    let mut names: Vec<String> = std::fs::read_dir(&dir)
-        .unwrap()
-        .filter_map(|e| {
-            let name = e.ok()?.file_name().to_string_lossy().into_owned();
-            name.strip_suffix(".io.json").map(str::to_string)
-        })
-        .collect();
-    names.sort();
+    let names = xnnblob_test_support::exported_names();
     assert!(
         names.len() >= 10,
         "the exported programs are there: {names:?}"
