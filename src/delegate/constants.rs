@@ -28,12 +28,20 @@ pub(super) struct Loaded {
     pub(super) fp16_as_fp32: bool,
     /// Values given an address of their own instead of their constant's, by value index (see
     /// [`super::identity::register_constants`]); set once, when they are registered.
-    pub(super) private: std::sync::OnceLock<HashMap<usize, super::identity::Private>>,
+    pub(super) private: std::sync::OnceLock<HashMap<usize, Private>>,
+}
+
+/// A constant value's address in the graph: its own placeholder where it could not share its
+/// constant's (see [`super::identity::register_constants`]), with how that placeholder is read
+/// in.
+pub(super) struct Private {
+    pub(super) data: Arc<DeferredData>,
+    pub(super) fill: Arc<Fill>,
 }
 
 impl Loaded {
     /// Value `i`'s own placeholder, if it has one.
-    pub(super) fn private(&self, i: usize) -> Option<&super::identity::Private> {
+    pub(super) fn private(&self, i: usize) -> Option<&Private> {
         self.private.get()?.get(&i)
     }
 }

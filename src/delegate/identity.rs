@@ -1,7 +1,7 @@
 //! The identities packed weights are looked up by: a constant's content, checked once per data
 //! file where its named key claims it.
 
-use super::constants::{fill_from, Constant, Loaded, ReadToPack};
+use super::constants::{fill_from, Constant, Loaded, Private, ReadToPack};
 use super::error::DelegateError;
 use super::graph::dims_of;
 use super::graph::{constant_index, named_key, tensor_of};
@@ -294,13 +294,6 @@ fn scales_of(
         }
     };
     d.id("scales", id.unwrap_or(BlobId::NONE));
-}
-
-/// A constant value's address in the graph: its own placeholder where it could not share its
-/// constant's (see [`register_constants`]), with how that placeholder is read in.
-pub(super) struct Private {
-    pub(super) data: Arc<DeferredData>,
-    pub(super) fill: Arc<Fill>,
 }
 
 /// Registers the data of every constant value with the packed-weight cache, under its identity:
