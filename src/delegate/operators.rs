@@ -602,39 +602,24 @@ fn attention_io(node: &fb::XNode<'_>) -> Option<(Vec<u32>, Vec<u32>)> {
     Some((inputs, vec![n.output_id()]))
 }
 
-fn static_reshape_io(node: &fb::XNode<'_>) -> Option<(Vec<u32>, Vec<u32>)> {
-    let n = node.xnode_union_as_xnnstatic_reshape()?;
-    Some((vec![n.input_id()], vec![n.output_id()]))
+/// [`Io`]s for node kinds whose tables of their own have one `input_id` and one `output_id`.
+macro_rules! input_to_output {
+    ($($name:ident: $table:ident),* $(,)?) => {$(
+        fn $name(node: &fb::XNode<'_>) -> Option<(Vec<u32>, Vec<u32>)> {
+            let n = node.$table()?;
+            Some((vec![n.input_id()], vec![n.output_id()]))
+        }
+    )*};
 }
 
-fn static_transpose_io(node: &fb::XNode<'_>) -> Option<(Vec<u32>, Vec<u32>)> {
-    let n = node.xnode_union_as_xnnstatic_transpose()?;
-    Some((vec![n.input_id()], vec![n.output_id()]))
-}
-
-fn static_slice_io(node: &fb::XNode<'_>) -> Option<(Vec<u32>, Vec<u32>)> {
-    let n = node.xnode_union_as_xnnstatic_slice()?;
-    Some((vec![n.input_id()], vec![n.output_id()]))
-}
-
-fn constant_pad_io(node: &fb::XNode<'_>) -> Option<(Vec<u32>, Vec<u32>)> {
-    let n = node.xnode_union_as_xnnstatic_constant_pad()?;
-    Some((vec![n.input_id()], vec![n.output_id()]))
-}
-
-fn resize_bilinear_io(node: &fb::XNode<'_>) -> Option<(Vec<u32>, Vec<u32>)> {
-    let n = node.xnode_union_as_xnnstatic_resize_bilinear_2_d()?;
-    Some((vec![n.input_id()], vec![n.output_id()]))
-}
-
-fn leaky_relu_io(node: &fb::XNode<'_>) -> Option<(Vec<u32>, Vec<u32>)> {
-    let n = node.xnode_union_as_xnnleaky_re_lu()?;
-    Some((vec![n.input_id()], vec![n.output_id()]))
-}
-
-fn elu_io(node: &fb::XNode<'_>) -> Option<(Vec<u32>, Vec<u32>)> {
-    let n = node.xnode_union_as_xnnelu()?;
-    Some((vec![n.input_id()], vec![n.output_id()]))
+input_to_output! {
+    static_reshape_io: xnode_union_as_xnnstatic_reshape,
+    static_transpose_io: xnode_union_as_xnnstatic_transpose,
+    static_slice_io: xnode_union_as_xnnstatic_slice,
+    constant_pad_io: xnode_union_as_xnnstatic_constant_pad,
+    resize_bilinear_io: xnode_union_as_xnnstatic_resize_bilinear_2_d,
+    leaky_relu_io: xnode_union_as_xnnleaky_re_lu,
+    elu_io: xnode_union_as_xnnelu,
 }
 
 /// A node that packs no operand through the weights cache.
