@@ -169,15 +169,15 @@ fn process_exists(pid: libc::pid_t) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::publish::tests::siblings;
     use crate::storage::OsStorage;
 
-    fn siblings(dir: &Path) -> Vec<String> {
-        let mut names: Vec<String> = fs::read_dir(dir)
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .collect();
-        names.sort();
-        names
+    /// The id of a process that has exited: what it left behind is abandoned.
+    fn gone_pid() -> u32 {
+        let mut gone = std::process::Command::new("true").spawn().unwrap();
+        let pid = gone.id();
+        gone.wait().unwrap();
+        pid
     }
 
     #[test]
@@ -185,9 +185,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("weights.xbc");
         fs::write(&path, b"published").unwrap();
-        let mut gone = std::process::Command::new("true").spawn().unwrap();
-        let gone_pid = gone.id();
-        gone.wait().unwrap();
+        let gone_pid = gone_pid();
         let own = std::process::id();
         let names = [
             format!(".weights.xbc.xnnblob-tmp-{gone_pid}-0"),
@@ -250,9 +248,7 @@ mod tests {
     fn drafts_are_reclaimed_only_once_their_process_is_gone_even_under_the_writer_lock() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("weights.xbc");
-        let mut gone = std::process::Command::new("true").spawn().unwrap();
-        let gone_pid = gone.id();
-        gone.wait().unwrap();
+        let gone_pid = gone_pid();
         let dead = format!(".weights.xbc.xnnblob-draft-{gone_pid}-999999");
         // pid 1 always runs: a draft of a live process, which packs into it through a map.
         let live = ".weights.xbc.xnnblob-draft-1-4".to_string();
@@ -288,9 +284,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("weights.xbc");
         fs::write(&path, b"published").unwrap();
-        let mut gone = std::process::Command::new("true").spawn().unwrap();
-        let gone_pid = gone.id();
-        gone.wait().unwrap();
+        let gone_pid = gone_pid();
         let look_alikes = [
             ".weights.xbc.tmp-1-notes".to_string(),
             format!(".weights.xbc.tmp-{gone_pid}-0"),

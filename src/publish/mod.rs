@@ -138,7 +138,8 @@ mod tests {
     use super::*;
     use crate::storage::OsStorage;
 
-    fn siblings(dir: &Path) -> Vec<String> {
+    /// The names in `dir`, sorted (the drafts' tests list them too).
+    pub(super) fn siblings(dir: &Path) -> Vec<String> {
         let mut names: Vec<String> = fs::read_dir(dir)
             .unwrap()
             .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
