@@ -398,23 +398,25 @@ pub struct Program {
     state: SharedState,
 }
 
+/// The bytes `plan` (of method `method`) plans in the shared memory: 0 when it plans none.
+fn shared_memory_bytes(plan: &fb::ExecutionPlan<'_>, method: &str) -> Result<usize, ProgramError> {
+    let Some(b) = plan
+        .non_const_buffer_sizes()
+        .and_then(|v| v.iter().nth(SHARED_MEMORY_ID as usize))
+    else {
+        return Ok(0);
+    };
+    usize::try_from(b).map_err(|_| plan_error(method, format!("shared memory of {b} bytes")))
+}
+
 /// A zeroed arena for the shared memory of `pte`'s methods: the largest any plans.
 fn shared_state_of(pte: &FileDataMap) -> Result<SharedState, ProgramError> {
     let (mut len, mut largest) = (0usize, String::new());
     for plan in program_of(pte)?.execution_plan().iter().flatten() {
-        let sizes = plan.non_const_buffer_sizes();
-        if let Some(&b) = sizes
-            .iter()
-            .flatten()
-            .collect::<Vec<i64>>()
-            .get(SHARED_MEMORY_ID as usize)
-        {
-            let method = plan.name().unwrap_or("");
-            let b = usize::try_from(b)
-                .map_err(|_| plan_error(method, format!("shared memory of {b} bytes")))?;
-            if b > len {
-                (len, largest) = (b, method.to_string());
-            }
+        let method = plan.name().unwrap_or("");
+        let b = shared_memory_bytes(&plan, method)?;
+        if b > len {
+            (len, largest) = (b, method.to_string());
         }
     }
     SharedState::zeroed(len).ok_or_else(|| {
@@ -689,14 +691,7 @@ fn read_plan(pte: &FileDataMap, name: &str) -> Result<MethodPlan, ProgramError> 
         let at = seg_offset.checked_add(offset).ok_or_else(outside)?;
         file.slice(at, size).ok_or_else(outside)
     };
-    // The bytes the planned memory of each id holds.
-    let planned: Vec<i64> = plan
-        .non_const_buffer_sizes()
-        .map(|v| v.iter().collect())
-        .unwrap_or_default();
-    let shared_len = planned
-        .get(SHARED_MEMORY_ID as usize)
-        .map_or(0, |&b| usize::try_from(b).unwrap_or(usize::MAX));
+    let shared_len = shared_memory_bytes(&plan, name)?;
     let mut constants = Vec::new();
     let mut mutable = Vec::new();
     let mut shared = Vec::new();
