@@ -1080,9 +1080,10 @@ impl Method {
             sources[*v] = Source::Buffer;
         }
         for &(v, offset) in &plan.shared {
-            let end = spec_of(v)?
+            let spec = spec_of(v)?;
+            let end = spec
                 .bound
-                .nbytes(spec_of(v)?.dtype)
+                .nbytes(spec.dtype)
                 .and_then(|b| offset.checked_add(b));
             if end.is_none_or(|end| end > shared.len()) {
                 return Err(plan_error(
