@@ -20,12 +20,25 @@ fast() {
   done
   cargo test --workspace "$@" -- "${skips[@]}"
 }
+# Seconds one slow test may take, its build included (a fresh clone builds for aarch64 first).
+slow_limit=${XNNBLOB_SLOW_TEST_LIMIT:-1200}
 slow_tests() {
   local log
   log=$(mktemp)
   for s in "${slow[@]}"; do
     read -r package target name <<<"$s"
-    cargo test -p "$package" --test "$target" "$@" -- --exact "$name" 2>&1 | tee "$log"
+    local start=$SECONDS status=0
+    # Each takes minutes at most (the slowest, the suite under qemu, about 2): a hang is killed
+    # with its process group and said, rather than taking a whole CI run with it.
+    timeout -k 30 "$slow_limit" cargo test -p "$package" --test "$target" "$@" -- --exact "$name" 2>&1 | tee "$log" ||
+      status=$?
+    echo "scripts/test.sh: $name took $((SECONDS - start)) s"
+    if [ "$status" = 124 ] || [ "$status" = 137 ]; then
+      echo "scripts/test.sh: $s did not finish in $slow_limit s and was killed" >&2
+      rm -f "$log"
+      exit 1
+    fi
+    [ "$status" = 0 ] || { echo "scripts/test.sh: $s failed" >&2; rm -f "$log"; exit "$status"; }
     # A name that no longer matches would run nothing and pass: each must run exactly one test.
     grep -q "test result: ok. 1 passed" "$log" || { echo "scripts/test.sh: $s ran no test" >&2; rm -f "$log"; exit 1; }
   done

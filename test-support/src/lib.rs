@@ -176,16 +176,17 @@ pub fn assert_pass_on_emulated_cpu(module: &str, cpu: &str, kernel_isa: &str, te
     let tests: Vec<String> = tests.iter().map(|t| test_path(module, t)).collect();
     let qemu = "qemu-x86_64";
     let exe = std::env::current_exe().expect("the test binary's path");
-    let out = std::process::Command::new(qemu)
-        .args(["-cpu", cpu])
-        .arg(&exe)
-        .args(&tests)
-        .args(["--exact", "--nocapture", "--test-threads=1"])
-        .env(EMULATED_CPU_VAR, cpu)
-        .output()
-        .unwrap_or_else(|e| {
-            panic!("cannot run {qemu} ({e}): install qemu-user (./scripts/install-system-deps.sh)")
-        });
+    // A few tests under emulation take seconds: ten minutes is a hang, failed as one.
+    let out = bounded::output(
+        std::process::Command::new(qemu)
+            .args(["-cpu", cpu])
+            .arg(&exe)
+            .args(&tests)
+            .args(["--exact", "--nocapture", "--test-threads=1"])
+            .env(EMULATED_CPU_VAR, cpu),
+        std::time::Duration::from_secs(600),
+        &format!("{tests:?} under {qemu} -cpu {cpu} (install qemu-user with ./scripts/install-system-deps.sh)"),
+    );
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),

@@ -87,11 +87,12 @@ fn run_on(exe: &Path, cpu: &str, args: &[&str], env: &[(&str, &Path)]) -> String
     for (name, value) in env {
         command.env(name, value);
     }
-    let out = command.output().unwrap_or_else(|e| {
-        panic!(
-            "cannot run qemu-aarch64 ({e}): install qemu-user (./scripts/install-system-deps.sh)"
-        )
-    });
+    // The suite takes under a minute per CPU here: fifteen is a hang, and it is failed as one.
+    let out = common::bounded::output(
+        &mut command,
+        std::time::Duration::from_secs(900),
+        &format!("the suite under qemu-aarch64 -cpu {cpu} (install qemu-user with ./scripts/install-system-deps.sh)"),
+    );
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),

@@ -65,7 +65,12 @@ impl Runner {
 
     /// One launch: its key=value lines, or its exit status, stderr and stdout on failure.
     pub fn run(&self, args: &[String]) -> Result<Run, String> {
-        let out = self.command().args(args).output().unwrap();
+        // One launch takes seconds, under qemu too: ten minutes is a hang.
+        let out = xnnblob_test_support::bounded::output(
+            self.command().args(args),
+            std::time::Duration::from_secs(600),
+            &format!("xnnblob-et-run {args:?}"),
+        );
         let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
         if !out.status.success() {
             return Err(format!(
