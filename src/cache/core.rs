@@ -72,6 +72,9 @@ pub(crate) struct Entry {
     pub last_used: u64,
     /// Its address was handed to XNNPACK: the memory must not move or be freed.
     pub resolved: bool,
+    /// It lies in a read-only layer (see `layers.rs`): never saved into the cache's own file,
+    /// and checked, forgotten and remembered as its layer's.
+    pub layer: bool,
 }
 
 struct Registered {
@@ -130,11 +133,15 @@ pub(crate) struct State {
     pub lost: Vec<usize>,
     /// Draft windows (by address) whose published file was cut short under them.
     lost_windows: Vec<usize>,
+    /// For a layer entry that took a key over from an entry of the cache's own file: that
+    /// entry, by index.
+    shadowed: FastMap<usize, usize>,
 }
 
 /// An entry of a file that [`CacheCore::forget_corrupt`] has yet to check.
 fn unchecked(e: &Entry, all: bool) -> bool {
     !e.checked
+        && !e.layer
         && e.checksum.is_some()
         && (all || e.hit)
         && matches!(e.location, Location::Mapped { .. })
@@ -264,7 +271,62 @@ impl State {
             unsaved: false,
             packed_here: false,
             resolved: false,
+            layer: false,
         });
+    }
+
+    /// Adds the entry `e` of the read-only layer mapped as `maps[map]`: it serves its key ahead
+    /// of the cache's own file (loaded before it), unless an earlier layer serves it already.
+    pub fn insert_layer_entry(&mut self, map: usize, e: &FileEntry) {
+        if let Some(&i) = self.by_key.get(&e.key) {
+            if self.entries[i].layer {
+                return;
+            }
+            // The cache's own entry serves again if this one is found damaged.
+            self.shadowed.insert(self.entries.len(), i);
+        }
+        self.by_key.insert(e.key, self.entries.len());
+        self.entries.push(Entry {
+            key: Some(e.key),
+            size: e.size as usize,
+            location: Location::Mapped {
+                map,
+                offset: e.offset as usize,
+            },
+            checksum: Some(e.checksum),
+            last_used: e.last_used,
+            hit: false,
+            first_hit: None,
+            first_miss: None,
+            checked: false,
+            unsaved: false,
+            packed_here: false,
+            resolved: false,
+            layer: true,
+        });
+    }
+
+    /// Makes entry `i` (found damaged) serve no look-up: its key goes to the entry it shadowed,
+    /// if any, else to none.
+    fn forget_entry(&mut self, i: usize) {
+        let Some(key) = self.entries[i].key else {
+            return;
+        };
+        if self.by_key.get(&key) == Some(&i) {
+            match self.shadowed.remove(&i) {
+                Some(own) => self.by_key.insert(key, own),
+                None => self.by_key.remove(&key),
+            };
+        }
+    }
+
+    /// The keys a read-only layer serves now (a damaged layer entry, forgotten, serves none).
+    pub fn layer_served_keys(&self) -> std::collections::HashSet<EntryKey> {
+        self.by_key
+            .iter()
+            .filter(|(_, &i)| self.entries[i].layer)
+            .map(|(k, _)| *k)
+            .collect()
     }
 }
 
@@ -320,10 +382,16 @@ impl CacheCore {
     /// As [`forget_corrupt`](Self::forget_corrupt); returns where the forgotten entries lie in
     /// the file their map was made from (their offsets), for a record of them.
     pub fn forget_corrupt_at(&self, all: bool) -> Vec<u64> {
+        self.forget_corrupt_where(|e| unchecked(e, all))
+    }
+
+    /// Checks the entries `pick` picks against their checksums, forgets the damaged ones (no
+    /// later look-up finds them), and returns their offsets in their file.
+    fn forget_corrupt_where(&self, pick: impl Fn(&Entry) -> bool) -> Vec<u64> {
         let to_check: Vec<(usize, Source, u64)> = {
             let mut state = self.state.lock();
             let picked: Vec<usize> = (0..state.entries.len())
-                .filter(|&i| unchecked(&state.entries[i], all))
+                .filter(|&i| pick(&state.entries[i]))
                 .collect();
             picked
                 .into_iter()
@@ -347,11 +415,7 @@ impl CacheCore {
         }
         let mut state = self.state.lock();
         for &i in &bad {
-            if let Some(key) = state.entries[i].key {
-                if state.by_key.get(&key) == Some(&i) {
-                    state.by_key.remove(&key);
-                }
-            }
+            state.forget_entry(i);
         }
         self.counters
             .corrupt_found
@@ -364,10 +428,49 @@ impl CacheCore {
             .collect()
     }
 
+    /// As [`forget_corrupt_at`](Self::forget_corrupt_at), for every entry of the read-only
+    /// layer mapped as `maps[map]` not checked yet.
+    pub fn forget_corrupt_in_layer(&self, map: usize) -> Vec<u64> {
+        self.forget_corrupt_where(|e| {
+            e.layer
+                && !e.checked
+                && matches!(e.location, Location::Mapped { map: m, .. } if m == map)
+        })
+    }
+
+    /// Marks every entry of the layer mapped as `maps[map]` checked (a record says it was, as
+    /// it is now) and forgets those at `damaged` (offsets the record remembers), before any
+    /// look-up finds them.
+    pub fn settle_layer(&self, map: usize, damaged: &[u64]) {
+        let mut state = self.state.lock();
+        let mut forgotten = 0;
+        for i in 0..state.entries.len() {
+            let e = &state.entries[i];
+            let Location::Mapped { map: m, offset } = e.location else {
+                continue;
+            };
+            if !e.layer || m != map {
+                continue;
+            }
+            state.entries[i].checked = true;
+            if damaged.contains(&(offset as u64)) {
+                state.forget_entry(i);
+                forgotten += 1;
+            }
+        }
+        self.counters
+            .corrupt_found
+            .fetch_add(forgotten, Ordering::Relaxed);
+    }
+
     /// Marks every entry of a file checked: a record says its bytes were, as they are now.
     pub fn mark_checked(&self) {
         let mut state = self.state.lock();
-        state.entries.iter_mut().for_each(|e| e.checked = true);
+        state
+            .entries
+            .iter_mut()
+            .filter(|e| !e.layer)
+            .for_each(|e| e.checked = true);
     }
 
     /// Forgets the entries of the first mapped file that lie at `offsets` (damage a record
@@ -376,7 +479,8 @@ impl CacheCore {
         let mut state = self.state.lock();
         let at: Vec<usize> = (0..state.entries.len())
             .filter(|&i| {
-                matches!(state.entries[i].location,
+                !state.entries[i].layer
+                    && matches!(state.entries[i].location,
                     Location::Mapped { map: 0, offset } if offsets.contains(&(offset as u64)))
             })
             .collect();
@@ -791,6 +895,7 @@ impl PackedWeightsProvider for CacheCore {
             unsaved: content_key.is_some(),
             packed_here: true,
             resolved: false,
+            layer: false,
         });
         match content_key {
             Some(k) => {

@@ -95,6 +95,34 @@ pub fn cpu_fingerprint_difference(file: u64, this: u64) -> String {
     parts.join("; ")
 }
 
+/// The part of a fingerprint that decides how XNNPACK lays packed weights out: two CPUs of one
+/// packing class get byte-identical packed weights from it, though their fingerprints differ
+/// (another model of the same kernel class). A read-only layer made ahead of time for a class
+/// (`xnnblob prepack`) serves every CPU of it.
+///
+/// It keeps the architecture tag and every feature bit (each selects kernels, and so layouts),
+/// and replaces the CPU model with the decisions XNNPACK 4ea82e5 makes from it that change a
+/// layout (`src/configs/gemm-config.c`):
+/// - x86-64: Zen (AMD family 0x17, models 0x00-0x1F) and Hygon's family 0 get the f32 GEMM
+///   packed `16s4` instead of `16`; Zen 4 is kept off the AVX512-VNNI+GFNI qb4w GEMM (which
+///   packs alike, but is recorded: it is a choice of kernel).
+/// - aarch64: the core types choose among kernels of one layout only (`mr` and the assembly
+///   scheduled for a core), so none is kept.
+pub fn packing_class(fingerprint: u64) -> u64 {
+    let tag = fingerprint >> TAG_SHIFT;
+    match tag {
+        TAG_X86_64 => {
+            let features = x86::NAMES.iter().fold(0, |all, (mask, _)| all | mask);
+            (tag << TAG_SHIFT) | (fingerprint & features) | x86::layout_decisions(fingerprint)
+        }
+        TAG_AARCH64 => {
+            let features = arm::NAMES.iter().fold(0, |all, (mask, _)| all | mask);
+            (tag << TAG_SHIFT) | (fingerprint & features)
+        }
+        _ => fingerprint,
+    }
+}
+
 /// Each feature bit of an architecture with its name, in bit order.
 type Names = [(u64, &'static str)];
 
@@ -225,6 +253,24 @@ mod x86 {
             None => String::new(),
         };
         format!("{vendor} family {family:#x} model {model:#x}{uarch}")
+    }
+
+    /// Zen-like f32 GEMM packing (`16s4`), in a packing class.
+    const ZEN_F32_GEMM: u64 = 1 << 24;
+    /// Zen 4's qb4w choice, in a packing class.
+    const ZEN4_QB4W: u64 = 1 << 25;
+
+    /// The decisions XNNPACK makes from the CPU model that a packing class keeps (see
+    /// [`packing_class`](super::packing_class)), as bits above the features.
+    pub fn layout_decisions(bits: u64) -> u64 {
+        let vendor = (bits >> VENDOR_SHIFT) & 0b111;
+        let signature = ((bits >> SIGNATURE_SHIFT) & ((1 << SIGNATURE_BITS) - 1)) as u32;
+        let (family, model) = family_and_model(signature << 4);
+        match (vendor, family, model >> 4) {
+            (AMD, 0x17, 0x0 | 0x1) | (HYGON, 0x00, _) => ZEN_F32_GEMM,
+            (AMD, 0x19, 0x1 | 0x6 | 0x7 | 0xA) => ZEN4_QB4W,
+            _ => 0,
+        }
     }
 
     /// Family and model as cpuinfo computes them from CPUID.1:EAX (`cpuinfo_x86_decode_model_info`:

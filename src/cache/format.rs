@@ -265,6 +265,23 @@ pub fn metadata_ranges(bytes: &[u8]) -> Vec<std::ops::Range<usize>> {
 /// Validates a whole file: header, trailer, index checksum, then each entry. Reads the header,
 /// the index and the trailer only, never the packed bytes.
 pub fn decode(bytes: &[u8], expect: &Compat) -> Result<Decoded, FileError> {
+    decode_matching(bytes, expect, CpuMatch::Exact)
+}
+
+/// How a file's CPU fingerprint must match the one expected.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CpuMatch {
+    /// Equal: the file was packed on a CPU that reports what this one does, for everything
+    /// XNNPACK's choice reads. A cache's own file.
+    Exact,
+    /// The same packing class ([`packing_class`](super::packing_class)): XNNPACK picks the same
+    /// packed layouts on both, though the CPUs differ (other models of one kernel class). A
+    /// read-only layer made ahead of time for a class of devices (`xnnblob prepack`).
+    PackingClass,
+}
+
+/// As [`decode`], with the file's CPU fingerprint matched as `cpu` says.
+pub fn decode_matching(bytes: &[u8], expect: &Compat, cpu: CpuMatch) -> Result<Decoded, FileError> {
     let len = bytes.len();
     if len < HEADER_SIZE + TRAILER_SIZE {
         return Err(FileError::TooShort { len });
@@ -289,8 +306,15 @@ pub fn decode(bytes: &[u8], expect: &Compat) -> Result<Decoded, FileError> {
     if id_len > MAX_BUILD_ID || &h[BUILD_ID_AT..BUILD_ID_AT + id_len] != expected_id {
         return Err(FileError::BuildMismatch);
     }
-    let cpu = u64_at(h, CPU_AT);
-    if cpu != expect.cpu_fingerprint {
+    let file_cpu = u64_at(h, CPU_AT);
+    let matches = match cpu {
+        CpuMatch::Exact => file_cpu == expect.cpu_fingerprint,
+        CpuMatch::PackingClass => {
+            super::packing_class(file_cpu) == super::packing_class(expect.cpu_fingerprint)
+        }
+    };
+    let cpu = file_cpu;
+    if !matches {
         return Err(FileError::CpuMismatch {
             file: cpu,
             this: expect.cpu_fingerprint,

@@ -22,6 +22,8 @@ mod draft;
 pub mod format;
 mod identity;
 #[cfg(feature = "xnnpack")]
+mod layers;
+#[cfg(feature = "xnnpack")]
 mod packed;
 #[cfg(feature = "xnnpack")]
 mod persist;
@@ -31,9 +33,13 @@ pub use budget::CacheBudget;
 #[cfg(feature = "xnnpack")]
 pub use checked::SETTLED;
 pub use checksum::checksum64;
-pub use cpu::{cpu_fingerprint, cpu_fingerprint_difference, describe_cpu_fingerprint};
-pub use format::{Compat, EntryKey, FileError};
+pub use cpu::{
+    cpu_fingerprint, cpu_fingerprint_difference, describe_cpu_fingerprint, packing_class,
+};
+pub use format::{Compat, CpuMatch, EntryKey, FileError};
 pub use identity::{verify_keys, BlobId, Description, KeyMismatch};
+#[cfg(feature = "xnnpack")]
+pub use layers::{LayerOutcome, CACHE_FILE_EXTENSION};
 #[cfg(feature = "xnnpack")]
 pub use packed::*;
 #[cfg(feature = "xnnpack")]

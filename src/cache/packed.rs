@@ -8,6 +8,7 @@ use super::core::{CacheCore, DraftPlan, Location};
 use super::cpu::cpu_fingerprint;
 use super::format::{Compat, EntryKey, FileError};
 use super::identity::BlobId;
+use super::layers::{self, LayerOutcome, PendingCheck};
 use super::persist::{self, FileReport, LoadOutcome};
 use crate::deferred::{DeferredData, Fill};
 use crate::mmap::{FileIdentity, MappedFile};
@@ -114,6 +115,11 @@ pub struct CacheOptions {
     /// state directory (`$XDG_STATE_HOME/xnnblob`, else `~/.local/state/xnnblob`). Where none
     /// can be had, such a file is checked before use at every launch.
     pub state_dir: Option<PathBuf>,
+    /// Read-only packed-weight caches consulted before this one, in order: files, or
+    /// directories of them (`*.xbc`), made ahead of time for this CPU's class (`xnnblob
+    /// prepack`). What they hold is never packed nor written here (see
+    /// [`layer_outcomes`](PackedWeightsCache::layer_outcomes)).
+    pub layers: Vec<PathBuf>,
 }
 
 /// Whether named keys that state a sha256 (ExecuTorch's XNNPACK exporter names each constant by
@@ -296,6 +302,10 @@ pub struct PackedWeightsCache {
     /// For a file that cannot be written and is still to be checked: where to remember what
     /// the check finds (see `checked::elsewhere_path`), until the check is started.
     remember_at: Mutex<Option<PathBuf>>,
+    /// What became of each read-only layer (see `layers.rs`).
+    layer_outcomes: Vec<LayerOutcome>,
+    /// Layers to check after the launch, until the check is started.
+    layer_checks: Arc<Mutex<Vec<PendingCheck>>>,
 }
 
 /// No model has limited a cache's permission bits yet: its files are created
@@ -493,6 +503,14 @@ impl PackedWeightsCache {
             core.forget_corrupt(true);
         }
         let loaded = core.state.lock().maps.first().cloned();
+        // After the cache's own file, which must be map 0 when it loaded (see `forget_at`).
+        let (layer_outcomes, layer_checks) = layers::load(
+            &core,
+            storage,
+            &options.layers,
+            &compat,
+            options.state_dir.as_deref(),
+        );
         let to_check = loaded.filter(|map| {
             options.verify == VerifyPacked::Background && !checked::is_recorded(&path, map)
         });
@@ -510,6 +528,8 @@ impl PackedWeightsCache {
             mode_limit: mode_limit.clone(),
             excess_permissions: AtomicU32::new(0),
             remember_at: Mutex::new(None),
+            layer_outcomes,
+            layer_checks: Arc::new(Mutex::new(layer_checks)),
         });
         // XNNPACK packs straight into a draft of the file from the first weight on (see
         // `draft.rs`); a cache kept read-only packs on the heap instead.
@@ -539,6 +559,8 @@ impl PackedWeightsCache {
             mode_limit: Arc::new(AtomicU32::new(NO_LIMIT)),
             excess_permissions: AtomicU32::new(0),
             remember_at: Mutex::new(None),
+            layer_outcomes: Vec::new(),
+            layer_checks: Arc::new(Mutex::new(Vec::new())),
         })
     }
 
@@ -804,8 +826,17 @@ impl PackedWeightsCache {
         let shown = path.display().to_string();
         let checked_path = path.clone();
         let mode_limit = self.mode_limit.clone();
-        // One pass: what is new now (and, in the background, the check of the file).
+        let layer_checks = self.layer_checks.clone();
+        // One pass: what is new now (and, in the background, the check of the file and of the
+        // read-only layers not checked yet).
         let save = move || -> Result<(), CacheError> {
+            let pending = std::mem::take(&mut *layer_checks.lock());
+            if !pending.is_empty() {
+                let damaged = layers::check(&core, pending);
+                core.counters
+                    .corrupt_after_use
+                    .fetch_add(damaged, Ordering::Relaxed);
+            }
             let unsaved = core.state.lock().has_unsaved();
             // Read at each pass: a model loaded since the save was asked for may have narrowed it.
             let mode = mode_of_limit(mode_limit.load(Ordering::Relaxed));
@@ -864,7 +895,7 @@ impl PackedWeightsCache {
             }
             let unsaved = self.core().state.lock().has_unsaved();
             let to_check = verify && self.core().has_unchecked(true);
-            if !unsaved && !to_check {
+            if !unsaved && !to_check && self.layer_checks.lock().is_empty() {
                 return Ok(());
             }
             queue.running = true;
@@ -951,10 +982,11 @@ impl PackedWeightsCache {
     /// checks every entry on a background thread (as a save would, at idle priority, waited for
     /// by [`wait_saved`](Self::wait_saved)), forgets the damaged ones, and remembers them.
     fn check_and_remember(&self, path: PathBuf) {
-        let (Some(record), Some(map)) = (self.remember_at.lock().take(), self.to_check.clone())
-        else {
+        let own = self.remember_at.lock().take().zip(self.to_check.clone());
+        let layers = std::mem::take(&mut *self.layer_checks.lock());
+        if own.is_none() && layers.is_empty() {
             return;
-        };
+        }
         let core = self.core().clone();
         let mut saver = self.saver.lock();
         if let Some(finished) = saver.thread.take() {
@@ -962,15 +994,35 @@ impl PackedWeightsCache {
         }
         saver.thread = Some(std::thread::spawn(move || {
             yield_to_inference();
-            let before = checked::before_check(&path, &map);
-            let damaged = core.forget_corrupt_at(true);
+            let mut damaged_count = layers::check(&core, layers);
+            if let Some((record, map)) = own {
+                let before = checked::before_check(&path, &map);
+                let damaged = core.forget_corrupt_at(true);
+                damaged_count += damaged.len();
+                if let Some(before) = before {
+                    checked::remember_damage(&record, &path, &map, before, &damaged);
+                }
+            }
             core.counters
                 .corrupt_after_use
-                .fetch_add(damaged.len(), Ordering::Relaxed);
-            if let Some(before) = before {
-                checked::remember_damage(&record, &path, &map, before, &damaged);
-            }
+                .fetch_add(damaged_count, Ordering::Relaxed);
         }));
+    }
+
+    /// What became of each read-only layer given in [`CacheOptions::layers`], in order.
+    pub fn layer_outcomes(&self) -> &[LayerOutcome] {
+        &self.layer_outcomes
+    }
+
+    /// What a user should hear, once, about layers that were not used: one line for each;
+    /// None when every layer was used.
+    pub fn layer_note(&self) -> Option<String> {
+        let notes: Vec<String> = self
+            .layer_outcomes
+            .iter()
+            .filter_map(LayerOutcome::note)
+            .collect();
+        (!notes.is_empty()).then(|| notes.join("\n"))
     }
 
     /// What the checks of this cache's file found, said as the faces say it (stderr, ExecuTorch's

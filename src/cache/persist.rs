@@ -181,8 +181,10 @@ pub(crate) fn save(
     crate::publish::reclaim_abandoned(storage, path, true);
 
     // Snapshot: what this process knows, with bytes that stay valid without the lock.
-    let (ours, repacked, mut sources, draft) = {
+    let (ours, repacked, mut sources, draft, layered) = {
         let mut state = core.state.lock();
+        // What a read-only layer serves is never copied into this file (see `layers.rs`).
+        let layered = state.layer_served_keys();
         // What XNNPACK packed into the draft is saved by completing it; what it packs from now
         // on goes into a new one.
         let draft = state.draft.take();
@@ -198,6 +200,7 @@ pub(crate) fn save(
         in_order.sort_by_key(|e| e.first_hit.or(e.first_miss).unwrap_or(u64::MAX));
         let ours: Vec<Ours> = in_order
             .into_iter()
+            .filter(|e| !e.layer && e.key.is_none_or(|k| !layered.contains(&k)))
             .filter_map(|e| {
                 e.key.map(|key| Ours {
                     key,
@@ -208,7 +211,7 @@ pub(crate) fn save(
                 })
             })
             .collect();
-        (ours, repacked, state.sources.clone(), draft)
+        (ours, repacked, state.sources.clone(), draft, layered)
     };
     // Entries a repack in this process superseded: same weights, another seed, not used.
     let superseded = |k: &EntryKey, used: bool| {
@@ -239,7 +242,8 @@ pub(crate) fn save(
         .unwrap_or(0);
 
     let mut rows: Vec<(FileEntry, Source)> = Vec::new();
-    let mut known: HashSet<EntryKey> = HashSet::new();
+    // Entries on disk that a layer serves are left out too.
+    let mut known: HashSet<EntryKey> = layered;
     let mut saved = Saved::default();
     let row = |key, source: &Source, checksum, last_used| FileEntry {
         key,

@@ -112,7 +112,9 @@ mod tests {
     }
 
     #[test]
-    #[should_panic(expected = "did not finish in 1 s and was killed; the end of its output:\nstarted")]
+    #[should_panic(
+        expected = "did not finish in 1 s and was killed; the end of its output:\nstarted"
+    )]
     fn a_child_past_its_limit_is_killed_with_its_own_children_and_its_output_shown() {
         // The grandchild `sleep` holds the pipes open: only a kill of the whole group ends them.
         output(

@@ -10,6 +10,7 @@ mod aarch64;
 mod backend;
 mod background_saves;
 mod cache_budget;
+mod cache_layers;
 // Runs this binary under emulated x86-64 CPUs (and builds the library for aarch64): host only.
 #[cfg(target_arch = "x86_64")]
 mod cpu_identity;

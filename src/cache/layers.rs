@@ -1,0 +1,206 @@
+//! Read-only layers under a cache file: packed-weight caches made ahead of time for a class of
+//! CPUs (`xnnblob prepack`, shipped in an app's bundle), consulted before the cache's own file.
+//!
+//! A look-up is served by the first layer that holds its key, then by the cache's own file;
+//! only what none holds is packed, into the cache's own file, and a save never copies what a
+//! layer serves. A layer is taken whole or not at all: its XNNPACK build must be this process's
+//! and its CPU this CPU's packing class ([`CpuMatch::PackingClass`]), and a file that is not a
+//! valid cache is ignored, each with one note saying why.
+//!
+//! A layer cannot be repaired, so its damage is handled as for any read-only cache file
+//! (`PackedWeightsCache::keep_read_only`): what a check found is remembered under the user's
+//! state directory, keyed by the layer's path, with the file's status (inode, size, change time);
+//! a layer with a record has the damaged entries it names forgotten at open and nothing hashed.
+//! One without is checked after the launch, in the background, and what is found is
+//! recorded, so a damaged entry is served at most once. Where nothing can be recorded, the layer
+//! is checked at open, before use.
+
+use super::checked;
+use super::core::CacheCore;
+use super::format::{self, Compat, CpuMatch, FileError};
+use crate::mmap::MappedFile;
+use crate::storage::Storage;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// The file name ending of a cache file in a layer directory.
+pub const CACHE_FILE_EXTENSION: &str = "xbc";
+
+/// What became of one file given as a layer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LayerOutcome {
+    /// Mapped, with this many entries that serve look-ups (those no earlier layer holds).
+    Used {
+        /// The layer file.
+        path: PathBuf,
+        /// Its entries.
+        entries: usize,
+    },
+    /// Not used: made for another XNNPACK build or CPU class, or not a valid cache file.
+    Ignored {
+        /// The layer file.
+        path: PathBuf,
+        /// Why.
+        why: FileError,
+    },
+    /// Could not be read (missing, not a regular file, no permission).
+    Unreadable {
+        /// The file or directory given.
+        path: PathBuf,
+        /// The operating system's error, in words.
+        error: String,
+    },
+}
+
+impl LayerOutcome {
+    /// The note a user reads once, for a layer that was not used.
+    pub fn note(&self) -> Option<String> {
+        match self {
+            LayerOutcome::Used { .. } => None,
+            LayerOutcome::Ignored { path, why } => Some(format!(
+                "read-only packed-weight cache {} was ignored ({why}); what it holds is packed \
+                 into the writable cache instead",
+                path.display()
+            )),
+            LayerOutcome::Unreadable { path, error } => Some(format!(
+                "read-only packed-weight cache {} cannot be read ({error}); it is ignored",
+                path.display()
+            )),
+        }
+    }
+}
+
+/// A layer whose entries are still to be checked, after the launch, with where to remember
+/// what the check finds.
+pub(crate) struct PendingCheck {
+    path: PathBuf,
+    map: Arc<MappedFile>,
+    index: usize,
+    record: PathBuf,
+}
+
+/// The files `given` names, in order: a directory stands for the cache files directly in it
+/// (`*.xbc`, by name), anything else for itself.
+fn files_of(given: &[PathBuf], outcomes: &mut Vec<LayerOutcome>) -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    for path in given {
+        if !path.is_dir() {
+            files.push(path.clone());
+            continue;
+        }
+        match std::fs::read_dir(path) {
+            Ok(dir) => {
+                let mut found: Vec<PathBuf> = dir
+                    .filter_map(|e| e.ok().map(|e| e.path()))
+                    .filter(|p| p.extension().is_some_and(|e| e == CACHE_FILE_EXTENSION))
+                    .collect();
+                found.sort();
+                files.extend(found);
+            }
+            Err(e) => outcomes.push(LayerOutcome::Unreadable {
+                path: path.clone(),
+                error: e.to_string(),
+            }),
+        }
+    }
+    files
+}
+
+/// Maps each layer `given` names and adds the entries of those this process can use to `core`,
+/// after the cache's own file (which must be loaded first). Returns what became of each file,
+/// and the checks still to be made after the launch.
+pub(crate) fn load(
+    core: &CacheCore,
+    storage: &dyn Storage,
+    given: &[PathBuf],
+    compat: &Compat,
+    state_dir: Option<&Path>,
+) -> (Vec<LayerOutcome>, Vec<PendingCheck>) {
+    let mut outcomes = Vec::new();
+    let mut pending = Vec::new();
+    for path in files_of(given, &mut outcomes) {
+        // A FIFO or device given as a layer is never opened: opening one can block forever.
+        match std::fs::metadata(&path) {
+            Ok(m) if m.is_file() => {}
+            Ok(_) => {
+                outcomes.push(LayerOutcome::Unreadable {
+                    path,
+                    error: "not a regular file".into(),
+                });
+                continue;
+            }
+            Err(e) => {
+                outcomes.push(LayerOutcome::Unreadable {
+                    path,
+                    error: e.to_string(),
+                });
+                continue;
+            }
+        }
+        let map = match storage.map(&path) {
+            Ok(map) => Arc::new(map),
+            Err(e) => {
+                outcomes.push(LayerOutcome::Unreadable {
+                    path,
+                    error: e.to_string(),
+                });
+                continue;
+            }
+        };
+        for range in format::metadata_ranges(map.bytes()) {
+            crate::mmap::advise_read_soon(&map.bytes()[range]);
+        }
+        let decoded = match format::decode_matching(map.bytes(), compat, CpuMatch::PackingClass) {
+            Ok(decoded) => decoded,
+            Err(why) => {
+                outcomes.push(LayerOutcome::Ignored { path, why });
+                continue;
+            }
+        };
+        let index = {
+            let mut state = core.state.lock();
+            let index = state.maps.len();
+            state.maps.push(map.clone());
+            for e in &decoded.entries {
+                state.insert_layer_entry(index, e);
+            }
+            index
+        };
+        match checked::elsewhere_path(&path, state_dir) {
+            Some(record) => match checked::remembered_damage(&record, &path, &map) {
+                Some(damaged) => core.settle_layer(index, &damaged),
+                None => pending.push(PendingCheck {
+                    path: path.clone(),
+                    map,
+                    index,
+                    record,
+                }),
+            },
+            // Nowhere to remember a check: checked now, before any look-up.
+            None => {
+                core.forget_corrupt_in_layer(index);
+            }
+        }
+        outcomes.push(LayerOutcome::Used {
+            path,
+            entries: decoded.entries.len(),
+        });
+    }
+    (outcomes, pending)
+}
+
+/// Checks each pending layer's entries against their checksums, forgets the damaged ones (later
+/// runtimes of this process pack them into the writable cache) and remembers what was found;
+/// returns how many were damaged.
+pub(crate) fn check(core: &CacheCore, pending: Vec<PendingCheck>) -> usize {
+    let mut damaged = 0;
+    for layer in pending {
+        let before = checked::before_check(&layer.path, &layer.map);
+        let found = core.forget_corrupt_in_layer(layer.index);
+        damaged += found.len();
+        if let Some(before) = before {
+            checked::remember_damage(&layer.record, &layer.path, &layer.map, before, &found);
+        }
+    }
+    damaged
+}

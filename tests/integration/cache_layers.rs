@@ -1,0 +1,273 @@
+//! Read-only layers under a cache file (an app's bundle of caches made ahead of time): a look-up
+//! is served by the first layer that holds it, then by the writable file; only what none holds
+//! is packed, into the writable file; a layer of another build or CPU class is ignored with one
+//! note; a damaged layer entry is served at most once; nothing is ever written into a layer.
+
+use crate::common;
+use crate::packed_cache::assert_matches_reference;
+
+use common::scratch;
+use std::path::Path;
+use std::sync::Arc;
+use xnnblob::cache::{
+    cpu_fingerprint, format, packing_class, verify_file, CacheOptions, CacheStats, LayerOutcome,
+    PackedWeightsCache,
+};
+use xnnblob::xnn::Runtime;
+use xnnblob_test_support::synthetic::{Mlp, MLP_INPUT, MLP_OUTPUT};
+
+fn model(seed: u64) -> Mlp {
+    Mlp::random(&[48, 64, 40, 24], seed)
+}
+
+fn open(path: &Path, options: CacheOptions) -> Arc<PackedWeightsCache> {
+    PackedWeightsCache::open_with(
+        path,
+        CacheOptions {
+            blocking_save: true,
+            ..options
+        },
+    )
+    .unwrap()
+}
+
+/// One process: opens the cache, loads and runs `mlp`, saves, exits. Its outputs and stats.
+fn process(cache: Arc<PackedWeightsCache>, mlp: &Mlp) -> (Vec<f32>, CacheStats) {
+    let registrations = common::register_mlps(&cache, &[mlp]);
+    let graph = mlp.subgraph(1).unwrap();
+    let mut runtime = Runtime::new(&graph, Some(&*cache)).unwrap();
+    drop(registrations);
+    cache.finalize().unwrap();
+    let input: Vec<f32> = (0..mlp.input_width())
+        .map(|i| ((i % 11) as f32 - 5.0) / 5.0)
+        .collect();
+    let mut out = vec![f32::NAN; mlp.output_width()];
+    runtime
+        .invoke(&[(MLP_INPUT, &input)], &mut [(MLP_OUTPUT, &mut out)])
+        .unwrap();
+    cache.wait_saved().unwrap();
+    let stats = cache.stats();
+    drop(runtime);
+    (out, stats)
+}
+
+/// A layer made by a cold launch at `path` (as `xnnblob prepack` makes one), with `options`.
+fn make_layer(path: &Path, mlp: &Mlp, options: CacheOptions) {
+    let (_, stats) = process(open(path, options), mlp);
+    assert_eq!(stats.packed, 3);
+}
+
+fn layered(layers: &[&Path], state: &Path) -> CacheOptions {
+    CacheOptions {
+        layers: layers.iter().map(|p| p.to_path_buf()).collect(),
+        state_dir: Some(state.to_path_buf()),
+        ..Default::default()
+    }
+}
+
+fn entries_in(path: &Path) -> usize {
+    verify_file(path, &CacheOptions::default(), true, false)
+        .unwrap()
+        .unwrap()
+        .entries
+}
+
+#[test]
+fn a_launch_with_a_layer_packs_nothing_and_writes_nothing() {
+    let dir = scratch("layers-served");
+    let bundle = dir.join("bundle");
+    std::fs::create_dir(&bundle).unwrap();
+    let mlp = model(1);
+    make_layer(&bundle.join("model.xbc"), &mlp, CacheOptions::default());
+    let before = std::fs::read(bundle.join("model.xbc")).unwrap();
+
+    // The directory stands for the files in it.
+    let writable = dir.join("writable.xbc");
+    let cache = open(&writable, layered(&[&bundle], &dir.join("state")));
+    assert!(matches!(
+        cache.layer_outcomes(),
+        [LayerOutcome::Used { entries: 3, .. }]
+    ));
+    assert_eq!(cache.layer_note(), None);
+    let (out, stats) = process(cache, &mlp);
+    assert_eq!((stats.packed, stats.hits), (0, 3), "{stats:?}");
+    assert_matches_reference(&mlp, &out);
+    assert!(
+        !writable.exists(),
+        "nothing new: the writable file is not made"
+    );
+    assert_eq!(std::fs::read(bundle.join("model.xbc")).unwrap(), before);
+}
+
+#[test]
+fn a_model_update_packs_only_the_changed_weights_into_the_writable_file() {
+    let dir = scratch("layers-update");
+    let layer = dir.join("v1.xbc");
+    let v1 = model(2);
+    make_layer(&layer, &v1, CacheOptions::default());
+    let before = std::fs::read(&layer).unwrap();
+
+    // Version 2 changes the last layer's weights only.
+    let mut v2 = model(2);
+    v2.layers.last_mut().unwrap().weights[0] += 0.5;
+    let writable = dir.join("writable.xbc");
+    let state = dir.join("state");
+    let (out, stats) = process(open(&writable, layered(&[&layer], &state)), &v2);
+    assert_eq!((stats.packed, stats.hits), (1, 2), "{stats:?}");
+    assert_matches_reference(&v2, &out);
+    assert_eq!(entries_in(&writable), 1, "only the new weight is written");
+    assert_eq!(
+        std::fs::read(&layer).unwrap(),
+        before,
+        "the layer is never written"
+    );
+
+    // The next launch finds it there, the rest in the layer.
+    let (again, stats) = process(open(&writable, layered(&[&layer], &state)), &v2);
+    assert_eq!((stats.packed, stats.hits), (0, 3), "{stats:?}");
+    assert_eq!(again, out);
+}
+
+#[test]
+fn a_layer_of_another_cpu_class_is_ignored_with_one_note_and_the_writable_file_takes_over() {
+    let dir = scratch("layers-other-class");
+    let layer = dir.join("other.xbc");
+    let mlp = model(3);
+    // Packed as if on a CPU of another class: one feature bit more.
+    let other = cpu_fingerprint() ^ 1;
+    assert_ne!(packing_class(other), packing_class(cpu_fingerprint()));
+    make_layer(
+        &layer,
+        &mlp,
+        CacheOptions {
+            cpu_fingerprint: Some(other),
+            ..Default::default()
+        },
+    );
+    let writable = dir.join("writable.xbc");
+    let state = dir.join("state");
+    let cache = open(&writable, layered(&[&layer], &state));
+    assert!(matches!(
+        cache.layer_outcomes(),
+        [LayerOutcome::Ignored {
+            why: format::FileError::CpuMismatch { .. },
+            ..
+        }]
+    ));
+    let note = cache.layer_note().expect("one note");
+    assert_eq!(note.lines().count(), 1, "{note}");
+    assert!(
+        note.contains("other.xbc") && note.contains("ignored"),
+        "{note}"
+    );
+    let (out, stats) = process(cache, &mlp);
+    assert_eq!(stats.packed, 3);
+    assert_matches_reference(&mlp, &out);
+    assert_eq!(entries_in(&writable), 3);
+
+    let (_, stats) = process(open(&writable, layered(&[&layer], &state)), &mlp);
+    assert_eq!(stats.packed, 0, "the writable file serves the next launch");
+}
+
+#[test]
+fn a_layer_from_another_cpu_model_of_the_same_class_is_used() {
+    let dir = scratch("layers-same-class");
+    let layer = dir.join("same-class.xbc");
+    let mlp = model(4);
+    // Another CPU model's fingerprint with this CPU's features (bits 40 and 33 are model bits
+    // on both architectures): what the packing class leaves out, unless it changes a layout.
+    let this = cpu_fingerprint();
+    let other = [this ^ (1 << 40), this ^ (1 << 33)]
+        .into_iter()
+        .find(|&f| packing_class(f) == packing_class(this))
+        .expect("a CPU model of this packing class");
+    assert_ne!(other, this);
+    make_layer(
+        &layer,
+        &mlp,
+        CacheOptions {
+            cpu_fingerprint: Some(other),
+            ..Default::default()
+        },
+    );
+    let writable = dir.join("writable.xbc");
+    let (out, stats) = process(
+        open(&writable, layered(&[&layer], &dir.join("state"))),
+        &mlp,
+    );
+    assert_eq!((stats.packed, stats.hits), (0, 3), "{stats:?}");
+    assert_matches_reference(&mlp, &out);
+}
+
+#[test]
+fn a_damaged_layer_entry_is_served_at_most_once_and_then_packed_into_the_writable_file() {
+    let dir = scratch("layers-damaged");
+    let layer = dir.join("damaged.xbc");
+    let mlp = model(5);
+    make_layer(&layer, &mlp, CacheOptions::default());
+    let mut bytes = std::fs::read(&layer).unwrap();
+    bytes[format::HEADER_SIZE + 100] ^= 0x10;
+    std::fs::write(&layer, &bytes).unwrap();
+    // A record is only trusted for a file that has not changed for a tick of its clock.
+    std::thread::sleep(xnnblob::cache::SETTLED);
+
+    let writable = dir.join("writable.xbc");
+    let state = dir.join("state");
+    // The first launch may use it (it is checked after the launch, in the background)...
+    let (_, first) = process(open(&writable, layered(&[&layer], &state)), &mlp);
+    assert_eq!(first.corrupt_found, 1, "{first:?}");
+    // ...every later one repacks it into the writable file, then finds it there.
+    for launch in 0..2 {
+        let cache = open(&writable, layered(&[&layer], &state));
+        let (out, stats) = process(cache, &mlp);
+        assert_eq!(stats.hits + stats.packed, 3, "{stats:?}");
+        assert_eq!(
+            stats.packed,
+            usize::from(launch == 0),
+            "launch {launch}: {stats:?}"
+        );
+        assert_matches_reference(&mlp, &out);
+    }
+    assert_eq!(entries_in(&writable), 1);
+    assert_eq!(
+        std::fs::read(&layer).unwrap(),
+        bytes,
+        "the layer is never written"
+    );
+}
+
+#[test]
+fn layers_that_are_missing_not_regular_or_not_caches_are_ignored_and_said() {
+    let dir = scratch("layers-bad");
+    let not_a_cache = dir.join("text.xbc");
+    std::fs::write(&not_a_cache, b"not a cache file at all, but long enough to have a header and a trailer of the format, so the magic is what fails it......................................................................................................................").unwrap();
+    let missing = dir.join("missing.xbc");
+    let mlp = model(6);
+    let writable = dir.join("writable.xbc");
+    let cache = open(
+        &writable,
+        layered(
+            &[&missing, &not_a_cache, &dir.join("empty-dir")],
+            &dir.join("state"),
+        ),
+    );
+    let outcomes = cache.layer_outcomes();
+    assert!(
+        matches!(outcomes[0], LayerOutcome::Unreadable { .. }),
+        "{outcomes:?}"
+    );
+    assert!(
+        matches!(
+            outcomes[1],
+            LayerOutcome::Ignored {
+                why: format::FileError::BadMagic,
+                ..
+            }
+        ),
+        "{outcomes:?}"
+    );
+    assert_eq!(cache.layer_note().unwrap().lines().count(), 3);
+    let (out, stats) = process(cache, &mlp);
+    assert_eq!(stats.packed, 3);
+    assert_matches_reference(&mlp, &out);
+}
