@@ -66,6 +66,15 @@ pub enum PackedCache {
     InMemory,
     /// A file: the first launch packs and saves, later launches map it and pack nothing.
     File(PathBuf),
+    /// The file `path`, under read-only caches made ahead of time (`xnnblob prepack`; files,
+    /// or directories of them) that serve look-ups first: only what none holds is packed, into
+    /// `path` (see [`CacheOptions::layers`](crate::cache::CacheOptions::layers)).
+    Layered {
+        /// The read-only layers, in the order they are consulted.
+        layers: Vec<PathBuf>,
+        /// The writable cache file.
+        path: PathBuf,
+    },
     /// No cache: XNNPACK packs every weight privately for each runtime.
     Disabled,
 }
@@ -250,11 +259,29 @@ impl Backend {
     /// process: another backend opening the same file gets the same cache, if it asks for the
     /// same options).
     pub fn file_cache(&self, path: &Path) -> Result<Arc<PackedWeightsCache>, CacheError> {
+        self.layered_cache(&[], path)
+    }
+
+    /// As [`file_cache`](Self::file_cache), under the read-only `layers` (see
+    /// [`PackedCache::Layered`]). A file opened before with other layers is
+    /// [`CacheError::OpenWithOtherOptions`].
+    pub fn layered_cache(
+        &self,
+        layers: &[PathBuf],
+        path: &Path,
+    ) -> Result<Arc<PackedWeightsCache>, CacheError> {
         let mut files = self.0.files.lock();
         if let Some(cache) = files.get(path) {
+            if cache.layers() != layers {
+                return Err(CacheError::OpenWithOtherOptions {
+                    path: path.to_path_buf(),
+                });
+            }
             return Ok(cache.clone());
         }
-        let cache = PackedWeightsCache::open_with(path, self.0.options.cache_options.clone())?;
+        let mut options = self.0.options.cache_options.clone();
+        options.layers = layers.to_vec();
+        let cache = PackedWeightsCache::open_with(path, options)?;
         files.insert(path.to_path_buf(), cache.clone());
         Ok(cache)
     }
@@ -279,12 +306,20 @@ impl Backend {
         request: &PackedCache,
         verify_on_load: bool,
     ) -> (Weights, Option<CacheNotice>) {
-        let path = match request {
+        let (layers, path) = match request {
             PackedCache::Disabled => return (Weights::None, None),
             PackedCache::InMemory => return (Weights::Packed(self.0.in_memory.clone()), None),
-            PackedCache::File(path) => path,
+            PackedCache::File(path) => (&[][..], path),
+            PackedCache::Layered { layers, path } => (&layers[..], path),
         };
-        if let Some(cache) = self.0.resolved.lock().get(path).cloned() {
+        if let Some(cache) = self
+            .0
+            .resolved
+            .lock()
+            .get(path)
+            .filter(|c| c.layers() == layers)
+            .cloned()
+        {
             // Resolved before: the same cache, and its notice was given then.
             if verify_on_load {
                 cache.verify_before_use();
@@ -292,7 +327,7 @@ impl Backend {
             return (Weights::Packed(cache), None);
         }
         let opened = PackedWeightsCache::access_at(path)
-            .and_then(|access| Ok((access, self.file_cache(path)?)));
+            .and_then(|access| Ok((access, self.layered_cache(layers, path)?)));
         let (access, cache) = match opened {
             Ok(opened) => opened,
             Err(error) => {
@@ -311,9 +346,15 @@ impl Backend {
             cache.keep_read_only();
             Some(CacheNotice::ReadOnly { path: path.clone() })
         } else {
-            cache.load_note().map(|why| CacheNotice::Rebuilt {
+            // A layer that was not used is said with the file's own note, if it has one.
+            let notes: Vec<String> = cache
+                .load_note()
+                .into_iter()
+                .chain(cache.layer_note())
+                .collect();
+            (!notes.is_empty()).then(|| CacheNotice::Rebuilt {
                 path: path.clone(),
-                why,
+                why: notes.join("; "),
             })
         };
         (Weights::Packed(cache), notice)

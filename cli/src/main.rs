@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use xnnblob::named_data::FileDataMap;
 
 mod inspect;
+mod prepack;
 use xnnblob::report::report;
 
 /// Writes to stdout, returning the error instead of panicking: a reader that goes away (`| head`,
@@ -84,6 +85,12 @@ enum Command {
     /// method's (a dynamic leading dimension is taken from the file's size). Prints load and
     /// execute timings and each output's dtype, shape and summary.
     Run(RunArgs),
+    /// Pack a program's weights ahead of time, one read-only cache file per CPU class an app
+    /// ships to (DIR/STEM.CLASS.xbc), so that a device's first launch packs nothing: give the
+    /// directory to `run --cache-layer`, or to the ExecuTorch backend's `packed_cache_layers`.
+    /// Classes this host is not of are packed on an emulated CPU of the class (qemu-x86_64, or
+    /// qemu-aarch64 with --aarch64-xnnblob).
+    Prepack(PrepackArgs),
 }
 
 #[derive(clap::Args)]
@@ -159,6 +166,38 @@ enum CacheAction {
 }
 
 #[derive(clap::Args)]
+struct PrepackArgs {
+    /// The program.
+    #[arg(required_unless_present = "list_classes")]
+    program: Option<PathBuf>,
+    /// A .ptd with the program's external data (repeatable).
+    #[arg(long)]
+    data: Vec<PathBuf>,
+    /// A CPU class to pack for (repeatable; `--list-classes` names them), or `host` for this
+    /// CPU's.
+    #[arg(long = "cpu", required_unless_present_any = ["list_classes", "as_class"])]
+    cpus: Vec<String>,
+    /// The directory the cache files are written to (made if missing).
+    #[arg(long, required_unless_present = "list_classes")]
+    out: Option<PathBuf>,
+    /// The name files start with [default: the program's file stem].
+    #[arg(long)]
+    name: Option<String>,
+    /// This command built for aarch64 (`scripts/install.sh --target aarch64`), run under
+    /// qemu-aarch64 for the aarch64 classes [default: $XNNBLOB_AARCH64_XNNBLOB].
+    #[arg(long)]
+    aarch64_xnnblob: Option<PathBuf>,
+    /// List the CPU classes, each with the CPUs it stands for and the kernels XNNPACK picks on
+    /// it.
+    #[arg(long)]
+    list_classes: bool,
+    /// Set by prepack for the child it starts on an emulated CPU: pack here, as this class,
+    /// after checking that this CPU is of it.
+    #[arg(long = "as", hide = true)]
+    as_class: Option<String>,
+}
+
+#[derive(clap::Args)]
 struct RunArgs {
     /// The program.
     program: PathBuf,
@@ -182,6 +221,11 @@ struct RunArgs {
     /// A packed-weight cache file: the first launch packs and saves, later ones pack nothing.
     #[arg(long)]
     cache: Option<PathBuf>,
+    /// A read-only packed-weight cache made ahead of time (`xnnblob prepack`), or a directory
+    /// of them (repeatable): consulted before --cache, in order, and never written; only what
+    /// none holds for this CPU's class is packed, into --cache.
+    #[arg(long, requires = "cache")]
+    cache_layer: Vec<PathBuf>,
     /// Write output0.f32, output1.f16, ... (the extension is the dtype) into this directory.
     #[arg(long)]
     output_dir: Option<PathBuf>,
@@ -253,6 +297,7 @@ fn main() -> ExitCode {
             let run = matches.subcommand_matches("run").expect("the run command");
             calls_of(&args, run).and_then(|calls| run_command(&args, calls))
         }
+        Command::Prepack(args) => prepack_command(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -667,7 +712,14 @@ fn run_command(args: &RunArgs, calls: Calls) -> Result<(), Box<dyn std::error::E
     let cache = match cache {
         None => None,
         Some(path) => {
-            let request = PackedCache::File(path);
+            let request = if args.cache_layer.is_empty() {
+                PackedCache::File(path)
+            } else {
+                PackedCache::Layered {
+                    layers: args.cache_layer.clone(),
+                    path,
+                }
+            };
             match backend.resolve_weights(&request, false).1 {
                 Some(CacheNotice::Unusable { error, .. }) if args.require_cache => {
                     return Err(error.into())
@@ -957,6 +1009,135 @@ fn verify_against_program(
             path.display()
         );
         return Err(format!("{} entries of the wrong size", stats.wrong_size).into());
+    }
+    Ok(())
+}
+
+/// `xnnblob prepack`: one read-only cache file per class asked for (see `prepack.rs`).
+fn prepack_command(args: &PrepackArgs) -> Result<(), Box<dyn std::error::Error>> {
+    use prepack::{check_here, class, emulated_command, file_for, pack_here, CLASSES};
+    if args.list_classes {
+        for c in CLASSES {
+            let how = match c.qemu_cpu {
+                Some(cpu) => {
+                    format!("packed here if this CPU is of it, else under qemu -cpu {cpu}")
+                }
+                None => "packed only on a CPU of the class".to_string(),
+            };
+            outln!(
+                "{}\n  CPUs: {}\n  kernels: xnn_qd8_f32_*_gemm_*{}*\n  {how}",
+                c.name,
+                c.cpus,
+                c.kernel_family
+            );
+        }
+        let here = prepack::kernels_here().unwrap_or_default();
+        outln!("this CPU: {}", here.join(", "));
+        return Ok(());
+    }
+    let (Some(program), Some(out)) = (&args.program, &args.out) else {
+        return Err("prepack needs a program, --cpu and --out".into());
+    };
+    let stem = match &args.name {
+        Some(name) => name.clone(),
+        None => program
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .ok_or("the program path has no file name")?,
+    };
+    std::fs::create_dir_all(out)?;
+    // The child on an emulated CPU: this is the class's CPU, or it refuses.
+    if let Some(name) = &args.as_class {
+        let c = class(name)?;
+        check_here(c)?;
+        let file = file_for(out, &stem, c);
+        let (entries, size) = pack_here(program, &args.data, &file)?;
+        outln!(
+            "{}: {entries} packed weights, {size} bytes: {}",
+            c.name,
+            file.display()
+        );
+        return Ok(());
+    }
+    for name in &args.cpus {
+        let t = std::time::Instant::now();
+        if name == "host" {
+            let file = out.join(format!(
+                "{stem}.host.{}",
+                xnnblob::cache::CACHE_FILE_EXTENSION
+            ));
+            let (entries, size) = pack_here(program, &args.data, &file)?;
+            outln!(
+                "host: {entries} packed weights, {size} bytes: {} ({:.1} s)",
+                file.display(),
+                t.elapsed().as_secs_f64()
+            );
+            continue;
+        }
+        let c = class(name)?;
+        if check_here(c).is_ok() {
+            let file = file_for(out, &stem, c);
+            let (entries, size) = pack_here(program, &args.data, &file)?;
+            outln!(
+                "{}: {entries} packed weights, {size} bytes: {} (this CPU, {:.1} s)",
+                c.name,
+                file.display(),
+                t.elapsed().as_secs_f64()
+            );
+            continue;
+        }
+        let tool = match c.arch {
+            prepack::Arch::X86_64 if cfg!(target_arch = "x86_64") => std::env::current_exe()?,
+            prepack::Arch::Aarch64 => args
+                .aarch64_xnnblob
+                .clone()
+                .or_else(|| std::env::var_os("XNNBLOB_AARCH64_XNNBLOB").map(PathBuf::from))
+                .ok_or_else(|| {
+                    format!(
+                        "class {}: give --aarch64-xnnblob (this command built for aarch64)",
+                        c.name
+                    )
+                })?,
+            prepack::Arch::X86_64 => {
+                return Err(format!("class {}: run prepack on an x86-64 host", c.name).into())
+            }
+        };
+        let mut command = emulated_command(c, &tool).map_err(|e| {
+            format!(
+                "{e}; this CPU is not of it ({})",
+                check_here(c).err().unwrap_or_default()
+            )
+        })?;
+        command.arg("prepack").arg(program);
+        for d in &args.data {
+            command.arg("--data").arg(d);
+        }
+        command
+            .arg("--out")
+            .arg(out)
+            .args(["--name", &stem, "--as", c.name]);
+        let done = command.output().map_err(|e| {
+            format!(
+                "class {}: cannot start {:?} ({e}): install qemu-user",
+                c.name,
+                command.get_program()
+            )
+        })?;
+        if !done.status.success() {
+            return Err(format!(
+                "class {}: packing on the emulated CPU failed ({}): {}",
+                c.name,
+                done.status,
+                String::from_utf8_lossy(&done.stderr).trim()
+            )
+            .into());
+        }
+        let said = String::from_utf8_lossy(&done.stdout);
+        outln!(
+            "{} (emulated, {:.1} s)",
+            said.trim(),
+            t.elapsed().as_secs_f64()
+        );
     }
     Ok(())
 }

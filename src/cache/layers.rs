@@ -43,6 +43,14 @@ pub enum LayerOutcome {
         /// Why.
         why: FileError,
     },
+    /// A directory none of whose cache files is for this CPU's class and XNNPACK build (a
+    /// bundle made for other devices): said once for the directory, not once per file.
+    NoneForThisCpu {
+        /// The directory.
+        dir: PathBuf,
+        /// Its cache files, all made for other CPU classes or builds.
+        files: usize,
+    },
     /// Could not be read (missing, not a regular file, no permission).
     Unreadable {
         /// The file or directory given.
@@ -62,6 +70,13 @@ impl LayerOutcome {
                  into the writable cache instead",
                 path.display()
             )),
+            LayerOutcome::NoneForThisCpu { dir, files } => Some(format!(
+                "none of the {files} read-only packed-weight caches in {} is for this CPU's \
+                 class ({}); they are ignored and what they hold is packed into the writable \
+                 cache instead",
+                dir.display(),
+                super::describe_cpu_fingerprint(super::packing_class(super::cpu_fingerprint()))
+            )),
             LayerOutcome::Unreadable { path, error } => Some(format!(
                 "read-only packed-weight cache {} cannot be read ({error}); it is ignored",
                 path.display()
@@ -79,13 +94,16 @@ pub(crate) struct PendingCheck {
     record: PathBuf,
 }
 
-/// The files `given` names, in order: a directory stands for the cache files directly in it
-/// (`*.xbc`, by name), anything else for itself.
-fn files_of(given: &[PathBuf], outcomes: &mut Vec<LayerOutcome>) -> Vec<PathBuf> {
+/// The files `given` names, in order, each with the directory it was found in: a directory
+/// stands for the cache files directly in it (`*.xbc`, by name), anything else for itself.
+fn files_of(
+    given: &[PathBuf],
+    outcomes: &mut Vec<LayerOutcome>,
+) -> Vec<(PathBuf, Option<PathBuf>)> {
     let mut files = Vec::new();
     for path in given {
         if !path.is_dir() {
-            files.push(path.clone());
+            files.push((path.clone(), None));
             continue;
         }
         match std::fs::read_dir(path) {
@@ -95,7 +113,7 @@ fn files_of(given: &[PathBuf], outcomes: &mut Vec<LayerOutcome>) -> Vec<PathBuf>
                     .filter(|p| p.extension().is_some_and(|e| e == CACHE_FILE_EXTENSION))
                     .collect();
                 found.sort();
-                files.extend(found);
+                files.extend(found.into_iter().map(|f| (f, Some(path.clone()))));
             }
             Err(e) => outcomes.push(LayerOutcome::Unreadable {
                 path: path.clone(),
@@ -104,6 +122,51 @@ fn files_of(given: &[PathBuf], outcomes: &mut Vec<LayerOutcome>) -> Vec<PathBuf>
         }
     }
     files
+}
+
+/// Whether a file was refused for being made for other devices (its CPU class or XNNPACK
+/// build), not for being damaged.
+fn for_other_devices(why: &FileError) -> bool {
+    matches!(
+        why,
+        FileError::CpuMismatch { .. } | FileError::BuildMismatch
+    )
+}
+
+/// Replaces, for each directory with no file used, its files' outcomes of being for other
+/// devices with one [`LayerOutcome::NoneForThisCpu`]; in a directory with one used, those of
+/// the others are dropped (a bundle holds a file per class: the others are expected).
+fn grouped(outcomes: Vec<(LayerOutcome, Option<PathBuf>)>) -> Vec<LayerOutcome> {
+    let used_in = |dir: &PathBuf| {
+        outcomes
+            .iter()
+            .any(|(o, d)| d.as_ref() == Some(dir) && matches!(o, LayerOutcome::Used { .. }))
+    };
+    let mut said: Vec<PathBuf> = Vec::new();
+    let mut kept = Vec::new();
+    for (outcome, dir) in &outcomes {
+        let other = matches!(outcome, LayerOutcome::Ignored { why, .. } if for_other_devices(why));
+        match dir {
+            Some(dir) if other => {
+                if !used_in(dir) && !said.contains(dir) {
+                    said.push(dir.clone());
+                    let files = outcomes
+                        .iter()
+                        .filter(|(o, d)| {
+                            d.as_ref() == Some(dir)
+                                && matches!(o, LayerOutcome::Ignored { why, .. } if for_other_devices(why))
+                        })
+                        .count();
+                    kept.push(LayerOutcome::NoneForThisCpu {
+                        dir: dir.clone(),
+                        files,
+                    });
+                }
+            }
+            _ => kept.push(outcome.clone()),
+        }
+    }
+    kept
 }
 
 /// Maps each layer `given` names and adds the entries of those this process can use to `core`,
@@ -116,34 +179,46 @@ pub(crate) fn load(
     compat: &Compat,
     state_dir: Option<&Path>,
 ) -> (Vec<LayerOutcome>, Vec<PendingCheck>) {
-    let mut outcomes = Vec::new();
+    let mut unreadable_dirs = Vec::new();
+    let files = files_of(given, &mut unreadable_dirs);
+    let mut outcomes: Vec<(LayerOutcome, Option<PathBuf>)> =
+        unreadable_dirs.into_iter().map(|o| (o, None)).collect();
     let mut pending = Vec::new();
-    for path in files_of(given, &mut outcomes) {
+    for (path, dir) in files {
         // A FIFO or device given as a layer is never opened: opening one can block forever.
         match std::fs::metadata(&path) {
             Ok(m) if m.is_file() => {}
             Ok(_) => {
-                outcomes.push(LayerOutcome::Unreadable {
-                    path,
-                    error: "not a regular file".into(),
-                });
+                outcomes.push((
+                    LayerOutcome::Unreadable {
+                        path,
+                        error: "not a regular file".into(),
+                    },
+                    dir,
+                ));
                 continue;
             }
             Err(e) => {
-                outcomes.push(LayerOutcome::Unreadable {
-                    path,
-                    error: e.to_string(),
-                });
+                outcomes.push((
+                    LayerOutcome::Unreadable {
+                        path,
+                        error: e.to_string(),
+                    },
+                    dir,
+                ));
                 continue;
             }
         }
         let map = match storage.map(&path) {
             Ok(map) => Arc::new(map),
             Err(e) => {
-                outcomes.push(LayerOutcome::Unreadable {
-                    path,
-                    error: e.to_string(),
-                });
+                outcomes.push((
+                    LayerOutcome::Unreadable {
+                        path,
+                        error: e.to_string(),
+                    },
+                    dir,
+                ));
                 continue;
             }
         };
@@ -153,7 +228,7 @@ pub(crate) fn load(
         let decoded = match format::decode_matching(map.bytes(), compat, CpuMatch::PackingClass) {
             Ok(decoded) => decoded,
             Err(why) => {
-                outcomes.push(LayerOutcome::Ignored { path, why });
+                outcomes.push((LayerOutcome::Ignored { path, why }, dir));
                 continue;
             }
         };
@@ -181,12 +256,15 @@ pub(crate) fn load(
                 core.forget_corrupt_in_layer(index);
             }
         }
-        outcomes.push(LayerOutcome::Used {
-            path,
-            entries: decoded.entries.len(),
-        });
+        outcomes.push((
+            LayerOutcome::Used {
+                path,
+                entries: decoded.entries.len(),
+            },
+            dir,
+        ));
     }
-    (outcomes, pending)
+    (grouped(outcomes), pending)
 }
 
 /// Checks each pending layer's entries against their checksums, forgets the damaged ones (later

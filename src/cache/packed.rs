@@ -1009,6 +1009,11 @@ impl PackedWeightsCache {
         }));
     }
 
+    /// The read-only layers it was opened with ([`CacheOptions::layers`]).
+    pub fn layers(&self) -> &[PathBuf] {
+        &self.options.layers
+    }
+
     /// What became of each read-only layer given in [`CacheOptions::layers`], in order.
     pub fn layer_outcomes(&self) -> &[LayerOutcome] {
         &self.layer_outcomes

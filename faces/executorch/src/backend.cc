@@ -146,6 +146,9 @@ constexpr char kWorkspaceSharingMode[] = "workspace_sharing_mode";
 constexpr char kSaveWeightCacheOnDisk[] = "save_weight_cache_on_disk";
 // xnnblob's own: check every packed weight of the cache file before the first execute.
 constexpr char kVerifyOnLoad[] = "verify_on_load";
+// xnnblob's own: read-only caches made ahead of time (files or directories, `:`-separated, in
+// one option value of ExecuTorch's 256 bytes), consulted before packed_cache_path.
+constexpr char kPackedCacheLayers[] = "packed_cache_layers";
 
 Error to_error(Status status) {
   switch (status) {
@@ -245,6 +248,13 @@ class XnnblobBackend final : public BackendInterface {
         } else {
           return Error::InvalidArgument;
         }
+      } else if (std::strcmp(o.key, kPackedCacheLayers) == 0) {
+        if (auto* v = std::get_if<std::array<char, executorch::runtime::kMaxOptionValueLength>>(
+                &o.value)) {
+          packed_cache_layers_ = v->data();
+        } else {
+          return Error::InvalidArgument;
+        }
       } else if (std::strcmp(o.key, kWorkspaceSharingMode) == 0) {
         auto* v = std::get_if<int>(&o.value);
         if (v == nullptr || *v < 0 || *v > 2) return Error::InvalidArgument;
@@ -278,6 +288,10 @@ class XnnblobBackend final : public BackendInterface {
         std::array<char, executorch::runtime::kMaxOptionValueLength> text{};
         std::strncpy(text.data(), packed_cache_path_.c_str(), text.size() - 1);
         o.value = text;
+      } else if (std::strcmp(o.key, kPackedCacheLayers) == 0) {
+        std::array<char, executorch::runtime::kMaxOptionValueLength> text{};
+        std::strncpy(text.data(), packed_cache_layers_.c_str(), text.size() - 1);
+        o.value = text;
       } else if (std::strcmp(o.key, kWorkspaceSharingMode) == 0) {
         o.value = workspace_sharing_mode_;
       } else if (std::strcmp(o.key, kSaveWeightCacheOnDisk) == 0) {
@@ -297,6 +311,7 @@ class XnnblobBackend final : public BackendInterface {
       std::lock_guard<std::mutex> lock(mutex_);
       options.weight_cache_enabled = weight_cache_enabled_;
       options.packed_cache_path = rust::String(packed_cache_path_);
+      options.packed_cache_layers = rust::String(packed_cache_layers_);
       options.workspace_sharing_mode = workspace_sharing_mode_;
       options.verify_on_load = verify_on_load_;
     }
@@ -304,6 +319,8 @@ class XnnblobBackend final : public BackendInterface {
     if (enabled.ok()) options.weight_cache_enabled = *enabled;
     auto path = context.get_runtime_spec<const char*>(kPackedCachePath);
     if (path.ok() && *path != nullptr) options.packed_cache_path = rust::String(*path);
+    auto layers = context.get_runtime_spec<const char*>(kPackedCacheLayers);
+    if (layers.ok() && *layers != nullptr) options.packed_cache_layers = rust::String(*layers);
     auto mode = context.get_runtime_spec<int>(kWorkspaceSharingMode);
     if (mode.ok()) options.workspace_sharing_mode = *mode;
     auto verify = context.get_runtime_spec<bool>(kVerifyOnLoad);
@@ -315,6 +332,7 @@ class XnnblobBackend final : public BackendInterface {
   // On by default: in memory, one packing per weight across every program of the process.
   bool weight_cache_enabled_ = true;
   std::string packed_cache_path_;
+  std::string packed_cache_layers_;
   // ExecuTorch's default: one workspace for every delegate of the process.
   int workspace_sharing_mode_ = 2;
   bool verify_on_load_ = false;

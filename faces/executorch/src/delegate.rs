@@ -130,13 +130,31 @@ fn weights_for(
     backend: &Backend,
     options: &InitOptions,
 ) -> Result<(Weights, Option<Note>), Outcome> {
+    let layers: Vec<PathBuf> = options
+        .packed_cache_layers
+        .split(':')
+        .filter(|p| !p.is_empty())
+        .map(PathBuf::from)
+        .collect();
     let request = match (
         options.weight_cache_enabled,
         options.packed_cache_path.as_str(),
     ) {
         (false, _) => PackedCache::Disabled,
+        (true, "") if !layers.is_empty() => {
+            return Err(Outcome {
+                status: Status::InvalidArgument,
+                message: "packed_cache_layers needs packed_cache_path: the writable cache file                           that what the layers do not hold is packed into"
+                    .into(),
+                severe: true,
+            })
+        }
         (true, "") => PackedCache::InMemory,
-        (true, path) => PackedCache::File(PathBuf::from(path)),
+        (true, path) if layers.is_empty() => PackedCache::File(PathBuf::from(path)),
+        (true, path) => PackedCache::Layered {
+            layers,
+            path: PathBuf::from(path),
+        },
     };
     let (weights, notice) = backend.resolve_weights(&request, options.verify_on_load);
     let mut notes = Vec::new();

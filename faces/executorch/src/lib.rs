@@ -60,6 +60,10 @@ pub mod ffi {
         weight_cache_enabled: bool,
         /// Empty: the in-memory cache shared by every program of the process.
         packed_cache_path: String,
+        /// Read-only packed-weight caches made ahead of time (`xnnblob prepack`), files or
+        /// directories, separated by `:`, consulted before `packed_cache_path` (xnnblob's
+        /// `packed_cache_layers`). Empty: none.
+        packed_cache_layers: String,
         /// ExecuTorch's codes: 0 disabled, 1 per model, 2 global.
         workspace_sharing_mode: i32,
         /// Check every packed weight of the cache file before the first execute (xnnblob's

@@ -61,6 +61,7 @@ const char kUsage[] =
     "usage: xnnblob-et-run PROGRAM.pte [--data FILE.ptd]... [--method NAME]\n"
     "         [--input FILE [--dtype D] [--shape AxBx..]]... [PROGRAM2.pte ...]\n"
     "         [--backend xnnblob|executorch|LIB.so] [--load-mode file|mmap] [--cache PATH]\n"
+    "         [--cache-layers FILE_OR_DIR[:...]]\n"
     "         [--no-weight-cache] [--workspace-sharing 0|1|2] [--steps N] [--repeat N]\n"
     "         [--threads N] [--pool-threads N] [--no-pool] [--verify-on-load]\n"
     "         [--wait-between-executes] [--output-dir DIR]\n"
@@ -73,7 +74,9 @@ const char kUsage[] =
     "(Module's share_memory_arenas): on by default when calls name two methods or more.\n"
     "--threads N loads and runs in N threads at once; --pool-threads N resizes ExecuTorch's\n"
     "thread pool first; --no-pool holds a NoThreadPoolGuard in each of them.\n"
-    "--wait-between-executes reads a line from stdin before each repeat after the first.\n";
+    "--wait-between-executes reads a line from stdin before each repeat after the first.\n"
+    "--cache-layers sets xnnblob's packed_cache_layers: read-only caches made ahead of time\n"
+    "(xnnblob prepack), consulted before --cache, which it needs.\n";
 
 struct Input {
   std::string path;
@@ -106,6 +109,7 @@ struct Options {
   std::string backend = "xnnblob";
   bool mmap = false;
   std::string cache;
+  std::string cache_layers;
   bool weight_cache = true;
   int workspace_sharing = -1;
   int steps = 1;
@@ -211,6 +215,7 @@ Options parse(int argc, char** argv) {
       if (m != "file" && m != "mmap") usage_error("--load-mode " + m + ": file or mmap");
       o.mmap = m == "mmap";
     } else if (a == "--cache") o.cache = value(i);
+    else if (a == "--cache-layers") o.cache_layers = value(i);
     else if (a == "--no-weight-cache") o.weight_cache = false;
     else if (a == "--workspace-sharing") o.workspace_sharing = number(i);
     else if (a == "--method") program(a).method = value(i);
@@ -427,11 +432,18 @@ Launch launch(const Options& o, const Program& p, std::unique_ptr<Module>& keep)
   keep = std::make_unique<Module>(p.path, p.data, mode, nullptr, nullptr, nullptr, r.share_arenas);
   Module& module = *keep;
 
-  executorch::runtime::BackendOptions<5> backend_options;
+  executorch::runtime::BackendOptions<6> backend_options;
   if (!o.weight_cache) backend_options.set_option("weight_cache_enabled", false);
   if (!o.cache.empty()) {
     backend_options.set_option("weight_cache_enabled", o.weight_cache);
     backend_options.set_option("packed_cache_path", o.cache.c_str());
+  }
+  if (!o.cache_layers.empty()) {
+    if (o.cache_layers.size() >= executorch::runtime::kMaxOptionValueLength) {
+      fail("--cache-layers is longer than an ExecuTorch option value (" +
+           std::to_string(executorch::runtime::kMaxOptionValueLength - 1) + " bytes)");
+    }
+    backend_options.set_option("packed_cache_layers", o.cache_layers.c_str());
   }
   if (o.workspace_sharing >= 0) {
     backend_options.set_option("workspace_sharing_mode", o.workspace_sharing);
