@@ -100,23 +100,24 @@ pub fn cpu_fingerprint_difference(file: u64, this: u64) -> String {
 /// (another model of the same kernel class). A read-only layer made ahead of time for a class
 /// (`xnnblob prepack`) serves every CPU of it.
 ///
-/// It keeps the architecture tag and every feature bit (each selects kernels, and so layouts),
-/// and replaces the CPU model with the decisions XNNPACK 4ea82e5 makes from it that change a
-/// layout (`src/configs/gemm-config.c`):
+/// It keeps the architecture tag and every feature bit XNNPACK 4ea82e5 reads (each selects
+/// kernels, and with them packers and layouts), and replaces the CPU model with the decisions
+/// XNNPACK makes from it that change a layout, not only a kernel's `mr` or its assembly:
 /// - x86-64: Zen (AMD family 0x17, models 0x00-0x1F) and Hygon's family 0 get the f32 GEMM
-///   packed `16s4` instead of `16`; Zen 4 is kept off the AVX512-VNNI+GFNI qb4w GEMM (which
-///   packs alike, but is recorded: it is a choice of kernel).
-/// - aarch64: the core types choose among kernels of one layout only (`mr` and the assembly
-///   scheduled for a core), so none is kept.
+///   packed `16s4` instead of `16` (`gemm-config.c:692-716`); Zen 4's qb4w choice changes only
+///   `mr`.
+/// - aarch64: core 0's Exynos M1/M2 f32 GEMM, A35/Kryo/A53/A55 qs8 GEMM and A53/A55 depthwise
+///   tiles (the `core0:` bits); core types whose rank leaves core 0 unknown keep their hash.
 pub fn packing_class(fingerprint: u64) -> u64 {
     let tag = fingerprint >> TAG_SHIFT;
     match tag {
         TAG_X86_64 => {
-            let features = x86::NAMES.iter().fold(0, |all, (mask, _)| all | mask);
+            let features = x86::NAMES.iter().fold(0, |all, (mask, _)| all | mask) & !x86::UNREAD;
             (tag << TAG_SHIFT) | (fingerprint & features) | x86::layout_decisions(fingerprint)
         }
+        TAG_AARCH64 if fingerprint & arm::CORE0_UNSURE != 0 => fingerprint & !arm::UNREAD,
         TAG_AARCH64 => {
-            let features = arm::NAMES.iter().fold(0, |all, (mask, _)| all | mask);
+            let features = arm::NAMES.iter().fold(0, |all, (mask, _)| all | mask) & !arm::UNREAD;
             (tag << TAG_SHIFT) | (fingerprint & features)
         }
         _ => fingerprint,
@@ -255,10 +256,13 @@ mod x86 {
         format!("{vendor} family {family:#x} model {model:#x}{uarch}")
     }
 
-    /// Zen-like f32 GEMM packing (`16s4`), in a packing class.
+    /// Zen-like f32 GEMM packing (`16s4`), in a packing class (where the vendor's bits are in a
+    /// fingerprint).
     const ZEN_F32_GEMM: u64 = 1 << 24;
-    /// Zen 4's qb4w choice, in a packing class.
-    const ZEN4_QB4W: u64 = 1 << 25;
+
+    /// The bits XNNPACK 4ea82e5 does not read (AMX-TILE, -BF16, -FP16 and the tile state in XCR0:
+    /// AMX_GRANTED says what XNNPACK's choice reads of them): left out of a packing class.
+    pub const UNREAD: u64 = AMX_TILE | AMX_BF16 | AMX_FP16 | XTILECFG | XTILEDATA;
 
     /// The decisions XNNPACK makes from the CPU model that a packing class keeps (see
     /// [`packing_class`](super::packing_class)), as bits above the features.
@@ -268,7 +272,6 @@ mod x86 {
         let (family, model) = family_and_model(signature << 4);
         match (vendor, family, model >> 4) {
             (AMD, 0x17, 0x0 | 0x1) | (HYGON, 0x00, _) => ZEN_F32_GEMM,
-            (AMD, 0x19, 0x1 | 0x6 | 0x7 | 0xA) => ZEN4_QB4W,
             _ => 0,
         }
     }
@@ -410,6 +413,24 @@ mod arm {
     /// the previous scheme.
     pub const FHM: u64 = 1 << 8;
 
+    // What XNNPACK 4ea82e5 decides from cpuinfo's core 0 (the listed core type cpuinfo sorts
+    // first: the highest `midr_score_core`, so a big core where there is one) that changes a
+    // packed layout, not only `mr` or the assembly (`src/configs/gemm-config.c`,
+    // `dwconv-config.c`). Recorded apart from the core types' hash so that a packing class
+    // ([`packing_class`](super::packing_class)) can keep them and drop the hash.
+    /// Core 0 is an Exynos M1 or M2: the f32 GEMM is packed `8s4` (gemm-config.c:457-472).
+    pub const CORE0_F32_S4: u64 = 1 << 10;
+    /// Core 0 is a Cortex-A35, Kryo (Snapdragon 820/821), Cortex-A53, A55r0 or A55, and the CPU
+    /// has neither dot product nor i8mm: the qs8 GEMM is packed 16x1, not 8x8
+    /// (gemm-config.c:3159-3216).
+    pub const CORE0_QS8_16X1: u64 = 1 << 11;
+    /// Core 0 is a Cortex-A53, A55r0 or A55: the f32 3x3 depthwise convolution is packed 4
+    /// channels to a tile, not 8 (dwconv-config.c:240-268).
+    pub const CORE0_DWCONV_C4: u64 = 1 << 12;
+    /// Core types that cpuinfo ranks alike disagree on the decisions above: which is core 0
+    /// depends on their frequencies, which are not recorded, so no packing class is shared.
+    pub const CORE0_UNSURE: u64 = 1 << 13;
+
     /// Bits 24..56: the low 32 bits of the XXH3-64 of the distinct MIDRs, sorted (0: none could be
     /// read).
     pub const MIDRS_SHIFT: u32 = 24;
@@ -425,7 +446,69 @@ mod arm {
         (SME, "sme"),
         (SME2, "sme2"),
         (FHM, "fhm"),
+        (CORE0_F32_S4, "core0:f32-gemm-8s4"),
+        (CORE0_QS8_16X1, "core0:qs8-gemm-16x1"),
+        (CORE0_DWCONV_C4, "core0:dwconv-c4"),
+        (CORE0_UNSURE, "core0:unsure"),
     ];
+
+    /// The bits XNNPACK 4ea82e5 does not read ([`FHM`]): left out of a packing class.
+    pub const UNREAD: u64 = FHM;
+
+    /// cpuinfo's ranking of a core type (`midr_score_core`, `src/arm/midr.h`): big cores first.
+    fn score(midr: u32) -> u32 {
+        match midr & 0xFF00_FFF0 {
+            0x5300_0030 | 0x5300_0040 | 0x4100_D440 | 0x4100_D480 | 0x4100_D4E0 => 6,
+            0x4100_D080 | 0x4100_D090 | 0x4100_D0A0 | 0x4100_D0B0 | 0x4100_D0D0 | 0x4100_D0E0
+            | 0x4100_D410 | 0x4100_D470 | 0x4100_D4D0 | 0x4800_D400 | 0x4E00_0030 | 0x5100_2050
+            | 0x5100_8000 | 0x5100_8020 | 0x5100_8040 | 0x5300_0010 | 0x5300_0020 => 5,
+            0x4100_D070 => 4,
+            0x4100_D060 | 0x4100_D030 | 0x4100_D050 | 0x4100_D460 => 2,
+            0x4100_D040 | 0x5100_8050 | 0x5100_8030 | 0x5100_8010 | 0x5100_2110 | 0x5100_2010 => 1,
+            _ => 3,
+        }
+    }
+
+    /// The layout decisions XNNPACK makes on a core 0 with this MIDR (cpuinfo's
+    /// `cpuinfo_arm_decode_vendor_uarch`, `src/arm/uarch.c`, for the core types they name).
+    fn decisions_of(midr: u32, isa: &ArmIsa) -> u64 {
+        let exynos = midr & 0xFFF0_FFF0;
+        let m1_or_m2 = exynos == 0x5310_0010 || exynos == 0x5340_0010;
+        let (a35_or_kryo, a53_or_a55) = match midr & 0xFF00_FFF0 {
+            0x4100_D040 => (true, false),
+            0x5100_2010 | 0x5100_2050 | 0x5100_2110 => (true, false),
+            0x4100_D030 | 0x4100_D050 | 0x5100_8010 | 0x5100_8030 | 0x5100_8050 => (false, true),
+            _ => (false, false),
+        };
+        let mut bits = 0;
+        if m1_or_m2 {
+            bits |= CORE0_F32_S4;
+        }
+        if (a35_or_kryo || a53_or_a55) && !isa.dot && !isa.i8mm {
+            bits |= CORE0_QS8_16X1;
+        }
+        if a53_or_a55 {
+            bits |= CORE0_DWCONV_C4;
+        }
+        bits
+    }
+
+    /// The layout decisions of cpuinfo's core 0 among `midrs` (see [`CORE0_UNSURE`]).
+    pub fn core0_decisions(midrs: &[u32], isa: &ArmIsa) -> u64 {
+        let Some(best) = midrs.iter().map(|&m| score(m)).max() else {
+            return 0;
+        };
+        let mut firsts = midrs
+            .iter()
+            .filter(|&&m| score(m) == best)
+            .map(|&m| decisions_of(m, isa));
+        let first = firsts.next().unwrap_or(0);
+        if firsts.all(|d| d == first) {
+            first
+        } else {
+            CORE0_UNSURE
+        }
+    }
 
     /// The core types a fingerprint records, in words.
     pub fn model(bits: u64) -> String {
@@ -533,7 +616,7 @@ mod arm {
             let bytes: Vec<u8> = types.iter().flat_map(|m| m.to_le_bytes()).collect();
             crate::cache::checksum::checksum64(&bytes) & 0xFFFF_FFFF
         };
-        (TAG_AARCH64 << TAG_SHIFT) | (hash << MIDRS_SHIFT) | bits
+        (TAG_AARCH64 << TAG_SHIFT) | (hash << MIDRS_SHIFT) | bits | core0_decisions(midrs, isa)
     }
 
     /// The MIDR of each core `/proc/cpuinfo` lists, in its order, from the fields cpuinfo composes
@@ -953,7 +1036,11 @@ mod tests {
     fn every_arm_feature_xnnpack_reads_changes_the_fingerprint_alone() {
         let midrs = [NEOVERSE_V2];
         let full = arm_fingerprint(&arm_isa_of_linux(HWCAP_ALL, HWCAP2_ALL, 0), &midrs);
-        assert_eq!(names(arm::NAMES, full).len(), arm::NAMES.len());
+        let features = arm::NAMES
+            .iter()
+            .filter(|(_, n)| !n.starts_with("core0:"))
+            .count();
+        assert_eq!(names(arm::NAMES, full).len(), features);
         let cases: [(&str, u64, u64); 9] = [
             ("fp16-arith", hwcap::FPHP, 0),
             ("dot", hwcap::ASIMDDP, 0),
@@ -1008,13 +1095,119 @@ mod tests {
         let little_only = arm_fingerprint(&isa, &[a55]);
         assert_ne!(little_only, big_little);
         let why = cpu_fingerprint_difference(big_little, little_only);
-        assert!(why.starts_with("CPU model core types #"), "{why}");
+        assert!(
+            why.starts_with("only this CPU has core0:dwconv-c4; CPU model core types #"),
+            "{why}"
+        );
         // The revision counts too (cpuinfo tells Cortex-A55 r0p0 from later ones by it).
         assert_ne!(arm_fingerprint(&isa, &[a55 & !0xF]), little_only);
         assert_eq!(
             arm_fingerprint(&isa, &[]) >> arm::MIDRS_SHIFT,
             TAG_AARCH64 << (TAG_SHIFT - arm::MIDRS_SHIFT),
             "no MIDR read: a zero hash"
+        );
+    }
+
+    #[test]
+    fn core_0_is_the_core_type_cpuinfo_ranks_first_and_its_layout_decisions_are_recorded() {
+        let dot = arm_isa_of_linux(HWCAP_ALL, 0, 0);
+        let no_dot = ArmIsa::default();
+        let (a53, a55, a510, a72, a78) = (
+            0x410F_D034,
+            0x411F_D051,
+            0x410F_D461,
+            0x410F_D080,
+            0x411F_D410,
+        );
+        let core0 = |isa: &ArmIsa, midrs: &[u32]| arm::core0_decisions(midrs, isa);
+        // A big core first: none of the little cores' layouts.
+        assert_eq!(core0(&dot, &[a55, a78]), 0);
+        assert_eq!(core0(&no_dot, &[a53, a72]), 0);
+        // Little cores alone: their depthwise tiles, and without dot products their qs8 GEMM.
+        assert_eq!(core0(&dot, &[a55]), arm::CORE0_DWCONV_C4);
+        assert_eq!(
+            core0(&no_dot, &[a53]),
+            arm::CORE0_DWCONV_C4 | arm::CORE0_QS8_16X1
+        );
+        // Cortex-A35 and Kryo: the qs8 GEMM only.
+        assert_eq!(core0(&no_dot, &[0x410F_D040]), arm::CORE0_QS8_16X1);
+        // Exynos M1 (the Exynos 8890's MIDR) and M2: the f32 GEMM packed 8s4.
+        assert_eq!(core0(&dot, &[0x531F_0011, a53]), arm::CORE0_F32_S4);
+        assert_eq!(core0(&dot, &[0x534F_0010]), arm::CORE0_F32_S4);
+        // Ranked alike, deciding apart: which is core 0 is not known.
+        assert_eq!(core0(&dot, &[a55, a510]), arm::CORE0_UNSURE);
+        // None read (user-mode emulation): XNNPACK's default, as cpuinfo knows no core either.
+        assert_eq!(core0(&dot, &[]), 0);
+    }
+
+    #[test]
+    fn a_packing_class_keeps_what_changes_a_layout_and_drops_the_cpu_model() {
+        let isa = arm_isa_of_linux(HWCAP_ALL, 0, 0);
+        let (a55, a76, a78) = (0x411F_D051, 0x414F_D0B0, 0x411F_D410);
+        let phone = arm_fingerprint(&isa, &[a55, a76]);
+        let other_phone = arm_fingerprint(&isa, &[a55, a78]);
+        assert_ne!(phone, other_phone);
+        assert_eq!(packing_class(phone), packing_class(other_phone));
+        // ...and as emulated, with no core type read.
+        assert_eq!(
+            packing_class(phone),
+            packing_class(arm_fingerprint(&isa, &[]))
+        );
+        // A little core 0 packs depthwise convolutions otherwise.
+        assert_ne!(
+            packing_class(phone),
+            packing_class(arm_fingerprint(&isa, &[a55]))
+        );
+        // A feature XNNPACK reads splits classes; one it does not read (FHM) does not.
+        let no_fhm = arm_isa_of_linux(HWCAP_ALL & !hwcap::ASIMDFHM, 0, 0);
+        assert_eq!(
+            packing_class(phone),
+            packing_class(arm_fingerprint(&no_fhm, &[a76]))
+        );
+        let no_dot = arm_isa_of_linux(HWCAP_ALL & !hwcap::ASIMDDP, 0, 0);
+        assert_ne!(
+            packing_class(phone),
+            packing_class(arm_fingerprint(&no_dot, &[a76]))
+        );
+
+        // x86-64: two models of one vendor and features share a class; Zen 1 does not share
+        // Zen 2's (its f32 GEMM is packed 16s4).
+        let x86 = |vendor: u64, signature: u64, features: u64| {
+            (TAG_X86_64 << TAG_SHIFT)
+                | (vendor << x86::VENDOR_SHIFT)
+                | (signature << x86::SIGNATURE_SHIFT)
+                | features
+        };
+        let avx2 = x86::SSSE3 | x86::SSE4_1 | x86::AVX | x86::F16C | x86::FMA3 | x86::AVX2;
+        // CPUID.1:EAX >> 4 of Haswell (family 6, model 0x3C) and Skylake (model 0x5E).
+        let (haswell, skylake) = (0x0306C, 0x0506E);
+        assert_eq!(
+            packing_class(x86(x86::INTEL, haswell, avx2)),
+            packing_class(x86(x86::INTEL, skylake, avx2))
+        );
+        // Zen 1 (family 0x17, model 0x01) and Zen 2 (model 0x31).
+        let (zen1, zen2) = (0x800F1, 0x830F1);
+        assert_ne!(
+            packing_class(x86(x86::AMD, zen1, avx2)),
+            packing_class(x86(x86::AMD, zen2, avx2))
+        );
+        assert_eq!(
+            packing_class(x86(x86::AMD, zen2, avx2)),
+            packing_class(x86(x86::INTEL, haswell, avx2))
+        );
+        // AMX's tile features are not read; whether the OS granted AMX is.
+        let amx = avx2 | x86::AVX512F | x86::AMX_INT8 | x86::AMX_GRANTED;
+        assert_eq!(
+            packing_class(x86(x86::INTEL, 0x806F8 >> 4, amx)),
+            packing_class(x86(
+                x86::INTEL,
+                0x806F8 >> 4,
+                amx | x86::AMX_TILE | x86::XTILEDATA
+            ))
+        );
+        assert_ne!(
+            packing_class(x86(x86::INTEL, 0x806F8 >> 4, amx)),
+            packing_class(x86(x86::INTEL, 0x806F8 >> 4, amx & !x86::AMX_GRANTED))
         );
     }
 
