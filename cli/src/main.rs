@@ -1015,7 +1015,10 @@ fn verify_against_program(
 
 /// `xnnblob prepack`: one read-only cache file per class asked for (see `prepack.rs`).
 fn prepack_command(args: &PrepackArgs) -> Result<(), Box<dyn std::error::Error>> {
-    use prepack::{check_here, class, emulated_command, file_for, pack_here, CLASSES};
+    use prepack::{check_here, class, emulated_command, file_for, CLASSES};
+    let pack_here = |program: &Path, data: &[PathBuf], file: &Path| {
+        xnnblob::program::pack_ahead(program, data, file).map(|p| (p.entries, p.bytes))
+    };
     if args.list_classes {
         for c in CLASSES {
             let how = match c.qemu_cpu {

@@ -152,50 +152,6 @@ pub fn check_here(class: &Class) -> Result<(), String> {
     Ok(())
 }
 
-/// Packs every weight of every method of the program into a new cache file at `file`, on this
-/// CPU: the methods' delegates are initialised (which packs), nothing is executed. Returns the
-/// number of entries and the file's size.
-pub fn pack_here(
-    program: &Path,
-    data: &[PathBuf],
-    file: &Path,
-) -> Result<(usize, u64), Box<dyn std::error::Error>> {
-    use xnnblob::backend::{Backend, BackendOptions, PackedCache};
-    // A file of an earlier run would be extended, not replaced.
-    match std::fs::remove_file(file) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e.into()),
-        _ => {}
-    }
-    let backend = Backend::new(BackendOptions {
-        threads: xnnblob::backend::machine_threads(),
-        cache_options: xnnblob::cache::CacheOptions {
-            blocking_save: true,
-            ..Default::default()
-        },
-        ..Default::default()
-    })?;
-    let request = PackedCache::File(file.to_path_buf());
-    let loaded = xnnblob::program::Program::load(&backend, program, data, Some(&request))?;
-    let mut methods = Vec::new();
-    for name in loaded.method_names() {
-        methods.push(loaded.method(name)?);
-    }
-    let cache = loaded
-        .weights_cache()
-        .ok_or("the program's load made no packed-weight cache")?;
-    cache.finalize()?;
-    cache.wait_saved()?;
-    let entries = cache.stats().entries;
-    drop(methods);
-    drop(loaded);
-    // The writers' lock beside the file belongs to a writable cache, not to a bundle.
-    let mut lock = file.as_os_str().to_owned();
-    lock.push(".lock");
-    let _ = std::fs::remove_file(PathBuf::from(lock));
-    let size = std::fs::metadata(file)?.len();
-    Ok((entries, size))
-}
-
 /// How a class's file is made from this host: here, or the command line of a child that makes
 /// it on an emulated CPU of the class (`tool` is this command built for the class's
 /// architecture).

@@ -14,8 +14,10 @@
 //! the write-back of a mutable buffer, and `aten::expand_copy.out` ([`broadcast`]).
 
 mod broadcast;
+mod pack_ahead;
 mod shared_state;
 
+pub use pack_ahead::{pack_ahead, PackedAhead};
 pub use shared_state::{SharedState, SHARED_MEMORY_ID};
 
 use crate::backend::{Backend, BackendError, ModelContext, PackedCache};
@@ -86,6 +88,9 @@ pub enum ProgramError {
         /// What is malformed or unsupported, in words.
         reason: String,
     },
+    /// The program's packed-weight cache failed (saving what [`pack_ahead`] packed).
+    #[error(transparent)]
+    Cache(#[from] crate::cache::CacheError),
     /// `execute` with inputs that do not fit the method.
     #[error("method {method:?}: inputs that do not fit")]
     BadInput {
@@ -536,6 +541,27 @@ fn plan_payloads(
     Ok(payloads)
 }
 
+/// The payloads of a method's XNNPACK delegates, whatever else the method runs.
+fn xnnpack_payloads(pte: &FileDataMap, name: &str) -> Result<Vec<DataBuffer>, ProgramError> {
+    let program = program_of(pte)?;
+    let plan = program
+        .execution_plan()
+        .iter()
+        .flatten()
+        .find(|p| p.name().unwrap_or("") == name)
+        .ok_or_else(|| ProgramError::NoSuchMethod {
+            name: name.to_string(),
+            available: Vec::new(),
+        })?;
+    let delegates: Vec<fb::BackendDelegate<'_>> = plan
+        .delegates()
+        .iter()
+        .flatten()
+        .filter(|d| d.id() == Some("XnnpackBackend"))
+        .collect();
+    plan_payloads(pte, &program, &delegates, name)
+}
+
 /// Reads one execution plan.
 fn read_plan(pte: &FileDataMap, name: &str) -> Result<MethodPlan, ProgramError> {
     let program = program_of(pte)?;
@@ -935,6 +961,32 @@ impl Program {
             delegates.push(d);
         }
         Method::new(plan, delegates, &self.map, state)
+    }
+
+    /// Initialises every XNNPACK delegate of a method, which packs their weights into the
+    /// program's packed-weight cache, without making the method runnable: for a method whose
+    /// other operators only ExecuTorch's runtime runs (an LLM's embedding and sampling), when
+    /// only its packed weights are wanted (`xnnblob prepack`). The delegates live as long as
+    /// what this returns.
+    pub fn init_delegates(&self, name: &str) -> Result<InitializedDelegates, ProgramError> {
+        let payloads = xnnpack_payloads(&self.pte, name).map_err(|e| match e {
+            ProgramError::NoSuchMethod { name, .. } => ProgramError::NoSuchMethod {
+                name,
+                available: self.method_names.clone(),
+            },
+            other => other,
+        })?;
+        let mut delegates = Vec::with_capacity(payloads.len());
+        for payload in payloads {
+            let d = XnnDelegate::init(&self.model, payload, &self.map).map_err(|error| {
+                ProgramError::Delegate {
+                    method: name.to_string(),
+                    error,
+                }
+            })?;
+            delegates.push(d);
+        }
+        Ok(InitializedDelegates(delegates))
     }
 
     /// The state the methods from [`method`](Self::method) share.
@@ -1620,4 +1672,20 @@ pub fn rows_for(spec: &ValueSpec, elements: usize) -> Shape {
         }
     }
     bound
+}
+
+/// A method's XNNPACK delegates, initialised ([`Program::init_delegates`]): their packed
+/// weights are in the program's cache while this lives.
+pub struct InitializedDelegates(Vec<XnnDelegate>);
+
+impl InitializedDelegates {
+    /// How many delegates.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Whether the method has none.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
 }

@@ -1,0 +1,68 @@
+//! Packing a program's weights ahead of time into a cache file of their own, without running
+//! anything: what `xnnblob prepack` makes for each CPU class an app ships to, and what a device
+//! then uses as a read-only layer ([`CacheOptions::layers`](crate::cache::CacheOptions::layers)).
+
+use super::{Program, ProgramError};
+use crate::backend::{Backend, BackendOptions, PackedCache};
+use std::path::{Path, PathBuf};
+
+/// What [`pack_ahead`] wrote.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PackedAhead {
+    /// Packed weights in the file.
+    pub entries: usize,
+    /// The file's size in bytes.
+    pub bytes: u64,
+}
+
+/// Packs every weight of every XNNPACK delegate of every method of the program at `program`
+/// (with external data `data`) on this CPU, into a new cache file at `file` (one there already is
+/// replaced): the delegates are initialised, which packs, and nothing is executed, so methods
+/// whose other operators only ExecuTorch's runtime runs are packed too.
+pub fn pack_ahead(
+    program: &Path,
+    data: &[PathBuf],
+    file: &Path,
+) -> Result<PackedAhead, ProgramError> {
+    let io = |error: std::io::Error| {
+        ProgramError::Cache(crate::cache::CacheError::Io {
+            path: file.display().to_string(),
+            error,
+        })
+    };
+    // A file of an earlier run would be extended, not replaced.
+    match std::fs::remove_file(file) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io(e)),
+        _ => {}
+    }
+    let backend = Backend::new(BackendOptions {
+        threads: crate::backend::machine_threads(),
+        cache_options: crate::cache::CacheOptions {
+            blocking_save: true,
+            ..Default::default()
+        },
+        ..Default::default()
+    })?;
+    let request = PackedCache::File(file.to_path_buf());
+    let loaded = Program::load(&backend, program, data, Some(&request))?;
+    let mut delegates = Vec::new();
+    for name in loaded.method_names() {
+        delegates.push(loaded.init_delegates(name)?);
+    }
+    let cache = loaded
+        .weights_cache()
+        .cloned()
+        .expect("a program loaded with a cache file has its cache");
+    cache.finalize()?;
+    cache.wait_saved()?;
+    let entries = cache.stats().entries;
+    drop(delegates);
+    drop(loaded);
+    drop(cache);
+    // The writers' lock beside the file belongs to a writable cache, not to a bundle.
+    let mut lock = file.as_os_str().to_owned();
+    lock.push(".lock");
+    let _ = std::fs::remove_file(PathBuf::from(lock));
+    let bytes = std::fs::metadata(file).map_err(io)?.len();
+    Ok(PackedAhead { entries, bytes })
+}
