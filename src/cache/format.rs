@@ -262,6 +262,27 @@ pub fn metadata_ranges(bytes: &[u8]) -> Vec<std::ops::Range<usize>> {
     ranges
 }
 
+/// The XNNPACK build and CPU a file says it was packed for, read from its header (None if the
+/// header is not one this build reads): what to [`decode`] it against to read a file of
+/// another CPU (`xnnblob prepack`'s bundles, tools that compare files). Nothing else of the file
+/// is checked here.
+pub fn recorded_compat(bytes: &[u8]) -> Option<Compat> {
+    let h = bytes.get(..HEADER_SIZE)?;
+    if h[MAGIC_AT..MAGIC_AT + 8] != MAGIC
+        || u32_at(h, VERSION_AT) != FORMAT_VERSION
+        || u64_at(h, HEADER_CHECKSUM_AT) != checksum64(&h[..HEADER_CHECKSUM_AT])
+    {
+        return None;
+    }
+    let id_len = u32_at(h, BUILD_ID_LEN_AT) as usize;
+    Some(Compat {
+        build_id: h
+            .get(BUILD_ID_AT..BUILD_ID_AT + id_len.min(MAX_BUILD_ID))?
+            .to_vec(),
+        cpu_fingerprint: u64_at(h, CPU_AT),
+    })
+}
+
 /// Validates a whole file: header, trailer, index checksum, then each entry. Reads the header,
 /// the index and the trailer only, never the packed bytes.
 pub fn decode(bytes: &[u8], expect: &Compat) -> Result<Decoded, FileError> {

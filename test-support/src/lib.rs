@@ -5,6 +5,7 @@
 
 pub mod bounded;
 pub mod builder;
+pub mod cache_files;
 pub mod close;
 pub mod counting;
 pub mod cross;

@@ -27,5 +27,6 @@ mod cache_cli;
 mod cli;
 mod inspect_cli;
 mod link_cli;
+mod prepack_cli;
 mod run_cli;
 mod side_files_cli;
