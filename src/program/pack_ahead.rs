@@ -11,13 +11,13 @@ use std::path::{Path, PathBuf};
 pub struct PackedAhead {
     /// Packed weights in the file.
     pub entries: usize,
-    /// The file's size in bytes.
+    /// The file's size in bytes (0, and no file, when the program has nothing to pack).
     pub bytes: u64,
 }
 
 /// Packs every weight of every XNNPACK delegate of every method of the program at `program`
 /// (with external data `data`) on this CPU, into a new cache file at `file` (one there already is
-/// replaced): the delegates are initialised, which packs, and nothing is executed, so methods
+/// replaced; its directory is made if missing): the delegates are initialised, which packs, and nothing is executed, so methods
 /// whose other operators only ExecuTorch's runtime runs are packed too.
 pub fn pack_ahead(
     program: &Path,
@@ -30,6 +30,9 @@ pub fn pack_ahead(
             error,
         })
     };
+    if let Some(dir) = file.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(io)?;
+    }
     // A file of an earlier run would be extended, not replaced.
     match std::fs::remove_file(file) {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io(e)),
@@ -63,6 +66,17 @@ pub fn pack_ahead(
     let mut lock = file.as_os_str().to_owned();
     lock.push(".lock");
     let _ = std::fs::remove_file(PathBuf::from(lock));
-    let bytes = std::fs::metadata(file).map_err(io)?.len();
+    // A program with nothing to pack (no weights) leaves no file (a save may have made one that
+    // records only its data files).
+    if entries == 0 {
+        match std::fs::remove_file(file) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io(e)),
+            _ => return Ok(PackedAhead { entries, bytes: 0 }),
+        }
+    }
+    let bytes = match std::fs::metadata(file) {
+        Ok(m) => m.len(),
+        Err(e) => return Err(io(e)),
+    };
     Ok(PackedAhead { entries, bytes })
 }

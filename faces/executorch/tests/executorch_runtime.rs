@@ -5,8 +5,8 @@
 mod support;
 
 use support::programs::{
-    call_arg, check_outputs, data, exported_programs, f16s, fixture_programs, mlp_args, runtime_c,
-    runtime_c_programs, s, sharing_program_matches_eager, sharing_programs, Run, Runner,
+    call_arg, check_outputs, data, exported_programs, f16s, fixture_programs, measure, mlp_args,
+    runtime_c, runtime_c_programs, s, sharing_program_matches_eager, sharing_programs, Run, Runner,
 };
 use support::{f32s, relative_difference, scratch};
 
@@ -1242,5 +1242,92 @@ fn prefill_and_decode_methods_share_one_packing_of_each_weight() {
         packed("both", all),
         prefill_only,
         "decode packs nothing more"
+    );
+}
+
+/// Issue 40: a bundle packed ahead of time (`xnnblob::program::pack_ahead`, what `xnnblob
+/// prepack` runs for this CPU's class), given as `packed_cache_layers`, makes the first launch
+/// inside ExecuTorch's runtime warm: every exported program, the 8da4w decoder among them (whose
+/// embedding and sampling only ExecuTorch runs), misses no weight, keeps nothing beyond the
+/// bundle, and matches ExecuTorch's outputs. The bundle is never written.
+#[test]
+fn a_bundle_packed_ahead_makes_the_first_launch_inside_executorch_warm() {
+    let dir = scratch("bundle-first-launch");
+    let runner = Runner::host(None);
+    for p in exported_programs() {
+        let program = PathBuf::from(&p.args[0]);
+        let data: Vec<PathBuf> = p
+            .args
+            .windows(2)
+            .filter(|w| w[0] == "--data")
+            .map(|w| PathBuf::from(&w[1]))
+            .collect();
+        let bundle = dir.join(&p.label);
+        let file = bundle.join(format!("{}.host.xbc", p.label));
+        let packed = xnnblob::program::pack_ahead(&program, &data, &file)
+            .unwrap_or_else(|e| panic!("{}: {e}", p.label));
+        if packed.entries == 0 {
+            // Nothing to pack (an argmax): no file, nothing to serve.
+            assert!(!file.exists(), "{}", p.label);
+            continue;
+        }
+        let before = std::fs::read(&file).unwrap();
+
+        let writable = dir.join(format!("{}.writable.xbc", p.label));
+        let mut args = p.args.clone();
+        args.extend([
+            s("--cache"),
+            writable.display().to_string(),
+            s("--cache-layers"),
+            bundle.display().to_string(),
+        ]);
+        let m = measure(&runner, &p.label, "xnnblob", &args, &p.expected)
+            .unwrap_or_else(|e| panic!("{}: {e}", p.label));
+        assert!(m.worst <= p.tolerance, "{} {}: {}", p.label, m.at, m.worst);
+        // Every look-up found its weight in the bundle, and nothing beyond it was kept. (A
+        // transposed convolution is packed again at every launch, warm ones too, and then found:
+        // XNNPACK 4ea82e5 packs deconvolutions before it looks them up.)
+        let cache = m.run.cache(&writable.display().to_string());
+        assert_eq!(cache["misses"], 0, "{}: {}", p.label, m.run.stdout);
+        assert_eq!(
+            cache["entries"] as usize, packed.entries,
+            "{}: {}",
+            p.label, m.run.stdout
+        );
+        assert_eq!(
+            std::fs::read(&file).unwrap(),
+            before,
+            "{}: the bundle",
+            p.label
+        );
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A value of `packed_cache_layers` longer than ExecuTorch's option values (255 bytes and a NUL)
+/// is the runner's error, never cut short; and layers without `packed_cache_path` are the
+/// backend's error.
+#[test]
+fn layers_that_do_not_fit_an_option_or_lack_a_writable_cache_are_refused() {
+    let long = format!("/{}", "x".repeat(300));
+    let mut args = mlp_args();
+    args.extend([
+        s("--cache"),
+        s("/tmp/unused.xbc"),
+        s("--cache-layers"),
+        long,
+    ]);
+    let err = runner(&args).unwrap_err();
+    assert!(
+        err.contains("longer than an ExecuTorch option value"),
+        "{err}"
+    );
+
+    let mut args = mlp_args();
+    args.extend([s("--cache-layers"), s("/tmp")]);
+    let err = runner(&args).unwrap_err();
+    assert!(
+        err.contains("packed_cache_layers needs packed_cache_path"),
+        "{err}"
     );
 }
