@@ -361,3 +361,146 @@ fn a_warm_launch_packs_nothing_and_gives_the_cold_outputs(
         cpu.model, check.label, cold["packed"], warm["hits"]
     );
 }
+
+/// The `xnnblob` command built for the host and for aarch64 (nested cargos, into this build's
+/// target directory): the host one runs `prepack`, which runs the aarch64 one under qemu.
+fn xnnblob_commands() -> (std::path::PathBuf, std::path::PathBuf) {
+    let host_bin = Path::new(env!("CARGO_BIN_EXE_xnnblob-et-run"))
+        .parent()
+        .unwrap();
+    let target_dir = host_bin.parent().unwrap();
+    let mut args = vec!["build", "-p", "xnnblob-cli", "--bin", "xnnblob"];
+    if host_bin.file_name().is_some_and(|n| n == "release") {
+        args.push("--release");
+    }
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let built = std::process::Command::new(&cargo)
+        .current_dir(&workspace)
+        .args(&args)
+        .env("CARGO_TARGET_DIR", target_dir)
+        .output()
+        .unwrap();
+    assert!(
+        built.status.success(),
+        "{}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    let aarch64 = cross::cargo_for_target(&workspace, &args, &[("CARGO_TARGET_DIR", target_dir)])
+        .artifacts
+        .into_iter()
+        .filter(|a| a.name == "xnnblob")
+        .find_map(|a| a.executable)
+        .unwrap_or_else(|| panic!("cargo names xnnblob built for {}", cross::TARGET));
+    (host_bin.join("xnnblob"), aarch64)
+}
+
+/// Issue 40 on aarch64: `xnnblob prepack` makes one file per aarch64 class (each packed under
+/// qemu-aarch64 on a CPU of the class, by the aarch64 build of the command). On each emulated
+/// CPU, the file of its class holds the packing the drop-in's own cold launch writes there, and
+/// with the whole bundle given as `packed_cache_layers` the first launch misses no weight, keeps
+/// nothing new, and matches ExecuTorch's outputs. A Cortex-A72 (Armv8.0, another core than the
+/// A53 the class was packed on) is served by the A53's file: under qemu-user no core type can be
+/// read, by cpuinfo or by xnnblob, so XNNPACK makes the same choices on both.
+#[test]
+fn a_bundle_prepacked_for_each_aarch64_class_makes_the_first_launch_warm() {
+    if !cfg!(target_arch = "x86_64") {
+        xnnblob_test_support::cannot_run("the aarch64 runs are cross-built from an x86-64 host");
+        return;
+    }
+    let (host, aarch64) = xnnblob_commands();
+    let names = [
+        "arch_llama_8da4w",
+        "arch_mobilenet_v2_int8",
+        "arch_mobilenet_v3_fp32",
+    ];
+    let programs: Vec<Program> = exported_programs()
+        .into_iter()
+        .filter(|p| names.contains(&p.label.as_str()))
+        .collect();
+    assert_eq!(programs.len(), names.len());
+    let dir = scratch("aarch64-bundle");
+    let bundle = dir.join("bundle");
+    let classes = [
+        ("aarch64-neon-mlal", "cortex-a53"),
+        ("aarch64-neondot", "neoverse-n1"),
+        ("aarch64-i8mm", "max,sme=off"),
+    ];
+    for p in &programs {
+        let mut args = vec![s("prepack"), p.args[0].clone()];
+        for w in p.args.windows(2).filter(|w| w[0] == "--data") {
+            args.extend(w.iter().cloned());
+        }
+        for (class, _) in classes {
+            args.extend(["--cpu".to_string(), class.to_string()]);
+        }
+        args.extend(["--out".to_string(), bundle.display().to_string()]);
+        args.extend([
+            "--aarch64-xnnblob".to_string(),
+            aarch64.display().to_string(),
+        ]);
+        let out = std::process::Command::new(&host)
+            .args(&args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "prepack {}: {}",
+            p.label,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        eprintln!("{}", String::from_utf8_lossy(&out.stdout).trim());
+    }
+    let cpus = classes
+        .iter()
+        .map(|&(class, cpu)| (class, cpu))
+        .chain([("aarch64-neon-mlal", "cortex-a72")]);
+    for (class, cpu) in cpus {
+        let runner = runner_on(cpu);
+        for p in &programs {
+            let file = bundle.join(format!("{}.{class}.xbc", p.label));
+            let label = format!("aarch64-bundle-{cpu}-{}", p.label);
+            let with_cache = |cache: &Path, layers: bool| {
+                let mut args = p.args.clone();
+                args.extend(["--cache".into(), cache.display().to_string()]);
+                if layers {
+                    args.extend(["--cache-layers".into(), bundle.display().to_string()]);
+                }
+                let m = measure(&runner, &label, "xnnblob", &args, &p.expected)
+                    .unwrap_or_else(|e| panic!("{label}: {e}"));
+                assert!(m.worst <= p.tolerance, "{label} {}: {}", m.at, m.worst);
+                m
+            };
+            // The drop-in's own cold launch on this CPU packs what the class's file holds.
+            let cold = dir.join(format!("{cpu}-{}.cold.xbc", p.label));
+            with_cache(&cold, false);
+            xnnblob_test_support::cache_files::assert_same_packing(&file, &cold);
+            // The first launch with the bundle.
+            let writable = dir.join(format!("{cpu}-{}.xbc", p.label));
+            let m = with_cache(&writable, true);
+            let cache = m.run.cache(&writable.display().to_string());
+            let entries = xnnblob_test_support::cache_files::packed_entries(&file).len();
+            // The bundle holds every program's file of the class: all are loaded, none grows.
+            let class_entries: usize = programs
+                .iter()
+                .map(|q| {
+                    let f = bundle.join(format!("{}.{class}.xbc", q.label));
+                    xnnblob_test_support::cache_files::packed_entries(&f).len()
+                })
+                .sum();
+            assert_eq!(cache["misses"], 0, "{label}: {}", m.run.stdout);
+            assert_eq!(
+                cache["entries"] as usize, class_entries,
+                "{label}: {}",
+                m.run.stdout
+            );
+            assert!(
+                !m.run.stdout.contains("ignored"),
+                "{label}: {}",
+                m.run.stdout
+            );
+            eprintln!("{label}: {entries} weights from {class}'s file, no look-up missed");
+        }
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
