@@ -51,10 +51,14 @@ pub enum CacheUse {
     WarmFromDisk,
     /// As `Warm`, with one thread per core spinning in the bench's process during each launch.
     WarmBusy,
+    /// A device's first launch with a bundle: the program packed ahead of time for this CPU's
+    /// class (`xnnblob prepack`, untimed, once) as a read-only layer, the writable cache file
+    /// removed before every launch.
+    Bundle,
 }
 
 /// Every scenario, in the order they run and are reported.
-pub const SCENARIOS: [Scenario; 10] = [
+pub const SCENARIOS: [Scenario; 11] = [
     Scenario {
         name: "executorch, no cache",
         backend: "executorch",
@@ -74,6 +78,11 @@ pub const SCENARIOS: [Scenario; 10] = [
         name: "xnnblob, cold",
         backend: "xnnblob",
         cache: CacheUse::Cold,
+    },
+    Scenario {
+        name: "xnnblob, first launch with a bundle",
+        backend: "xnnblob",
+        cache: CacheUse::Bundle,
     },
     Scenario {
         name: "xnnblob, warm",
@@ -489,6 +498,7 @@ impl Launches<'_> {
     fn plan(&self, scenario: Scenario, mode: &str, out: &Path, name: &str) -> Planned {
         let cache = match scenario.cache {
             CacheUse::Cold => out.join(format!("{name}.{}.cold.cache", scenario.backend)),
+            CacheUse::Bundle => out.join(format!("{name}.{}.bundled.cache", scenario.backend)),
             _ => out.join(format!("{name}.{}.cache", scenario.backend)),
         };
         let mut args = self.program.clone();
@@ -502,12 +512,18 @@ impl Launches<'_> {
             CacheUse::Off => args.push("--no-weight-cache".into()),
             _ => args.extend(["--cache".into(), cache.display().to_string()]),
         }
+        if scenario.cache == CacheUse::Bundle {
+            args.extend([
+                "--cache-layers".into(),
+                bundle_dir(out, name).display().to_string(),
+            ]);
+        }
         match scenario.cache {
             CacheUse::Warm | CacheUse::WarmFromDisk => {
                 args.extend(["--repeat".into(), "10".into()])
             }
             CacheUse::WarmBusy => args.extend(["--repeat".into(), "20".into()]),
-            CacheUse::Off | CacheUse::Cold => {}
+            CacheUse::Off | CacheUse::Cold | CacheUse::Bundle => {}
         }
         Planned {
             scenario,
@@ -520,7 +536,7 @@ impl Launches<'_> {
     /// One launch of a planned scenario, after what its scenario does first.
     fn launch_once(&self, planned: &mut Planned) -> Result<(), String> {
         match planned.scenario.cache {
-            CacheUse::Cold => {
+            CacheUse::Cold | CacheUse::Bundle => {
                 let _ = std::fs::remove_file(&planned.cache);
             }
             CacheUse::WarmFromDisk => {
@@ -559,6 +575,14 @@ impl Launches<'_> {
             .iter()
             .map(|&s| self.plan(s, mode, out, name))
             .collect();
+        // The bundle a device would ship, packed ahead of time for this CPU's class (untimed).
+        if SCENARIOS.iter().any(|s| s.cache == CacheUse::Bundle) {
+            let dir = bundle_dir(out, name);
+            let _ = std::fs::remove_dir_all(&dir);
+            let data: Vec<PathBuf> = self.ptd.iter().map(|p| p.to_path_buf()).collect();
+            xnnblob::program::pack_ahead(self.pte, &data, &dir.join(format!("{name}.host.xbc")))
+                .map_err(|e| format!("packing {name} ahead: {}", xnnblob::report::report(&e)))?;
+        }
         // One untimed launch per backend makes the warm scenarios' shared file.
         for backend in ["executorch", "xnnblob"] {
             if let Some(p) = planned
@@ -588,9 +612,21 @@ impl Launches<'_> {
         }
         planned
             .into_iter()
-            .map(|p| Ok((p.scenario, measured(&p.runs, &p.cache)?)))
+            .map(|p| {
+                // A bundle scenario's file is the bundle: its size is what a device ships.
+                let file = match p.scenario.cache {
+                    CacheUse::Bundle => bundle_dir(out, name).join(format!("{name}.host.xbc")),
+                    _ => p.cache.clone(),
+                };
+                Ok((p.scenario, measured(&p.runs, &file)?))
+            })
             .collect()
     }
+}
+
+/// Where the bundle of model `name` is packed ahead of time.
+fn bundle_dir(out: &Path, name: &str) -> PathBuf {
+    out.join(format!("{name}.bundle"))
 }
 
 /// What `runs`, the launches of one scenario, measured; `cache` is its cache file.
