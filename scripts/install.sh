@@ -7,7 +7,9 @@
 #   include/xnnblob/xnnpack/    the XNNPACK headers libxnnblob.a was built with
 #   lib/pkgconfig/              xnnblob.pc (the static library), xnnblob-shared.pc
 #   lib/cmake/xnnblob/          find_package(xnnblob): xnnblob::xnnblob (static),
-#                               xnnblob::shared, xnnblob::executorch_backend
+#                               xnnblob::shared, xnnblob::executorch_backend, and the
+#                               xnnblob_prepack() function (cmake/xnnblob-prepack.cmake)
+#   bin/xnnblob                 the command line (prepack, run, inspect, cache, bench)
 #
 #   scripts/install.sh PREFIX [--debug] [--target TRIPLE]
 #
@@ -60,7 +62,7 @@ prefix=$(mkdir -p "$prefix_arg" && cd "$prefix_arg" && pwd)
 messages=$(mktemp)
 trap 'rm -f "$messages"' EXIT
 cargo build "${cargo_profile[@]}" "${cargo_target[@]}" -p xnnblob-capi -p xnnblob-executorch \
-  --message-format=json-render-diagnostics >"$messages"
+  -p xnnblob-cli --message-format=json-render-diagnostics >"$messages"
 
 # Where the build put things, from cargo's own messages and metadata.
 read -r target_dir capi_out < <(python3 - "$messages" <<'PY'
@@ -86,7 +88,9 @@ cxxbridge=$(sed -n 's/^cxxbridge_include=//p' "$capi_out/install-headers.txt")
 xnnpack_include=$(sed -n 's/^xnnpack_include=//p' "$capi_out/install-headers.txt")
 
 install -d "$prefix/lib/pkgconfig" "$prefix/lib/cmake/xnnblob" "$prefix/include/xnnblob/src" \
-  "$prefix/include/xnnblob/xnnpack" "$prefix/include/rust"
+  "$prefix/include/xnnblob/xnnpack" "$prefix/include/rust" "$prefix/bin"
+install -m 755 "$built/xnnblob" "$prefix/bin/"
+install -m 644 cmake/xnnblob-prepack.cmake "$prefix/lib/cmake/xnnblob/"
 # Cargo names the C face's libraries after its crate (libxnnblob_capi); users link -lxnnblob.
 install -m 644 "$built/libxnnblob_capi.a" "$prefix/lib/libxnnblob.a"
 install -m 755 "$built/libxnnblob_capi.so" "$prefix/lib/libxnnblob.so"
@@ -146,6 +150,16 @@ else()
 endif()
 CMAKE
 
+# Which xnnblob_prepack() tool the installed command is: this host's, or the target's (an
+# aarch64 install's command packs the aarch64 classes under qemu-aarch64).
+if [ -z "$target" ]; then tool_variable=XNNBLOB_COMMAND; else tool_variable=XNNBLOB_AARCH64_COMMAND; fi
+cat >"$prefix/lib/cmake/xnnblob/xnnblob-tools.cmake" <<CMAKE
+# Written by scripts/install.sh: the installed bin/xnnblob is built for ${target:-this host}.
+if(NOT $tool_variable)
+  set($tool_variable "\${CMAKE_CURRENT_LIST_DIR}/../../../bin/xnnblob")
+endif()
+CMAKE
+
 cat >"$prefix/lib/cmake/xnnblob/xnnblob-config.cmake" <<'CMAKE'
 # xnnblob's CMake package (written by scripts/install.sh). Targets:
 #   xnnblob::xnnblob            libxnnblob.a: the C ABI (xnnblob.h), the C++ delegate API
@@ -174,6 +188,8 @@ if(NOT TARGET xnnblob::xnnblob)
       "-Wl,--push-state,--no-as-needed,${_xnnblob_prefix}/lib/libxnnblob_executorch.so,--pop-state"
     INTERFACE_LINK_OPTIONS "-Wl,-rpath,${_xnnblob_prefix}/lib")
 endif()
+include("${CMAKE_CURRENT_LIST_DIR}/xnnblob-tools.cmake")
+include("${CMAKE_CURRENT_LIST_DIR}/xnnblob-prepack.cmake")
 set(xnnblob_FOUND TRUE)
 CMAKE
 

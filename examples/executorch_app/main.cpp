@@ -3,7 +3,10 @@
 // its first output. Nothing here names xnnblob: which XNNPACK backend runs it is decided by the
 // link line (see CMakeLists.txt), which is the whole point of a drop-in backend.
 //
-// usage: executorch_app PROGRAM.pte DATA.ptd|- INPUT.f32 OUTPUT.f32 [CACHE_FILE]
+// usage: executorch_app PROGRAM.pte DATA.ptd|- INPUT.f32 OUTPUT.f32 [CACHE_FILE [BUNDLE_DIR]]
+//
+// BUNDLE_DIR: packed-weight caches made at build time (xnnblob_prepack in CMakeLists.txt), given
+// as xnnblob's packed_cache_layers. A per-load option ExecuTorch's own backend does not read.
 
 #include <executorch/extension/module/module.h>
 #include <executorch/extension/tensor/tensor_ptr_maker.h>
@@ -30,20 +33,22 @@ int fail(const std::string& what, Error e) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 5 && argc != 6) {
+  if (argc < 5 || argc > 7) {
     std::fprintf(stderr,
-                 "usage: executorch_app PROGRAM.pte DATA.ptd|- INPUT.f32 OUTPUT.f32 [CACHE_FILE]\n");
+                 "usage: executorch_app PROGRAM.pte DATA.ptd|- INPUT.f32 OUTPUT.f32 "
+                 "[CACHE_FILE [BUNDLE_DIR]]\n");
     return 2;
   }
   const std::string program = argv[1];
   const std::string data = argv[2];
 
   // Per load, the route ExecuTorch's own XNNPACK backend reads the cache path from.
-  executorch::runtime::BackendOptions<2> options;
+  executorch::runtime::BackendOptions<3> options;
   executorch::runtime::LoadBackendOptionsMap per_load;
-  if (argc == 6) {
+  if (argc >= 6) {
     options.set_option("weight_cache_enabled", true);
     options.set_option("packed_cache_path", argv[5]);
+    if (argc == 7) options.set_option("packed_cache_layers", argv[6]);
     Error e = per_load.set_options("XnnpackBackend", options.view());
     if (e != Error::Ok) return fail("setting the XnnpackBackend options", e);
   }

@@ -172,11 +172,17 @@ fn install_and_consume(toolchain: &Toolchain) {
         "include/xnnblob/xnnpack/xnnpack.h",
         "lib/pkgconfig/xnnblob.pc",
         "lib/cmake/xnnblob/xnnblob-config.cmake",
+        "lib/cmake/xnnblob/xnnblob-prepack.cmake",
+        "bin/xnnblob",
     ] {
         assert!(prefix.join(installed).is_file(), "{installed} installed");
     }
     for library in ["libxnnblob.a", "libxnnblob.so", "libxnnblob_executorch.so"] {
         assert_machine(toolchain, &prefix.join("lib").join(library));
+    }
+    assert_machine(toolchain, &prefix.join("bin/xnnblob"));
+    if toolchain.target.is_none() {
+        prepack_with_the_package(&prefix, scratch.path());
     }
     // Test hooks stay out of what is installed.
     let bridge = std::fs::read_to_string(prefix.join("include/xnnblob/src/ffi.rs.h")).unwrap();
@@ -240,6 +246,40 @@ fn install_and_consume(toolchain: &Toolchain) {
         ),
         3,
     );
+}
+
+/// A CMake project that finds the installed package and calls its `xnnblob_prepack()`: the
+/// build packs the program for this host's class with the installed `bin/xnnblob`.
+fn prepack_with_the_package(prefix: &Path, scratch: &Path) {
+    let data = repository().join("tests/data/executorch");
+    let source = scratch.join("bundle-project");
+    std::fs::create_dir_all(&source).unwrap();
+    std::fs::write(
+        source.join("CMakeLists.txt"),
+        format!(
+            "cmake_minimum_required(VERSION 3.19)\n\
+             project(bundle_only C)\n\
+             find_package(xnnblob CONFIG REQUIRED)\n\
+             add_custom_target(app ALL)\n\
+             xnnblob_prepack(app PROGRAM \"{}\" DATA \"{}\" CPUS host)\n",
+            data.join("mlp_xnn_external.pte").display(),
+            data.join("mlp_xnn_external.ptd").display()
+        ),
+    )
+    .unwrap();
+    let build = scratch.join("bundle-build");
+    run(Command::new("cmake")
+        .args(["-G", "Ninja", "-S"])
+        .arg(&source)
+        .arg("-B")
+        .arg(&build)
+        .arg(format!("-DCMAKE_PREFIX_PATH={}", prefix.display())));
+    run(Command::new("cmake").arg("--build").arg(&build));
+    let bundle = build.join("app-xnnblob-bundle/mlp_xnn_external.host.xbc");
+    let stats = run(Command::new(prefix.join("bin/xnnblob"))
+        .args(["cache", "stats"])
+        .arg(&bundle));
+    assert!(stats.contains(": 3 entries"), "{stats}");
 }
 
 #[test]

@@ -362,39 +362,6 @@ fn a_warm_launch_packs_nothing_and_gives_the_cold_outputs(
     );
 }
 
-/// The `xnnblob` command built for the host and for aarch64 (nested cargos, into this build's
-/// target directory): the host one runs `prepack`, which runs the aarch64 one under qemu.
-fn xnnblob_commands() -> (std::path::PathBuf, std::path::PathBuf) {
-    let host_bin = Path::new(env!("CARGO_BIN_EXE_xnnblob-et-run"))
-        .parent()
-        .unwrap();
-    let target_dir = host_bin.parent().unwrap();
-    let mut args = vec!["build", "-p", "xnnblob-cli", "--bin", "xnnblob"];
-    if host_bin.file_name().is_some_and(|n| n == "release") {
-        args.push("--release");
-    }
-    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let built = std::process::Command::new(&cargo)
-        .current_dir(&workspace)
-        .args(&args)
-        .env("CARGO_TARGET_DIR", target_dir)
-        .output()
-        .unwrap();
-    assert!(
-        built.status.success(),
-        "{}",
-        String::from_utf8_lossy(&built.stderr)
-    );
-    let aarch64 = cross::cargo_for_target(&workspace, &args, &[("CARGO_TARGET_DIR", target_dir)])
-        .artifacts
-        .into_iter()
-        .filter(|a| a.name == "xnnblob")
-        .find_map(|a| a.executable)
-        .unwrap_or_else(|| panic!("cargo names xnnblob built for {}", cross::TARGET));
-    (host_bin.join("xnnblob"), aarch64)
-}
-
 /// Issue 40 on aarch64: `xnnblob prepack` makes one file per aarch64 class (each packed under
 /// qemu-aarch64 on a CPU of the class, by the aarch64 build of the command). On each emulated
 /// CPU, the file of its class holds the packing the drop-in's own cold launch writes there, and
@@ -408,7 +375,8 @@ fn a_bundle_prepacked_for_each_aarch64_class_makes_the_first_launch_warm() {
         xnnblob_test_support::cannot_run("the aarch64 runs are cross-built from an x86-64 host");
         return;
     }
-    let (host, aarch64) = xnnblob_commands();
+    let host = support::xnnblob_command(false);
+    let aarch64 = support::xnnblob_command(true);
     let names = [
         "arch_llama_8da4w",
         "arch_mobilenet_v2_int8",

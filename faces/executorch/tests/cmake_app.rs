@@ -220,3 +220,98 @@ fn the_same_app_source_cross_built_for_aarch64_runs_under_qemu_with_either_backe
         (started.elapsed() - built).as_secs_f64()
     );
 }
+
+/// Issue 40's build integration: the example configured with `XNNBLOB_BUNDLE_PROGRAM` packs its
+/// model at build time with `xnnblob_prepack` (cmake/xnnblob-prepack.cmake, which xnnblob's
+/// package also ships) for this host's class and the AVX2 class; its first launch with the
+/// bundle and a fresh cache path gives ExecuTorch's output and packs nothing into the cache,
+/// and `cmake --install` puts the bundle beside the app.
+#[test]
+fn the_app_packs_its_model_at_build_time_and_its_first_launch_packs_nothing() {
+    let library = support::backend_library();
+    let scratch = support::scratch("cmake-app-bundle");
+    let data = repository().join("tests/data/executorch");
+    let xnnblob = support::xnnblob_command(false);
+    let mut cpus = vec!["host"];
+    if cfg!(target_arch = "x86_64") {
+        cpus.push("x86-64-avx2");
+    }
+    let build = scratch.join("build");
+    let more = [
+        format!(
+            "-DXNNBLOB_BUNDLE_PROGRAM={}",
+            data.join(format!("{PROGRAM}.pte")).display()
+        ),
+        format!(
+            "-DXNNBLOB_BUNDLE_DATA={}",
+            data.join(format!("{PROGRAM}.ptd")).display()
+        ),
+        format!("-DXNNBLOB_BUNDLE_CPUS={}", cpus.join(";")),
+        format!("-DXNNBLOB_COMMAND={}", xnnblob.display()),
+        format!(
+            "-DCMAKE_INSTALL_PREFIX={}",
+            scratch.join("installed").display()
+        ),
+    ];
+    let root = Path::new(executorch_sys::ROOT);
+    let app = build_app("xnnblob", &library, &build, root, &more);
+    let bundle = build.join("executorch_app-xnnblob-bundle");
+    for cpu in &cpus {
+        let file = bundle.join(format!("{PROGRAM}.{cpu}.xbc"));
+        assert!(file.is_file(), "{} was not made", file.display());
+    }
+
+    let cache = scratch.join("first.cache");
+    let output = scratch.join("first.f32");
+    let out = Command::new(&app)
+        .arg(data.join(format!("{PROGRAM}.pte")))
+        .arg(data.join(format!("{PROGRAM}.ptd")))
+        .arg(data.join("mlp_qd8.input.f32"))
+        .arg(&output)
+        .arg(&cache)
+        .arg(&bundle)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let expected = std::fs::read(data.join(format!("{PROGRAM}.output_et.f32"))).unwrap();
+    let d = support::relative_difference(
+        &support::f32s(&std::fs::read(&output).unwrap()),
+        &support::f32s(&expected),
+    );
+    assert!(
+        d <= 1e-3,
+        "{d} of the range from ExecuTorch's stored output"
+    );
+    // Nothing was packed into the writable cache: it holds no entry, if it was made at all
+    // (a launch records there that it checked the data file's keys).
+    if cache.exists() {
+        let stats = Command::new(&xnnblob)
+            .args(["cache", "stats"])
+            .arg(&cache)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&stats.stdout);
+        assert!(text.contains(": 0 entries"), "{text}");
+    }
+
+    let install = Command::new("cmake")
+        .arg("--install")
+        .arg(&build)
+        .output()
+        .unwrap();
+    assert!(
+        install.status.success(),
+        "{}",
+        String::from_utf8_lossy(&install.stderr)
+    );
+    for cpu in &cpus {
+        let file = scratch
+            .join("installed/share/executorch_app/xnnblob-bundle")
+            .join(format!("{PROGRAM}.{cpu}.xbc"));
+        assert!(file.is_file(), "{} was not installed", file.display());
+    }
+}

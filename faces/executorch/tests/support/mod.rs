@@ -112,4 +112,41 @@ pub fn aarch64_drop_in() -> &'static Aarch64DropIn {
     })
 }
 
+/// The `xnnblob` command (the CLI crate's binary), built by a nested cargo into this build's
+/// target directory and profile: for this host, or with `aarch64` for [`cross::TARGET`]
+/// (`xnnblob prepack` runs that one under qemu for the aarch64 classes).
+#[allow(dead_code)]
+pub fn xnnblob_command(aarch64: bool) -> PathBuf {
+    let host_bin = Path::new(env!("CARGO_BIN_EXE_xnnblob-et-run"))
+        .parent()
+        .unwrap();
+    let target_dir = host_bin.parent().unwrap();
+    let mut args = vec!["build", "-p", "xnnblob-cli", "--bin", "xnnblob"];
+    if host_bin.file_name().is_some_and(|n| n == "release") {
+        args.push("--release");
+    }
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    if aarch64 {
+        return cross::cargo_for_target(&workspace, &args, &[("CARGO_TARGET_DIR", target_dir)])
+            .artifacts
+            .into_iter()
+            .filter(|a| a.name == "xnnblob")
+            .find_map(|a| a.executable)
+            .unwrap_or_else(|| panic!("cargo names xnnblob built for {}", cross::TARGET));
+    }
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let built = std::process::Command::new(&cargo)
+        .current_dir(&workspace)
+        .args(&args)
+        .env("CARGO_TARGET_DIR", target_dir)
+        .output()
+        .unwrap();
+    assert!(
+        built.status.success(),
+        "{}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    host_bin.join("xnnblob")
+}
+
 pub mod programs;
