@@ -1,7 +1,8 @@
 /* A plain C program using raw XNNPACK with xnnblob's packed-weight cache: a two-layer fully
  * connected graph whose weights are packed by the first run and found packed by every later one.
  *
- *   c_xnnpack CACHE_FILE     prints "packed=N hits=M" and the outputs (as exact hex floats)
+ *   c_xnnpack CACHE_FILE [READ_ONLY_LAYER]
+ *                            prints "packed=N hits=M" and the outputs (as exact hex floats)
  *
  * Built against an installed xnnblob with CMake (CMakeLists.txt here), and by xnnblob's own
  * tests as a library (XNNBLOB_EXAMPLE_AS_LIBRARY, no main). */
@@ -32,15 +33,20 @@ static void fill_weights(void) {
   for (size_t i = 0; i < OUT; ++i) b2[i] = 0.125f * (float)i;
 }
 
-/* Runs the graph once on a fixed input with the cache at `path` ("" for an in-memory cache).
- * Writes the OUT outputs and the cache counters; returns 0, or a negative step number on
- * failure (the C ABI's message is then in xnnblob_last_error()). */
-int xnnblob_c_cache_check(const char* path, float* output, xnnblob_cache_stats* stats) {
+/* Runs the graph once on a fixed input with the cache at `path` ("" for an in-memory cache),
+ * under the read-only cache `layer` when it is not NULL (one made ahead of time: `xnnblob
+ * prepack`, or this program's own cold run). Writes the OUT outputs and the cache counters;
+ * returns 0, or a negative step number on failure (the C ABI's message is then in
+ * xnnblob_last_error()). */
+int xnnblob_c_cache_check_layered(const char* path, const char* layer, float* output,
+                                  xnnblob_cache_stats* stats) {
   fill_weights();
   if (xnn_initialize(NULL) != xnn_status_success) return -1;
   xnnblob_cache* cache = NULL;
   xnnblob_status status =
-      path[0] ? xnnblob_cache_open_file(path, &cache) : xnnblob_cache_open_memory(&cache);
+      layer ? xnnblob_cache_open_layered(path, &layer, 1, &cache)
+      : path[0] ? xnnblob_cache_open_file(path, &cache)
+                : xnnblob_cache_open_memory(&cache);
   if (status != XNNBLOB_OK) return -2;
   /* Two threads: XNNPACK's thread-pool calls are served by xnnblob's pool. */
   xnnblob_threadpool* pool = NULL;
@@ -127,15 +133,20 @@ done:
   return result;
 }
 
+/* As xnnblob_c_cache_check_layered, without a layer. */
+int xnnblob_c_cache_check(const char* path, float* output, xnnblob_cache_stats* stats) {
+  return xnnblob_c_cache_check_layered(path, NULL, output, stats);
+}
+
 #ifndef XNNBLOB_EXAMPLE_AS_LIBRARY
 int main(int argc, char** argv) {
-  if (argc != 2) {
-    fprintf(stderr, "usage: c_xnnpack CACHE_FILE\n");
+  if (argc != 2 && argc != 3) {
+    fprintf(stderr, "usage: c_xnnpack CACHE_FILE [READ_ONLY_LAYER]\n");
     return 2;
   }
   float output[OUT];
   xnnblob_cache_stats stats;
-  int result = xnnblob_c_cache_check(argv[1], output, &stats);
+  int result = xnnblob_c_cache_check_layered(argv[1], argc == 3 ? argv[2] : NULL, output, &stats);
   if (result != 0) {
     fprintf(stderr, "c_xnnpack: failed at step %d: %s\n", -result, xnnblob_last_error());
     return 1;

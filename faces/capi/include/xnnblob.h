@@ -59,6 +59,14 @@ typedef struct xnnblob_cache_stats {
  * process is shared. A stale, corrupt or foreign file is rebuilt, never trusted. */
 xnnblob_status xnnblob_cache_open_file(const char* path, xnnblob_cache** out);
 
+/* The cache kept in the file at `path`, under `layer_count` read-only layers: cache files, or
+ * directories of them, made ahead of time for CPU classes (`xnnblob prepack`, CMake's
+ * xnnblob_prepack), consulted first, in order. Only what no layer of this CPU's class holds is
+ * packed, into `path`; layers are never written. A layer for another class, or not a cache, is
+ * ignored, and said once on stderr. */
+xnnblob_status xnnblob_cache_open_layered(const char* path, const char* const* layers,
+                                          size_t layer_count, xnnblob_cache** out);
+
 /* A cache in memory only, for this process. */
 xnnblob_status xnnblob_cache_open_memory(xnnblob_cache** out);
 

@@ -177,6 +177,64 @@ pub unsafe extern "C" fn xnnblob_cache_open_file(
     })
 }
 
+/// Opens the cache kept in the file at `path` under `layer_count` read-only layers (`layers`:
+/// cache files or directories of them, made ahead of time by `xnnblob prepack`), consulted first,
+/// in order; only what no layer of this CPU's class holds is packed, into `path`. Layers are
+/// never written.
+///
+/// # Safety
+/// `path` is null or NUL-terminated; `layers` is null (with `layer_count` 0) or points to
+/// `layer_count` pointers, each null or NUL-terminated; `out` is null or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn xnnblob_cache_open_layered(
+    path: *const c_char,
+    layers: *const *const c_char,
+    layer_count: usize,
+    out: *mut *mut XnnblobCache,
+) -> XnnblobStatus {
+    if path.is_null() {
+        return fail(XnnblobStatus::InvalidArgument, "path is null");
+    }
+    if layers.is_null() && layer_count > 0 {
+        return fail(XnnblobStatus::InvalidArgument, "layers is null");
+    }
+    // SAFETY: non-null, NUL-terminated per the contract.
+    let Ok(path) = unsafe { CStr::from_ptr(path) }.to_str() else {
+        return fail(XnnblobStatus::InvalidArgument, "path is not UTF-8");
+    };
+    let mut paths = Vec::with_capacity(layer_count);
+    for i in 0..layer_count {
+        // SAFETY: `layers` points to `layer_count` pointers per the contract.
+        let layer = unsafe { *layers.add(i) };
+        if layer.is_null() {
+            return fail(
+                XnnblobStatus::InvalidArgument,
+                &format!("layer {i} is null"),
+            );
+        }
+        // SAFETY: non-null, NUL-terminated per the contract.
+        let Ok(layer) = unsafe { CStr::from_ptr(layer) }.to_str() else {
+            return fail(
+                XnnblobStatus::InvalidArgument,
+                &format!("layer {i} is not UTF-8"),
+            );
+        };
+        paths.push(std::path::PathBuf::from(layer));
+    }
+    open(out, || {
+        let options = xnnblob::cache::CacheOptions {
+            layers: paths,
+            ..Default::default()
+        };
+        let cache = PackedWeightsCache::open_with(path, options).map_err(cache_status)?;
+        cache.limit_permissions(xnnblob::cache::PRIVATE_MODE);
+        if let Some(note) = cache.layer_note() {
+            eprintln!("xnnblob: {note}");
+        }
+        Ok(cache)
+    })
+}
+
 /// Opens a cache that lives in memory only, for this process.
 ///
 /// # Safety

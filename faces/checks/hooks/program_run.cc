@@ -102,3 +102,26 @@ rust::Vec<float> cpp_run_calls(rust::Str pte, const rust::Vec<rust::String>& ptd
 }
 
 }  // namespace xnnblob
+
+namespace xnnblob {
+
+rust::Vec<std::size_t> cpp_layered_load(rust::Str pte, const rust::Vec<rust::String>& ptds,
+                                        rust::Str method, rust::Str cache_path,
+                                        const rust::Vec<rust::String>& layers) {
+  BackendConfig config = default_backend_config();
+  config.packed_cache_path = rust::String(cache_path.data(), cache_path.size());
+  for (const rust::String& layer : layers) config.packed_cache_layers.push_back(layer);
+  rust::Box<Backend> backend = new_backend(config);
+  rust::Box<Program> program =
+      load_program(*backend, pte, rust::Slice<const rust::String>(ptds.data(), ptds.size()), "");
+  rust::Box<Method> m = program->method(method);
+  // The backend resolves its configured file to the one cache the program packed into.
+  WeightsCacheStats stats = backend->model("")->weights_cache()->stats();
+  rust::Vec<std::size_t> counts;
+  counts.push_back(stats.packed);
+  counts.push_back(stats.hits);
+  counts.push_back(stats.misses);
+  return counts;
+}
+
+}  // namespace xnnblob

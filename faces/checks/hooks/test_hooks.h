@@ -56,4 +56,11 @@ rust::Vec<float> cpp_run_calls(rust::Str pte, const rust::Vec<rust::String>& ptd
                                const rust::Vec<rust::String>& methods,
                                rust::Slice<const float> inputs);
 
+// Loads a program with a backend configured with the cache file `cache_path` under the read-only
+// `layers`, initialises `method`, and returns the cache's packed, hits and misses
+// (program_run.cc).
+rust::Vec<std::size_t> cpp_layered_load(rust::Str pte, const rust::Vec<rust::String>& ptds,
+                                        rust::Str method, rust::Str cache_path,
+                                        const rust::Vec<rust::String>& layers);
+
 }  // namespace xnnblob

@@ -65,6 +65,16 @@ mod bridge {
             methods: &Vec<String>,
             inputs: &[f32],
         ) -> Result<Vec<f32>>;
+        /// Loads a program from C++ with a backend whose config names the cache file
+        /// `cache_path` under the read-only `layers`, initialises `method` (which packs), and
+        /// returns the cache's [packed, hits, misses] (hooks/program_run.cc).
+        fn cpp_layered_load(
+            pte: &str,
+            ptds: &Vec<String>,
+            method: &str,
+            cache_path: &str,
+            layers: &Vec<String>,
+        ) -> Result<Vec<usize>>;
         /// Runs a program's method from C++ (hooks/program_run.cc).
         fn cpp_run_program(
             pte: &str,
@@ -76,8 +86,8 @@ mod bridge {
 }
 
 pub use bridge::{
-    cpp_delegate_checks, cpp_execute_f32, cpp_make_delegate, cpp_run_calls, cpp_run_program,
-    cpp_run_program_raw, cpp_stateful_counter, run_minimal_example, HeldDelegate,
+    cpp_delegate_checks, cpp_execute_f32, cpp_layered_load, cpp_make_delegate, cpp_run_calls,
+    cpp_run_program, cpp_run_program_raw, cpp_stateful_counter, run_minimal_example, HeldDelegate,
 };
 
 fn panic_inside_bridge(message: &str) -> Result<(), xnnblob_cxx::Reported> {

@@ -87,6 +87,10 @@ mod bridge {
         weight_cache_enabled: bool,
         /// Empty: packed weights in memory (ExecuTorch's `packed_cache_path`).
         packed_cache_path: String,
+        /// Read-only packed-weight caches made ahead of time (`xnnblob prepack`), files or
+        /// directories, consulted before `packed_cache_path`, which they need (the drop-in's
+        /// `packed_cache_layers`). Empty: none.
+        packed_cache_layers: Vec<String>,
     }
 
     extern "Rust" {
@@ -690,6 +694,7 @@ fn default_backend_config() -> BackendConfig {
         threads: 1,
         weight_cache_enabled: true,
         packed_cache_path: String::new(),
+        packed_cache_layers: Vec::new(),
     }
 }
 
@@ -700,13 +705,26 @@ fn new_backend(config: &BackendConfig) -> Result<Box<Backend>, Reported> {
             name: "workspace_sharing_mode (0, 1 or 2)",
             value: config.workspace_sharing_mode.to_string(),
         })?;
+        let layers: Vec<std::path::PathBuf> =
+            config.packed_cache_layers.iter().map(Into::into).collect();
         let packed_cache = match (
             config.weight_cache_enabled,
             config.packed_cache_path.as_str(),
         ) {
             (false, _) => PackedCache::Disabled,
+            (true, "") if !layers.is_empty() => {
+                return Err(xnnblob::backend::BackendError::InvalidOption {
+                    name: "packed_cache_layers (they need packed_cache_path)",
+                    value: config.packed_cache_layers.join(":"),
+                }
+                .into())
+            }
             (true, "") => PackedCache::InMemory,
-            (true, path) => PackedCache::File(path.into()),
+            (true, path) if layers.is_empty() => PackedCache::File(path.into()),
+            (true, path) => PackedCache::Layered {
+                layers,
+                path: path.into(),
+            },
         };
         let backend = xnnblob::backend::Backend::new(BackendOptions {
             workspace_sharing,

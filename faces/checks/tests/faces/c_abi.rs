@@ -16,8 +16,9 @@ struct CacheStats {
 }
 
 unsafe extern "C" {
-    fn xnnblob_c_cache_check(
+    fn xnnblob_c_cache_check_layered(
         path: *const std::ffi::c_char,
+        layer: *const std::ffi::c_char,
         output: *mut f32,
         stats: *mut CacheStats,
     ) -> i32;
@@ -37,6 +38,8 @@ unsafe extern "C" {
 }
 
 const CHILD: &str = "XNNBLOB_C_ABI_CHILD";
+/// With [`CHILD`]: a read-only layer for the child's cache.
+const CHILD_LAYER: &str = "XNNBLOB_C_ABI_CHILD_LAYER";
 
 /// In a child process: runs the C program once and prints its outputs and counters.
 #[test]
@@ -45,10 +48,21 @@ fn c_launch() {
         return; // Only as a child of the test below.
     };
     let path = std::ffi::CString::new(path).unwrap();
+    let layer = std::env::var(CHILD_LAYER)
+        .ok()
+        .map(|l| std::ffi::CString::new(l).unwrap());
     let mut output = [f32::NAN; 8];
     let mut stats = CacheStats::default();
-    // SAFETY: a NUL-terminated path, 8 writable floats, a writable stats struct.
-    let result = unsafe { xnnblob_c_cache_check(path.as_ptr(), output.as_mut_ptr(), &mut stats) };
+    // SAFETY: a NUL-terminated path, a null or NUL-terminated layer, 8 writable floats, a
+    // writable stats struct.
+    let result = unsafe {
+        xnnblob_c_cache_check_layered(
+            path.as_ptr(),
+            layer.as_ref().map_or(std::ptr::null(), |l| l.as_ptr()),
+            output.as_mut_ptr(),
+            &mut stats,
+        )
+    };
     // SAFETY: xnnblob_last_error returns a NUL-terminated string valid until the next call.
     let error = unsafe { std::ffi::CStr::from_ptr(xnnblob_last_error()) };
     assert_eq!(result, 0, "step {result}: {error:?}");
@@ -63,7 +77,18 @@ fn c_launch() {
 }
 
 fn launch(path: &std::path::Path) -> (u64, u64, u64, String) {
-    let out = Command::new(std::env::current_exe().unwrap())
+    launch_layered(path, None)
+}
+
+fn launch_layered(
+    path: &std::path::Path,
+    layer: Option<&std::path::Path>,
+) -> (u64, u64, u64, String) {
+    let mut command = Command::new(std::env::current_exe().unwrap());
+    if let Some(layer) = layer {
+        command.env(CHILD_LAYER, layer);
+    }
+    let out = command
         .args([
             "--exact",
             &crate::common::test_path(module_path!(), "c_launch"),
@@ -110,6 +135,28 @@ fn a_c_program_packs_once_and_a_second_process_packs_nothing() {
     assert_eq!((packed, hits, entries), (0, 2, 2), "warm");
     assert_eq!(warm, cold, "identical outputs");
     assert_eq!(std::fs::metadata(&path).unwrap().len(), size);
+}
+
+/// Issue 40 through the C ABI (`xnnblob_cache_open_layered`): a cache file made by one process
+/// serves another as a read-only layer under a new writable path; that process packs nothing,
+/// gives the same outputs, and leaves the layer as it was and the writable path unmade.
+#[test]
+fn a_c_program_under_a_read_only_layer_packs_nothing_and_writes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let layer = dir.path().join("bundle.xbc");
+    let (packed, _, _, cold) = launch(&layer);
+    assert_eq!(packed, 2, "cold");
+    let before = std::fs::read(&layer).unwrap();
+    let writable = dir.path().join("writable.xbc");
+    let (packed, hits, entries, first) = launch_layered(&writable, Some(&layer));
+    assert_eq!((packed, hits, entries), (0, 2, 2), "under the layer");
+    assert_eq!(first, cold, "identical outputs");
+    assert_eq!(
+        std::fs::read(&layer).unwrap(),
+        before,
+        "the layer is never written"
+    );
+    assert!(!writable.exists(), "nothing new: nothing saved");
 }
 
 const IDENTITY_CHILD: &str = "XNNBLOB_C_IDENTITY_CHILD";

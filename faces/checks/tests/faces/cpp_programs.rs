@@ -127,3 +127,37 @@ fn from_cpp_methods_sharing_mutable_buffers_give_eagers_outputs() {
         assert_eq!(at, out.len(), "{name}: one output per call");
     }
 }
+
+/// Issue 40 through the C++ face: `BackendConfig::packed_cache_layers` under
+/// `packed_cache_path`. A cache made by a first load serves a second backend as a read-only
+/// layer under a new path: initialising the method there packs nothing and misses nothing.
+#[test]
+fn a_cpp_backend_configured_with_layers_packs_nothing_they_hold() {
+    let data = common::repo_root().join("tests/data/executorch");
+    let pte = data.join("mlp_qd8_qc8w_external.pte");
+    let ptds = vec![data.join("mlp_qd8_qc8w_external.ptd").display().to_string()];
+    let dir = common::scratch("cpp-layers");
+    let layer = dir.join("bundle.xbc");
+    let none: Vec<String> = Vec::new();
+    let cold = xnnblob_checks::cpp_layered_load(
+        pte.to_str().unwrap(),
+        &ptds,
+        "forward",
+        layer.to_str().unwrap(),
+        &none,
+    )
+    .unwrap_or_else(|e| panic!("{}", e.what()));
+    assert!(cold[0] > 0, "the first load packs: {cold:?}");
+    let layers = vec![layer.display().to_string()];
+    let writable = dir.join("writable.xbc");
+    let first = xnnblob_checks::cpp_layered_load(
+        pte.to_str().unwrap(),
+        &ptds,
+        "forward",
+        writable.to_str().unwrap(),
+        &layers,
+    )
+    .unwrap_or_else(|e| panic!("{}", e.what()));
+    assert_eq!((first[0], first[2]), (0, 0), "packed, misses: {first:?}");
+    assert!(first[1] > 0, "{first:?}");
+}
