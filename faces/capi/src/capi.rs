@@ -207,16 +207,13 @@ pub unsafe extern "C" fn xnnblob_cache_open_layered(
         // SAFETY: `layers` points to `layer_count` pointers per the contract.
         let layer = unsafe { *layers.add(i) };
         if layer.is_null() {
-            return fail(
-                XnnblobStatus::InvalidArgument,
-                &format!("layer {i} is null"),
-            );
+            return fail(XnnblobStatus::InvalidArgument, format!("layer {i} is null"));
         }
         // SAFETY: non-null, NUL-terminated per the contract.
         let Ok(layer) = unsafe { CStr::from_ptr(layer) }.to_str() else {
             return fail(
                 XnnblobStatus::InvalidArgument,
-                &format!("layer {i} is not UTF-8"),
+                format!("layer {i} is not UTF-8"),
             );
         };
         paths.push(std::path::PathBuf::from(layer));
