@@ -1,13 +1,15 @@
 //! The packed-weight cache loader on arbitrary bytes (and the check record beside a cache
 //! file, `CheckedRecord`): `decode` must reject or return entries
-//! whose regions are inside the file, aligned and disjoint; never panic. Each input is also
+//! whose regions are inside the file, aligned and disjoint; never panic. What a header says the
+//! file was packed for (`recorded_compat`, which read-only layers and tools read) must decode it
+//! alike matched exactly or by packing class. Each input is also
 //! tried with its header and index checksums fixed up, so mutations reach the entry checks
 //! instead of stopping at a checksum.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 use xnnblob::cache::checksum64;
-use xnnblob::cache::format::{self, CheckedRecord, Compat};
+use xnnblob::cache::format::{self, CheckedRecord, Compat, CpuMatch};
 
 fn check(data: &[u8]) {
     // Accept whatever build id and CPU the input claims, so the fuzzer gets past the header.
@@ -18,6 +20,12 @@ fn check(data: &[u8]) {
             .map(|b| u64::from_le_bytes(b.try_into().unwrap()))
             .unwrap_or(0),
     };
+    if let Some(recorded) = format::recorded_compat(data) {
+        let exact = format::decode(data, &recorded).map(|d| d.entries.len());
+        let by_class = format::decode_matching(data, &recorded, CpuMatch::PackingClass)
+            .map(|d| d.entries.len());
+        assert_eq!(exact, by_class, "a file matches its own packing class");
+    }
     if let Ok(decoded) = format::decode(data, &compat) {
         let index = format::index_offset(data).unwrap();
         let mut end = 0u64;
