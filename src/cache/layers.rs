@@ -72,10 +72,10 @@ impl LayerOutcome {
             )),
             LayerOutcome::NoneForThisCpu { dir, files } => Some(format!(
                 "none of the {files} read-only packed-weight caches in {} is for this CPU's \
-                 class ({}); they are ignored and what they hold is packed into the writable \
-                 cache instead",
+                 class (this CPU: {}); they are ignored and what they hold is packed into the \
+                 writable cache instead",
                 dir.display(),
-                super::describe_cpu_fingerprint(super::packing_class(super::cpu_fingerprint()))
+                super::describe_cpu_fingerprint(super::cpu_fingerprint())
             )),
             LayerOutcome::Unreadable { path, error } => Some(format!(
                 "read-only packed-weight cache {} cannot be read ({error}); it is ignored",

@@ -1331,3 +1331,76 @@ fn layers_that_do_not_fit_an_option_or_lack_a_writable_cache_are_refused() {
         "{err}"
     );
 }
+
+/// A bundle made for another CPU class (here: packed as if on a CPU with one more feature) is
+/// ignored by the drop-in with one note in ExecuTorch's log, naming the directory, and the
+/// writable cache takes over: the first launch packs every weight into it, the next finds them
+/// there, and both match ExecuTorch's output.
+#[test]
+fn a_bundle_for_another_cpu_class_is_said_once_and_the_writable_cache_takes_over() {
+    use xnnblob::backend::{Backend, BackendOptions, PackedCache};
+    let dir = scratch("bundle-other-class");
+    let bundle = dir.join("bundle");
+    let data = data();
+    let pte = data.join("mlp_qd8_qc8w_external.pte");
+    let ptd = data.join("mlp_qd8_qc8w_external.ptd");
+    {
+        let other = xnnblob::cache::cpu_fingerprint() ^ 1;
+        assert_ne!(
+            xnnblob::cache::packing_class(other),
+            xnnblob::cache::packing_class(xnnblob::cache::cpu_fingerprint())
+        );
+        let backend = Backend::new(BackendOptions {
+            cache_options: xnnblob::cache::CacheOptions {
+                cpu_fingerprint: Some(other),
+                blocking_save: true,
+                ..Default::default()
+            },
+            ..Default::default()
+        })
+        .unwrap();
+        let file = bundle.join("mlp.other-class.xbc");
+        std::fs::create_dir_all(&bundle).unwrap();
+        let program = xnnblob::program::Program::load(
+            &backend,
+            &pte,
+            &[ptd.clone()],
+            Some(&PackedCache::File(file.clone())),
+        )
+        .unwrap();
+        let _delegates = program.init_delegates("forward").unwrap();
+        let cache = program.weights_cache().unwrap();
+        cache.finalize().unwrap();
+        cache.wait_saved().unwrap();
+        assert!(file.is_file());
+    }
+    let writable = dir.join("writable.xbc");
+    let mut args = mlp_args();
+    args.extend([
+        s("--cache"),
+        writable.display().to_string(),
+        s("--cache-layers"),
+        bundle.display().to_string(),
+    ]);
+    let expected = f32s(&std::fs::read(data.join("mlp_qd8_qc8w_external.output_et.f32")).unwrap());
+    for launch in 0..2 {
+        let out = dir.join(format!("out{launch}"));
+        std::fs::create_dir_all(&out).unwrap();
+        let mut with_output = args.clone();
+        with_output.extend([s("--output-dir"), out.display().to_string()]);
+        let (ok, stdout, stderr) = run_any(&with_output);
+        assert!(ok, "{stdout}{stderr}");
+        let said = stderr.matches("is for this CPU's class").count();
+        assert_eq!(said, 1, "launch {launch}: {stderr}");
+        assert!(stderr.contains(&bundle.display().to_string()), "{stderr}");
+        let line = stdout
+            .lines()
+            .find(|l| l.starts_with(&format!("cache {}:", writable.display())))
+            .unwrap_or_else(|| panic!("{stdout}"));
+        let packed_none = line.contains(" packed 0 ");
+        assert_eq!(packed_none, launch == 1, "launch {launch}: {line}");
+        let got = f32s(&std::fs::read(out.join("output0.f32")).unwrap());
+        let d = relative_difference(&got, &expected);
+        assert!(d <= 1e-3, "launch {launch}: {d}");
+    }
+}
