@@ -1364,7 +1364,7 @@ fn a_bundle_for_another_cpu_class_is_said_once_and_the_writable_cache_takes_over
         let program = xnnblob::program::Program::load(
             &backend,
             &pte,
-            &[ptd.clone()],
+            std::slice::from_ref(&ptd),
             Some(&PackedCache::File(file.clone())),
         )
         .unwrap();
