@@ -254,25 +254,7 @@ impl State {
         if self.by_key.contains_key(&e.key) {
             return;
         }
-        self.by_key.insert(e.key, self.entries.len());
-        self.entries.push(Entry {
-            key: Some(e.key),
-            size: e.size as usize,
-            location: Location::Mapped {
-                map,
-                offset: e.offset as usize,
-            },
-            checksum: Some(e.checksum),
-            last_used: e.last_used,
-            hit: false,
-            first_hit: None,
-            first_miss: None,
-            checked: false,
-            unsaved: false,
-            packed_here: false,
-            resolved: false,
-            layer: false,
-        });
+        self.push_mapped(map, e, false);
     }
 
     /// Adds the entry `e` of the read-only layer mapped as `maps[map]`: it serves its key ahead
@@ -285,6 +267,11 @@ impl State {
             // The cache's own entry serves again if this one is found damaged.
             self.shadowed.insert(self.entries.len(), i);
         }
+        self.push_mapped(map, e, true);
+    }
+
+    /// The entry `e` of `maps[map]`, as found in its file, serving its key from now on.
+    fn push_mapped(&mut self, map: usize, e: &FileEntry, layer: bool) {
         self.by_key.insert(e.key, self.entries.len());
         self.entries.push(Entry {
             key: Some(e.key),
@@ -302,7 +289,7 @@ impl State {
             unsaved: false,
             packed_here: false,
             resolved: false,
-            layer: true,
+            layer,
         });
     }
 

@@ -185,40 +185,24 @@ pub(crate) fn load(
         unreadable_dirs.into_iter().map(|o| (o, None)).collect();
     let mut pending = Vec::new();
     for (path, dir) in files {
+        let unreadable =
+            |path: PathBuf, error: String| (LayerOutcome::Unreadable { path, error }, dir.clone());
         // A FIFO or device given as a layer is never opened: opening one can block forever.
         match std::fs::metadata(&path) {
             Ok(m) if m.is_file() => {}
             Ok(_) => {
-                outcomes.push((
-                    LayerOutcome::Unreadable {
-                        path,
-                        error: "not a regular file".into(),
-                    },
-                    dir,
-                ));
+                outcomes.push(unreadable(path, "not a regular file".into()));
                 continue;
             }
             Err(e) => {
-                outcomes.push((
-                    LayerOutcome::Unreadable {
-                        path,
-                        error: e.to_string(),
-                    },
-                    dir,
-                ));
+                outcomes.push(unreadable(path, e.to_string()));
                 continue;
             }
         }
         let map = match storage.map(&path) {
             Ok(map) => Arc::new(map),
             Err(e) => {
-                outcomes.push((
-                    LayerOutcome::Unreadable {
-                        path,
-                        error: e.to_string(),
-                    },
-                    dir,
-                ));
+                outcomes.push(unreadable(path, e.to_string()));
                 continue;
             }
         };

@@ -541,10 +541,12 @@ fn plan_payloads(
     Ok(payloads)
 }
 
-/// The payloads of a method's XNNPACK delegates, whatever else the method runs.
-fn xnnpack_payloads(pte: &FileDataMap, name: &str) -> Result<Vec<DataBuffer>, ProgramError> {
-    let program = program_of(pte)?;
-    let plan = program
+/// The execution plan of method `name` (NoSuchMethod names no others: the caller knows them).
+fn execution_plan<'a>(
+    program: &fb::Program<'a>,
+    name: &str,
+) -> Result<fb::ExecutionPlan<'a>, ProgramError> {
+    program
         .execution_plan()
         .iter()
         .flatten()
@@ -552,7 +554,13 @@ fn xnnpack_payloads(pte: &FileDataMap, name: &str) -> Result<Vec<DataBuffer>, Pr
         .ok_or_else(|| ProgramError::NoSuchMethod {
             name: name.to_string(),
             available: Vec::new(),
-        })?;
+        })
+}
+
+/// The payloads of a method's XNNPACK delegates, whatever else the method runs.
+fn xnnpack_payloads(pte: &FileDataMap, name: &str) -> Result<Vec<DataBuffer>, ProgramError> {
+    let program = program_of(pte)?;
+    let plan = execution_plan(&program, name)?;
     let delegates: Vec<fb::BackendDelegate<'_>> = plan
         .delegates()
         .iter()
@@ -566,15 +574,7 @@ fn xnnpack_payloads(pte: &FileDataMap, name: &str) -> Result<Vec<DataBuffer>, Pr
 fn read_plan(pte: &FileDataMap, name: &str) -> Result<MethodPlan, ProgramError> {
     let program = program_of(pte)?;
     let file = pte.file_buffer();
-    let plan = program
-        .execution_plan()
-        .iter()
-        .flatten()
-        .find(|p| p.name().unwrap_or("") == name)
-        .ok_or_else(|| ProgramError::NoSuchMethod {
-            name: name.to_string(),
-            available: Vec::new(),
-        })?;
+    let plan = execution_plan(&program, name)?;
     let values: Vec<fb::EValue<'_>> = plan.values().iter().flatten().collect();
     let n = values.len();
     let mut specs = Vec::with_capacity(n);
@@ -912,13 +912,18 @@ impl Program {
     }
 
     fn plan(&self, name: &str) -> Result<MethodPlan, ProgramError> {
-        read_plan(&self.pte, name).map_err(|e| match e {
+        read_plan(&self.pte, name).map_err(|e| self.naming_methods(e))
+    }
+
+    /// `e`, with the program's methods named when it is [`ProgramError::NoSuchMethod`].
+    fn naming_methods(&self, e: ProgramError) -> ProgramError {
+        match e {
             ProgramError::NoSuchMethod { name, .. } => ProgramError::NoSuchMethod {
                 name,
                 available: self.method_names.clone(),
             },
             other => other,
-        })
+        }
     }
 
     /// The declared specs (dtype, bound, dynamism) of a method's inputs.
@@ -969,13 +974,7 @@ impl Program {
     /// only its packed weights are wanted (`xnnblob prepack`). The delegates live as long as
     /// what this returns.
     pub fn init_delegates(&self, name: &str) -> Result<InitializedDelegates, ProgramError> {
-        let payloads = xnnpack_payloads(&self.pte, name).map_err(|e| match e {
-            ProgramError::NoSuchMethod { name, .. } => ProgramError::NoSuchMethod {
-                name,
-                available: self.method_names.clone(),
-            },
-            other => other,
-        })?;
+        let payloads = xnnpack_payloads(&self.pte, name).map_err(|e| self.naming_methods(e))?;
         let mut delegates = Vec::with_capacity(payloads.len());
         for payload in payloads {
             let d = XnnDelegate::init(&self.model, payload, &self.map).map_err(|error| {
