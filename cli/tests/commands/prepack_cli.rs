@@ -37,10 +37,10 @@ fn xnnblob(runner: &[&str], args: &[String]) -> (bool, String) {
     let mut command = match runner.split_first() {
         Some((program, rest)) => {
             let mut c = Command::new(program);
-            c.args(rest).arg(env!("CARGO_BIN_EXE_xnnblob"));
+            c.args(rest).arg(crate::xnnblob().get_program());
             c
         }
-        None => Command::new(env!("CARGO_BIN_EXE_xnnblob")),
+        None => crate::xnnblob(),
     };
     let out = command.args(args).current_dir(fixtures()).output().unwrap();
     let text = format!(
@@ -201,7 +201,7 @@ fn a_class_that_cannot_be_packed_here_or_does_not_exist_is_a_clear_error() {
     }
     // aarch64 without the aarch64 build of this command.
     let args = prepack_args(program, "aarch64-neondot", &dir);
-    let (ok, text) = Command::new(env!("CARGO_BIN_EXE_xnnblob"))
+    let (ok, text) = crate::xnnblob()
         .args(&args)
         .current_dir(fixtures())
         .env_remove("XNNBLOB_AARCH64_XNNBLOB")

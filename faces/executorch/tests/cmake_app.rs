@@ -62,8 +62,15 @@ fn build_app(
     dir.join("executorch_app")
 }
 
-/// Runs the app by `launch` (the app itself, or qemu with the app) on `program`.
-fn run_app(mut launch: Command, program: &str, output: &Path, cache: &Path) -> Vec<u8> {
+/// Runs the app by `launch` (the app itself, or qemu with the app) on `program`, with the cache
+/// file `cache` and, when given, a bundle of read-only caches.
+fn run_app(
+    mut launch: Command,
+    program: &str,
+    output: &Path,
+    cache: &Path,
+    bundle: Option<&Path>,
+) -> Vec<u8> {
     let data = repository().join("tests/data/executorch");
     let out = launch
         .arg(data.join(format!("{program}.pte")))
@@ -71,6 +78,7 @@ fn run_app(mut launch: Command, program: &str, output: &Path, cache: &Path) -> V
         .arg(data.join("mlp_qd8.input.f32"))
         .arg(output)
         .arg(cache)
+        .args(bundle)
         .output()
         .unwrap();
     assert!(
@@ -116,6 +124,7 @@ fn cold_and_warm(name: &str, backend: &str, scratch: &Path, launch: impl Fn() ->
         PROGRAM,
         &scratch.join(format!("{name}.cold.f32")),
         &cache,
+        None,
     );
     let size = std::fs::metadata(&cache).unwrap().len();
     let warm = run_app(
@@ -123,6 +132,7 @@ fn cold_and_warm(name: &str, backend: &str, scratch: &Path, launch: impl Fn() ->
         PROGRAM,
         &scratch.join(format!("{name}.warm.f32")),
         &cache,
+        None,
     );
     // A warm launch computes what the cold one did, bit for bit; both match ExecuTorch's
     // stored outputs within 1e-3 of their range (bit-identical on the machine that stored
@@ -262,26 +272,15 @@ fn the_app_packs_its_model_at_build_time_and_its_first_launch_packs_nothing() {
     }
 
     let cache = scratch.join("first.cache");
-    let output = scratch.join("first.f32");
-    let out = Command::new(&app)
-        .arg(data.join(format!("{PROGRAM}.pte")))
-        .arg(data.join(format!("{PROGRAM}.ptd")))
-        .arg(data.join("mlp_qd8.input.f32"))
-        .arg(&output)
-        .arg(&cache)
-        .arg(&bundle)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let first = run_app(
+        Command::new(&app),
+        PROGRAM,
+        &scratch.join("first.f32"),
+        &cache,
+        Some(&bundle),
     );
     let expected = std::fs::read(data.join(format!("{PROGRAM}.output_et.f32"))).unwrap();
-    let d = support::relative_difference(
-        &support::f32s(&std::fs::read(&output).unwrap()),
-        &support::f32s(&expected),
-    );
+    let d = support::relative_difference(&support::f32s(&first), &support::f32s(&expected));
     assert!(
         d <= 1e-3,
         "{d} of the range from ExecuTorch's stored output"
