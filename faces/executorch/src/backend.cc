@@ -184,17 +184,12 @@ const Outcome& runtime_check() {
         info.dli_fname != nullptr) {
       library = info.dli_fname;
     }
-    Outcome outcome{Status::Ok, rust::String(), false};
-    try {
-      outcome = check_runtime(rust::Str(library));
-    } catch (const std::exception& e) {
-      outcome = Outcome{Status::Internal, rust::String(e.what()), true};
-    }
-    if (outcome.status != Status::Ok) {
+    // Infallible on the Rust side: every failure comes back as the outcome's status.
+    Outcome outcome = check_runtime(rust::Str(library));
+    // A refusal is logged by each init it fails; a note once, here.
+    if (outcome.status == Status::Ok && outcome.severe) {
       ET_LOG(Error, "xnnblob: %s", std::string(outcome.message).c_str());
-    } else if (outcome.severe) {
-      ET_LOG(Error, "xnnblob: %s", std::string(outcome.message).c_str());
-    } else if (!outcome.message.empty()) {
+    } else if (outcome.status == Status::Ok && !outcome.message.empty()) {
       ET_LOG(Info, "xnnblob: %s", std::string(outcome.message).c_str());
     }
     return outcome;
@@ -213,7 +208,7 @@ class XnnblobBackend final : public BackendInterface {
       const override {
     const Outcome& runtime = runtime_check();
     if (runtime.status != Status::Ok) {
-      ET_LOG(Error, "xnnblob: init refused: %s", std::string(runtime.message).c_str());
+      ET_LOG(Error, "xnnblob: %s", std::string(runtime.message).c_str());
       return to_error(runtime.status);
     }
     try {

@@ -46,13 +46,14 @@ impl fmt::Display for RuntimeError {
                 found,
                 built_against,
             } => write!(
+                // The versions first: ExecuTorch's log cuts a message at a few hundred bytes.
                 f,
-                "ExecuTorch's runtime {} is version {} ({}), but this xnnblob drop-in was built \
-                 against ExecuTorch {built_against}: their C++ ABIs may differ, so it refuses to \
-                 run; install executorch=={built_against}, or an xnnblob built against {}",
-                library.display(),
+                "refusing ExecuTorch {} (this xnnblob drop-in is built against ExecuTorch \
+                 {built_against}; their C++ ABIs may differ): {} says so, for {}; install \
+                 executorch=={built_against}, or an xnnblob built against {}",
                 found.version,
                 found.file.display(),
+                library.display(),
                 found.version
             ),
             RuntimeError::Unreadable { file, cause } => write!(
@@ -143,10 +144,14 @@ fn public(version: &str) -> &str {
 /// Checks the runtime library `library` against [`BUILT_AGAINST`]: the version found, `None`
 /// where none can be found, or why the drop-in refuses it.
 pub fn check(library: &Path) -> Result<Option<Found>, RuntimeError> {
-    let found = version_beside(library)?;
+    let found = version_beside(library)?.map(|found| Found {
+        // The loader's path may run through ../ (an rpath of ExecuTorch's share/cmake/../../lib).
+        file: std::fs::canonicalize(&found.file).unwrap_or(found.file),
+        ..found
+    });
     match found {
         Some(found) if public(&found.version) != BUILT_AGAINST => Err(RuntimeError::Differs {
-            library: library.to_path_buf(),
+            library: std::fs::canonicalize(library).unwrap_or_else(|_| library.to_path_buf()),
             found,
             built_against: BUILT_AGAINST,
         }),
@@ -190,7 +195,13 @@ mod tests {
         assert!(matches!(err, RuntimeError::Differs { .. }), "{err:?}");
         let message = err.to_string();
         assert!(message.contains("1.5.0+cpu"), "{message}");
-        assert!(message.contains(&format!("built against ExecuTorch {BUILT_AGAINST}")));
+        assert!(
+            message.starts_with(&format!(
+                "refusing ExecuTorch 1.5.0+cpu (this xnnblob drop-in is built against ExecuTorch \
+                 {BUILT_AGAINST}"
+            )),
+            "{message}"
+        );
     }
 
     #[test]

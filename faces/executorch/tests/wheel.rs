@@ -372,7 +372,10 @@ fn the_wheel_installs_beside_executorchs_and_serves_the_app_and_the_cli_without_
         60,
         "xnnblob inspect",
     ));
-    assert!(inspect.contains("XnnpackBackend"), "{inspect}");
+    assert!(
+        inspect.contains("xnnpack delegates") && inspect.contains("XNNFullyConnected"),
+        "{inspect}"
+    );
     let bench_out = scratch.join("peer");
     let started = Instant::now();
     ok(
@@ -424,8 +427,10 @@ fn the_wheel_installs_beside_executorchs_and_serves_the_app_and_the_cli_without_
     let stderr = String::from_utf8_lossy(&refused.stderr);
     assert!(!refused.status.success(), "the app ran: {stderr}");
     assert!(
-        stderr.contains("version 1.5.0+cpu")
-            && stderr.contains(&format!("built against ExecuTorch {}", executorch_sys::VERSION)),
+        stderr.contains(&format!(
+            "refusing ExecuTorch 1.5.0+cpu (this xnnblob drop-in is built against ExecuTorch {}",
+            executorch_sys::VERSION
+        )),
         "{stderr}"
     );
 }
@@ -521,7 +526,10 @@ fn the_aarch64_wheel_installs_for_aarch64_and_its_programs_run_under_qemu() {
         120,
         "xnnblob inspect under qemu",
     ));
-    assert!(inspect.contains("XnnpackBackend"), "{inspect}");
+    assert!(
+        inspect.contains("xnnpack delegates") && inspect.contains("XNNFullyConnected"),
+        "{inspect}"
+    );
     // The runner with both backends: ExecuTorch's is found beside the libexecutorch.so the
     // loader chose (the aarch64 package's), xnnblob's in the wheel's lib/.
     for backend in ["executorch", "xnnblob"] {
