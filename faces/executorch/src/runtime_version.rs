@@ -181,7 +181,8 @@ mod tests {
 
     #[test]
     fn the_wheels_version_py_is_read_and_its_local_part_ignored() {
-        let text = format!("__all__ = []\n__version__ = \"{BUILT_AGAINST}+cpu\"\ngit_version = 'x'\n");
+        let text =
+            format!("__all__ = []\n__version__ = \"{BUILT_AGAINST}+cpu\"\ngit_version = 'x'\n");
         let (_site, library) = package(Some(&text), None);
         let found = check(&library).unwrap().unwrap();
         assert_eq!(found.version, format!("{BUILT_AGAINST}+cpu"));
@@ -206,7 +207,10 @@ mod tests {
 
     #[test]
     fn the_dist_info_is_read_where_there_is_no_version_py() {
-        let (_site, library) = package(None, Some("Metadata-Version: 2.1\nName: executorch\nVersion: 1.4.0\n\nVersion: 0\n"));
+        let (_site, library) = package(
+            None,
+            Some("Metadata-Version: 2.1\nName: executorch\nVersion: 1.4.0\n\nVersion: 0\n"),
+        );
         match check(&library).unwrap_err() {
             RuntimeError::Differs { found, .. } => {
                 assert_eq!(found.version, "1.4.0");

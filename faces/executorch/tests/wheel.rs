@@ -193,7 +193,11 @@ fn cold_and_warm(scratch: &Path, launch: impl Fn() -> Command) {
 
 /// `readelf -d`'s RUNPATH of `file`.
 fn runpath(file: &Path) -> String {
-    let out = Command::new("readelf").arg("-d").arg(file).output().unwrap();
+    let out = Command::new("readelf")
+        .arg("-d")
+        .arg(file)
+        .output()
+        .unwrap();
     String::from_utf8_lossy(&out.stdout)
         .lines()
         .find(|l| l.contains("(RUNPATH)"))
@@ -245,7 +249,10 @@ fn check_installed(py: &Command, package: &Path) {
     // No package file names this machine's build paths.
     let repo = repository().display().to_string();
     for entry in walk(package) {
-        if entry.extension().is_some_and(|e| e == "cmake" || e == "pc" || e == "py") {
+        if entry
+            .extension()
+            .is_some_and(|e| e == "cmake" || e == "pc" || e == "py")
+        {
             let body = std::fs::read_to_string(&entry).unwrap();
             assert!(!body.contains(&repo), "{} names {repo}", entry.display());
         }
@@ -335,10 +342,7 @@ fn the_wheel_installs_beside_executorchs_and_serves_the_app_and_the_cli_without_
         "ldd",
     ));
     let et_lib = site.join("executorch/lib/libexecutorch.so");
-    assert!(
-        ldd.contains(&format!("=> {}", et_lib.display())),
-        "{ldd}"
-    );
+    assert!(ldd.contains(&format!("=> {}", et_lib.display())), "{ldd}");
 
     // The CMake app, from what the packages say.
     let prefix_path = python(&py, "import xnnblob; print(xnnblob.cmake_prefix_path())");
@@ -362,7 +366,11 @@ fn the_wheel_installs_beside_executorchs_and_serves_the_app_and_the_cli_without_
 
     // The command line, on PATH as the venv's console script.
     let bin = venv.join("bin");
-    let version = text(&ok(user(bin.join("xnnblob")).arg("--version"), 30, "xnnblob --version"));
+    let version = text(&ok(
+        user(bin.join("xnnblob")).arg("--version"),
+        30,
+        "xnnblob --version",
+    ));
     assert_eq!(version, format!("xnnblob {}", workspace_version()));
     let data = repository().join("tests/data/executorch");
     let inspect = text(&ok(
@@ -380,7 +388,15 @@ fn the_wheel_installs_beside_executorchs_and_serves_the_app_and_the_cli_without_
     let started = Instant::now();
     ok(
         user(bin.join("xnnblob"))
-            .args(["bench", "--peer", "--models", "cnn", "--repeats", "1", "--out"])
+            .args([
+                "bench",
+                "--peer",
+                "--models",
+                "cnn",
+                "--repeats",
+                "1",
+                "--out",
+            ])
             .arg(&bench_out),
         600,
         "xnnblob bench --peer",
@@ -469,7 +485,10 @@ fn the_aarch64_wheel_installs_for_aarch64_and_its_programs_run_under_qemu() {
             .args(args);
         bounded::output(&mut command, Duration::from_secs(600), what)
     };
-    let et = pip(&executorch_requirements(), "pip install executorch (aarch64)");
+    let et = pip(
+        &executorch_requirements(),
+        "pip install executorch (aarch64)",
+    );
     if !et.status.success() {
         xnnblob_test_support::cannot_run(&format!(
             "pip cannot install executorch=={} for aarch64 here: {}",
@@ -544,7 +563,21 @@ fn the_aarch64_wheel_installs_for_aarch64_and_its_programs_run_under_qemu() {
             300,
             &format!("xnnblob-et-run --backend {backend} under qemu"),
         ));
-        assert!(out.contains("load_ms"), "{backend}: {out}");
+        assert!(out.contains("load_to_ready_ms="), "{backend}: {out}");
+        let library = match backend {
+            "executorch" => site.join("executorch/lib/libexecutorch_backend_xnnpack.so"),
+            _ => package.join("bin/../lib/libxnnblob_executorch.so"),
+        };
+        // As the loader found it (through $ORIGIN/..), so compared as real paths.
+        let loaded = out
+            .lines()
+            .find_map(|l| l.strip_prefix("backend="))
+            .unwrap_or_else(|| panic!("{backend}: no backend= in {out}"));
+        assert_eq!(
+            Path::new(loaded).canonicalize().unwrap(),
+            library.canonicalize().unwrap(),
+            "{backend}"
+        );
     }
 
     let prefix_path = python(&py, "import xnnblob; print(xnnblob.cmake_prefix_path())");
