@@ -259,6 +259,22 @@ fn check_installed(py: &Command, package: &Path) {
     }
 }
 
+/// Where `ldd` (its output `ldd`) found the library named `name`, as a real path (the loader's
+/// runs through $ORIGIN/..).
+fn resolved(ldd: &str, name: &str) -> PathBuf {
+    let line = ldd
+        .lines()
+        .find(|l| l.contains(name))
+        .unwrap_or_else(|| panic!("ldd names no {name}:\n{ldd}"));
+    // "name => path (address)", or "path (address)" for a library linked by its path.
+    let path = line
+        .split("=>")
+        .last()
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap();
+    Path::new(path).canonicalize().unwrap()
+}
+
 fn walk(dir: &Path) -> Vec<PathBuf> {
     let mut found = Vec::new();
     for entry in std::fs::read_dir(dir).unwrap() {
@@ -341,8 +357,13 @@ fn the_wheel_installs_beside_executorchs_and_serves_the_app_and_the_cli_without_
         30,
         "ldd",
     ));
-    let et_lib = site.join("executorch/lib/libexecutorch.so");
-    assert!(ldd.contains(&format!("=> {}", et_lib.display())), "{ldd}");
+    assert_eq!(
+        resolved(&ldd, "libexecutorch.so"),
+        site.join("executorch/lib/libexecutorch.so")
+            .canonicalize()
+            .unwrap(),
+        "{ldd}"
+    );
 
     // The CMake app, from what the packages say.
     let prefix_path = python(&py, "import xnnblob; print(xnnblob.cmake_prefix_path())");
@@ -351,11 +372,12 @@ fn the_wheel_installs_beside_executorchs_and_serves_the_app_and_the_cli_without_
     }
     let app = build_app(&prefix_path, &scratch.join("app"), &[]);
     let needed = text(&ok(user("ldd").arg(&app), 30, "ldd app"));
-    assert!(
-        needed.contains(&format!(
-            "=> {}",
-            package.join("lib/libxnnblob_executorch.so").display()
-        )),
+    assert_eq!(
+        resolved(&needed, "libxnnblob_executorch.so"),
+        package
+            .join("lib/libxnnblob_executorch.so")
+            .canonicalize()
+            .unwrap(),
         "{needed}"
     );
     assert!(
