@@ -496,14 +496,22 @@ fn the_aarch64_wheel_installs_for_aarch64_and_its_programs_run_under_qemu() {
         "python3 -m venv",
     );
     let site = scratch.join("site");
-    // pip's own rules for a foreign platform's wheels: the tag must fit the platform given (our
-    // manylinux_2_N also admits ExecuTorch's manylinux_2_28), binaries only.
+    // pip's own rules for a foreign platform's wheels: a tag must be one of the platforms given,
+    // binaries only.
     let pip = |args: &[String], what: &str| {
         let mut command = user(venv.join("bin/python"));
         command
             .args(["-m", "pip", "install", "--quiet", "--no-input", "--target"])
             .arg(&site)
-            .args(["--platform", &platform, "--only-binary=:all:"])
+            // pip takes a manylinux_2_N platform as that exact tag, so ExecuTorch's own
+            // (executorch-sys's pin) is named too.
+            .args([
+                "--platform",
+                &platform,
+                "--platform",
+                "manylinux_2_28_aarch64",
+            ])
+            .arg("--only-binary=:all:")
             .args(args);
         bounded::output(&mut command, Duration::from_secs(600), what)
     };
