@@ -72,7 +72,7 @@ cargo build "${cargo_profile[@]}" "${cargo_target[@]}" -p xnnblob-capi -p xnnblo
   -p xnnblob-cli --message-format=json-render-diagnostics >"$messages"
 
 # Where the build put things, from cargo's own messages and metadata.
-read -r target_dir capi_out executorch_version < <(python3 - "$messages" <<'PY'
+read -r target_dir capi_out executorch_version version < <(python3 - "$messages" <<'PY'
 import json, subprocess, sys
 out_dir = None
 executorch_version = None
@@ -94,7 +94,9 @@ if out_dir is None:
     sys.exit("install: cargo reported no build script run for xnnblob-capi")
 if executorch_version is None:
     sys.exit("install: cargo reported no ExecuTorch version from executorch-sys")
-print(meta["target_directory"], out_dir, executorch_version)
+# The workspace's one version (Cargo.toml's [workspace.package]), as the core crate has it.
+version = next(p["version"] for p in meta["packages"] if p["name"] == "xnnblob")
+print(meta["target_directory"], out_dir, executorch_version, version)
 PY
 )
 # Cargo puts a cross build below a directory named after its target.
@@ -124,7 +126,6 @@ for dir in "${xnnpack_dirs[@]}"; do
 done
 [ -f "$prefix/include/xnnblob/xnnpack/xnnpack.h" ] || { echo "install: no xnnpack.h in $xnnpack_include" >&2; exit 1; }
 
-version=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
 # What a Rust static library needs from the system on Linux, and the C++ runtime for the
 # delegate API.
 system_libs="-lstdc++ -lgcc_s -lutil -lrt -lpthread -lm -ldl -lc"

@@ -22,15 +22,19 @@ fn repository() -> PathBuf {
 
 const PROGRAM: &str = "mlp_qd8_qc8w_external";
 
-/// The version in the workspace's Cargo.toml, the one place it is written.
+/// The version in the workspace's Cargo.toml (`[workspace.package]`), the one place it is
+/// written.
 fn workspace_version() -> String {
     let text = std::fs::read_to_string(repository().join("Cargo.toml")).unwrap();
-    let package = text.split("[package]").nth(1).expect("the root [package]");
+    let package = text
+        .split("[workspace.package]")
+        .nth(1)
+        .expect("[workspace.package]");
     package
         .lines()
         .find_map(|l| l.strip_prefix("version = \""))
         .and_then(|v| v.strip_suffix('"'))
-        .expect("the root package's version")
+        .expect("the workspace's version")
         .to_string()
 }
 
