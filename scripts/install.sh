@@ -10,6 +10,13 @@
 #                               xnnblob::shared, xnnblob::executorch_backend, and the
 #                               xnnblob_prepack() function (cmake/xnnblob-prepack.cmake)
 #   bin/xnnblob                 the command line (prepack, run, inspect, cache, bench)
+#   bin/xnnblob-et-run          ExecuTorch's runtime with either backend (bench --peer uses it)
+#   lib/cmake/xnnblob/xnnblob-versions.cmake  the versions built with: xnnblob's (the workspace
+#                               Cargo.toml's), ExecuTorch's and XNNPACK's
+#
+# The package files name no absolute path: CMake's are relative to their own directory,
+# pkg-config's to ${pcfiledir}, so the prefix can be moved (the wheel, scripts/build-wheels.sh,
+# is this install in a Python package).
 #
 #   scripts/install.sh PREFIX [--debug] [--target TRIPLE]
 #
@@ -65,9 +72,10 @@ cargo build "${cargo_profile[@]}" "${cargo_target[@]}" -p xnnblob-capi -p xnnblo
   -p xnnblob-cli --message-format=json-render-diagnostics >"$messages"
 
 # Where the build put things, from cargo's own messages and metadata.
-read -r target_dir capi_out < <(python3 - "$messages" <<'PY'
+read -r target_dir capi_out executorch_version version < <(python3 - "$messages" <<'PY'
 import json, subprocess, sys
 out_dir = None
+executorch_version = None
 for line in open(sys.argv[1]):
     try:
         m = json.loads(line)
@@ -76,20 +84,30 @@ for line in open(sys.argv[1]):
     if m.get("reason") == "build-script-executed" and "xnnblob-capi" in m.get("package_id", "") \
             or m.get("reason") == "build-script-executed" and "/faces/capi#" in m.get("package_id", ""):
         out_dir = m["out_dir"]
+    # executorch-sys says the version it is built against to rustc (its VERSION constant).
+    if m.get("reason") == "build-script-executed":
+        for name, value in m.get("env", []):
+            if name == "XNNBLOB_EXECUTORCH_VERSION":
+                executorch_version = value
 meta = json.loads(subprocess.check_output(["cargo", "metadata", "--format-version", "1", "--no-deps"]))
 if out_dir is None:
     sys.exit("install: cargo reported no build script run for xnnblob-capi")
-print(meta["target_directory"], out_dir)
+if executorch_version is None:
+    sys.exit("install: cargo reported no ExecuTorch version from executorch-sys")
+# The workspace's one version (Cargo.toml's [workspace.package]), as the core crate has it.
+version = next(p["version"] for p in meta["packages"] if p["name"] == "xnnblob")
+print(meta["target_directory"], out_dir, executorch_version, version)
 PY
 )
 # Cargo puts a cross build below a directory named after its target.
 built="$target_dir/${target:+$target/}$profile"
 cxxbridge=$(sed -n 's/^cxxbridge_include=//p' "$capi_out/install-headers.txt")
 xnnpack_include=$(sed -n 's/^xnnpack_include=//p' "$capi_out/install-headers.txt")
+xnnpack_version=$(sed -n 's/^xnnpack_version=//p' "$capi_out/install-headers.txt")
 
 install -d "$prefix/lib/pkgconfig" "$prefix/lib/cmake/xnnblob" "$prefix/include/xnnblob/src" \
   "$prefix/include/xnnblob/xnnpack" "$prefix/include/rust" "$prefix/bin"
-install -m 755 "$built/xnnblob" "$prefix/bin/"
+install -m 755 "$built/xnnblob" "$built/xnnblob-et-run" "$prefix/bin/"
 install -m 644 cmake/xnnblob-prepack.cmake "$prefix/lib/cmake/xnnblob/"
 # Cargo names the C face's libraries after its crate (libxnnblob_capi); users link -lxnnblob.
 install -m 644 "$built/libxnnblob_capi.a" "$prefix/lib/libxnnblob.a"
@@ -108,15 +126,15 @@ for dir in "${xnnpack_dirs[@]}"; do
 done
 [ -f "$prefix/include/xnnblob/xnnpack/xnnpack.h" ] || { echo "install: no xnnpack.h in $xnnpack_include" >&2; exit 1; }
 
-version=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
 # What a Rust static library needs from the system on Linux, and the C++ runtime for the
 # delegate API.
 system_libs="-lstdc++ -lgcc_s -lutil -lrt -lpthread -lm -ldl -lc"
 
+# pkg-config's own ${pcfiledir} (the .pc file's directory) keeps the modules relocatable.
 # Two modules: xnnblob, the static library with XNNPACK and the C++ API (named explicitly, so a
 # linker that finds libxnnblob.so too does not pick it); xnnblob-shared, the C ABI alone.
 cat >"$prefix/lib/pkgconfig/xnnblob.pc" <<PC
-prefix=$prefix
+prefix=\${pcfiledir}/../..
 libdir=\${prefix}/lib
 includedir=\${prefix}/include
 
@@ -127,7 +145,7 @@ Libs: \${libdir}/libxnnblob.a $system_libs
 Cflags: -I\${includedir} -I\${includedir}/xnnblob/xnnpack
 PC
 cat >"$prefix/lib/pkgconfig/xnnblob-shared.pc" <<PC
-prefix=$prefix
+prefix=\${pcfiledir}/../..
 libdir=\${prefix}/lib
 includedir=\${prefix}/include
 
@@ -150,6 +168,14 @@ else()
 endif()
 CMAKE
 
+cat >"$prefix/lib/cmake/xnnblob/xnnblob-versions.cmake" <<CMAKE
+# Written by scripts/install.sh: what this install was built with.
+set(xnnblob_VERSION "$version")
+set(xnnblob_EXECUTORCH_VERSION "$executorch_version")
+set(xnnblob_XNNPACK_VERSION "$xnnpack_version")
+set(xnnblob_TARGET "${target:-$(rustc -vV | sed -n 's/^host: //p')}")
+CMAKE
+
 # Which xnnblob_prepack() tool the installed command is: this host's, or the target's (an
 # aarch64 install's command packs the aarch64 classes under qemu-aarch64).
 if [ -z "$target" ]; then tool_variable=XNNBLOB_COMMAND; else tool_variable=XNNBLOB_AARCH64_COMMAND; fi
@@ -167,6 +193,8 @@ cat >"$prefix/lib/cmake/xnnblob/xnnblob-config.cmake" <<'CMAKE'
 #   xnnblob::shared             libxnnblob.so: the C ABI only
 #   xnnblob::executorch_backend libxnnblob_executorch.so, kept on the link line: ExecuTorch's
 #                               "XnnpackBackend", registered when the library loads
+# Variables (xnnblob-versions.cmake): xnnblob_VERSION, xnnblob_EXECUTORCH_VERSION (the runtime
+# the drop-in was built against, and refuses another), xnnblob_XNNPACK_VERSION, xnnblob_TARGET.
 cmake_minimum_required(VERSION 3.16)
 include(CMakeFindDependencyMacro)
 find_dependency(Threads)
@@ -188,6 +216,7 @@ if(NOT TARGET xnnblob::xnnblob)
       "-Wl,--push-state,--no-as-needed,${_xnnblob_prefix}/lib/libxnnblob_executorch.so,--pop-state"
     INTERFACE_LINK_OPTIONS "-Wl,-rpath,${_xnnblob_prefix}/lib")
 endif()
+include("${CMAKE_CURRENT_LIST_DIR}/xnnblob-versions.cmake")
 include("${CMAKE_CURRENT_LIST_DIR}/xnnblob-tools.cmake")
 include("${CMAKE_CURRENT_LIST_DIR}/xnnblob-prepack.cmake")
 set(xnnblob_FOUND TRUE)

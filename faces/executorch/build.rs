@@ -16,10 +16,6 @@ fn main() {
             .std("c++17")
             .include(&include)
             .include(&c10)
-            .define(
-                "XNNBLOB_ET_LIB_DIR",
-                Some(format!("\"{}\"", lib.display()).as_str()),
-            )
             .warnings(false)
             .flag_if_supported("-Wno-deprecated-declarations")
             .flag_if_supported("-fvisibility=hidden");
@@ -78,8 +74,16 @@ fn main() {
     ] {
         println!("cargo:rustc-link-arg-bin=xnnblob-et-run={arg}");
     }
-    // Found where it is installed, without LD_LIBRARY_PATH.
-    println!("cargo:rustc-link-arg=-Wl,-rpath,{}", lib.display());
+    // Found where it is installed, without LD_LIBRARY_PATH: by default the absolute directory
+    // built against. A relocatable install sets XNNBLOB_EXECUTORCH_RPATH instead: the wheel
+    // (scripts/build-wheels.sh) gives `$ORIGIN/../../executorch/lib`, ExecuTorch's wheel in the
+    // same site-packages, seen from xnnblob/lib and xnnblob/bin.
+    println!("cargo:rerun-if-env-changed=XNNBLOB_EXECUTORCH_RPATH");
+    let rpath = env::var("XNNBLOB_EXECUTORCH_RPATH")
+        .ok()
+        .filter(|r| !r.is_empty())
+        .unwrap_or_else(|| lib.display().to_string());
+    println!("cargo:rustc-link-arg=-Wl,-rpath,{rpath}");
     for path in [
         "src/lib.rs",
         "src/bridge.h",

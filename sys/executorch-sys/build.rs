@@ -47,6 +47,10 @@ fn main() {
     }
     let include = root.join("include");
     let lib = root.join("lib");
+    // The version the build is against: the drop-in refuses a runtime of another at run time,
+    // and the installs (scripts/install.sh, the wheel) record it.
+    println!("cargo:version={VERSION}");
+    println!("cargo:rustc-env=XNNBLOB_EXECUTORCH_VERSION={VERSION}");
     println!("cargo:root={}", root.display());
     println!("cargo:include={}", include.display());
     println!("cargo:lib={}", lib.display());

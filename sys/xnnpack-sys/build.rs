@@ -165,6 +165,15 @@ fn main() {
         (None, None) => Install::cached_or_built(&toolchain),
         _ => fail("XNNPACK_INCLUDE_DIR and XNNPACK_LIB_DIR must be set together"),
     };
+    // Seen by dependents as DEP_XNNPACK_VERSION: what the installs (scripts/install.sh, the
+    // wheel) record they were built with. A user-provided XNNPACK's version is not known here.
+    let version = if env::var_os("XNNPACK_INCLUDE_DIR").is_some() {
+        "unknown".to_string()
+    } else {
+        // Debian's source version, which names XNNPACK's commit (4ea82e5); patches/ apply on top.
+        SOURCES[0].version.to_string()
+    };
+    println!("cargo:version={version}");
     install.check_quantization_padding();
     // Before XNNPACK's libraries: the shim's references to them must precede them on the link line.
     install.build_kernel_info();

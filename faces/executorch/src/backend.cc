@@ -9,6 +9,8 @@
 #include <executorch/runtime/core/exec_aten/util/tensor_util.h>
 #include <executorch/runtime/platform/log.h>
 
+#include <dlfcn.h>
+
 #include <cstdio>
 #include <cstring>
 #include <stdexcept>
@@ -170,6 +172,31 @@ Error to_error(Status status) {
   return Error::Internal;
 }
 
+// The verdict on the ExecuTorch runtime this library runs in, made once: the loaded
+// libexecutorch.so is found by one of its functions (dladdr) and its package's version is
+// compared, on the Rust side, with the one this library was built against. A note is logged;
+// a refusal is returned by every init.
+const Outcome& runtime_check() {
+  static const Outcome verdict = [] {
+    Dl_info info{};
+    const char* library = "";
+    if (dladdr(reinterpret_cast<void*>(&executorch::runtime::register_backend), &info) != 0 &&
+        info.dli_fname != nullptr) {
+      library = info.dli_fname;
+    }
+    // Infallible on the Rust side: every failure comes back as the outcome's status.
+    Outcome outcome = check_runtime(rust::Str(library));
+    // A refusal is logged by each init it fails; a note once, here.
+    if (outcome.status == Status::Ok && outcome.severe) {
+      ET_LOG(Error, "xnnblob: %s", std::string(outcome.message).c_str());
+    } else if (outcome.status == Status::Ok && !outcome.message.empty()) {
+      ET_LOG(Info, "xnnblob: %s", std::string(outcome.message).c_str());
+    }
+    return outcome;
+  }();
+  return verdict;
+}
+
 class XnnblobBackend final : public BackendInterface {
  public:
   bool is_available() const override { return true; }
@@ -179,6 +206,11 @@ class XnnblobBackend final : public BackendInterface {
       FreeableBuffer* processed,
       ArrayRef<CompileSpec> /*compile_specs: ExecuTorch's XNNPACK payloads carry none*/)
       const override {
+    const Outcome& runtime = runtime_check();
+    if (runtime.status != Status::Ok) {
+      ET_LOG(Error, "xnnblob: %s", std::string(runtime.message).c_str());
+      return to_error(runtime.status);
+    }
     try {
       InitOptions options = resolve(context);
       // Taken over: freed when the last view of it goes (at the end of init, unless inline

@@ -14,6 +14,7 @@
 
 mod delegate;
 mod map;
+pub mod runtime_version;
 
 pub use delegate::EtDelegate;
 
@@ -160,6 +161,12 @@ pub mod ffi {
         /// What the packed-weight caches did in this process, one line (for runners and tests).
         fn cache_report() -> String;
 
+        /// Checks the ExecuTorch runtime this library runs in (`library`: the path of the
+        /// loaded `libexecutorch.so`, empty where it cannot be found) against the version it was
+        /// built against: `NotSupported` with both versions named when they differ; a note when
+        /// the version is found, cannot be found, or cannot be read.
+        fn check_runtime(library: &str) -> Outcome;
+
         /// Starts making the process-wide backend (XNNPACK's initialisation, the thread pool)
         /// on a background thread, so the first load finds it ready.
         fn prepare_backend();
@@ -180,6 +187,49 @@ impl ffi::Outcome {
             status,
             message: message.into(),
             severe: true,
+        }
+    }
+}
+
+/// The drop-in's verdict on the runtime at `library` (see [`runtime_version`]).
+fn check_runtime(library: &str) -> ffi::Outcome {
+    use runtime_version::{check, RuntimeError, BUILT_AGAINST};
+    if library.is_empty() {
+        return ffi::Outcome {
+            status: ffi::Status::Ok,
+            message: format!(
+                "the loaded libexecutorch.so cannot be found (linked statically?): its version \
+                 is not checked against {BUILT_AGAINST}"
+            ),
+            severe: false,
+        };
+    }
+    let note = |message: String, severe: bool| ffi::Outcome {
+        status: ffi::Status::Ok,
+        message,
+        severe,
+    };
+    match check(std::path::Path::new(library)) {
+        Ok(Some(found)) => note(
+            format!(
+                "ExecuTorch {} ({}), built against {BUILT_AGAINST}",
+                found.version,
+                found.file.display()
+            ),
+            false,
+        ),
+        Ok(None) => note(
+            format!(
+                "no version file beside {library} (not ExecuTorch's wheel?): its version is not \
+                 checked against {BUILT_AGAINST}"
+            ),
+            false,
+        ),
+        Err(e @ RuntimeError::Unreadable { .. }) => {
+            note(format!("{e}: not checked against {BUILT_AGAINST}"), true)
+        }
+        Err(e @ RuntimeError::Differs { .. }) => {
+            ffi::Outcome::error(ffi::Status::NotSupported, e.to_string())
         }
     }
 }

@@ -9,6 +9,7 @@
 #include <executorch/extension/tensor/tensor_ptr.h>
 #include <executorch/extension/tensor/tensor_ptr_maker.h>
 #include <executorch/runtime/backend/backend_options_map.h>
+#include <executorch/runtime/backend/interface.h>
 #include <executorch/runtime/backend/options.h>
 
 #if defined(ET_USE_THREADPOOL)
@@ -280,9 +281,30 @@ std::string self_dir() {
   return path.substr(0, path.rfind('/'));
 }
 
+// The directory of the libexecutorch.so this process runs with (found by the loader: RUNPATH
+// or LD_LIBRARY_PATH), where ExecuTorch's own XNNPACK backend ships beside it. Asked of the
+// loader rather than fixed at build time, so that an install (the wheel) that moves both
+// packages still finds the one it runs with.
+std::string executorch_lib_dir() {
+  Dl_info info{};
+  if (dladdr(reinterpret_cast<void*>(&executorch::runtime::register_backend), &info) == 0 ||
+      info.dli_fname == nullptr) {
+    return ".";
+  }
+  std::string path(info.dli_fname);
+  auto slash = path.rfind('/');
+  return slash == std::string::npos ? "." : path.substr(0, slash);
+}
+
 std::string backend_library(const std::string& backend) {
-  if (backend == "xnnblob") return self_dir() + "/libxnnblob_executorch.so";
-  if (backend == "executorch") return std::string(XNNBLOB_ET_LIB_DIR) + "/libexecutorch_backend_xnnpack.so";
+  if (backend == "xnnblob") {
+    // Beside the runner in a cargo build; in lib/ beside bin/ in an install (install.sh, the
+    // wheel).
+    std::string beside = self_dir() + "/libxnnblob_executorch.so";
+    if (access(beside.c_str(), F_OK) == 0) return beside;
+    return self_dir() + "/../lib/libxnnblob_executorch.so";
+  }
+  if (backend == "executorch") return executorch_lib_dir() + "/libexecutorch_backend_xnnpack.so";
   return backend;
 }
 

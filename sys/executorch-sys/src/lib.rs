@@ -2,6 +2,9 @@
 //! docs) and records the paths here, for build scripts (`DEP_EXECUTORCH_ROOT`, `_INCLUDE`, `_LIB`)
 //! and for programs and tests that load its libraries at run time.
 
+/// The ExecuTorch release everything here is built against (`executorch==VERSION`).
+pub const VERSION: &str = env!("XNNBLOB_EXECUTORCH_VERSION");
+
 /// The package root: `include/` and `lib/` below it.
 pub const ROOT: &str = env!("XNNBLOB_EXECUTORCH_ROOT");
 
