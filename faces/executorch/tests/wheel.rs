@@ -451,18 +451,25 @@ fn the_wheel_installs_beside_executorchs_and_serves_the_app_and_the_cli_without_
         _ => xnnblob_test_support::cannot_run("pkg-config is not installed: its files unchecked"),
     }
 
-    // Another ExecuTorch: its package says 1.5.0. The drop-in refuses it, naming both.
+    refuses_another_executorch(site, scratch, || user(&app));
+}
+
+/// Another ExecuTorch: with the `executorch` package in `site` saying 1.5.0, the app `launch`
+/// starts fails to load its program, and the drop-in's refusal names both versions. The package
+/// is put back as it was.
+fn refuses_another_executorch(site: &Path, scratch: &Path, launch: impl Fn() -> Command) {
+    let data = repository().join("tests/data/executorch");
     let version_py = site.join("executorch/version.py");
     let original = std::fs::read_to_string(&version_py).unwrap();
     std::fs::write(&version_py, "__version__ = \"1.5.0+cpu\"\n").unwrap();
     let refused = bounded::output(
-        user(&app)
+        launch()
             .arg(data.join(format!("{PROGRAM}.pte")))
             .arg(data.join(format!("{PROGRAM}.ptd")))
             .arg(data.join("mlp_qd8.input.f32"))
             .arg(scratch.join("refused.f32"))
             .arg(scratch.join("refused.cache")),
-        Duration::from_secs(120),
+        Duration::from_secs(300),
         "the app with ExecuTorch 1.5.0",
     );
     std::fs::write(&version_py, original).unwrap();
@@ -474,6 +481,10 @@ fn the_wheel_installs_beside_executorchs_and_serves_the_app_and_the_cli_without_
             executorch_sys::VERSION
         )),
         "{stderr}"
+    );
+    assert!(
+        !scratch.join("refused.f32").exists(),
+        "the refused app wrote an output"
     );
 }
 
@@ -630,4 +641,5 @@ fn the_aarch64_wheel_installs_for_aarch64_and_its_programs_run_under_qemu() {
     assert!(header.contains("AArch64"), "{header}");
     assert!(header.contains("libxnnblob_executorch.so"), "{header}");
     cold_and_warm(scratch, || qemu(&app));
+    refuses_another_executorch(&site, scratch, || qemu(&app));
 }
