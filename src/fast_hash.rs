@@ -1,6 +1,10 @@
-//! The hash maps a warm launch fills (keys, pointers, content ids) use foldhash: several times
-//! cheaper than SipHash on short keys, and seeded per process, so keys crafted against one build
-//! cannot be replayed to degrade every launch.
+//! The hash maps a warm launch fills (keys, pointers, content ids, a delegate's value ids) use
+//! foldhash: several times cheaper than SipHash on short keys, and seeded per process, so keys
+//! crafted against one build cannot be replayed to degrade every launch.
 
 /// A `HashMap` with foldhash's fast, per-process-seeded hasher.
 pub type FastMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
+
+/// A `HashSet` with the same hasher as [`FastMap`] (the delegate's sets of value ids).
+#[cfg(feature = "xnnpack")]
+pub type FastSet<K> = std::collections::HashSet<K, foldhash::fast::RandomState>;

@@ -81,6 +81,10 @@ impl NamedDataMap for LinkedDataMap {
         self.bytes(key).map(|_| None)
     }
 
+    fn lists(&self, key: &str) -> bool {
+        self.id(key).is_some()
+    }
+
     fn num_keys(&self) -> usize {
         self.by_id.len()
     }

@@ -13,10 +13,10 @@ use super::prepack::Prepacked;
 use super::values::define_values;
 use crate::backend::{ModelContext, Weights};
 use crate::cache::{BlobId, OwnedRegistration};
+use crate::fast_hash::{FastMap, FastSet};
 use crate::named_data::{DataBuffer, NamedDataMap};
 use crate::schema::xnn as fb;
 use crate::xnn::{Runtime, Subgraph};
-use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 self_cell::self_cell!(
@@ -70,9 +70,9 @@ fn check_nodes(graph: &fb::XNNGraph<'_>) -> Result<(), DelegateError> {
             graph.num_externs()
         )));
     }
-    let mut reads: HashMap<u32, usize> = HashMap::new();
+    let mut reads: FastMap<u32, usize> = FastMap::default();
     // Each written value: its node, and how many values that node writes.
-    let mut writer: HashMap<u32, (usize, usize)> = HashMap::new();
+    let mut writer: FastMap<u32, (usize, usize)> = FastMap::default();
     for (n, node) in graph.xnodes().iter().flatten().enumerate() {
         let kind = node.xnode_union_type();
         let io = super::operators::find(kind).and(super::operators::node_io(&node));
@@ -97,7 +97,7 @@ fn check_nodes(graph: &fb::XNNGraph<'_>) -> Result<(), DelegateError> {
     }
     // XNNPACK drops a node whose output nothing reads, but not what fed it, and then aborts the
     // process in its fusion pass: such a graph (no exporter writes one) is refused here.
-    let outputs: HashSet<u32> = graph
+    let outputs: FastSet<u32> = graph
         .xvalues()
         .iter()
         .flatten()
@@ -181,11 +181,11 @@ pub(crate) fn compile(
         let converted = if fp16_as_fp32 {
             super::fallback::fp16_constants(&p.graph)?
         } else {
-            HashMap::new()
+            FastMap::default()
         };
         let mut deferrable = match deferral {
             Some(_) => deferrable_constants(&p.graph)?,
-            None => HashMap::new(),
+            None => FastMap::default(),
         };
         let mut check = match &k.cache {
             Weights::Packed(cache) => Some(KeyCheck::new(map, cache, model.threads())),

@@ -7,11 +7,11 @@ use super::graph::{constant_index, datatype, dims_of, tensor_of};
 use crate::backend::ModelContext;
 use crate::cache::BlobId;
 use crate::deferred::{DeferredData, Fill};
+use crate::fast_hash::{FastMap, FastSet};
 use crate::named_data::{DataBuffer, NamedDataMap};
 use crate::schema::xnn as fb;
 use crate::shared_data::SharedData;
 use crate::tensor::XNN_EXTRA_BYTES;
-use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use zerocopy::{FromBytes, Immutable};
 
@@ -20,7 +20,7 @@ pub(super) struct Loaded {
     /// By constant_data index (0 is "no constant").
     pub(super) constants: Vec<Option<Constant>>,
     /// Scales by value index: where they sit in a constant, or a typed copy.
-    pub(super) scales: HashMap<usize, Scales>,
+    pub(super) scales: FastMap<usize, Scales>,
     /// Placeholders some operator reads as they are: read in before runtime creation and held
     /// readable for as long as the runtime lives.
     pub(super) pinned: parking_lot::Mutex<Vec<Arc<DeferredData>>>,
@@ -28,7 +28,7 @@ pub(super) struct Loaded {
     pub(super) fp16_as_fp32: bool,
     /// Values given an address of their own instead of their constant's, by value index (see
     /// [`super::identity::register_constants`]); set once, when they are registered.
-    pub(super) private: std::sync::OnceLock<HashMap<usize, Private>>,
+    pub(super) private: std::sync::OnceLock<FastMap<usize, Private>>,
 }
 
 /// A constant value's address in the graph: its own placeholder where it could not share its
@@ -276,9 +276,9 @@ impl Loaded {
 /// pack them, and not the scales of a quantized value.
 pub(super) fn deferrable_constants(
     graph: &fb::XNNGraph<'_>,
-) -> Result<HashMap<usize, usize>, DelegateError> {
+) -> Result<FastMap<usize, usize>, DelegateError> {
     let packed = super::operators::packed_operands(graph);
-    let mut deferrable = HashMap::new();
+    let mut deferrable = FastMap::default();
     let mut scales = Vec::new();
     let mut blockwise_scales = Vec::new();
     let content_named = |index: usize| {
@@ -345,9 +345,9 @@ pub(super) fn deferrable_constants(
 
 /// The constants (by constant_data index) behind an operand XNNPACK packs into the weights
 /// cache: a warm launch finds their packing and never reads them.
-pub(super) fn packed_constants(graph: &fb::XNNGraph<'_>) -> Result<HashSet<usize>, DelegateError> {
+pub(super) fn packed_constants(graph: &fb::XNNGraph<'_>) -> Result<FastSet<usize>, DelegateError> {
     let packed = super::operators::packed_operands(graph);
-    let mut out = HashSet::new();
+    let mut out = FastSet::default();
     for (i, v) in graph.xvalues().iter().flatten().enumerate() {
         let (t, _) = tensor_of(v, i)?;
         if packed.contains(&t.id_out()) {
@@ -359,18 +359,12 @@ pub(super) fn packed_constants(graph: &fb::XNNGraph<'_>) -> Result<HashSet<usize
 
 /// The keys `map` lists (from its index: nothing is read), gathered once per delegate: a
 /// program with a thousand weights asks a thousand times.
-pub(super) fn listed_keys(map: &dyn NamedDataMap) -> HashSet<&str> {
-    (0..map.num_keys())
-        .filter_map(|i| map.key_at(i).ok())
-        .collect()
-}
-
 /// How constants are given to XNNPACK other than as their bytes, by constant_data index.
 pub(super) struct Treatment<'a> {
     /// Left unread, behind placeholders (with the byte length the graph gives them).
-    pub(super) deferrable: &'a HashMap<usize, usize>,
+    pub(super) deferrable: &'a FastMap<usize, usize>,
     /// Converted: a converted copy, or a placeholder of the converted size.
-    pub(super) converted: &'a HashMap<usize, Conversion>,
+    pub(super) converted: &'a FastMap<usize, Conversion>,
 }
 
 /// Loads every constant the graph refers to, through the shared data cache, treated as
@@ -391,17 +385,12 @@ pub(super) fn load_constants(
     let shared = model.backend().shared_data();
     let packed = packed_constants(graph)?;
     let mut out: Vec<Option<Constant>> = vec![None];
-    let listed = if deferrable.is_empty() {
-        Default::default()
-    } else {
-        listed_keys(map)
-    };
     for (i, c) in graph.constant_data().iter().flatten().enumerate().skip(1) {
         let key = c.named_key().unwrap_or("");
         // Left unread only when the map lists the key (from its index: nothing is read) and,
         // where the index tells sizes, at the right size; a size it cannot tell is checked when
         // the bytes are read in. A key it does not list is loaded as usual (or found missing).
-        let deferred_len = deferrable.get(&i).filter(|_| listed.contains(key));
+        let deferred_len = deferrable.get(&i).filter(|_| map.lists(key));
         if let Some(&len) = deferred_len {
             if let Ok(size) = map.data_size(key) {
                 if size != len {
@@ -525,7 +514,7 @@ pub(super) fn u16s(bytes: &[u8]) -> Vec<u16> {
 pub(super) fn load_scales(
     graph: &fb::XNNGraph<'_>,
     constants: &[Option<Constant>],
-) -> Result<HashMap<usize, Scales>, DelegateError> {
+) -> Result<FastMap<usize, Scales>, DelegateError> {
     let from_constant = |index: u32, value: usize| -> Result<&[u8], DelegateError> {
         constants
             .get(index as usize)
@@ -536,7 +525,7 @@ pub(super) fn load_scales(
                 DelegateError::BadGraph(format!("value {value}: scale constant {index} missing"))
             })
     };
-    let mut scales = HashMap::new();
+    let mut scales = FastMap::default();
     for (i, v) in graph.xvalues().iter().flatten().enumerate() {
         let Some(q) = v.xvalue_union_as_xnnquantized_tensor_value() else {
             continue;
@@ -599,7 +588,7 @@ pub(super) fn deferred_constant<'k>(
 pub(super) fn pin_read_as_is(
     graph: &fb::XNNGraph<'_>,
     loaded: &Loaded,
-    read_as_is: &std::collections::HashSet<u32>,
+    read_as_is: &FastSet<u32>,
     deferral: Option<&Arc<dyn NamedDataMap>>,
 ) -> Result<(), DelegateError> {
     for (i, v) in graph.xvalues().iter().flatten().enumerate() {

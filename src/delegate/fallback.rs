@@ -28,9 +28,9 @@
 use super::constants::Conversion;
 use super::error::{at, DelegateError};
 use super::graph::{constant_index, datatype, tensor_of};
+use crate::fast_hash::FastMap;
 use crate::schema::xnn as fb;
 use crate::xnn::{Datatype, Subgraph};
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// Delegates of this process whose fp16 values are computed as fp32.
@@ -67,8 +67,8 @@ pub(super) fn computes_fp16_as_fp32(graph: &fb::XNNGraph<'_>) -> Result<bool, De
 /// them through.
 pub(super) fn fp16_constants(
     graph: &fb::XNNGraph<'_>,
-) -> Result<HashMap<usize, Conversion>, DelegateError> {
-    let mut out = HashMap::new();
+) -> Result<FastMap<usize, Conversion>, DelegateError> {
+    let mut out = FastMap::default();
     for (i, v) in graph.xvalues().iter().flatten().enumerate() {
         let (t, _) = tensor_of(v, i)?;
         let index = constant_index(&t);

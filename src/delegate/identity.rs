@@ -8,10 +8,10 @@ use super::graph::{constant_index, named_key, tensor_of};
 use super::operators::NO_VALUE;
 use crate::cache::{BlobId, Description, OwnedRegistration, PackedWeightsCache};
 use crate::deferred::{DeferredData, Fill};
+use crate::fast_hash::FastMap;
 use crate::mmap::FileIdentity;
 use crate::named_data::{DataBuffer, NamedDataMap};
 use crate::schema::xnn as fb;
-use std::collections::HashMap;
 use std::sync::Arc;
 
 /// A named key, the identity it claims, and the bytes it names.
@@ -30,9 +30,9 @@ pub(super) struct KeyCheck<'a> {
     /// Threads the hashing may use.
     threads: usize,
     /// Files seen in this init, and whether they still need a check.
-    files: HashMap<FileIdentity, bool>,
+    files: FastMap<FileIdentity, bool>,
     /// Keys whose bytes did not match, with their bytes' hash.
-    mismatched: HashMap<String, BlobId>,
+    mismatched: FastMap<String, BlobId>,
 }
 
 impl<'a> KeyCheck<'a> {
@@ -45,8 +45,8 @@ impl<'a> KeyCheck<'a> {
             map,
             cache,
             threads: threads.max(1),
-            files: HashMap::new(),
-            mismatched: HashMap::new(),
+            files: FastMap::default(),
+            mismatched: FastMap::default(),
         }
     }
 
@@ -313,13 +313,13 @@ pub(super) fn register_constants(
     cache: &Arc<PackedWeightsCache>,
     deferral: Option<&Arc<dyn NamedDataMap>>,
     check: &mut KeyCheck<'_>,
-) -> Result<(Vec<OwnedRegistration>, HashMap<usize, Private>), DelegateError> {
+) -> Result<(Vec<OwnedRegistration>, FastMap<usize, Private>), DelegateError> {
     let values: Vec<fb::XValue<'_>> = graph.xvalues().iter().flatten().collect();
     // Each value's description (and an activation's, without its shape, for the contexts of
     // the nodes that read or write it), and each constant value's content.
-    let mut described = HashMap::new();
-    let mut activations = HashMap::new();
-    let mut contents = HashMap::new();
+    let mut described = FastMap::default();
+    let mut activations = FastMap::default();
+    let mut contents = FastMap::default();
     for (i, v) in values.iter().enumerate() {
         let (t, _) = tensor_of(*v, i)?;
         described.insert(t.id_out(), describe(graph, i, *v, keep, check, true)?);
@@ -344,7 +344,7 @@ pub(super) fn register_constants(
         }
     };
     // Each packed operand's context; None where two nodes pack it differently.
-    let mut contexts: HashMap<u32, Option<Description>> = HashMap::new();
+    let mut contexts: FastMap<u32, Option<Description>> = FastMap::default();
     for r in readers(graph, operand) {
         contexts
             .entry(r.filter)
@@ -356,7 +356,7 @@ pub(super) fn register_constants(
             .or_insert(Some(r.context));
     }
     let mut registrations = Vec::new();
-    let mut private = HashMap::new();
+    let mut private = FastMap::default();
     for (i, v) in values.iter().enumerate() {
         let (t, _) = tensor_of(*v, i)?;
         let index = constant_index(&t);

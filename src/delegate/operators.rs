@@ -6,13 +6,13 @@
 //! definition).
 
 use super::error::{at, DelegateError};
+use crate::fast_hash::{FastMap, FastSet};
 use crate::schema::xnn as fb;
 use crate::xnn::{
     BinaryOp, Convolution2dParams, Deconvolution2dParams, DepthwiseConvolution2dParams,
     FullyConnectedFlags, Padding2d, Pooling2dParams, Subgraph, UnaryOp,
 };
 use std::cell::RefCell;
-use std::collections::{HashMap, HashSet};
 
 pub(super) const NO_VALUE: u32 = u32::MAX;
 
@@ -45,9 +45,9 @@ type Define =
 struct Node<'a> {
     index: usize,
     name: &'static str,
-    ids: &'a HashMap<u32, u32>,
+    ids: &'a FastMap<u32, u32>,
     /// Payload ids whose data XNNPACK may read as they are (not only to pack them).
-    read_as_is: &'a RefCell<HashSet<u32>>,
+    read_as_is: &'a RefCell<FastSet<u32>>,
 }
 
 impl Node<'_> {
@@ -657,7 +657,7 @@ pub fn is_supported(node: &str) -> bool {
 /// and convolution nodes. Biases are left out: for dynamically quantized inputs XNNPACK packs
 /// the bias without it being part of the look-up key. Whether another node also reads one as it
 /// is, [`define_nodes`] tells.
-pub(crate) fn packed_operands(graph: &fb::XNNGraph<'_>) -> HashSet<u32> {
+pub(crate) fn packed_operands(graph: &fb::XNNGraph<'_>) -> FastSet<u32> {
     graph
         .xnodes()
         .iter()
@@ -671,9 +671,9 @@ pub(crate) fn packed_operands(graph: &fb::XNNGraph<'_>) -> HashSet<u32> {
 pub(crate) fn define_nodes(
     g: &mut Subgraph<'_>,
     graph: &fb::XNNGraph<'_>,
-    ids: &HashMap<u32, u32>,
-) -> Result<HashSet<u32>, DelegateError> {
-    let mut read_as_is = HashSet::new();
+    ids: &FastMap<u32, u32>,
+) -> Result<FastSet<u32>, DelegateError> {
+    let mut read_as_is = FastSet::default();
     for (index, node) in graph.xnodes().iter().flatten().enumerate() {
         read_as_is.extend(define_node(g, index, &node, ids)?);
     }
@@ -686,8 +686,8 @@ pub(crate) fn define_node(
     g: &mut Subgraph<'_>,
     index: usize,
     node: &fb::XNode<'_>,
-    ids: &HashMap<u32, u32>,
-) -> Result<HashSet<u32>, DelegateError> {
+    ids: &FastMap<u32, u32>,
+) -> Result<FastSet<u32>, DelegateError> {
     let kind = node.xnode_union_type();
     let op = find(kind).ok_or_else(|| DelegateError::UnsupportedNode {
         index,
@@ -695,7 +695,7 @@ pub(crate) fn define_node(
             .variant_name()
             .map_or_else(|| format!("node type {}", kind.0), str::to_string),
     })?;
-    let read_as_is = RefCell::new(HashSet::new());
+    let read_as_is = RefCell::new(FastSet::default());
     let cx = Node {
         index,
         name: op.node,

@@ -22,11 +22,11 @@ use super::graph::{dims_of, tensor_of};
 use super::operators::{define_node, packing_operands};
 use super::values::{define_value, role_of};
 use crate::cache::{OwnedRegistration, PackedWeightsCache};
+use crate::fast_hash::FastMap;
 use crate::named_data::{DataBuffer, NamedDataMap};
 use crate::schema::xnn as fb;
 use crate::tensor::XNN_EXTRA_BYTES;
 use crate::xnn::{Datatype, Runtime, RuntimeOptions, Subgraph, ValueRole};
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
@@ -64,7 +64,7 @@ pub(super) fn prepack(
     threads: usize,
 ) -> Result<Prepacked, DelegateError> {
     let values: Vec<fb::XValue<'_>> = graph.xvalues().iter().flatten().collect();
-    let mut by_id = HashMap::with_capacity(values.len());
+    let mut by_id = FastMap::with_capacity_and_hasher(values.len(), Default::default());
     for (i, v) in values.iter().enumerate() {
         by_id.insert(tensor_of(*v, i)?.0.id_out(), i);
     }
@@ -171,7 +171,7 @@ fn source_bytes(
 /// external 1, filter and bias as the real graph defines them (or as their source's bytes).
 fn pack_one(
     values: &[fb::XValue<'_>],
-    by_id: &HashMap<u32, usize>,
+    by_id: &FastMap<u32, usize>,
     job: &Job<'_>,
     loaded: &Loaded,
     cache: &Arc<PackedWeightsCache>,
@@ -194,7 +194,7 @@ fn pack_one(
         })
         .collect::<Result<Vec<_>, DelegateError>>()?;
     let mut g = Subgraph::new(2).map_err(at(|| "subgraph".into()))?;
-    let mut ids = HashMap::new();
+    let mut ids = FastMap::default();
 
     let i = value(job.input)?;
     let (t, q) = tensor_of(values[i], i)?;

@@ -6,9 +6,9 @@ use super::fallback::{internal_datatype, Twins};
 use super::graph::{
     constant_index, datatype, dims_of, tensor_of, XNN_FLAG_EXTERNAL_INPUT, XNN_FLAG_EXTERNAL_OUTPUT,
 };
+use crate::fast_hash::FastMap;
 use crate::schema::xnn as fb;
 use crate::xnn::{BlockwiseQuantization, ChannelwiseQuantization, Datatype, Subgraph, ValueRole};
-use std::collections::HashMap;
 
 /// Defines every value of the graph; returns the payload id -> subgraph id map (the nodes'
 /// view), and the conversions to define around the nodes when fp16 is computed as fp32: there an
@@ -17,8 +17,8 @@ pub(super) fn define_values<'k>(
     g: &mut Subgraph<'k>,
     graph: &fb::XNNGraph<'_>,
     keep: &'k Loaded,
-) -> Result<(HashMap<u32, u32>, Twins), DelegateError> {
-    let mut ids = HashMap::new();
+) -> Result<(FastMap<u32, u32>, Twins), DelegateError> {
+    let mut ids = FastMap::default();
     let mut twins = Twins::default();
     for (i, v) in graph.xvalues().iter().flatten().enumerate() {
         let (t, q) = tensor_of(v, i)?;

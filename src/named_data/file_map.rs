@@ -181,6 +181,10 @@ impl NamedDataMap for FileDataMap {
         self.index.entries().len()
     }
 
+    fn lists(&self, key: &str) -> bool {
+        self.index.get(key).is_some()
+    }
+
     fn key_at(&self, index: usize) -> Result<&str, NamedDataError> {
         self.index
             .entries()

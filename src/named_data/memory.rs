@@ -93,6 +93,10 @@ impl NamedDataMap for InMemoryMap {
         Ok(self.entry(key)?.layout.clone())
     }
 
+    fn lists(&self, key: &str) -> bool {
+        self.by_key.contains_key(key)
+    }
+
     fn num_keys(&self) -> usize {
         self.entries.len()
     }

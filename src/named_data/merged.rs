@@ -77,6 +77,10 @@ impl NamedDataMap for MergedMap {
         self.map_of(key)?.load_data_into(key, buffer)
     }
 
+    fn lists(&self, key: &str) -> bool {
+        self.by_key.contains_key(key)
+    }
+
     fn num_keys(&self) -> usize {
         self.order.len()
     }

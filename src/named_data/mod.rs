@@ -64,6 +64,13 @@ pub trait NamedDataMap: Send + Sync {
     /// The key at `index` (0..num_keys), in the map's own order.
     fn key_at(&self, index: usize) -> Result<&str, NamedDataError>;
 
+    /// Whether the map lists `key`, from its index alone: nothing is read. A delegate asks this
+    /// of each constant it leaves unread, at every launch, so a map with an index by key answers
+    /// from it; this default walks the keys.
+    fn lists(&self, key: &str) -> bool {
+        (0..self.num_keys()).any(|i| self.key_at(i).is_ok_and(|k| k == key))
+    }
+
     /// What the map reads from (a path, or a name), for error messages.
     fn name(&self) -> &str;
 

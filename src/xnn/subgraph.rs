@@ -9,7 +9,7 @@
 
 use super::datatype::Datatype;
 use super::error::{check, Status, XnnError};
-use std::collections::HashMap;
+use crate::fast_hash::FastMap;
 use std::marker::PhantomData;
 use std::ptr::NonNull;
 use xnnpack_sys as sys;
@@ -351,7 +351,7 @@ pub struct Subgraph<'data> {
     raw: NonNull<sys::xnn_subgraph>,
     pub(super) inputs: Vec<ExternalDecl>,
     pub(super) outputs: Vec<ExternalDecl>,
-    values: HashMap<u32, ValueInfo>,
+    values: FastMap<u32, ValueInfo>,
     _data: PhantomData<&'data [u8]>,
 }
 
@@ -375,7 +375,7 @@ impl<'data> Subgraph<'data> {
             raw,
             inputs: Vec::new(),
             outputs: Vec::new(),
-            values: HashMap::new(),
+            values: FastMap::default(),
             _data: PhantomData,
         })
     }

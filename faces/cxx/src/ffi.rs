@@ -669,6 +669,10 @@ impl xnnblob::named_data::NamedDataMap for CppMap {
             })
     }
 
+    fn lists(&self, key: &str) -> bool {
+        self.by_key.contains_key(key)
+    }
+
     fn num_keys(&self) -> usize {
         self.keys.len()
     }

@@ -199,6 +199,10 @@ impl NamedDataMap for EtMap {
         })
     }
 
+    fn lists(&self, key: &str) -> bool {
+        self.keys.listed.contains(key)
+    }
+
     fn num_keys(&self) -> usize {
         self.keys.in_order.len()
     }
