@@ -37,9 +37,11 @@ fn u(v: &Value) -> u64 {
 /// Checks a map's entries against a manifest's named_data list.
 fn check_entries(map: &FileDataMap, named: &[Value], what: &str) {
     assert_eq!(map.num_keys(), named.len(), "{what}: key count");
+    assert!(!map.lists("not a key of any fixture"), "{what}");
     for (i, expected) in named.iter().enumerate() {
         let key = expected["key"].as_str().unwrap();
         assert_eq!(map.key_at(i).unwrap(), key, "{what}: key order");
+        assert!(map.lists(key), "{what}: {key} not listed");
         let data = map.get_data(key).unwrap();
         assert_eq!(
             data.len() as u64,
@@ -184,4 +186,52 @@ fn xnnpack_keys_are_the_sha256_of_their_bytes() {
             }
         }
     }
+}
+
+/// A map in memory, a merge of maps and a map that answers by walking its keys (the trait's own
+/// `lists`) agree on which keys they list.
+#[test]
+fn every_map_lists_exactly_its_keys() {
+    use std::sync::Arc;
+    use xnnblob::named_data::{DataBuffer, InMemoryMap, MergedMap, NamedDataError, TensorLayout};
+
+    /// Only the required methods: `lists` is the trait's walk over `key_at`.
+    struct Walked(InMemoryMap);
+    impl NamedDataMap for Walked {
+        fn get_data(&self, key: &str) -> Result<DataBuffer, NamedDataError> {
+            self.0.get_data(key)
+        }
+        fn data_size(&self, key: &str) -> Result<usize, NamedDataError> {
+            self.0.data_size(key)
+        }
+        fn get_tensor_layout(&self, key: &str) -> Result<Option<TensorLayout>, NamedDataError> {
+            self.0.get_tensor_layout(key)
+        }
+        fn num_keys(&self) -> usize {
+            self.0.num_keys()
+        }
+        fn key_at(&self, index: usize) -> Result<&str, NamedDataError> {
+            self.0.key_at(index)
+        }
+        fn name(&self) -> &str {
+            self.0.name()
+        }
+    }
+
+    let mut first = InMemoryMap::new("first");
+    first.insert("a", &[1, 2, 3], 16, None).unwrap();
+    first.insert("b", &[4], 16, None).unwrap();
+    let mut second = InMemoryMap::new("second");
+    second.insert("c", &[5, 6], 16, None).unwrap();
+    assert!(first.lists("a") && first.lists("b") && !first.lists("c") && !first.lists(""));
+    let merged = MergedMap::new(vec![Arc::new(first), Arc::new(second)]).unwrap();
+    for key in ["a", "b", "c"] {
+        assert!(merged.lists(key), "{key}");
+    }
+    assert!(!merged.lists("d") && !merged.lists("a\0"));
+
+    let mut inner = InMemoryMap::new("walked");
+    inner.insert("only", &[7], 16, None).unwrap();
+    let walked = Walked(inner);
+    assert!(walked.lists("only") && !walked.lists("onl") && !walked.lists("only "));
 }
