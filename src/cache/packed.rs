@@ -257,6 +257,36 @@ struct Saver {
 /// does not wait for the pause.
 const PACKING_PAUSE: std::time::Duration = std::time::Duration::from_millis(100);
 
+/// How long the process's runtimes must have stopped executing before a background save or
+/// check starts: it competes with inference for cores, memory bandwidth and the disk (a save
+/// syncs every packed byte to disk; the kernel's writeback is on this thread's account, and a
+/// check reads them all), so a launch that packs would otherwise run its first tokens slower
+/// than a warm one. An LLM's tokens follow one another with no gap near this long; a pause
+/// this long is the app waiting for its user.
+const INFERENCE_PAUSE: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// How long a background save or check waits for inference to pause, at most: an app that
+/// never pauses (a camera's frames) still gets its file, and one killed soon after its first
+/// minute keeps what it packed. [`PackedWeightsCache::wait_saved`] (and exit) does not wait.
+const LONGEST_WAIT_FOR_INFERENCE: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// How often a waiting save looks at inference again (on an idle-priority thread).
+const INFERENCE_POLL: std::time::Duration = std::time::Duration::from_millis(10);
+
+/// On a saving or checking thread: waits until the process's runtimes have paused for
+/// [`INFERENCE_PAUSE`], or [`LONGEST_WAIT_FOR_INFERENCE`] has passed, or someone waits for the
+/// thread.
+fn wait_for_inference_to_pause(queue: &Mutex<SaveQueue>, hurry: &parking_lot::Condvar) {
+    let since = std::time::Instant::now();
+    let mut q = queue.lock();
+    while !q.hurried
+        && crate::xnn::activity::quiet_for() < INFERENCE_PAUSE
+        && since.elapsed() < LONGEST_WAIT_FOR_INFERENCE
+    {
+        hurry.wait_for(&mut q, INFERENCE_POLL);
+    }
+}
+
 #[derive(Default)]
 struct SaveQueue {
     /// A saving thread is running.
@@ -922,6 +952,7 @@ impl PackedWeightsCache {
                         break;
                     }
                 }
+                wait_for_inference_to_pause(&queue, &hurry);
                 // A panic in a save ends this thread's saves as an error would, never leaving
                 // `running` set for a thread that is gone.
                 let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(&save))
@@ -992,8 +1023,10 @@ impl PackedWeightsCache {
         if let Some(finished) = saver.thread.take() {
             let _ = finished.join();
         }
+        let (queue, hurry) = (saver.queue.clone(), saver.hurry.clone());
         saver.thread = Some(std::thread::spawn(move || {
             yield_to_inference();
+            wait_for_inference_to_pause(&queue, &hurry);
             let mut damaged_count = layers::check(&core, layers);
             if let Some((record, map)) = own {
                 let before = checked::before_check(&path, &map);

@@ -1,6 +1,7 @@
 //! A small safe layer over XNNPACK: process-wide initialisation, owned subgraphs and runtimes,
 //! weights-cache providers, and `xnn_status` as a typed error.
 
+pub mod activity;
 mod capability;
 mod datatype;
 mod error;

@@ -252,6 +252,8 @@ impl<'a> Runtime<'a> {
         mut input: impl FnMut(usize) -> RawInput,
         mut output: impl FnMut(usize, &Shape) -> RawOutput,
     ) -> Result<(), XnnError> {
+        // Background work of the caches waits while this runs (see `activity.rs`).
+        let _inference = super::activity::Inference::begin();
         // A shared workspace is used by one runtime at a time, from reshape to the end of run.
         let workspace = self.workspace.clone();
         let _in_use = workspace.as_ref().map(|w| w.lock());

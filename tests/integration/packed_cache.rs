@@ -11,6 +11,7 @@ use xnnblob::cache::{
     format, verify_file, BlobId, CacheError, CacheOptions, LoadOutcome, PackedWeightsCache,
     Registration,
 };
+use xnnblob::xnn::activity::Inference;
 use xnnblob::xnn::Runtime;
 use xnnblob_test_support::synthetic::{Mlp, MLP_INPUT, MLP_OUTPUT};
 
@@ -161,6 +162,34 @@ fn runtimes_run_while_a_background_save_is_in_progress() {
     }
     cache.wait_saved().unwrap();
     assert_eq!(cache.saves(), 1);
+    assert!(path.exists());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_background_save_waits_for_inference_to_pause() {
+    let dir = scratch("inference-pause");
+    let path = dir.join("weights.xbc");
+    let mlp = model();
+    let cache = reopen(&path);
+    // An app generating: inference counts from before the load to the end of its last token.
+    let generating = Inference::begin();
+    assert_matches_reference(&mlp, &launch(&cache, &mlp));
+    // Long past the packing pause (100 ms) that would start a save with no inference.
+    for _ in 0..10 {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        assert_eq!(cache.saves(), 0, "no save while inference runs");
+    }
+    assert!(!path.exists());
+    drop(generating);
+    // Then it starts by itself (within the pause, or at worst the 10 s longest wait for other
+    // tests' runtimes in this process), with no one waiting for it.
+    let mut polls = 0;
+    while cache.saves() == 0 {
+        polls += 1;
+        assert!(polls < 600, "no save 30 s after inference paused");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
     assert!(path.exists());
     std::fs::remove_dir_all(&dir).unwrap();
 }
