@@ -423,8 +423,9 @@ pub struct Program {
     model: ModelContext,
     /// The shared mutable buffers of the methods from `method`.
     state: SharedState,
-    /// Delegate constants that look like shared buffers frozen at export, found at load.
-    frozen: Vec<FrozenBufferSuspect>,
+    /// Delegate constants that look like shared buffers frozen at export: looked for the first
+    /// time they are asked for.
+    frozen: std::sync::OnceLock<Vec<FrozenBufferSuspect>>,
 }
 
 /// The bytes `plan` (of method `method`) plans in the shared memory: 0 when it plans none.
@@ -934,18 +935,10 @@ impl Program {
             .collect();
         let mut maps: Vec<Arc<dyn NamedDataMap>> = vec![program.clone()];
         maps.extend(external);
-        let state = shared_state_of(&program)?;
-        // Only a program whose methods plan shared memory can have a buffer frozen from it. The
-        // check is advice: a payload it cannot read is the error of the method that runs it.
-        let frozen = if state.is_empty() {
-            Vec::new()
-        } else {
-            frozen_buffer_suspects(&program).unwrap_or_default()
-        };
         Ok(Program {
             source,
-            state,
-            frozen,
+            state: shared_state_of(&program)?,
+            frozen: std::sync::OnceLock::new(),
             pte: program,
             method_names,
             map: MergedMap::new(maps)?,
@@ -1036,13 +1029,25 @@ impl Program {
     }
 
     /// The delegate constants that look like shared mutable buffers ExecuTorch's partitioner
-    /// froze at export ([`FrozenBufferSuspect`], found by [`frozen_buffer_suspects`] when the
-    /// program was loaded): a method whose delegate holds one computes with the buffer's
-    /// export-time zeros, not with what the other methods write, and nothing else says so. A
-    /// face says each (its `Display` is the warning): `xnnblob run` on stderr, before it runs;
-    /// C++'s `Program::frozen_buffer_suspects` returns them. Empty for most programs.
+    /// froze at export ([`FrozenBufferSuspect`], found by [`frozen_buffer_suspects`]): a method
+    /// whose delegate holds one computes with the buffer's export-time zeros, not with what the
+    /// other methods write, and nothing else says so. A face says each (its `Display` is the
+    /// warning): `xnnblob run` on stderr right after the load; C++'s
+    /// `Program::frozen_buffer_suspects` returns them. Empty for most programs.
+    ///
+    /// Looked for at the first call, from the program's file, and kept: a load that is not asked
+    /// pays nothing (the check hashes as many zeros as a constant of a shared buffer's size
+    /// holds). Only a program whose methods plan shared memory is looked into. The check is
+    /// advice: a payload it cannot read gives none here, and is the error of the method made
+    /// from it.
     pub fn frozen_buffer_suspects(&self) -> &[FrozenBufferSuspect] {
-        &self.frozen
+        self.frozen.get_or_init(|| {
+            if self.state.is_empty() {
+                Vec::new()
+            } else {
+                frozen_buffer_suspects(&self.pte).unwrap_or_default()
+            }
+        })
     }
 
     /// The state the methods from [`method`](Self::method) share.

@@ -292,9 +292,9 @@ mod bridge {
         ) -> Result<Box<Program>>;
         /// The names of the program's methods.
         fn method_names(self: &Program) -> Vec<String>;
-        /// The shared mutable buffers that look frozen into a delegate at export, found when
-        /// the program was loaded; empty for most programs. Nothing is printed: the app says
-        /// each `warning` where its user will see it.
+        /// The shared mutable buffers that look frozen into a delegate at export (looked for
+        /// at the first call, from the program's file); empty for most programs. Nothing is
+        /// printed: the app says each `warning` where its user will see it.
         fn frozen_buffer_suspects(self: &Program) -> Vec<FrozenBufferSuspect>;
         /// The packed-weight cache the program's methods pack into; throws if it has none.
         fn weights_cache(self: &Program) -> Result<Box<WeightsCache>>;
