@@ -339,26 +339,10 @@ fn inspect(file: &Path, json: bool, sha: bool) -> Result<(), Box<dyn std::error:
     // warning on stderr, so the report itself stays as it was.
     if delegates.is_some() {
         for s in xnnblob::program::frozen_buffer_suspects(&map)? {
-            eprintln!("{}", frozen_buffer_warning(&s));
+            eprintln!("xnnblob: warning: {s}");
         }
     }
     Ok(())
-}
-
-/// What `xnnblob inspect` and `xnnblob run` say of a [`FrozenBufferSuspect`].
-fn frozen_buffer_warning(s: &xnnblob::program::FrozenBufferSuspect) -> String {
-    format!(
-        "xnnblob: warning: method {:?}, XNNPACK delegate {}: constant {} is {} bytes of zeros, the \
-         size of the shared mutable buffer {}: ExecuTorch's partitioner likely froze that buffer \
-         into this delegate at export, and this method will not see what the others write to it. \
-         Export with the method writing the buffer back where it reads it (docs/executorch.md, \
-         \"Methods that share state\")",
-        s.method,
-        s.delegate,
-        s.key,
-        s.bytes,
-        s.buffers.join(" or ")
-    )
 }
 
 /// (method, delegate index, summary) for each XNNPACK delegate of a program.
@@ -680,15 +664,6 @@ fn run_command(args: &RunArgs, calls: Calls) -> Result<(), Box<dyn std::error::E
     use std::time::Instant;
     use xnnblob::backend::{Backend, CacheNotice, PackedCache};
     let program_path = args.program.display().to_string();
-    // A shared buffer frozen into this method's delegate at export gives wrong outputs without
-    // any error: said first (a file that cannot be read is the load's to report).
-    if let Ok(map) = FileDataMap::open(&args.program) {
-        for s in xnnblob::program::frozen_buffer_suspects(&map).unwrap_or_default() {
-            if calls.runs(&s.method) {
-                eprintln!("{}", frozen_buffer_warning(&s));
-            }
-        }
-    }
     let (data, cache, out_dir) = (&args.data, args.cache.clone(), &args.output_dir);
     let t = Instant::now();
     let backend = Backend::new(xnnblob::backend::BackendOptions {
@@ -737,6 +712,13 @@ fn run_command(args: &RunArgs, calls: Calls) -> Result<(), Box<dyn std::error::E
         }
     };
     let program = xnnblob::program::Program::load(&backend, &args.program, data, cache.as_ref())?;
+    // A shared buffer frozen into a called method's delegate at export gives wrong outputs
+    // without any error: said before the methods are made (one may still be refused).
+    for s in program.frozen_buffer_suspects() {
+        if calls.runs(&s.method) {
+            eprintln!("xnnblob: warning: {s}");
+        }
+    }
     // Known only once the program's files have limited the cache (its load does that).
     if let Some(note) = program.weights_cache().and_then(|c| c.permissions_note()) {
         eprintln!("xnnblob: warning: {note}");

@@ -23,7 +23,7 @@ pub use crate::backend::Weights;
 pub use compile::InitTimings;
 pub use error::DelegateError;
 pub use fallback::fp16_as_fp32_delegates;
-pub use summary::{summarize, PayloadSummary};
+pub use summary::{constant_keys, summarize, PayloadSummary};
 
 use crate::backend::ModelContext;
 use crate::cache::PackedWeightsCache;

@@ -64,18 +64,26 @@ pub fn summarize(payload: &[u8]) -> Result<PayloadSummary, DelegateError> {
         }
         *datatypes.entry(name).or_default() += 1;
     }
-    let constant_keys = parsed
-        .graph
+    Ok(PayloadSummary {
+        nodes: nodes.into_iter().map(|(n, (c, ok))| (n, c, ok)).collect(),
+        datatypes: datatypes.into_iter().collect(),
+        constant_keys: keys_of(&parsed.graph),
+    })
+}
+
+/// The named keys of the constants a delegate payload reads from named data, in its order
+/// ([`PayloadSummary::constant_keys`] alone: the nodes and values are not walked).
+pub fn constant_keys(payload: &[u8]) -> Result<Vec<String>, DelegateError> {
+    Ok(keys_of(&parse(payload)?.graph))
+}
+
+fn keys_of(graph: &fb::XNNGraph<'_>) -> Vec<String> {
+    graph
         .constant_data()
         .iter()
         .flatten()
         .filter_map(|c| c.named_key())
         .filter(|k| !k.is_empty())
         .map(str::to_string)
-        .collect();
-    Ok(PayloadSummary {
-        nodes: nodes.into_iter().map(|(n, (c, ok))| (n, c, ok)).collect(),
-        datatypes: datatypes.into_iter().collect(),
-        constant_keys,
-    })
+        .collect()
 }

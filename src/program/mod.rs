@@ -318,6 +318,27 @@ pub struct FrozenBufferSuspect {
     pub buffers: Vec<String>,
 }
 
+/// The warning a face gives of the suspect, as one sentence naming the method, the constant,
+/// the buffer and the export recipe (`xnnblob inspect` and `xnnblob run` print it on stderr
+/// after `xnnblob: warning: `).
+impl fmt::Display for FrozenBufferSuspect {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "method {:?}, XNNPACK delegate {}: constant {} is {} bytes of zeros, the size of the \
+             shared mutable buffer {}: ExecuTorch's partitioner likely froze that buffer into \
+             this delegate at export, and this method will not see what the others write to it. \
+             Export with the method writing the buffer back where it reads it \
+             (docs/executorch.md, \"Methods that share state\")",
+            self.method,
+            self.delegate,
+            self.key,
+            self.bytes,
+            self.buffers.join(" or ")
+        )
+    }
+}
+
 /// The delegate constants of `pte` that look like frozen shared buffers (see
 /// [`FrozenBufferSuspect`]): read from the plans and the payloads' constant tables, with one
 /// sha256 of zeros per size of a constant in the program's named data that some shared buffer
@@ -363,12 +384,13 @@ pub fn frozen_buffer_suspects(pte: &FileDataMap) -> Result<Vec<FrozenBufferSuspe
     let mut suspects = Vec::new();
     for (method, payloads) in delegate_payloads(pte)? {
         for (delegate, payload) in payloads.iter().enumerate() {
-            let summary =
-                crate::delegate::summarize(payload).map_err(|error| ProgramError::Delegate {
+            let keys = crate::delegate::constant_keys(payload).map_err(|error| {
+                ProgramError::Delegate {
                     method: method.clone(),
                     error,
-                })?;
-            for key in summary.constant_keys {
+                }
+            })?;
+            for key in keys {
                 // Constants in the program's own named data (a `.ptd`'s are not seen here), of
                 // the size of a shared buffer.
                 let Some(bytes) = pte.data_size(&key).ok().filter(|n| buffers.contains_key(n))
@@ -401,6 +423,9 @@ pub struct Program {
     model: ModelContext,
     /// The shared mutable buffers of the methods from `method`.
     state: SharedState,
+    /// Delegate constants that look like shared buffers frozen at export: looked for the first
+    /// time they are asked for.
+    frozen: std::sync::OnceLock<Vec<FrozenBufferSuspect>>,
 }
 
 /// The bytes `plan` (of method `method`) plans in the shared memory: 0 when it plans none.
@@ -603,6 +628,11 @@ fn read_plan(pte: &FileDataMap, name: &str) -> Result<MethodPlan, ProgramError> 
         .collect();
     let delegates: Vec<fb::BackendDelegate<'_>> = plan.delegates().iter().flatten().collect();
     let chains: Vec<fb::Chain<'_>> = plan.chains().iter().flatten().collect();
+    let hint = if shared_memory_bytes(&plan, name)? > 0 {
+        NOT_DELEGATED_SHARED_HINT
+    } else {
+        NOT_DELEGATED_HINT
+    };
     if chains.len() > 1 {
         return Err(plan_error(
             name,
@@ -662,7 +692,7 @@ fn read_plan(pte: &FileDataMap, name: &str) -> Result<MethodPlan, ProgramError> 
                             Some((op, overload)) => format!("the operator {op}.{overload}"),
                             None => format!("operator #{}", k.op_index()),
                         },
-                        hint: NOT_DELEGATED_HINT,
+                        hint,
                     })
                 }
             }
@@ -673,7 +703,7 @@ fn read_plan(pte: &FileDataMap, name: &str) -> Result<MethodPlan, ProgramError> 
                 return Err(ProgramError::NotDelegated {
                     method: name.to_string(),
                     operator: format!("a delegate of backend {id:?}"),
-                    hint: NOT_DELEGATED_HINT,
+                    hint,
                 });
             }
             steps.push(Step::Delegate {
@@ -822,6 +852,15 @@ const NOT_DELEGATED_HINT: &str = "; xnnblob's executor runs XNNPACK delegates an
      else: run it inside ExecuTorch's runtime with xnnblob's backend (`xnnblob-et-run PROGRAM \
      --call METHOD:INPUTS ...`, or any app with libxnnblob_executorch)";
 
+/// Where a method that is not fully delegated runs instead, when it plans mutable buffers in
+/// the memory the methods share: the methods must share one `Module`'s arenas there.
+const NOT_DELEGATED_SHARED_HINT: &str = "; xnnblob's executor runs XNNPACK delegates, the \
+     write-back of mutable buffers (aten::copy_) and aten::expand_copy, nothing else: run it \
+     inside ExecuTorch's runtime with xnnblob's backend, its methods sharing their mutable \
+     buffers through one Module made with share_memory_arenas=true (`xnnblob-et-run PROGRAM \
+     --call METHOD:INPUTS --call ...` does that; docs/executorch.md, \"Methods that share \
+     state\")";
+
 /// The read and write bits a model file may give its packed weights.
 const READ_WRITE: u32 = 0o666;
 
@@ -899,6 +938,7 @@ impl Program {
         Ok(Program {
             source,
             state: shared_state_of(&program)?,
+            frozen: std::sync::OnceLock::new(),
             pte: program,
             method_names,
             map: MergedMap::new(maps)?,
@@ -986,6 +1026,28 @@ impl Program {
             delegates.push(d);
         }
         Ok(InitializedDelegates(delegates))
+    }
+
+    /// The delegate constants that look like shared mutable buffers ExecuTorch's partitioner
+    /// froze at export ([`FrozenBufferSuspect`], found by [`frozen_buffer_suspects`]): a method
+    /// whose delegate holds one computes with the buffer's export-time zeros, not with what the
+    /// other methods write, and nothing else says so. A face says each (its `Display` is the
+    /// warning): `xnnblob run` on stderr right after the load; C++'s
+    /// `Program::frozen_buffer_suspects` returns them. Empty for most programs.
+    ///
+    /// Looked for at the first call, from the program's file, and kept: a load that is not asked
+    /// pays nothing (the check hashes as many zeros as a constant of a shared buffer's size
+    /// holds). Only a program whose methods plan shared memory is looked into. The check is
+    /// advice: a payload it cannot read gives none here, and is the error of the method made
+    /// from it.
+    pub fn frozen_buffer_suspects(&self) -> &[FrozenBufferSuspect] {
+        self.frozen.get_or_init(|| {
+            if self.state.is_empty() {
+                Vec::new()
+            } else {
+                frozen_buffer_suspects(&self.pte).unwrap_or_default()
+            }
+        })
     }
 
     /// The state the methods from [`method`](Self::method) share.

@@ -245,3 +245,39 @@ fn shared_state_programs_with_other_operators_are_refused_with_where_they_run() 
         assert!(refused > 0, "{name}: some method needs a portable operator");
     }
 }
+
+/// A program loaded through `Program` keeps what its load found frozen: `frozen_matmul_operand`
+/// (exported without the recipe) has one constant in `step`'s delegate, zeros the size of the
+/// buffer `prefill` writes, and its warning names the method, the buffer and the recipe; the
+/// exports that keep their buffers shared, and a program with no shared buffer, have none.
+#[test]
+fn a_program_loaded_keeps_the_shared_buffers_frozen_into_its_delegates() {
+    let backend = Backend::with_defaults().unwrap();
+    let frozen = load(&backend, "frozen_matmul_operand", None);
+    let found = frozen.frozen_buffer_suspects();
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert_eq!(
+        (found[0].method.as_str(), found[0].delegate, found[0].bytes),
+        ("step", 0, 16 * 16 * 4)
+    );
+    assert_eq!(found[0].buffers, ["value 0 of prefill"]);
+    let said = found[0].to_string();
+    assert!(
+        said.starts_with("method \"step\", XNNPACK delegate 0: constant ")
+            && said.contains(&found[0].key)
+            && said.contains("shared mutable buffer value 0 of prefill")
+            && said.contains("Methods that share state"),
+        "{said}"
+    );
+    for name in [
+        "shared_prefill_step",
+        "shared_encoder_decoder",
+        "shared_prefill_decode",
+        "shared_matmul_operand",
+        "state_initial_value",
+        "state_initial_value_shared",
+    ] {
+        let program = load(&backend, name, None);
+        assert_eq!(program.frozen_buffer_suspects(), [], "{name}");
+    }
+}

@@ -612,27 +612,63 @@ fn the_same_bytes_in_two_shapes_or_beside_two_biases_run_right_without_a_cache_c
     }
 }
 
-/// Issue 43: `--call` runs a sequence of methods on one loaded program, sharing its mutable
-/// buffers, as NAME.calls.json describes it; every output is eager PyTorch's, cold and warm
-/// with a cache file. A program that needs ExecuTorch's portable operators is refused, saying
-/// where it runs.
-#[test]
-fn calls_of_methods_sharing_mutable_buffers_give_eagers_outputs() {
-    let tmp = scratch("run-calls");
+/// The directory of the exports, and the NAME.calls.json of export `name`.
+fn export_calls(name: &str) -> (std::path::PathBuf, serde_json::Value) {
     let dir = common::repo_root().join("tests/data/executorch/export");
+    let description =
+        serde_json::from_slice(&std::fs::read(dir.join(format!("{name}.calls.json"))).unwrap())
+            .unwrap();
+    (dir, description)
+}
+
+/// `xnnblob run` of export `name` with its data files and `rest`: whether it succeeded, its
+/// stdout and its stderr.
+fn run_export(name: &str, rest: &[String]) -> (bool, String, String) {
+    let (dir, description) = export_calls(name);
+    let mut args = vec![
+        "run".to_string(),
+        dir.join(format!("{name}.pte")).display().to_string(),
+    ];
+    for data in description["data"].as_array().unwrap() {
+        args.extend([
+            "--data".into(),
+            dir.join(data.as_str().unwrap()).display().to_string(),
+        ]);
+    }
+    args.extend(rest.iter().cloned());
+    let out = crate::xnnblob().args(&args).output().unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The worst difference of call `k`'s output 0 (in `out_dir`) from eager's and from ExecuTorch's
+/// stored outputs of `call`, each over the range of the stored one.
+fn call_differences(dir: &Path, out_dir: &Path, k: usize, call: &serde_json::Value) -> (f32, f32) {
+    let got = f32s(&out_dir.join(format!("step{k}.output0.f32")));
+    let stored = |which: &str| f32s(&dir.join(call[which][0]["file"].as_str().unwrap()));
+    (
+        common::close::relative_difference(&got, &stored("outputs_eager")),
+        common::close::relative_difference(&got, &stored("outputs_et")),
+    )
+}
+
+/// Issue 43: `--call` runs a sequence of methods on one loaded program, sharing its mutable
+/// buffers, as NAME.calls.json describes it; every output is eager PyTorch's and ExecuTorch's
+/// own (both stored by the export), cold and warm with a cache file (warm packs nothing), and
+/// nothing is said of a frozen buffer. A program that needs ExecuTorch's portable operators is
+/// refused, naming the operator and saying where it runs: the runner's `--call`, on a Module
+/// that shares its arenas.
+#[test]
+fn calls_of_methods_sharing_mutable_buffers_give_eagers_and_executorchs_outputs() {
+    let tmp = scratch("run-calls");
     for name in ["shared_prefill_step", "shared_encoder_decoder"] {
-        let description: serde_json::Value =
-            serde_json::from_slice(&std::fs::read(dir.join(format!("{name}.calls.json"))).unwrap())
-                .unwrap();
+        let (dir, description) = export_calls(name);
         let cache = tmp.join(format!("{name}.xbc"));
-        let mut args = vec![dir.join(format!("{name}.pte")).display().to_string()];
-        for data in description["data"].as_array().unwrap() {
-            args.extend([
-                "--data".into(),
-                dir.join(data.as_str().unwrap()).display().to_string(),
-            ]);
-        }
         let calls = description["calls"].as_array().unwrap();
+        let mut args = Vec::new();
         for call in calls {
             args.extend(["--call".into(), common::io_steps::call_arg(&dir, call)]);
         }
@@ -641,32 +677,162 @@ fn calls_of_methods_sharing_mutable_buffers_give_eagers_outputs() {
             let out_dir = tmp.join(format!("{name}-{launch}"));
             let mut a = args.clone();
             a.extend(["--output-dir".into(), out_dir.display().to_string()]);
-            let (ok, text) = run_strings(&a);
-            assert!(ok, "{name} {launch}: {text}");
-            assert!(text.contains(&format!("; {} calls", calls.len())), "{text}");
+            let (ok, stdout, stderr) = run_export(name, &a);
+            assert!(ok, "{name} {launch}: {stdout}{stderr}");
+            assert!(
+                stdout.contains(&format!("; {} calls", calls.len())),
+                "{stdout}"
+            );
+            assert!(!stderr.contains("froze"), "{name}: {stderr}");
             if launch == "warm" {
-                assert!(text.contains("(0 weights packed"), "{name} warm: {text}");
+                assert!(
+                    stdout.contains("(0 weights packed"),
+                    "{name} warm: {stdout}"
+                );
             }
             for (k, call) in calls.iter().enumerate() {
-                let got = f32s(&out_dir.join(format!("step{k}.output0.f32")));
-                let want = f32s(&dir.join(call["outputs_eager"][0]["file"].as_str().unwrap()));
-                let worst = common::close::relative_difference(&got, &want);
+                let (eager, et) = call_differences(&dir, &out_dir, k, call);
                 assert!(
-                    worst < 1e-5,
-                    "{name} {launch} call {k}: {worst:e} of eager's range"
+                    eager < 1e-5,
+                    "{name} {launch} call {k}: {eager:e} of eager's range"
+                );
+                assert!(
+                    et < 1e-5,
+                    "{name} {launch} call {k}: {et:e} of ExecuTorch's range"
                 );
             }
         }
     }
-    let pte = dir.join("shared_prefill_decode.pte");
-    let x = dir.join("shared_prefill_decode.c0.in0.bin");
-    let (ok, text) = run(&[
-        pte.to_str().unwrap(),
-        "--call",
-        &format!("prefill:{}", x.display()),
-    ]);
+    for name in ["shared_prefill_decode", "shared_matmul_operand"] {
+        let (dir, description) = export_calls(name);
+        let mut args = Vec::new();
+        for call in description["calls"].as_array().unwrap() {
+            args.extend(["--call".into(), common::io_steps::call_arg(&dir, call)]);
+        }
+        let (ok, stdout, stderr) = run_export(name, &args);
+        assert!(!ok, "{name}: {stdout}");
+        // The operator is named as the plan lists it (`aten::arange.start_out`,
+        // `dim_order_ops::_to_dim_order_copy.out`).
+        let operator = stderr
+            .split_once("is not fully delegated to XNNPACK: it runs the operator ")
+            .and_then(|(_, rest)| rest.split_once(';'))
+            .map(|(operator, _)| operator);
+        assert!(
+            operator.is_some_and(|o| o.contains("::") && !o.contains(' ')),
+            "{name}: {stderr}"
+        );
+        assert!(
+            stderr.contains("xnnblob-et-run PROGRAM --call")
+                && stderr.contains("share_memory_arenas=true"),
+            "{name}: {stderr}"
+        );
+    }
+}
+
+/// Issue 43: `--times N` repeats the `--call` before it, and `{step}` in its input paths becomes
+/// the iteration (0 to N-1): `prefill` once, then `step` three times, each on its own input
+/// (NAME.calls.json's, copied to y0.bin, y1.bin, y2.bin), gives eager PyTorch's and ExecuTorch's
+/// outputs call by call, numbered step0 to step3.
+#[test]
+fn times_repeats_a_call_reading_each_iterations_inputs_through_step() {
+    let tmp = scratch("run-times");
+    for name in ["shared_prefill_step", "shared_encoder_decoder"] {
+        let (dir, description) = export_calls(name);
+        let calls = description["calls"].as_array().unwrap();
+        let (first, repeated) = calls.split_first().unwrap();
+        let method = repeated[0]["method"].as_str().unwrap();
+        assert!(repeated.iter().all(|c| c["method"] == method), "{name}");
+        let inputs = tmp.join(name);
+        std::fs::create_dir_all(&inputs).unwrap();
+        for (i, call) in repeated.iter().enumerate() {
+            let file = dir.join(call["inputs"][0]["file"].as_str().unwrap());
+            std::fs::copy(file, inputs.join(format!("y{i}.bin"))).unwrap();
+        }
+        let out_dir = tmp.join(format!("{name}-out"));
+        let args = [
+            "--call".to_string(),
+            common::io_steps::call_arg(&dir, first),
+            "--call".into(),
+            format!("{method}:{}", inputs.join("y{step}.bin").display()),
+            "--times".into(),
+            repeated.len().to_string(),
+            "--output-dir".into(),
+            out_dir.display().to_string(),
+        ];
+        let (ok, stdout, stderr) = run_export(name, &args);
+        assert!(ok, "{name}: {stdout}{stderr}");
+        assert!(
+            stdout.contains(&format!("; {} calls", calls.len())),
+            "{stdout}"
+        );
+        for i in 0..repeated.len() {
+            let line = format!("call {}: method {method:?} iteration {i}:", i + 1);
+            assert!(stdout.contains(&line), "{name}: {line} in {stdout}");
+        }
+        for (k, call) in calls.iter().enumerate() {
+            let (eager, et) = call_differences(&dir, &out_dir, k, call);
+            assert!(eager < 1e-5, "{name} call {k}: {eager:e} of eager's range");
+            assert!(et < 1e-5, "{name} call {k}: {et:e} of ExecuTorch's range");
+        }
+        assert!(!out_dir
+            .join(format!("step{}.output0.f32", calls.len()))
+            .exists());
+    }
+}
+
+/// Issue 43: `xnnblob run` warns, on stderr, of a shared buffer that ExecuTorch's partitioner
+/// froze into the delegate of a method it calls (`frozen_matmul_operand`'s `step`), naming the
+/// method, the buffer and the recipe. Called alone, `step` runs and computes what ExecuTorch's
+/// runtime computed from it after `prefill` (zeros), not eager's outputs. Its `prefill` needs a
+/// portable operator: called with it, the warning still comes first, then the refusal; `prefill`
+/// alone, whose delegate holds nothing frozen, gets the refusal only.
+#[test]
+fn run_warns_of_a_shared_buffer_frozen_into_a_called_method() {
+    let tmp = scratch("run-frozen");
+    let name = "frozen_matmul_operand";
+    let (dir, description) = export_calls(name);
+    let calls = description["calls"].as_array().unwrap();
+    let warned = |stderr: &str| {
+        let warnings: Vec<&str> = stderr.lines().filter(|l| l.contains("warning")).collect();
+        assert_eq!(warnings.len(), 1, "{stderr}");
+        assert!(
+            warnings[0]
+                .starts_with("xnnblob: warning: method \"step\", XNNPACK delegate 0: constant ")
+                && warnings[0].contains("1024 bytes of zeros")
+                && warnings[0].contains("shared mutable buffer value 0 of prefill")
+                && warnings[0].contains("Methods that share state"),
+            "{stderr}"
+        );
+    };
+    let steps: Vec<&serde_json::Value> = calls.iter().filter(|c| c["method"] == "step").collect();
+    assert_eq!(steps.len(), 2);
+    let mut args = Vec::new();
+    for call in &steps {
+        args.extend(["--call".into(), common::io_steps::call_arg(&dir, call)]);
+    }
+    args.extend(["--output-dir".into(), tmp.display().to_string()]);
+    let (ok, stdout, stderr) = run_export(name, &args);
+    assert!(ok, "{stdout}{stderr}");
+    warned(&stderr);
+    for (k, call) in steps.iter().enumerate() {
+        let (eager, et) = call_differences(&dir, &tmp, k, call);
+        assert!(et < 1e-5, "step {k}: {et:e} of ExecuTorch's range");
+        assert!(
+            eager > 0.1,
+            "step {k} is eager's only if nothing was frozen"
+        );
+    }
+    let arg =
+        |call: &serde_json::Value| ["--call".to_string(), common::io_steps::call_arg(&dir, call)];
+    let all: Vec<String> = calls.iter().flat_map(arg).collect();
+    let (ok, _, stderr) = run_export(name, &all);
+    assert!(!ok, "{stderr}");
+    warned(&stderr);
+    let refusal = stderr.find("not fully delegated").expect("refused");
+    assert!(stderr.find("warning").unwrap() < refusal, "{stderr}");
+    let (ok, _, stderr) = run_export(name, &arg(&calls[0]));
     assert!(
-        !ok && text.contains("the operator aten::") && text.contains("xnnblob-et-run"),
-        "{text}"
+        !ok && stderr.contains("not fully delegated") && !stderr.contains("warning"),
+        "{stderr}"
     );
 }

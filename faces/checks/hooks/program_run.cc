@@ -9,6 +9,7 @@
 
 #include "xnnblob/src/ffi.rs.h"
 #include "xnnblob-checks/hooks/test_hooks.h"
+#include "xnnblob-checks/src/lib.rs.h"
 
 namespace xnnblob {
 
@@ -62,16 +63,20 @@ rust::Vec<std::uint8_t> cpp_run_program_raw(rust::Str pte, const rust::Vec<rust:
 
 namespace xnnblob {
 
-rust::Vec<float> cpp_run_calls(rust::Str pte, const rust::Vec<rust::String>& ptds,
-                               const rust::Vec<rust::String>& methods,
-                               rust::Slice<const float> inputs) {
+CallsRun cpp_run_calls(rust::Str pte, const rust::Vec<rust::String>& ptds,
+                       const rust::Vec<rust::String>& methods, rust::Slice<const float> inputs,
+                       rust::Str cache_path) {
   rust::Box<Backend> backend = new_backend(default_backend_config());
-  rust::Box<Program> program =
-      load_program(*backend, pte, rust::Slice<const rust::String>(ptds.data(), ptds.size()), "");
+  rust::Box<Program> program = load_program(
+      *backend, pte, rust::Slice<const rust::String>(ptds.data(), ptds.size()), cache_path);
+  CallsRun run;
+  // What an app would say to its user before running: each buffer the load found frozen.
+  for (const FrozenBufferSuspect& s : program->frozen_buffer_suspects()) {
+    run.frozen.push_back(s.warning);
+  }
   // One Method per name, made once: the program's methods share its mutable buffers, so what
   // one call writes the next one reads.
   std::vector<std::pair<std::string, rust::Box<Method>>> made;
-  rust::Vec<float> outputs;
   std::size_t at = 0;
   for (const rust::String& name : methods) {
     std::string key(name);
@@ -95,10 +100,15 @@ rust::Vec<float> cpp_run_calls(rust::Str pte, const rust::Vec<rust::String>& ptd
     for (std::size_t i = 0; i + sizeof(float) <= out.size(); i += sizeof(float)) {
       float v;
       std::memcpy(&v, out.data() + i, sizeof(float));
-      outputs.push_back(v);
+      run.outputs.push_back(v);
     }
   }
-  return outputs;
+  rust::Box<WeightsCache> cache = program->weights_cache();
+  cache->wait_saved();
+  WeightsCacheStats stats = cache->stats();
+  run.packed = stats.packed;
+  run.hits = stats.hits;
+  return run;
 }
 
 }  // namespace xnnblob

@@ -49,12 +49,16 @@ rust::Vec<std::uint8_t> cpp_run_program_raw(rust::Str pte, const rust::Vec<rust:
 rust::Vec<float> cpp_run_program(rust::Str pte, const rust::Vec<rust::String>& ptds, rust::Str method,
                                  rust::Slice<const float> input);
 
-// Runs calls of methods, in order, on one loaded program whose methods share its mutable
-// buffers: each call's one fp32 input taken from `inputs` in turn; returns the calls' outputs 0
-// one after the other (program_run.cc).
-rust::Vec<float> cpp_run_calls(rust::Str pte, const rust::Vec<rust::String>& ptds,
-                               const rust::Vec<rust::String>& methods,
-                               rust::Slice<const float> inputs);
+// Defined by the bridge (faces/checks/src/lib.rs).
+struct CallsRun;
+
+// Runs calls of methods, in order, on one program loaded with its packed weights in the file
+// `cache_path` (empty: in memory), whose methods share its mutable buffers: each call's one fp32
+// input taken from `inputs` in turn. Returns the calls' outputs 0 one after the other, the
+// cache's counters once its save is done, and the load's frozen-buffer warnings (program_run.cc).
+CallsRun cpp_run_calls(rust::Str pte, const rust::Vec<rust::String>& ptds,
+                       const rust::Vec<rust::String>& methods, rust::Slice<const float> inputs,
+                       rust::Str cache_path);
 
 // Loads a program with a backend configured with the cache file `cache_path` under the read-only
 // `layers`, initialises `method`, and returns the cache's packed, hits and misses

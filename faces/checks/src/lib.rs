@@ -12,6 +12,19 @@ extern crate xnnblob_cxx;
 
 #[cxx::bridge(namespace = "xnnblob")]
 mod bridge {
+    /// What [`cpp_run_calls`] saw from C++: the calls' outputs, the program's packed-weight
+    /// cache, and what its load found frozen.
+    struct CallsRun {
+        /// Every call's output 0, one after the other.
+        outputs: Vec<f32>,
+        /// Weights this launch packed into the program's cache.
+        packed: usize,
+        /// Look-ups that found packed weights in it.
+        hits: usize,
+        /// The warning of each shared buffer the load found frozen into a delegate.
+        frozen: Vec<String>,
+    }
+
     extern "Rust" {
         /// Panics with `message` inside the C++ face's guard: the call throws `rust::Error`
         /// naming the panic, and the process goes on.
@@ -56,15 +69,17 @@ mod bridge {
             shape: &[usize],
             input: &[u8],
         ) -> Result<Vec<u8>>;
-        /// Runs a sequence of calls on one program from C++, each method made once, each call
-        /// taking its one fp32 input from `inputs` in turn; returns every call's output 0, one
-        /// after the other (hooks/program_run.cc).
+        /// Loads a program from C++ with its packed weights in the file `cache_path` (empty:
+        /// in memory) and runs a sequence of calls on it, each method made once, each call
+        /// taking its one fp32 input from `inputs` in turn; waits for the cache's save
+        /// (hooks/program_run.cc).
         fn cpp_run_calls(
             pte: &str,
             ptds: &Vec<String>,
             methods: &Vec<String>,
             inputs: &[f32],
-        ) -> Result<Vec<f32>>;
+            cache_path: &str,
+        ) -> Result<CallsRun>;
         /// Loads a program from C++ with a backend whose config names the cache file
         /// `cache_path` under the read-only `layers`, initialises `method` (which packs), and
         /// returns the cache's [packed, hits, misses] (hooks/program_run.cc).
@@ -87,7 +102,8 @@ mod bridge {
 
 pub use bridge::{
     cpp_delegate_checks, cpp_execute_f32, cpp_layered_load, cpp_make_delegate, cpp_run_calls,
-    cpp_run_program, cpp_run_program_raw, cpp_stateful_counter, run_minimal_example, HeldDelegate,
+    cpp_run_program, cpp_run_program_raw, cpp_stateful_counter, run_minimal_example, CallsRun,
+    HeldDelegate,
 };
 
 fn panic_inside_bridge(message: &str) -> Result<(), xnnblob_cxx::Reported> {

@@ -57,6 +57,24 @@ mod bridge {
         packed_bytes: usize,
     }
 
+    /// A delegate constant that looks like a shared mutable buffer ExecuTorch's partitioner
+    /// froze at export (`xnnblob::program::FrozenBufferSuspect`): the method computes with the
+    /// buffer's export-time zeros, not with what the other methods write.
+    struct FrozenBufferSuspect {
+        /// The method whose delegate holds the constant.
+        method: String,
+        /// Which of its XNNPACK delegates, counting from 0.
+        delegate: usize,
+        /// The constant's named key (the sha256 of its bytes, all zero).
+        key: String,
+        /// Its length in bytes.
+        bytes: usize,
+        /// The shared mutable buffers of that size, as `value N of METHOD`.
+        buffers: Vec<String>,
+        /// The warning to give, one sentence naming the method, the buffer and the recipe.
+        warning: String,
+    }
+
     /// A mutable buffer of a stateful program; `initial_key` empty: zeros.
     struct StateDecl {
         /// The name methods bind the buffer by, unique within the program.
@@ -274,6 +292,12 @@ mod bridge {
         ) -> Result<Box<Program>>;
         /// The names of the program's methods.
         fn method_names(self: &Program) -> Vec<String>;
+        /// The shared mutable buffers that look frozen into a delegate at export (looked for
+        /// at the first call, from the program's file); empty for most programs. Nothing is
+        /// printed: the app says each `warning` where its user will see it.
+        fn frozen_buffer_suspects(self: &Program) -> Vec<FrozenBufferSuspect>;
+        /// The packed-weight cache the program's methods pack into; throws if it has none.
+        fn weights_cache(self: &Program) -> Result<Box<WeightsCache>>;
         /// Initialises method `name`.
         fn method(self: &Program, name: &str) -> Result<Box<Method>>;
         /// The number of the method's inputs.
@@ -989,6 +1013,30 @@ impl Program {
             .iter()
             .map(|s| s.to_string())
             .collect()
+    }
+
+    fn frozen_buffer_suspects(&self) -> Vec<bridge::FrozenBufferSuspect> {
+        self.0
+            .frozen_buffer_suspects()
+            .iter()
+            .map(|s| bridge::FrozenBufferSuspect {
+                method: s.method.clone(),
+                delegate: s.delegate,
+                key: s.key.clone(),
+                bytes: s.bytes,
+                buffers: s.buffers.clone(),
+                warning: s.to_string(),
+            })
+            .collect()
+    }
+
+    fn weights_cache(&self) -> Result<Box<WeightsCache>, String> {
+        guarded_text(|| {
+            self.0
+                .weights_cache()
+                .map(|c| Box::new(WeightsCache(c.clone())))
+                .ok_or_else(|| "this program packs without a cache".to_string())
+        })
     }
 
     fn method(&self, name: &str) -> Result<Box<Method>, Reported> {

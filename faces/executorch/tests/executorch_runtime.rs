@@ -1211,6 +1211,106 @@ fn methods_sharing_mutable_buffers_match_eager_when_their_arenas_are_shared() {
     }
 }
 
+/// Issue 43: the runner's `--times N` repeats the `--call` before it, and `{step}` in its input
+/// paths becomes the iteration (0 to N-1). `prefill` once, then `step` (or `decode`, with its
+/// token and position) three times, each on its own inputs (NAME.calls.json's, copied to
+/// `in{I}.{step}.bin`), gives eager PyTorch's outputs call by call on one Module sharing its
+/// arenas: through xnnblob's backend cold and warm with a cache file (warm packs nothing), and
+/// through ExecuTorch's own.
+#[test]
+fn times_repeats_a_call_reading_each_iterations_inputs_through_step() {
+    let dir = data().join("export");
+    let out = scratch("runner-times");
+    for name in ["shared_prefill_step", "shared_prefill_decode"] {
+        let description: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(dir.join(format!("{name}.calls.json"))).unwrap())
+                .unwrap();
+        let calls = description["calls"].as_array().unwrap();
+        let (first, repeated) = calls.split_first().unwrap();
+        let method = repeated[0]["method"].as_str().unwrap();
+        assert!(repeated.iter().all(|c| c["method"] == method), "{name}");
+        let inputs = out.join(name);
+        std::fs::create_dir_all(&inputs).unwrap();
+        let count = repeated[0]["inputs"].as_array().unwrap().len();
+        for (step, call) in repeated.iter().enumerate() {
+            for (i, t) in call["inputs"].as_array().unwrap().iter().enumerate() {
+                let file = dir.join(t["file"].as_str().unwrap());
+                std::fs::copy(file, inputs.join(format!("in{i}.{step}.bin"))).unwrap();
+            }
+        }
+        let templates: Vec<String> = (0..count)
+            .map(|i| {
+                inputs
+                    .join(format!("in{i}.{{step}}.bin"))
+                    .display()
+                    .to_string()
+            })
+            .collect();
+        let mut args = vec![dir.join(format!("{name}.pte")).display().to_string()];
+        for data in description["data"].as_array().unwrap() {
+            args.extend([
+                s("--data"),
+                dir.join(data.as_str().unwrap()).display().to_string(),
+            ]);
+        }
+        args.extend([s("--call"), call_arg(&dir, first), s("--call")]);
+        args.push(format!("{method}:{}", templates.join(",")));
+        args.extend([s("--times"), repeated.len().to_string()]);
+        let cache = out.join(format!("{name}.xbc")).display().to_string();
+        for (tag, backend, extra) in [
+            ("xnnblob-cold", "xnnblob", vec![s("--cache"), cache.clone()]),
+            ("xnnblob-warm", "xnnblob", vec![s("--cache"), cache.clone()]),
+            ("executorch", "executorch", vec![]),
+        ] {
+            let outputs = out.join(format!("{name}-{tag}"));
+            std::fs::create_dir_all(&outputs).unwrap();
+            let mut a = args.clone();
+            a.extend([s("--backend"), s(backend), s("--output-dir")]);
+            a.push(outputs.display().to_string());
+            a.extend(extra);
+            let run = run_ok(&a);
+            assert_eq!(run.number("share_memory_arenas"), 1.0, "{name} {tag}");
+            for step in 0..repeated.len() {
+                let line = format!(
+                    "call step={} method={method} iteration={step} ms=",
+                    step + 1
+                );
+                assert!(
+                    run.stdout.contains(&line),
+                    "{name} {tag}: {line} in {}",
+                    run.stdout
+                );
+            }
+            for (k, c) in calls.iter().enumerate() {
+                let eager = f32s(
+                    &std::fs::read(dir.join(c["outputs_eager"][0]["file"].as_str().unwrap()))
+                        .unwrap(),
+                );
+                let ours =
+                    f32s(&std::fs::read(outputs.join(format!("step{k}.output0.f32"))).unwrap());
+                let worst = relative_difference(&ours, &eager);
+                assert!(
+                    worst < 1e-5,
+                    "{name} {tag} call {k}: {worst:e} of eager's range"
+                );
+            }
+            assert!(
+                !outputs
+                    .join(format!("step{}.output0.f32", calls.len()))
+                    .exists(),
+                "{name} {tag}: one output per call"
+            );
+            if tag == "xnnblob-warm" {
+                assert_eq!(
+                    run.cache(&cache)["packed"],
+                    0,
+                    "{name} warm: nothing packed"
+                );
+            }
+        }
+    }
+}
+
 /// A KV-cache decoder whose prefill (4 tokens) and decode (1 token) are methods of their own
 /// applies the same weights to activations of other shapes: one packing serves both, as in
 /// ExecuTorch's cache (a weight's identity covers what XNNPACK packs from, which the batch or

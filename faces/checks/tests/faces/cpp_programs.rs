@@ -86,78 +86,132 @@ fn from_cpp_a_dynamic_batch_and_fp16_run_too() {
     }
 }
 
-/// Issue 43 from C++: the methods of one loaded program share its mutable buffers, so an
-/// exported prefill/step pair and encoder/decoder give eager PyTorch's outputs call by call.
-#[test]
-fn from_cpp_methods_sharing_mutable_buffers_give_eagers_outputs() {
+/// The export `name`'s calls (its NAME.calls.json): the `.ptd` files, the methods in order,
+/// their fp32 inputs one after the other, and each call's eager and ExecuTorch outputs.
+struct Calls {
+    ptds: Vec<String>,
+    methods: Vec<String>,
+    inputs: Vec<f32>,
+    eager: Vec<Vec<f32>>,
+    et: Vec<Vec<f32>>,
+}
+
+fn export_calls(name: &str) -> Calls {
     let export = common::repo_root().join("tests/data/executorch/export");
-    for name in ["shared_prefill_step", "shared_encoder_decoder"] {
-        let description: Value = serde_json::from_slice(
-            &std::fs::read(export.join(format!("{name}.calls.json"))).unwrap(),
-        )
-        .unwrap();
-        let ptds: Vec<String> = description["data"]
+    let description: Value =
+        serde_json::from_slice(&std::fs::read(export.join(format!("{name}.calls.json"))).unwrap())
+            .unwrap();
+    let file = |t: &Value| f32s(&export.join(t[0]["file"].as_str().unwrap()));
+    let calls = description["calls"].as_array().unwrap();
+    Calls {
+        ptds: description["data"]
             .as_array()
             .unwrap()
             .iter()
             .map(|d| export.join(d.as_str().unwrap()).display().to_string())
-            .collect();
-        let calls = description["calls"].as_array().unwrap();
-        let methods: Vec<String> = calls
+            .collect(),
+        methods: calls
             .iter()
             .map(|c| c["method"].as_str().unwrap().to_string())
-            .collect();
-        let (mut inputs, mut eager) = (Vec::new(), Vec::new());
-        for c in calls {
-            inputs.extend(f32s(&export.join(c["inputs"][0]["file"].as_str().unwrap())));
-            eager.push(f32s(
-                &export.join(c["outputs_eager"][0]["file"].as_str().unwrap()),
-            ));
-        }
-        let pte = export.join(format!("{name}.pte"));
-        let out = xnnblob_checks::cpp_run_calls(pte.to_str().unwrap(), &ptds, &methods, &inputs)
-            .unwrap_or_else(|e| panic!("{name}: {}", e.what()));
-        let mut at = 0;
-        for (k, want) in eager.iter().enumerate() {
-            let got = &out[at..at + want.len()];
-            at += want.len();
-            let d = common::close::relative_difference(got, want);
-            assert!(d < 1e-5, "{name} call {k}: {d:e} of eager's range");
-        }
-        assert_eq!(at, out.len(), "{name}: one output per call");
+            .collect(),
+        inputs: calls.iter().flat_map(|c| file(&c["inputs"])).collect(),
+        eager: calls.iter().map(|c| file(&c["outputs_eager"])).collect(),
+        et: calls.iter().map(|c| file(&c["outputs_et"])).collect(),
     }
 }
 
-/// Issue 40 through the C++ face: `BackendConfig::packed_cache_layers` under
-/// `packed_cache_path`. A cache made by a first load serves a second backend as a read-only
-/// layer under a new path: initialising the method there packs nothing and misses nothing.
+/// Issue 43 from C++: the methods of one loaded program share its mutable buffers, so an
+/// exported prefill/step pair and encoder/decoder give eager PyTorch's outputs, and ExecuTorch's
+/// own, call by call, cold and warm with a packed-weight cache file (the warm launch packs
+/// nothing and finds its weights packed); their loads find no frozen buffer.
 #[test]
-fn a_cpp_backend_configured_with_layers_packs_nothing_they_hold() {
-    let data = common::repo_root().join("tests/data/executorch");
-    let pte = data.join("mlp_qd8_qc8w_external.pte");
-    let ptds = vec![data.join("mlp_qd8_qc8w_external.ptd").display().to_string()];
-    let dir = common::scratch("cpp-layers");
-    let layer = dir.join("bundle.xbc");
-    let none: Vec<String> = Vec::new();
-    let cold = xnnblob_checks::cpp_layered_load(
-        pte.to_str().unwrap(),
-        &ptds,
-        "forward",
-        layer.to_str().unwrap(),
-        &none,
+fn from_cpp_methods_sharing_mutable_buffers_give_eagers_outputs() {
+    let export = common::repo_root().join("tests/data/executorch/export");
+    let tmp = common::scratch("cpp-shared-state");
+    for name in ["shared_prefill_step", "shared_encoder_decoder"] {
+        let calls = export_calls(name);
+        let pte = export.join(format!("{name}.pte"));
+        let cache = tmp.join(format!("{name}.xbc"));
+        for launch in ["cold", "warm"] {
+            let run = xnnblob_checks::cpp_run_calls(
+                pte.to_str().unwrap(),
+                &calls.ptds,
+                &calls.methods,
+                &calls.inputs,
+                cache.to_str().unwrap(),
+            )
+            .unwrap_or_else(|e| panic!("{name} {launch}: {}", e.what()));
+            let mut at = 0;
+            for (k, (eager, et)) in calls.eager.iter().zip(&calls.et).enumerate() {
+                let got = &run.outputs[at..at + eager.len()];
+                at += eager.len();
+                let d = common::close::relative_difference(got, eager);
+                assert!(d < 1e-5, "{name} {launch} call {k}: {d:e} of eager's range");
+                let d = common::close::relative_difference(got, et);
+                assert!(
+                    d < 1e-5,
+                    "{name} {launch} call {k}: {d:e} of ExecuTorch's range"
+                );
+            }
+            assert_eq!(at, run.outputs.len(), "{name}: one output per call");
+            assert!(run.frozen.is_empty(), "{name}: {:?}", run.frozen);
+            if launch == "cold" {
+                assert!(run.packed > 0, "{name} cold packs: {}", run.packed);
+            } else {
+                assert_eq!(run.packed, 0, "{name} warm: nothing packed");
+                assert!(run.hits > 0, "{name} warm: weights found packed");
+            }
+        }
+    }
+}
+
+/// Issue 43 from C++: a program whose shared buffer ExecuTorch's partitioner froze into `step`'s
+/// delegate (`frozen_matmul_operand`) is said by its load, naming the method and the buffer.
+/// `step`, which the executor runs (the program's `prefill` needs a portable operator), computes
+/// what ExecuTorch's runtime computed from it after `prefill` (zeros), not eager's outputs.
+#[test]
+fn from_cpp_a_shared_buffer_frozen_into_a_delegate_is_said_at_load() {
+    let export = common::repo_root().join("tests/data/executorch/export");
+    let all = export_calls("frozen_matmul_operand");
+    let steps: Vec<usize> = (0..all.methods.len())
+        .filter(|&k| all.methods[k] == "step")
+        .collect();
+    assert_eq!(steps.len(), 2);
+    let description: Value = serde_json::from_slice(
+        &std::fs::read(export.join("frozen_matmul_operand.calls.json")).unwrap(),
     )
-    .unwrap_or_else(|e| panic!("{}", e.what()));
-    assert!(cold[0] > 0, "the first load packs: {cold:?}");
-    let layers = vec![layer.display().to_string()];
-    let writable = dir.join("writable.xbc");
-    let first = xnnblob_checks::cpp_layered_load(
-        pte.to_str().unwrap(),
-        &ptds,
-        "forward",
-        writable.to_str().unwrap(),
-        &layers,
-    )
-    .unwrap_or_else(|e| panic!("{}", e.what()));
-    assert_eq!((first[0], first[2]), (0, 0), "packed, misses: {first:?}");
-    assert!(first[1] > 0, "{first:?}");
+    .unwrap();
+    let inputs: Vec<f32> = steps
+        .iter()
+        .flat_map(|&k| {
+            let call = &description["calls"][k];
+            f32s(&export.join(call["inputs"][0]["file"].as_str().unwrap()))
+        })
+        .collect();
+    let methods: Vec<String> = steps.iter().map(|&k| all.methods[k].clone()).collect();
+    let pte = export.join("frozen_matmul_operand.pte");
+    let run =
+        xnnblob_checks::cpp_run_calls(pte.to_str().unwrap(), &all.ptds, &methods, &inputs, "")
+            .unwrap_or_else(|e| panic!("{}", e.what()));
+    assert_eq!(run.frozen.len(), 1, "{:?}", run.frozen);
+    let said = &run.frozen[0];
+    assert!(
+        said.starts_with("method \"step\", XNNPACK delegate 0")
+            && said.contains("value 0 of prefill")
+            && said.contains("Methods that share state"),
+        "{said}"
+    );
+    let mut at = 0;
+    for &k in &steps {
+        let got = &run.outputs[at..at + all.eager[k].len()];
+        at += all.eager[k].len();
+        let d = common::close::relative_difference(got, &all.et[k]);
+        assert!(d < 1e-5, "call {k}: {d:e} of ExecuTorch's range");
+        let d = common::close::relative_difference(got, &all.eager[k]);
+        assert!(
+            d > 0.1,
+            "call {k} is eager's only if nothing was frozen ({d:e})"
+        );
+    }
+    assert_eq!(at, run.outputs.len());
 }
