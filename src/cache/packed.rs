@@ -145,7 +145,7 @@ pub enum KeyTrust {
 /// launch until someone ran `xnnblob cache verify`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum VerifyPacked {
-    /// After the load, on a background thread at idle priority, every entry of the file, once
+    /// After the load, on a background thread at low priority, every entry of the file, once
     /// per change of the file: a record beside it (`PATH.checked`) says the file was checked as
     /// it is, and later launches hash nothing while its inode, size and change time stay as
     /// recorded (any write moves the change time, and nothing sets it back). A damaged entry is
@@ -270,7 +270,7 @@ const INFERENCE_PAUSE: std::time::Duration = std::time::Duration::from_millis(50
 /// minute keeps what it packed. [`PackedWeightsCache::wait_saved`] (and exit) does not wait.
 const LONGEST_WAIT_FOR_INFERENCE: std::time::Duration = std::time::Duration::from_secs(10);
 
-/// How often a waiting save looks at inference again (on an idle-priority thread).
+/// How often a waiting save looks at inference again (on a low-priority thread).
 const INFERENCE_POLL: std::time::Duration = std::time::Duration::from_millis(10);
 
 /// On a saving or checking thread: waits until the process's runtimes have paused for
@@ -1016,7 +1016,7 @@ impl PackedWeightsCache {
     }
 
     /// For a read-only file still to be checked ([`keep_read_only`](Self::keep_read_only)):
-    /// checks every entry on a background thread (as a save would, at idle priority, waited for
+    /// checks every entry on a background thread (as a save would, at low priority, waited for
     /// by [`wait_saved`](Self::wait_saved)), forgets the damaged ones, and remembers them.
     fn check_and_remember(&self, path: PathBuf) {
         let own = self.remember_at.lock().take().zip(self.to_check.clone());

@@ -58,7 +58,7 @@ fn process_backend() -> Result<&'static Backend, Outcome> {
         .get_or_init(|| {
             let backend = Backend::new(BackendOptions {
                 threadpool: Some(Arc::new(executorch_threadpool())),
-                // Damaged packed bytes are found after the launch, at idle priority, and left
+                // Damaged packed bytes are found after the launch, at low priority, and left
                 // out of the file, so no launch after it serves them.
                 cache_options: xnnblob::cache::CacheOptions {
                     verify: xnnblob::cache::VerifyPacked::Background,
