@@ -168,10 +168,19 @@ pub fn under_emulation() -> bool {
 /// `qemu-x86_64 -cpu <cpu>`, so that XNNPACK dispatches as on that CPU class (qemu's CPUID and
 /// instruction set), and asserts that they pass and that every quantized GEMM ran on a kernel
 /// whose name contains `kernel_isa` (proof the emulated CPU changed the dispatch). This
-/// machine's own CPU class is covered by the plain run.
+/// machine's own CPU class is covered by the plain run. On a host that is not x86-64 it cannot
+/// run, and says so ([`cannot_run`]); in the re-run itself it does nothing.
+#[track_caller]
 pub fn assert_pass_on_emulated_cpu(module: &str, cpu: &str, kernel_isa: &str, tests: &[&str]) {
+    // The re-run itself: its own emulation tests would recurse.
+    if under_emulation() {
+        return;
+    }
     // x86-64 CPU classes only: aarch64's are tests/aarch64.rs's.
-    if under_emulation() || !cfg!(target_arch = "x86_64") {
+    if !cfg!(target_arch = "x86_64") {
+        cannot_run(&format!(
+            "{tests:?} under qemu-x86_64 -cpu {cpu}: that needs an x86-64 test binary"
+        ));
         return;
     }
     let tests: Vec<String> = tests.iter().map(|t| test_path(module, t)).collect();
