@@ -29,7 +29,8 @@ mod bridge {
         nbytes: usize,
     }
 
-    /// Counters of a backend's shared data cache, read together.
+    /// Counters of a backend's shared data cache, read together: the core's
+    /// `xnnblob::shared_data::SharedDataStats`, named in C++ after this face's `SharedCache`.
     struct SharedCacheStats {
         /// Calls served by a live entry or by joining an init in flight.
         hits: usize,
