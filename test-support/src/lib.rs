@@ -1,7 +1,8 @@
 //! What xnnblob's test suites share (the core's, the command line's, the faces' and the
 //! drop-in's): where ExecuTorch's exported fixtures are, how their raw f32 files and manifests
 //! read, scratch directories, comparisons, a plain Rust reference for quantized graphs, cross
-//! builds for aarch64, and how a test that cannot run here says so. It ships in nothing.
+//! builds for aarch64, the drop-in's runner and programs ([`drop_in`]), and how a test that
+//! cannot run here says so. It ships in nothing.
 
 pub mod bounded;
 pub mod builder;
@@ -9,6 +10,7 @@ pub mod cache_files;
 pub mod close;
 pub mod counting;
 pub mod cross;
+pub mod drop_in;
 pub mod faults;
 pub mod half;
 pub mod io_steps;
@@ -286,5 +288,4 @@ pub fn ptd_with_first_weight_negated(dir: &Path) -> (PathBuf, String) {
 }
 
 mod scratch;
-#[allow(unused_imports)] // each test crate uses its own subset
 pub use scratch::{scratch, without_permission_override, Scratch, Tmpfs};
