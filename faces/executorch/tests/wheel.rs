@@ -82,7 +82,7 @@ fn text(out: &Output) -> String {
     String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
 
-/// Builds the wheel for `target` with the README's command into `out`; returns its path.
+/// Builds the wheel for `target` with docs/wheel.md's command into `out`; returns its path.
 fn build_wheel(target: &str, out: &Path) -> PathBuf {
     let started = Instant::now();
     ok(
