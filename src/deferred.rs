@@ -13,7 +13,7 @@
 //! once packed, [`unpin`] returns the pages to the kernel and makes the region inaccessible again,
 //! so a cold launch does not keep an unpacked copy of every weight.
 //!
-//! Placeholders are carved from large reservations of address space ([`ARENA`]): a model with a
+//! Placeholders are carved from large reservations of address space (`ARENA`): a model with a
 //! thousand weights makes one `mmap` for them, not a thousand, and its drop makes no `munmap` per
 //! weight (each one a TLB shoot-down of every thread of the process).
 //!

@@ -1,5 +1,5 @@
 //! Memory maps: the one place xnnblob maps memory. Read-only maps of published files
-//! ([`MappedFile`]), the shared, writable windows of a cache file being made ([`FileWindow`], a
+//! ([`MappedFile`]), the shared, writable windows of a cache file being made (`FileWindow`, a
 //! draft only its own process writes until it is published), and anonymous memory
 //! ([`anonymous`]: pages of a buffer's own, and reserved address space for deferred constants).
 //!

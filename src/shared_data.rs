@@ -62,7 +62,7 @@ struct StageError {
 /// An error of [`SharedDataCache`]. Clone, so that one failed init can be handed to the
 /// initialising caller and to every caller that waited for it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum SharedCacheError {
+pub enum SharedDataError {
     /// The init (or load, or transform) of `key` failed; nothing was cached.
     InitFailed {
         /// The named-data key whose init failed.
@@ -97,23 +97,23 @@ pub enum SharedCacheError {
 
 // Written by hand, not derived with `thiserror`: the source of `InitFailed` is the error inside
 // its `InitCause`, which is not itself an error type for `#[source]` to point at.
-impl fmt::Display for SharedCacheError {
+impl fmt::Display for SharedDataError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            SharedCacheError::InitFailed { key, .. } => {
+            SharedDataError::InitFailed { key, .. } => {
                 write!(f, "shared data {key:?}: init failed")
             }
-            SharedCacheError::InitPanicked { key } => {
+            SharedDataError::InitPanicked { key } => {
                 write!(f, "shared data {key:?}: init panicked")
             }
-            SharedCacheError::InitRecursion { key } => {
+            SharedDataError::InitRecursion { key } => {
                 write!(f, "shared data {key:?}: init requested its own key")
             }
-            SharedCacheError::ModeMismatch { key } => write!(
+            SharedDataError::ModeMismatch { key } => write!(
                 f,
                 "shared data {key:?} is held in the other mode (read-only vs transformed)"
             ),
-            SharedCacheError::BadAlignment { key, alignment } => write!(
+            SharedDataError::BadAlignment { key, alignment } => write!(
                 f,
                 "shared data {key:?}: alignment {alignment} is not a power of two, or is above \
                  the alignment the shared copy was made with"
@@ -122,10 +122,10 @@ impl fmt::Display for SharedCacheError {
     }
 }
 
-impl std::error::Error for SharedCacheError {
+impl std::error::Error for SharedDataError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            SharedCacheError::InitFailed { cause, .. } => Some(cause.error()),
+            SharedDataError::InitFailed { cause, .. } => Some(cause.error()),
             _ => None,
         }
     }
@@ -133,7 +133,7 @@ impl std::error::Error for SharedCacheError {
 
 /// Counters of a [`SharedDataCache`], read together under its lock.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct SharedCacheStats {
+pub struct SharedDataStats {
     /// Calls served by a live entry or by joining an init in flight (a call that joined an
     /// init counts even if that init then failed).
     pub hits: usize,
@@ -157,7 +157,7 @@ enum Mode {
 impl Mode {
     /// Whether an entry made in `self` can serve a request in `requested`. A transformed copy
     /// aligned to A serves any alignment up to A (both are powers of two).
-    fn serves(self, requested: Mode, key: &str) -> Result<(), SharedCacheError> {
+    fn serves(self, requested: Mode, key: &str) -> Result<(), SharedDataError> {
         match (self, requested) {
             (Mode::ReadOnly, Mode::ReadOnly) => Ok(()),
             (Mode::Transformed { alignment: made }, Mode::Transformed { alignment })
@@ -166,12 +166,12 @@ impl Mode {
                 Ok(())
             }
             (Mode::Transformed { .. }, Mode::Transformed { alignment }) => {
-                Err(SharedCacheError::BadAlignment {
+                Err(SharedDataError::BadAlignment {
                     key: key.to_string(),
                     alignment,
                 })
             }
-            _ => Err(SharedCacheError::ModeMismatch {
+            _ => Err(SharedDataError::ModeMismatch {
                 key: key.to_string(),
             }),
         }
@@ -182,17 +182,17 @@ impl Mode {
 /// waiter however late it wakes, so no wakeup is lost.
 struct Pending {
     owner: ThreadId,
-    outcome: Mutex<Option<Result<SharedData, SharedCacheError>>>,
+    outcome: Mutex<Option<Result<SharedData, SharedDataError>>>,
     done: Condvar,
 }
 
 impl Pending {
-    fn publish(&self, outcome: Result<SharedData, SharedCacheError>) {
+    fn publish(&self, outcome: Result<SharedData, SharedDataError>) {
         *self.outcome.lock() = Some(outcome);
         self.done.notify_all();
     }
 
-    fn wait(&self) -> Result<SharedData, SharedCacheError> {
+    fn wait(&self) -> Result<SharedData, SharedDataError> {
         let mut outcome = self.outcome.lock();
         loop {
             if let Some(result) = outcome.as_ref() {
@@ -221,7 +221,7 @@ enum Slot {
 struct State {
     slots: crate::fast_hash::FastMap<String, Slot>,
     next_id: u64,
-    stats: SharedCacheStats,
+    stats: SharedDataStats,
 }
 
 /// The shared buffer of one key. Dropped with its last [`SharedData`]; it then takes itself
@@ -313,7 +313,7 @@ impl fmt::Debug for SharedData {
 /// Each key's init runs once however many callers race for it; the others wait and share its
 /// result, or its error. Failures are not cached: the next request runs init again. Init runs
 /// without the cache's lock held, so it may use the cache for other keys, but not for its own
-/// key (reported as [`SharedCacheError::InitRecursion`] instead of deadlocking) nor in a cycle
+/// key (reported as [`SharedDataError::InitRecursion`] instead of deadlocking) nor in a cycle
 /// through other keys' inits (not detected). Every
 /// caller of a key must produce the same data: whichever init runs first is what all share.
 pub struct SharedDataCache {
@@ -381,15 +381,15 @@ impl InitGuard {
         shared
     }
 
-    fn fail(mut self, cause: InitCause) -> SharedCacheError {
+    fn fail(mut self, cause: InitCause) -> SharedDataError {
         self.settled = true;
-        self.settle_failed(SharedCacheError::InitFailed {
+        self.settle_failed(SharedDataError::InitFailed {
             key: self.key.clone(),
             cause,
         })
     }
 
-    fn settle_failed(&self, error: SharedCacheError) -> SharedCacheError {
+    fn settle_failed(&self, error: SharedDataError) -> SharedDataError {
         let mut state = self.state.lock();
         state.stats.failures += 1;
         let ours = matches!(
@@ -411,7 +411,7 @@ impl InitGuard {
 impl Drop for InitGuard {
     fn drop(&mut self) {
         if !self.settled {
-            self.settle_failed(SharedCacheError::InitPanicked {
+            self.settle_failed(SharedDataError::InitPanicked {
                 key: self.key.clone(),
             });
         }
@@ -433,7 +433,7 @@ impl SharedDataCache {
         &self,
         key: &str,
         init: impl FnOnce() -> Result<DataBuffer, E>,
-    ) -> Result<SharedData, SharedCacheError>
+    ) -> Result<SharedData, SharedDataError>
     where
         E: Into<Box<dyn std::error::Error + Send + Sync>>,
     {
@@ -450,7 +450,7 @@ impl SharedDataCache {
         load: impl FnOnce() -> Result<DataBuffer, E>,
         transform: impl FnOnce(&[u8]) -> Result<Vec<u8>, E>,
         alignment: usize,
-    ) -> Result<SharedData, SharedCacheError>
+    ) -> Result<SharedData, SharedDataError>
     where
         E: Into<Box<dyn std::error::Error + Send + Sync>>,
     {
@@ -463,7 +463,7 @@ impl SharedDataCache {
             }
         };
         if !alignment.is_power_of_two() {
-            return Err(SharedCacheError::BadAlignment {
+            return Err(SharedDataError::BadAlignment {
                 key: key.to_string(),
                 alignment,
             });
@@ -491,7 +491,7 @@ impl SharedDataCache {
         key: &str,
         mode: Mode,
         run: impl FnOnce() -> Result<DataBuffer, InitCause>,
-    ) -> Result<SharedData, SharedCacheError> {
+    ) -> Result<SharedData, SharedDataError> {
         let mut state = self.state.lock();
         let step = match state.slots.get(key) {
             Some(Slot::Ready {
@@ -507,7 +507,7 @@ impl SharedDataCache {
             }) => {
                 made.serves(mode, key)?;
                 if pending.owner == thread::current().id() {
-                    return Err(SharedCacheError::InitRecursion {
+                    return Err(SharedDataError::InitRecursion {
                         key: key.to_string(),
                     });
                 }
@@ -561,7 +561,7 @@ impl SharedDataCache {
     }
 
     /// A snapshot of the cache's counters, all read at one instant.
-    pub fn stats(&self) -> SharedCacheStats {
+    pub fn stats(&self) -> SharedDataStats {
         self.state.lock().stats
     }
 

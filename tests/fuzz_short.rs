@@ -132,3 +132,38 @@ fn every_fuzz_target_runs_its_seeds_and_mutations_cleanly() {
         assert!(r.cov >= r.seed_cov, "{target}: coverage never shrinks");
     }
 }
+
+/// The fuzz crate stays outside the workspace (cargo-fuzz's layout), so it cannot inherit
+/// `[workspace.lints]` and repeats them; this keeps the copy equal, so that its targets' unsafe
+/// blocks answer to the same rules (`.ci/run` lints it: `cd fuzz && cargo clippy --release`).
+#[test]
+fn the_fuzz_crate_lints_as_the_workspace_does() {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let read = |path: &str| std::fs::read_to_string(repo.join(path)).unwrap();
+    let (workspace, fuzz) = (read("Cargo.toml"), read("fuzz/Cargo.toml"));
+    assert!(
+        !table(&workspace, "workspace.lints.clippy").is_empty(),
+        "the workspace's lints are where this test reads them"
+    );
+    for tool in ["clippy", "rust"] {
+        assert_eq!(
+            table(&fuzz, &format!("lints.{tool}")),
+            table(&workspace, &format!("workspace.lints.{tool}")),
+            "fuzz/Cargo.toml's [lints.{tool}] against the workspace's"
+        );
+    }
+}
+
+/// The `key = value` lines of the TOML table `[name]` in `manifest`, without comments or blank
+/// lines; none when it has no such table.
+fn table(manifest: &str, name: &str) -> Vec<String> {
+    let header = format!("[{name}]");
+    manifest
+        .lines()
+        .skip_while(|l| l.trim() != header)
+        .skip(1)
+        .take_while(|l| !l.trim_start().starts_with('['))
+        .map(|l| l.split('#').next().unwrap_or("").trim().to_string())
+        .filter(|l| !l.is_empty())
+        .collect()
+}

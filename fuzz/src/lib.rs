@@ -11,8 +11,8 @@ pub mod state_script;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 use xnnblob::backend::{Backend, BackendOptions, ModelContext, PackedCache};
-use xnnblob_test_support::builder::{BuiltGraph, ConvGeometry, GraphBuilder};
 use xnnblob::named_data::{DataBuffer, InMemoryMap, NamedDataMap};
+use xnnblob_test_support::builder::{BuiltGraph, ConvGeometry, GraphBuilder};
 use xnnblob_test_support::synthetic::SplitMix64;
 
 /// The keys, sizes and values a stateful program's initial states may name (besides the

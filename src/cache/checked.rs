@@ -26,7 +26,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// How much older than the record the file's last change must be for the record to be made,
-/// on a file system whose clock is not known to tick finer ([`settle_time`]).
+/// on a file system whose clock is not known to tick finer (`settle_time`).
 pub const SETTLED: Duration = Duration::from_secs(2);
 
 /// On the file systems whose change times the kernel keeps to the nanosecond, updated at least

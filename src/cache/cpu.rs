@@ -143,50 +143,50 @@ fn names(table: &Names, bits: u64) -> Vec<&'static str> {
 mod x86 {
     use super::{Names, TAG_SHIFT, TAG_X86_64};
 
-    /// SSSE3, CPUID.1:ECX[9]: `use_x86_ssse3`.
+    /// SSSE3, `CPUID.1:ECX[9]`: `use_x86_ssse3`.
     pub const SSSE3: u64 = 1 << 0;
-    /// SSE4.1, CPUID.1:ECX[19]: `use_x86_sse4_1`.
+    /// SSE4.1, `CPUID.1:ECX[19]`: `use_x86_sse4_1`.
     pub const SSE4_1: u64 = 1 << 1;
-    /// AVX, CPUID.1:ECX[28], with YMM state enabled in XCR0: `use_x86_avx`.
+    /// AVX, `CPUID.1:ECX[28]`, with YMM state enabled in XCR0: `use_x86_avx`.
     pub const AVX: u64 = 1 << 2;
-    /// F16C, CPUID.1:ECX[29], with YMM state: `use_x86_f16c`.
+    /// F16C, `CPUID.1:ECX[29]`, with YMM state: `use_x86_f16c`.
     pub const F16C: u64 = 1 << 3;
-    /// FMA3, CPUID.1:ECX[12], with YMM state: `use_x86_fma3` (and, with the model, Zen's 16s4
+    /// FMA3, `CPUID.1:ECX[12]`, with YMM state: `use_x86_fma3` (and, with the model, Zen's 16s4
     /// f32 GEMM).
     pub const FMA3: u64 = 1 << 4;
-    /// AVX2, CPUID.(7,0):EBX[5], with YMM state: `use_x86_avx2`.
+    /// AVX2, `CPUID.(7,0):EBX[5]`, with YMM state: `use_x86_avx2`.
     pub const AVX2: u64 = 1 << 5;
-    /// AVX-512F, CPUID.(7,0):EBX[16], with opmask and ZMM state enabled in XCR0:
+    /// AVX-512F, `CPUID.(7,0):EBX[16]`, with opmask and ZMM state enabled in XCR0:
     /// `use_x86_avx512f`.
     pub const AVX512F: u64 = 1 << 6;
-    /// AVX-512BW, CPUID.(7,0):EBX[30], with ZMM state: part of `use_x86_avx512skx`.
+    /// AVX-512BW, `CPUID.(7,0):EBX[30]`, with ZMM state: part of `use_x86_avx512skx`.
     pub const AVX512BW: u64 = 1 << 7;
-    /// AVX-512DQ, CPUID.(7,0):EBX[17], with ZMM state: part of `use_x86_avx512skx`.
+    /// AVX-512DQ, `CPUID.(7,0):EBX[17]`, with ZMM state: part of `use_x86_avx512skx`.
     pub const AVX512DQ: u64 = 1 << 8;
-    /// AVX-512VL, CPUID.(7,0):EBX[31], with ZMM state: part of `use_x86_avx512skx`.
+    /// AVX-512VL, `CPUID.(7,0):EBX[31]`, with ZMM state: part of `use_x86_avx512skx`.
     pub const AVX512VL: u64 = 1 << 9;
-    /// AVX-512VBMI, CPUID.(7,0):ECX[1], with ZMM state: `use_x86_avx512vbmi`.
+    /// AVX-512VBMI, `CPUID.(7,0):ECX[1]`, with ZMM state: `use_x86_avx512vbmi`.
     pub const AVX512VBMI: u64 = 1 << 10;
-    /// AVX-512VNNI, CPUID.(7,0):ECX[11], with ZMM state: `use_x86_avx512vnni`.
+    /// AVX-512VNNI, `CPUID.(7,0):ECX[11]`, with ZMM state: `use_x86_avx512vnni`.
     pub const AVX512VNNI: u64 = 1 << 11;
-    /// GFNI, CPUID.(7,0):ECX[8] (cpuinfo asks no OS state of it): `use_x86_avx512vnnigfni`,
+    /// GFNI, `CPUID.(7,0):ECX[8]` (cpuinfo asks no OS state of it): `use_x86_avx512vnnigfni`,
     /// `use_x86_avx256vnnigfni`.
     pub const GFNI: u64 = 1 << 12;
-    /// AVX-512FP16, CPUID.(7,0):EDX[23], with ZMM state: `use_x86_avx512fp16`.
+    /// AVX-512FP16, `CPUID.(7,0):EDX[23]`, with ZMM state: `use_x86_avx512fp16`.
     pub const AVX512FP16: u64 = 1 << 13;
-    /// AMX-INT8, CPUID.(7,0):EDX[25], with ZMM state (cpuinfo's test): `use_x86_avx512amx`, and
+    /// AMX-INT8, `CPUID.(7,0):EDX[25]`, with ZMM state (cpuinfo's test): `use_x86_avx512amx`, and
     /// XNNPACK's stand-in for AVX10 in `use_x86_avx256skx` and `use_x86_avx256vnni`.
     pub const AMX_INT8: u64 = 1 << 14;
-    /// AMX-TILE, CPUID.(7,0):EDX[24], with ZMM state. Not read by XNNPACK 4ea82e5; recorded
+    /// AMX-TILE, `CPUID.(7,0):EDX[24]`, with ZMM state. Not read by XNNPACK 4ea82e5; recorded
     /// because the tile state XNNPACK's AMX kernels use is this feature's.
     pub const AMX_TILE: u64 = 1 << 15;
-    /// AMX-BF16, CPUID.(7,0):EDX[22], with ZMM state. Not read by XNNPACK 4ea82e5.
+    /// AMX-BF16, `CPUID.(7,0):EDX[22]`, with ZMM state. Not read by XNNPACK 4ea82e5.
     pub const AMX_BF16: u64 = 1 << 16;
-    /// AMX-FP16, CPUID.(7,1):EAX[21], with ZMM state. Not read by XNNPACK 4ea82e5.
+    /// AMX-FP16, `CPUID.(7,1):EAX[21]`, with ZMM state. Not read by XNNPACK 4ea82e5.
     pub const AMX_FP16: u64 = 1 << 17;
-    /// XCR0[17]: the OS saves the AMX tile configuration (XTILECFG).
+    /// `XCR0[17]`: the OS saves the AMX tile configuration (XTILECFG).
     pub const XTILECFG: u64 = 1 << 18;
-    /// XCR0[18]: the OS saves the AMX tile data (XTILEDATA), which Linux hands out on request.
+    /// `XCR0[18]`: the OS saves the AMX tile data (XTILEDATA), which Linux hands out on request.
     pub const XTILEDATA: u64 = 1 << 19;
     /// Linux granted this process AMX tile data: `arch_prctl(ARCH_REQ_XCOMP_PERM,
     /// XFEATURE_XTILEDATA)` returned 0. XNNPACK makes that request when AVX512-SKX, -VNNI, GFNI
@@ -194,9 +194,9 @@ mod x86 {
     /// asked under the same condition, and set only then. Outside Linux XNNPACK asks nothing and
     /// the bit is set with the CPU's.
     pub const AMX_GRANTED: u64 = 1 << 20;
-    /// AVX-VNNI, CPUID.(7,1):EAX[4], with YMM state: `use_x86_avxvnni`, `use_x86_avx256vnni`.
+    /// AVX-VNNI, `CPUID.(7,1):EAX[4]`, with YMM state: `use_x86_avxvnni`, `use_x86_avx256vnni`.
     pub const AVXVNNI: u64 = 1 << 21;
-    /// AVX-VNNI-INT8, CPUID.(7,1):EDX[4], with YMM state: `use_x86_avxvnniint8`.
+    /// AVX-VNNI-INT8, `CPUID.(7,1):EDX[4]`, with YMM state: `use_x86_avxvnniint8`.
     pub const AVXVNNIINT8: u64 = 1 << 22;
 
     /// Bits 24..27: the vendor, as cpuinfo distinguishes the ones its microarchitectures belong
@@ -205,7 +205,7 @@ mod x86 {
     pub const INTEL: u64 = 1;
     pub const AMD: u64 = 2;
     pub const HYGON: u64 = 3;
-    /// Bits 27..51: CPUID.1:EAX[27:4], the signature without its stepping (model, family,
+    /// Bits 27..51: `CPUID.1:EAX[27:4]`, the signature without its stepping (model, family,
     /// extended model and family, processor type), everything cpuinfo decodes a
     /// microarchitecture from.
     pub const SIGNATURE_SHIFT: u32 = 27;

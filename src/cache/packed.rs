@@ -108,7 +108,8 @@ pub struct CacheOptions {
     /// used for longest beyond it (see [`CacheBudget`]).
     pub budget: CacheBudget,
     /// Where the file is read, written, synced, renamed and locked: the operating system's files
-    /// by default; tests put a [`FaultyStorage`](crate::storage::faults::FaultyStorage) here.
+    /// by default; tests put the test support's `FaultyStorage` here
+    /// (`xnnblob_test_support::faults`, outside this crate), which fails calls on request.
     pub storage: SharedStorage,
     /// Where what was found checking a file that cannot be written (an app's read-only
     /// bundle) is remembered, so that its damage is served at most once: None for the user's

@@ -1,7 +1,7 @@
 //! Why a delegate could not be initialised or run.
 
 use crate::cache::CacheError;
-use crate::shared_data::SharedCacheError;
+use crate::shared_data::SharedDataError;
 use crate::xnn::XnnError;
 
 /// Why a delegate could not be initialised or run.
@@ -63,7 +63,7 @@ pub enum DelegateError {
         /// The constant's named-data key, as the payload gives it.
         key: String,
         /// Why the shared data cache could not load it (a missing key is an init failure).
-        source: SharedCacheError,
+        source: SharedDataError,
     },
     /// A constant left unread (its packing was expected in the cache) is not in the named-data
     /// map, or could not be read when XNNPACK needed it after all.

@@ -5,7 +5,7 @@ use super::constants::{fill_from, Constant, Loaded, Private, ReadToPack};
 use super::error::DelegateError;
 use super::graph::dims_of;
 use super::graph::{constant_index, named_key, tensor_of};
-use super::operators::NO_VALUE;
+use super::operators::{self, NO_VALUE};
 use crate::cache::{BlobId, Description, OwnedRegistration, PackedWeightsCache};
 use crate::deferred::{DeferredData, Fill};
 use crate::fast_hash::FastMap;
@@ -171,56 +171,28 @@ struct Reader {
     context: Description,
 }
 
-/// Every node that XNNPACK may pack a constant operand of through the weights cache (fully
-/// connected, the three 2-D convolutions, batch matrix multiply), with that operand's context.
+/// Every node that XNNPACK may pack a constant operand of through the weights cache, with that
+/// operand's context: the node kind, then what its row of [`OPERATORS`] says of its packing
+/// ([`operators::packing`]), then its input, output and bias as `operand` states them.
+///
+/// [`OPERATORS`]: super::operators::OPERATORS
 fn readers(graph: &fb::XNNGraph<'_>, operand: impl Fn(u32) -> Vec<u8>) -> Vec<Reader> {
     let mut out = Vec::new();
     for node in graph.xnodes().iter().flatten() {
-        let kind = node.xnode_union_type();
         let mut d = Description::new();
-        d.number("node", kind.0 as u64);
-        let (input, filter, bias, output) =
-            if let Some(fc) = node.xnode_union_as_xnnfully_connected() {
-                d.number("flags", fc.flags() as u64);
-                (fc.input1_id(), fc.filter_id(), fc.bias_id(), fc.output_id())
-            } else if let Some(c) = node
-                .xnode_union_as_xnnconv_2d()
-                .or_else(|| node.xnode_union_as_xnndepthwise_conv_2d())
-                .or_else(|| node.xnode_union_as_xnnconv_transpose_2d())
-            {
-                // What may shape the packing (a transposed convolution's is laid out by its
-                // strides); only the padding never does.
-                d.numbers(
-                    "conv",
-                    &[
-                        c.kernel_height(),
-                        c.kernel_width(),
-                        c.subsampling_height(),
-                        c.subsampling_width(),
-                        c.dilation_height(),
-                        c.dilation_width(),
-                        c.adjustment_height(),
-                        c.adjustment_width(),
-                        c.groups(),
-                        c.group_input_channels(),
-                        c.group_output_channels(),
-                        c.flags(),
-                    ]
-                    .map(u64::from),
-                );
-                (c.input1_id(), c.filter_id(), c.bias_id(), c.output_id())
-            } else if let Some(b) = node.xnode_union_as_xnnbatch_matrix_multiply() {
-                d.number("flags", b.flags() as u64);
-                (b.input1_id(), b.input2_id(), NO_VALUE, b.output_id())
-            } else {
-                continue;
-            };
-        d.bytes("input", &operand(input));
-        d.bytes("output", &operand(output));
-        if bias != NO_VALUE {
-            d.bytes("bias", &operand(bias));
+        d.number("node", node.xnode_union_type().0 as u64);
+        let Some(packing) = operators::packing(&node, &mut d) else {
+            continue;
+        };
+        d.bytes("input", &operand(packing.input));
+        d.bytes("output", &operand(packing.output));
+        if packing.bias != NO_VALUE {
+            d.bytes("bias", &operand(packing.bias));
         }
-        out.push(Reader { filter, context: d });
+        out.push(Reader {
+            filter: packing.filter,
+            context: d,
+        });
     }
     out
 }

@@ -1,11 +1,12 @@
 //! The one table of XNNPACK nodes this delegate supports: for each, the node kind of ExecuTorch's
 //! XNNPACK schema, the XNNPACK call it becomes, how it is defined in the subgraph, the values it
-//! reads and writes, and the operand it packs through the weights cache. Checking a payload,
-//! defining its nodes, ordering and deferring its constants, the builder's tests and
-//! docs/delegate.md's list all follow from [`OPERATORS`]: a new node is one new row (and its
-//! definition).
+//! reads and writes, the operand it packs through the weights cache, and what that packing
+//! depends on. Checking a payload, defining its nodes, ordering and deferring its constants, the
+//! identities packed weights are looked up by, the builder's tests and docs/delegate.md's list
+//! all follow from [`OPERATORS`]: a new node is one new row (and its definition).
 
 use super::error::{at, DelegateError};
+use crate::cache::Description;
 use crate::fast_hash::{FastMap, FastSet};
 use crate::schema::xnn as fb;
 use crate::xnn::{
@@ -29,6 +30,10 @@ pub struct Operator {
     /// The operand XNNPACK reads only to pack it, through the weights cache after a look-up
     /// keyed by its address, if any (see [`packed_operands`]).
     packs: Packs,
+    /// The operand XNNPACK may pack through the weights cache, if any, with what its packing
+    /// depends on (see [`packing`]). Wider than `packs`: a depthwise or transposed convolution
+    /// and a batch matrix multiply pack too, though they may also read the operand as it is.
+    packing: PackingOf,
 }
 
 /// What a node reads and writes; None when its table is not the one its kind names.
@@ -36,6 +41,24 @@ type Io = for<'g> fn(&fb::XNode<'g>) -> Option<(Vec<u32>, Vec<u32>)>;
 
 /// The payload id of the operand a node packs through the weights cache, if any.
 type Packs = for<'g> fn(&fb::XNode<'g>) -> Option<u32>;
+
+/// How a node packs a constant operand, if it may: the values its packing is described by (see
+/// [`Packing`]), after the node's own parameters that may shape the packed layout, written into
+/// the description.
+type PackingOf = for<'g> fn(&fb::XNode<'g>, &mut Description) -> Option<Packing>;
+
+/// The payload ids a node's packing of its operand `filter` is described by, beyond the node's
+/// parameters: XNNPACK packs a static int8 layer's requantization scales, derived from the
+/// input's and output's quantization, into the weights, and a dynamically quantized layer's bias
+/// too (`delegate::identity` makes the packing context of them).
+pub(super) struct Packing {
+    pub(super) input: u32,
+    /// The operand packed.
+    pub(super) filter: u32,
+    /// [`NO_VALUE`] where the node has none.
+    pub(super) bias: u32,
+    pub(super) output: u32,
+}
 
 /// Defines one node: the subgraph, the node, and what it refers to.
 type Define =
@@ -89,6 +112,7 @@ pub static OPERATORS: &[Operator] = &[
         define: fully_connected,
         io: fully_connected_io,
         packs: fully_connected_filter,
+        packing: fully_connected_packing,
     },
     Operator {
         node: "XNNConv2d",
@@ -97,6 +121,7 @@ pub static OPERATORS: &[Operator] = &[
         define: convolution_2d,
         io: convolution_io,
         packs: convolution_filter,
+        packing: convolution_packing,
     },
     Operator {
         node: "XNNDepthwiseConv2d",
@@ -105,6 +130,7 @@ pub static OPERATORS: &[Operator] = &[
         define: depthwise_convolution_2d,
         io: convolution_io,
         packs: nothing_packed,
+        packing: convolution_packing,
     },
     Operator {
         node: "XNNAdd",
@@ -113,6 +139,7 @@ pub static OPERATORS: &[Operator] = &[
         define: add,
         io: two_to_one_io,
         packs: nothing_packed,
+        packing: no_packing,
     },
     Operator {
         node: "XNNMultiply",
@@ -121,6 +148,7 @@ pub static OPERATORS: &[Operator] = &[
         define: multiply,
         io: two_to_one_io,
         packs: nothing_packed,
+        packing: no_packing,
     },
     Operator {
         node: "XNNBatchMatrixMultiply",
@@ -129,6 +157,7 @@ pub static OPERATORS: &[Operator] = &[
         define: batch_matrix_multiply,
         io: two_to_one_io,
         packs: nothing_packed,
+        packing: batch_matrix_multiply_packing,
     },
     Operator {
         node: "XNNClamp",
@@ -137,6 +166,7 @@ pub static OPERATORS: &[Operator] = &[
         define: clamp,
         io: one_to_one_io,
         packs: nothing_packed,
+        packing: no_packing,
     },
     Operator {
         node: "XNNSoftmax",
@@ -145,6 +175,7 @@ pub static OPERATORS: &[Operator] = &[
         define: softmax,
         io: one_to_one_io,
         packs: nothing_packed,
+        packing: no_packing,
     },
     Operator {
         node: "XNNConvert",
@@ -153,6 +184,7 @@ pub static OPERATORS: &[Operator] = &[
         define: convert,
         io: one_to_one_io,
         packs: nothing_packed,
+        packing: no_packing,
     },
     Operator {
         node: "XNNGlobalAvgPooling2d",
@@ -161,6 +193,7 @@ pub static OPERATORS: &[Operator] = &[
         define: global_average_pooling_2d,
         io: one_to_one_io,
         packs: nothing_packed,
+        packing: no_packing,
     },
     Operator {
         node: "XNNStaticReshape",
@@ -169,6 +202,7 @@ pub static OPERATORS: &[Operator] = &[
         define: static_reshape,
         io: static_reshape_io,
         packs: nothing_packed,
+        packing: no_packing,
     },
     Operator {
         node: "XNNStaticTranspose",
@@ -177,6 +211,7 @@ pub static OPERATORS: &[Operator] = &[
         define: static_transpose,
         io: static_transpose_io,
         packs: nothing_packed,
+        packing: no_packing,
     },
     Operator {
         node: "XNNStaticSlice",
@@ -185,6 +220,7 @@ pub static OPERATORS: &[Operator] = &[
         define: static_slice,
         io: static_slice_io,
         packs: nothing_packed,
+        packing: no_packing,
     },
     Operator {
         node: "XNNConcatenate2",
@@ -193,6 +229,7 @@ pub static OPERATORS: &[Operator] = &[
         define: concatenate,
         io: concatenation_io,
         packs: nothing_packed,
+        packing: no_packing,
     },
     Operator {
         node: "XNNSubtract",
@@ -201,6 +238,7 @@ pub static OPERATORS: &[Operator] = &[
         define: subtract,
         io: two_to_one_io,
         packs: nothing_packed,
+        packing: no_packing,
     },
     Operator {
         node: "XNNDiv",
@@ -209,6 +247,7 @@ pub static OPERATORS: &[Operator] = &[
         define: divide,
         io: two_to_one_io,
         packs: nothing_packed,
+        packing: no_packing,
     },
     Operator {
         node: "XNNMinimum",
@@ -217,6 +256,7 @@ pub static OPERATORS: &[Operator] = &[
         define: minimum,
         io: two_to_one_io,
         packs: nothing_packed,
+        packing: no_packing,
     },
     Operator {
         node: "XNNMaximum",
@@ -225,6 +265,7 @@ pub static OPERATORS: &[Operator] = &[
         define: maximum,
         io: two_to_one_io,
         packs: nothing_packed,
+        packing: no_packing,
     },
     Operator {
         node: "XNNPReLU",
@@ -233,6 +274,7 @@ pub static OPERATORS: &[Operator] = &[
         define: prelu,
         io: two_to_one_io,
         packs: nothing_packed,
+        packing: no_packing,
     },
     Operator {
         node: "XNNAbs",
@@ -241,6 +283,7 @@ pub static OPERATORS: &[Operator] = &[
         define: abs,
         io: one_to_one_io,
         packs: nothing_packed,
+        packing: no_packing,
     },
     Operator {
         node: "XNNCeiling",
@@ -249,6 +292,7 @@ pub static OPERATORS: &[Operator] = &[
         define: ceiling,
         io: one_to_one_io,
         packs: nothing_packed,
+        packing: no_packing,
     },
     Operator {
         node: "XNNExp",
@@ -257,6 +301,7 @@ pub static OPERATORS: &[Operator] = &[
         define: exp,
         io: one_to_one_io,
         packs: nothing_packed,
+        packing: no_packing,
     },
     Operator {
         node: "XNNFloor",
@@ -265,6 +310,7 @@ pub static OPERATORS: &[Operator] = &[
         define: floor,
         io: one_to_one_io,
         packs: nothing_packed,
+        packing: no_packing,
     },
     Operator {
         node: "XNNGelu",
@@ -273,6 +319,7 @@ pub static OPERATORS: &[Operator] = &[
         define: gelu,
         io: one_to_one_io,
         packs: nothing_packed,
+        packing: no_packing,
     },
     Operator {
         node: "XNNHardswish",
@@ -281,6 +328,7 @@ pub static OPERATORS: &[Operator] = &[
         define: hardswish,
         io: one_to_one_io,
         packs: nothing_packed,
+        packing: no_packing,
     },
     Operator {
         node: "XNNLog",
@@ -289,6 +337,7 @@ pub static OPERATORS: &[Operator] = &[
         define: log,
         io: one_to_one_io,
         packs: nothing_packed,
+        packing: no_packing,
     },
     Operator {
         node: "XNNNegate",
@@ -297,6 +346,7 @@ pub static OPERATORS: &[Operator] = &[
         define: negate,
         io: one_to_one_io,
         packs: nothing_packed,
+        packing: no_packing,
     },
     Operator {
         node: "XNNReciprocalSquareRoot",
@@ -305,6 +355,7 @@ pub static OPERATORS: &[Operator] = &[
         define: reciprocal_square_root,
         io: one_to_one_io,
         packs: nothing_packed,
+        packing: no_packing,
     },
     Operator {
         node: "XNNSigmoid",
@@ -313,6 +364,7 @@ pub static OPERATORS: &[Operator] = &[
         define: sigmoid,
         io: one_to_one_io,
         packs: nothing_packed,
+        packing: no_packing,
     },
     Operator {
         node: "XNNSin",
@@ -321,6 +373,7 @@ pub static OPERATORS: &[Operator] = &[
         define: sine,
         io: one_to_one_io,
         packs: nothing_packed,
+        packing: no_packing,
     },
     Operator {
         node: "XNNCos",
@@ -329,6 +382,7 @@ pub static OPERATORS: &[Operator] = &[
         define: cosine,
         io: one_to_one_io,
         packs: nothing_packed,
+        packing: no_packing,
     },
     Operator {
         node: "XNNSquare",
@@ -337,6 +391,7 @@ pub static OPERATORS: &[Operator] = &[
         define: square,
         io: one_to_one_io,
         packs: nothing_packed,
+        packing: no_packing,
     },
     Operator {
         node: "XNNSquareRoot",
@@ -345,6 +400,7 @@ pub static OPERATORS: &[Operator] = &[
         define: square_root,
         io: one_to_one_io,
         packs: nothing_packed,
+        packing: no_packing,
     },
     Operator {
         node: "XNNTanh",
@@ -353,6 +409,7 @@ pub static OPERATORS: &[Operator] = &[
         define: tanh,
         io: one_to_one_io,
         packs: nothing_packed,
+        packing: no_packing,
     },
     Operator {
         node: "XNNLeakyReLU",
@@ -361,6 +418,7 @@ pub static OPERATORS: &[Operator] = &[
         define: leaky_relu,
         io: leaky_relu_io,
         packs: nothing_packed,
+        packing: no_packing,
     },
     Operator {
         node: "XNNELU",
@@ -369,6 +427,7 @@ pub static OPERATORS: &[Operator] = &[
         define: elu,
         io: elu_io,
         packs: nothing_packed,
+        packing: no_packing,
     },
     Operator {
         node: "XNNMaxPooling2d",
@@ -377,6 +436,7 @@ pub static OPERATORS: &[Operator] = &[
         define: max_pooling_2d,
         io: pooling_io,
         packs: nothing_packed,
+        packing: no_packing,
     },
     Operator {
         node: "XNNAvgPooling2d",
@@ -385,6 +445,7 @@ pub static OPERATORS: &[Operator] = &[
         define: average_pooling_2d,
         io: pooling_io,
         packs: nothing_packed,
+        packing: no_packing,
     },
     Operator {
         node: "XNNArgMaxPooling2d",
@@ -393,6 +454,7 @@ pub static OPERATORS: &[Operator] = &[
         define: argmax_pooling_2d,
         io: arg_max_pooling_io,
         packs: nothing_packed,
+        packing: no_packing,
     },
     Operator {
         node: "XNNConvTranspose2d",
@@ -401,6 +463,7 @@ pub static OPERATORS: &[Operator] = &[
         define: deconvolution_2d,
         io: convolution_io,
         packs: nothing_packed,
+        packing: convolution_packing,
     },
     Operator {
         node: "XNNStaticConstantPad",
@@ -409,6 +472,7 @@ pub static OPERATORS: &[Operator] = &[
         define: static_constant_pad,
         io: constant_pad_io,
         packs: nothing_packed,
+        packing: no_packing,
     },
     Operator {
         node: "XNNStaticResizeBilinear2D",
@@ -417,6 +481,7 @@ pub static OPERATORS: &[Operator] = &[
         define: static_resize_bilinear_2d,
         io: resize_bilinear_io,
         packs: nothing_packed,
+        packing: no_packing,
     },
     Operator {
         node: "XNNConcatenate3",
@@ -425,6 +490,7 @@ pub static OPERATORS: &[Operator] = &[
         define: concatenate,
         io: concatenation_io,
         packs: nothing_packed,
+        packing: no_packing,
     },
     Operator {
         node: "XNNConcatenate4",
@@ -433,6 +499,7 @@ pub static OPERATORS: &[Operator] = &[
         define: concatenate,
         io: concatenation_io,
         packs: nothing_packed,
+        packing: no_packing,
     },
     Operator {
         node: "XNNConcatenate5",
@@ -441,6 +508,7 @@ pub static OPERATORS: &[Operator] = &[
         define: concatenate,
         io: concatenation_io,
         packs: nothing_packed,
+        packing: no_packing,
     },
     Operator {
         node: "XNNCopy",
@@ -449,6 +517,7 @@ pub static OPERATORS: &[Operator] = &[
         define: copy,
         io: one_to_one_io,
         packs: nothing_packed,
+        packing: no_packing,
     },
     Operator {
         node: "XNNScaledDotProductAttention",
@@ -457,6 +526,7 @@ pub static OPERATORS: &[Operator] = &[
         define: scaled_dot_product_attention,
         io: attention_io,
         packs: nothing_packed,
+        packing: no_packing,
     },
 ];
 
@@ -637,6 +707,73 @@ fn fully_connected_filter(node: &fb::XNode<'_>) -> Option<u32> {
 fn convolution_filter(node: &fb::XNode<'_>) -> Option<u32> {
     let c = node.xnode_union_as_xnnconv_2d()?;
     (c.groups() <= 1 || c.group_input_channels() != 1).then(|| c.filter_id())
+}
+
+fn no_packing(_node: &fb::XNode<'_>, _parameters: &mut Description) -> Option<Packing> {
+    None
+}
+
+/// A fully connected node: its flags shape the packing (a transposed filter).
+fn fully_connected_packing(node: &fb::XNode<'_>, parameters: &mut Description) -> Option<Packing> {
+    let fc = node.xnode_union_as_xnnfully_connected()?;
+    parameters.number("flags", fc.flags() as u64);
+    Some(Packing {
+        input: fc.input1_id(),
+        filter: fc.filter_id(),
+        bias: fc.bias_id(),
+        output: fc.output_id(),
+    })
+}
+
+/// A 2-D, depthwise or transposed convolution: what may shape the packing (a transposed
+/// convolution's is laid out by its strides); only the padding never does.
+fn convolution_packing(node: &fb::XNode<'_>, parameters: &mut Description) -> Option<Packing> {
+    let c = convolution(node)?;
+    parameters.numbers(
+        "conv",
+        &[
+            c.kernel_height(),
+            c.kernel_width(),
+            c.subsampling_height(),
+            c.subsampling_width(),
+            c.dilation_height(),
+            c.dilation_width(),
+            c.adjustment_height(),
+            c.adjustment_width(),
+            c.groups(),
+            c.group_input_channels(),
+            c.group_output_channels(),
+            c.flags(),
+        ]
+        .map(u64::from),
+    );
+    Some(Packing {
+        input: c.input1_id(),
+        filter: c.filter_id(),
+        bias: c.bias_id(),
+        output: c.output_id(),
+    })
+}
+
+/// A batch matrix multiply packs its second input when that is constant; it has no bias.
+fn batch_matrix_multiply_packing(
+    node: &fb::XNode<'_>,
+    parameters: &mut Description,
+) -> Option<Packing> {
+    let b = node.xnode_union_as_xnnbatch_matrix_multiply()?;
+    parameters.number("flags", b.flags() as u64);
+    Some(Packing {
+        input: b.input1_id(),
+        filter: b.input2_id(),
+        bias: NO_VALUE,
+        output: b.output_id(),
+    })
+}
+
+/// How a supported node packs a constant operand, if it may: its row's [`PackingOf`], which
+/// writes the node's own packing parameters into `parameters`.
+pub(super) fn packing(node: &fb::XNode<'_>, parameters: &mut Description) -> Option<Packing> {
+    (find(node.xnode_union_type())?.packing)(node, parameters)
 }
 
 /// The name of every node type of ExecuTorch 1.5.1's XNNPACK schema, in discriminant order.

@@ -31,7 +31,7 @@ use parking_lot::{Condvar, Mutex};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-/// What [`prepack`] did.
+/// What `prepack` did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Prepacked {
     /// Nodes whose filter had no packing in the cache yet.

@@ -274,7 +274,7 @@ impl NamedBlobStore {
     }
 }
 
-/// Replaces `path` with `bytes` atomically and durably ([`crate::publish`]).
+/// Replaces `path` with `bytes` atomically and durably (`crate::publish`).
 pub fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), StoreError> {
     crate::publish::write_atomically(path, bytes).map_err(|error| StoreError::Io {
         path: path.display().to_string(),

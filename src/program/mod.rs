@@ -11,7 +11,7 @@
 //! (a KV cache between calls), or, planned in the memory the methods share
 //! ([`SHARED_MEMORY_ID`]), as long as the [`SharedState`] the methods were made with. Outside
 //! the delegates a method may run only the two operators such programs add: `aten::copy_`,
-//! the write-back of a mutable buffer, and `aten::expand_copy.out` ([`broadcast`]).
+//! the write-back of a mutable buffer, and `aten::expand_copy.out` (`broadcast`).
 
 mod broadcast;
 mod pack_ahead;
@@ -88,7 +88,7 @@ pub enum ProgramError {
         /// What is malformed or unsupported, in words.
         reason: String,
     },
-    /// The program's packed-weight cache failed (saving what [`pack_ahead`] packed).
+    /// The program's packed-weight cache failed (saving what [`pack_ahead()`] packed).
     #[error(transparent)]
     Cache(#[from] crate::cache::CacheError),
     /// `execute` with inputs that do not fit the method.

@@ -29,7 +29,7 @@ pub trait StorageFile: Write + Send {
     fn allocate(&mut self, len: u64) -> io::Result<()>;
     /// Cuts the file to exactly `len` bytes (`ftruncate`).
     fn set_len(&mut self, len: u64) -> io::Result<()>;
-    /// The open file, to map it ([`FileWindow`](crate::mmap::FileWindow)).
+    /// The open file, to map it (`crate::mmap::FileWindow`).
     fn file(&self) -> &File;
 }
 

@@ -508,7 +508,7 @@ impl Subgraph<'_> {
     }
 
     /// Defines `output = softmax(query · keyᵀ · scale + mask) · value` (no logits cap), with
-    /// query [.., T, C], key and value [.., S, C], scale [C] and mask [T, S].
+    /// query \[.., T, C\], key and value \[.., S, C\], scale \[C\] and mask \[T, S\].
     pub fn define_scaled_dot_product_attention(
         &mut self,
         query: u32,

@@ -1,7 +1,8 @@
 //! What xnnblob's test suites share (the core's, the command line's, the faces' and the
 //! drop-in's): where ExecuTorch's exported fixtures are, how their raw f32 files and manifests
 //! read, scratch directories, comparisons, a plain Rust reference for quantized graphs, cross
-//! builds for aarch64, and how a test that cannot run here says so. It ships in nothing.
+//! builds for aarch64, the drop-in's runner and programs ([`drop_in`]), and how a test that
+//! cannot run here says so. It ships in nothing.
 
 pub mod bounded;
 pub mod builder;
@@ -9,6 +10,7 @@ pub mod cache_files;
 pub mod close;
 pub mod counting;
 pub mod cross;
+pub mod drop_in;
 pub mod faults;
 pub mod half;
 pub mod io_steps;
@@ -168,10 +170,19 @@ pub fn under_emulation() -> bool {
 /// `qemu-x86_64 -cpu <cpu>`, so that XNNPACK dispatches as on that CPU class (qemu's CPUID and
 /// instruction set), and asserts that they pass and that every quantized GEMM ran on a kernel
 /// whose name contains `kernel_isa` (proof the emulated CPU changed the dispatch). This
-/// machine's own CPU class is covered by the plain run.
+/// machine's own CPU class is covered by the plain run. On a host that is not x86-64 it cannot
+/// run, and says so ([`cannot_run`]); in the re-run itself it does nothing.
+#[track_caller]
 pub fn assert_pass_on_emulated_cpu(module: &str, cpu: &str, kernel_isa: &str, tests: &[&str]) {
+    // The re-run itself: its own emulation tests would recurse.
+    if under_emulation() {
+        return;
+    }
     // x86-64 CPU classes only: aarch64's are tests/aarch64.rs's.
-    if under_emulation() || !cfg!(target_arch = "x86_64") {
+    if !cfg!(target_arch = "x86_64") {
+        cannot_run(&format!(
+            "{tests:?} under qemu-x86_64 -cpu {cpu}: that needs an x86-64 test binary"
+        ));
         return;
     }
     let tests: Vec<String> = tests.iter().map(|t| test_path(module, t)).collect();
@@ -277,5 +288,4 @@ pub fn ptd_with_first_weight_negated(dir: &Path) -> (PathBuf, String) {
 }
 
 mod scratch;
-#[allow(unused_imports)] // each test crate uses its own subset
 pub use scratch::{scratch, without_permission_override, Scratch, Tmpfs};

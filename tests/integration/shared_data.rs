@@ -14,7 +14,7 @@ use std::time::Duration;
 use xnnblob::named_data::{
     DataBuffer, FileDataMap, InMemoryMap, NamedBlobStore, NamedDataError, NamedDataMap,
 };
-use xnnblob::shared_data::{SharedCacheError, SharedData, SharedDataCache};
+use xnnblob::shared_data::{SharedData, SharedDataCache, SharedDataError};
 
 /// How long a liveness check waits before calling a hang a failure (never reached when the
 /// code is right; not a timing assertion).
@@ -68,8 +68,8 @@ fn in_memory(keys: &[(&str, Vec<u8>)]) -> InMemoryMap {
 }
 
 /// Whether `error` is the failed init of `key` whose cause reads `message`.
-fn init_failed(error: &SharedCacheError, key: &str, message: &str) -> bool {
-    matches!(error, SharedCacheError::InitFailed { key: k, cause }
+fn init_failed(error: &SharedDataError, key: &str, message: &str) -> bool {
+    matches!(error, SharedDataError::InitFailed { key: k, cause }
         if k == key && xnnblob::report::report(cause.error()) == message)
 }
 
@@ -78,7 +78,7 @@ fn cache_and_handles_are_send_and_sync() {
     fn check<T: Send + Sync>() {}
     check::<SharedDataCache>();
     check::<SharedData>();
-    check::<SharedCacheError>();
+    check::<SharedDataError>();
 }
 
 #[test]
@@ -335,7 +335,7 @@ fn modes_do_not_mix_and_alignment_is_honoured() {
         .unwrap_err();
     assert_eq!(
         err,
-        SharedCacheError::ModeMismatch {
+        SharedDataError::ModeMismatch {
             key: "ro".to_string()
         }
     );
@@ -345,7 +345,7 @@ fn modes_do_not_mix_and_alignment_is_honoured() {
         .unwrap();
     assert_eq!(tx.data().as_ptr() as usize % 64, 0);
     let err = cache.get_or_init("tx", load("tx")).unwrap_err();
-    assert!(matches!(&err, SharedCacheError::ModeMismatch { key } if key == "tx"));
+    assert!(matches!(&err, SharedDataError::ModeMismatch { key } if key == "tx"));
     assert!(err.to_string().contains("\"tx\""), "{err}");
     assert_eq!(loads.load(Ordering::SeqCst), 2);
 
@@ -359,7 +359,7 @@ fn modes_do_not_mix_and_alignment_is_honoured() {
         .unwrap_err();
     assert_eq!(
         err,
-        SharedCacheError::BadAlignment {
+        SharedDataError::BadAlignment {
             key: "tx".to_string(),
             alignment: 128
         }
@@ -371,7 +371,7 @@ fn modes_do_not_mix_and_alignment_is_honoured() {
             .unwrap_err();
         assert_eq!(
             err,
-            SharedCacheError::BadAlignment {
+            SharedDataError::BadAlignment {
                 key: "new".to_string(),
                 alignment
             }
@@ -412,7 +412,7 @@ fn transformed_mode_failures_name_the_step_and_are_not_cached() {
         )
         .unwrap_err();
     assert!(
-        matches!(&err, SharedCacheError::InitFailed { key, cause }
+        matches!(&err, SharedDataError::InitFailed { key, cause }
             if key == "missing" && cause.to_string() == "load failed"
                 && xnnblob::report::report(cause.error()).contains("not found")),
         "{err}"
@@ -495,7 +495,7 @@ fn a_panicking_init_fails_its_waiters_and_does_not_block_later_callers() {
     });
     assert_eq!(
         result_of(&waiter, "the waiter").unwrap_err(),
-        SharedCacheError::InitPanicked {
+        SharedDataError::InitPanicked {
             key: "q".to_string()
         }
     );
@@ -538,13 +538,13 @@ fn an_init_that_asks_for_its_own_key_gets_an_error_not_a_deadlock() {
     assert_eq!(&*outer, &bytes(20, 6)[..]);
     assert_eq!(inner[0], Ok(()));
     assert!(
-        matches!(&inner[1], Err(SharedCacheError::InitRecursion { key }) if key == "k"),
+        matches!(&inner[1], Err(SharedDataError::InitRecursion { key }) if key == "k"),
         "{:?}",
         inner[1]
     );
     assert_eq!(
         inner[2],
-        Err(SharedCacheError::ModeMismatch {
+        Err(SharedDataError::ModeMismatch {
             key: "k".to_string()
         })
     );

@@ -24,8 +24,14 @@ class VectorMap : public NamedDataMap {
     blobs_[std::move(key)] = std::move(bytes);
   }
   void fail_with(std::string message) { failure_ = std::move(message); }
+  void fail_counting_with(std::string message) { count_failure_ = std::move(message); }
 
-  std::size_t num_keys() const override { return keys_.size(); }
+  std::size_t num_keys() const override {
+    if (!count_failure_.empty()) {
+      throw std::runtime_error(count_failure_);
+    }
+    return keys_.size();
+  }
   rust::String key_at(std::size_t index) const override { return rust::String(keys_.at(index)); }
   rust::Slice<const std::uint8_t> get_data(rust::Str key) const override {
     if (!failure_.empty()) {
@@ -39,6 +45,7 @@ class VectorMap : public NamedDataMap {
   std::vector<std::string> keys_;
   std::map<std::string, std::vector<std::uint8_t>> blobs_;
   std::string failure_;
+  std::string count_failure_;
 };
 
 void check(bool ok, const std::string& what) {
@@ -138,6 +145,12 @@ rust::String cpp_delegate_checks(rust::Str ptd_path, rust::Slice<const std::uint
   expect_throw(
       [&] { delegate::init(payload, {}, *from_cpp, *new_backend(default_backend_config())->model("")); },
       "storage offline", "a C++ map's own exception");
+  // named_data.h lets every method of a map throw, num_keys too: the bridge declares it
+  // fallible, so the throw is data_map_from_cpp's exception rather than std::terminate.
+  auto uncountable = std::make_shared<VectorMap>();
+  uncountable->fail_counting_with("keys cannot be counted");
+  expect_throw([&] { data_map_from_cpp(uncountable, "uncountable-map"); }, "keys cannot be counted",
+               "a C++ map's num_keys throwing");
   expect_throw([&] { delegate::execute(a, {}, {}); }, "inputs", "wrong number of inputs");
   // A panic inside the bridge becomes the call's exception, and this process goes on.
   expect_throw([&] { panic_inside_bridge("forced by the check"); },

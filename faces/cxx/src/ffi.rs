@@ -29,7 +29,8 @@ mod bridge {
         nbytes: usize,
     }
 
-    /// Counters of a backend's shared data cache, read together.
+    /// Counters of a backend's shared data cache, read together: the core's
+    /// `xnnblob::shared_data::SharedDataStats`, named in C++ after this face's `SharedCache`.
     struct SharedCacheStats {
         /// Calls served by a live entry or by joining an init in flight.
         hits: usize,
@@ -332,8 +333,10 @@ mod bridge {
 
         /// A named-data map implemented in C++ (see named_data.h for its contract).
         type NamedDataMap;
-        /// The number of keys.
-        fn num_keys(self: &NamedDataMap) -> usize;
+        /// The number of keys. Fallible, as every call into a user's map: named_data.h lets
+        /// an implementation throw, and a throw from a call not declared fallible would end the
+        /// process.
+        fn num_keys(self: &NamedDataMap) -> Result<usize>;
         /// The key at `index` (below `num_keys`).
         fn key_at(self: &NamedDataMap, index: usize) -> Result<String>;
         /// `key`'s bytes, valid and unchanged while the map lives.
@@ -358,8 +361,9 @@ mod bridge {
 
         include!("xnnblob/xnnblob.h");
 
-        /// One line naming xnnblob and XNNPACK, assembled in C++.
-        fn describe() -> String;
+        /// One line naming xnnblob and XNNPACK, assembled in C++ (whose strings may throw
+        /// `bad_alloc`: an `Err` here, not the end of the process).
+        fn describe() -> Result<String>;
     }
 }
 
@@ -635,7 +639,7 @@ fn data_map_from_cpp(
         })?;
         let mut keys = Vec::new();
         let mut by_key = HashMap::new();
-        for i in 0..m.num_keys() {
+        for i in 0..m.num_keys().map_err(backend)? {
             let key = m.key_at(i).map_err(backend)?;
             if by_key.insert(key.clone(), i).is_some() {
                 return Err(Reported::from(NamedDataError::DuplicateKey {

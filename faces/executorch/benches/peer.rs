@@ -2,15 +2,12 @@
 //! --bench peer [-- OPTIONS]`, the options of `xnnblob bench --peer` (see
 //! `xnnblob_cli::bench::peer`).
 
-#[path = "../tests/support/mod.rs"]
-mod support;
-
 use std::path::PathBuf;
 
 fn main() {
-    // The runner finds libxnnblob_executorch.so beside itself; cargo builds only the rlib here.
-    support::backend_library();
     let runner = PathBuf::from(env!("CARGO_BIN_EXE_xnnblob-et-run"));
+    // The runner finds libxnnblob_executorch.so beside itself; cargo builds only the rlib here.
+    xnnblob_test_support::drop_in::backend_library(&runner);
     if let Err(e) = xnnblob_cli::bench::peer_bench_main(runner) {
         eprintln!("peer bench: {e}");
         std::process::exit(1);

@@ -17,7 +17,7 @@
 //!   XNNPACK, built with KleidiAI, runs them on SME kernels (such as
 //!   `qp8_f32_qc{8,4}w_gemm_minmax_ukernel_16x64c4__neonsme` and
 //!   `pqs8_qc8w_igemm_minmax_fp32_ukernel_32x32c4__neonsme`). Those rest on SME's int8 outer
-//!   product, SMOPA, which qemu 7.2 gets wrong: support/sme_outer_products.c, run here when
+//!   product, SMOPA, which qemu 7.2 gets wrong: tests/sme_outer_products.c, run here when
 //!   ExecuTorch's backend deviates, finds 48 of 64 SMOPA elements wrong (odd rows of the tile
 //!   left zero) while FMOPA, behind its right fp32 SME kernels, is exact. So the deviation is
 //!   qemu's; a deviation with a right SMOPA fails the test. xnnblob's XNNPACK has no SME kernels
@@ -30,17 +30,21 @@
 //!   same. The runner's `fp16_as_fp32_delegates` must say so there and only there, and a
 //!   cold and a warm launch with a cache file run it too: the warm one packs nothing.
 
-mod support;
-
-use support::cross;
-use support::programs::{
+use xnnblob_test_support::close::relative_difference;
+use xnnblob_test_support::cross;
+use xnnblob_test_support::drop_in::programs::{
     data, exported_programs, f16s, fixture_programs, measure, mlp_args, runtime_c_programs, s,
-    sharing_program_matches_eager, sharing_programs, Program, Runner,
+    sharing_program_matches_eager, sharing_programs, Program, Run, Runner,
 };
-use support::{f32s, relative_difference, scratch};
+use xnnblob_test_support::drop_in::{self, f32s};
+use xnnblob_test_support::scratch;
 
 use std::path::Path;
 use std::sync::OnceLock;
+
+/// The drop-in's runner, where cargo built it for these tests (the backend library is built
+/// beside it).
+const ET_RUN: &str = env!("CARGO_BIN_EXE_xnnblob-et-run");
 
 /// A qemu CPU model and what it has that changes the outcome.
 #[derive(Clone, Copy)]
@@ -62,12 +66,12 @@ fn has_fp16_values(label: &str) -> bool {
 /// The program with fp16 fully connected layers, whose fp16 weights a cache file holds.
 const FP16_WEIGHTS: &str = "c_mlp_fp16_xnn_inline";
 
-/// How this qemu computes SME outer products on `cpu`: support/sme_outer_products.c's line,
+/// How this qemu computes SME outer products on `cpu`: tests/sme_outer_products.c's line,
 /// "fmopa WRONG/N smopa WRONG/N", and the number of wrong SMOPA (int8) elements.
 fn sme_outer_products(cpu: &str) -> (String, u32) {
     let dir = scratch("sme-outer-products");
     let exe = dir.join("sme_outer_products");
-    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/support/sme_outer_products.c");
+    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/sme_outer_products.c");
     let built = std::process::Command::new("aarch64-linux-gnu-gcc")
         .args(["-O1", "-march=armv8.6-a+sve", "-o"])
         .arg(&exe)
@@ -100,7 +104,10 @@ fn sme_outer_products(cpu: &str) -> (String, u32) {
 }
 
 fn runner_on(cpu: &str) -> Runner {
-    Runner::emulated(support::aarch64_drop_in().runner.clone(), cross::qemu(cpu))
+    Runner::emulated(
+        drop_in::aarch64_drop_in(ET_RUN).runner.clone(),
+        cross::qemu(cpu),
+    )
 }
 
 #[test]
@@ -220,7 +227,7 @@ fn drop_in_on(cpu: Cpu) {
             cpu.model
         );
         let ours = if expected {
-            let times = |r: &support::programs::Run| {
+            let times = |r: &Run| {
                 format!(
                     "{:.1} ms to ready, first execute {:.2} ms",
                     r.number("load_to_ready_ms"),
@@ -251,7 +258,7 @@ fn drop_in_on(cpu: Cpu) {
     );
     if let Some((line, _)) = smopa.get() {
         eprintln!(
-            "{}: qemu's SME outer products, wrong elements of all (support/sme_outer_products.c): \
+            "{}: qemu's SME outer products, wrong elements of all (tests/sme_outer_products.c): \
              {line}",
             cpu.model
         );
@@ -375,8 +382,8 @@ fn a_bundle_prepacked_for_each_aarch64_class_makes_the_first_launch_warm() {
         xnnblob_test_support::cannot_run("the aarch64 runs are cross-built from an x86-64 host");
         return;
     }
-    let host = support::xnnblob_command(false);
-    let aarch64 = support::xnnblob_command(true);
+    let host = drop_in::xnnblob_command(ET_RUN, false);
+    let aarch64 = drop_in::xnnblob_command(ET_RUN, true);
     let names = [
         "arch_llama_8da4w",
         "arch_mobilenet_v2_int8",

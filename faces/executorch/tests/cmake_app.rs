@@ -3,12 +3,18 @@
 //! ExecuTorch's own. Each build runs a program cold and warm in fresh processes. The same again
 //! cross-built for aarch64 against the aarch64 wheel's package and run under `qemu-aarch64`.
 
-mod support;
-
-use support::programs::s;
+use xnnblob_test_support::close::relative_difference;
+use xnnblob_test_support::cross;
+use xnnblob_test_support::drop_in::programs::s;
+use xnnblob_test_support::drop_in::{self, f32s};
+use xnnblob_test_support::scratch;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+
+/// The drop-in's runner, where cargo built it for these tests (the backend library is built
+/// beside it).
+const ET_RUN: &str = env!("CARGO_BIN_EXE_xnnblob-et-run");
 
 fn repository() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -138,7 +144,7 @@ fn cold_and_warm(name: &str, backend: &str, scratch: &Path, launch: impl Fn() ->
     // stored outputs within 1e-3 of their range (bit-identical on the machine that stored
     // them, but another CPU class may pick other quantized kernels).
     assert_eq!(warm, cold, "{name}: warm output differs from cold");
-    let d = support::relative_difference(&support::f32s(&cold), &support::f32s(&expected));
+    let d = relative_difference(&f32s(&cold), &f32s(&expected));
     assert!(
         d <= 1e-3,
         "{name}: {d} of the range from ExecuTorch's stored output"
@@ -159,8 +165,8 @@ fn cold_and_warm(name: &str, backend: &str, scratch: &Path, launch: impl Fn() ->
 
 #[test]
 fn the_same_app_source_runs_with_either_backend_by_its_link_line() {
-    let library = support::backend_library();
-    let scratch = support::scratch("cmake-app");
+    let library = drop_in::backend_library(ET_RUN);
+    let scratch = scratch("cmake-app");
     for (name, backend, library) in builds(&library) {
         let root = Path::new(executorch_sys::ROOT);
         let app = build_app(backend, &library, &scratch.join(name), root, &[]);
@@ -181,10 +187,10 @@ fn the_same_app_source_cross_built_for_aarch64_runs_under_qemu_with_either_backe
         return;
     }
     let started = std::time::Instant::now();
-    let drop_in = support::aarch64_drop_in();
+    let drop_in = drop_in::aarch64_drop_in(ET_RUN);
     let built = started.elapsed();
     let root = &drop_in.executorch_root;
-    let scratch = support::scratch("cmake-app-aarch64");
+    let scratch = scratch("cmake-app-aarch64");
     let cross_compiling = [
         s("-DCMAKE_SYSTEM_NAME=Linux"),
         s("-DCMAKE_SYSTEM_PROCESSOR=aarch64"),
@@ -193,7 +199,7 @@ fn the_same_app_source_cross_built_for_aarch64_runs_under_qemu_with_either_backe
         format!(
             "-DCMAKE_FIND_ROOT_PATH={};{}",
             root.display(),
-            support::cross::SYSROOT
+            cross::SYSROOT
         ),
     ];
     for (name, backend, library) in builds(&drop_in.library) {
@@ -220,7 +226,7 @@ fn the_same_app_source_cross_built_for_aarch64_runs_under_qemu_with_either_backe
         let needed: Vec<&str> = header.lines().filter(|l| l.contains("(NEEDED)")).collect();
         links_its_backend(name, &needed.join("\n"));
         cold_and_warm(name, backend, &scratch, || {
-            support::cross::under_qemu("neoverse-n1", &app)
+            cross::under_qemu("neoverse-n1", &app)
         });
     }
     eprintln!(
@@ -238,10 +244,10 @@ fn the_same_app_source_cross_built_for_aarch64_runs_under_qemu_with_either_backe
 /// and `cmake --install` puts the bundle beside the app.
 #[test]
 fn the_app_packs_its_model_at_build_time_and_its_first_launch_packs_nothing() {
-    let library = support::backend_library();
-    let scratch = support::scratch("cmake-app-bundle");
+    let library = drop_in::backend_library(ET_RUN);
+    let scratch = scratch("cmake-app-bundle");
     let data = repository().join("tests/data/executorch");
-    let xnnblob = support::xnnblob_command(false);
+    let xnnblob = drop_in::xnnblob_command(ET_RUN, false);
     let mut cpus = vec!["host"];
     if cfg!(target_arch = "x86_64") {
         cpus.push("x86-64-avx2");
@@ -280,7 +286,7 @@ fn the_app_packs_its_model_at_build_time_and_its_first_launch_packs_nothing() {
         Some(&bundle),
     );
     let expected = std::fs::read(data.join(format!("{PROGRAM}.output_et.f32"))).unwrap();
-    let d = support::relative_difference(&support::f32s(&first), &support::f32s(&expected));
+    let d = relative_difference(&f32s(&first), &f32s(&expected));
     assert!(
         d <= 1e-3,
         "{d} of the range from ExecuTorch's stored output"

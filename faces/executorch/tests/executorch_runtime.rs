@@ -2,19 +2,24 @@
 //! running programs through xnnblob's "XnnpackBackend", with ExecuTorch's own XNNPACK backend as
 //! the witness in the same test. Each launch is a fresh `xnnblob-et-run` process.
 
-mod support;
-
-use support::programs::{
-    call_arg, check_outputs, data, exported_programs, f16s, fixture_programs, measure, mlp_args,
-    runtime_c, runtime_c_programs, s, sharing_program_matches_eager, sharing_programs, Run, Runner,
+use xnnblob_test_support::close::relative_difference;
+use xnnblob_test_support::drop_in::programs::{
+    check_outputs, data, exported_programs, f16s, fixture_programs, measure, mlp_args, runtime_c,
+    runtime_c_programs, s, sharing_program_matches_eager, sharing_programs, Run, Runner,
 };
-use support::{f32s, relative_difference, scratch};
+use xnnblob_test_support::drop_in::{self, f32s};
+use xnnblob_test_support::io_steps::call_arg;
+use xnnblob_test_support::scratch;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+/// The drop-in's runner, where cargo built it for these tests (the backend library is built
+/// beside it).
+const ET_RUN: &str = env!("CARGO_BIN_EXE_xnnblob-et-run");
+
 fn runner(args: &[String]) -> Result<Run, String> {
-    Runner::host(None).run(args)
+    Runner::host(ET_RUN, None).run(args)
 }
 
 fn run_ok(args: &[String]) -> Run {
@@ -39,7 +44,7 @@ fn exported_programs_match_on_an_avx2_only_cpu() {
 }
 
 fn exported_programs_on(cpu: Option<&str>) {
-    let runner = Runner::host(cpu);
+    let runner = Runner::host(ET_RUN, cpu);
     for p in exported_programs() {
         for (file, dtype) in p.expected.iter().flatten() {
             let bytes = std::fs::read(file).unwrap();
@@ -73,7 +78,7 @@ fn exported_programs_on(cpu: Option<&str>) {
 /// each other's packing.
 #[test]
 fn the_same_bytes_in_two_shapes_or_beside_two_biases_match_without_a_cache_cold_and_warm() {
-    let runner = Runner::host(None);
+    let runner = Runner::host(ET_RUN, None);
     let dir = scratch("identity");
     let programs: Vec<_> = exported_programs()
         .into_iter()
@@ -169,7 +174,7 @@ fn an_entry_cut_short_is_repacked_inside_executorchs_runtime_and_the_file_repair
 /// (patch 0004).
 #[test]
 fn repeated_executes_match_in_every_workspace_sharing_mode() {
-    let runner = Runner::host(None);
+    let runner = Runner::host(ET_RUN, None);
     for p in exported_programs() {
         if p.expected.len() != 1 {
             continue; // stateful: its steps are its own
@@ -201,7 +206,7 @@ fn repeated_executes_match_in_every_workspace_sharing_mode() {
 
 #[test]
 fn runtime_c_programs_match_executorch_with_both_backends() {
-    let runner = Runner::host(None);
+    let runner = Runner::host(ET_RUN, None);
     for p in runtime_c_programs() {
         let name = &p.label;
         let check =
@@ -214,7 +219,7 @@ fn runtime_c_programs_match_executorch_with_both_backends() {
 
 #[test]
 fn every_xnnpack_fixture_matches_with_both_backends() {
-    let runner = Runner::host(None);
+    let runner = Runner::host(ET_RUN, None);
     for p in fixture_programs() {
         let label = &p.label;
         let check =
@@ -430,10 +435,7 @@ fn bad_input_gets_a_clear_executorch_error() {
         s("--cache"),
         s("/proc/xnnblob-cannot-write-here/weights.xbc"),
     ]);
-    let out = Command::new(env!("CARGO_BIN_EXE_xnnblob-et-run"))
-        .args(&args)
-        .output()
-        .unwrap();
+    let out = Command::new(ET_RUN).args(&args).output().unwrap();
     assert!(out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(
@@ -741,11 +743,8 @@ fn xnnblob_runs_on_executorchs_own_thread_pool_at_the_size_the_app_gives_it() {
 
 /// Runs the runner and returns its exit status, stdout and stderr, however it ended.
 fn run_any(args: &[String]) -> (bool, String, String) {
-    support::backend_library();
-    let out = Command::new(env!("CARGO_BIN_EXE_xnnblob-et-run"))
-        .args(args)
-        .output()
-        .unwrap();
+    drop_in::backend_library(ET_RUN);
+    let out = Command::new(ET_RUN).args(args).output().unwrap();
     (
         out.status.success(),
         String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -1034,8 +1033,8 @@ fn a_cache_file_cut_short_during_executes_fails_them_without_sigbus() {
             let mode = ["--load-mode", load_mode];
             run_ok(&launch_args(&cache, "cold", &mode));
             let cold = f32s(&std::fs::read(dir.join("cold/output0.f32")).unwrap());
-            support::backend_library();
-            let mut child = Command::new(env!("CARGO_BIN_EXE_xnnblob-et-run"))
+            drop_in::backend_library(ET_RUN);
+            let mut child = Command::new(ET_RUN)
                 .args(launch_args(
                     &cache,
                     "warm",
@@ -1097,7 +1096,7 @@ fn a_cache_file_cut_short_during_executes_fails_them_without_sigbus() {
 /// launch still computes the right outputs, and nothing is left at the path.
 #[test]
 fn every_failed_save_is_said_once_with_its_path_and_cause() {
-    use support::{without_permission_override, Tmpfs};
+    use xnnblob_test_support::{without_permission_override, Tmpfs};
     let dir = scratch("failed-saves");
     let expected =
         f32s(&std::fs::read(data().join("mlp_qd8_qc8w_external.output_et.f32")).unwrap());
@@ -1137,8 +1136,8 @@ fn every_failed_save_is_said_once_with_its_path_and_cause() {
             s("--output-dir"),
             out.display().to_string(),
         ]);
-        support::backend_library();
-        let exe = Path::new(env!("CARGO_BIN_EXE_xnnblob-et-run"));
+        drop_in::backend_library(ET_RUN);
+        let exe = Path::new(ET_RUN);
         let mut command = if cause == "Permission denied" {
             match without_permission_override(exe) {
                 Some(c) => c,
@@ -1207,7 +1206,7 @@ fn methods_sharing_mutable_buffers_match_eager_when_their_arenas_are_shared() {
         ]
     );
     for name in &names {
-        sharing_program_matches_eager(&Runner::host(None), &dir, name);
+        sharing_program_matches_eager(&Runner::host(ET_RUN, None), &dir, name);
     }
 }
 
@@ -1353,7 +1352,7 @@ fn prefill_and_decode_methods_share_one_packing_of_each_weight() {
 #[test]
 fn a_bundle_packed_ahead_makes_the_first_launch_inside_executorch_warm() {
     let dir = scratch("bundle-first-launch");
-    let runner = Runner::host(None);
+    let runner = Runner::host(ET_RUN, None);
     for p in exported_programs() {
         let program = PathBuf::from(&p.args[0]);
         let data: Vec<PathBuf> = p

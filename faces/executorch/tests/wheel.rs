@@ -5,13 +5,13 @@
 //! is installed by pip for the aarch64 platform into a directory (no aarch64 Python runs here) and
 //! its programs and the cross-built app run under `qemu-aarch64`.
 
-mod support;
-
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use xnnblob_test_support::bounded;
+use xnnblob_test_support::close::relative_difference;
+use xnnblob_test_support::drop_in::f32s;
+use xnnblob_test_support::{bounded, cross, scratch};
 
 fn repository() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -82,7 +82,7 @@ fn text(out: &Output) -> String {
     String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
 
-/// Builds the wheel for `target` with the README's command into `out`; returns its path.
+/// Builds the wheel for `target` with docs/wheel.md's command into `out`; returns its path.
 fn build_wheel(target: &str, out: &Path) -> PathBuf {
     let started = Instant::now();
     ok(
@@ -189,7 +189,7 @@ fn cold_and_warm(scratch: &Path, launch: impl Fn() -> Command) {
         outputs.push(std::fs::read(&output).unwrap());
     }
     assert_eq!(outputs[0], outputs[1], "warm output differs from cold");
-    let d = support::relative_difference(&support::f32s(&outputs[1]), &support::f32s(&expected));
+    let d = relative_difference(&f32s(&outputs[1]), &f32s(&expected));
     assert!(d <= 1e-3, "{d} of the range from ExecuTorch's output");
     let magic = std::fs::read(&cache).unwrap();
     assert!(magic.starts_with(b"XBPWC"), "not xnnblob's cache file");
@@ -302,7 +302,7 @@ fn the_wheel_installs_beside_executorchs_and_serves_the_app_and_the_cli_without_
         xnnblob_test_support::cannot_run("the wheel's x86-64 test runs on an x86-64 host");
         return;
     }
-    let scratch = support::scratch("wheel");
+    let scratch = scratch("wheel");
     let scratch: &Path = &scratch;
     let wheel = build_wheel("x86_64-unknown-linux-gnu", &scratch.join("dist"));
 
@@ -498,9 +498,9 @@ fn the_aarch64_wheel_installs_for_aarch64_and_its_programs_run_under_qemu() {
         xnnblob_test_support::cannot_run("the aarch64 wheel is cross-built from an x86-64 host");
         return;
     }
-    let scratch = support::scratch("wheel-aarch64");
+    let scratch = scratch("wheel-aarch64");
     let scratch: &Path = &scratch;
-    let wheel = build_wheel(support::cross::TARGET, &scratch.join("dist"));
+    let wheel = build_wheel(cross::TARGET, &scratch.join("dist"));
     let platform = platform_of(&wheel);
     assert!(platform.ends_with("_aarch64"), "{platform}");
 
@@ -560,7 +560,7 @@ fn the_aarch64_wheel_installs_for_aarch64_and_its_programs_run_under_qemu() {
     );
     assert_eq!(
         python(&py, "import xnnblob; print(xnnblob.target)"),
-        support::cross::TARGET
+        cross::TARGET
     );
     check_installed(&py, &package);
     let header = text(&ok(
@@ -571,7 +571,7 @@ fn the_aarch64_wheel_installs_for_aarch64_and_its_programs_run_under_qemu() {
     assert!(header.contains("AArch64"), "{header}");
 
     let qemu = |exe: &Path| {
-        let words = support::cross::qemu("neoverse-n1");
+        let words = cross::qemu("neoverse-n1");
         let mut command = user(&words[0]);
         command.args(&words[1..]).arg(exe);
         command
@@ -633,7 +633,7 @@ fn the_aarch64_wheel_installs_for_aarch64_and_its_programs_run_under_qemu() {
         format!(
             "-DCMAKE_FIND_ROOT_PATH={};{}",
             site.display(),
-            support::cross::SYSROOT
+            cross::SYSROOT
         ),
     ];
     let app = build_app(&prefix_path, &scratch.join("app"), &cross_compiling);

@@ -9,9 +9,9 @@ use std::path::{Path, PathBuf};
 use xnnblob::backend::{Backend, BackendOptions, PackedCache};
 use xnnblob::delegate::XnnDelegate;
 use xnnblob::named_data::{NamedBlobStore, ScalarType, TensorLayout};
-use xnnblob_test_support::program_writer::DelegatedProgram;
 use xnnblob_fuzz::capi_input::{self as capi, CapiInput};
 use xnnblob_fuzz::state_script::{Binding, Decl, MethodDecl, Op, Script};
+use xnnblob_test_support::program_writer::DelegatedProgram;
 
 type Seeds = Vec<(String, Vec<u8>)>;
 

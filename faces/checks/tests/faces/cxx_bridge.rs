@@ -2,7 +2,8 @@
 
 #[test]
 fn cpp_describe_reaches_rust_and_xnnpack() {
-    let line = xnnblob_cxx::ffi::describe();
+    // Fallible only where C++ cannot allocate the line.
+    let line = xnnblob_cxx::ffi::describe().expect("describe assembles its line");
     assert!(line.starts_with(&format!(
         "xnnblob {} on XNNPACK build ",
         env!("CARGO_PKG_VERSION")

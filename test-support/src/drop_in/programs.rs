@@ -1,9 +1,11 @@
-//! The programs the ExecuTorch tests run through `xnnblob-et-run` with both backends, their
+//! The programs the drop-in's tests run through `xnnblob-et-run` with both backends, their
 //! expected outputs (ExecuTorch's stored ones) and tolerances, and how a launch is started: on
 //! this machine, or under qemu (an emulated x86-64 CPU, or an aarch64 build).
-#![allow(dead_code)] // each test crate uses its own subset
 
-use super::{f32s, relative_difference, scratch};
+use super::f32s;
+use crate::close::relative_difference;
+use crate::io_steps::call_arg;
+use crate::{scratch, XNNPACK_FIXTURES};
 
 use serde_json::Value;
 use std::collections::HashMap;
@@ -12,7 +14,7 @@ use std::process::Command;
 
 /// `tests/data/executorch`.
 pub fn data() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/data/executorch")
+    crate::dir()
 }
 
 pub fn s(v: &str) -> String {
@@ -34,12 +36,13 @@ pub struct Runner {
 }
 
 impl Runner {
-    /// This package's runner, on this machine's CPU or, when `cpu` names one, on that x86-64 CPU
-    /// as `qemu-x86_64 -cpu CPU` emulates it.
-    pub fn host(cpu: Option<&str>) -> Runner {
-        super::backend_library();
+    /// The runner `et_run` built for this host (with the backend library beside it), on this
+    /// machine's CPU or, when `cpu` names one, on that x86-64 CPU as `qemu-x86_64 -cpu CPU`
+    /// emulates it.
+    pub fn host(et_run: impl AsRef<Path>, cpu: Option<&str>) -> Runner {
+        super::backend_library(&et_run);
         Runner {
-            exe: env!("CARGO_BIN_EXE_xnnblob-et-run").into(),
+            exe: et_run.as_ref().into(),
             qemu: cpu
                 .map(|cpu| vec![s("qemu-x86_64"), s("-cpu"), s(cpu)])
                 .unwrap_or_default(),
@@ -66,7 +69,7 @@ impl Runner {
     /// One launch: its key=value lines, or its exit status, stderr and stdout on failure.
     pub fn run(&self, args: &[String]) -> Result<Run, String> {
         // One launch takes seconds, under qemu too: ten minutes is a hang.
-        let out = xnnblob_test_support::bounded::output(
+        let out = crate::bounded::output(
             self.command().args(args),
             std::time::Duration::from_secs(600),
             &format!("xnnblob-et-run {args:?}"),
@@ -144,8 +147,6 @@ pub const RUNTIME_C: [(&str, f32); 6] = [
     ("c_mlp_fp16_xnn_inline", 2e-3),
 ];
 
-pub use xnnblob_test_support::XNNPACK_FIXTURES;
-
 /// The runtime-c programs.
 pub fn runtime_c_programs() -> Vec<Program> {
     RUNTIME_C
@@ -186,7 +187,7 @@ pub fn fixture_programs() -> Vec<Program> {
 /// top) and 1e-3 for quantized programs.
 pub fn exported_programs() -> Vec<Program> {
     let dir = data().join("export");
-    let names = xnnblob_test_support::exported_names();
+    let names = crate::exported_names();
     assert!(
         names.len() >= 10,
         "the exported programs are there: {names:?}"
@@ -443,8 +444,6 @@ pub fn sharing_programs() -> Vec<String> {
     names.sort();
     names
 }
-
-pub use xnnblob_test_support::io_steps::call_arg;
 
 /// Runs `name`'s calls in sequence with `runner` (issue 43): each output within 1e-5 of the
 /// range of eager's, through ExecuTorch's backend and xnnblob's cold and warm with a cache file

@@ -1,17 +1,35 @@
-//! What the ExecuTorch tests share.
+//! What the drop-in's tests and its peer bench share (`faces/executorch`): the backend library
+//! and the `xnnblob` command built beside the runner, the drop-in cross-built for aarch64, and
+//! the programs they run through `xnnblob-et-run` ([`programs`]).
+//!
+//! Cargo tells only that package's tests and benches where it built the runner
+//! (`env!("CARGO_BIN_EXE_xnnblob-et-run")`), so they pass that path in; everything else is
+//! found from it and from this repository's layout.
 
+use crate::cross;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// Builds `libxnnblob_executorch.so` beside the runner (where it looks for it), once, and returns
-/// its path: cargo builds only the rlib of this package for its tests, not the shared library.
-pub fn backend_library() -> PathBuf {
+pub mod programs;
+
+/// The drop-in's package directory, `faces/executorch`.
+fn package_dir() -> PathBuf {
+    crate::repo_root().join("faces/executorch")
+}
+
+/// The directory the runner `et_run` was built into, and the target directory above it.
+fn runner_dirs(et_run: &Path) -> (&Path, &Path) {
+    let bin_dir = et_run.parent().unwrap();
+    (bin_dir, bin_dir.parent().unwrap())
+}
+
+/// Builds `libxnnblob_executorch.so` beside the runner `et_run` (where it looks for it), once,
+/// and returns its path: cargo builds only the rlib of that package for its tests, not the shared
+/// library.
+pub fn backend_library(et_run: impl AsRef<Path>) -> PathBuf {
     static BUILT: std::sync::OnceLock<()> = std::sync::OnceLock::new();
-    let bin_dir = Path::new(env!("CARGO_BIN_EXE_xnnblob-et-run"))
-        .parent()
-        .unwrap();
+    let (bin_dir, target_dir) = runner_dirs(et_run.as_ref());
     BUILT.get_or_init(|| {
-        let target_dir = bin_dir.parent().unwrap();
         let mut build = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
         build
             .args([
@@ -21,7 +39,7 @@ pub fn backend_library() -> PathBuf {
                 "xnnblob-executorch",
                 "--manifest-path",
             ])
-            .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml"))
+            .arg(package_dir().join("Cargo.toml"))
             .env("CARGO_TARGET_DIR", target_dir);
         if bin_dir.file_name().is_some_and(|n| n == "release") {
             build.arg("--release");
@@ -33,11 +51,7 @@ pub fn backend_library() -> PathBuf {
     bin_dir.join("libxnnblob_executorch.so")
 }
 
-#[allow(unused_imports)] // the bench shares this module and makes none
-pub use xnnblob_test_support::{scratch, without_permission_override, Tmpfs};
-
-/// Output bytes as little-endian f32 values.
-#[allow(dead_code)] // each test crate uses its own subset
+/// Output bytes as little-endian f32 values (the crate's own [`crate::f32s`] reads a file).
 pub fn f32s(bytes: &[u8]) -> Vec<f32> {
     bytes
         .chunks_exact(4)
@@ -45,16 +59,7 @@ pub fn f32s(bytes: &[u8]) -> Vec<f32> {
         .collect()
 }
 
-/// The closeness checks of xnnblob's own tests: one definition of "matches" (length, NaN,
-/// tolerance) for both crates.
-#[allow(unused_imports)]
-pub use xnnblob_test_support::close::relative_difference;
-
-/// Building for aarch64 and running the result under qemu-aarch64 (tests/aarch64.rs).
-pub use xnnblob_test_support::cross;
-
 /// The drop-in cross-built for aarch64 (tests/aarch64.rs, tests/cmake_app.rs).
-#[allow(dead_code)]
 pub struct Aarch64DropIn {
     /// `xnnblob-et-run`.
     pub runner: PathBuf,
@@ -65,26 +70,20 @@ pub struct Aarch64DropIn {
     pub executorch_root: PathBuf,
 }
 
-/// Cross-builds the runner and the backend library once (a nested cargo, into this build's target
-/// directory and profile, as [`backend_library`] finds them), and says where they are.
-#[allow(dead_code)]
-pub fn aarch64_drop_in() -> &'static Aarch64DropIn {
+/// Cross-builds the runner and the backend library once (a nested cargo, into the target
+/// directory and profile of the host's runner `et_run`, as [`backend_library`] finds them), and
+/// says where they are.
+pub fn aarch64_drop_in(et_run: impl AsRef<Path>) -> &'static Aarch64DropIn {
     use cross::TARGET;
     static BUILT: std::sync::OnceLock<Aarch64DropIn> = std::sync::OnceLock::new();
+    let (host_bin, target_dir) = runner_dirs(et_run.as_ref());
     BUILT.get_or_init(|| {
-        let host_bin = Path::new(env!("CARGO_BIN_EXE_xnnblob-et-run"))
-            .parent()
-            .unwrap();
-        let target_dir = host_bin.parent().unwrap();
         let mut args = vec!["build", "-p", "xnnblob-executorch", "--lib", "--bins"];
         if host_bin.file_name().is_some_and(|n| n == "release") {
             args.push("--release");
         }
-        let built = cross::cargo_for_target(
-            Path::new(env!("CARGO_MANIFEST_DIR")),
-            &args,
-            &[("CARGO_TARGET_DIR", target_dir)],
-        );
+        let built =
+            cross::cargo_for_target(&package_dir(), &args, &[("CARGO_TARGET_DIR", target_dir)]);
         let runner = built
             .artifacts
             .iter()
@@ -112,22 +111,18 @@ pub fn aarch64_drop_in() -> &'static Aarch64DropIn {
     })
 }
 
-/// The `xnnblob` command (the CLI crate's binary), built by a nested cargo into this build's
-/// target directory and profile: for this host, or with `aarch64` for [`cross::TARGET`]
-/// (`xnnblob prepack` runs that one under qemu for the aarch64 classes).
-#[allow(dead_code)]
-pub fn xnnblob_command(aarch64: bool) -> PathBuf {
-    let host_bin = Path::new(env!("CARGO_BIN_EXE_xnnblob-et-run"))
-        .parent()
-        .unwrap();
-    let target_dir = host_bin.parent().unwrap();
+/// The `xnnblob` command (the CLI crate's binary), built by a nested cargo into the target
+/// directory and profile of the host's runner `et_run`: for this host, or with `aarch64` for
+/// [`cross::TARGET`] (`xnnblob prepack` runs that one under qemu for the aarch64 classes).
+pub fn xnnblob_command(et_run: impl AsRef<Path>, aarch64: bool) -> PathBuf {
+    let (host_bin, target_dir) = runner_dirs(et_run.as_ref());
     let mut args = vec!["build", "-p", "xnnblob-cli", "--bin", "xnnblob"];
     if host_bin.file_name().is_some_and(|n| n == "release") {
         args.push("--release");
     }
-    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let workspace = crate::repo_root();
     if aarch64 {
-        return cross::cargo_for_target(&workspace, &args, &[("CARGO_TARGET_DIR", target_dir)])
+        return cross::cargo_for_target(workspace, &args, &[("CARGO_TARGET_DIR", target_dir)])
             .artifacts
             .into_iter()
             .filter(|a| a.name == "xnnblob")
@@ -135,8 +130,8 @@ pub fn xnnblob_command(aarch64: bool) -> PathBuf {
             .unwrap_or_else(|| panic!("cargo names xnnblob built for {}", cross::TARGET));
     }
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let built = std::process::Command::new(&cargo)
-        .current_dir(&workspace)
+    let built = Command::new(&cargo)
+        .current_dir(workspace)
         .args(&args)
         .env("CARGO_TARGET_DIR", target_dir)
         .output()
@@ -148,5 +143,3 @@ pub fn xnnblob_command(aarch64: bool) -> PathBuf {
     );
     host_bin.join("xnnblob")
 }
-
-pub mod programs;
