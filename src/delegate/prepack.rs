@@ -27,7 +27,6 @@ use crate::named_data::{DataBuffer, NamedDataMap};
 use crate::schema::xnn as fb;
 use crate::tensor::XNN_EXTRA_BYTES;
 use crate::xnn::{Datatype, Runtime, RuntimeOptions, Subgraph, ValueRole};
-use parking_lot::{Condvar, Mutex};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
@@ -114,36 +113,15 @@ pub(super) fn prepack(
             .collect()
     };
     missing.sort_by_key(|j| std::cmp::Reverse(j.size));
-    // Every job's source bytes are asked for on the thread that loads the delegate, in the
-    // order the jobs are packed, while the other threads pack those already read; then it packs
-    // too. A loader that reads into the heap (ExecuTorch's `FileDataLoader`) so allocates from
-    // this thread's heap, as for ExecuTorch's own backend, not from a heap of each packing
-    // thread: glibc keeps the freed space of a thread's heap resident up to its trim threshold
-    // (32-64 MiB once a large block was freed), which cost the 1B export's cold launch 20 MiB of
-    // peak. Each job's bytes are let go as soon as it is packed.
-    let reads: Vec<Mutex<Option<Vec<Read>>>> = missing.iter().map(|_| Mutex::new(None)).collect();
-    // How many jobs, from the first, have been read (or failed to be: the real creation
-    // packs those).
-    let read_so_far = Mutex::new(0usize);
-    let more_read = Condvar::new();
     let threads = threads.clamp(1, missing.len());
     let next = AtomicUsize::new(0);
     let packed = AtomicUsize::new(0);
-    let work = || loop {
-        let n = next.fetch_add(1, Ordering::Relaxed);
-        let Some(job) = missing.get(n) else { break };
-        {
-            let mut so_far = read_so_far.lock();
-            while *so_far <= n {
-                more_read.wait(&mut so_far);
+    let work = || {
+        while let Some(job) = missing.get(next.fetch_add(1, Ordering::Relaxed)) {
+            // A failure here is the real creation's to report (it packs the weight itself).
+            if pack_one(&values, &by_id, job, loaded, cache, source).is_ok() {
+                packed.fetch_add(1, Ordering::Relaxed);
             }
-        }
-        let Some(read) = reads[n].lock().take() else {
-            continue;
-        };
-        // A failure here is the real creation's to report (it packs the weight itself).
-        if pack_one(&values, &by_id, job, loaded, cache, read).is_ok() {
-            packed.fetch_add(1, Ordering::Relaxed);
         }
     };
     std::thread::scope(|s| {
@@ -153,15 +131,6 @@ pub(super) fn prepack(
                 .spawn_scoped(s, work);
             // Without another thread, this one does all the work.
             drop(spawned);
-        }
-        {
-            // Releases the packing threads however the reading ends (an unwind included).
-            let _all_read = AllRead(&read_so_far, &more_read);
-            for (n, job) in missing.iter().enumerate() {
-                *reads[n].lock() = source_reads(&values, &by_id, job, loaded, cache, source).ok();
-                *read_so_far.lock() = n + 1;
-                more_read.notify_all();
-            }
         }
         work();
     });
@@ -198,63 +167,32 @@ fn source_bytes(
     Some((buffer, registration))
 }
 
-/// Marks every job read when dropped: a job left unread is the real creation's to pack.
-struct AllRead<'a>(&'a Mutex<usize>, &'a Condvar);
-
-impl Drop for AllRead<'_> {
-    fn drop(&mut self) {
-        *self.0.lock() = usize::MAX;
-        self.1.notify_all();
-    }
-}
-
-/// A job's operand as its source gave it, registered (see [`source_bytes`]); None where the
-/// graph's own constant or placeholder serves.
-type Read = Option<(DataBuffer, OwnedRegistration)>;
-
-/// Job `job`'s operands (filter, then bias) as their source gives them.
-fn source_reads(
+/// Creates (and drops) a one-node runtime for `job` with `cache`: input external 0, output
+/// external 1, filter and bias as the real graph defines them (or as their source's bytes).
+fn pack_one(
     values: &[fb::XValue<'_>],
     by_id: &FastMap<u32, usize>,
     job: &Job<'_>,
     loaded: &Loaded,
     cache: &Arc<PackedWeightsCache>,
     source: Option<&Arc<dyn NamedDataMap>>,
-) -> Result<Vec<Read>, DelegateError> {
-    operands(job)
-        .map(|id| {
-            let i = value_of(by_id, job, id)?;
+) -> Result<(), DelegateError> {
+    let value = |id: u32| {
+        by_id.get(&id).copied().ok_or_else(|| {
+            DelegateError::BadGraph(format!("node {}: value {id} is not defined", job.index))
+        })
+    };
+    let what = |part: &'static str| move || format!("node {}: {part}", job.index);
+    let operands: Vec<u32> = std::iter::once(job.filter).chain(job.bias).collect();
+    // Outlive the subgraph and its runtime.
+    let read = operands
+        .iter()
+        .map(|&id| {
+            let i = value(id)?;
             let (t, _) = tensor_of(values[i], i)?;
             Ok(source_bytes(&t, i, loaded, cache, source))
         })
-        .collect()
-}
-
-/// A job's packed operands: its filter, then its bias if it has one.
-fn operands(job: &Job<'_>) -> impl Iterator<Item = u32> {
-    std::iter::once(job.filter).chain(job.bias)
-}
-
-/// The index of payload value `id`, used by `job`.
-fn value_of(by_id: &FastMap<u32, usize>, job: &Job<'_>, id: u32) -> Result<usize, DelegateError> {
-    by_id.get(&id).copied().ok_or_else(|| {
-        DelegateError::BadGraph(format!("node {}: value {id} is not defined", job.index))
-    })
-}
-
-/// Creates (and drops) a one-node runtime for `job` with `cache`: input external 0, output external 1, filter and bias as the real graph defines them
-/// (or as their source's bytes, `read`, which outlive the runtime and go with this call).
-fn pack_one(
-    values: &[fb::XValue<'_>],
-    by_id: &FastMap<u32, usize>,
-    job: &Job<'_>,
-    loaded: &Loaded,
-    cache: &PackedWeightsCache,
-    read: Vec<Read>,
-) -> Result<(), DelegateError> {
-    let value = |id: u32| value_of(by_id, job, id);
-    let what = |part: &'static str| move || format!("node {}: {part}", job.index);
-    let operands: Vec<u32> = operands(job).collect();
+        .collect::<Result<Vec<_>, DelegateError>>()?;
     let mut g = Subgraph::new(2).map_err(at(|| "subgraph".into()))?;
     let mut ids = FastMap::default();
 
@@ -296,6 +234,7 @@ fn pack_one(
     ids.insert(job.output, output);
 
     define_node(&mut g, job.index, &job.node, &ids)?;
+    let cache: &PackedWeightsCache = cache;
     Runtime::with_options(&g, Some(cache), &RuntimeOptions::default())?;
     Ok(())
 }

@@ -8,7 +8,7 @@ use common::{dir, f32s};
 use serde_json::Value;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use xnnblob::backend::{Backend, BackendOptions, PackedCache};
+use xnnblob::backend::{Backend, PackedCache};
 use xnnblob::delegate::XnnDelegate;
 use xnnblob::named_data::{
     DataBuffer, FileDataMap, InMemoryMap, MergedMap, NamedDataError, NamedDataMap, TensorLayout,
@@ -21,18 +21,12 @@ struct Counting {
     bytes_read: AtomicUsize,
     /// Through `load_data_into` (placeholders read in).
     bytes_filled: AtomicUsize,
-    /// The threads `get_data` was called on.
-    askers: std::sync::Mutex<Vec<std::thread::ThreadId>>,
 }
 
 impl NamedDataMap for Counting {
     fn get_data(&self, key: &str) -> Result<DataBuffer, NamedDataError> {
         let data = self.inner.get_data(key)?;
         self.bytes_read.fetch_add(data.len(), Ordering::Relaxed);
-        self.askers
-            .lock()
-            .unwrap()
-            .push(std::thread::current().id());
         Ok(data)
     }
     fn data_size(&self, key: &str) -> Result<usize, NamedDataError> {
@@ -86,7 +80,6 @@ fn open(name: &str) -> (DataBuffer, Arc<Counting>, usize) {
         inner: MergedMap::new(maps).unwrap(),
         bytes_read: AtomicUsize::new(0),
         bytes_filled: AtomicUsize::new(0),
-        askers: Default::default(),
     };
     (payload, Arc::new(map), total)
 }
@@ -164,44 +157,6 @@ fn a_warm_launch_reads_no_weight_bytes_and_matches_the_cold_one() {
     }
 }
 
-#[test]
-fn a_cold_launch_asks_its_map_for_weights_on_the_loading_thread_only() {
-    // A loader that reads into the heap (ExecuTorch's FileDataLoader) allocates on the thread
-    // that asks; a packing thread's heap would keep the freed space resident after the load.
-    for name in [
-        "mlp_xnn_external",
-        "mlp_qd8_qc8w_external",
-        "cnn_xnn_external",
-    ] {
-        let dir = common::scratch("deferred-askers");
-        let (payload, map, _) = open(name);
-        let backend = Backend::new(BackendOptions {
-            threads: 2,
-            ..Default::default()
-        })
-        .unwrap();
-        let model = backend
-            .model(Some(&PackedCache::File(dir.join("weights.xbc"))))
-            .unwrap();
-        XnnDelegate::init_deferred(&model, payload, map.clone())
-            .unwrap_or_else(|e| panic!("{name}: {e}"));
-        let stats = model.packed_cache().unwrap().stats();
-        assert!(stats.packed > 1, "{name}: packed {}", stats.packed);
-        let askers = map.askers.lock().unwrap();
-        assert!(!askers.is_empty(), "{name}: weights were asked for");
-        let here = std::thread::current().id();
-        assert!(
-            askers.iter().all(|&t| t == here),
-            "{name}: {} of {} calls of get_data on another thread",
-            askers.iter().filter(|&&t| t != here).count(),
-            askers.len()
-        );
-        model.packed_cache().unwrap().wait_saved().unwrap();
-        drop(askers);
-        std::fs::remove_dir_all(&dir).unwrap();
-    }
-}
-
 /// One fp16 launch of `graph` through placeholders, with a cache file: the output's bits and
 /// what was read and packed.
 fn launch_f16(
@@ -215,7 +170,6 @@ fn launch_f16(
         inner: MergedMap::new(vec![Arc::new(graph.map("weights").unwrap())]).unwrap(),
         bytes_read: AtomicUsize::new(0),
         bytes_filled: AtomicUsize::new(0),
-        askers: Default::default(),
     });
     let mut payload = InMemoryMap::new("payload");
     payload.insert("p", &graph.payload, 64, None).unwrap();
