@@ -3,7 +3,6 @@
 
 use super::constants::{fill_from, Constant, Loaded, Private, ReadToPack};
 use super::error::DelegateError;
-use super::graph::dims_of;
 use super::graph::{constant_index, named_key, tensor_of};
 use super::operators::{self, NO_VALUE};
 use crate::cache::{BlobId, Description, OwnedRegistration, PackedWeightsCache};
@@ -214,10 +213,11 @@ fn describe(
     let mut d = Description::new();
     d.number("datatype", t.datatype().0 as u64);
     if dims {
-        d.numbers(
-            "dims",
-            &dims_of(&t).iter().map(|&x| x as u64).collect::<Vec<_>>(),
-        );
+        // The encoding of `graph::dims_of`'s, read in place.
+        match t.dims() {
+            Some(dims) => d.numbers_from("dims", dims.iter().map(u64::from)),
+            None => d.numbers_from("dims", std::iter::empty()),
+        };
     }
     let Some(q) = q else {
         return Ok(d);
@@ -289,9 +289,10 @@ pub(super) fn register_constants(
     let values: Vec<fb::XValue<'_>> = graph.xvalues().iter().flatten().collect();
     // Each value's description (and an activation's, without its shape, for the contexts of
     // the nodes that read or write it), and each constant value's content.
-    let mut described = FastMap::default();
-    let mut activations = FastMap::default();
-    let mut contents = FastMap::default();
+    let n = values.len();
+    let mut described = FastMap::with_capacity_and_hasher(n, Default::default());
+    let mut activations = FastMap::with_capacity_and_hasher(n, Default::default());
+    let mut contents = FastMap::with_capacity_and_hasher(n, Default::default());
     for (i, v) in values.iter().enumerate() {
         let (t, _) = tensor_of(*v, i)?;
         described.insert(t.id_out(), describe(graph, i, *v, keep, check, true)?);
