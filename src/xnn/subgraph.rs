@@ -316,7 +316,8 @@ fn same_padding_flag(tensorflow_same_padding: bool) -> u32 {
 #[derive(Debug, Clone)]
 struct ValueInfo {
     datatype: Datatype,
-    dims: Vec<usize>,
+    /// Inline: a subgraph records one per value it defines, and a warm launch defines them all.
+    shape: crate::tensor::Shape,
     /// Internal or an external output: a node may write it.
     writable: bool,
 }
@@ -618,7 +619,7 @@ impl<'data> Subgraph<'data> {
             id,
             ValueInfo {
                 datatype,
-                dims: dims.to_vec(),
+                shape,
                 writable,
             },
         );
@@ -656,13 +657,13 @@ impl<'data> Subgraph<'data> {
 
     /// The dimensions value `id` was defined with here, if it was.
     pub(super) fn dims(&self, id: u32) -> Option<&[usize]> {
-        self.values.get(&id).map(|v| v.dims.as_slice())
+        self.values.get(&id).map(|v| v.shape.dims())
     }
 
     /// Whether value `id` was defined here with exactly `count` elements (None: the count the
     /// caller's parameters imply overflowed, which no value holds).
     fn holds(&self, id: u32, count: Option<usize>) -> bool {
-        let held = self.values.get(&id).and_then(|v| elements(&v.dims));
+        let held = self.values.get(&id).and_then(|v| elements(v.shape.dims()));
         held.is_some() && held == count
     }
 
@@ -715,7 +716,8 @@ impl<'data> Subgraph<'data> {
                 // XNNPACK only asserts this in debug builds, then calls a null packing function.
                 Some(v) if v.datatype == Datatype::Qbint4 => return Err(refuse(CALL)),
                 Some(v)
-                    if v.datatype.bits() == 4 && v.dims.iter().any(|d| !d.is_multiple_of(2)) =>
+                    if v.datatype.bits() == 4
+                        && v.shape.dims().iter().any(|d| !d.is_multiple_of(2)) =>
                 {
                     return Err(refuse(CALL))
                 }
@@ -729,7 +731,7 @@ impl<'data> Subgraph<'data> {
             let outputs = self
                 .values
                 .get(&filter)
-                .and_then(|f| f.dims.get(dim).copied());
+                .and_then(|f| f.shape.dims().get(dim).copied());
             if !self.holds(bias, outputs) {
                 return Err(refuse(CALL));
             }
@@ -875,7 +877,11 @@ impl<'data> Subgraph<'data> {
         keep_dims: bool,
     ) -> Result<(), XnnError> {
         const CALL: &str = "xnn_define_global_average_pooling_2d";
-        if self.values.get(&input).is_none_or(|v| v.dims.len() < 3) {
+        if self
+            .values
+            .get(&input)
+            .is_none_or(|v| v.shape.dims().len() < 3)
+        {
             return Err(refuse(CALL));
         }
         let flags = if keep_dims {
