@@ -110,3 +110,50 @@ pub fn call_arg(dir: &Path, call: &Value) -> String {
         .collect();
     format!("{}:{}", call["method"].as_str().unwrap(), inputs.join(","))
 }
+
+/// A `NAME.calls.json` of one call followed by calls of one method, staged for `--times`: the
+/// repeated calls' inputs copied into `into` as `in{I}.{STEP}.bin`, so that one `--call` with
+/// `{step}` in its paths reads each iteration's own.
+pub struct RepeatedCall<'a> {
+    /// The call before the repeated ones.
+    pub first: &'a Value,
+    /// The method called again.
+    pub method: String,
+    /// How many times it is called (`--times`).
+    pub times: usize,
+    /// Its `--call` value: `METHOD:into/in0.{step}.bin,...`.
+    pub call_arg: String,
+}
+
+/// Stages the calls of `description` (a `NAME.calls.json` whose files are in `dir`) as a
+/// [`RepeatedCall`], asserting that every call after the first calls one method.
+pub fn repeated_call<'a>(dir: &Path, description: &'a Value, into: &Path) -> RepeatedCall<'a> {
+    let calls = description["calls"].as_array().unwrap();
+    let (first, repeated) = calls.split_first().unwrap();
+    let method = repeated[0]["method"].as_str().unwrap().to_string();
+    assert!(
+        repeated.iter().all(|c| c["method"] == method.as_str()),
+        "one method after the first call"
+    );
+    std::fs::create_dir_all(into).unwrap();
+    let count = repeated[0]["inputs"].as_array().unwrap().len();
+    for (step, call) in repeated.iter().enumerate() {
+        for (i, t) in call["inputs"].as_array().unwrap().iter().enumerate() {
+            let file = dir.join(t["file"].as_str().unwrap());
+            std::fs::copy(file, into.join(format!("in{i}.{step}.bin"))).unwrap();
+        }
+    }
+    let templates: Vec<String> = (0..count)
+        .map(|i| {
+            into.join(format!("in{i}.{{step}}.bin"))
+                .display()
+                .to_string()
+        })
+        .collect();
+    RepeatedCall {
+        first,
+        call_arg: format!("{method}:{}", templates.join(",")),
+        method,
+        times: repeated.len(),
+    }
+}

@@ -739,23 +739,16 @@ fn times_repeats_a_call_reading_each_iterations_inputs_through_step() {
     for name in ["shared_prefill_step", "shared_encoder_decoder"] {
         let (dir, description) = export_calls(name);
         let calls = description["calls"].as_array().unwrap();
-        let (first, repeated) = calls.split_first().unwrap();
-        let method = repeated[0]["method"].as_str().unwrap();
-        assert!(repeated.iter().all(|c| c["method"] == method), "{name}");
-        let inputs = tmp.join(name);
-        std::fs::create_dir_all(&inputs).unwrap();
-        for (i, call) in repeated.iter().enumerate() {
-            let file = dir.join(call["inputs"][0]["file"].as_str().unwrap());
-            std::fs::copy(file, inputs.join(format!("y{i}.bin"))).unwrap();
-        }
+        let repeated = common::io_steps::repeated_call(&dir, &description, &tmp.join(name));
+        let method = repeated.method.as_str();
         let out_dir = tmp.join(format!("{name}-out"));
         let args = [
             "--call".to_string(),
-            common::io_steps::call_arg(&dir, first),
+            common::io_steps::call_arg(&dir, repeated.first),
             "--call".into(),
-            format!("{method}:{}", inputs.join("y{step}.bin").display()),
+            repeated.call_arg.clone(),
             "--times".into(),
-            repeated.len().to_string(),
+            repeated.times.to_string(),
             "--output-dir".into(),
             out_dir.display().to_string(),
         ];
@@ -765,7 +758,7 @@ fn times_repeats_a_call_reading_each_iterations_inputs_through_step() {
             stdout.contains(&format!("; {} calls", calls.len())),
             "{stdout}"
         );
-        for i in 0..repeated.len() {
+        for i in 0..repeated.times {
             let line = format!("call {}: method {method:?} iteration {i}:", i + 1);
             assert!(stdout.contains(&line), "{name}: {line} in {stdout}");
         }

@@ -8,7 +8,7 @@ use xnnblob_test_support::drop_in::programs::{
     runtime_c_programs, s, sharing_program_matches_eager, sharing_programs, Run, Runner,
 };
 use xnnblob_test_support::drop_in::{self, f32s};
-use xnnblob_test_support::io_steps::call_arg;
+use xnnblob_test_support::io_steps::{self, call_arg};
 use xnnblob_test_support::scratch;
 
 use std::path::{Path, PathBuf};
@@ -1225,26 +1225,8 @@ fn times_repeats_a_call_reading_each_iterations_inputs_through_step() {
             serde_json::from_slice(&std::fs::read(dir.join(format!("{name}.calls.json"))).unwrap())
                 .unwrap();
         let calls = description["calls"].as_array().unwrap();
-        let (first, repeated) = calls.split_first().unwrap();
-        let method = repeated[0]["method"].as_str().unwrap();
-        assert!(repeated.iter().all(|c| c["method"] == method), "{name}");
-        let inputs = out.join(name);
-        std::fs::create_dir_all(&inputs).unwrap();
-        let count = repeated[0]["inputs"].as_array().unwrap().len();
-        for (step, call) in repeated.iter().enumerate() {
-            for (i, t) in call["inputs"].as_array().unwrap().iter().enumerate() {
-                let file = dir.join(t["file"].as_str().unwrap());
-                std::fs::copy(file, inputs.join(format!("in{i}.{step}.bin"))).unwrap();
-            }
-        }
-        let templates: Vec<String> = (0..count)
-            .map(|i| {
-                inputs
-                    .join(format!("in{i}.{{step}}.bin"))
-                    .display()
-                    .to_string()
-            })
-            .collect();
+        let repeated = io_steps::repeated_call(&dir, &description, &out.join(name));
+        let method = repeated.method.as_str();
         let mut args = vec![dir.join(format!("{name}.pte")).display().to_string()];
         for data in description["data"].as_array().unwrap() {
             args.extend([
@@ -1252,9 +1234,9 @@ fn times_repeats_a_call_reading_each_iterations_inputs_through_step() {
                 dir.join(data.as_str().unwrap()).display().to_string(),
             ]);
         }
-        args.extend([s("--call"), call_arg(&dir, first), s("--call")]);
-        args.push(format!("{method}:{}", templates.join(",")));
-        args.extend([s("--times"), repeated.len().to_string()]);
+        args.extend([s("--call"), call_arg(&dir, repeated.first), s("--call")]);
+        args.push(repeated.call_arg.clone());
+        args.extend([s("--times"), repeated.times.to_string()]);
         let cache = out.join(format!("{name}.xbc")).display().to_string();
         for (tag, backend, extra) in [
             ("xnnblob-cold", "xnnblob", vec![s("--cache"), cache.clone()]),
@@ -1269,7 +1251,7 @@ fn times_repeats_a_call_reading_each_iterations_inputs_through_step() {
             a.extend(extra);
             let run = run_ok(&a);
             assert_eq!(run.number("share_memory_arenas"), 1.0, "{name} {tag}");
-            for step in 0..repeated.len() {
+            for step in 0..repeated.times {
                 let line = format!(
                     "call step={} method={method} iteration={step} ms=",
                     step + 1
