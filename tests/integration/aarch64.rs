@@ -29,7 +29,7 @@ const CPUS: [(&str, &str); 3] = [
 ];
 
 /// The areas run under each emulated CPU (module paths of this binary).
-const AREAS: [&str; 18] = [
+const AREAS: [&str; 19] = [
     "xnnpack_ops::",
     "xnnpack_mlp::",
     "operators::",
@@ -50,6 +50,9 @@ const AREAS: [&str; 18] = [
     // What a packed weight is found by, and lying files: packed sizes differ by kernel class.
     "identity::",
     "lying_cache_files::",
+    // XNNPACK's patched packers give the original bytes with aarch64's byte order and compiler
+    // (patches 0008 and 0011; kr 4 is the dot-product kernels' path).
+    "packers::",
 ];
 
 /// Builds this test binary for aarch64 (a nested cargo, as `scripts/install.sh` is in the C
