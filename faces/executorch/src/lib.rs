@@ -13,6 +13,7 @@
 //! - `processed` is released after init unless its inline constants are in use.
 
 mod delegate;
+mod freed_copies;
 mod map;
 pub mod runtime_version;
 
