@@ -13,7 +13,6 @@
 //! - `processed` is released after init unless its inline constants are in use.
 
 mod delegate;
-mod freed_copies;
 mod map;
 pub mod runtime_version;
 

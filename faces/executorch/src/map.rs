@@ -179,7 +179,7 @@ impl NamedDataMap for EtMap {
     /// Through `get_data` and a copy: ExecuTorch's `load_data_into` looks the blob's layout up
     /// too, and crashes on the layout-less blobs of its XNNPACK exports (as `get_tensor_layout`).
     fn load_data_into(&self, key: &str, buffer: &mut [u8]) -> Result<(), NamedDataError> {
-        let copied = self.with(key, |m| {
+        self.with(key, |m| {
             let data = self.fetch(m, key)?;
             let Some(b) = data.as_ref() else {
                 return Err(self.error(key, EtError::Internal, "get_data"));
@@ -196,10 +196,7 @@ impl NamedDataMap for EtMap {
             buffer.copy_from_slice(unsafe { std::slice::from_raw_parts(b.data(), b.size()) });
             xnnblob::named_data::count_copy(buffer.len());
             Ok(())
-        });
-        // `data` (the loader's buffer) is freed by now.
-        crate::freed_copies::after_free(buffer.len());
-        copied
+        })
     }
 
     fn lists(&self, key: &str) -> bool {
