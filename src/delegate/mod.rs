@@ -119,12 +119,12 @@ impl XnnDelegate {
     }
 
     /// The external inputs, by ascending id: dtype, declared bound, last shape.
-    pub fn inputs(&self) -> impl ExactSizeIterator<Item = &External> {
+    pub fn inputs(&self) -> impl ExactSizeIterator<Item = External> + '_ {
         self.runtime.borrow_dependent().inputs()
     }
 
     /// The external outputs, by ascending id; shapes are those of the last execute.
-    pub fn outputs(&self) -> impl ExactSizeIterator<Item = &External> {
+    pub fn outputs(&self) -> impl ExactSizeIterator<Item = External> + '_ {
         self.runtime.borrow_dependent().outputs()
     }
 

@@ -40,10 +40,13 @@ pub struct External {
     pub shape: Shape,
 }
 
-struct Slot {
-    external: External,
-    /// For inputs without slack: made at the first such run, at the bound's size.
-    staging: Option<AlignedBytes>,
+/// An external as the runtime keeps it: its shape of the last run is kept apart, and only once
+/// one differs from its bound (see `Runtime::shapes`).
+#[derive(Clone, Copy)]
+struct Declared {
+    id: u32,
+    dtype: DType,
+    bound: Shape,
 }
 
 /// An input as the runtime binds it.
@@ -76,11 +79,21 @@ pub struct RawOutput {
 /// both of which XNNPACK keeps pointers into.
 pub struct Runtime<'a> {
     raw: NonNull<sys::xnn_runtime>,
-    /// Sorted by external id: the order ExecuTorch binds a delegate call's arguments in.
-    inputs: Vec<Slot>,
-    outputs: Vec<Slot>,
+    /// The inputs then the outputs, each sorted by external id: the order ExecuTorch binds a
+    /// delegate call's arguments in. One exact allocation: a decoder holds sixty runtimes.
+    externals: Box<[Declared]>,
+    /// How many of `externals` are inputs.
+    n_in: usize,
+    /// The shapes of the last run, by index into `externals`, once one of them differs from
+    /// its bound; empty (no allocation) while every shape is its bound, as in every run of a
+    /// graph of static shapes.
+    shapes: Box<[Shape]>,
+    /// Staging buffers by input index, for inputs bound without slack: each made at the first
+    /// such run, at its bound's size. Empty (no allocation) until one is needed: most
+    /// runtimes never stage.
+    staging: Box<[Option<AlignedBytes>]>,
     /// Handed to xnn_setup_runtime_v2: inputs then outputs, filled in place every run.
-    bound: Vec<sys::xnn_external_value>,
+    bound: Box<[sys::xnn_external_value]>,
     reshape_pending: bool,
     workspace: Option<Arc<Workspace>>,
     _threadpool: Option<Arc<Threadpool>>,
@@ -90,30 +103,30 @@ pub struct Runtime<'a> {
 // SAFETY: a runtime may be used from any thread, one at a time (running takes `&mut self`).
 unsafe impl Send for Runtime<'_> {}
 
-fn slots(decls: &[ExternalDecl]) -> Result<Vec<Slot>, XnnError> {
-    let mut slots = decls
-        .iter()
-        .map(|d| {
-            let dtype = d
-                .datatype
-                .boundary_dtype()
-                .ok_or(XnnError::UnsupportedExternal {
-                    id: d.id,
-                    datatype: d.datatype,
-                })?;
-            Ok(Slot {
-                external: External {
-                    id: d.id,
-                    dtype,
-                    bound: d.shape,
-                    shape: d.shape,
-                },
-                staging: None,
-            })
-        })
-        .collect::<Result<Vec<_>, XnnError>>()?;
-    slots.sort_by_key(|s| s.external.id);
-    Ok(slots)
+/// The inputs then the outputs, each sorted by external id, in a list of exactly their number
+/// (collecting through a `Result` would round a list of two up to room for four).
+fn externals(
+    inputs: &[ExternalDecl],
+    outputs: &[ExternalDecl],
+) -> Result<Box<[Declared]>, XnnError> {
+    let mut all = Vec::with_capacity(inputs.len() + outputs.len());
+    for d in inputs.iter().chain(outputs) {
+        let dtype = d
+            .datatype
+            .boundary_dtype()
+            .ok_or(XnnError::UnsupportedExternal {
+                id: d.id,
+                datatype: d.datatype,
+            })?;
+        all.push(Declared {
+            id: d.id,
+            dtype,
+            bound: d.shape,
+        });
+    }
+    all[..inputs.len()].sort_by_key(|e| e.id);
+    all[inputs.len()..].sort_by_key(|e| e.id);
+    Ok(all.into_boxed_slice())
 }
 
 impl<'a> Runtime<'a> {
@@ -132,8 +145,7 @@ impl<'a> Runtime<'a> {
         weights_cache: Option<&'a dyn AsXnnWeightsCache>,
         options: &RuntimeOptions,
     ) -> Result<Runtime<'a>, XnnError> {
-        let inputs = slots(&subgraph.inputs)?;
-        let outputs = slots(&subgraph.outputs)?;
+        let externals = externals(&subgraph.inputs, &subgraph.outputs)?;
         let cache = weights_cache.map_or(std::ptr::null_mut(), |c| c.as_xnn_weights_cache());
         let workspace = options
             .workspace
@@ -154,18 +166,19 @@ impl<'a> Runtime<'a> {
             call: "xnn_create_runtime_v4",
             status: super::Status::OutOfMemory,
         })?;
-        let bound = inputs
+        let bound = externals
             .iter()
-            .chain(&outputs)
-            .map(|s| sys::xnn_external_value {
-                id: s.external.id,
+            .map(|e| sys::xnn_external_value {
+                id: e.id,
                 data: std::ptr::null_mut(),
             })
             .collect();
         Ok(Runtime {
             raw,
-            inputs,
-            outputs,
+            n_in: subgraph.inputs.len(),
+            externals,
+            shapes: Box::default(),
+            staging: Box::default(),
             bound,
             reshape_pending: true,
             workspace: options.workspace.clone(),
@@ -175,13 +188,36 @@ impl<'a> Runtime<'a> {
     }
 
     /// The external inputs, by ascending id.
-    pub fn inputs(&self) -> impl ExactSizeIterator<Item = &External> {
-        self.inputs.iter().map(|s| &s.external)
+    pub fn inputs(&self) -> impl ExactSizeIterator<Item = External> + '_ {
+        (0..self.n_in).map(|k| self.external(k))
     }
 
     /// The external outputs, by ascending id; shapes are those of the last run.
-    pub fn outputs(&self) -> impl ExactSizeIterator<Item = &External> {
-        self.outputs.iter().map(|s| &s.external)
+    pub fn outputs(&self) -> impl ExactSizeIterator<Item = External> + '_ {
+        (self.n_in..self.externals.len()).map(|k| self.external(k))
+    }
+
+    /// External `k` (inputs then outputs) with its shape of the last run.
+    fn external(&self, k: usize) -> External {
+        let d = self.externals[k];
+        External {
+            id: d.id,
+            dtype: d.dtype,
+            bound: d.bound,
+            shape: self.shapes.get(k).copied().unwrap_or(d.bound),
+        }
+    }
+
+    /// Records external `k`'s shape of this run, making room for every shape the first time
+    /// one is not its bound.
+    fn set_shape(&mut self, k: usize, shape: Shape) {
+        if self.shapes.is_empty() {
+            if shape == self.externals[k].bound {
+                return;
+            }
+            self.shapes = self.externals.iter().map(|d| d.bound).collect();
+        }
+        self.shapes[k] = shape;
     }
 
     /// The bytes of the workspace XNNPACK planned this runtime's intermediate tensors into
@@ -205,8 +241,8 @@ impl<'a> Runtime<'a> {
         inputs: &[TensorRef<'_>],
         outputs: &mut [TensorMut<'_>],
     ) -> Result<(), XnnError> {
-        arity("inputs", self.inputs.len(), inputs.len())?;
-        arity("outputs", self.outputs.len(), outputs.len())?;
+        arity("inputs", self.n_in, inputs.len())?;
+        arity("outputs", self.outputs().len(), outputs.len())?;
         // SAFETY: every pointer comes from a live borrow held for this call, with its length
         // (and slack only when the view promises it); output borrows are exclusive.
         unsafe {
@@ -219,8 +255,8 @@ impl<'a> Runtime<'a> {
                 },
             )
         }?;
-        for (slot, out) in self.outputs.iter().zip(outputs.iter_mut()) {
-            out.set_shape(slot.external.shape);
+        for (e, out) in self.outputs().zip(outputs.iter_mut()) {
+            out.set_shape(e.shape);
         }
         Ok(())
     }
@@ -257,10 +293,10 @@ impl<'a> Runtime<'a> {
         // A shared workspace is used by one runtime at a time, from reshape to the end of run.
         let workspace = self.workspace.clone();
         let _in_use = workspace.as_ref().map(|w| w.lock());
-        let n_in = self.inputs.len();
+        let n_in = self.n_in;
         for i in 0..n_in {
             let given = input(i);
-            let e = self.inputs[i].external;
+            let e = self.external(i);
             let needed = check_buffer("input", i, e.dtype, given.dtype, &given.shape, given.len)?;
             // A tensor of another rank with the declared number of elements (ExecuTorch passes
             // a scalar where the graph declares [1]) is the declared tensor.
@@ -271,11 +307,13 @@ impl<'a> Runtime<'a> {
                     given.shape
                 };
             self.set_input_shape(i, shape)?;
-            let slot = &mut self.inputs[i];
             let data = if given.padded {
                 given.data
             } else {
-                let staging = match &mut slot.staging {
+                if self.staging.is_empty() {
+                    self.staging = (0..n_in).map(|_| None).collect();
+                }
+                let staging = match &mut self.staging[i] {
                     Some(s) => s,
                     none => {
                         let capacity = e
@@ -298,9 +336,9 @@ impl<'a> Runtime<'a> {
             self.bound[i].data = data.cast_mut().cast();
         }
         self.reshape_if_pending()?;
-        for (j, slot) in self.outputs.iter().enumerate() {
-            let given = output(j, &slot.external.shape);
-            let e = slot.external;
+        for j in 0..self.externals.len() - n_in {
+            let e = self.external(n_in + j);
+            let given = output(j, &e.shape);
             check_buffer("output", j, e.dtype, given.dtype, &e.shape, given.capacity)?;
             self.bound[n_in + j].data = given.data.cast();
         }
@@ -325,12 +363,13 @@ impl<'a> Runtime<'a> {
         inputs: &[(u32, &[f32])],
         outputs: &mut [(u32, &mut [f32])],
     ) -> Result<(), XnnError> {
-        let ids = |s: &[Slot]| s.iter().map(|s| s.external.id).collect::<Vec<_>>();
-        bound_exactly_once(&ids(&self.inputs), inputs.iter().map(|(id, _)| *id))?;
-        bound_exactly_once(&ids(&self.outputs), outputs.iter().map(|(id, _)| *id))?;
+        let ids = |s: &[Declared]| s.iter().map(|e| e.id).collect::<Vec<_>>();
+        let (ins, outs) = self.externals.split_at(self.n_in);
+        bound_exactly_once(&ids(ins), inputs.iter().map(|(id, _)| *id))?;
+        bound_exactly_once(&ids(outs), outputs.iter().map(|(id, _)| *id))?;
         let mut ins = Vec::new();
-        for i in 0..self.inputs.len() {
-            let e = self.inputs[i].external;
+        for i in 0..self.n_in {
+            let e = self.external(i);
             let data = inputs.iter().find(|(id, _)| *id == e.id).expect("bound").1;
             let shape = [e.shape, e.bound]
                 .into_iter()
@@ -345,8 +384,7 @@ impl<'a> Runtime<'a> {
         }
         self.prepare()?;
         let mut outs = Vec::new();
-        for slot in &self.outputs {
-            let e = slot.external;
+        for e in self.outputs() {
             let data = outputs
                 .iter_mut()
                 .find(|(id, _)| *id == e.id)
@@ -370,7 +408,7 @@ impl<'a> Runtime<'a> {
 
     /// Reshapes input `index` if `shape` differs from its current one.
     fn set_input_shape(&mut self, index: usize, shape: Shape) -> Result<(), XnnError> {
-        let e = self.inputs[index].external;
+        let e = self.external(index);
         if !shape.fits_within(&e.bound) {
             return Err(XnnError::ShapeOutOfBounds {
                 index,
@@ -390,7 +428,7 @@ impl<'a> Runtime<'a> {
                     shape.dims().as_ptr(),
                 )
             })?;
-            self.inputs[index].external.shape = shape;
+            self.set_shape(index, shape);
             self.reshape_pending = true;
         }
         Ok(())
@@ -411,8 +449,9 @@ impl<'a> Runtime<'a> {
             check("xnn_reshape_runtime", unsafe {
                 sys::xnn_reshape_runtime(self.raw.as_ptr())
             })?;
-            for slot in &mut self.outputs {
-                slot.external.shape = query_shape(self.raw, slot.external.id)?;
+            for k in self.n_in..self.externals.len() {
+                let shape = query_shape(self.raw, self.externals[k].id)?;
+                self.set_shape(k, shape);
             }
             self.reshape_pending = false;
         }
@@ -422,11 +461,9 @@ impl<'a> Runtime<'a> {
     /// The current shape of an external input or output.
     pub fn external_shape(&mut self, id: u32) -> Result<Vec<usize>, XnnError> {
         self.prepare()?;
-        self.inputs
-            .iter()
-            .chain(&self.outputs)
-            .find(|s| s.external.id == id)
-            .map(|s| s.external.shape.dims().to_vec())
+        (0..self.externals.len())
+            .find(|&k| self.externals[k].id == id)
+            .map(|k| self.external(k).shape.dims().to_vec())
             .ok_or(XnnError::UnknownExternal { id })
     }
 }

@@ -895,7 +895,7 @@ impl Delegate {
         self.inner.outputs().len()
     }
 
-    fn input(&self, index: usize) -> Result<&xnnblob::xnn::External, String> {
+    fn input(&self, index: usize) -> Result<xnnblob::xnn::External, String> {
         guarded_text(|| {
             self.inner
                 .inputs()
@@ -904,7 +904,7 @@ impl Delegate {
         })
     }
 
-    fn output(&self, index: usize) -> Result<&xnnblob::xnn::External, String> {
+    fn output(&self, index: usize) -> Result<xnnblob::xnn::External, String> {
         guarded_text(|| {
             self.inner
                 .outputs()
