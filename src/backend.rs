@@ -192,7 +192,9 @@ struct State {
 /// The backend's placeholders by content key, and when dropped ones are next swept out.
 #[derive(Default)]
 struct Placeholders {
-    entries: HashMap<String, Weak<DeferredData>>,
+    /// Keyed by the same string the delegate holding the placeholder keeps (see
+    /// [`Backend::deferred_constant_keyed`]): a key's bytes are stored once.
+    entries: HashMap<Arc<str>, Weak<DeferredData>>,
     sweep_at: usize,
 }
 
@@ -364,14 +366,29 @@ impl Backend {
     /// `len` bytes: one per key across the backend while any delegate holds it, so programs
     /// sharing a weight share one address (and one packed entry).
     pub fn deferred_constant(&self, key: &str, len: usize) -> std::io::Result<Arc<DeferredData>> {
+        self.deferred_constant_keyed(key, len).map(|(_, d)| d)
+    }
+
+    /// As [`deferred_constant`](Self::deferred_constant), with the key as the table stores it,
+    /// for a caller that keeps the key too: a decoder's 170 placeholders kept each key twice.
+    pub(crate) fn deferred_constant_keyed(
+        &self,
+        key: &str,
+        len: usize,
+    ) -> std::io::Result<(Arc<str>, Arc<DeferredData>)> {
         let mut table = self.0.deferred.lock();
-        if let Some(d) = table.entries.get(key).and_then(Weak::upgrade) {
-            if d.len() == len {
-                return Ok(d);
-            }
+        let found = table
+            .entries
+            .get_key_value(key)
+            .map(|(stored, weak)| (stored.clone(), weak.upgrade()));
+        let key = match found {
+            Some((stored, Some(d))) if d.len() == len => return Ok((stored, d)),
             // One key, two lengths: not the same content, so not shared.
-            return DeferredData::reserve(len).map(Arc::new);
-        }
+            Some((stored, Some(_))) => return Ok((stored, Arc::new(DeferredData::reserve(len)?))),
+            // Its placeholder was dropped: the entry takes a new one, under the same key.
+            Some((stored, None)) => stored,
+            None => Arc::from(key),
+        };
         let d = Arc::new(DeferredData::reserve(len)?);
         // Entries of dropped placeholders are swept when the table has doubled since the last
         // sweep: sweeping at every insertion made a thousand-weight load quadratic.
@@ -379,8 +396,8 @@ impl Backend {
             table.entries.retain(|_, w| w.strong_count() > 0);
             table.sweep_at = (table.entries.len() * 2).max(64);
         }
-        table.entries.insert(key.to_string(), Arc::downgrade(&d));
-        Ok(d)
+        table.entries.insert(key.clone(), Arc::downgrade(&d));
+        Ok((key, d))
     }
 
     /// The packed-weight caches this backend holds open: the in-memory one, then each file.

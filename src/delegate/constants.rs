@@ -17,19 +17,22 @@ use zerocopy::{FromBytes, Immutable};
 
 /// The constants and scales the runtime borrows.
 pub(super) struct Loaded {
-    /// By constant_data index (0 is "no constant").
-    pub(super) constants: Vec<Option<Constant>>,
+    pub(super) constants: Constants,
     /// Scales by value index: where they sit in a constant, or a typed copy.
-    pub(super) scales: FastMap<usize, Scales>,
+    pub(super) scales: ScalesByValue,
     /// Placeholders some operator reads as they are: read in before runtime creation and held
     /// readable for as long as the runtime lives.
     pub(super) pinned: parking_lot::Mutex<Vec<Arc<DeferredData>>>,
     /// fp16 values are defined as fp32, their constants converted (see [`super::fallback`]).
     pub(super) fp16_as_fp32: bool,
-    /// Values given an address of their own instead of their constant's, by value index (see
-    /// [`super::identity::register_constants`]); set once, when they are registered.
-    pub(super) private: std::sync::OnceLock<FastMap<usize, Private>>,
+    /// Values given an address of their own instead of their constant's, by ascending value
+    /// index (see [`super::identity::register_constants`]); set once, when they are registered.
+    /// A sorted list: most delegates have none, and an empty hash map took 40 bytes in each.
+    pub(super) private: std::sync::OnceLock<PrivateByValue>,
 }
+
+/// Values' own placeholders, by ascending value index.
+pub(super) type PrivateByValue = Box<[(usize, Private)]>;
 
 /// A constant value's address in the graph: its own placeholder where it could not share its
 /// constant's (see [`super::identity::register_constants`]), with how that placeholder is read
@@ -42,7 +45,9 @@ pub(super) struct Private {
 impl Loaded {
     /// Value `i`'s own placeholder, if it has one.
     pub(super) fn private(&self, i: usize) -> Option<&Private> {
-        self.private.get()?.get(&i)
+        let private = self.private.get()?;
+        let at = private.binary_search_by_key(&i, |(v, _)| *v).ok()?;
+        Some(&private[at].1)
     }
 }
 
@@ -62,7 +67,8 @@ pub(super) enum Constant {
     /// only if XNNPACK needs its bytes (see [`crate::deferred`]). With a `conversion`, the
     /// placeholder stands for `key`'s bytes converted (and is that size).
     Deferred {
-        key: String,
+        /// Shared with the backend's table of placeholders (one copy of the key).
+        key: Arc<str>,
         data: Arc<DeferredData>,
         conversion: Option<Conversion>,
     },
@@ -74,6 +80,21 @@ pub(super) enum Constant {
         data: DataBuffer,
         conversion: Conversion,
     },
+}
+
+/// A delegate's constants by constant_data index. Index 0 means "no constant" and is not stored:
+/// an empty entry per delegate was 3 KB of a decoder's load.
+pub(super) struct Constants(Box<[Constant]>);
+
+impl Constants {
+    /// Constant `index`; None for 0 and past the end.
+    pub(super) fn get(&self, index: usize) -> Option<&Constant> {
+        self.0.get(index.checked_sub(1)?)
+    }
+
+    pub(super) fn iter(&self) -> std::slice::Iter<'_, Constant> {
+        self.0.iter()
+    }
 }
 
 impl Constant {
@@ -150,7 +171,7 @@ impl Conversion {
 /// `conversion`, read from the map and converted into it.
 pub(super) fn fill_from(
     map: Arc<dyn NamedDataMap>,
-    key: String,
+    key: Arc<str>,
     conversion: Option<Conversion>,
 ) -> Arc<Fill> {
     let boxed = |e: crate::named_data::NamedDataError| {
@@ -171,6 +192,18 @@ pub(super) fn fill_from(
 pub(super) enum Scales {
     F32(ScaleValues<f32>),
     Bf16(ScaleValues<u16>),
+}
+
+/// The scales of a delegate's quantized values, by ascending value index: a sorted list rather
+/// than a hash map, which took four slots and a control block for a delegate's one entry.
+pub(super) struct ScalesByValue(Box<[(usize, Scales)]>);
+
+impl ScalesByValue {
+    /// Value `value`'s scales, if it is quantized.
+    fn get(&self, value: &usize) -> Option<&Scales> {
+        let i = self.0.binary_search_by_key(value, |(v, _)| *v).ok()?;
+        Some(&self.0[i].1)
+    }
 }
 
 /// A quantized value's scales: read in place from constant `.0` when its bytes are aligned for
@@ -214,14 +247,14 @@ impl Loaded {
     ) -> Option<ReadToPack> {
         match self.scales.get(&value)? {
             Scales::Bf16(ScaleValues::InConstant(index)) => Some(ReadToPack::InMemory(
-                self.constants.get(*index)?.as_ref()?.buffer()?.clone(),
+                self.constants.get(*index)?.buffer()?.clone(),
             )),
             Scales::Bf16(ScaleValues::Deferred(index)) => match self.constants.get(*index)? {
-                Some(Constant::Deferred {
+                Constant::Deferred {
                     key,
                     data,
                     conversion: None,
-                }) => Some(ReadToPack::Deferred(
+                } => Some(ReadToPack::Deferred(
                     data.clone(),
                     fill_from(deferral?.clone(), key.clone(), None),
                 )),
@@ -239,7 +272,7 @@ impl Loaded {
             ScaleValues::Copied(v) => Some(v),
             ScaleValues::Deferred(_) => None,
             ScaleValues::InConstant(index) => {
-                let bytes = self.constants.get(*index)?.as_ref()?.buffer()?.data();
+                let bytes = self.constants.get(*index)?.buffer()?.data();
                 <[T]>::ref_from_bytes(bytes).ok()
             }
         }
@@ -258,11 +291,11 @@ impl Loaded {
         use crate::xnn::BlockwiseScales;
         match self.scales.get(&value)? {
             Scales::Bf16(ScaleValues::Deferred(index)) => match self.constants.get(*index)? {
-                Some(Constant::Deferred {
+                Constant::Deferred {
                     data,
                     conversion: None,
                     ..
-                }) => Some(BlockwiseScales::Deferred(data)),
+                } => Some(BlockwiseScales::Deferred(data)),
                 _ => None,
             },
             Scales::Bf16(s) => self.scale_values(s).map(BlockwiseScales::InMemory),
@@ -377,14 +410,20 @@ pub(super) fn load_constants(
     map: &dyn NamedDataMap,
     model: &ModelContext,
     treatment: Treatment<'_>,
-) -> Result<Vec<Option<Constant>>, DelegateError> {
+) -> Result<Constants, DelegateError> {
     let Treatment {
         deferrable,
         converted,
     } = treatment;
     let shared = model.backend().shared_data();
     let packed = packed_constants(graph)?;
-    let mut out: Vec<Option<Constant>> = vec![None];
+    // One entry per constant_data entry past index 0 (pushed one by one, the list doubled past
+    // them).
+    let mut out = Vec::with_capacity(
+        graph
+            .constant_data()
+            .map_or(0, |c| c.len().saturating_sub(1)),
+    );
     for (i, c) in graph.constant_data().iter().flatten().enumerate().skip(1) {
         let key = c.named_key().unwrap_or("");
         // Left unread only when the map lists the key (from its index: nothing is read) and,
@@ -401,20 +440,28 @@ pub(super) fn load_constants(
                 }
             }
             let conversion = converted.get(&i).copied();
-            // A converted placeholder is shared only with placeholders of the same conversion.
-            let (shared_as, len) = match conversion {
-                Some(c) => (format!("{key}\u{0}{}", c.name()), c.output_len(len)),
-                None => (key.to_string(), len),
+            let placeholder = |shared_as: &str, len: usize| {
+                model
+                    .backend()
+                    .deferred_constant_keyed(shared_as, len)
+                    .map_err(|e| DelegateError::BadGraph(format!("constant {i}: {e}")))
             };
-            let data = model
-                .backend()
-                .deferred_constant(&shared_as, len)
-                .map_err(|e| DelegateError::BadGraph(format!("constant {i}: {e}")))?;
-            out.push(Some(Constant::Deferred {
-                key: key.to_string(),
+            // A converted placeholder is shared only with placeholders of the same conversion.
+            let (key, data) = match conversion {
+                Some(c) => {
+                    let shared_as = format!("{key}\u{0}{}", c.name());
+                    (
+                        Arc::from(key),
+                        placeholder(&shared_as, c.output_len(len))?.1,
+                    )
+                }
+                None => placeholder(key, len)?,
+            };
+            out.push(Constant::Deferred {
+                key,
                 data,
                 conversion,
-            }));
+            });
             continue;
         }
         let buffer = if !key.is_empty() {
@@ -447,11 +494,11 @@ pub(super) fn load_constants(
         if let Some(&conversion) = converted.get(&i) {
             // The conversion is a copy of its own, with the room XNNPACK may over-read.
             let data = conversion.convert(backing.data(), i)?;
-            out.push(Some(Constant::Converted {
+            out.push(Constant::Converted {
                 source: Box::new(buffer),
                 data,
                 conversion,
-            }));
+            });
             continue;
         }
         // XNNPACK may read past the end of constant data: give data that sits at the very end
@@ -478,9 +525,9 @@ pub(super) fn load_constants(
         } else {
             buffer
         };
-        out.push(Some(constant));
+        out.push(constant);
     }
-    Ok(out)
+    Ok(Constants(out.into_boxed_slice()))
 }
 
 /// The key a constant is shared under across the backend. ExecuTorch's exporter names constants
@@ -513,19 +560,19 @@ pub(super) fn u16s(bytes: &[u8]) -> Vec<u16> {
 /// Finds each quantized value's scales in the payload or named data.
 pub(super) fn load_scales(
     graph: &fb::XNNGraph<'_>,
-    constants: &[Option<Constant>],
-) -> Result<FastMap<usize, Scales>, DelegateError> {
+    constants: &Constants,
+) -> Result<ScalesByValue, DelegateError> {
     let from_constant = |index: u32, value: usize| -> Result<&[u8], DelegateError> {
         constants
             .get(index as usize)
-            .and_then(|c| c.as_ref())
             .and_then(|c| c.buffer())
             .map(|b| b.data())
             .ok_or_else(|| {
                 DelegateError::BadGraph(format!("value {value}: scale constant {index} missing"))
             })
     };
-    let mut scales = FastMap::default();
+    // Pushed by ascending value index, so sorted as they come.
+    let mut scales = Vec::new();
     for (i, v) in graph.xvalues().iter().flatten().enumerate() {
         let Some(q) = v.xvalue_union_as_xnnquantized_tensor_value() else {
             continue;
@@ -537,15 +584,15 @@ pub(super) fn load_scales(
             } else {
                 ScaleValues::Copied(p.scale().map(|s| s.iter().collect()).unwrap_or_default())
             };
-            scales.insert(i, Scales::F32(s));
+            scales.push((i, Scales::F32(s)));
         } else if let Some(p) = q.quant_params_as_per_channel_group_quant() {
             let index = p.scale_buffer_idx();
             let deferred = matches!(
                 constants.get(index as usize),
-                Some(Some(Constant::Deferred {
+                Some(Constant::Deferred {
                     conversion: None,
                     ..
-                }))
+                })
             );
             let s = if index != 0 && deferred {
                 ScaleValues::Deferred(index as usize)
@@ -561,10 +608,10 @@ pub(super) fn load_scales(
                         .unwrap_or_default(),
                 )
             };
-            scales.insert(i, Scales::Bf16(s));
+            scales.push((i, Scales::Bf16(s)));
         }
     }
-    Ok(scales)
+    Ok(ScalesByValue(scales.into_boxed_slice()))
 }
 
 /// The named key and placeholder of value `t`, if its constant is deferred and stands for the
@@ -574,11 +621,11 @@ pub(super) fn deferred_constant<'k>(
     keep: &'k Loaded,
 ) -> Option<(&'k str, &'k Arc<DeferredData>)> {
     match keep.constants.get(constant_index(t))? {
-        Some(Constant::Deferred {
+        Constant::Deferred {
             key,
             data,
             conversion: None,
-        }) => Some((key, data)),
+        } => Some((&**key, data)),
         _ => None,
     }
 }
@@ -605,11 +652,11 @@ pub(super) fn pin_read_as_is(
             })?;
             continue;
         }
-        let Some(Some(Constant::Deferred {
+        let Some(Constant::Deferred {
             key,
             data,
             conversion,
-        })) = loaded.constants.get(constant_index(&t))
+        }) = loaded.constants.get(constant_index(&t))
         else {
             continue;
         };
@@ -618,7 +665,7 @@ pub(super) fn pin_read_as_is(
         // Held (and unpinned on drop) even if the fill failed: pins must balance.
         loaded.pinned.lock().push(data.clone());
         pinned.map_err(|source| DelegateError::UnreadConstant {
-            key: key.clone(),
+            key: key.to_string(),
             source,
         })?;
     }
@@ -627,10 +674,10 @@ pub(super) fn pin_read_as_is(
 
 /// The first placeholder of this delegate that XNNPACK needed but could not be read in.
 pub(super) fn failed_fill(loaded: &Loaded) -> Option<DelegateError> {
-    loaded.constants.iter().flatten().find_map(|c| match c {
+    loaded.constants.iter().find_map(|c| match c {
         Constant::Deferred { key, data, .. } => {
             data.fill_error().map(|why| DelegateError::UnreadConstant {
-                key: key.clone(),
+                key: key.to_string(),
                 source: why.into(),
             })
         }

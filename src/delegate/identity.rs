@@ -1,7 +1,7 @@
 //! The identities packed weights are looked up by: a constant's content, checked once per data
 //! file where its named key claims it.
 
-use super::constants::{fill_from, Constant, Loaded, Private, ReadToPack};
+use super::constants::{fill_from, Constant, Loaded, Private, PrivateByValue, ReadToPack};
 use super::error::DelegateError;
 use super::graph::{constant_index, named_key, tensor_of};
 use super::operators::{self, NO_VALUE};
@@ -140,7 +140,7 @@ pub(super) fn identity(
     check: &mut KeyCheck<'_>,
 ) -> Option<BlobId> {
     let key = named_key(graph, index).unwrap_or("");
-    let constant = keep.constants.get(index)?.as_ref()?;
+    let constant = keep.constants.get(index)?;
     // Converted data is known by its source's identity and the conversion: never hashed, and
     // never taken for genuine data of the converted type.
     let (source, conversion) = match constant {
@@ -285,7 +285,7 @@ pub(super) fn register_constants(
     cache: &Arc<PackedWeightsCache>,
     deferral: Option<&Arc<dyn NamedDataMap>>,
     check: &mut KeyCheck<'_>,
-) -> Result<(Vec<OwnedRegistration>, FastMap<usize, Private>), DelegateError> {
+) -> Result<(Vec<OwnedRegistration>, PrivateByValue), DelegateError> {
     let values: Vec<fb::XValue<'_>> = graph.xvalues().iter().flatten().collect();
     // Each value's description (and an activation's, without its shape, for the contexts of
     // the nodes that read or write it), and each constant value's content.
@@ -329,7 +329,8 @@ pub(super) fn register_constants(
             .or_insert(Some(r.context));
     }
     let mut registrations = Vec::new();
-    let mut private = FastMap::default();
+    // By ascending value index, as `Loaded::private` looks them up.
+    let mut private = Vec::new();
     for (i, v) in values.iter().enumerate() {
         let (t, _) = tensor_of(*v, i)?;
         let index = constant_index(&t);
@@ -349,7 +350,7 @@ pub(super) fn register_constants(
             None => false,
         };
         let id = BlobId::described(content, &description);
-        let constant = keep.constants[index].as_ref().expect("identity found it");
+        let constant = keep.constants.get(index).expect("identity found it");
         let fill = || match constant {
             Constant::Deferred {
                 key, conversion, ..
@@ -398,9 +399,9 @@ pub(super) fn register_constants(
             .expect("a new placeholder's address is free");
         release_scales(data.address());
         registrations.push(registration);
-        private.insert(i, Private { data, fill });
+        private.push((i, Private { data, fill }));
     }
-    Ok((registrations, private))
+    Ok((registrations, private.into_boxed_slice()))
 }
 
 /// Ties to the registration at `address` (value `i`'s) what XNNPACK reads only to pack it (a

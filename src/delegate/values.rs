@@ -55,13 +55,9 @@ pub(super) fn role_of<'k>(
         return Ok(ValueRole::Deferred(&own.data));
     }
     Ok(if index != 0 {
-        let c = keep
-            .constants
-            .get(index)
-            .and_then(|c| c.as_ref())
-            .ok_or_else(|| {
-                DelegateError::BadGraph(format!("value {i}: constant {index} does not exist"))
-            })?;
+        let c = keep.constants.get(index).ok_or_else(|| {
+            DelegateError::BadGraph(format!("value {i}: constant {index} does not exist"))
+        })?;
         match c {
             Constant::Deferred { data, .. } => ValueRole::Deferred(data),
             c => ValueRole::Static(c.buffer().expect("not deferred").data()),
