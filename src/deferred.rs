@@ -40,15 +40,16 @@ pub struct DeferredData {
     state: Mutex<PinState>,
 }
 
+/// Kept small: a decoder holds a placeholder for each of its 170 weights and scales.
 #[derive(Default)]
 struct PinState {
     /// Packings in progress that read the bytes.
-    pins: usize,
+    pins: u32,
     readable: bool,
     /// How many times the bytes were read in.
-    fills: usize,
+    fills: u32,
     /// Why the last fill failed: the region holds zeros, and what was packed from it is not real.
-    failed: Option<String>,
+    failed: Option<Box<str>>,
 }
 
 // SAFETY: the region is only an address until pinned; its contents are written under the
@@ -177,7 +178,7 @@ impl DeferredData {
 
     /// How many times the real bytes were read in (0 on a warm launch).
     pub fn fills(&self) -> usize {
-        self.state.lock().fills
+        self.state.lock().fills as usize
     }
 
     /// True when the last fill failed; see [`pin`](Self::pin).
@@ -187,7 +188,7 @@ impl DeferredData {
 
     /// Why the last fill failed, if it did.
     pub fn fill_error(&self) -> Option<String> {
-        self.state.lock().failed.clone()
+        self.state.lock().failed.as_deref().map(str::to_string)
     }
 
     /// Makes the bytes readable for one packing, reading them in with `fill` unless another
@@ -205,8 +206,8 @@ impl DeferredData {
         // reads it before this lock is released (readers wait for `pin` to return).
         let bytes = unsafe { std::slice::from_raw_parts_mut(self.base.as_ptr(), self.len) };
         let outcome = fill(bytes);
-        state.failed = outcome.as_ref().err().map(|e| e.to_string());
-        state.fills += 1;
+        state.failed = outcome.as_ref().err().map(|e| e.to_string().into());
+        state.fills = state.fills.saturating_add(1);
         state.readable = true;
         // Read-only from here: the bytes stand for immutable constant data.
         self.protect(Access::Read)?;
