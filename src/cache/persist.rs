@@ -77,6 +77,9 @@ pub(crate) fn load(
     let mut state = core.state.lock();
     let m = state.maps.len();
     state.maps.push(map);
+    // Room for exactly the file's entries: pushed one by one, the index of a file of 85 entries
+    // kept room for 128 (7 KiB for nothing). A look-up that misses later grows it as before.
+    state.entries.reserve_exact(decoded.entries.len());
     for e in &decoded.entries {
         state.insert_mapped(m, e);
     }
