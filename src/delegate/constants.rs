@@ -19,7 +19,7 @@ use zerocopy::{FromBytes, Immutable};
 pub(super) struct Loaded {
     pub(super) constants: Constants,
     /// Scales by value index: where they sit in a constant, or a typed copy.
-    pub(super) scales: ScalesByValue,
+    pub(super) scales: ByValue<Scales>,
     /// Placeholders some operator reads as they are: read in before runtime creation and held
     /// readable for as long as the runtime lives.
     pub(super) pinned: parking_lot::Mutex<Vec<Arc<DeferredData>>>,
@@ -28,11 +28,26 @@ pub(super) struct Loaded {
     /// Values given an address of their own instead of their constant's, by ascending value
     /// index (see [`super::identity::register_constants`]); set once, when they are registered.
     /// A sorted list: most delegates have none, and an empty hash map took 40 bytes in each.
-    pub(super) private: std::sync::OnceLock<PrivateByValue>,
+    pub(super) private: std::sync::OnceLock<ByValue<Private>>,
 }
 
-/// Values' own placeholders, by ascending value index.
-pub(super) type PrivateByValue = Box<[(usize, Private)]>;
+/// Entries by value index, in a list sorted by it: a delegate has a few (its scales, its
+/// values' own placeholders), where a hash map took four slots and a control block even for one.
+pub(super) struct ByValue<T>(Box<[(usize, T)]>);
+
+impl<T> ByValue<T> {
+    /// From entries pushed in ascending value index, as a walk over the graph's values makes them.
+    pub(super) fn from_ascending(entries: Vec<(usize, T)>) -> ByValue<T> {
+        debug_assert!(entries.windows(2).all(|w| w[0].0 < w[1].0));
+        ByValue(entries.into_boxed_slice())
+    }
+
+    /// Value `value`'s entry, if it has one.
+    pub(super) fn get(&self, value: usize) -> Option<&T> {
+        let at = self.0.binary_search_by_key(&value, |(v, _)| *v).ok()?;
+        Some(&self.0[at].1)
+    }
+}
 
 /// A constant value's address in the graph: its own placeholder where it could not share its
 /// constant's (see [`super::identity::register_constants`]), with how that placeholder is read
@@ -45,9 +60,7 @@ pub(super) struct Private {
 impl Loaded {
     /// Value `i`'s own placeholder, if it has one.
     pub(super) fn private(&self, i: usize) -> Option<&Private> {
-        let private = self.private.get()?;
-        let at = private.binary_search_by_key(&i, |(v, _)| *v).ok()?;
-        Some(&private[at].1)
+        self.private.get()?.get(i)
     }
 }
 
@@ -194,18 +207,6 @@ pub(super) enum Scales {
     Bf16(ScaleValues<u16>),
 }
 
-/// The scales of a delegate's quantized values, by ascending value index: a sorted list rather
-/// than a hash map, which took four slots and a control block for a delegate's one entry.
-pub(super) struct ScalesByValue(Box<[(usize, Scales)]>);
-
-impl ScalesByValue {
-    /// Value `value`'s scales, if it is quantized.
-    fn get(&self, value: &usize) -> Option<&Scales> {
-        let i = self.0.binary_search_by_key(value, |(v, _)| *v).ok()?;
-        Some(&self.0[i].1)
-    }
-}
-
 /// A quantized value's scales: read in place from constant `.0` when its bytes are aligned for
 /// the type (XNNPACK reads every scale at each launch; a copy would touch them twice more), else
 /// a typed copy.
@@ -245,7 +246,7 @@ impl Loaded {
         value: usize,
         deferral: Option<&Arc<dyn NamedDataMap>>,
     ) -> Option<ReadToPack> {
-        match self.scales.get(&value)? {
+        match self.scales.get(value)? {
             Scales::Bf16(ScaleValues::InConstant(index)) => Some(ReadToPack::InMemory(
                 self.constants.get(*index)?.buffer()?.clone(),
             )),
@@ -280,7 +281,7 @@ impl Loaded {
 
     /// Value `value`'s fp32 scales (per channel).
     pub(super) fn f32_scales(&self, value: usize) -> Option<&[f32]> {
-        match self.scales.get(&value)? {
+        match self.scales.get(value)? {
             Scales::F32(s) => self.scale_values(s),
             Scales::Bf16(_) => None,
         }
@@ -289,7 +290,7 @@ impl Loaded {
     /// Value `value`'s bf16 scales (per block): in memory, or behind a placeholder.
     pub(super) fn bf16_scales(&self, value: usize) -> Option<crate::xnn::BlockwiseScales<'_>> {
         use crate::xnn::BlockwiseScales;
-        match self.scales.get(&value)? {
+        match self.scales.get(value)? {
             Scales::Bf16(ScaleValues::Deferred(index)) => match self.constants.get(*index)? {
                 Constant::Deferred {
                     data,
@@ -561,7 +562,7 @@ pub(super) fn u16s(bytes: &[u8]) -> Vec<u16> {
 pub(super) fn load_scales(
     graph: &fb::XNNGraph<'_>,
     constants: &Constants,
-) -> Result<ScalesByValue, DelegateError> {
+) -> Result<ByValue<Scales>, DelegateError> {
     let from_constant = |index: u32, value: usize| -> Result<&[u8], DelegateError> {
         constants
             .get(index as usize)
@@ -611,7 +612,7 @@ pub(super) fn load_scales(
             scales.push((i, Scales::Bf16(s)));
         }
     }
-    Ok(ScalesByValue(scales.into_boxed_slice()))
+    Ok(ByValue::from_ascending(scales))
 }
 
 /// The named key and placeholder of value `t`, if its constant is deferred and stands for the

@@ -1,7 +1,7 @@
 //! The identities packed weights are looked up by: a constant's content, checked once per data
 //! file where its named key claims it.
 
-use super::constants::{fill_from, Constant, Loaded, Private, PrivateByValue, ReadToPack};
+use super::constants::{fill_from, ByValue, Constant, Loaded, Private, ReadToPack};
 use super::error::DelegateError;
 use super::graph::{constant_index, named_key, tensor_of};
 use super::operators::{self, NO_VALUE};
@@ -285,7 +285,7 @@ pub(super) fn register_constants(
     cache: &Arc<PackedWeightsCache>,
     deferral: Option<&Arc<dyn NamedDataMap>>,
     check: &mut KeyCheck<'_>,
-) -> Result<(Vec<OwnedRegistration>, PrivateByValue), DelegateError> {
+) -> Result<(Vec<OwnedRegistration>, ByValue<Private>), DelegateError> {
     let values: Vec<fb::XValue<'_>> = graph.xvalues().iter().flatten().collect();
     // Each value's description (and an activation's, without its shape, for the contexts of
     // the nodes that read or write it), and each constant value's content.
@@ -401,7 +401,7 @@ pub(super) fn register_constants(
         registrations.push(registration);
         private.push((i, Private { data, fill }));
     }
-    Ok((registrations, private.into_boxed_slice()))
+    Ok((registrations, ByValue::from_ascending(private)))
 }
 
 /// Ties to the registration at `address` (value `i`'s) what XNNPACK reads only to pack it (a
