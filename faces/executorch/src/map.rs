@@ -296,3 +296,37 @@ impl Backing for EtBytes {
         xnnblob::aligned::readable_in_page_after(bytes.as_ptr() as usize + bytes.len())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::MapKeys;
+
+    fn keys(list: &[&str]) -> MapKeys {
+        MapKeys::new(&list.iter().map(|k| k.to_string()).collect::<Vec<_>>()).expect("small")
+    }
+
+    #[test]
+    fn a_key_list_keeps_the_maps_order_and_finds_exactly_its_keys() {
+        let k = keys(&["w2", "b", "", "w10", "a"]);
+        assert_eq!(k.len(), 5);
+        let in_order: Vec<&str> = (0..k.len()).map(|i| k.get(i).unwrap()).collect();
+        assert_eq!(in_order, ["w2", "b", "", "w10", "a"]);
+        assert_eq!(k.get(5), None);
+        for key in ["w2", "b", "", "w10", "a"] {
+            assert!(k.contains(key), "{key:?} is listed");
+        }
+        for key in ["w", "w1", "w20", "c", "A", "b "] {
+            assert!(!k.contains(key), "{key:?} is not listed");
+        }
+    }
+
+    #[test]
+    fn an_empty_key_list_lists_nothing() {
+        let k = MapKeys::default();
+        assert_eq!(k.len(), 0);
+        assert_eq!(k.get(0), None);
+        assert!(!k.contains(""));
+        let k = keys(&[]);
+        assert!(!k.contains("a"));
+    }
+}
