@@ -280,3 +280,50 @@ fn fp16_weights_behind_placeholders_are_read_only_by_the_cold_launch() {
     assert_eq!(warm.bytes_read, n * 2);
     assert_eq!(warm_out, cold_out, "warm and cold outputs are identical");
 }
+
+/// A delegate lets go of its payload once its runtime is made (XNNPACK copies the graph into
+/// it), as ExecuTorch's own backend frees `processed` after init: ExecuTorch's mmap loader maps
+/// each payload apart, so holding them kept two pages per delegate resident for the life of the
+/// program (400 KiB for a 62-delegate decoder).
+#[test]
+fn a_delegate_lets_go_of_its_payload_once_its_runtime_is_made() {
+    use xnnblob::aligned::AlignedBytes;
+    use xnnblob::named_data::Backing;
+    let (name, input) = ("mlp_xnn_external", "mlp.input.f32");
+    let dir = common::scratch("payload-let-go");
+    let expected = launch(name, input, &dir.join("first.xbc")).output;
+    let backend = Backend::with_defaults().unwrap();
+    for (deferred, cache) in [
+        (false, None),
+        (true, Some(PackedCache::File(dir.join("cold.xbc")))),
+        (true, Some(PackedCache::File(dir.join("cold.xbc")))),
+    ] {
+        let (payload, map, _) = open(name);
+        let backing: Arc<dyn Backing> = Arc::new(AlignedBytes::copy_from(&payload, 64).unwrap());
+        let held = Arc::downgrade(&backing);
+        let payload = DataBuffer::new(backing, 0, payload.len()).unwrap();
+        let model = backend.model(cache.as_ref()).unwrap();
+        let mut d = if deferred {
+            XnnDelegate::init_deferred(&model, payload, map.clone())
+        } else {
+            XnnDelegate::init(&model, payload, &*map)
+        }
+        .unwrap();
+        assert!(
+            held.upgrade().is_none(),
+            "deferred {deferred}, cache {cache:?}: the payload outlived init"
+        );
+        let mut output = vec![f32::NAN; expected.len()];
+        d.execute_f32(&[&f32s(&common::dir().join(input))], &mut [&mut output])
+            .unwrap();
+        assert_eq!(
+            output.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            expected.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            "deferred {deferred}, cache {cache:?}"
+        );
+        if let Some(c) = model.packed_cache() {
+            c.wait_saved().unwrap();
+        }
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
