@@ -58,15 +58,6 @@ unsafe impl Send for DeferredData {}
 // SAFETY: as above; all mutation goes through the state lock.
 unsafe impl Sync for DeferredData {}
 
-fn page_size() -> usize {
-    // SAFETY: sysconf has no preconditions.
-    let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    usize::try_from(size)
-        .ok()
-        .filter(|&s| s > 0)
-        .unwrap_or(4096)
-}
-
 /// Address space placeholders are carved from: each chunk is one inaccessible, uncommitted
 /// mapping, handed out front to back; a chunk whose placeholders are all gone is unmapped (the
 /// newest is reused from its start instead).
@@ -143,7 +134,7 @@ impl DeferredData {
     /// Reserves an inaccessible region for `len` bytes (plus XNNPACK's slack), in whole pages of
     /// its own. It costs address space only, no memory, until pinned.
     pub fn reserve(len: usize) -> io::Result<DeferredData> {
-        let page = page_size();
+        let page = crate::mmap::page_size();
         let reserved = len
             .checked_add(crate::tensor::XNN_EXTRA_BYTES)
             .and_then(|n| n.checked_next_multiple_of(page))
@@ -308,7 +299,9 @@ mod tests {
             .map(|d| (d.address() as usize, d.address() as usize + d.reserved))
             .collect();
         ranges.sort();
-        assert!(ranges.iter().all(|(a, _)| a % page_size() == 0));
+        assert!(ranges
+            .iter()
+            .all(|(a, _)| a % crate::mmap::page_size() == 0));
         assert!(ranges.windows(2).all(|w| w[0].1 <= w[1].0), "no overlap");
         // Each one is usable on its own, its slack included.
         let fill: &Fill = &|b: &mut [u8]| {

@@ -186,6 +186,18 @@ impl AsRef<[u8]> for MappedFile {
     }
 }
 
+/// The size of the pages `madvise` and `mmap` work in (4 KiB on x86-64; 4, 16 or 64 KiB on
+/// aarch64 kernels).
+#[cfg(feature = "xnnpack")]
+pub(crate) fn page_size() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    usize::try_from(size)
+        .ok()
+        .filter(|&s| s > 0)
+        .unwrap_or(4096)
+}
+
 /// A window of a file being written, mapped shared and writable at a fixed offset of the file:
 /// the cache file a cold launch packs into (see `cache/draft.rs`). The window may reach past the
 /// file's end; its owner makes the file long enough (with its blocks allocated) before it hands
@@ -277,6 +289,29 @@ impl FileWindow {
                 bytes.len(),
             )
         };
+    }
+
+    /// Lets go of the resident pages that lie wholly inside the window's `len` bytes from `at`
+    /// (a packed region XNNPACK finished). The bytes stay in the file's page cache, written
+    /// back if dirty, and are mapped again by the next access; a failure only means the pages
+    /// stay resident.
+    pub(crate) fn release_pages(&self, at: usize, len: usize) {
+        let page = page_size();
+        let start = at.next_multiple_of(page);
+        let end = at.saturating_add(len).min(self.map.len()) / page * page;
+        if start < end {
+            // SAFETY: [start, end) lies inside the mapping (bounded by its length above), which
+            // is shared and file-backed: MADV_DONTNEED only unmaps the pages, whose contents
+            // (dirty ones included) stay in the page cache and come back on the next access, so
+            // no reader or writer observes a change, whatever it holds.
+            let _ = unsafe {
+                libc::madvise(
+                    self.map.as_mut_ptr().add(start).cast(),
+                    end - start,
+                    libc::MADV_DONTNEED,
+                )
+            };
+        }
     }
 
     /// From now on, survives the file being cut short under the window's first `len` bytes, as

@@ -838,8 +838,14 @@ impl PackedWeightsProvider for CacheCore {
         ptr: Option<NonNull<u8>>,
         size: usize,
     ) -> Option<usize> {
+        let pending = ptr.and_then(|p| self.state.lock().pending.remove(&(p.as_ptr() as usize)));
+        // Packed into the draft: summed now, outside the lock, while XNNPACK's writes are
+        // fresh, so that no save reads the region again (see `Space::settle`).
+        let drafted_sum = match &pending {
+            Some(Reserved::Drafted(space, n)) if *n >= size => Some(space.settle(size)),
+            _ => None,
+        };
         let mut state = self.state.lock();
-        let pending = ptr.and_then(|p| state.pending.remove(&(p.as_ptr() as usize)));
         let deferred = CacheCore::deferred_of(&state, key);
         // Packed from placeholders that could not be read in: usable by nobody but the runtime
         // being created (whose init then fails), never found, never saved.
@@ -873,7 +879,7 @@ impl PackedWeightsProvider for CacheCore {
             key: content_key,
             size,
             location,
-            checksum: None,
+            checksum: drafted_sum,
             last_used: 0,
             hit: false,
             first_hit: None,

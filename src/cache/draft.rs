@@ -16,6 +16,7 @@
 //! want of disk space, and a file system that cannot allocate ahead is not drafted on (the
 //! cache packs on the heap, as in memory).
 
+use super::checksum::checksum64;
 use super::format::{self, Compat, FileEntry, HEADER_SIZE, REGION_ALIGNMENT};
 use crate::mmap::{FileIdentity, FileWindow, MappedFile};
 use crate::publish;
@@ -55,6 +56,16 @@ impl Space {
     /// The region's first `len` bytes, once written.
     pub fn bytes(&self, len: usize) -> &[u8] {
         self.window.bytes(self.at, len)
+    }
+
+    /// The checksum of the region's first `len` bytes, once XNNPACK has written them; then lets
+    /// go of the pages wholly inside them. A cold launch holds only the regions being packed
+    /// resident, not every one packed so far beside the next weight's unpacked bytes: the
+    /// runtime maps them back from the page cache when it first runs, as a warm launch does.
+    pub fn settle(&self, len: usize) -> u64 {
+        let sum = checksum64(self.bytes(len));
+        self.window.release_pages(self.at, len);
+        sum
     }
 }
 

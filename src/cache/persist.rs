@@ -259,7 +259,12 @@ pub(crate) fn save(
         if superseded(&o.key, o.used) {
             continue;
         }
-        let sum = checksum64(o.source.bytes());
+        let sum = match (&o.source, o.checksum) {
+            // Summed when XNNPACK finished it, its pages let go since (see `Space::settle`):
+            // reading it again would map them back while the launch may still be packing.
+            (Source::Drafted(..), Some(sum)) => sum,
+            _ => checksum64(o.source.bytes()),
+        };
         // A save passes over every mapped entry (here, and again as it writes it): the pages
         // it touched would otherwise stay resident for the life of the process, most of them
         // never used by a runtime.

@@ -11,6 +11,8 @@ mod backend;
 mod background_saves;
 mod cache_budget;
 mod cache_layers;
+// Reads the kernel's account of resident pages, which qemu-user does not give: host only.
+mod cold_residency;
 // Runs this binary under emulated x86-64 CPUs (and builds the library for aarch64): host only.
 #[cfg(target_arch = "x86_64")]
 mod cpu_identity;

@@ -1,0 +1,101 @@
+//! A cold launch holds resident only what it is packing: each region XNNPACK finishes in the
+//! draft of the cache file is summed and its pages let go (they stay in the page cache), so the
+//! launch's peak is not every packed byte so far beside the next weight's unpacked bytes. The
+//! save reads none of them back; the runtime maps them back when it first runs.
+//!
+//! Residency is read from `/proc/self/smaps`, the kernel's account of this process's mappings:
+//! host only, as qemu-user does not report a guest's resident pages.
+
+use crate::common;
+
+use common::scratch;
+use xnnblob::cache::{CacheOptions, PackedWeightsCache};
+use xnnblob::xnn::Runtime;
+use xnnblob_test_support::synthetic::{Mlp, MLP_INPUT, MLP_OUTPUT};
+
+/// The address range of the mapping of the file whose path contains `name` (the draft's window).
+fn mapping_of(name: &str) -> (u64, u64) {
+    let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+    let line = smaps
+        .lines()
+        .find(|l| l.contains(name) && l.contains("xnnblob-draft"))
+        .unwrap_or_else(|| panic!("no mapping of a draft in {name}"));
+    let (start, end) = line
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .split_once('-')
+        .unwrap();
+    (
+        u64::from_str_radix(start, 16).unwrap(),
+        u64::from_str_radix(end, 16).unwrap(),
+    )
+}
+
+/// The resident KiB of the mapping at `range`, whatever its file is called now.
+fn resident_kib(range: (u64, u64)) -> u64 {
+    let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+    let head = format!("{:x}-{:x} ", range.0, range.1);
+    let mut lines = smaps.lines().skip_while(|l| !l.starts_with(&head));
+    assert!(lines.next().is_some(), "the mapping {head}is gone");
+    let rss = lines.find(|l| l.starts_with("Rss:")).unwrap();
+    rss.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+#[test]
+fn a_cold_launch_lets_go_of_each_packed_region_and_its_save_reads_none_back() {
+    let dir = scratch("cold-residency");
+    let path = dir.join("weights.xbc");
+    // Three fp32 layers of 0.25-1 MiB packed.
+    let mlp = Mlp::random(&[512, 512, 512, 256], 5);
+    let options = CacheOptions {
+        blocking_save: true,
+        ..Default::default()
+    };
+    let cache = PackedWeightsCache::open_with(&path, options).unwrap();
+    let registrations = common::register_mlps(&cache, &[&mlp]);
+    let graph = mlp.subgraph(1).unwrap();
+    let mut runtime = Runtime::new(&graph, Some(&*cache)).unwrap();
+    drop(registrations);
+    let stats = cache.stats();
+    assert_eq!((stats.packed, stats.heap_entries), (3, 0));
+    let packed_kib = stats.packed_bytes as u64 / 1024;
+    assert!(packed_kib > 1024, "{packed_kib} KiB packed");
+    let window = mapping_of(dir.file_name().unwrap().to_str().unwrap());
+    // At most the two pages each region shares with its neighbours.
+    let page_kib = 4;
+    let packed = resident_kib(window);
+    assert!(
+        packed <= 3 * 2 * page_kib,
+        "{packed} KiB of {packed_kib} KiB packed stay resident"
+    );
+    // The save completes the draft (its header, index and trailer) and reads no region.
+    cache.finalize().unwrap();
+    assert_eq!(cache.saves(), 1);
+    let saved = resident_kib(window);
+    assert!(
+        saved <= packed + 4 * page_kib,
+        "the save mapped {} KiB back",
+        saved - packed
+    );
+    // The run maps them back, from the page cache, and computes what was packed.
+    let input: Vec<f32> = (0..mlp.input_width())
+        .map(|i| ((i % 7) as f32 - 3.0) / 3.0)
+        .collect();
+    let mut out = vec![f32::NAN; mlp.output_width()];
+    runtime
+        .invoke(&[(MLP_INPUT, &input)], &mut [(MLP_OUTPUT, &mut out)])
+        .unwrap();
+    let ran = resident_kib(window);
+    assert!(
+        ran >= packed_kib * 9 / 10,
+        "after a run {ran} KiB of {packed_kib} KiB are resident"
+    );
+    let expected = mlp.reference_forward(&input, 1);
+    for (a, b) in out.iter().zip(&expected) {
+        assert!((a - b).abs() <= 1e-3, "{a} vs {b}");
+    }
+    drop(runtime);
+    drop(cache);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
