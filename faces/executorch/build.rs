@@ -84,6 +84,17 @@ fn main() {
         .filter(|r| !r.is_empty())
         .unwrap_or_else(|| lib.display().to_string());
     println!("cargo:rustc-link-arg=-Wl,-rpath,{rpath}");
+    // The functions a launch runs, together at the start of the library's text: the kernel maps
+    // code 64 KiB around each page first touched, so scattered among the rest they made all of
+    // the library's Rust code resident (see scripts/hot-text.sh, which writes the script). The
+    // script only names what goes first (INSERT keeps the linker's own layout); GNU ld and LLD
+    // both read it.
+    if env::var("CARGO_CFG_TARGET_OS").as_deref() == Ok("linux") {
+        let script = PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets it"))
+            .join("hot-text.ld");
+        println!("cargo:rustc-cdylib-link-arg=-Wl,-T,{}", script.display());
+        println!("cargo:rerun-if-changed=hot-text.ld");
+    }
     for path in [
         "src/lib.rs",
         "src/bridge.h",

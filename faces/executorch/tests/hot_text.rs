@@ -1,0 +1,115 @@
+//! The functions a launch runs lie together at the start of the library's text (`hot-text.ld`,
+//! written by `scripts/hot-text.sh`): the kernel maps code 64 KiB around each page first touched,
+//! so scattered among the rest they kept every 64 KiB of the library's Rust code resident.
+//!
+//! Read from the built library's symbol table with `nm`, which the set-up's compiler brings.
+
+use std::path::Path;
+use std::process::Command;
+use xnnblob_test_support::drop_in;
+
+/// Whether `name` matches `pattern`, a linker script's section-name glob with `*` only.
+fn glob(pattern: &str, name: &str) -> bool {
+    let mut parts = pattern.split('*');
+    let first = parts.next().unwrap_or("");
+    let Some(mut rest) = name.strip_prefix(first) else {
+        return false;
+    };
+    let parts: Vec<&str> = parts.collect();
+    for (i, part) in parts.iter().enumerate() {
+        if i + 1 == parts.len() {
+            return rest.ends_with(part);
+        }
+        match rest.find(part) {
+            Some(at) => rest = &rest[at + part.len()..],
+            None => return false,
+        }
+    }
+    rest.is_empty()
+}
+
+/// The symbol patterns the script names by their general form (hashes as wildcards, so they
+/// hold in any profile): the script's `.text.NAME` patterns without exact hashes.
+fn general_patterns(script: &str) -> Vec<String> {
+    script
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("*(.text."))
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|p| !p.contains("17h") || p.ends_with("17h*"))
+        .map(str::to_string)
+        .collect()
+}
+
+/// (address, size, name) of each function in the library.
+fn functions(library: &Path) -> Vec<(u64, u64, String)> {
+    let out = Command::new("nm")
+        .args(["-S", "--defined-only"])
+        .arg(library)
+        .output()
+        .expect("nm runs");
+    assert!(out.status.success(), "nm {}", library.display());
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| {
+            let p: Vec<&str> = l.split_whitespace().collect();
+            match p[..] {
+                [a, s, t, n] if "tTwW".contains(t) => Some((
+                    u64::from_str_radix(a, 16).ok()?,
+                    u64::from_str_radix(s, 16).ok()?,
+                    n.to_string(),
+                )),
+                _ => None,
+            }
+        })
+        .collect()
+}
+
+#[test]
+fn the_functions_a_launch_runs_lie_together_at_the_start_of_the_text() {
+    let script =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("hot-text.ld")).unwrap();
+    let patterns = general_patterns(&script);
+    assert!(patterns.len() > 300, "{} patterns", patterns.len());
+    let library = drop_in::backend_library(env!("CARGO_BIN_EXE_xnnblob-et-run"));
+    let all = functions(&library);
+    let named = |n: &str| patterns.iter().any(|p| glob(p, n));
+    let hot: Vec<&(u64, u64, String)> = all.iter().filter(|(_, _, n)| named(n)).collect();
+
+    // The script is not stale: most of what it names is still in the library.
+    let found = patterns
+        .iter()
+        .filter(|p| hot.iter().any(|(_, _, n)| glob(p, n)))
+        .count();
+    assert!(
+        found * 10 >= patterns.len() * 9,
+        "only {found} of the script's {} functions are in the library: run scripts/hot-text.sh",
+        patterns.len()
+    );
+
+    // Together: nearly all of their bytes lie in the first quarter of the text (as compiled, a
+    // fifth of them lie beyond its first third). A few small ones the script cannot move stay
+    // behind: C++ constructors it names by an alias of their section's name, libc's `atexit`.
+    let start = all.iter().map(|f| f.0).min().unwrap();
+    let end = all.iter().map(|f| f.0 + f.1).max().unwrap();
+    let quarter = start + (end - start) / 4;
+    let bytes: u64 = hot.iter().map(|f| f.1).sum();
+    let early: u64 = hot
+        .iter()
+        .filter(|f| f.0 + f.1 <= quarter)
+        .map(|f| f.1)
+        .sum();
+    assert!(
+        early * 20 >= bytes * 19,
+        "{early} of the {bytes} bytes of functions a launch runs lie in the first quarter of the text"
+    );
+}
+
+#[test]
+fn glob_matches_as_a_linker_script_does() {
+    assert!(glob("_ZN3abc17h*", "_ZN3abc17h0123456789abcdefE"));
+    assert!(glob("_RNvCs*_3std4read*", "_RNvCs1x2y_3std4read"));
+    assert!(glob("abc*", "abc"));
+    assert!(!glob("_ZN3abc17h*", "_ZN3abd17h0123456789abcdefE"));
+    assert!(!glob("_RNvCs*_3std4read*", "_RNvCs1x2y_3std5write"));
+    assert!(!glob("abc", "abcd"));
+}

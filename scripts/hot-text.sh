@@ -1,0 +1,141 @@
+#!/usr/bin/env bash
+# Regenerates faces/executorch/hot-text.ld, the linker script that puts the functions of
+# libxnnblob_executorch.so a launch runs first in its text, together.
+#
+# Why: the kernel maps a library's code 64 KiB at a time around each page a call first touches
+# (fault-around), so code that runs at load and execute, scattered among code that does not,
+# made every 64 KiB of the library's Rust code resident: 1.1 MiB where ExecuTorch's own backend
+# holds 0.7 (issue 39, the decoder's cold peak under the mmap loader).
+#
+# How: callgrind lists the functions that run in a cold launch and in the warm launch after it
+# of an exported program, inside ExecuTorch's runtime (xnnblob-et-run, mmap loader, two
+# tokens); their sections are named, in the order found, at the start of .text (the linker
+# puts every other section after them). The hashes rustc puts in symbol names are wildcards,
+# so that the script goes on matching after a change of compiler, dependency or flags, except
+# where the library holds several instances of one generic function: then only the instance that
+# ran is named, by its hash. A function the script does not name stays where it was: a stale
+# script costs memory, never correctness (faces/executorch/tests/hot_text.rs says when it is
+# stale). XNNPACK's objects have no section per function: those that define a function that ran
+# move whole, named by archive and member.
+#
+# Needs valgrind and an exported program with its io.json (default: the bench's decoder,
+# `scripts/export-executorch-fixtures.sh --bench`).
+# Usage: scripts/hot-text.sh [PROGRAM.pte]
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+pte=${1:-$HOME/.cache/xnnblob/bench-exports/bench_llama_8da4w.pte}
+io=${pte%.pte}.io.json
+[ -f "$pte" ] && [ -f "$io" ] || { echo "hot-text: need $pte and $io" >&2; exit 1; }
+command -v valgrind > /dev/null || { echo "hot-text: needs valgrind" >&2; exit 1; }
+script=$root/faces/executorch/hot-text.ld
+# Profiled as laid out without a script, so that a stale or broken one cannot stop this.
+printf 'SECTIONS {\n  .text : {\n  }\n} INSERT AFTER .init;\n' > "$script"
+(cd "$root" && cargo build --release -p xnnblob-executorch)
+runner=$root/target/release/xnnblob-et-run
+work=$(mktemp -d /tmp/xnnblob-hot-text.XXXXXX)
+trap 'rm -rf "$work"' EXIT
+
+inputs=()
+n=$(python3 -c "import json,sys; print(len(json.load(open(sys.argv[1]))['steps'][0]['inputs']))" "$io")
+for ((i = 0; i < n; i++)); do
+  inputs+=(--input "${pte%.pte}.s{step}.in$i.bin")
+done
+# The first launch packs (valgrind's CPU is its own, so it finds no cache of this machine's);
+# the second finds everything packed.
+for launch in cold warm; do
+  valgrind --tool=callgrind --demangle=no --callgrind-out-file="$work/$launch.out" \
+    "$runner" "$pte" "${inputs[@]}" --steps 2 --load-mode mmap --backend xnnblob \
+    --cache "$work/cache" > "$work/$launch.log" 2>&1 ||
+    { cat "$work/$launch.log" >&2; exit 1; }
+done
+
+# XNNPACK's static libraries, as its crate's last build links them.
+archives=$(sed -n 's/^cargo:rustc-link-search=native=//p' \
+  "$(ls -t "$root"/target/release/build/xnnpack-sys-*/output | head -1)" |
+  while read -r dir; do ls "$dir"/lib*.a 2> /dev/null || true; done)
+python3 - "$work/warm.out" "$work/cold.out" "$root/target/release/libxnnblob_executorch.so" $archives > "$work/hot-text.ld" <<'PY'
+import os, re, subprocess, sys
+
+def executed(path):
+    """The functions of libxnnblob_executorch.so that ran, in the order callgrind names them."""
+    objects, functions, current, found = {}, {}, None, []
+    for line in open(path, errors="replace"):
+        line = line.rstrip("\n")
+        m = re.match(r"^(c?ob)=\((\d+)\)(?: (.*))?$", line)
+        if m:
+            kind, i, name = m.groups()
+            if name:
+                objects[i] = name
+            if kind == "ob":
+                current = objects.get(i)
+            continue
+        m = re.match(r"^(c?fn)=\((\d+)\)(?: (.*))?$", line)
+        if m:
+            kind, i, name = m.groups()
+            if name:
+                functions[i] = name
+            if kind == "fn" and current and "libxnnblob_executorch" in current:
+                found.append(functions.get(i))
+    return found
+
+def general(symbol):
+    """The symbol with rustc's hashes as wildcards."""
+    symbol = re.sub(r"\.llvm\.\d+$", "", symbol)  # ThinLTO's suffix of an internalised copy
+    symbol = re.sub(r"17h[0-9a-f]{16}E$", "17h*", symbol)  # legacy mangling's hash
+    symbol = re.sub(r"Cs[0-9A-Za-z]+_", "Cs*_", symbol)  # v0 mangling's crate disambiguator
+    return symbol if symbol.endswith("*") else symbol + "*"
+
+# What each general form stands for in the library profiled: where it names several functions
+# (the instances of one generic function differ by their hash alone), the exact name is kept, so
+# that the instances that did not run stay out.
+library = sys.argv[3]
+listing = subprocess.run(["nm", "--defined-only", library], capture_output=True, text=True)
+instances = {}
+for line in listing.stdout.splitlines():
+    parts = line.split()
+    if len(parts) == 3 and parts[1] in "tTwW":
+        form = general(parts[2])
+        instances[form] = instances.get(form, 0) + 1
+
+def pattern(symbol):
+    """A section name pattern for the symbol, or None if it cannot be named safely."""
+    symbol = re.sub(r"'\d+$", "", symbol)  # callgrind's mark of a recursion level
+    if symbol.startswith("0x") or not re.fullmatch(r"[A-Za-z0-9_$.]+", symbol):
+        return None  # an address, or a character linker scripts read otherwise
+    form = general(symbol)
+    if instances.get(form, 0) > 1:
+        return re.sub(r"\.llvm\.\d+$", "", symbol) + "*"
+    return form
+
+# C objects without a section per function move whole: the archive member defining each.
+member_of = {}
+for archive in sys.argv[4:]:
+    listing = subprocess.run(["nm", "-A", "--defined-only", archive], capture_output=True, text=True)
+    for line in listing.stdout.splitlines():
+        where, _, rest = line.rpartition(":")
+        parts = rest.split()
+        if len(parts) == 3 and parts[1] in "tT":
+            member_of.setdefault(parts[2], (os.path.basename(archive), where.rpartition(":")[2]))
+
+seen, lines = set(), []
+for symbol in executed(sys.argv[1]) + executed(sys.argv[2]):
+    if not symbol:
+        continue
+    if symbol in member_of:
+        archive, member = member_of[symbol]
+        line = f"    *{archive}:{member}(.text .text.*)"
+    else:
+        p = pattern(symbol)
+        line = p and f"    *(.text.{p} .text.unlikely.{p})"
+    if line and line not in seen:
+        seen.add(line)
+        lines.append(line)
+print("/* Generated by scripts/hot-text.sh: the functions a launch runs first, together (see there). */")
+print("SECTIONS {")
+print("  .text : {")
+print("\n".join(lines))
+print("  }")
+print("} INSERT AFTER .init;")
+PY
+mv "$work/hot-text.ld" "$script"
+echo "hot-text: $(grep -c '^    \*' "$script") sections or objects named in $script"
