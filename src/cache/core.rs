@@ -48,7 +48,8 @@ pub(crate) struct Entry {
     pub key: Option<EntryKey>,
     pub size: usize,
     pub location: Location,
-    /// Known for entries read from or written to a file.
+    /// Known for entries read from or written to a file, and for those packed into a draft
+    /// (summed as XNNPACK finished them: `Space::settle`).
     pub checksum: Option<u64>,
     /// Looked up (found) in this process.
     pub hit: bool,

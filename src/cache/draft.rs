@@ -158,7 +158,7 @@ impl DraftFile {
     }
 
     /// Whether `space` lies in this draft.
-    fn holds(&self, space: &Space) -> bool {
+    pub fn holds(&self, space: &Space) -> bool {
         self.windows.iter().any(|w| Arc::ptr_eq(w, &space.window))
     }
 

@@ -260,9 +260,16 @@ pub(crate) fn save(
             continue;
         }
         let sum = match (&o.source, o.checksum) {
-            // Summed when XNNPACK finished it, its pages let go since (see `Space::settle`):
-            // reading it again would map them back while the launch may still be packing.
-            (Source::Drafted(..), Some(sum)) => sum,
+            // Packed into the draft this save completes: summed when XNNPACK finished it, its
+            // pages let go since (see `Space::settle`), and reading it again would map them back
+            // while the launch may still be packing. An older draft is a published file now,
+            // which another process may have cut short or damaged: read again, as mapped
+            // entries are.
+            (Source::Drafted(space, _), Some(sum))
+                if draft.as_ref().is_some_and(|d| d.holds(space)) =>
+            {
+                sum
+            }
             _ => checksum64(o.source.bytes()),
         };
         // A save passes over every mapped entry (here, and again as it writes it): the pages

@@ -977,3 +977,43 @@ fn a_file_from_another_cpu_class_is_rejected_and_rebuilt() {
     assert_eq!(launch(&cache, &mlp), out);
     assert_eq!(cache.stats().packed, 0, "warm after the rebuild");
 }
+
+/// A save completes only the draft it takes with the sums taken as XNNPACK packed it; what an
+/// earlier save published is read again, as any mapped entry is. Here the published file is cut
+/// short before a second model packs: the first model's entries then read as zeros, and the
+/// second save must leave them out rather than copy them under their old sums (which would
+/// also record the new file as checked).
+#[test]
+fn a_later_save_reads_again_what_an_earlier_save_published() {
+    let dir = scratch("later-save");
+    let path = dir.join("weights.xbc");
+    let options = CacheOptions {
+        blocking_save: true,
+        ..Default::default()
+    };
+    let cache = PackedWeightsCache::open_with(&path, options).unwrap();
+    let (first, second) = (model(), Mlp::random(&[40, 56, 32], 21));
+    let _ = launch(&cache, &first);
+    assert_eq!(cache.saves(), 1);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_len(4096)
+        .unwrap();
+    let out = launch(&cache, &second);
+    assert_matches_reference(&second, &out);
+    assert_eq!(cache.saves(), 2);
+    let report = verify_file(&path, &CacheOptions::default(), true, false)
+        .unwrap()
+        .unwrap();
+    assert!(
+        report.corrupt.is_empty(),
+        "{} of {} entries of the new file are damaged",
+        report.corrupt.len(),
+        report.entries
+    );
+    assert!(report.entries >= 2, "{} entries", report.entries);
+    drop(cache);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
