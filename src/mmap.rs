@@ -188,7 +188,6 @@ impl AsRef<[u8]> for MappedFile {
 
 /// The size of the pages `madvise` and `mmap` work in (4 KiB on x86-64; 4, 16 or 64 KiB on
 /// aarch64 kernels).
-#[cfg(feature = "xnnpack")]
 pub(crate) fn page_size() -> usize {
     // SAFETY: sysconf has no preconditions.
     let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
@@ -303,7 +302,8 @@ impl FileWindow {
             // SAFETY: [start, end) lies inside the mapping (bounded by its length above), which
             // is shared and file-backed: MADV_DONTNEED only unmaps the pages, whose contents
             // (dirty ones included) stay in the page cache and come back on the next access, so
-            // no reader or writer observes a change, whatever it holds.
+            // no reader or writer observes a change, whatever it holds. Where the file was cut
+            // short, the watch has put zero pages there (`truncation`), which stay zeros.
             let _ = unsafe {
                 libc::madvise(
                     self.map.as_mut_ptr().add(start).cast(),

@@ -95,12 +95,9 @@ pub fn any_fault() -> bool {
 fn install() -> bool {
     PREVIOUS
         .get_or_init(|| {
-            // SAFETY: sysconf has no preconditions.
-            let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-            if let Ok(page) = usize::try_from(page) {
-                if page.is_power_of_two() {
-                    PAGE.store(page, Ordering::Relaxed);
-                }
+            let page = super::page_size();
+            if page.is_power_of_two() {
+                PAGE.store(page, Ordering::Relaxed);
             }
             // SAFETY: sigaction with a null new action only reads the current one into a
             // zeroed struct; the new action's handler is `on_sigbus`, whose signature is the

@@ -32,14 +32,22 @@ fn mapping_of(name: &str) -> (u64, u64) {
     )
 }
 
-/// The resident KiB of the mapping at `range`, whatever its file is called now.
-fn resident_kib(range: (u64, u64)) -> u64 {
+/// A field in KiB of the mapping at `range` (`Rss`, `KernelPageSize`), whatever its file is
+/// called now.
+fn field_kib(range: (u64, u64), field: &str) -> u64 {
     let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
     let head = format!("{:x}-{:x} ", range.0, range.1);
     let mut lines = smaps.lines().skip_while(|l| !l.starts_with(&head));
     assert!(lines.next().is_some(), "the mapping {head}is gone");
-    let rss = lines.find(|l| l.starts_with("Rss:")).unwrap();
-    rss.split_whitespace().nth(1).unwrap().parse().unwrap()
+    // Every mapping lists every field, so the first found after its head is its own.
+    let line = lines
+        .find(|l| l.starts_with(&format!("{field}:")))
+        .unwrap_or_else(|| panic!("no {field} for {head}"));
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+fn resident_kib(range: (u64, u64)) -> u64 {
+    field_kib(range, "Rss")
 }
 
 #[test]
@@ -63,7 +71,7 @@ fn a_cold_launch_lets_go_of_each_packed_region_and_its_save_reads_none_back() {
     assert!(packed_kib > 1024, "{packed_kib} KiB packed");
     let window = mapping_of(dir.file_name().unwrap().to_str().unwrap());
     // At most the two pages each region shares with its neighbours.
-    let page_kib = 4;
+    let page_kib = field_kib(window, "KernelPageSize");
     let packed = resident_kib(window);
     assert!(
         packed <= 3 * 2 * page_kib,
