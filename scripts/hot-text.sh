@@ -9,11 +9,10 @@
 #
 # How: callgrind lists the functions that run in a cold launch and in the warm launch after it
 # of an exported program, inside ExecuTorch's runtime (xnnblob-et-run, mmap loader, two
-# tokens); their sections are named, in the order found, at the start of .text (the linker
-# puts every other section after them). The hashes rustc puts in symbol names are wildcards,
-# so that the script goes on matching after a change of compiler, dependency or flags, except
-# where the library holds several instances of one generic function: then only the instance that
-# ran is named, by its hash. A function the script does not name stays where it was: a stale
+# tokens); their sections are named, in the order found, first in the text (LLD puts them at
+# the start of .text, GNU ld in a .text section of their own before it). The hashes rustc puts
+# in symbol names are wildcards, so that the script matches in any checkout and after a change of
+# compiler, dependency or flags. A function the script does not name stays where it was: a stale
 # script costs memory, never correctness (faces/executorch/tests/hot_text.rs says when it is
 # stale). XNNPACK's objects have no section per function: those that define a function that ran
 # move whole, named by archive and member.
@@ -28,12 +27,14 @@ io=${pte%.pte}.io.json
 [ -f "$pte" ] && [ -f "$io" ] || { echo "hot-text: need $pte and $io" >&2; exit 1; }
 command -v valgrind > /dev/null || { echo "hot-text: needs valgrind" >&2; exit 1; }
 script=$root/faces/executorch/hot-text.ld
+work=$(mktemp -d /tmp/xnnblob-hot-text.XXXXXX)
+# The script as it was comes back unless a new one is written.
+cp "$script" "$work/previous.ld"
+trap 'cp "$work/previous.ld" "$script"; rm -rf "$work"' EXIT
 # Profiled as laid out without a script, so that a stale or broken one cannot stop this.
 printf 'SECTIONS {\n  .text : {\n  }\n} INSERT AFTER .init;\n' > "$script"
 (cd "$root" && cargo build --release -p xnnblob-executorch)
 runner=$root/target/release/xnnblob-et-run
-work=$(mktemp -d /tmp/xnnblob-hot-text.XXXXXX)
-trap 'rm -rf "$work"' EXIT
 
 inputs=()
 n=$(python3 -c "import json,sys; print(len(json.load(open(sys.argv[1]))['steps'][0]['inputs']))" "$io")
@@ -53,7 +54,7 @@ done
 archives=$(sed -n 's/^cargo:rustc-link-search=native=//p' \
   "$(ls -t "$root"/target/release/build/xnnpack-sys-*/output | head -1)" |
   while read -r dir; do ls "$dir"/lib*.a 2> /dev/null || true; done)
-python3 - "$work/warm.out" "$work/cold.out" "$root/target/release/libxnnblob_executorch.so" $archives > "$work/hot-text.ld" <<'PY'
+python3 - "$work/warm.out" "$work/cold.out" $archives > "$work/hot-text.ld" <<'PY'
 import os, re, subprocess, sys
 
 def executed(path):
@@ -78,38 +79,23 @@ def executed(path):
                 found.append(functions.get(i))
     return found
 
-def general(symbol):
-    """The symbol with rustc's hashes as wildcards."""
+def pattern(symbol):
+    """A section name pattern for the symbol, rustc's hashes as wildcards, or None if it cannot
+    be named safely. The hashes depend on the compiler, the flags and where the crate's sources
+    lie (cargo's metadata of a path package names its directory), so an exact name would match
+    only in the checkout it was profiled in; the wildcards also take in the other instances of
+    a generic function that ran, a little code that did not."""
+    symbol = re.sub(r"'\d+$", "", symbol)  # callgrind's mark of a recursion level
+    if symbol.startswith("0x") or not re.fullmatch(r"[A-Za-z0-9_$.]+", symbol):
+        return None  # an address, or a character linker scripts read otherwise
     symbol = re.sub(r"\.llvm\.\d+$", "", symbol)  # ThinLTO's suffix of an internalised copy
     symbol = re.sub(r"17h[0-9a-f]{16}E$", "17h*", symbol)  # legacy mangling's hash
     symbol = re.sub(r"Cs[0-9A-Za-z]+_", "Cs*_", symbol)  # v0 mangling's crate disambiguator
     return symbol if symbol.endswith("*") else symbol + "*"
 
-# What each general form stands for in the library profiled: where it names several functions
-# (the instances of one generic function differ by their hash alone), the exact name is kept, so
-# that the instances that did not run stay out.
-library = sys.argv[3]
-listing = subprocess.run(["nm", "--defined-only", library], capture_output=True, text=True)
-instances = {}
-for line in listing.stdout.splitlines():
-    parts = line.split()
-    if len(parts) == 3 and parts[1] in "tTwW":
-        form = general(parts[2])
-        instances[form] = instances.get(form, 0) + 1
-
-def pattern(symbol):
-    """A section name pattern for the symbol, or None if it cannot be named safely."""
-    symbol = re.sub(r"'\d+$", "", symbol)  # callgrind's mark of a recursion level
-    if symbol.startswith("0x") or not re.fullmatch(r"[A-Za-z0-9_$.]+", symbol):
-        return None  # an address, or a character linker scripts read otherwise
-    form = general(symbol)
-    if instances.get(form, 0) > 1:
-        return re.sub(r"\.llvm\.\d+$", "", symbol) + "*"
-    return form
-
 # C objects without a section per function move whole: the archive member defining each.
 member_of = {}
-for archive in sys.argv[4:]:
+for archive in sys.argv[3:]:
     listing = subprocess.run(["nm", "-A", "--defined-only", archive], capture_output=True, text=True)
     for line in listing.stdout.splitlines():
         where, _, rest = line.rpartition(":")
@@ -138,4 +124,5 @@ print("  }")
 print("} INSERT AFTER .init;")
 PY
 mv "$work/hot-text.ld" "$script"
+cp "$script" "$work/previous.ld"
 echo "hot-text: $(grep -c '^    \*' "$script") sections or objects named in $script"

@@ -84,15 +84,31 @@ fn main() {
         .filter(|r| !r.is_empty())
         .unwrap_or_else(|| lib.display().to_string());
     println!("cargo:rustc-link-arg=-Wl,-rpath,{rpath}");
-    // The functions a launch runs, together at the start of the library's text: the kernel maps
-    // code 64 KiB around each page first touched, so scattered among the rest they made all of
-    // the library's Rust code resident (see scripts/hot-text.sh, which writes the script). The
-    // script only names what goes first (INSERT keeps the linker's own layout); GNU ld and LLD
-    // both read it.
-    if env::var("CARGO_CFG_TARGET_OS").as_deref() == Ok("linux") {
-        let script = PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets it"))
-            .join("hot-text.ld");
-        println!("cargo:rustc-cdylib-link-arg=-Wl,-T,{}", script.display());
+    // The functions a launch runs, together first in the library's text: the kernel maps code
+    // 64 KiB around each page first touched, so scattered among the rest they made all of the
+    // library's Rust code resident (see scripts/hot-text.sh, which writes the script). The script
+    // only names what goes first (INSERT leaves the rest of the layout to the linker): LLD puts
+    // it at the start of .text, GNU ld in a .text section of its own before it. gold and mold
+    // read no such script, so a build that asks for either links without it, as does one with
+    // XNNBLOB_HOT_TEXT=0: the same library, its code laid out as compiled.
+    println!("cargo:rerun-if-env-changed=XNNBLOB_HOT_TEXT");
+    let flags = env::var("CARGO_ENCODED_RUSTFLAGS").unwrap_or_default();
+    let other_linker = ["gold", "mold"]
+        .iter()
+        .any(|l| flags.contains(&format!("-fuse-ld={l}")) || flags.contains(&format!("ld.{l}")));
+    let script = PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets it"))
+        .join("hot-text.ld");
+    let wanted = env::var("XNNBLOB_HOT_TEXT").as_deref() != Ok("0");
+    if env::var("CARGO_CFG_TARGET_OS").as_deref() == Ok("linux") && wanted && !other_linker {
+        // -Wl splits its argument at commas.
+        if script.to_string_lossy().contains(',') {
+            println!(
+                "cargo:warning=hot-text.ld is not used: its path has a comma ({})",
+                script.display()
+            );
+        } else {
+            println!("cargo:rustc-cdylib-link-arg=-Wl,-T,{}", script.display());
+        }
         println!("cargo:rerun-if-changed=hot-text.ld");
     }
     for path in [

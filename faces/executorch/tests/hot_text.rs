@@ -28,14 +28,13 @@ fn glob(pattern: &str, name: &str) -> bool {
     rest.is_empty()
 }
 
-/// The symbol patterns the script names by their general form (hashes as wildcards, so they
-/// hold in any profile): the script's `.text.NAME` patterns without exact hashes.
-fn general_patterns(script: &str) -> Vec<String> {
+/// The symbol patterns the script names (its `.text.NAME` patterns; rustc's hashes are
+/// wildcards in them, so they hold in any profile and checkout).
+fn symbol_patterns(script: &str) -> Vec<String> {
     script
         .lines()
         .filter_map(|l| l.trim().strip_prefix("*(.text."))
         .filter_map(|l| l.split_whitespace().next())
-        .filter(|p| !p.contains("17h") || p.ends_with("17h*"))
         .map(str::to_string)
         .collect()
 }
@@ -66,9 +65,13 @@ fn functions(library: &Path) -> Vec<(u64, u64, String)> {
 
 #[test]
 fn the_functions_a_launch_runs_lie_together_at_the_start_of_the_text() {
+    if std::env::var("XNNBLOB_HOT_TEXT").as_deref() == Ok("0") {
+        xnnblob_test_support::cannot_run("XNNBLOB_HOT_TEXT=0 builds without hot-text.ld");
+        return;
+    }
     let script =
         std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("hot-text.ld")).unwrap();
-    let patterns = general_patterns(&script);
+    let patterns = symbol_patterns(&script);
     assert!(patterns.len() > 300, "{} patterns", patterns.len());
     let library = drop_in::backend_library(env!("CARGO_BIN_EXE_xnnblob-et-run"));
     let all = functions(&library);
@@ -86,21 +89,24 @@ fn the_functions_a_launch_runs_lie_together_at_the_start_of_the_text() {
         patterns.len()
     );
 
-    // Together: nearly all of their bytes lie in the first quarter of the text (as compiled, a
-    // fifth of them lie beyond its first third). A few small ones the script cannot move stay
-    // behind: C++ constructors it names by an alias of their section's name, libc's `atexit`.
+    // Together, from the start of the text: 95% of their bytes lie within 1.5 times their size
+    // of it (0.9 times here; laid out as compiled, 3 times). The script cannot move a few small
+    // ones: C++ constructors it names by an alias of their section's name, libc's `atexit`.
     let start = all.iter().map(|f| f.0).min().unwrap();
-    let end = all.iter().map(|f| f.0 + f.1).max().unwrap();
-    let quarter = start + (end - start) / 4;
+    let mut hot = hot;
+    hot.sort();
     let bytes: u64 = hot.iter().map(|f| f.1).sum();
-    let early: u64 = hot
+    let mut covered = 0;
+    let reach = hot
         .iter()
-        .filter(|f| f.0 + f.1 <= quarter)
-        .map(|f| f.1)
-        .sum();
+        .find_map(|f| {
+            covered += f.1;
+            (covered * 20 >= bytes * 19).then_some(f.0 + f.1 - start)
+        })
+        .unwrap();
     assert!(
-        early * 20 >= bytes * 19,
-        "{early} of the {bytes} bytes of functions a launch runs lie in the first quarter of the text"
+        reach * 2 <= bytes * 3,
+        "95% of the {bytes} bytes of functions a launch runs reach {reach} bytes into the text"
     );
 }
 
