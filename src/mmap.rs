@@ -129,11 +129,8 @@ impl MappedFile {
     /// Drops the resident pages wholly inside `[offset, offset + len)`. They are read back
     /// from the file, unchanged, if touched again.
     pub fn release_pages(&self, offset: usize, len: usize) {
-        const PAGE: usize = 4096;
         let Some(map) = &self.map else { return };
-        let end = offset.saturating_add(len).min(map.len()) / PAGE * PAGE;
-        let start = offset.next_multiple_of(PAGE);
-        if start < end {
+        if let Some((start, end)) = whole_pages(offset, len, map.len()) {
             // SAFETY: the map is private and read-only, so MADV_DONTNEED only discards clean
             // pages that the kernel re-reads from the file on the next access; no Rust
             // reference observes a change. A failure only means the pages stay resident.
@@ -195,6 +192,16 @@ pub(crate) fn page_size() -> usize {
         .ok()
         .filter(|&s| s > 0)
         .unwrap_or(4096)
+}
+
+/// The pages wholly inside `[offset, offset + len)` of a mapping `map_len` bytes long, as
+/// `[start, end)` offsets, if there is one: what a release may drop without touching the bytes
+/// around the range, which others may be using.
+fn whole_pages(offset: usize, len: usize, map_len: usize) -> Option<(usize, usize)> {
+    let page = page_size();
+    let start = offset.checked_next_multiple_of(page)?;
+    let end = offset.saturating_add(len).min(map_len) / page * page;
+    (start < end).then_some((start, end))
 }
 
 /// A window of a file being written, mapped shared and writable at a fixed offset of the file:
@@ -295,10 +302,7 @@ impl FileWindow {
     /// back if dirty, and are mapped again by the next access; a failure only means the pages
     /// stay resident.
     pub(crate) fn release_pages(&self, at: usize, len: usize) {
-        let page = page_size();
-        let start = at.next_multiple_of(page);
-        let end = at.saturating_add(len).min(self.map.len()) / page * page;
-        if start < end {
+        if let Some((start, end)) = whole_pages(at, len, self.map.len()) {
             // SAFETY: [start, end) lies inside the mapping (bounded by its length above), which
             // is shared and file-backed: MADV_DONTNEED only unmaps the pages, whose contents
             // (dirty ones included) stay in the page cache and come back on the next access, so
@@ -381,8 +385,24 @@ pub fn advise_read_soon(bytes: &[u8]) {
 
 #[cfg(test)]
 mod tests {
-    use super::MappedFile;
+    use super::{page_size, whole_pages, MappedFile};
     use std::io::Write;
+
+    #[test]
+    fn a_release_takes_only_the_pages_wholly_inside_its_range() {
+        let page = page_size();
+        // Inside one page: nothing.
+        assert_eq!(whole_pages(10, page - 20, 8 * page), None);
+        // Straddling: only the pages it covers from end to end.
+        assert_eq!(whole_pages(10, 3 * page, 8 * page), Some((page, 3 * page)));
+        assert_eq!(
+            whole_pages(page, 2 * page, 8 * page),
+            Some((page, 3 * page))
+        );
+        // Never past the mapping.
+        assert_eq!(whole_pages(0, 20 * page, 2 * page + 5), Some((0, 2 * page)));
+        assert_eq!(whole_pages(usize::MAX - 3, 10, usize::MAX), None);
+    }
 
     #[test]
     fn a_file_out_of_the_page_cache_is_seen_as_such() {

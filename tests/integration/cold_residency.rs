@@ -8,6 +8,7 @@
 
 use crate::common;
 
+use crate::packed_cache::{assert_matches_reference, input_for};
 use common::scratch;
 use xnnblob::cache::{CacheOptions, PackedWeightsCache};
 use xnnblob::xnn::Runtime;
@@ -87,9 +88,7 @@ fn a_cold_launch_lets_go_of_each_packed_region_and_its_save_reads_none_back() {
         saved - packed
     );
     // The run maps them back, from the page cache, and computes what was packed.
-    let input: Vec<f32> = (0..mlp.input_width())
-        .map(|i| ((i % 7) as f32 - 3.0) / 3.0)
-        .collect();
+    let input = input_for(&mlp);
     let mut out = vec![f32::NAN; mlp.output_width()];
     runtime
         .invoke(&[(MLP_INPUT, &input)], &mut [(MLP_OUTPUT, &mut out)])
@@ -99,10 +98,7 @@ fn a_cold_launch_lets_go_of_each_packed_region_and_its_save_reads_none_back() {
         ran >= packed_kib * 9 / 10,
         "after a run {ran} KiB of {packed_kib} KiB are resident"
     );
-    let expected = mlp.reference_forward(&input, 1);
-    for (a, b) in out.iter().zip(&expected) {
-        assert!((a - b).abs() <= 1e-3, "{a} vs {b}");
-    }
+    assert_matches_reference(&mlp, &out);
     drop(runtime);
     drop(cache);
     std::fs::remove_dir_all(&dir).unwrap();

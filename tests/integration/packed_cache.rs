@@ -15,7 +15,7 @@ use xnnblob::xnn::activity::Inference;
 use xnnblob::xnn::Runtime;
 use xnnblob_test_support::synthetic::{Mlp, MLP_INPUT, MLP_OUTPUT};
 
-fn input_for(mlp: &Mlp) -> Vec<f32> {
+pub(crate) fn input_for(mlp: &Mlp) -> Vec<f32> {
     (0..mlp.input_width())
         .map(|i| ((i % 11) as f32 - 5.0) / 5.0)
         .collect()
