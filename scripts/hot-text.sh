@@ -14,8 +14,11 @@
 # in symbol names are wildcards, so that the script matches in any checkout and after a change of
 # compiler, dependency or flags. A function the script does not name stays where it was: a stale
 # script costs memory, never correctness (faces/executorch/tests/hot_text.rs says when it is
-# stale). XNNPACK's objects have no section per function: those that define a function that ran
-# move whole, named by archive and member.
+# stale). XNNPACK is built with a section per function (sys/xnnpack-sys/build.rs), so its functions
+# that ran are named by their sections too. rustc bundles XNNPACK's archives into xnnpack-sys's
+# rlib, so a pattern naming an archive would match nothing: sections are named in any file. The
+# code of an object without a section per function (assembly, an XNNPACK built elsewhere) stays
+# where it is.
 #
 # Needs valgrind and an exported program with its io.json (default: the bench's decoder,
 # `scripts/export-executorch-fixtures.sh --bench`).
@@ -93,23 +96,23 @@ def pattern(symbol):
     symbol = re.sub(r"Cs[0-9A-Za-z]+_", "Cs*_", symbol)  # v0 mangling's crate disambiguator
     return symbol if symbol.endswith("*") else symbol + "*"
 
-# C objects without a section per function move whole: the archive member defining each.
-member_of = {}
+# The section of each C function, where it has one of its own.
+section_of = {}
 for archive in sys.argv[3:]:
-    listing = subprocess.run(["nm", "-A", "--defined-only", archive], capture_output=True, text=True)
+    listing = subprocess.run(["objdump", "-t", archive], capture_output=True, text=True)
     for line in listing.stdout.splitlines():
-        where, _, rest = line.rpartition(":")
-        parts = rest.split()
-        if len(parts) == 3 and parts[1] in "tT":
-            member_of.setdefault(parts[2], (os.path.basename(archive), where.rpartition(":")[2]))
+        parts = line.split()
+        # "VALUE FLAGS... F SECTION SIZE NAME": a function's symbol and its section.
+        if len(parts) >= 5 and parts[-4] == "F" and parts[-3].startswith(".text."):
+            section_of.setdefault(parts[-1], parts[-3])
 
 seen, lines = set(), []
 for symbol in executed(sys.argv[1]) + executed(sys.argv[2]):
     if not symbol:
         continue
-    if symbol in member_of:
-        archive, member = member_of[symbol]
-        line = f"    *{archive}:{member}(.text .text.*)"
+    symbol = re.sub(r"'\d+$", "", symbol)  # callgrind's mark of a recursion level
+    if symbol in section_of:
+        line = f"    *({section_of[symbol]})"
     else:
         p = pattern(symbol)
         line = p and f"    *(.text.{p} .text.unlikely.{p})"
