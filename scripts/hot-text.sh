@@ -102,7 +102,10 @@ for archive in sys.argv[3:]:
     listing = subprocess.run(["objdump", "-t", archive], capture_output=True, text=True)
     for line in listing.stdout.splitlines():
         parts = line.split()
-        # "VALUE FLAGS... F SECTION SIZE NAME": a function's symbol and its section.
+        # "VALUE FLAGS... F SECTION SIZE [VISIBILITY] NAME": a function's symbol and its
+        # section (XNNPACK's own functions are hidden or internal).
+        if len(parts) >= 6 and parts[-2] in (".hidden", ".internal", ".protected"):
+            parts = parts[:-2] + parts[-1:]
         if len(parts) >= 5 and parts[-4] == "F" and parts[-3].startswith(".text."):
             section_of.setdefault(parts[-1], parts[-3])
 
