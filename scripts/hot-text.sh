@@ -53,11 +53,48 @@ for launch in cold warm; do
     { cat "$work/$launch.log" >&2; exit 1; }
 done
 
-# XNNPACK's static libraries, as its crate's last build links them.
-archives=$(sed -n 's/^cargo:rustc-link-search=native=//p' \
-  "$(ls -t "$root"/target/release/build/xnnpack-sys-*/output | head -1)" |
+# callgrind's CPU has no AVX-512 (nor what an aarch64 host has beyond NEON), so the profile names
+# the microkernels XNNPACK picks for such a CPU, and the ways of splitting work they take, not
+# those of this machine. A launch under gdb, stopping once at the first call of each of
+# XNNPACK's, pthreadpool's and cpuinfo's functions, names what runs natively too. Without gdb,
+# the script names only callgrind's (the rest stay where they lie).
+: > "$work/native.txt"
+if command -v gdb > /dev/null; then
+  nm --defined-only "$root/target/release/libxnnblob_executorch.so" |
+    awk '$2 ~ /^[tT]$/ && $3 ~ /^(xnn_|pthreadpool_|cpuinfo_)/ {print $3}' | sort -u > "$work/kernels.txt"
+  cat > "$work/kernels.py" <<PY
+import gdb
+ran = []
+class FirstCall(gdb.Breakpoint):
+    def stop(self):
+        ran.append(self.location)
+        self.enabled = False
+        return False
+for command in ("set breakpoint pending on", "set pagination off", "set confirm off"):
+    gdb.execute(command)
+for name in open("$work/kernels.txt").read().split():
+    FirstCall(name, internal=True)
+gdb.execute("run")
+open("$work/native.txt", "w").write("".join(k + "\\n" for k in ran))
+PY
+  gdb -batch -nx -x "$work/kernels.py" --args "$runner" "$pte" "${inputs[@]}" --steps 2 \
+    --load-mode mmap --backend xnnblob --cache "$work/native-cache" > "$work/native.log" 2>&1 ||
+    { cat "$work/native.log" >&2; exit 1; }
+  echo "hot-text: $(wc -l < "$work/native.txt") of XNNPACK's functions ran natively"
+else
+  echo "hot-text: no gdb: the microkernels this CPU runs are not named" >&2
+fi
+
+# The C and C++ in the library, as the last builds link it: XNNPACK's static libraries and
+# xnnpack-sys's own C, the face's C++ and cxx's (their static constructors lie in
+# `.text.startup.NAME`, their cold parts in `.text.unlikely.NAME`: named by section, not by name).
+# ExecuTorch's libraries, also on the face's search path, are not linked into it.
+archives=$(for crate in xnnpack-sys xnnblob-executorch cxx; do
+  sed -n 's/^cargo:rustc-link-search=native=//p' \
+    "$(ls -t "$root"/target/release/build/$crate-*/output | head -1)"
+done | sort -u | grep -v '/executorch-[^/]*/' |
   while read -r dir; do ls "$dir"/lib*.a 2> /dev/null || true; done)
-python3 - "$work/warm.out" "$work/cold.out" $archives > "$work/hot-text.ld" <<'PY'
+python3 - "$work/warm.out" "$work/cold.out" "$work/native.txt" $archives > "$work/hot-text.ld" <<'PY'
 import os, re, subprocess, sys
 
 def executed(path):
@@ -98,7 +135,7 @@ def pattern(symbol):
 
 # The section of each C function, where it has one of its own.
 section_of = {}
-for archive in sys.argv[3:]:
+for archive in sys.argv[4:]:
     listing = subprocess.run(["objdump", "-t", archive], capture_output=True, text=True)
     for line in listing.stdout.splitlines():
         parts = line.split()
@@ -109,13 +146,35 @@ for archive in sys.argv[3:]:
         if len(parts) >= 5 and parts[-4] == "F" and parts[-3].startswith(".text."):
             section_of.setdefault(parts[-1], parts[-3])
 
+# glibc's libc_nonshared.a puts `atexit` and the like in the library itself, in objects of one
+# plain `.text`: those are named by archive and member (a system archive, linked as it is).
+whole = {}
+nonshared = subprocess.run(["cc", "-print-file-name=libc_nonshared.a"], capture_output=True,
+                           text=True).stdout.strip()
+if os.path.isabs(nonshared) and os.path.exists(nonshared):
+    member = None
+    for line in subprocess.run(["objdump", "-t", nonshared], capture_output=True,
+                               text=True).stdout.splitlines():
+        m = re.match(r"^(\S+):\s+file format ", line)
+        if m:
+            member = m.group(1)
+            continue
+        parts = line.split()
+        if len(parts) >= 6 and parts[-2] in (".hidden", ".internal", ".protected"):
+            parts = parts[:-2] + parts[-1:]
+        if member and len(parts) >= 5 and parts[-4] == "F" and parts[-3] == ".text":
+            whole.setdefault(parts[-1], f"*libc_nonshared.a:{member}(.text)")
+
 seen, lines = set(), []
-for symbol in executed(sys.argv[1]) + executed(sys.argv[2]):
+native = open(sys.argv[3]).read().split()
+for symbol in executed(sys.argv[1]) + executed(sys.argv[2]) + native:
     if not symbol:
         continue
     symbol = re.sub(r"'\d+$", "", symbol)  # callgrind's mark of a recursion level
     if symbol in section_of:
         line = f"    *({section_of[symbol]})"
+    elif symbol in whole:
+        line = f"    {whole[symbol]}"
     else:
         p = pattern(symbol)
         line = p and f"    *(.text.{p} .text.unlikely.{p})"
@@ -128,6 +187,12 @@ print("  .text : {")
 print("\n".join(lines))
 print("  }")
 print("} INSERT AFTER .init;")
+# Calls from C and C++ to other libraries go through the PLT, which the linker puts after the
+# text, far from the code above: one more 64 KiB of code resident. Before the text, it lies
+# beside it.
+print("SECTIONS {")
+print("  .plt : { *(.plt) *(.iplt) }")
+print("} INSERT BEFORE .text;")
 PY
 mv "$work/hot-text.ld" "$script"
 cp "$script" "$work/previous.ld"
