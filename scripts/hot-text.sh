@@ -18,10 +18,16 @@
 # that ran are named by their sections too. rustc bundles XNNPACK's archives into xnnpack-sys's
 # rlib, so a pattern naming an archive would match nothing: sections are named in any file. The
 # code of an object without a section per function (assembly, an XNNPACK built elsewhere) stays
-# where it is.
+# where it is; glibc's `atexit`, linked into the library from libc_nonshared.a, moves by its
+# object. The PLT goes before the text, beside the named code (LLD puts it after the text; GNU
+# ld before, as here).
 #
-# Needs valgrind and an exported program with its io.json (default: the bench's decoder,
-# `scripts/export-executorch-fixtures.sh --bench`).
+# The script is made for the CPU it runs on: XNNPACK's functions are also taken from a launch
+# under gdb, natively (below). On another CPU, the microkernels XNNPACK picks there stay where
+# they lie, which costs a few 64 KiB windows and nothing else.
+#
+# Needs valgrind, gdb (without it, the native pass is skipped) and an exported program with its
+# io.json (default: the bench's decoder, `scripts/export-executorch-fixtures.sh --bench`).
 # Usage: scripts/hot-text.sh [PROGRAM.pte]
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
