@@ -139,18 +139,29 @@ def pattern(symbol):
     symbol = re.sub(r"Cs[0-9A-Za-z]+_", "Cs*_", symbol)  # v0 mangling's crate disambiguator
     return symbol if symbol.endswith("*") else symbol + "*"
 
+def functions_in(archive):
+    """(member, section, name) of each function `objdump -t` lists in the archive."""
+    member = None
+    listing = subprocess.run(["objdump", "-t", archive], capture_output=True, text=True)
+    for line in listing.stdout.splitlines():
+        m = re.match(r"^(\S+):\s+file format ", line)
+        if m:
+            member = m.group(1)
+            continue
+        parts = line.split()
+        # "VALUE FLAGS... F SECTION SIZE [VISIBILITY] NAME" (XNNPACK's own functions are
+        # hidden or internal).
+        if len(parts) >= 6 and parts[-2] in (".hidden", ".internal", ".protected"):
+            parts = parts[:-2] + parts[-1:]
+        if member and len(parts) >= 5 and parts[-4] == "F":
+            yield member, parts[-3], parts[-1]
+
 # The section of each C function, where it has one of its own.
 section_of = {}
 for archive in sys.argv[4:]:
-    listing = subprocess.run(["objdump", "-t", archive], capture_output=True, text=True)
-    for line in listing.stdout.splitlines():
-        parts = line.split()
-        # "VALUE FLAGS... F SECTION SIZE [VISIBILITY] NAME": a function's symbol and its
-        # section (XNNPACK's own functions are hidden or internal).
-        if len(parts) >= 6 and parts[-2] in (".hidden", ".internal", ".protected"):
-            parts = parts[:-2] + parts[-1:]
-        if len(parts) >= 5 and parts[-4] == "F" and parts[-3].startswith(".text."):
-            section_of.setdefault(parts[-1], parts[-3])
+    for _, section, name in functions_in(archive):
+        if section.startswith(".text."):
+            section_of.setdefault(name, section)
 
 # glibc's libc_nonshared.a puts `atexit` and the like in the library itself, in objects of one
 # plain `.text`: those are named by archive and member (a system archive, linked as it is).
@@ -158,18 +169,9 @@ whole = {}
 nonshared = subprocess.run(["cc", "-print-file-name=libc_nonshared.a"], capture_output=True,
                            text=True).stdout.strip()
 if os.path.isabs(nonshared) and os.path.exists(nonshared):
-    member = None
-    for line in subprocess.run(["objdump", "-t", nonshared], capture_output=True,
-                               text=True).stdout.splitlines():
-        m = re.match(r"^(\S+):\s+file format ", line)
-        if m:
-            member = m.group(1)
-            continue
-        parts = line.split()
-        if len(parts) >= 6 and parts[-2] in (".hidden", ".internal", ".protected"):
-            parts = parts[:-2] + parts[-1:]
-        if member and len(parts) >= 5 and parts[-4] == "F" and parts[-3] == ".text":
-            whole.setdefault(parts[-1], f"*libc_nonshared.a:{member}(.text)")
+    for member, section, name in functions_in(nonshared):
+        if section == ".text":
+            whole.setdefault(name, f"*libc_nonshared.a:{member}(.text)")
 
 seen, lines = set(), []
 native = open(sys.argv[3]).read().split()
