@@ -73,19 +73,27 @@ import gdb
 ran = []
 class FirstCall(gdb.Breakpoint):
     def stop(self):
-        ran.append(self.location)
-        self.enabled = False
+        # ExecuTorch's thread pool library defines pthreadpool's and cpuinfo's names too: only a
+        # call into this library counts.
+        where = gdb.solib_name(gdb.selected_frame().pc()) or ""
+        if "libxnnblob_executorch" in where:
+            ran.append(self.location)
+            # One stop is enough, and the microkernels are called thousands of times.
+            self.enabled = False
         return False
 for command in ("set breakpoint pending on", "set pagination off", "set confirm off"):
     gdb.execute(command)
 for name in open("$work/kernels.txt").read().split():
     FirstCall(name, internal=True)
 gdb.execute("run")
+code = gdb.parse_and_eval("\$_exitcode")
+if code.type.code == gdb.TYPE_CODE_VOID or int(code) != 0:
+    raise gdb.GdbError("the launch under gdb did not exit cleanly")
 open("$work/native.txt", "w").write("".join(k + "\\n" for k in ran))
 PY
   gdb -batch -nx -x "$work/kernels.py" --args "$runner" "$pte" "${inputs[@]}" --steps 2 \
-    --load-mode mmap --backend xnnblob --cache "$work/native-cache" > "$work/native.log" 2>&1 ||
-    { cat "$work/native.log" >&2; exit 1; }
+    --load-mode mmap --backend xnnblob --cache "$work/native-cache" > "$work/native.log" 2>&1 &&
+    [ -s "$work/native.txt" ] || { cat "$work/native.log" >&2; exit 1; }
   echo "hot-text: $(wc -l < "$work/native.txt") of XNNPACK's functions ran natively"
 else
   echo "hot-text: no gdb: the microkernels this CPU runs are not named" >&2
@@ -94,13 +102,13 @@ fi
 # The C and C++ in the library, as the last builds link it: XNNPACK's static libraries and
 # xnnpack-sys's own C, the face's C++ and cxx's (their static constructors lie in
 # `.text.startup.NAME`, their cold parts in `.text.unlikely.NAME`: named by section, not by name).
-# ExecuTorch's libraries, also on the face's search path, are not linked into it.
-archives=$(for crate in xnnpack-sys xnnblob-executorch cxx; do
+# (ExecuTorch's libraries, also on the face's search path, are shared ones: no lib*.a is taken.)
+mapfile -t archives < <(for crate in xnnpack-sys xnnblob-executorch cxx; do
   sed -n 's/^cargo:rustc-link-search=native=//p' \
     "$(ls -t "$root"/target/release/build/$crate-*/output | head -1)"
-done | sort -u | grep -v '/executorch-[^/]*/' |
-  while read -r dir; do ls "$dir"/lib*.a 2> /dev/null || true; done)
-python3 - "$work/warm.out" "$work/cold.out" "$work/native.txt" $archives > "$work/hot-text.ld" <<'PY'
+done | sort -u | while read -r dir; do ls "$dir"/lib*.a 2> /dev/null || true; done)
+python3 - "$work/warm.out" "$work/cold.out" "$work/native.txt" "${archives[@]}" \
+  > "$work/hot-text.ld" <<'PY'
 import os, re, subprocess, sys
 
 def executed(path):
@@ -199,7 +207,7 @@ print("} INSERT AFTER .init;")
 # text, far from the code above: one more 64 KiB of code resident. Before the text, it lies
 # beside it.
 print("SECTIONS {")
-print("  .plt : { *(.plt) *(.iplt) }")
+print("  .plt : ALIGN(16) { *(.plt) *(.iplt) }")
 print("} INSERT BEFORE .text;")
 PY
 mv "$work/hot-text.ld" "$script"
