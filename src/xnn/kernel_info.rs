@@ -36,7 +36,8 @@ impl Qd8Weights {
 /// The symbol of the widest-tile GEMM microkernel XNNPACK's configuration selects on this CPU
 /// for qd8 activations with `weights`, for example
 /// `xnn_qd8_f32_qb4w_gemm_minmax_ukernel_14x16c8__avx512vnnigfni_prfm`; its tile geometry when no
-/// symbol matches. `Ok(None)` when the linked XNNPACK was not built by `xnnpack-sys` (a
+/// symbol matches. Followed by `(one row: NAME)` where one-row GEMMs take another kernel (AVX2's
+/// qb4w, xnnpack-sys patch 0015). `Ok(None)` when the linked XNNPACK was not built by `xnnpack-sys` (a
 /// user-provided build has no internal headers to read its configuration with) or has no such
 /// kernel for this CPU.
 pub fn qd8_gemm_kernel(weights: Qd8Weights) -> Result<Option<String>, XnnError> {
@@ -53,7 +54,7 @@ fn query(weights: Qd8Weights) -> Option<String> {
         Qd8Weights::Qc4w => 1,
         Qd8Weights::Qb4w => 2,
     };
-    let mut buffer = [0u8; 160];
+    let mut buffer = [0u8; 256];
     // SAFETY: the buffer is writable for its length, which is passed as the size; the shim writes
     // a NUL-terminated string of at most that many bytes and keeps no pointer to it.
     let status =

@@ -661,17 +661,97 @@ fn bf16_bits(v: f32) -> u16 {
 fn qd8_activations_times_qb4w_weights_match_reference() {
     for batch in QD8_BATCHES {
         eprintln!("batch {batch}: {}", kernels_line(&[Qd8Weights::Qb4w]));
-        check_qd8_qb4w(batch);
+        check_qd8_qb4w(Qb4wCase {
+            batch,
+            inputs: 64,
+            outputs: 40,
+            block: 32,
+            activations: Activations::Random,
+        });
     }
 }
 
-fn check_qd8_qb4w(batch: usize) {
-    let (inputs, outputs, block) = (64, 40, 32);
+/// One row, the GEMM an LLM runs for every decoded token, at every remainder of 8 and 16
+/// columns (the x86 kernels' tiles), blocks of 32 to 256 and rows of 1 to 64 blocks. On AVX2
+/// CPUs without AVX512-VNNI this is xnnpack-sys patch 0015's kernel, which sums in 16-bit lanes.
+/// The activations lie on the grid dynamic quantization maps exactly onto int8 (see
+/// [`Activations::OnGrid`]), so the result is checked to float rounding, not to the loose bound
+/// of quantizing them; the extreme cases give the largest sums those lanes hold.
+#[test]
+fn one_row_qd8_qb4w_matches_reference_at_every_column_remainder_and_block_size() {
+    eprintln!("{}", kernels_line(&[Qd8Weights::Qb4w]));
+    for (inputs, block) in [
+        (32, 32),
+        (96, 32),
+        (256, 64),
+        (512, 128),
+        (1024, 256),
+        (2048, 32),
+    ] {
+        for outputs in [1, 2, 3, 4, 5, 6, 7, 8, 9, 15, 16, 17, 23, 24, 33] {
+            for activations in [Activations::OnGrid, Activations::Extreme] {
+                check_qd8_qb4w(Qb4wCase {
+                    batch: 1,
+                    inputs,
+                    outputs,
+                    block,
+                    activations,
+                });
+            }
+        }
+    }
+}
+
+/// The shape and values of one qd8 x qb4w fully connected check.
+struct Qb4wCase {
+    batch: usize,
+    inputs: usize,
+    outputs: usize,
+    block: usize,
+    activations: Activations,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Activations {
+    /// Uniform in [-1, 1): checked against the bound of quantizing them.
+    Random,
+    /// Multiples of 1/128 from -128/128 to 127/128, both ends in every row: the row's range is
+    /// 255/128, so XNNPACK's quantization step is exactly 1/128 and its zero point 0, and every
+    /// activation quantizes to itself times 128 with no error. Checked to float rounding.
+    OnGrid,
+    /// On the grid, every activation -1 but the first of each row (127/128), and every weight
+    /// nibble 0 (-8 once the zero point is removed): the largest products, all of one sign.
+    Extreme,
+}
+
+fn check_qd8_qb4w(case: Qb4wCase) {
+    let Qb4wCase {
+        batch,
+        inputs,
+        outputs,
+        block,
+        activations,
+    } = case;
     let blocks = inputs / block;
-    let mut rng = SplitMix64(61);
-    let x = random(&mut rng, batch * inputs, 1.0);
+    let mut rng = SplitMix64(61 + (inputs * 64 + outputs) as u64);
+    let x: Vec<f32> = match activations {
+        Activations::Random => random(&mut rng, batch * inputs, 1.0),
+        Activations::OnGrid => (0..batch * inputs)
+            .map(|i| match i % inputs {
+                0 => -1.0,
+                1 => 127.0 / 128.0,
+                _ => ((rng.next_u64() % 256) as f32 - 128.0) / 128.0,
+            })
+            .collect(),
+        Activations::Extreme => (0..batch * inputs)
+            .map(|i| if i % inputs == 0 { 127.0 / 128.0 } else { -1.0 })
+            .collect(),
+    };
     let nibbles: Vec<u8> = (0..outputs * inputs)
-        .map(|_| (rng.next_u64() % 16) as u8)
+        .map(|_| match activations {
+            Activations::Extreme => 0,
+            _ => (rng.next_u64() % 16) as u8,
+        })
         .collect();
     let packed = pack_nibble_rows(&nibbles, inputs, 8);
     let packed_len = packed.len();
@@ -714,16 +794,37 @@ fn check_qd8_qb4w(batch: usize) {
         FullyConnectedFlags::default(),
     );
     let actual = run(&g, &x, batch * outputs);
-    let expected = reference_fully_connected(
-        &x,
-        &w,
-        Some(bias),
-        batch,
-        inputs,
-        outputs,
-        (f32::NEG_INFINITY, f32::INFINITY),
-    );
-    assert_within_qd8_bound(&actual, &expected, &x, &w, inputs, outputs);
+    if activations == Activations::Random {
+        let expected = reference_fully_connected(
+            &x,
+            &w,
+            Some(bias),
+            batch,
+            inputs,
+            outputs,
+            (f32::NEG_INFINITY, f32::INFINITY),
+        );
+        assert_within_qd8_bound(&actual, &expected, &x, &w, inputs, outputs);
+        return;
+    }
+    // Exact products (a multiple of 1/128 times a nibble times a power-of-two scale), summed in
+    // f64; XNNPACK's float additions (one per block, and the row terms) each round by at most
+    // 2^-24 of what they add up.
+    for b in 0..batch {
+        for o in 0..outputs {
+            let terms =
+                (0..inputs).map(|k| f64::from(x[b * inputs + k]) * f64::from(w[o * inputs + k]));
+            let expected = terms.clone().sum::<f64>() + f64::from(bias[o]);
+            let magnitude = terms.map(f64::abs).sum::<f64>() + f64::from(bias[o]).abs();
+            let tolerance = (blocks + 8) as f64 * 6e-8 * magnitude;
+            let got = f64::from(actual[b * outputs + o]);
+            assert!(
+                (got - expected).abs() <= tolerance,
+                "{activations:?} inputs {inputs} block {block} outputs {outputs}: row {b} output {o}: \
+                 {got} vs reference {expected} (tolerance {tolerance:e})"
+            );
+        }
+    }
 }
 
 #[test]

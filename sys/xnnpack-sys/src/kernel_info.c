@@ -23,9 +23,20 @@ enum {
   XNNBLOB_QD8_F32_QB4W = 2,
 };
 
+// The name build.rs found for a microkernel, or NULL.
+static const char* kernel_name(const void* function) {
+  for (const struct xnnblob_kernel_name* k = xnnblob_kernel_names; k->name != NULL; k++) {
+    if (k->function == function) {
+      return k->name;
+    }
+  }
+  return NULL;
+}
+
 // Writes the name of the widest-tile (largest MR) microkernel of the config into `buffer`, or its
-// tile geometry when no symbol matches. Returns 0, or -1 for an unknown weight type or a config
-// this CPU has none of.
+// tile geometry when no symbol matches, followed by the one-row kernel's where that is another
+// (xnnpack-sys patch 0015 gives AVX2's qb4w GEMM one of its own). Returns 0, or -1 for an unknown
+// weight type or a config this CPU has none of.
 int xnnblob_qd8_gemm_kernel(int weights, char* buffer, size_t size) {
   const struct xnn_gemm_config* config = NULL;
   switch (weights) {
@@ -37,15 +48,17 @@ int xnnblob_qd8_gemm_kernel(int weights, char* buffer, size_t size) {
   if (config == NULL || config->mr == 0 || config->mr > XNN_MAX_MR || size == 0) {
     return -1;
   }
-  const void* function = (const void*) config->minmax.dqgemm[config->mr - 1].function[XNN_UARCH_DEFAULT];
-  for (const struct xnnblob_kernel_name* k = xnnblob_kernel_names; k->name != NULL; k++) {
-    if (k->function == function) {
-      snprintf(buffer, size, "%s", k->name);
-      return 0;
-    }
+  const void* widest = (const void*) config->minmax.dqgemm[config->mr - 1].function[XNN_UARCH_DEFAULT];
+  const void* one_row = (const void*) config->minmax.dqgemm[0].function[XNN_UARCH_DEFAULT];
+  const char* name = kernel_name(widest);
+  int written = name != NULL
+      ? snprintf(buffer, size, "%s", name)
+      : snprintf(buffer, size, "unnamed %ux%uc%u kernel (planes %u)", config->mr, config->nr,
+                 1u << config->log2_kr, config->planes);
+  const char* one_row_name = kernel_name(one_row);
+  if (one_row != widest && one_row_name != NULL && written >= 0 && (size_t) written < size) {
+    snprintf(buffer + written, size - (size_t) written, " (one row: %s)", one_row_name);
   }
-  snprintf(buffer, size, "unnamed %ux%uc%u kernel (planes %u)", config->mr, config->nr,
-           1u << config->log2_kr, config->planes);
   return 0;
 }
 
