@@ -672,7 +672,7 @@ fn qd8_activations_times_qb4w_weights_match_reference() {
 }
 
 /// One row, the GEMM an LLM runs for every decoded token, at every remainder of 8 and 16
-/// columns (the x86 kernels' tiles), blocks of 32 to 256 and rows of 1 to 64 blocks. On AVX2
+/// columns (the x86 kernels' tiles), blocks of 32 to 256 and rows of 1 to 520 blocks. On AVX2
 /// CPUs without AVX512-VNNI this is xnnpack-sys patch 0015's kernel, which sums in 16-bit lanes.
 /// The activations lie on the grid dynamic quantization maps exactly onto int8 (see
 /// [`Activations::OnGrid`]), so the result is checked to float rounding, not to the loose bound
@@ -680,14 +680,17 @@ fn qd8_activations_times_qb4w_weights_match_reference() {
 #[test]
 fn one_row_qd8_qb4w_matches_reference_at_every_column_remainder_and_block_size() {
     eprintln!("{}", kernels_line(&[Qd8Weights::Qb4w]));
-    for (inputs, block) in [
+    // 16640 is 520 blocks of 32: past the 512 whose activation sums patch 0015's kernel keeps.
+    let shapes = [
         (32, 32),
         (96, 32),
         (256, 64),
         (512, 128),
         (1024, 256),
         (2048, 32),
-    ] {
+        (16640, 32),
+    ];
+    for (inputs, block) in shapes {
         for outputs in [1, 2, 3, 4, 5, 6, 7, 8, 9, 15, 16, 17, 23, 24, 33] {
             for activations in [Activations::OnGrid, Activations::Extreme] {
                 check_qd8_qb4w(Qb4wCase {
@@ -720,7 +723,8 @@ enum Activations {
     /// activation quantizes to itself times 128 with no error. Checked to float rounding.
     OnGrid,
     /// On the grid, every activation -1 but the first of each row (127/128), and every weight
-    /// nibble 0 (-8 once the zero point is removed): the largest products, all of one sign.
+    /// nibble 15 (7 once the zero point is removed): patch 0015's kernel multiplies the
+    /// activations by the nibbles as they are, so these are the largest products it sums.
     Extreme,
 }
 
@@ -749,7 +753,7 @@ fn check_qd8_qb4w(case: Qb4wCase) {
     };
     let nibbles: Vec<u8> = (0..outputs * inputs)
         .map(|_| match activations {
-            Activations::Extreme => 0,
+            Activations::Extreme => 15,
             _ => (rng.next_u64() % 16) as u8,
         })
         .collect();
