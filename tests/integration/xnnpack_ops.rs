@@ -812,14 +812,22 @@ fn check_qd8_qb4w(case: Qb4wCase) {
         return;
     }
     // Exact products (a multiple of 1/128 times a nibble times a power-of-two scale), summed in
-    // f64; XNNPACK's float additions (one per block, and the row terms) each round by at most
-    // 2^-24 of what they add up.
+    // f64; XNNPACK's float additions (one per block, the row terms, a few lane reductions) each
+    // round by at most 2^-24 of what they add up. What they add up depends on the kernel: the
+    // AVX512-VNNI ones multiply activations shifted to unsigned (x + 1 here, 128 steps of 1/128)
+    // and take the shift's share (sum(w)) back through the row terms, so the terms they round are
+    // up to (|x| + 1) |w| each, and sum(|w|) once more.
     for b in 0..batch {
         for o in 0..outputs {
-            let terms =
-                (0..inputs).map(|k| f64::from(x[b * inputs + k]) * f64::from(w[o * inputs + k]));
-            let expected = terms.clone().sum::<f64>() + f64::from(bias[o]);
-            let magnitude = terms.map(f64::abs).sum::<f64>() + f64::from(bias[o]).abs();
+            let row = &x[b * inputs..(b + 1) * inputs];
+            let column = &w[o * inputs..(o + 1) * inputs];
+            let pairs = row
+                .iter()
+                .zip(column)
+                .map(|(&x, &w)| (f64::from(x), f64::from(w)));
+            let expected = pairs.clone().map(|(x, w)| x * w).sum::<f64>() + f64::from(bias[o]);
+            let magnitude = pairs.map(|(x, w)| (x.abs() + 2.0) * w.abs()).sum::<f64>()
+                + f64::from(bias[o]).abs();
             let tolerance = (blocks + 8) as f64 * 6e-8 * magnitude;
             let got = f64::from(actual[b * outputs + o]);
             assert!(
