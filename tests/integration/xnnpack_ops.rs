@@ -816,7 +816,8 @@ fn check_qd8_qb4w(case: Qb4wCase) {
     // round by at most 2^-24 of what they add up. What they add up depends on the kernel: the
     // AVX512-VNNI ones multiply activations shifted to unsigned (x + 1 here, 128 steps of 1/128)
     // and take the shift's share (sum(w)) back through the row terms, so the terms they round are
-    // up to (|x| + 1) |w| each, and sum(|w|) once more.
+    // up to (|x| + 1) |w| each, and sum(|w|) once more; the packer sums those row terms 16 k at a
+    // time, one rounding each.
     for b in 0..batch {
         for o in 0..outputs {
             let row = &x[b * inputs..(b + 1) * inputs];
@@ -828,7 +829,8 @@ fn check_qd8_qb4w(case: Qb4wCase) {
             let expected = pairs.clone().map(|(x, w)| x * w).sum::<f64>() + f64::from(bias[o]);
             let magnitude = pairs.map(|(x, w)| (x.abs() + 2.0) * w.abs()).sum::<f64>()
                 + f64::from(bias[o]).abs();
-            let tolerance = (blocks + 8) as f64 * 6e-8 * magnitude;
+            let roundings = inputs / 16 + blocks + 8;
+            let tolerance = roundings as f64 * 6e-8 * magnitude;
             let got = f64::from(actual[b * outputs + o]);
             assert!(
                 (got - expected).abs() <= tolerance,
