@@ -410,7 +410,7 @@ fn qd8_step(row: &[f32]) -> f32 {
 }
 
 /// Checks a dynamically quantized fully connected result against the fp32 reference of the
-/// dequantized weights.
+/// dequantized weights `w` (outputs x inputs) and `bias`, unclamped, for every row of `x`.
 ///
 /// Tolerance: the weights are exact (the reference uses exactly the dequantized values XNNPACK
 /// computes with) and the integer accumulation is exact, so the only error is quantizing each
@@ -421,12 +421,21 @@ fn qd8_step(row: &[f32]) -> f32 {
 /// extra 1e-4 covers fp32 rounding of the scales and the sums.
 fn assert_within_qd8_bound(
     actual: &[f32],
-    expected: &[f32],
     x: &[f32],
     w: &[f32],
+    bias: &[f32],
     inputs: usize,
     outputs: usize,
 ) {
+    let expected = reference_fully_connected(
+        x,
+        w,
+        Some(bias),
+        x.len() / inputs,
+        inputs,
+        outputs,
+        (f32::NEG_INFINITY, f32::INFINITY),
+    );
     let mut worst_bound = 0f32;
     for (b, row) in x.chunks(inputs).enumerate() {
         let step = qd8_step(row);
@@ -546,16 +555,7 @@ fn check_qd8_qc8w(batch: usize) {
         FullyConnectedFlags::default(),
     );
     let actual = run(&g, &x, batch * outputs);
-    let expected = reference_fully_connected(
-        &x,
-        &w,
-        Some(bias),
-        batch,
-        inputs,
-        outputs,
-        (f32::NEG_INFINITY, f32::INFINITY),
-    );
-    assert_within_qd8_bound(&actual, &expected, &x, &w, inputs, outputs);
+    assert_within_qd8_bound(&actual, &x, &w, bias, inputs, outputs);
 }
 
 /// Packs rows of 4-bit values two per byte, the even-indexed one in the low nibble, each row
@@ -639,16 +639,7 @@ fn check_qd8_qc4w(batch: usize) {
             },
         );
         let actual = run(&g, &x, batch * outputs);
-        let expected = reference_fully_connected(
-            &x,
-            &w,
-            Some(bias),
-            batch,
-            inputs,
-            outputs,
-            (f32::NEG_INFINITY, f32::INFINITY),
-        );
-        assert_within_qd8_bound(&actual, &expected, &x, &w, inputs, outputs);
+        assert_within_qd8_bound(&actual, &x, &w, bias, inputs, outputs);
     }
 }
 
@@ -799,16 +790,7 @@ fn check_qd8_qb4w(case: Qb4wCase) {
     );
     let actual = run(&g, &x, batch * outputs);
     if activations == Activations::Random {
-        let expected = reference_fully_connected(
-            &x,
-            &w,
-            Some(bias),
-            batch,
-            inputs,
-            outputs,
-            (f32::NEG_INFINITY, f32::INFINITY),
-        );
-        assert_within_qd8_bound(&actual, &expected, &x, &w, inputs, outputs);
+        assert_within_qd8_bound(&actual, &x, &w, bias, inputs, outputs);
         return;
     }
     // Exact products (a multiple of 1/128 times a nibble times a power-of-two scale), summed in
