@@ -662,16 +662,17 @@ fn qd8_activations_times_qb4w_weights_match_reference() {
     }
 }
 
-/// One row, the GEMM an LLM runs for every decoded token, at every remainder of 8 and 16
-/// columns (the x86 kernels' tiles), blocks of 32 to 256 and rows of 1 to 520 blocks. On AVX2
-/// CPUs without AVX512-VNNI this is xnnpack-sys patch 0015's kernel, which sums in 16-bit lanes.
-/// The activations lie on the grid dynamic quantization maps exactly onto int8 (see
-/// [`Activations::OnGrid`]), so the result is checked to float rounding, not to the loose bound
-/// of quantizing them; the extreme cases give the largest sums those lanes hold.
+/// The GEMMs an LLM runs: one row for every decoded token, more for a prefill (2, 3 and 5 rows
+/// leave a 4-row kernel tiles of fewer rows; 16 are four tiles of 4), at every remainder of 8
+/// and 16 columns (the x86 kernels' tiles), blocks of 32 to 256 and rows of 1 to 520 blocks. On AVX2 CPUs without AVX512-VNNI
+/// these are xnnpack-sys patches 0015 and 0016's kernels, which sum in 16-bit lanes.
+/// The activations lie on grids dynamic quantization maps exactly onto int8, each row's its own
+/// (see [`Activations::OnGrid`]), so the result is checked to float rounding, not to the loose
+/// bound of quantizing them; the extreme cases give the largest sums those lanes hold.
 #[test]
-fn one_row_qd8_qb4w_matches_reference_at_every_column_remainder_and_block_size() {
+fn qd8_qb4w_matches_reference_at_every_column_remainder_block_size_and_row_count() {
     eprintln!("{}", kernels_line(&[Qd8Weights::Qb4w]));
-    // 16640 is 520 blocks of 32: past the 512 whose activation sums patch 0015's kernel keeps.
+    // 16640 is 520 blocks of 32: past the 512 whose activation sums the AVX2 kernels keep.
     let shapes = [
         (32, 32),
         (96, 32),
@@ -681,16 +682,18 @@ fn one_row_qd8_qb4w_matches_reference_at_every_column_remainder_and_block_size()
         (2048, 32),
         (16640, 32),
     ];
-    for (inputs, block) in shapes {
-        for outputs in [1, 2, 3, 4, 5, 6, 7, 8, 9, 15, 16, 17, 23, 24, 33] {
-            for activations in [Activations::OnGrid, Activations::Extreme] {
-                check_qd8_qb4w(Qb4wCase {
-                    batch: 1,
-                    inputs,
-                    outputs,
-                    block,
-                    activations,
-                });
+    for batch in [1, 2, 3, 5, 16] {
+        for (inputs, block) in shapes {
+            for outputs in [1, 2, 3, 4, 5, 6, 7, 8, 9, 15, 16, 17, 23, 24, 33] {
+                for activations in [Activations::OnGrid, Activations::Extreme] {
+                    check_qd8_qb4w(Qb4wCase {
+                        batch,
+                        inputs,
+                        outputs,
+                        block,
+                        activations,
+                    });
+                }
             }
         }
     }
@@ -709,13 +712,16 @@ struct Qb4wCase {
 enum Activations {
     /// Uniform in [-1, 1): checked against the bound of quantizing them.
     Random,
-    /// Multiples of 1/128 from -128/128 to 127/128, both ends in every row: the row's range is
-    /// 255/128, so XNNPACK's quantization step is exactly 1/128 and its zero point 0, and every
-    /// activation quantizes to itself times 128 with no error. Checked to float rounding.
+    /// Row r: multiples of 2^-(r % 3) / 128 from (-128 + 8j) to (127 + 8j) of them, j = r % 4,
+    /// both ends in every row. The row's range holds 0 and is 255 steps, so XNNPACK's
+    /// quantization step is exactly the grid's, its zero point -8j, and every activation
+    /// quantizes with no error. Checked to float rounding; the rows differ in scale and zero
+    /// point, as a prefill's do.
     OnGrid,
     /// On the grid, every activation -1 but the first of each row (127/128), and every weight
-    /// nibble 15 (7 once the zero point is removed): patch 0015's kernel multiplies the
-    /// activations by the nibbles as they are, so these are the largest products it sums.
+    /// nibble 15 (7 once the zero point is removed): the AVX2 kernels of patches 0015 and 0016
+    /// multiply the activations by the nibbles as they are, so these are the largest products
+    /// they sum.
     Extreme,
 }
 
@@ -732,10 +738,16 @@ fn check_qd8_qb4w(case: Qb4wCase) {
     let x: Vec<f32> = match activations {
         Activations::Random => random(&mut rng, batch * inputs, 1.0),
         Activations::OnGrid => (0..batch * inputs)
-            .map(|i| match i % inputs {
-                0 => -1.0,
-                1 => 127.0 / 128.0,
-                _ => ((rng.next_u64() % 256) as f32 - 128.0) / 128.0,
+            .map(|i| {
+                let row = i / inputs;
+                let step = 1.0 / (128 << (row % 3)) as f32;
+                let offset = 8 * (row % 4) as i32;
+                let q = match i % inputs {
+                    0 => -128,
+                    1 => 127,
+                    _ => (rng.next_u64() % 256) as i32 - 128,
+                };
+                (q + offset) as f32 * step
             })
             .collect(),
         Activations::Extreme => (0..batch * inputs)

@@ -133,10 +133,10 @@ int main(void) {
     {"avx2 1x8c8/3x8c8", hw->use_x86_avx2, 3, 8, 3, 2,
      (xnn_dqgemm_ukernel_fn) xnn_qd8_f32_qb4w_gemm_minmax_ukernel_1x8c8__avx2,
      (xnn_dqgemm_ukernel_fn) xnn_qd8_f32_qb4w_gemm_minmax_ukernel_3x8c8__avx2},
-    // xnnblob's one-row kernel (patches/0015-*), on the same packed weights.
-    {"avx2 1x8c8 maddubs/3x8c8", hw->use_x86_avx2, 3, 8, 3, 2,
+    // xnnblob's one- and four-row kernels (patches/0015-*, 0016-*), on the same packed weights.
+    {"avx2 1x8c8/4x8c8 maddubs", hw->use_x86_avx2, 4, 8, 3, 2,
      (xnn_dqgemm_ukernel_fn) xnn_qd8_f32_qb4w_gemm_minmax_ukernel_1x8c8__avx2_maddubs,
-     (xnn_dqgemm_ukernel_fn) xnn_qd8_f32_qb4w_gemm_minmax_ukernel_3x8c8__avx2},
+     (xnn_dqgemm_ukernel_fn) xnn_qd8_f32_qb4w_gemm_minmax_ukernel_4x8c8__avx2_maddubs},
   };
   const struct xnn_gemm_config saved = *config;
   printf("XNN_EXTRA_QUANTIZATION_PARAMS=%d; dispatched qb4w: mr=%u nr=%u kr=%u planes=%u (gfni=%d vnni=%d avx2=%d)\n",

@@ -5,7 +5,7 @@
 # (run on the calling thread: no pool is passed), as in xnnblob.
 #   sys/xnnpack-sys/repro/run.sh [--target aarch64-unknown-linux-gnu] [NAME] [BUILD_DIR]
 # NAME is a .c file here without its suffix: qb4w_kernels (the default; x86-64 only),
-# qb4w_one_row (x86-64 only), f32_qc4w_odd_k, f16_operators or memory_plan. With --target aarch64-unknown-linux-gnu the program is cross-compiled with
+# qb4w_maddubs (x86-64 only), f32_qc4w_odd_k, f16_operators or memory_plan. With --target aarch64-unknown-linux-gnu the program is cross-compiled with
 # Debian's aarch64-linux-gnu-gcc and run under qemu-aarch64; QEMU_CPU chooses the emulated CPU.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
