@@ -664,8 +664,9 @@ fn qd8_activations_times_qb4w_weights_match_reference() {
 
 /// The GEMMs an LLM runs: one row for every decoded token, more for a prefill (2, 3 and 5 rows
 /// leave a 4-row kernel tiles of fewer rows; 16 are four tiles of 4), at every remainder of 8
-/// and 16 columns (the x86 kernels' tiles), blocks of 32 to 256 and rows of up to 520 blocks. On AVX2 CPUs without AVX512-VNNI
-/// these are xnnpack-sys patches 0015 and 0016's kernels, which sum in 16-bit lanes.
+/// and 16 columns (the x86 kernels' tiles), blocks of 32 to 256 and rows of up to 520 blocks.
+/// On AVX2 CPUs without AVX512-VNNI these are xnnpack-sys patches 0015 and 0016's kernels, which
+/// sum in 16-bit lanes.
 /// The activations lie on grids dynamic quantization maps exactly onto int8, each row's its own
 /// (see [`Activations::OnGrid`]), so the result is checked to float rounding, not to the loose
 /// bound of quantizing them; the extreme cases give the largest sums those lanes hold.
@@ -684,7 +685,7 @@ fn qd8_qb4w_matches_reference_at_every_column_remainder_block_size_and_row_count
     ];
     // Each row count up to the longest rows it needs, which keeps the suite's time under qemu in
     // bounds: 1 and 2 rows past the 512 blocks (one row and an aliased tile), 3 and 5 (4 + 1) to
-    // 2048, 16 (full tiles of 4, 8 or 14 rows) to 256.
+    // 2048, 16 (four tiles of 4 on AVX2, two of 8 or 14 + 2 on AVX-512) to 256.
     for (batch, longest) in [(1, 16640), (2, 16640), (3, 2048), (5, 2048), (16, 256)] {
         for (inputs, block) in shapes.into_iter().filter(|&(inputs, _)| inputs <= longest) {
             for outputs in [1, 2, 3, 4, 5, 6, 7, 8, 9, 15, 16, 17, 23, 24, 33] {
