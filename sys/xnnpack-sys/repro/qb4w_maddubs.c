@@ -13,7 +13,10 @@
 //     decoded token) of the d=1024 decoder (q/k/v/o 1024x1024, FFN 1024x2816 and 2816x1024, the
 //     32000-column output) and the 1B-class one (2048x2048, 2048x8192, 8192x2048), and a
 //     16-token prefill of the d=1024 decoder's shapes (five 3-row calls and a 1-row one of
-//     XNNPACK's kernel, four 4-row calls of xnnblob's, as XNNPACK tiles it for each).
+//     XNNPACK's kernel, four 4-row calls of xnnblob's, as XNNPACK tiles it for each);
+//  3. the time of one decoded token's one-row GEMMs, each on weights of its own, so that they
+//     stream from memory as in a decode (run it against builds with and without patches/0017-*,
+//     passing BUILD_DIR, to see what the one-row kernel's prefetch gives).
 //
 // Built and run by run.sh (x86-64 only). Exits 1 when an output differs by more than float
 // rounding, 3 when this CPU has no AVX2.
@@ -257,6 +260,60 @@ static void time_shapes(const struct pair* pair, size_t rows, const size_t (*sha
   }
 }
 
+// One decoded token of the d=1024 decoder as it reaches memory: its 85 one-row GEMMs (12
+// layers of q, k, v, o, two 1024x2816 and one 2816x1024, then the 32000-column output), each on
+// weights of its own, 91 MiB in all, so every call streams its weights from memory as a decode
+// does (the shapes above reuse one matrix, which stays in cache when it is small). The median of
+// 15 rounds, the two kernels alternating.
+static void time_streamed_token(void) {
+  const size_t layer[][2] = {{1024, 1024}, {1024, 1024}, {1024, 1024}, {1024, 1024}, {1024, 2816}, {1024, 2816}, {2816, 1024}};
+  enum { LAYERS = 12, PER_LAYER = 7, GEMMS = LAYERS * PER_LAYER + 1 };
+  size_t kc[GEMMS], nc[GEMMS], total = 0;
+  uint8_t* packed[GEMMS];
+  for (size_t i = 0; i < GEMMS; i++) {
+    kc[i] = i + 1 < GEMMS ? layer[i % PER_LAYER][0] : 1024;
+    nc[i] = i + 1 < GEMMS ? layer[i % PER_LAYER][1] : 32000;
+    size_t size;
+    packed[i] = make_packed(nc[i], kc[i], 32, 0, &size);
+    total += size;
+  }
+  int8_t* a = malloc(2816 + 16);
+  for (size_t i = 0; i < 2816 + 16; i++) a[i] = (int8_t) next_u32();
+  float* out = malloc(32000 * sizeof(float));
+  struct xnn_qd8_quantization_params qp[PADDED_ROWS];
+  for (size_t r = 0; r < PADDED_ROWS; r++) {
+    qp[r].zero_point = 3;
+    qp[r].inv_scale = 0.01f;
+  }
+  struct xnn_f32_qb4w_minmax_params params;
+  memset(&params, 0, sizeof(params));
+  params.scalar.min = -INFINITY;
+  params.scalar.max = INFINITY;
+  params.scalar.blocksize = 32;
+  enum { ROUNDS = 15 };
+  double times[2][ROUNDS];
+  for (int r = 0; r < ROUNDS; r++) {
+    for (int k = 0; k < 2; k++) {
+      const qb4w_gemm_fn fn = k == 0 ? pairs[0].xnnpack : pairs[0].maddubs;
+      const double start = now();
+      for (size_t i = 0; i < GEMMS; i++) run_rows(fn, 1, 1, nc[i], kc[i], a, packed[i], out, &params, qp);
+      times[k][r] = now() - start;
+    }
+  }
+  for (int k = 0; k < 2; k++)
+    for (int i = 0; i < ROUNDS; i++)
+      for (int j = i + 1; j < ROUNDS; j++)
+        if (times[k][j] < times[k][i]) { const double t = times[k][i]; times[k][i] = times[k][j]; times[k][j] = t; }
+  const double old_time = times[0][ROUNDS / 2], new_time = times[1][ROUNDS / 2];
+  printf("one decoded token's GEMMs on their own weights (%zu calls, %.1f MiB), median of %d rounds:\n"
+         "  XNNPACK's 1x8c8 %.2f ms (%.1f GB/s), maddubs %.2f ms (%.1f GB/s) (%.2fx)\n",
+         (size_t) GEMMS, (double) total / 1048576.0, ROUNDS, 1e3 * old_time, (double) total / old_time / 1e9,
+         1e3 * new_time, (double) total / new_time / 1e9, old_time / new_time);
+  for (size_t i = 0; i < GEMMS; i++) free(packed[i]);
+  free(a);
+  free(out);
+}
+
 int main(void) {
   if (xnn_initialize(NULL) != xnn_status_success) return 2;
   if (!xnn_init_hardware_config()->use_x86_avx2) {
@@ -270,5 +327,6 @@ int main(void) {
   time_shapes(&pairs[0], 1, decode, sizeof(decode) / sizeof(decode[0]));
   const size_t prefill[][2] = {{1024, 1024}, {1024, 2816}, {2816, 1024}, {1024, 32000}};
   time_shapes(&pairs[1], 16, prefill, sizeof(prefill) / sizeof(prefill[0]));
+  time_streamed_token();
   return wrong != 0;
 }
