@@ -214,6 +214,14 @@ static int check_outputs(void) {
   return wrong;
 }
 
+// The median of n times (sorts them in place; n is odd).
+static double median(double* times, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    for (size_t j = i + 1; j < n; j++)
+      if (times[j] < times[i]) { const double t = times[i]; times[i] = times[j]; times[j] = t; }
+  return times[n / 2];
+}
+
 // The median of 5 rounds of `reps` runs of one kernel over `rows` rows, per run.
 static double time_rows(qb4w_gemm_fn fn, size_t mr, size_t rows, size_t nc, size_t kc, const int8_t* a,
                         const void* packed, float* out, const struct xnn_f32_qb4w_minmax_params* params,
@@ -224,10 +232,7 @@ static double time_rows(qb4w_gemm_fn fn, size_t mr, size_t rows, size_t nc, size
     for (size_t i = 0; i < reps; i++) run_rows(fn, mr, rows, nc, kc, a, packed, out, params, qp);
     rounds[r] = (now() - start) / (double) reps;
   }
-  for (int i = 0; i < 5; i++)
-    for (int j = i + 1; j < 5; j++)
-      if (rounds[j] < rounds[i]) { const double t = rounds[i]; rounds[i] = rounds[j]; rounds[j] = t; }
-  return rounds[2];
+  return median(rounds, 5);
 }
 
 static void time_shapes(const struct pair* pair, size_t rows, const size_t (*shapes)[2], size_t count) {
@@ -262,7 +267,7 @@ static void time_shapes(const struct pair* pair, size_t rows, const size_t (*sha
 
 // One decoded token of the d=1024 decoder as it reaches memory: its 85 one-row GEMMs (12
 // layers of q, k, v, o, two 1024x2816 and one 2816x1024, then the 32000-column output), each on
-// weights of its own, 91 MiB in all, so every call streams its weights from memory as a decode
+// weights of its own, 101.5 MiB in all, so every call streams its weights from memory as a decode
 // does (the shapes above reuse one matrix, which stays in cache when it is small). The median of
 // 15 rounds, the two kernels alternating.
 static void time_streamed_token(void) {
@@ -300,11 +305,7 @@ static void time_streamed_token(void) {
       times[k][r] = now() - start;
     }
   }
-  for (int k = 0; k < 2; k++)
-    for (int i = 0; i < ROUNDS; i++)
-      for (int j = i + 1; j < ROUNDS; j++)
-        if (times[k][j] < times[k][i]) { const double t = times[k][i]; times[k][i] = times[k][j]; times[k][j] = t; }
-  const double old_time = times[0][ROUNDS / 2], new_time = times[1][ROUNDS / 2];
+  const double old_time = median(times[0], ROUNDS), new_time = median(times[1], ROUNDS);
   printf("one decoded token's GEMMs on their own weights (%zu calls, %.1f MiB), median of %d rounds:\n"
          "  XNNPACK's 1x8c8 %.2f ms (%.1f GB/s), maddubs %.2f ms (%.1f GB/s) (%.2fx)\n",
          (size_t) GEMMS, (double) total / 1048576.0, ROUNDS, 1e3 * old_time, (double) total / old_time / 1e9,
