@@ -6,6 +6,7 @@ use super::constants::{
     Treatment,
 };
 use super::error::{at, DelegateError};
+use super::fold::Folds;
 use super::graph::{named_key, tensor_of, XNN_FLAG_EXTERNAL_OUTPUT};
 use super::identity::{register_constants, KeyCheck};
 use super::payload;
@@ -236,9 +237,10 @@ pub(crate) fn compile(
             _ => Vec::new(),
         };
         let mut g = Subgraph::new(p.graph.num_externs()).map_err(at(|| "subgraph".into()))?;
-        let (ids, twins) = define_values(&mut g, &p.graph, loaded)?;
+        let folds = Folds::of(&p.graph, fp16_as_fp32);
+        let (ids, twins) = define_values(&mut g, &p.graph, loaded, &folds)?;
         twins.define_inputs(&mut g)?;
-        let read_as_is = super::operators::define_nodes(&mut g, &p.graph, &ids)?;
+        let read_as_is = super::operators::define_nodes(&mut g, &p.graph, &ids, &folds.nodes)?;
         twins.define_outputs(&mut g)?;
         pin_read_as_is(&p.graph, loaded, &read_as_is, deferral.as_ref())?;
         let prepacked = match &k.cache {

@@ -11,6 +11,7 @@ mod compile;
 mod constants;
 mod error;
 mod fallback;
+mod fold;
 mod graph;
 mod identity;
 pub mod operators;

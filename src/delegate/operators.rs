@@ -803,15 +803,20 @@ pub(crate) fn packed_operands(graph: &fb::XNNGraph<'_>) -> FastSet<u32> {
         .collect()
 }
 
-/// Defines every node of the graph (checked against the table before anything was loaded).
+/// Defines every node of the graph (checked against the table before anything was loaded)
+/// but those in `skipped` (reshapes folded into their inputs' binding).
 /// Returns the payload ids of the operands some node may read as they are (not only to pack).
 pub(crate) fn define_nodes(
     g: &mut Subgraph<'_>,
     graph: &fb::XNNGraph<'_>,
     ids: &FastMap<u32, u32>,
+    skipped: &FastSet<usize>,
 ) -> Result<FastSet<u32>, DelegateError> {
     let mut read_as_is = FastSet::default();
     for (index, node) in graph.xnodes().iter().flatten().enumerate() {
+        if skipped.contains(&index) {
+            continue;
+        }
         read_as_is.extend(define_node(g, index, &node, ids)?);
     }
     Ok(read_as_is)

@@ -3,6 +3,7 @@
 use super::constants::{Constant, Loaded};
 use super::error::{at, DelegateError};
 use super::fallback::{internal_datatype, Twins};
+use super::fold::Folds;
 use super::graph::{
     constant_index, datatype, dims_of, tensor_of, XNN_FLAG_EXTERNAL_INPUT, XNN_FLAG_EXTERNAL_OUTPUT,
 };
@@ -13,15 +14,33 @@ use crate::xnn::{BlockwiseQuantization, ChannelwiseQuantization, Datatype, Subgr
 /// Defines every value of the graph; returns the payload id -> subgraph id map (the nodes'
 /// view), and the conversions to define around the nodes when fp16 is computed as fp32: there an
 /// fp16 external keeps its fp16 value, and the nodes get an fp32 twin of it instead.
+///
+/// The reshapes in `folds` are done by binding: their inputs are not defined, and their outputs
+/// are defined as those inputs, under the reshapes' shapes.
 pub(super) fn define_values<'k>(
     g: &mut Subgraph<'k>,
     graph: &fb::XNNGraph<'_>,
     keep: &'k Loaded,
+    folds: &Folds,
 ) -> Result<(FastMap<u32, u32>, Twins), DelegateError> {
     let mut ids = FastMap::default();
     let mut twins = Twins::default();
     for (i, v) in graph.xvalues().iter().flatten().enumerate() {
         let (t, q) = tensor_of(v, i)?;
+        if folds.inputs.contains(&t.id_out()) {
+            continue;
+        }
+        if let Some(input) = folds.outputs.get(&t.id_out()) {
+            let dims = dims_of(&t);
+            let dt = datatype(t.datatype(), i)?;
+            let id = g
+                .define_reshaped_input(dt, &dims, &input.dims, input.external_id)
+                .map_err(at(|| {
+                    format!("value {i} ({dt:?} {dims:?}, input {:?})", input.dims)
+                }))?;
+            ids.insert(t.id_out(), id);
+            continue;
+        }
         let role = role_of(&t, i, keep)?;
         let external = matches!(role, ValueRole::Input(_) | ValueRole::Output(_));
         let fp16 = datatype(t.datatype(), i)? == Datatype::Fp16;

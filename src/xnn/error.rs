@@ -176,6 +176,21 @@ pub enum XnnError {
         /// The shape given and the declared bound (boxed to keep the error small).
         shapes: Box<ShapeMismatch>,
     },
+    /// Input `index`, which the graph reads under a fixed shape (a static reshape folded into
+    /// its binding), was given a shape of another number of elements.
+    #[error(
+        "input {index} has shape {}, which does not hold the {} elements of its declared \
+         shape {}: the graph reads this input under a fixed shape",
+        .shapes.given,
+        .shapes.bound.numel().unwrap_or(usize::MAX),
+        .shapes.bound
+    )]
+    ReshapedInputSize {
+        /// The input's position among the inputs, by ascending external id.
+        index: usize,
+        /// The shape given and the declared one (boxed to keep the error small).
+        shapes: Box<ShapeMismatch>,
+    },
     /// Input or output `index` has fewer bytes than its shape needs (`needed` None: the size
     /// overflows).
     #[error(fmt = buffer_too_small)]

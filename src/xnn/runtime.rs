@@ -47,6 +47,9 @@ struct Declared {
     id: u32,
     dtype: DType,
     bound: Shape,
+    /// Read by XNNPACK under another shape (see `Subgraph::define_reshaped_input`): bound
+    /// with exactly its bound's elements, never reshaped.
+    reshaped: bool,
 }
 
 /// An input as the runtime binds it.
@@ -122,6 +125,7 @@ fn externals(
             id: d.id,
             dtype,
             bound: d.shape,
+            reshaped: d.reshaped,
         });
     }
     all[..inputs.len()].sort_by_key(|e| e.id);
@@ -298,14 +302,7 @@ impl<'a> Runtime<'a> {
             let given = input(i);
             let e = self.external(i);
             let needed = check_buffer("input", i, e.dtype, given.dtype, &given.shape, given.len)?;
-            // A tensor of another rank with the declared number of elements (ExecuTorch passes
-            // a scalar where the graph declares [1]) is the declared tensor.
-            let shape =
-                if given.shape.rank() != e.bound.rank() && given.shape.numel() == e.bound.numel() {
-                    e.bound
-                } else {
-                    given.shape
-                };
+            let shape = self.input_shape(i, given.shape)?;
             self.set_input_shape(i, shape)?;
             let data = if given.padded {
                 given.data
@@ -404,6 +401,26 @@ impl<'a> Runtime<'a> {
             outs.push(TensorMut::f32(data));
         }
         self.execute(&ins, &mut outs)
+    }
+
+    /// The shape input `index` runs as when the caller gives `given`.
+    fn input_shape(&self, index: usize, given: Shape) -> Result<Shape, XnnError> {
+        let declared = &self.externals[index];
+        let bound = declared.bound;
+        // A tensor of another rank with the declared number of elements (ExecuTorch passes a
+        // scalar where the graph declares [1]) is the declared tensor.
+        if given.numel() == bound.numel() && (given.rank() != bound.rank() || declared.reshaped) {
+            return Ok(bound);
+        }
+        if declared.reshaped {
+            // XNNPACK reads it under a fixed shape of these elements: no other count is a run
+            // the graph could make.
+            return Err(XnnError::ReshapedInputSize {
+                index,
+                shapes: Box::new(ShapeMismatch { given, bound }),
+            });
+        }
+        Ok(given)
     }
 
     /// Reshapes input `index` if `shape` differs from its current one.

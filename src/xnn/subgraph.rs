@@ -344,6 +344,9 @@ pub struct ExternalDecl {
     pub datatype: Datatype,
     /// The declared shape: the largest a runtime accepts, dimension by dimension.
     pub shape: crate::tensor::Shape,
+    /// XNNPACK reads this input under another shape of the same elements (see
+    /// [`Subgraph::define_reshaped_input`]): every run binds exactly `shape`'s elements.
+    pub reshaped: bool,
 }
 
 /// An XNNPACK subgraph. `'data` is the lifetime of the static data (and quantization scales) its
@@ -427,6 +430,34 @@ impl<'data> Subgraph<'data> {
             )
         })?;
         self.defined(id, datatype, dims, role);
+        Ok(id)
+    }
+
+    /// Defines an unquantized external input that the caller binds as `caller_dims` and the
+    /// graph reads as `dims`, the same elements in the same order: a static reshape of the
+    /// input, done by binding it rather than by copying it every run. Every run must bind
+    /// exactly `caller_dims`' elements (a caller shape of another rank with that many elements
+    /// is accepted, as for other inputs); the runtime never reshapes the input.
+    pub fn define_reshaped_input(
+        &mut self,
+        datatype: Datatype,
+        dims: &[usize],
+        caller_dims: &[usize],
+        external_id: u32,
+    ) -> Result<u32, XnnError> {
+        const CALL: &str = "xnn_define_tensor_value";
+        let caller_shape = crate::tensor::Shape::new(caller_dims).map_err(|_| refuse(CALL))?;
+        if caller_dims.is_empty()
+            || caller_shape
+                .numel()
+                .is_none_or(|n| Some(n) != elements(dims))
+        {
+            return Err(refuse(CALL));
+        }
+        let id = self.define_tensor(datatype, dims, ValueRole::Input(external_id))?;
+        let declared = self.inputs.last_mut().expect("just defined as an input");
+        declared.shape = caller_shape;
+        declared.reshaped = true;
         Ok(id)
     }
 
@@ -606,11 +637,13 @@ impl<'data> Subgraph<'data> {
                 id,
                 datatype,
                 shape,
+                reshaped: false,
             }),
             ValueRole::Output(id) => self.outputs.push(ExternalDecl {
                 id,
                 datatype,
                 shape,
+                reshaped: false,
             }),
             _ => {}
         }

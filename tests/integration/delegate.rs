@@ -423,3 +423,114 @@ fn an_unknown_node_is_rejected_naming_its_type() {
         "a payload with an unknown node type is rejected naming it"
     );
 }
+
+/// How graph `kind` is laid out around `reshape(x, [2, 12])`, x an input [1, 2, 3, 4] and y an
+/// input [2, 12]; one of the graph's outputs is `reshape(x) + y`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum AroundReshape {
+    /// Nothing else reads x: the reshape is folded into x's binding.
+    Alone,
+    /// x is also an output's operand: the reshape stays.
+    ReadTwice,
+    /// An output (sigmoid(y)) is written between the reshape and the add that reads it: the
+    /// reshape stays, as the caller may bind that output over x.
+    OutputWrittenBetween,
+    /// The add that reads the reshape writes an output itself: the reshape stays, for the
+    /// same reason.
+    ReaderWritesOutput,
+}
+
+fn around_reshape(kind: AroundReshape) -> BuiltGraph {
+    let mut g = GraphBuilder::new();
+    let x = g.input(&[1, 2, 3, 4]);
+    let y = g.input(&[2, 12]);
+    let r = g.reshape(x, &[2, 12]);
+    if kind == AroundReshape::OutputWrittenBetween {
+        let s = g.sigmoid(y);
+        g.output(s);
+    }
+    let sum = g.add(r, y, f32::NEG_INFINITY, f32::INFINITY);
+    if kind == AroundReshape::ReaderWritesOutput {
+        g.output(sum);
+    } else {
+        // Written out by a node of its own.
+        g.output_copy(sum);
+    }
+    if kind == AroundReshape::ReadTwice {
+        let doubled = g.add(x, x, f32::NEG_INFINITY, f32::INFINITY);
+        g.output(doubled);
+    }
+    g.finish()
+}
+
+#[test]
+fn a_static_reshape_of_an_input_is_folded_into_its_binding_and_keeps_the_inputs_contract() {
+    use xnnblob::tensor::{Shape, TensorMut, TensorRef};
+    use xnnblob::xnn::XnnError;
+    let x: Vec<f32> = (0..24).map(|i| i as f32 * 0.5 - 3.0).collect();
+    let y: Vec<f32> = (0..24).map(|i| (i % 5) as f32 - 2.0).collect();
+    let expected: Vec<f32> = x.iter().zip(&y).map(|(a, b)| a + b).collect();
+    for kind in [
+        AroundReshape::Alone,
+        AroundReshape::ReadTwice,
+        AroundReshape::OutputWrittenBetween,
+        AroundReshape::ReaderWritesOutput,
+    ] {
+        let built = around_reshape(kind);
+        let map = built.map("fold").unwrap();
+        let backend = common::new_backend();
+        let mut d = XnnDelegate::init(
+            &common::model_of(&backend, None),
+            payload(&built.payload),
+            &map,
+        )
+        .unwrap();
+        // The caller binds the shapes the graph declares, folded or not.
+        assert_eq!(
+            d.input_shapes(),
+            vec![vec![1, 2, 3, 4], vec![2, 12]],
+            "{kind:?}"
+        );
+        let sum_at = usize::from(kind == AroundReshape::OutputWrittenBetween);
+        let mut run = |x_shape: &[usize]| {
+            let mut outs: Vec<Vec<f32>> = d
+                .output_shapes()
+                .iter()
+                .map(|s| vec![f32::NAN; s.iter().product()])
+                .collect();
+            let ins = [
+                TensorRef::f32(Shape::new(x_shape).unwrap(), &x[..]),
+                TensorRef::f32(Shape::new(&[2, 12]).unwrap(), &y[..]),
+            ];
+            let mut views: Vec<TensorMut<'_>> =
+                outs.iter_mut().map(|o| TensorMut::f32(o)).collect();
+            d.execute(&ins, &mut views).map(|()| outs[sum_at].clone())
+        };
+        // Bound as declared, and as another shape of its elements (ExecuTorch's scalars).
+        for shape in [&[1, 2, 3, 4][..], &[24][..]] {
+            let sum = run(shape).unwrap_or_else(|e| panic!("{kind:?} {shape:?}: {e}"));
+            assert_eq!(sum, expected, "{kind:?} {shape:?}");
+        }
+        // Fewer elements, within the declared bound: the reshape's count no longer holds. The
+        // folded input says so itself; otherwise XNNPACK's reshape refuses it.
+        let error = run(&[1, 2, 3, 2]).expect_err("12 elements where the reshape takes 24");
+        let folded_refusal = matches!(
+            &error,
+            DelegateError::Xnn {
+                error: XnnError::ReshapedInputSize { index: 0, .. },
+                ..
+            }
+        );
+        assert_eq!(
+            folded_refusal,
+            kind == AroundReshape::Alone,
+            "{kind:?}: {error:?}"
+        );
+        // And the delegate still runs afterwards.
+        assert_eq!(
+            run(&[1, 2, 3, 4]).unwrap(),
+            expected,
+            "{kind:?} after the refusal"
+        );
+    }
+}

@@ -212,6 +212,7 @@ fn status_of(error: &DelegateError) -> Status {
             XnnError::Arity { .. }
             | XnnError::DtypeMismatch { .. }
             | XnnError::ShapeOutOfBounds { .. }
+            | XnnError::ReshapedInputSize { .. }
             | XnnError::BufferTooSmall { .. } => Status::InvalidArgument,
             _ => Status::Internal,
         },

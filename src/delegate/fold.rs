@@ -1,0 +1,145 @@
+//! Static reshapes of external inputs, folded into the inputs' binding.
+//!
+//! XNNPACK runs a static reshape as a copy. Where the reshape reads an external input, the copy
+//! is the whole input, every run: ExecuTorch's Llama exports reshape each layer's key and value
+//! caches (128 positions x 1024 floats, 512 KiB each) before the attention's batch matrix
+//! multiply, 24 copies and 12 MiB per decoded token of a 12-layer decoder. Folded, the
+//! reshape's output is declared as the external input itself, with the reshape's shape, and
+//! XNNPACK reads the caller's buffer in place.
+//!
+//! The fold keeps every run the graph accepted, and only those: with no dimension inferred (no
+//! 0 in the new shape), XNNPACK's reshape takes exactly the input's declared number of
+//! elements at every run, and a reshape keeps the bytes in their order. The runtime binds the
+//! caller's shape as before and checks it holds those elements (see
+//! [`Subgraph::define_reshaped_input`](crate::xnn::Subgraph::define_reshaped_input)).
+//!
+//! An external value is never written by XNNPACK, nor reused for another value's memory, so
+//! the caller's buffer stays read-only as it was.
+//!
+//! Folded, the input is read where the reshape's output was read, later than the copy read
+//! it. A caller may bind an output over an input the graph has read completely before it
+//! writes that output (a state's write-back, see [`crate::state`]), so no reshape is folded
+//! when a node between it and the last reader of its output writes an external output.
+
+use super::graph::{dims_of, tensor_of, XNN_FLAG_EXTERNAL_INPUT, XNN_FLAG_EXTERNAL_OUTPUT};
+use crate::fast_hash::{FastMap, FastSet};
+use crate::schema::xnn as fb;
+
+/// The reshapes of a graph folded into its inputs.
+#[derive(Debug, Default)]
+pub(super) struct Folds {
+    /// By the payload id of the reshape's output: the external input it reads, whose
+    /// external id and caller's shape the output takes over.
+    pub(super) outputs: FastMap<u32, FoldedInput>,
+    /// The external inputs folded away (payload ids): no value of theirs is defined.
+    pub(super) inputs: FastSet<u32>,
+    /// The folded reshape nodes, by index: not defined.
+    pub(super) nodes: FastSet<usize>,
+}
+
+/// An external input whose reshape was folded into it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct FoldedInput {
+    /// Its external id.
+    pub(super) external_id: u32,
+    /// Its declared shape: what the caller binds.
+    pub(super) dims: Vec<usize>,
+}
+
+impl Folds {
+    /// The reshapes of `graph` that can be folded: each reads an external input that nothing
+    /// else reads, of an unquantized type, and writes an internal value of the same type, with
+    /// a new shape of the input's number of elements and no dimension inferred.
+    ///
+    /// None when fp16 is computed as fp32 (`fp16_as_fp32`): an fp16 input is converted there,
+    /// and the converted twin is what the nodes read.
+    pub(super) fn of(graph: &fb::XNNGraph<'_>, fp16_as_fp32: bool) -> Folds {
+        let mut folds = Folds::default();
+        if fp16_as_fp32 {
+            return folds;
+        }
+        // Unquantized values, which a reshape may be folded from and into; every value's flags.
+        let mut values = FastMap::default();
+        let mut flags: FastMap<u32, u32> = FastMap::default();
+        // Ids that two values claim: neither is folded (no exporter writes such a graph).
+        let mut claimed_twice = FastSet::default();
+        for (i, v) in graph.xvalues().iter().flatten().enumerate() {
+            if let Ok((t, q)) = tensor_of(v, i) {
+                if flags.insert(t.id_out(), t.flags()).is_some() {
+                    claimed_twice.insert(t.id_out());
+                }
+                if q.is_none() {
+                    values.insert(t.id_out(), t);
+                }
+            }
+        }
+        let io: Vec<(Vec<u32>, Vec<u32>)> = graph
+            .xnodes()
+            .iter()
+            .flatten()
+            .map(|node| super::operators::node_io(&node).unwrap_or_default())
+            .collect();
+        let mut reads: FastMap<u32, usize> = FastMap::default();
+        // By value: the last node that reads it.
+        let mut last_read: FastMap<u32, usize> = FastMap::default();
+        for (n, (inputs, _)) in io.iter().enumerate() {
+            for &input in inputs {
+                *reads.entry(input).or_default() += 1;
+                last_read.insert(input, n);
+            }
+        }
+        let writes_output = |n: usize| {
+            io[n].1.iter().any(|v| {
+                flags
+                    .get(v)
+                    .is_none_or(|f| f & XNN_FLAG_EXTERNAL_OUTPUT != 0)
+            })
+        };
+        for (n, node) in graph.xnodes().iter().flatten().enumerate() {
+            let Some(r) = node.xnode_union_as_xnnstatic_reshape() else {
+                continue;
+            };
+            let (Some(input), Some(output)) =
+                (values.get(&r.input_id()), values.get(&r.output_id()))
+            else {
+                continue;
+            };
+            let new_shape: Vec<usize> = r
+                .new_shape()
+                .map(|s| s.iter().map(|d| d as usize).collect())
+                .unwrap_or_default();
+            let elements = |dims: &[usize]| {
+                dims.iter()
+                    .try_fold(1usize, |n, &d| n.checked_mul(d))
+                    .filter(|&n| n > 0)
+            };
+            let input_dims = dims_of(input);
+            let foldable = !claimed_twice.contains(&r.input_id())
+                && !claimed_twice.contains(&r.output_id())
+                && input.flags() == XNN_FLAG_EXTERNAL_INPUT
+                && input.constant_buffer_idx() == 0
+                && output.flags() == 0
+                && output.constant_buffer_idx() == 0
+                && input.datatype() == output.datatype()
+                && reads.get(&r.input_id()) == Some(&1)
+                && dims_of(output) == new_shape
+                && !new_shape.is_empty()
+                && !new_shape.contains(&0)
+                && elements(&new_shape).is_some()
+                && elements(&new_shape) == elements(&input_dims)
+                && r.input_id() != r.output_id()
+                && !(n + 1..=last_read.get(&r.output_id()).copied().unwrap_or(n))
+                    .any(writes_output);
+            if foldable {
+                let folded = FoldedInput {
+                    external_id: input.external_id(),
+                    dims: input_dims,
+                };
+                folds.outputs.insert(r.output_id(), folded);
+                folds.inputs.insert(r.input_id());
+                folds.nodes.insert(n);
+            }
+        }
+        folds
+    }
+}
