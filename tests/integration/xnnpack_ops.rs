@@ -1470,3 +1470,112 @@ fn blockwise_scales_are_refused_where_they_are_packed_exactly_when_not_positive_
         }
     }
 }
+
+/// `c[.., m, n] = Σ_k a[.., m, k] · b[.., k, n]` (b read as [.., n, k] when `transpose_b`), the
+/// batch dimensions broadcast: `dims_a` and `dims_b` are the batch dimensions of each.
+fn reference_batch_matrix_multiply(
+    a: &[f32],
+    b: &[f32],
+    (dims_a, dims_b): (&[usize], &[usize]),
+    (m, k, n): (usize, usize, usize),
+    transpose_b: bool,
+) -> Vec<f32> {
+    let dims_c: Vec<usize> = dims_a.iter().zip(dims_b).map(|(x, y)| *x.max(y)).collect();
+    let batches: usize = dims_c.iter().product();
+    let mut c = vec![0f32; batches * m * n];
+    for g in 0..batches {
+        // The batch index of c, dimension by dimension, taken modulo each operand's dimension.
+        let (mut ga, mut gb, mut rest) = (0, 0, g);
+        for d in 0..dims_c.len() {
+            let stride: usize = dims_c[d + 1..].iter().product();
+            let index = rest / stride;
+            rest %= stride;
+            ga = ga * dims_a[d] + index % dims_a[d];
+            gb = gb * dims_b[d] + index % dims_b[d];
+        }
+        for i in 0..m {
+            for j in 0..n {
+                let mut sum = 0f64;
+                for p in 0..k {
+                    let bv = if transpose_b {
+                        b[gb * k * n + j * k + p]
+                    } else {
+                        b[gb * k * n + p * n + j]
+                    };
+                    sum += f64::from(a[ga * m * k + i * k + p]) * f64::from(bv);
+                }
+                c[g * m * n + i * n + j] = sum as f32;
+            }
+        }
+    }
+    c
+}
+
+#[test]
+fn batch_matrix_multiply_of_one_row_and_of_many_matches_reference_with_broadcast_batches() {
+    use xnnblob::tensor::{Shape, TensorMut, TensorRef};
+    // Both operands are inputs, so XNNPACK packs b every run, or, for one row of a, reads it
+    // unpacked (patch 0018): one row and three, from one runtime reshaped between them, each
+    // against the reference. Column counts straddle the 32-column tile of the one-row path.
+    let mut rng = SplitMix64(18);
+    let batch_shapes: [(&[usize], &[usize]); 3] =
+        [(&[16], &[16]), (&[2, 3], &[1, 3]), (&[1, 2], &[3, 1])];
+    for (dims_a, dims_b) in batch_shapes {
+        for &(k, n) in &[(1, 1), (5, 7), (64, 128), (128, 64), (9, 33), (3, 100)] {
+            for transpose_b in [false, true] {
+                let max_m = 3;
+                let shape = |batch: &[usize], rows: usize, cols: usize| {
+                    let mut s = batch.to_vec();
+                    s.extend([rows, cols]);
+                    s
+                };
+                let b_dims = if transpose_b {
+                    shape(dims_b, n, k)
+                } else {
+                    shape(dims_b, k, n)
+                };
+                let dims_c: Vec<usize> =
+                    dims_a.iter().zip(dims_b).map(|(x, y)| *x.max(y)).collect();
+                let mut g = Subgraph::new(3).unwrap();
+                let a = g
+                    .define_f32_tensor(&shape(dims_a, max_m, k), ValueRole::Input(0))
+                    .unwrap();
+                let b = g.define_f32_tensor(&b_dims, ValueRole::Input(1)).unwrap();
+                let c = g
+                    .define_f32_tensor(&shape(&dims_c, max_m, n), ValueRole::Output(2))
+                    .unwrap();
+                g.define_batch_matrix_multiply(a, b, c, transpose_b)
+                    .unwrap();
+                let mut runtime = Runtime::new(&g, None).unwrap();
+                let b_data = padded(random(&mut rng, b_dims.iter().product(), 1.0));
+                let b_data = &b_data[..b_dims.iter().product()];
+                // One row, then three, then one again: each reshape chooses its path anew.
+                for m in [1, max_m, 1] {
+                    let a_shape = shape(dims_a, m, k);
+                    let a_data = padded(random(&mut rng, a_shape.iter().product(), 1.0));
+                    let a_data = &a_data[..a_shape.iter().product()];
+                    let expected = reference_batch_matrix_multiply(
+                        a_data,
+                        b_data,
+                        (dims_a, dims_b),
+                        (m, k, n),
+                        transpose_b,
+                    );
+                    let mut out = vec![f32::NAN; expected.len()];
+                    let what = format!("a {a_shape:?} b {b_dims:?} transpose_b {transpose_b}");
+                    runtime
+                        .execute(
+                            &[
+                                TensorRef::f32(Shape::new(&a_shape).unwrap(), a_data),
+                                TensorRef::f32(Shape::new(&b_dims).unwrap(), b_data),
+                            ],
+                            &mut [TensorMut::f32(&mut out)],
+                        )
+                        .unwrap_or_else(|e| panic!("{what}: {e}"));
+                    let diff = max_abs_difference(&out, &expected);
+                    assert!(diff <= 1e-4 * (k as f32).sqrt().max(1.0), "{what}: {diff}");
+                }
+            }
+        }
+    }
+}
