@@ -20,6 +20,15 @@ fn payload(bytes: &[u8]) -> DataBuffer {
     map.get_data("p").unwrap()
 }
 
+/// A delegate of `bytes` on a backend of its own, with no packed-weight cache.
+fn init_without_cache(bytes: &[u8], map: &dyn NamedDataMap) -> Result<XnnDelegate, DelegateError> {
+    XnnDelegate::init(
+        &common::model_of(&common::new_backend(), None),
+        payload(bytes),
+        map,
+    )
+}
+
 fn mlp_graph(mlp: &Mlp, batch: u32) -> BuiltGraph {
     xnnblob_test_support::synthetic::mlp_payload(mlp, batch)
 }
@@ -36,13 +45,7 @@ fn mlp_matches_reference() {
     let mlp = Mlp::random(&[32, 64, 48, 16], 21);
     let built = mlp_graph(&mlp, 2);
     let map = built.map("mlp").unwrap();
-    let backend = common::new_backend();
-    let mut d = XnnDelegate::init(
-        &common::model_of(&backend, None),
-        payload(&built.payload),
-        &map,
-    )
-    .unwrap();
+    let mut d = init_without_cache(&built.payload, &map).unwrap();
     assert_eq!(d.input_shapes(), vec![vec![2, 32]]);
     let input: Vec<f32> = (0..64).map(|i| ((i % 9) as f32 - 4.0) / 4.0).collect();
     let out = run(&mut d, &input);
@@ -171,12 +174,7 @@ fn small_cnn_matches_reference() {
     let expected: Vec<f32> = e.iter().map(|v| v / e.iter().sum::<f32>()).collect();
 
     let map = built.map("cnn").unwrap();
-    let mut d = XnnDelegate::init(
-        &common::model_of(&common::new_backend(), None),
-        payload(&built.payload),
-        &map,
-    )
-    .unwrap();
+    let mut d = init_without_cache(&built.payload, &map).unwrap();
     let out = run(&mut d, &input);
     let diff = max_abs_difference(&out, &expected);
     assert!(diff < 1e-5, "{diff}: {out:?} vs {expected:?}");
@@ -250,12 +248,7 @@ fn qd8_qc8w_mlp_matches_dequantized_reference() {
         })
         .collect();
     let map = built.map("qmlp").unwrap();
-    let mut d = XnnDelegate::init(
-        &common::model_of(&common::new_backend(), None),
-        payload(&built.payload),
-        &map,
-    )
-    .unwrap();
+    let mut d = init_without_cache(&built.payload, &map).unwrap();
     let out = run(&mut d, &input);
     for i in 0..out.len() {
         assert!(
@@ -329,13 +322,9 @@ fn two_delegates_share_constants_and_packed_weights_and_a_warm_file_packs_nothin
 }
 
 fn init_err(bytes: &[u8], map: &dyn NamedDataMap) -> DelegateError {
-    XnnDelegate::init(
-        &common::model_of(&common::new_backend(), None),
-        payload(bytes),
-        map,
-    )
-    .err()
-    .expect("init must fail")
+    init_without_cache(bytes, map)
+        .err()
+        .expect("init must fail")
 }
 
 #[test]
@@ -407,11 +396,9 @@ fn an_unknown_node_is_rejected_naming_its_type() {
             continue;
         }
         bad[i] = 200;
-        if let Err(DelegateError::UnsupportedNode { name, index: 0 }) = XnnDelegate::init(
-            &common::model_of(&common::new_backend(), None),
-            payload(&bad),
-            &map,
-        ) {
+        if let Err(DelegateError::UnsupportedNode { name, index: 0 }) =
+            init_without_cache(&bad, &map)
+        {
             assert_eq!(name, "node type 200");
             found = true;
             break;
@@ -478,13 +465,7 @@ fn a_static_reshape_of_an_input_is_folded_into_its_binding_and_keeps_the_inputs_
     ] {
         let built = around_reshape(kind);
         let map = built.map("fold").unwrap();
-        let backend = common::new_backend();
-        let mut d = XnnDelegate::init(
-            &common::model_of(&backend, None),
-            payload(&built.payload),
-            &map,
-        )
-        .unwrap();
+        let mut d = init_without_cache(&built.payload, &map).unwrap();
         // The caller binds the shapes the graph declares, folded or not.
         assert_eq!(
             d.input_shapes(),
