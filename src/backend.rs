@@ -469,6 +469,7 @@ impl Backend {
             runtime: RuntimeOptions {
                 workspace,
                 threadpool: self.0.threadpool.clone(),
+                keep_node_order: false,
             },
         })
     }

@@ -11,13 +11,17 @@
 //! - Each instance owns its arena, one [`MemoryBank`] per bank id: memory the user may provide,
 //!   written by the runtime only through the bank's copy function.
 //! - Methods read state as external inputs bound in place to the arena, and write it back
-//!   through explicit copy nodes into external outputs bound to the same place.
+//!   through explicit copy nodes into external outputs bound to the same place. A method's
+//!   delegate is told which outputs share a read's memory
+//!   ([`XnnDelegate::init_with_aliases`]): it refuses a method that writes a buffer before it
+//!   has read it completely, and runs one whose write-back XNNPACK would fuse into the node that
+//!   computes it, ahead of a later read, with the nodes in the method's order.
 //! - Initial state: zeros (no bytes in any file), or a named-data key copied in at load and at
 //!   every [`Instance::reset`].
 
 use crate::aligned::AlignedBytes;
 use crate::backend::ModelContext;
-use crate::delegate::{DelegateError, XnnDelegate};
+use crate::delegate::{Alias, DelegateError, XnnDelegate};
 use crate::named_data::{DataBuffer, NamedDataError, NamedDataMap};
 use crate::tensor::{DType, Shape};
 use crate::xnn::{RawInput, RawOutput};
@@ -323,12 +327,24 @@ impl Instance {
             .iter()
             .find(|m| m.name == name)
             .ok_or_else(|| invalid(format!("no method {name:?}")))?;
-        let d = XnnDelegate::init(&p.model, m.payload.clone(), &*p.map).map_err(|error| {
-            StateError::Delegate {
+        // A buffer's write-back is bound over its read: the delegate makes sure it is written
+        // after the last read, as XNNPACK runs the graph.
+        let mut aliases = Vec::new();
+        for (output, written) in &m.writes {
+            for (input, read) in &m.reads {
+                if read == written {
+                    aliases.push(Alias {
+                        input: *input,
+                        output: *output,
+                    });
+                }
+            }
+        }
+        let d = XnnDelegate::init_with_aliases(&p.model, m.payload.clone(), &*p.map, &aliases)
+            .map_err(|error| StateError::Delegate {
                 method: name.to_string(),
                 error,
-            }
-        })?;
+            })?;
         self.methods.insert(name.to_string(), d);
         Ok(())
     }
@@ -406,8 +422,8 @@ impl Instance {
         // layout's slack, inside the bank, checked at instantiation), which MemoryBank's
         // contract keeps valid; `&mut self` keeps anything else off the banks while XNNPACK
         // runs. User inputs and outputs are live slices of the stated lengths. A read and a
-        // write-back of one buffer share the address: the write-back is the graph's last node
-        // (an explicit copy), after every read.
+        // write-back of one buffer share the address: the delegate was made knowing it, and
+        // checked that the graph, as XNNPACK runs it, writes the buffer after its last read.
         let result = unsafe {
             d.execute_raw(
                 |i| {

@@ -7,6 +7,7 @@ use super::constants::{
 };
 use super::error::{at, DelegateError};
 use super::fold::Folds;
+use super::fusion::{Alias, FusedOrder, Fusion};
 use super::graph::{named_key, tensor_of, XNN_FLAG_EXTERNAL_OUTPUT};
 use super::identity::{register_constants, KeyCheck};
 use super::payload;
@@ -168,6 +169,7 @@ pub(crate) fn compile(
     map: &dyn NamedDataMap,
     deferral: Option<Arc<dyn NamedDataMap>>,
     model: &ModelContext,
+    aliases: &[Alias],
 ) -> Result<(OwnedRuntime, InitTimings), DelegateError> {
     let keep = Keep {
         loaded: std::sync::OnceLock::new(),
@@ -237,7 +239,9 @@ pub(crate) fn compile(
             _ => Vec::new(),
         };
         let mut g = Subgraph::new(p.graph.num_externs()).map_err(at(|| "subgraph".into()))?;
-        let folds = Folds::of(&p.graph, fp16_as_fp32);
+        let order = FusedOrder::of(&p.graph);
+        let folds = Folds::of(&p.graph, fp16_as_fp32, &order);
+        let fusion = order.fusion_for(aliases, |input| folds.read_as(input))?;
         let (ids, twins) = define_values(&mut g, &p.graph, loaded, &folds)?;
         twins.define_inputs(&mut g)?;
         let read_as_is = super::operators::define_nodes(&mut g, &p.graph, &ids, &folds.nodes)?;
@@ -258,7 +262,9 @@ pub(crate) fn compile(
             _ => Default::default(),
         };
         let packs_before = packs(&k.cache);
-        let runtime = Runtime::with_options(&g, k.cache.as_xnn(), model.runtime_options())?;
+        let mut options = model.runtime_options().clone();
+        options.keep_node_order = fusion == Fusion::Off;
+        let runtime = Runtime::with_options(&g, k.cache.as_xnn(), &options)?;
         built = Some(Built {
             registrations,
             load: load_time,

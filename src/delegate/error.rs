@@ -57,6 +57,17 @@ pub enum DelegateError {
     /// A value, node or constant reference that does not make sense.
     #[error("bad XNNPACK graph: {0}")]
     BadGraph(String),
+    /// An output the caller binds over an input's memory (a state's write-back) is written
+    /// before the graph has read that input completely, or names no such external.
+    #[error("output {output} cannot share the memory of input {input}: {why}")]
+    Alias {
+        /// The input's external id.
+        input: u32,
+        /// The output's external id.
+        output: u32,
+        /// What the graph does.
+        why: String,
+    },
     /// A constant's named key is not in the named-data map (or could not be loaded).
     #[error("constant {key:?} could not be loaded")]
     MissingConstant {

@@ -19,9 +19,12 @@
 //! Folded, the input is read where the reshape's output was read, later than the copy read
 //! it. A caller may bind an output over an input the graph has read completely before it
 //! writes that output (a state's write-back, see [`crate::state`]), so no reshape is folded
-//! when a node between it and the last reader of its output writes an external output.
+//! when a node between it and the last reader of its output may write an external output, in
+//! the order XNNPACK runs the graph once it has fused nodes ([`super::fusion`]): a write-back
+//! fused into the node that computes it, or a read moved to the reader of a copy.
 
-use super::graph::{dims_of, tensor_of, XNN_FLAG_EXTERNAL_INPUT, XNN_FLAG_EXTERNAL_OUTPUT};
+use super::fusion::FusedOrder;
+use super::graph::{dims_of, tensor_of, XNN_FLAG_EXTERNAL_INPUT};
 use crate::fast_hash::{FastMap, FastSet};
 use crate::schema::xnn as fb;
 
@@ -49,23 +52,25 @@ pub(super) struct FoldedInput {
 impl Folds {
     /// The reshapes of `graph` that can be folded: each reads an external input that nothing
     /// else reads, of an unquantized type, and writes an internal value of the same type, with
-    /// a new shape of the input's number of elements and no dimension inferred.
+    /// a new shape of the input's number of elements and no dimension inferred, where no node
+    /// may write an external output between the reshape and the last read of its output
+    /// (`order`).
     ///
     /// None when fp16 is computed as fp32 (`fp16_as_fp32`): an fp16 input is converted there,
     /// and the converted twin is what the nodes read.
-    pub(super) fn of(graph: &fb::XNNGraph<'_>, fp16_as_fp32: bool) -> Folds {
+    pub(super) fn of(graph: &fb::XNNGraph<'_>, fp16_as_fp32: bool, order: &FusedOrder) -> Folds {
         let mut folds = Folds::default();
         if fp16_as_fp32 {
             return folds;
         }
-        // Unquantized values, which a reshape may be folded from and into; every value's flags.
+        // Unquantized values, which a reshape may be folded from and into.
         let mut values = FastMap::default();
-        let mut flags: FastMap<u32, u32> = FastMap::default();
         // Ids that two values claim: neither is folded (no exporter writes such a graph).
+        let mut claimed = FastSet::default();
         let mut claimed_twice = FastSet::default();
         for (i, v) in graph.xvalues().iter().flatten().enumerate() {
             if let Ok((t, q)) = tensor_of(v, i) {
-                if flags.insert(t.id_out(), t.flags()).is_some() {
+                if !claimed.insert(t.id_out()) {
                     claimed_twice.insert(t.id_out());
                 }
                 if q.is_none() {
@@ -73,28 +78,12 @@ impl Folds {
                 }
             }
         }
-        let io: Vec<(Vec<u32>, Vec<u32>)> = graph
-            .xnodes()
-            .iter()
-            .flatten()
-            .map(|node| super::operators::node_io(&node).unwrap_or_default())
-            .collect();
         let mut reads: FastMap<u32, usize> = FastMap::default();
-        // By value: the last node that reads it.
-        let mut last_read: FastMap<u32, usize> = FastMap::default();
-        for (n, (inputs, _)) in io.iter().enumerate() {
+        for (inputs, _) in order.io() {
             for &input in inputs {
                 *reads.entry(input).or_default() += 1;
-                last_read.insert(input, n);
             }
         }
-        let writes_output = |n: usize| {
-            io[n].1.iter().any(|v| {
-                flags
-                    .get(v)
-                    .is_none_or(|f| f & XNN_FLAG_EXTERNAL_OUTPUT != 0)
-            })
-        };
         for (n, node) in graph.xnodes().iter().flatten().enumerate() {
             let Some(r) = node.xnode_union_as_xnnstatic_reshape() else {
                 continue;
@@ -128,8 +117,8 @@ impl Folds {
                 && elements(&new_shape).is_some()
                 && elements(&new_shape) == elements(&input_dims)
                 && r.input_id() != r.output_id()
-                && !(n + 1..=last_read.get(&r.output_id()).copied().unwrap_or(n))
-                    .any(writes_output);
+                && !(n + 1..=order.last_read(r.output_id()).unwrap_or(n))
+                    .any(|m| order.writes_output(m));
             if foldable {
                 let folded = FoldedInput {
                     external_id: input.external_id(),
@@ -141,5 +130,15 @@ impl Folds {
             }
         }
         folds
+    }
+
+    /// The outputs of the reshapes folded into the external input `external_id`: reads of
+    /// them are reads of the input.
+    pub(super) fn read_as(&self, external_id: u32) -> Vec<u32> {
+        self.outputs
+            .iter()
+            .filter(|(_, folded)| folded.external_id == external_id)
+            .map(|(&output, _)| output)
+            .collect()
     }
 }

@@ -12,6 +12,7 @@ mod constants;
 mod error;
 mod fallback;
 mod fold;
+mod fusion;
 mod graph;
 mod identity;
 pub mod operators;
@@ -24,6 +25,7 @@ pub use crate::backend::Weights;
 pub use compile::InitTimings;
 pub use error::DelegateError;
 pub use fallback::fp16_as_fp32_delegates;
+pub use fusion::Alias;
 pub use summary::{constant_keys, summarize, PayloadSummary};
 
 use crate::backend::ModelContext;
@@ -72,8 +74,23 @@ impl XnnDelegate {
         processed: DataBuffer,
         map: &dyn NamedDataMap,
     ) -> Result<XnnDelegate, DelegateError> {
+        XnnDelegate::init_with_aliases(model, processed, map, &[])
+    }
+
+    /// As [`init`](Self::init), for a caller that binds each of `aliases`' outputs over its
+    /// input's memory at every execute (a state's write-back, see [`crate::state`]). Fails
+    /// with [`DelegateError::Alias`] unless the graph reads each such input completely before
+    /// it writes the output; where XNNPACK's operator fusion would write one earlier (a Copy
+    /// fused into the node that computes it), the runtime runs the nodes as the graph orders
+    /// them.
+    pub fn init_with_aliases(
+        model: &ModelContext,
+        processed: DataBuffer,
+        map: &dyn NamedDataMap,
+        aliases: &[Alias],
+    ) -> Result<XnnDelegate, DelegateError> {
         let maps = MapCheck::before_init(model);
-        let (runtime, timings) = compile::compile(processed, map, None, model)?;
+        let (runtime, timings) = compile::compile(processed, map, None, model, aliases)?;
         Ok(XnnDelegate {
             runtime,
             timings,
@@ -91,11 +108,12 @@ impl XnnDelegate {
         map: Arc<dyn NamedDataMap>,
     ) -> Result<XnnDelegate, DelegateError> {
         let maps = MapCheck::before_init(model);
-        let compiled = match compile::compile(processed.clone(), &*map, Some(map.clone()), model) {
+        let deferred = compile::compile(processed.clone(), &*map, Some(map.clone()), model, &[]);
+        let compiled = match deferred {
             // A placeholder's bytes could not be read in when XNNPACK needed them (nothing packed
             // from it was kept): read every constant up front instead, as `init` does.
             Err(DelegateError::UnreadConstant { .. }) => {
-                compile::compile(processed, &*map, None, model)
+                compile::compile(processed, &*map, None, model, &[])
             }
             other => other,
         };

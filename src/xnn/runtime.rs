@@ -25,7 +25,16 @@ pub struct RuntimeOptions {
     pub workspace: Option<Arc<Workspace>>,
     /// None: operators run on the calling thread.
     pub threadpool: Option<Arc<Threadpool>>,
+    /// Runs every node as the subgraph defines it, with XNNPACK's operator fusion off: a Copy
+    /// or a Clamp is not fused into the node before or after it, which would move the write of
+    /// its output earlier or the read of its input later (see `execute_raw`'s contract).
+    pub keep_node_order: bool,
 }
+
+/// `xnn_create_runtime_v4`'s flag that turns its operator fusion off. XNNPACK 4ea82e5 defines
+/// it in an internal header (`src/xnnpack/subgraph.h`), not in `xnnpack.h`, and passes the
+/// runtime's flags on to its subgraph optimizer, which reads it.
+const XNN_FLAG_NO_OPERATOR_FUSION: u32 = 0x8000_0000;
 
 /// One external input or output: its declaration and its current shape.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -159,12 +168,24 @@ impl<'a> Runtime<'a> {
             .threadpool
             .as_ref()
             .map_or(std::ptr::null_mut(), |t| t.as_raw());
+        let flags = if options.keep_node_order {
+            XNN_FLAG_NO_OPERATOR_FUSION
+        } else {
+            0
+        };
         let mut raw = std::ptr::null_mut();
         // SAFETY: the subgraph is valid; the cache, when given, outlives 'a (its trait
         // contract); the workspace and pool are held by the runtime (Arcs below) until it is
         // deleted; `raw` is a valid out-pointer.
         check("xnn_create_runtime_v4", unsafe {
-            sys::xnn_create_runtime_v4(subgraph.as_raw(), cache, workspace, threadpool, 0, &mut raw)
+            sys::xnn_create_runtime_v4(
+                subgraph.as_raw(),
+                cache,
+                workspace,
+                threadpool,
+                flags,
+                &mut raw,
+            )
         })?;
         let raw = NonNull::new(raw).ok_or(XnnError::Call {
             call: "xnn_create_runtime_v4",
@@ -270,8 +291,12 @@ impl<'a> Runtime<'a> {
     /// # Safety
     /// Every input must be readable for `len` bytes (plus XNN_EXTRA_BYTES when `padded`), every
     /// output writable for `capacity` bytes, for the duration of the call. An input and an
-    /// output may share memory only if the graph reads the input completely before it writes
-    /// that output.
+    /// output may share memory only if the graph, as XNNPACK runs it, reads the input
+    /// completely before it writes that output: XNNPACK fuses a Copy or a Clamp into the node
+    /// that computes its input, which then writes the output earlier, unless the runtime keeps
+    /// the node order ([`RuntimeOptions::keep_node_order`]). A delegate checks this for the
+    /// outputs it is told are bound over inputs
+    /// ([`XnnDelegate::init_with_aliases`](crate::delegate::XnnDelegate::init_with_aliases)).
     pub unsafe fn execute_raw(
         &mut self,
         input: impl FnMut(usize) -> RawInput,

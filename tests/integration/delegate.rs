@@ -425,6 +425,10 @@ enum AroundReshape {
     /// The add that reads the reshape writes an output itself: the reshape stays, for the
     /// same reason.
     ReaderWritesOutput,
+    /// sigmoid(y) is computed between the reshape and the add, and copied (`XNNCopy`) into an
+    /// output after the add: XNNPACK fuses the copy into the sigmoid, which then writes the
+    /// output between, so the reshape stays.
+    OutputCopiedBetween,
 }
 
 fn around_reshape(kind: AroundReshape) -> BuiltGraph {
@@ -432,16 +436,26 @@ fn around_reshape(kind: AroundReshape) -> BuiltGraph {
     let x = g.input(&[1, 2, 3, 4]);
     let y = g.input(&[2, 12]);
     let r = g.reshape(x, &[2, 12]);
-    if kind == AroundReshape::OutputWrittenBetween {
-        let s = g.sigmoid(y);
+    let between = match kind {
+        AroundReshape::OutputWrittenBetween | AroundReshape::OutputCopiedBetween => {
+            Some(g.sigmoid(y))
+        }
+        _ => None,
+    };
+    if let (AroundReshape::OutputWrittenBetween, Some(s)) = (kind, between) {
         g.output(s);
     }
     let sum = g.add(r, y, f32::NEG_INFINITY, f32::INFINITY);
     if kind == AroundReshape::ReaderWritesOutput {
         g.output(sum);
     } else {
-        // Written out by a node of its own.
+        // Written out by a node of its own (a reshape to the same shape, which XNNPACK does
+        // not fuse).
         g.output_copy(sum);
+    }
+    if let (AroundReshape::OutputCopiedBetween, Some(s)) = (kind, between) {
+        let copied = g.unary_node(xnnblob::schema::xnn::XNodeUnion::XNNCopy, s);
+        g.output(copied);
     }
     if kind == AroundReshape::ReadTwice {
         let doubled = g.add(x, x, f32::NEG_INFINITY, f32::INFINITY);
@@ -462,6 +476,7 @@ fn a_static_reshape_of_an_input_is_folded_into_its_binding_and_keeps_the_inputs_
         AroundReshape::ReadTwice,
         AroundReshape::OutputWrittenBetween,
         AroundReshape::ReaderWritesOutput,
+        AroundReshape::OutputCopiedBetween,
     ] {
         let built = around_reshape(kind);
         let map = built.map("fold").unwrap();

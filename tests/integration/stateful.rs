@@ -506,3 +506,161 @@ fn default_model() -> xnnblob::backend::ModelContext {
     let backend = xnnblob::backend::Backend::with_defaults().unwrap();
     backend.model(None).unwrap()
 }
+
+/// How the method of [`write_back_program`] reads its state `s` ([1, 4]) and writes it back
+/// through an explicit copy (`XNNCopy`).
+#[derive(Clone, Copy, Debug)]
+enum WriteBack {
+    /// `y = |2 s|`, the multiply after the add that computes `s + 10`, which the copy at the
+    /// graph's end writes back: XNNPACK fuses the copy into the add, which then writes `s`
+    /// itself, before the multiply reads it.
+    ComputedBeforeALaterRead,
+    /// As `ComputedBeforeALaterRead`, `s` read through a static reshape to [4], which the
+    /// delegate could fold into the input (the multiply would then read `s` itself).
+    ComputedBeforeALaterReadOfAReshape,
+    /// `y = |copy(reshape(s))|`, `s` written back from the method's input `u` between the
+    /// copy and the absolute value: XNNPACK fuses the copy into the absolute value, which then
+    /// reads what the reshape wrote, or `s` itself if the reshape were folded.
+    ReadThroughACopyAfterTheWrite,
+    /// `s` written back from `u` before `y = |s|` reads it: no order of the graph keeps the
+    /// state as it was read, and the method is refused.
+    WrittenBeforeItIsRead,
+}
+
+/// A one-method program of `layout` over the state `s`, starting at [1, -2, 3, -4].
+fn write_back_program(dir: &Path, layout: WriteBack) -> Arc<StatefulProgram> {
+    use xnnblob::schema::xnn::XNodeUnion;
+    let mut g = GraphBuilder::new();
+    let s_in = g.input(&[1, 4]);
+    let u = g.input(&[1, 4]);
+    let written = match layout {
+        WriteBack::ComputedBeforeALaterRead | WriteBack::ComputedBeforeALaterReadOfAReshape => {
+            let read = match layout {
+                WriteBack::ComputedBeforeALaterRead => s_in,
+                _ => g.reshape(s_in, &[4]),
+            };
+            // [1, 4] + [4]: the sum has the state's shape, so the copy writes it back as it is.
+            let ten = g.constant_f32(&[1, 4], &[10.0; 4]);
+            let next = g.add(ten, read, f32::NEG_INFINITY, f32::INFINITY);
+            let two = g.constant_f32(&[4], &[2.0; 4]);
+            let doubled = g.multiply(read, two);
+            let y = g.unary_node(XNodeUnion::XNNAbs, doubled);
+            g.output(y);
+            let written = g.unary_node(XNodeUnion::XNNCopy, next);
+            g.output(written);
+            written
+        }
+        WriteBack::WrittenBeforeItIsRead | WriteBack::ReadThroughACopyAfterTheWrite => {
+            let read = match layout {
+                WriteBack::WrittenBeforeItIsRead => s_in,
+                _ => {
+                    let r = g.reshape(s_in, &[4]);
+                    g.unary_node(XNodeUnion::XNNCopy, r)
+                }
+            };
+            let written = g.unary_node(XNodeUnion::XNNCopy, u);
+            g.output(written);
+            let y = g.unary_node(XNodeUnion::XNNAbs, read);
+            g.output(y);
+            written
+        }
+    };
+    let (s_id, written_id) = (g.external_id(s_in), g.external_id(written));
+    let step = g.finish();
+
+    let mut store = NamedBlobStore::new();
+    for (k, v) in &step.blobs {
+        store.add_named_blob(k, v, 16, "m", None).unwrap();
+    }
+    let initial: Vec<u8> = [1.0f32, -2.0, 3.0, -4.0]
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
+    store
+        .add_named_blob("s_init", &initial, 16, "m", None)
+        .unwrap();
+    let ptd = dir.join(format!("{layout:?}.ptd"));
+    store.write_ptd("m", &ptd).unwrap();
+    let map = Arc::new(FileDataMap::open_ptd(&ptd).unwrap());
+    let specs = vec![StateSpec {
+        name: "s".into(),
+        shape: vec![1, 4],
+        bank: 0,
+        initial: InitialState::Named("s_init".into()),
+    }];
+    let methods = vec![StatefulMethod {
+        name: "step".into(),
+        payload: payload(&step),
+        reads: vec![(s_id, "s".into())],
+        writes: vec![(written_id, "s".into())],
+    }];
+    Arc::new(StatefulProgram::new(&default_model(), specs, methods, map).unwrap())
+}
+
+#[test]
+fn a_state_is_written_back_after_its_last_read_wherever_xnnpack_fuses_the_write_back() {
+    let dir = scratch("write-back-order");
+    for layout in [
+        WriteBack::ComputedBeforeALaterRead,
+        WriteBack::ComputedBeforeALaterReadOfAReshape,
+        WriteBack::ReadThroughACopyAfterTheWrite,
+    ] {
+        let program = write_back_program(&dir, layout);
+        let mut inst = program.instantiate().unwrap();
+        let mut s = vec![1.0f32, -2.0, 3.0, -4.0];
+        for step in 0..3 {
+            let u: Vec<f32> = (0..4).map(|i| (step * 4 + i) as f32 - 5.5).collect();
+            let (y, next): (Vec<f32>, Vec<f32>) = match layout {
+                WriteBack::ReadThroughACopyAfterTheWrite | WriteBack::WrittenBeforeItIsRead => {
+                    (s.iter().map(|v| v.abs()).collect(), u.clone())
+                }
+                _ => (
+                    s.iter().map(|v| (v * 2.0).abs()).collect(),
+                    s.iter().map(|v| v + 10.0).collect(),
+                ),
+            };
+            let out = inst.execute("step", &[&u]).unwrap();
+            assert_eq!(
+                out,
+                vec![y],
+                "{layout:?} step {step}: the state as it was read"
+            );
+            assert_eq!(
+                inst.read_state("s").unwrap(),
+                next,
+                "{layout:?} step {step}"
+            );
+            s = next;
+        }
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_method_that_writes_a_state_back_before_reading_it_is_refused_naming_both() {
+    use xnnblob::delegate::DelegateError;
+    use xnnblob::state::StateError;
+    let dir = scratch("write-back-early");
+    let program = write_back_program(&dir, WriteBack::WrittenBeforeItIsRead);
+    let mut inst = program.instantiate().unwrap();
+    let error = inst
+        .execute("step", &[&[0.0; 4]])
+        .expect_err("the write-back comes before the read");
+    match &error {
+        StateError::Delegate {
+            method,
+            error: DelegateError::Alias { input, output, why },
+        } => {
+            assert_eq!(method, "step");
+            assert_eq!((*input, *output), (0, 2), "{why}");
+            assert!(
+                why.contains("node 0 writes the output") && why.contains("node 1 reads"),
+                "{why}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    // Nothing was written: the state is as it started.
+    assert_eq!(inst.read_state("s").unwrap(), vec![1.0, -2.0, 3.0, -4.0]);
+    std::fs::remove_dir_all(&dir).unwrap();
+}

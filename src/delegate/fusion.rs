@@ -1,0 +1,268 @@
+//! Where XNNPACK's operator fusion moves a graph's reads and writes, and the outputs a caller
+//! binds over inputs ([`Alias`]) that it could break.
+//!
+//! `xnn_create_runtime_v4` fuses nodes before it runs them (`xnn_subgraph_fusion` in XNNPACK
+//! 4ea82e5), and two of its fusions change when a value is read or written:
+//!
+//! - A Copy or a Clamp whose input is an internal value is fused into the node that produces
+//!   that value, which then writes the Copy's or the Clamp's output itself: an external output
+//!   written by a Copy at the end of a graph (a state's write-back) is written where its source
+//!   was computed, maybe before a later node reads the input the output is bound over.
+//! - A Copy whose output is an internal value is fused into the node that reads that value,
+//!   which then reads the Copy's input itself: the input is read later than the Copy read it.
+//!
+//! XNNPACK fuses only where the value between has one reader (an external output counts one
+//! more) and, for a Clamp, only into nodes with a clamp of their own. The bounds here ignore
+//! those conditions, so they hold whatever XNNPACK decides: a node may write an external output
+//! when it does in the payload, or when its output goes, through Copies and Clamps, into one;
+//! a value's last read is that of its last reader, or of a reader of a Copy of it.
+
+use super::graph::{tensor_of, XNN_FLAG_EXTERNAL_INPUT, XNN_FLAG_EXTERNAL_OUTPUT};
+use super::DelegateError;
+use crate::fast_hash::FastMap;
+use crate::schema::xnn as fb;
+
+/// An external output the caller binds over an external input's memory at every execute (a
+/// state's write-back), by external ids. The graph must read the input completely before it
+/// writes the output; [`XnnDelegate::init_with_aliases`](super::XnnDelegate::init_with_aliases)
+/// checks that it does, and keeps XNNPACK from fusing the write earlier where it would.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Alias {
+    /// The external input's id.
+    pub input: u32,
+    /// The external output's id.
+    pub output: u32,
+}
+
+/// Whether XNNPACK may fuse the graph's nodes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Fusion {
+    /// Every alias holds however XNNPACK fuses.
+    Allowed,
+    /// An alias holds only in the payload's order: the runtime is made with XNNPACK's operator
+    /// fusion off (`XNN_FLAG_NO_OPERATOR_FUSION`).
+    Off,
+}
+
+/// A node as fusion sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// `xnn_define_copy`: fused into its input's producer and into its output's reader. A
+    /// Convert is counted too: between two fp32 values it is defined as a Copy.
+    Copy,
+    /// `xnn_define_clamp`: fused into its input's producer.
+    Clamp,
+    Other,
+}
+
+fn kind(node: &fb::XNode<'_>) -> Kind {
+    match node.xnode_union_type() {
+        fb::XNodeUnion::XNNCopy | fb::XNodeUnion::XNNConvert => Kind::Copy,
+        fb::XNodeUnion::XNNClamp => Kind::Clamp,
+        _ => Kind::Other,
+    }
+}
+
+/// A graph's reads and writes, in the payload's order and as XNNPACK may run it.
+#[derive(Debug)]
+pub(super) struct FusedOrder {
+    /// By node index: the values it reads and writes (payload ids).
+    io: Vec<(Vec<u32>, Vec<u32>)>,
+    /// By value: its flags.
+    flags: FastMap<u32, u32>,
+    /// By external id: the values of the external inputs, and of the external outputs.
+    external_inputs: FastMap<u32, u32>,
+    external_outputs: FastMap<u32, u32>,
+    /// By value: the first node that writes it in the payload.
+    writer: FastMap<u32, usize>,
+    /// By value: the last node that reads it in the payload.
+    payload_last_read: FastMap<u32, usize>,
+    /// By node index: whether it is a Copy or a Clamp, which may be fused into its input's
+    /// producer.
+    fusable: Vec<bool>,
+    /// By node index: whether it may write an external output once fused.
+    writes_output: Vec<bool>,
+    /// By value: the last node that may read it once fused.
+    last_read: FastMap<u32, usize>,
+}
+
+impl FusedOrder {
+    /// The order of `graph`'s nodes' reads and writes (a node whose inputs and outputs cannot
+    /// be told reads and writes nothing; `check_nodes` refuses such graphs first).
+    pub(super) fn of(graph: &fb::XNNGraph<'_>) -> FusedOrder {
+        let io: Vec<(Vec<u32>, Vec<u32>)> = graph
+            .xnodes()
+            .iter()
+            .flatten()
+            .map(|node| super::operators::node_io(&node).unwrap_or_default())
+            .collect();
+        let kinds: Vec<Kind> = graph.xnodes().iter().flatten().map(|n| kind(&n)).collect();
+        let mut flags = FastMap::default();
+        let (mut external_inputs, mut external_outputs) = (FastMap::default(), FastMap::default());
+        for (i, v) in graph.xvalues().iter().flatten().enumerate() {
+            if let Ok((t, _)) = tensor_of(v, i) {
+                flags.insert(t.id_out(), t.flags());
+                if t.flags() & XNN_FLAG_EXTERNAL_INPUT != 0 {
+                    external_inputs.insert(t.external_id(), t.id_out());
+                }
+                if t.flags() & XNN_FLAG_EXTERNAL_OUTPUT != 0 {
+                    external_outputs.insert(t.external_id(), t.id_out());
+                }
+            }
+        }
+        // A value without flags counts as an external output: it may be one.
+        let external_output = |v: &u32| {
+            flags
+                .get(v)
+                .is_none_or(|f| f & XNN_FLAG_EXTERNAL_OUTPUT != 0)
+        };
+        let mut readers: FastMap<u32, Vec<usize>> = FastMap::default();
+        let mut writer: FastMap<u32, usize> = FastMap::default();
+        for (n, (inputs, outputs)) in io.iter().enumerate() {
+            for &input in inputs {
+                readers.entry(input).or_default().push(n);
+            }
+            for &output in outputs {
+                writer.entry(output).or_insert(n);
+            }
+        }
+        let payload_last_read: FastMap<u32, usize> = readers
+            .iter()
+            .filter_map(|(&v, nodes)| Some((v, *nodes.iter().max()?)))
+            .collect();
+        let mut last_read = payload_last_read.clone();
+        let mut writes_output: Vec<bool> = io
+            .iter()
+            .map(|(_, outputs)| outputs.iter().any(external_output))
+            .collect();
+        // Backwards, so that what a later node may do is known when its producer is reached: in
+        // a graph in order, a value's readers come after its producer. (Out of order, a reader
+        // before its producer counts as if it fused, which only adds writes and reads.)
+        for n in (0..io.len()).rev() {
+            let (inputs, outputs) = &io[n];
+            let fused_into = |c: &usize| {
+                matches!(kinds.get(*c), Some(Kind::Copy | Kind::Clamp))
+                    && (*c <= n || writes_output[*c])
+            };
+            if !writes_output[n] {
+                writes_output[n] = outputs
+                    .iter()
+                    .filter(|v| !external_output(v))
+                    .any(|v| readers.get(v).is_some_and(|r| r.iter().any(fused_into)));
+            }
+            if kinds.get(n) == Some(&Kind::Copy) {
+                // The Copy's readers may read its input instead.
+                let later = outputs
+                    .iter()
+                    .filter(|v| !external_output(v))
+                    .filter_map(|v| last_read.get(v).copied())
+                    .max();
+                if let Some(later) = later {
+                    for input in inputs {
+                        let at = last_read.entry(*input).or_insert(later);
+                        *at = (*at).max(later);
+                    }
+                }
+            }
+        }
+        FusedOrder {
+            io,
+            flags,
+            external_inputs,
+            external_outputs,
+            writer,
+            payload_last_read,
+            fusable: kinds.iter().map(|k| *k != Kind::Other).collect(),
+            writes_output,
+            last_read,
+        }
+    }
+
+    /// By node index: the values it reads and writes.
+    pub(super) fn io(&self) -> &[(Vec<u32>, Vec<u32>)] {
+        &self.io
+    }
+
+    /// Whether node `n` may write an external output.
+    pub(super) fn writes_output(&self, n: usize) -> bool {
+        self.writes_output.get(n).copied().unwrap_or(true)
+    }
+
+    /// The last node that may read `value`; None if none reads it.
+    pub(super) fn last_read(&self, value: u32) -> Option<usize> {
+        self.last_read.get(&value).copied()
+    }
+
+    /// The first node that may write `value` once fused: its writer, or the producer of that
+    /// writer's input, through Copies and Clamps of internal values.
+    fn first_write(&self, value: u32) -> Option<usize> {
+        let internal = |v: &u32| {
+            self.flags
+                .get(v)
+                .is_some_and(|f| f & (XNN_FLAG_EXTERNAL_INPUT | XNN_FLAG_EXTERNAL_OUTPUT) == 0)
+        };
+        let mut at = *self.writer.get(&value)?;
+        loop {
+            let (inputs, _) = &self.io[at];
+            let source = match inputs.as_slice() {
+                [x] if self.fusable[at] && internal(x) => self.writer.get(x).copied(),
+                _ => None,
+            };
+            match source {
+                // Only backwards: a writer after its reader is a graph out of order.
+                Some(p) if p < at => at = p,
+                _ => return Some(at),
+            }
+        }
+    }
+
+    /// Whether XNNPACK may fuse this graph, whose caller binds each of `aliases` (the output
+    /// over the input). `read_as(input)`: the values that stand for the input `input` (by
+    /// external id) besides its own, the outputs of reshapes folded into it.
+    ///
+    /// Fails when an alias does not hold even in the payload's order: a node writes its output
+    /// before, or where, the input is last read; or it names no such external.
+    pub(super) fn fusion_for(
+        &self,
+        aliases: &[Alias],
+        read_as: impl Fn(u32) -> Vec<u32>,
+    ) -> Result<Fusion, DelegateError> {
+        let mut fusion = Fusion::Allowed;
+        for alias in aliases {
+            let refuse = |why: String| DelegateError::Alias {
+                input: alias.input,
+                output: alias.output,
+                why,
+            };
+            let input = *self
+                .external_inputs
+                .get(&alias.input)
+                .ok_or_else(|| refuse("the graph has no such input".into()))?;
+            let output = *self
+                .external_outputs
+                .get(&alias.output)
+                .ok_or_else(|| refuse("the graph has no such output".into()))?;
+            let reads: Vec<u32> = std::iter::once(input).chain(read_as(alias.input)).collect();
+            let last =
+                |of: &FastMap<u32, usize>| reads.iter().filter_map(|v| of.get(v).copied()).max();
+            let (Some(written), Some(fused_write)) =
+                (self.writer.get(&output), self.first_write(output))
+            else {
+                // Nothing writes the output: nothing is written over the input.
+                continue;
+            };
+            if last(&self.last_read).is_none_or(|r| fused_write > r) {
+                continue;
+            }
+            match last(&self.payload_last_read) {
+                Some(r) if *written <= r => {
+                    return Err(refuse(format!(
+                        "node {written} writes the output, and node {r} reads the input"
+                    )))
+                }
+                _ => fusion = Fusion::Off,
+            }
+        }
+        Ok(fusion)
+    }
+}
