@@ -522,10 +522,20 @@ enum WriteBack {
     /// copy and the absolute value: XNNPACK fuses the copy into the absolute value, which then
     /// reads what the reshape wrote, or `s` itself if the reshape were folded.
     ReadThroughACopyAfterTheWrite,
+    /// `y = |s|` after `W s` is computed, which a clamp writes back: XNNPACK fuses the clamp
+    /// into the fully connected node, which then writes `s` while it reads it, before the
+    /// absolute value reads it.
+    ClampedBeforeALaterRead,
     /// `s` written back from `u` before `y = |s|` reads it: no order of the graph keeps the
     /// state as it was read, and the method is refused.
     WrittenBeforeItIsRead,
 }
+
+/// `ClampedBeforeALaterRead`'s W: -3 on the diagonal, 0.5 elsewhere (exact in fp32 for the
+/// states the test reaches).
+const CLAMPED_WEIGHTS: [f32; 16] = [
+    -3.0, 0.5, 0.5, 0.5, 0.5, -3.0, 0.5, 0.5, 0.5, 0.5, -3.0, 0.5, 0.5, 0.5, 0.5, -3.0,
+];
 
 /// A one-method program of `layout` over the state `s`, starting at [1, -2, 3, -4].
 fn write_back_program(dir: &Path, layout: WriteBack) -> Arc<StatefulProgram> {
@@ -547,6 +557,15 @@ fn write_back_program(dir: &Path, layout: WriteBack) -> Arc<StatefulProgram> {
             let y = g.unary_node(XNodeUnion::XNNAbs, doubled);
             g.output(y);
             let written = g.unary_node(XNodeUnion::XNNCopy, next);
+            g.output(written);
+            written
+        }
+        WriteBack::ClampedBeforeALaterRead => {
+            let w = g.constant_f32(&[4, 4], &CLAMPED_WEIGHTS);
+            let next = g.fully_connected(s_in, w, None, f32::NEG_INFINITY, f32::INFINITY);
+            let y = g.unary_node(XNodeUnion::XNNAbs, s_in);
+            g.output(y);
+            let written = g.clamp(next, -6.0, 6.0);
             g.output(written);
             written
         }
@@ -604,6 +623,7 @@ fn a_state_is_written_back_after_its_last_read_wherever_xnnpack_fuses_the_write_
         WriteBack::ComputedBeforeALaterRead,
         WriteBack::ComputedBeforeALaterReadOfAReshape,
         WriteBack::ReadThroughACopyAfterTheWrite,
+        WriteBack::ClampedBeforeALaterRead,
     ] {
         let program = write_back_program(&dir, layout);
         let mut inst = program.instantiate().unwrap();
@@ -614,6 +634,14 @@ fn a_state_is_written_back_after_its_last_read_wherever_xnnpack_fuses_the_write_
                 WriteBack::ReadThroughACopyAfterTheWrite | WriteBack::WrittenBeforeItIsRead => {
                     (s.iter().map(|v| v.abs()).collect(), u.clone())
                 }
+                WriteBack::ClampedBeforeALaterRead => (
+                    s.iter().map(|v| v.abs()).collect(),
+                    CLAMPED_WEIGHTS
+                        .chunks(4)
+                        .map(|row| row.iter().zip(&s).map(|(w, v)| w * v).sum::<f32>())
+                        .map(|v| v.clamp(-6.0, 6.0))
+                        .collect(),
+                ),
                 _ => (
                     s.iter().map(|v| (v * 2.0).abs()).collect(),
                     s.iter().map(|v| v + 10.0).collect(),
