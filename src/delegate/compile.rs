@@ -241,7 +241,7 @@ pub(crate) fn compile(
         let mut g = Subgraph::new(p.graph.num_externs()).map_err(at(|| "subgraph".into()))?;
         let order = FusedOrder::of(&p.graph);
         let folds = Folds::of(&p.graph, fp16_as_fp32, &order);
-        let fusion = order.fusion_for(aliases, |input| folds.read_as(input))?;
+        let fusion = order.fusion_for(aliases, |input| folds.read_as(input), fp16_as_fp32)?;
         let (ids, twins) = define_values(&mut g, &p.graph, loaded, &folds)?;
         twins.define_inputs(&mut g)?;
         let read_as_is = super::operators::define_nodes(&mut g, &p.graph, &ids, &folds.nodes)?;

@@ -10,12 +10,16 @@
 //!   was computed, maybe before a later node reads the input the output is bound over.
 //! - A Copy whose output is an internal value is fused into the node that reads that value,
 //!   which then reads the Copy's input itself: the input is read later than the Copy read it.
+//!   So is a constant pad into the convolution that reads it.
 //!
 //! XNNPACK fuses only where the value between has one reader (an external output counts one
-//! more) and, for a Clamp, only into nodes with a clamp of their own. The bounds here ignore
-//! those conditions, so they hold whatever XNNPACK decides: a node may write an external output
-//! when it does in the payload, or when its output goes, through Copies and Clamps, into one;
-//! a value's last read is that of its last reader, or of a reader of a Copy of it.
+//! more) and, for a Clamp, only into nodes with a clamp of their own (a pad only when it pads
+//! with zeros the spatial dimensions alone). The bounds here ignore those conditions, so they
+//! hold whatever XNNPACK decides: a node may write an external output when it does in the
+//! payload, or when its output goes, through Copies and Clamps, into one; a value's last read
+//! is that of its last reader, or of a reader of a Copy or a pad of it. A graph whose nodes
+//! read a value before the node that writes it is given the widest bounds: every node may
+//! write an output, and every value is read until the end.
 
 use super::graph::{tensor_of, XNN_FLAG_EXTERNAL_INPUT, XNN_FLAG_EXTERNAL_OUTPUT};
 use super::DelegateError;
@@ -44,22 +48,32 @@ pub(super) enum Fusion {
     Off,
 }
 
-/// A node as fusion sees it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kind {
-    /// `xnn_define_copy`: fused into its input's producer and into its output's reader. A
-    /// Convert is counted too: between two fp32 values it is defined as a Copy.
-    Copy,
-    /// `xnn_define_clamp`: fused into its input's producer.
-    Clamp,
-    Other,
+/// How fusion may remove a node.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Fusable {
+    /// Into its input's producer, which then writes its output: a Copy or a Clamp.
+    into_producer: bool,
+    /// Into its output's reader, which then reads its input: a Copy, or a constant pad read by
+    /// a convolution.
+    into_reader: bool,
 }
 
-fn kind(node: &fb::XNode<'_>) -> Kind {
+/// A Convert is counted as a Copy: between two fp32 values xnnblob defines it as one.
+fn fusable(node: &fb::XNode<'_>) -> Fusable {
     match node.xnode_union_type() {
-        fb::XNodeUnion::XNNCopy | fb::XNodeUnion::XNNConvert => Kind::Copy,
-        fb::XNodeUnion::XNNClamp => Kind::Clamp,
-        _ => Kind::Other,
+        fb::XNodeUnion::XNNCopy | fb::XNodeUnion::XNNConvert => Fusable {
+            into_producer: true,
+            into_reader: true,
+        },
+        fb::XNodeUnion::XNNClamp => Fusable {
+            into_producer: true,
+            into_reader: false,
+        },
+        fb::XNodeUnion::XNNStaticConstantPad => Fusable {
+            into_producer: false,
+            into_reader: true,
+        },
+        _ => Fusable::default(),
     }
 }
 
@@ -77,9 +91,10 @@ pub(super) struct FusedOrder {
     writer: FastMap<u32, usize>,
     /// By value: the last node that reads it in the payload.
     payload_last_read: FastMap<u32, usize>,
-    /// By node index: whether it is a Copy or a Clamp, which may be fused into its input's
-    /// producer.
-    fusable: Vec<bool>,
+    /// By node index: whether it may be fused into its input's producer.
+    into_producer: Vec<bool>,
+    /// The graph reads a value before it writes it: an output may be written anywhere.
+    first_write_anywhere: bool,
     /// By node index: whether it may write an external output once fused.
     writes_output: Vec<bool>,
     /// By value: the last node that may read it once fused.
@@ -96,7 +111,12 @@ impl FusedOrder {
             .flatten()
             .map(|node| super::operators::node_io(&node).unwrap_or_default())
             .collect();
-        let kinds: Vec<Kind> = graph.xnodes().iter().flatten().map(|n| kind(&n)).collect();
+        let kinds: Vec<Fusable> = graph
+            .xnodes()
+            .iter()
+            .flatten()
+            .map(|n| fusable(&n))
+            .collect();
         let mut flags = FastMap::default();
         let (mut external_inputs, mut external_outputs) = (FastMap::default(), FastMap::default());
         for (i, v) in graph.xvalues().iter().flatten().enumerate() {
@@ -130,41 +150,19 @@ impl FusedOrder {
             .iter()
             .filter_map(|(&v, nodes)| Some((v, *nodes.iter().max()?)))
             .collect();
-        let mut last_read = payload_last_read.clone();
-        let mut writes_output: Vec<bool> = io
+        let in_order = io
             .iter()
-            .map(|(_, outputs)| outputs.iter().any(external_output))
-            .collect();
-        // Backwards, so that what a later node may do is known when its producer is reached: in
-        // a graph in order, a value's readers come after its producer. (Out of order, a reader
-        // before its producer counts as if it fused, which only adds writes and reads.)
-        for n in (0..io.len()).rev() {
-            let (inputs, outputs) = &io[n];
-            let fused_into = |c: &usize| {
-                matches!(kinds.get(*c), Some(Kind::Copy | Kind::Clamp))
-                    && (*c <= n || writes_output[*c])
-            };
-            if !writes_output[n] {
-                writes_output[n] = outputs
-                    .iter()
-                    .filter(|v| !external_output(v))
-                    .any(|v| readers.get(v).is_some_and(|r| r.iter().any(fused_into)));
-            }
-            if kinds.get(n) == Some(&Kind::Copy) {
-                // The Copy's readers may read its input instead.
-                let later = outputs
-                    .iter()
-                    .filter(|v| !external_output(v))
-                    .filter_map(|v| last_read.get(v).copied())
-                    .max();
-                if let Some(later) = later {
-                    for input in inputs {
-                        let at = last_read.entry(*input).or_insert(later);
-                        *at = (*at).max(later);
-                    }
-                }
-            }
-        }
+            .enumerate()
+            .all(|(n, (inputs, _))| inputs.iter().all(|v| writer.get(v).is_none_or(|&w| w < n)));
+        let (writes_output, last_read) = if in_order {
+            fused_bounds(&io, &kinds, &readers, &payload_last_read, external_output)
+        } else {
+            let end = io.len().saturating_sub(1);
+            (
+                vec![true; io.len()],
+                readers.keys().map(|&v| (v, end)).collect(),
+            )
+        };
         FusedOrder {
             io,
             flags,
@@ -172,7 +170,8 @@ impl FusedOrder {
             external_outputs,
             writer,
             payload_last_read,
-            fusable: kinds.iter().map(|k| *k != Kind::Other).collect(),
+            into_producer: kinds.iter().map(|k| k.into_producer).collect(),
+            first_write_anywhere: !in_order,
             writes_output,
             last_read,
         }
@@ -202,14 +201,17 @@ impl FusedOrder {
                 .is_some_and(|f| f & (XNN_FLAG_EXTERNAL_INPUT | XNN_FLAG_EXTERNAL_OUTPUT) == 0)
         };
         let mut at = *self.writer.get(&value)?;
+        if self.first_write_anywhere {
+            return Some(0);
+        }
         loop {
             let (inputs, _) = &self.io[at];
             let source = match inputs.as_slice() {
-                [x] if self.fusable[at] && internal(x) => self.writer.get(x).copied(),
+                [x] if self.into_producer[at] && internal(x) => self.writer.get(x).copied(),
                 _ => None,
             };
             match source {
-                // Only backwards: a writer after its reader is a graph out of order.
+                // In a graph in order a producer comes before its reader: the walk ends.
                 Some(p) if p < at => at = p,
                 _ => return Some(at),
             }
@@ -222,10 +224,15 @@ impl FusedOrder {
     ///
     /// Fails when an alias does not hold even in the payload's order: a node writes its output
     /// before, or where, the input is last read; or it names no such external.
+    ///
+    /// Where fp16 is computed as fp32 (`fp16_as_fp32`), an fp16 input is converted into an
+    /// internal twin before the first node, and a Copy from it may be fused into that Convert:
+    /// the payload's external values are not XNNPACK's, and fusion is turned off for any alias.
     pub(super) fn fusion_for(
         &self,
         aliases: &[Alias],
         read_as: impl Fn(u32) -> Vec<u32>,
+        fp16_as_fp32: bool,
     ) -> Result<Fusion, DelegateError> {
         let mut fusion = Fusion::Allowed;
         for alias in aliases {
@@ -251,7 +258,7 @@ impl FusedOrder {
                 // Nothing writes the output: nothing is written over the input.
                 continue;
             };
-            if last(&self.last_read).is_none_or(|r| fused_write > r) {
+            if !fp16_as_fp32 && last(&self.last_read).is_none_or(|r| fused_write > r) {
                 continue;
             }
             match last(&self.payload_last_read) {
@@ -265,4 +272,48 @@ impl FusedOrder {
         }
         Ok(fusion)
     }
+}
+
+/// `FusedOrder`'s bounds of a graph in order: by node, whether it may write an external output;
+/// by value, the last node that may read it.
+fn fused_bounds(
+    io: &[(Vec<u32>, Vec<u32>)],
+    kinds: &[Fusable],
+    readers: &FastMap<u32, Vec<usize>>,
+    payload_last_read: &FastMap<u32, usize>,
+    external_output: impl Fn(&u32) -> bool,
+) -> (Vec<bool>, FastMap<u32, usize>) {
+    let mut last_read = payload_last_read.clone();
+    let mut writes_output: Vec<bool> = io
+        .iter()
+        .map(|(_, outputs)| outputs.iter().any(&external_output))
+        .collect();
+    // Backwards, so that what a later node may do is known when its producer is reached: in
+    // a graph in order, a value's readers come after its producer.
+    for n in (0..io.len()).rev() {
+        let (inputs, outputs) = &io[n];
+        let fused_into =
+            |c: &usize| kinds.get(*c).is_some_and(|k| k.into_producer) && writes_output[*c];
+        if !writes_output[n] {
+            writes_output[n] = outputs
+                .iter()
+                .filter(|v| !external_output(v))
+                .any(|v| readers.get(v).is_some_and(|r| r.iter().any(fused_into)));
+        }
+        if kinds.get(n).is_some_and(|k| k.into_reader) {
+            // Its readers may read its input instead.
+            let later = outputs
+                .iter()
+                .filter(|v| !external_output(v))
+                .filter_map(|v| last_read.get(v).copied())
+                .max();
+            if let Some(later) = later {
+                for input in inputs {
+                    let at = last_read.entry(*input).or_insert(later);
+                    *at = (*at).max(later);
+                }
+            }
+        }
+    }
+    (writes_output, last_read)
 }

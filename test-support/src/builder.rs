@@ -122,6 +122,13 @@ enum Node {
         input: u32,
         output: u32,
     },
+    Pad {
+        pre: Vec<u32>,
+        post: Vec<u32>,
+        value: f32,
+        input: u32,
+        output: u32,
+    },
     Transpose {
         perm: Vec<u32>,
         input: u32,
@@ -641,6 +648,28 @@ impl GraphBuilder {
         out
     }
 
+    /// `x` padded with `value`: `pre[i]` elements before and `post[i]` after dimension `i`.
+    pub fn pad(&mut self, x: Value, pre: &[u32], post: &[u32], value: f32) -> Value {
+        let dims = self.dims(x).to_vec();
+        let out = self.fp32(
+            dims.iter()
+                .zip(pre.iter().zip(post))
+                .map(|(d, (a, b))| d + a + b)
+                .collect(),
+        );
+        self.node(
+            Node::Pad {
+                pre: pre.to_vec(),
+                post: post.to_vec(),
+                value,
+                input: x.0,
+                output: out.0,
+            },
+            None,
+        );
+        out
+    }
+
     /// `x` with its dimensions permuted: output dimension `i` is input dimension `perm[i]`.
     pub fn transpose(&mut self, x: Value, perm: &[u32]) -> Value {
         let d = self.dims(x).to_vec();
@@ -997,6 +1026,31 @@ fn encode_node(
                     &fb::XNNStaticReshapeArgs {
                         num_dims: shape.len() as u32,
                         new_shape: Some(s),
+                        input_id: *input,
+                        output_id: *output,
+                        flags: 0,
+                    },
+                )
+                .as_union_value(),
+            )
+        }
+        Node::Pad {
+            pre,
+            post,
+            value,
+            input,
+            output,
+        } => {
+            let pre = b.create_vector(pre);
+            let post = b.create_vector(post);
+            (
+                fb::XNodeUnion::XNNStaticConstantPad,
+                fb::XNNStaticConstantPad::create(
+                    b,
+                    &fb::XNNStaticConstantPadArgs {
+                        pre_paddings: Some(pre),
+                        post_paddings: Some(post),
+                        padding_value: *value,
                         input_id: *input,
                         output_id: *output,
                         flags: 0,

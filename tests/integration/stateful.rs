@@ -14,7 +14,7 @@ use xnnblob::state::{
     HostBank, InitialState, Instance, MemoryBank, StateLayout, StateSpec, StatefulMethod,
     StatefulProgram,
 };
-use xnnblob_test_support::builder::{BuiltGraph, GraphBuilder};
+use xnnblob_test_support::builder::{BuiltGraph, ConvGeometry, GraphBuilder};
 use xnnblob_test_support::synthetic::SplitMix64;
 
 const D: usize = 8;
@@ -526,6 +526,10 @@ enum WriteBack {
     /// into the fully connected node, which then writes `s` while it reads it, before the
     /// absolute value reads it.
     ClampedBeforeALaterRead,
+    /// `s` ([1, 2, 2, 1] here) padded with zeros and read by a 1x1 convolution after `2 u` is
+    /// computed, which a copy writes back: XNNPACK fuses the copy into the multiply, which then
+    /// writes `s` there, and the pad into the convolution, which then reads `s` itself, after.
+    PaddedReadAfterTheWrite,
     /// `s` written back from `u` before `y = |s|` reads it: no order of the graph keeps the
     /// state as it was read, and the method is refused.
     WrittenBeforeItIsRead,
@@ -540,10 +544,33 @@ const CLAMPED_WEIGHTS: [f32; 16] = [
 /// A one-method program of `layout` over the state `s`, starting at [1, -2, 3, -4].
 fn write_back_program(dir: &Path, layout: WriteBack) -> Arc<StatefulProgram> {
     use xnnblob::schema::xnn::XNodeUnion;
+    let dims: &[u32] = match layout {
+        WriteBack::PaddedReadAfterTheWrite => &[1, 2, 2, 1],
+        _ => &[1, 4],
+    };
     let mut g = GraphBuilder::new();
-    let s_in = g.input(&[1, 4]);
-    let u = g.input(&[1, 4]);
+    let s_in = g.input(dims);
+    let u = g.input(dims);
     let written = match layout {
+        WriteBack::PaddedReadAfterTheWrite => {
+            let padded = g.pad(s_in, &[0, 1, 1, 0], &[0, 1, 1, 0], 0.0);
+            let two = g.constant_f32(dims, &[2.0; 4]);
+            let next = g.multiply(u, two);
+            let one = g.constant_f32(&[1, 1, 1, 1], &[1.0]);
+            let geometry = ConvGeometry::square(1, 0);
+            let y = g.conv2d(
+                padded,
+                one,
+                None,
+                geometry,
+                f32::NEG_INFINITY,
+                f32::INFINITY,
+            );
+            g.output(y);
+            let written = g.unary_node(XNodeUnion::XNNCopy, next);
+            g.output(written);
+            written
+        }
         WriteBack::ComputedBeforeALaterRead | WriteBack::ComputedBeforeALaterReadOfAReshape => {
             let read = match layout {
                 WriteBack::ComputedBeforeALaterRead => s_in,
@@ -603,7 +630,7 @@ fn write_back_program(dir: &Path, layout: WriteBack) -> Arc<StatefulProgram> {
     let map = Arc::new(FileDataMap::open_ptd(&ptd).unwrap());
     let specs = vec![StateSpec {
         name: "s".into(),
-        shape: vec![1, 4],
+        shape: dims.iter().map(|&d| d as usize).collect(),
         bank: 0,
         initial: InitialState::Named("s_init".into()),
     }];
@@ -624,6 +651,7 @@ fn a_state_is_written_back_after_its_last_read_wherever_xnnpack_fuses_the_write_
         WriteBack::ComputedBeforeALaterReadOfAReshape,
         WriteBack::ReadThroughACopyAfterTheWrite,
         WriteBack::ClampedBeforeALaterRead,
+        WriteBack::PaddedReadAfterTheWrite,
     ] {
         let program = write_back_program(&dir, layout);
         let mut inst = program.instantiate().unwrap();
@@ -634,6 +662,15 @@ fn a_state_is_written_back_after_its_last_read_wherever_xnnpack_fuses_the_write_
                 WriteBack::ReadThroughACopyAfterTheWrite | WriteBack::WrittenBeforeItIsRead => {
                     (s.iter().map(|v| v.abs()).collect(), u.clone())
                 }
+                WriteBack::PaddedReadAfterTheWrite => (
+                    (0..16)
+                        .map(|at| match (at / 4, at % 4) {
+                            (1..=2, 1..=2) => s[(at / 4 - 1) * 2 + at % 4 - 1],
+                            _ => 0.0,
+                        })
+                        .collect(),
+                    u.iter().map(|v| v * 2.0).collect(),
+                ),
                 WriteBack::ClampedBeforeALaterRead => (
                     s.iter().map(|v| v.abs()).collect(),
                     CLAMPED_WEIGHTS

@@ -58,8 +58,9 @@ Handle init(rust::Slice<const std::uint8_t> processed, const std::vector<Compile
 // Runs the graph on one Input per graph input and one Output per graph output, in ascending
 // external id (ExecuTorch's argument order). Inputs may have any shape within the declared one;
 // the runtime is reshaped only when a shape changed. Nothing is copied (but inputs without
-// slack, once) and nothing is allocated. Throws rust::Error on a dtype, shape or size mismatch
-// or an XNNPACK failure.
+// slack, once) and nothing is allocated. No output may share memory with an input: XNNPACK
+// may write an output before it has read every input (it fuses a copy into the node that
+// computes it). Throws rust::Error on a dtype, shape or size mismatch or an XNNPACK failure.
 void execute(Delegate& delegate, const Input* inputs, std::size_t num_inputs, Output* outputs,
              std::size_t num_outputs);
 
