@@ -612,10 +612,21 @@ fn write_back_program(dir: &Path, layout: WriteBack) -> Arc<StatefulProgram> {
         }
     };
     let (s_id, written_id) = (g.external_id(s_in), g.external_id(written));
-    let step = g.finish();
+    let name = format!("{layout:?}");
+    one_state_program(dir, &name, &g.finish(), dims, (s_id, written_id))
+}
 
+/// A program whose method `step` (`graph`) reads the state `s` (of `dims`, starting at
+/// [1, -2, 3, -4]) as the input `ids.0` and writes it back as the output `ids.1`.
+fn one_state_program(
+    dir: &Path,
+    name: &str,
+    graph: &BuiltGraph,
+    dims: &[u32],
+    ids: (u32, u32),
+) -> Arc<StatefulProgram> {
     let mut store = NamedBlobStore::new();
-    for (k, v) in &step.blobs {
+    for (k, v) in &graph.blobs {
         store.add_named_blob(k, v, 16, "m", None).unwrap();
     }
     let initial: Vec<u8> = [1.0f32, -2.0, 3.0, -4.0]
@@ -625,7 +636,7 @@ fn write_back_program(dir: &Path, layout: WriteBack) -> Arc<StatefulProgram> {
     store
         .add_named_blob("s_init", &initial, 16, "m", None)
         .unwrap();
-    let ptd = dir.join(format!("{layout:?}.ptd"));
+    let ptd = dir.join(format!("{name}.ptd"));
     store.write_ptd("m", &ptd).unwrap();
     let map = Arc::new(FileDataMap::open_ptd(&ptd).unwrap());
     let specs = vec![StateSpec {
@@ -636,9 +647,9 @@ fn write_back_program(dir: &Path, layout: WriteBack) -> Arc<StatefulProgram> {
     }];
     let methods = vec![StatefulMethod {
         name: "step".into(),
-        payload: payload(&step),
-        reads: vec![(s_id, "s".into())],
-        writes: vec![(written_id, "s".into())],
+        payload: payload(graph),
+        reads: vec![(ids.0, "s".into())],
+        writes: vec![(ids.1, "s".into())],
     }];
     Arc::new(StatefulProgram::new(&default_model(), specs, methods, map).unwrap())
 }
@@ -727,5 +738,230 @@ fn a_method_that_writes_a_state_back_before_reading_it_is_refused_naming_both() 
     }
     // Nothing was written: the state is as it started.
     assert_eq!(inst.read_state("s").unwrap(), vec![1.0, -2.0, 3.0, -4.0]);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A node of a random one-state method ([`random_method`]), over [1, 4] values by index: 0 is
+/// the state `s`, 1 the method's input `u`, `2 + i` the output of node `i`.
+#[derive(Clone, Copy, Debug)]
+enum RandomNode {
+    Abs(usize),
+    /// Clamped to [-1.5, 1.5]: XNNPACK fuses it into a fully connected producer.
+    Clamp(usize),
+    Copy(usize),
+    Add(usize, usize),
+    /// Clamped to [-2, 2]: XNNPACK adds a Clamp node after the add.
+    AddClamped(usize, usize),
+    Multiply(usize, usize),
+    /// By the weights of `random_method`.
+    FullyConnected(usize),
+}
+
+impl RandomNode {
+    fn reads(&self) -> Vec<usize> {
+        match *self {
+            RandomNode::Abs(a)
+            | RandomNode::Clamp(a)
+            | RandomNode::Copy(a)
+            | RandomNode::FullyConnected(a) => vec![a],
+            RandomNode::Add(a, b) | RandomNode::AddClamped(a, b) | RandomNode::Multiply(a, b) => {
+                vec![a, b]
+            }
+        }
+    }
+
+    fn eval(&self, v: &[Vec<f32>], weights: &[f32]) -> Vec<f32> {
+        let zip = |a: usize, b: usize, f: fn(f32, f32) -> f32| {
+            v[a].iter().zip(&v[b]).map(|(x, y)| f(*x, *y)).collect()
+        };
+        match *self {
+            RandomNode::Abs(a) => v[a].iter().map(|x| x.abs()).collect(),
+            RandomNode::Clamp(a) => v[a].iter().map(|x| x.clamp(-1.5, 1.5)).collect(),
+            RandomNode::Copy(a) => v[a].clone(),
+            RandomNode::Add(a, b) => zip(a, b, |x, y| x + y),
+            RandomNode::AddClamped(a, b) => zip(a, b, |x, y| (x + y).clamp(-2.0, 2.0)),
+            RandomNode::Multiply(a, b) => zip(a, b, |x, y| x * y),
+            RandomNode::FullyConnected(a) => weights
+                .chunks(4)
+                .map(|row| row.iter().zip(&v[a]).map(|(w, x)| w * x).sum())
+                .collect(),
+        }
+    }
+}
+
+/// A random method over the state `s` and the input `u`: nodes, the values written to
+/// outputs, and the value written back to `s` (a node's own output, or a Copy or Clamp of one
+/// appended last).
+struct RandomMethod {
+    nodes: Vec<RandomNode>,
+    outputs: Vec<usize>,
+    written: usize,
+    weights: Vec<f32>,
+}
+
+fn random_method(rng: &mut SplitMix64) -> RandomMethod {
+    let pick = |rng: &mut SplitMix64, n: usize| (rng.next_u64() % n as u64) as usize;
+    let weights: Vec<f32> = (0..16).map(|_| rng.unit() * 0.5).collect();
+    let count = 2 + pick(rng, 6);
+    let mut nodes = Vec::new();
+    for i in 0..count {
+        let values = 2 + i;
+        let (a, b) = (pick(rng, values), pick(rng, values));
+        nodes.push(match pick(rng, 7) {
+            0 => RandomNode::Abs(a),
+            1 => RandomNode::Clamp(a),
+            2 => RandomNode::Copy(a),
+            3 => RandomNode::Add(a, b),
+            4 => RandomNode::AddClamped(a, b),
+            5 => RandomNode::Multiply(a, b),
+            _ => RandomNode::FullyConnected(a),
+        });
+    }
+    let written = match pick(rng, 3) {
+        // A node's output, wherever the node is.
+        0 => 2 + pick(rng, count),
+        // A Copy or a Clamp of one, last: a write-back as stateful programs write them.
+        k => {
+            let source = 2 + pick(rng, count);
+            nodes.push(match k {
+                1 => RandomNode::Copy(source),
+                _ => RandomNode::Clamp(source),
+            });
+            1 + nodes.len()
+        }
+    };
+    // A value no node reads must be an output (the delegate refuses dangling values).
+    let read = |v: usize| nodes.iter().any(|n| n.reads().contains(&v));
+    let outputs = (2..2 + nodes.len())
+        .filter(|&v| v != written && (!read(v) || pick(rng, 3) == 0))
+        .collect();
+    RandomMethod {
+        nodes,
+        outputs,
+        written,
+        weights,
+    }
+}
+
+impl RandomMethod {
+    /// The graph, and the external ids of `s` and of its write-back.
+    fn graph(&self) -> (BuiltGraph, (u32, u32)) {
+        use xnnblob::schema::xnn::XNodeUnion;
+        let mut g = GraphBuilder::new();
+        let mut values = vec![g.input(&[1, 4]), g.input(&[1, 4])];
+        let w = g.constant_f32(&[4, 4], &self.weights);
+        let mut written_id = None;
+        for (i, node) in self.nodes.iter().enumerate() {
+            let v = |k: usize| values[k];
+            let out = match *node {
+                RandomNode::Abs(a) => g.unary_node(XNodeUnion::XNNAbs, v(a)),
+                RandomNode::Clamp(a) => g.clamp(v(a), -1.5, 1.5),
+                RandomNode::Copy(a) => g.unary_node(XNodeUnion::XNNCopy, v(a)),
+                RandomNode::Add(a, b) => g.add(v(a), v(b), f32::NEG_INFINITY, f32::INFINITY),
+                RandomNode::AddClamped(a, b) => g.add(v(a), v(b), -2.0, 2.0),
+                RandomNode::Multiply(a, b) => g.multiply(v(a), v(b)),
+                RandomNode::FullyConnected(a) => {
+                    g.fully_connected(v(a), w, None, f32::NEG_INFINITY, f32::INFINITY)
+                }
+            };
+            values.push(out);
+            if self.outputs.contains(&(2 + i)) || self.written == 2 + i {
+                g.output(out);
+                if self.written == 2 + i {
+                    written_id = Some(g.external_id(out));
+                }
+            }
+        }
+        let ids = (g.external_id(values[0]), written_id.expect("written"));
+        (g.finish(), ids)
+    }
+
+    /// The non-state outputs and the new state, every node reading `s` as it was.
+    fn reference(&self, s: &[f32], u: &[f32]) -> (Vec<Vec<f32>>, Vec<f32>) {
+        let mut values = vec![s.to_vec(), u.to_vec()];
+        for node in &self.nodes {
+            let out = node.eval(&values, &self.weights);
+            values.push(out);
+        }
+        let outputs = self.outputs.iter().map(|&v| values[v].clone()).collect();
+        (outputs, values[self.written].clone())
+    }
+
+    /// Whether the graph itself writes `s` back before (or where) a node reads it last.
+    fn writes_before_last_read(&self) -> bool {
+        let writer = self.written - 2;
+        let last_read = self.nodes.iter().rposition(|n| n.reads().contains(&0));
+        last_read.is_some_and(|r| writer <= r)
+    }
+}
+
+fn near(a: &[f32], b: &[f32]) -> bool {
+    a.len() == b.len()
+        && a.iter()
+            .zip(b)
+            .all(|(x, y)| (x - y).abs() <= 1e-4 * y.abs().max(1.0))
+}
+
+#[test]
+fn random_stateful_methods_read_their_state_as_it_was_however_xnnpack_fuses_them() {
+    use xnnblob::delegate::DelegateError;
+    use xnnblob::state::StateError;
+    let dir = scratch("random-write-backs");
+    let mut rng = SplitMix64(0x5eed_f05e);
+    let (mut ran, mut refused) = (0, 0);
+    for case in 0..200 {
+        let method = random_method(&mut rng);
+        let (graph, ids) = method.graph();
+        let program = one_state_program(&dir, &format!("case{case}"), &graph, &[1, 4], ids);
+        let mut inst = program.instantiate().unwrap();
+        let mut s = vec![1.0f32, -2.0, 3.0, -4.0];
+        for step in 0..2 {
+            let u: Vec<f32> = (0..4).map(|_| rng.unit()).collect();
+            match inst.execute("step", &[&u]) {
+                Ok(outputs) => {
+                    assert!(
+                        !method.writes_before_last_read(),
+                        "case {case}: ran a graph that writes s before reading it: {:?}",
+                        method.nodes
+                    );
+                    let (want, next) = method.reference(&s, &u);
+                    assert_eq!(outputs.len(), want.len(), "case {case}");
+                    for (got, want) in outputs.iter().zip(&want) {
+                        assert!(
+                            near(got, want),
+                            "case {case} step {step}: {got:?} against {want:?}; {:?} written {}",
+                            method.nodes,
+                            method.written
+                        );
+                    }
+                    let state = inst.read_state("s").unwrap();
+                    assert!(
+                        near(&state, &next),
+                        "case {case} step {step}: state {state:?} against {next:?}"
+                    );
+                    s = next;
+                    ran += 1;
+                }
+                Err(StateError::Delegate {
+                    error: DelegateError::Alias { .. },
+                    ..
+                }) => {
+                    assert!(
+                        method.writes_before_last_read(),
+                        "case {case}: refused a graph that reads s before writing it: {:?}",
+                        method.nodes
+                    );
+                    refused += 1;
+                    break;
+                }
+                Err(other) => panic!(
+                    "case {case}: {other:?} {:?} written {}",
+                    method.nodes, method.written
+                ),
+            }
+        }
+    }
+    // Both kinds were drawn.
+    assert!(ran > 100 && refused > 5, "ran {ran}, refused {refused}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
