@@ -78,12 +78,6 @@ impl Folds {
                 }
             }
         }
-        let mut reads: FastMap<u32, usize> = FastMap::default();
-        for (inputs, _) in order.io() {
-            for &input in inputs {
-                *reads.entry(input).or_default() += 1;
-            }
-        }
         for (n, node) in graph.xnodes().iter().flatten().enumerate() {
             let Some(r) = node.xnode_union_as_xnnstatic_reshape() else {
                 continue;
@@ -110,7 +104,7 @@ impl Folds {
                 && output.flags() == 0
                 && output.constant_buffer_idx() == 0
                 && input.datatype() == output.datatype()
-                && reads.get(&r.input_id()) == Some(&1)
+                && order.reads(r.input_id()) == 1
                 && dims_of(output) == new_shape
                 && !new_shape.is_empty()
                 && !new_shape.contains(&0)

@@ -89,6 +89,8 @@ pub(super) struct FusedOrder {
     external_outputs: FastMap<u32, u32>,
     /// By value: the first node that writes it in the payload.
     writer: FastMap<u32, usize>,
+    /// By value: the nodes that read it in the payload (a node once per read).
+    readers: FastMap<u32, Vec<usize>>,
     /// By value: the last node that reads it in the payload.
     payload_last_read: FastMap<u32, usize>,
     /// By node index: whether it may be fused into its input's producer.
@@ -169,6 +171,7 @@ impl FusedOrder {
             external_inputs,
             external_outputs,
             writer,
+            readers,
             payload_last_read,
             into_producer: kinds.iter().map(|k| k.into_producer).collect(),
             first_write_anywhere: !in_order,
@@ -177,9 +180,9 @@ impl FusedOrder {
         }
     }
 
-    /// By node index: the values it reads and writes.
-    pub(super) fn io(&self) -> &[(Vec<u32>, Vec<u32>)] {
-        &self.io
+    /// How many times nodes read `value` in the payload.
+    pub(super) fn reads(&self, value: u32) -> usize {
+        self.readers.get(&value).map_or(0, Vec::len)
     }
 
     /// Whether node `n` may write an external output.
