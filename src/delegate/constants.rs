@@ -599,13 +599,13 @@ pub(super) fn load_scales(
                 ScaleValues::Deferred(index as usize)
             } else if index != 0 {
                 ScaleValues::of_constant(index as usize, from_constant(index, i)?, u16s)
-            } else if let Some(bf16) = p.scale_bf16() {
-                ScaleValues::Copied(bf16.iter().collect())
             } else {
-                // fp32 scales given: bf16 is their upper half (XNNPACK takes bf16 here).
+                // fp32 scales inline (exporters before bf16 scale buffers): converted to the
+                // bf16 XNNPACK takes as ExecuTorch's backend converts them, which reads no
+                // `scale_bf16`.
                 ScaleValues::Copied(
                     p.scale()
-                        .map(|s| s.iter().map(|f| (f.to_bits() >> 16) as u16).collect())
+                        .map(|s| s.iter().map(bf16_as_executorch_rounds).collect())
                         .unwrap_or_default(),
                 )
             };
@@ -613,6 +613,14 @@ pub(super) fn load_scales(
         }
     }
     Ok(ByValue::from_ascending(scales))
+}
+
+/// An fp32 scale as bf16, as ExecuTorch's backend converts inline blockwise scales: scaled by
+/// 1 + 2^-8 (about), then truncated, so that most values round to nearest and the same bf16
+/// comes out, bit for bit, as under ExecuTorch.
+fn bf16_as_executorch_rounds(scale: f32) -> u16 {
+    // The f32 nearest ExecuTorch's literal 1.00389105f, which has more digits than f32 holds.
+    ((scale * 1.003_891_f32).to_bits() >> 16) as u16
 }
 
 /// The named key and placeholder of value `t`, if its constant is deferred and stands for the

@@ -22,6 +22,7 @@ enum Quant {
         channel_dim: i32,
     },
     ChannelGroup {
+        /// The bf16 scales' constant, or 0 where they are written inline as fp32.
         scale_idx: u32,
         channel_dim: i32,
         group_size: i32,
@@ -38,6 +39,9 @@ struct ValueSpec {
     external_id: u32,
     flags: u32,
     quant: Option<Quant>,
+    /// Blockwise scales written inline in the payload as fp32, as exporters before bf16 scale
+    /// buffers wrote them.
+    inline_scales: Option<Vec<f32>>,
 }
 
 /// Convolution geometry (NHWC input, filters `[out, kh, kw, in / groups]`).
@@ -236,6 +240,7 @@ impl GraphBuilder {
             external_id: u32::MAX,
             flags: 0,
             quant: None,
+            inline_scales: None,
         });
         Value(self.values.len() as u32 - 1)
     }
@@ -379,6 +384,29 @@ impl GraphBuilder {
             channel_dim: 0,
             group_size: group_size as i32,
         });
+        v
+    }
+
+    /// As [`constant_qb4w`](Self::constant_qb4w), with the scales written inline as fp32 (the
+    /// `scale` field, no scale buffer), as ExecuTorch's exporters before 0.7 wrote them.
+    pub fn constant_qb4w_inline_scales(
+        &mut self,
+        dims: &[u32],
+        packed: &[u8],
+        scales: &[f32],
+        group_size: u32,
+    ) -> Value {
+        let bytes = packed.to_vec();
+        let idx = self.constant_entry(to_hex(&sha256(&bytes)), bytes);
+        let v = self.value(fb::XNNDatatype::xnn_datatype_qbint4, dims.to_vec());
+        let spec = &mut self.values[v.0 as usize];
+        spec.constant = idx;
+        spec.quant = Some(Quant::ChannelGroup {
+            scale_idx: 0,
+            channel_dim: 0,
+            group_size: group_size as i32,
+        });
+        spec.inline_scales = Some(scales.to_vec());
         v
     }
 
@@ -762,21 +790,29 @@ impl GraphBuilder {
                                 scale_idx,
                                 channel_dim,
                                 group_size,
-                            } => (
-                                fb::XNNQuantParams::PerChannelGroupQuant,
-                                fb::PerChannelGroupQuant::create(
-                                    &mut b,
-                                    &fb::PerChannelGroupQuantArgs {
-                                        scale: None,
-                                        channel_dim,
-                                        group_size,
-                                        scale_bf16: None,
-                                        scale_buffer_idx: scale_idx,
-                                        num_scales: v.dims[0] * v.dims[1] / group_size as u32,
-                                    },
+                            } => {
+                                let scale = v.inline_scales.as_ref().map(|s| b.create_vector(s));
+                                let num_scales = if scale.is_some() {
+                                    0
+                                } else {
+                                    v.dims[0] * v.dims[1] / group_size as u32
+                                };
+                                (
+                                    fb::XNNQuantParams::PerChannelGroupQuant,
+                                    fb::PerChannelGroupQuant::create(
+                                        &mut b,
+                                        &fb::PerChannelGroupQuantArgs {
+                                            scale,
+                                            channel_dim,
+                                            group_size,
+                                            scale_bf16: None,
+                                            scale_buffer_idx: scale_idx,
+                                            num_scales,
+                                        },
+                                    )
+                                    .as_union_value(),
                                 )
-                                .as_union_value(),
-                            ),
+                            }
                             Quant::TokenDynamic { num_nonbatch_dims } => (
                                 fb::XNNQuantParams::PerTokenDynamicQuant,
                                 fb::PerTokenDynamicQuant::create(

@@ -268,6 +268,47 @@ fn qd8_qc8w_mlp_matches_dequantized_reference() {
     assert!(err < spread * 0.02, "error {err} vs outputs up to {spread}");
 }
 
+/// Exporters before bf16 scale buffers (ExecuTorch 0.3 to 0.6) wrote a 4-bit blockwise layer's
+/// scales inline as fp32. ExecuTorch's backend converts them to the bf16 XNNPACK takes by scaling
+/// by 1.00389105 (the f32 1.003891) before truncating; the same program must give the same
+/// outputs here, bit for bit, and not those of the scales truncated as they are.
+#[test]
+fn inline_fp32_blockwise_scales_become_the_bf16_executorchs_backend_makes() {
+    let (batch, n, k, group) = (2u32, 8u32, 64u32, 32u32);
+    let mut rng = SplitMix64(7);
+    let packed: Vec<u8> = (0..n * k / 2)
+        .map(|_| (rng.next_u64() & 0xff) as u8)
+        .collect();
+    let scales: Vec<f32> = (0..n * k / group)
+        .map(|_| 0.01 + 0.02 * rng.unit().abs())
+        .collect();
+    let as_executorch: Vec<u16> = scales
+        .iter()
+        .map(|s| ((s * 1.003_891_f32).to_bits() >> 16) as u16)
+        .collect();
+    let truncated: Vec<u16> = scales.iter().map(|s| (s.to_bits() >> 16) as u16).collect();
+    assert_ne!(as_executorch, truncated, "some scale rounds up");
+    let layer = |weights: &dyn Fn(&mut GraphBuilder) -> xnnblob_test_support::builder::Value| {
+        let mut g = GraphBuilder::new();
+        let x = g.input(&[batch, k]);
+        let xq = g.convert_qd8(x);
+        let w = weights(&mut g);
+        let y = g.fully_connected(xq, w, None, f32::NEG_INFINITY, f32::INFINITY);
+        g.output(y);
+        let built = g.finish();
+        let map = built.map("m").unwrap();
+        let mut d = init_without_cache(&built.payload, &map).unwrap();
+        let input: Vec<f32> = (0..batch * k)
+            .map(|i| ((i * 37 % 17) as f32 - 8.0) / 3.0)
+            .collect();
+        run(&mut d, &input)
+    };
+    let inline = layer(&|g| g.constant_qb4w_inline_scales(&[n, k], &packed, &scales, group));
+    let buffered = |bf16: &[u16]| layer(&|g| g.constant_qb4w(&[n, k], &packed, bf16, group));
+    assert_eq!(inline, buffered(&as_executorch));
+    assert_ne!(inline, buffered(&truncated));
+}
+
 #[test]
 fn two_delegates_share_constants_and_packed_weights_and_a_warm_file_packs_nothing() {
     let dir = scratch("share");
