@@ -67,7 +67,16 @@ def lower(model, inputs, name, out, external=True, dynamic_shapes=None):
 
 
 def tensor_entry(out, name, tag, t):
-    t = t.detach().contiguous()
+    t = t.detach()
+    # The bytes as they lie in memory, which is how ExecuTorch's runtime takes and gives them: a
+    # channels-last tensor's in N, H, W, C order (its dim order), under its logical shape.
+    channels_last = (
+        t.dim() == 4
+        and not t.is_contiguous()
+        and t.is_contiguous(memory_format=torch.channels_last)
+    )
+    shape = list(t.shape)
+    t = t.permute(0, 2, 3, 1).contiguous() if channels_last else t.contiguous()
     path = os.path.join(out, f"{name}.{tag}.bin")
     if t.dtype == torch.bool:
         data = t.numpy().astype(np.uint8).tobytes()
@@ -75,7 +84,10 @@ def tensor_entry(out, name, tag, t):
         data = t.numpy().tobytes()
     with open(path, "wb") as f:
         f.write(data)
-    return {"file": os.path.basename(path), "dtype": DTYPES[t.dtype], "shape": list(t.shape)}
+    entry = {"file": os.path.basename(path), "dtype": DTYPES[t.dtype], "shape": shape}
+    if channels_last:
+        entry["dim_order"] = [0, 2, 3, 1]
+    return entry
 
 
 def record(name, out, pte, ptds, steps, method="forward"):
@@ -232,6 +244,51 @@ class Attention(nn.Module):
 
 
 # ---- Architectures --------------------------------------------------------------------------
+
+
+class ConvChannelsLast(nn.Module):
+    """A convolution whose input and output are channels-last tensors: ExecuTorch's backend binds
+    them in memory order (N, H, W, C), and XNNPACK's graph declares them so."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+
+    def forward(self, x):
+        return torch.relu(self.conv(x))
+
+
+class UnusedInput(nn.Module):
+    """`forward(x, unused, y)`, lowered whole (`to_backend`): the delegate call passes all three
+    inputs and its graph has no value for `unused`, whose external id it skips."""
+
+    def forward(self, x, unused, y):
+        return x * y + x
+
+
+def export_unused_input(out, name, inputs):
+    from executorch.backends.xnnpack.xnnpack_preprocess import XnnpackBackend  # noqa: F401
+    from executorch.exir import EdgeCompileConfig, to_edge
+    from executorch.exir.backend.backend_api import to_backend
+
+    config = EdgeCompileConfig(_check_ir_validity=False)
+    with torch.no_grad():
+        edge = to_edge(export(UnusedInput().eval(), inputs, strict=False), compile_config=config)
+        lowered = to_backend("XnnpackBackend", edge.exported_program(), [])
+
+        class Call(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.lowered = lowered
+
+            def forward(self, x, unused, y):
+                return self.lowered(x, unused, y)
+
+        prog = to_edge(export(Call(), inputs, strict=False), compile_config=config).to_executorch()
+    pte = os.path.join(out, name + ".pte")
+    with open(pte, "wb") as f:
+        prog.write_to_file(f)
+    record(name, out, pte, [], [inputs])
 
 
 def tiny_resnet(num_classes=10):
@@ -777,6 +834,10 @@ def main():
         "op_pad_resize_fp32": lambda: (PadResize(), (r(1, 3, 6, 7),)),
         "op_concat_fp32": lambda: (Concat(), tuple(r(1, 2, 3, 4) for _ in range(5))),
         "op_shapes_fp32": lambda: (Shapes(), (r(2, 4, 8),)),
+        "layout_channels_last_fp32": lambda: (
+            ConvChannelsLast(),
+            (r(1, 3, 6, 5).to(memory_format=torch.channels_last),),
+        ),
         "op_sdpa_fp32": lambda: (Attention(), (r(1, 2, 5, 8), r(1, 2, 7, 8), r(1, 2, 7, 8))),
         "arch_resnet_fp32": lambda: (tiny_resnet(), (r(1, 3, 64, 64),)),
         "arch_mobilenet_v2_fp32": lambda: (
@@ -834,6 +895,12 @@ def main():
             export_one(args.out, name, model, inputs)
         except Exception as e:
             print(f"{name}: FAILED: {type(e).__name__}: {str(e)[:400]}", flush=True)
+
+    if not only or "call_unused_input_fp32" in only:
+        try:
+            export_unused_input(args.out, "call_unused_input_fp32", (r(2, 3), r(4), r(2, 3)))
+        except Exception as e:
+            print(f"call_unused_input_fp32: FAILED: {type(e).__name__}: {str(e)[:400]}", flush=True)
 
     # Programs whose methods share mutable buffers (issue 43): the model, its calls in order, and
     # whether its weights go to a .ptd; then, optionally, whether the buffers are shared (memory

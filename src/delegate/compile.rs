@@ -64,15 +64,19 @@ pub struct InitTimings {
     pub finalize: std::time::Duration,
 }
 
-/// Rejects unsupported nodes, and more external ids than values, before anything is loaded.
+/// The most external ids a payload may declare: ExecuTorch's own backend's limit.
+pub(super) const MAX_EXTERNAL_IDS: u32 = 4096;
+
+/// Rejects unsupported nodes, and more external ids than ExecuTorch allows, before anything is
+/// loaded.
 fn check_nodes(graph: &fb::XNNGraph<'_>) -> Result<(), DelegateError> {
     // XNNPACK allocates a value slot (some 200 bytes) for every external id up front: a count
     // taken on trust let a 1.5 KB payload make it allocate and zero 3 GB (found by fuzzing).
-    // Each external id is held by a value of the graph, so no exporter writes more.
-    let values = graph.xvalues().map_or(0, |v| v.len());
-    if graph.num_externs() as usize > values {
+    // The count is not bounded by the graph's values: an input its method never reads has an
+    // external id (its place among the call's arguments) and no value.
+    if graph.num_externs() > MAX_EXTERNAL_IDS {
         return Err(DelegateError::BadGraph(format!(
-            "{} external ids for {values} values",
+            "{} external ids, above ExecuTorch's {MAX_EXTERNAL_IDS}",
             graph.num_externs()
         )));
     }

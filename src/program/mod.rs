@@ -205,7 +205,9 @@ pub struct ValueSpec {
 /// One step of a method.
 #[derive(Debug, Clone)]
 enum Step {
-    /// Run delegate `index` with these value indices as inputs, then outputs.
+    /// Run delegate `index` with these value indices as inputs, then outputs. As read, the
+    /// call's arguments; once the method is made, the delegate's externals' (see
+    /// [`bind_delegate_arguments`]).
     Delegate {
         index: usize,
         args: Vec<usize>,
@@ -595,6 +597,31 @@ fn xnnpack_payloads(pte: &FileDataMap, name: &str) -> Result<Vec<DataBuffer>, Pr
     plan_payloads(pte, &program, &delegates, name)
 }
 
+/// Refuses a tensor laid out in other than its default dim order: this executor binds and
+/// copies tensors in their default layout only, where ExecuTorch's runtime, with xnnblob's
+/// backend, runs the others (a channels-last input, say).
+fn in_default_dim_order(method: &str, v: usize, t: &fb::Tensor<'_>) -> Result<(), ProgramError> {
+    let dim_order: Vec<u8> = t
+        .dim_order()
+        .map(|o| o.iter().collect())
+        .unwrap_or_default();
+    if dim_order
+        .iter()
+        .enumerate()
+        .all(|(d, &o)| usize::from(o) == d)
+    {
+        return Ok(());
+    }
+    Err(plan_error(
+        method,
+        format!(
+            "value {v} is laid out in dim order {dim_order:?}; this executor takes tensors in \
+             their default dim order only (ExecuTorch's runtime with xnnblob's backend runs \
+             such programs)"
+        ),
+    ))
+}
+
 /// Reads one execution plan.
 fn read_plan(pte: &FileDataMap, name: &str) -> Result<MethodPlan, ProgramError> {
     let program = program_of(pte)?;
@@ -605,7 +632,10 @@ fn read_plan(pte: &FileDataMap, name: &str) -> Result<MethodPlan, ProgramError> 
     let mut specs = Vec::with_capacity(n);
     for (v, value) in values.iter().enumerate() {
         specs.push(match value.val_as_tensor() {
-            Some(t) => value_spec(name, v, &t)?,
+            Some(t) => {
+                in_default_dim_order(name, v, &t)?;
+                value_spec(name, v, &t)?
+            }
             None => None,
         });
     }
@@ -1122,6 +1152,40 @@ pub struct Method {
     shared: Option<SharedState>,
 }
 
+/// Puts each delegate call's arguments in the order its delegate binds them (inputs, then
+/// outputs, by ascending external id): the argument at each external's id, as ExecuTorch's
+/// backend binds `args[id]`. A call passes every input of the graph it was lowered from, so an
+/// input the delegate never reads has no external and its argument is left out.
+fn bind_delegate_arguments(
+    mut plan: MethodPlan,
+    delegates: &[XnnDelegate],
+) -> Result<MethodPlan, ProgramError> {
+    for step in &mut plan.steps {
+        let Step::Delegate { index, args } = step else {
+            continue;
+        };
+        let d = &delegates[*index];
+        let bound = d
+            .inputs()
+            .chain(d.outputs())
+            .map(|e| {
+                args.get(e.id as usize).copied().ok_or_else(|| {
+                    plan_error(
+                        &plan.name,
+                        format!(
+                            "delegate {index} binds argument {}, the call passes {}",
+                            e.id,
+                            args.len()
+                        ),
+                    )
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        *args = bound;
+    }
+    Ok(plan)
+}
+
 /// A value's bytes for one step: where they start, and the shape they have.
 struct Located {
     data: *const u8,
@@ -1138,6 +1202,7 @@ impl Method {
         named: &dyn NamedDataMap,
         shared: &SharedState,
     ) -> Result<Method, ProgramError> {
+        let plan = bind_delegate_arguments(plan, &delegates)?;
         let name = plan.name.clone();
         let n = plan.values.len();
         let mut sources = vec![Source::Unset; n];
@@ -1262,16 +1327,6 @@ impl Method {
                 Step::Delegate { index, args } => {
                     let d = &delegates[*index];
                     let n_in = d.inputs().len();
-                    if args.len() != n_in + d.outputs().len() {
-                        return Err(plan_error(
-                            &name,
-                            format!(
-                                "delegate {index} takes {} arguments, the call passes {}",
-                                n_in + d.outputs().len(),
-                                args.len()
-                            ),
-                        ));
-                    }
                     let externals = d.inputs().chain(d.outputs());
                     for (position, (&a, e)) in args.iter().zip(externals).enumerate() {
                         let spec = plan.values[a].ok_or_else(|| {

@@ -96,6 +96,27 @@ EtCall::EtCall(Span<EValue*> args) : args_(args) {}
 
 size_t EtCall::num_args() const { return args_.size(); }
 
+namespace {
+
+// The dim order of `t` (rank entries), checked to be a permutation: sizes are read and written
+// through it.
+bool dim_order_of(const executorch::aten::Tensor& t, size_t rank,
+                  executorch::aten::DimOrderType (&order)[16]) {
+  if (rank > 16 || executorch::runtime::get_dim_order(t, order, rank) != Error::Ok) {
+    return false;
+  }
+  bool seen[16] = {};
+  for (size_t d = 0; d < rank; ++d) {
+    if (order[d] >= rank || seen[order[d]]) {
+      return false;
+    }
+    seen[order[d]] = true;
+  }
+  return true;
+}
+
+}  // namespace
+
 bool EtCall::tensor(size_t index, TensorArg& arg) const {
   if (index >= args_.size() || args_[index] == nullptr || !args_[index]->isTensor()) {
     return false;
@@ -105,28 +126,34 @@ bool EtCall::tensor(size_t index, TensorArg& arg) const {
   arg.nbytes = t.nbytes();
   arg.scalar_type = static_cast<int8_t>(t.scalar_type());
   arg.rank = static_cast<size_t>(t.dim());
-  if (arg.rank > arg.sizes.size()) {
+  executorch::aten::DimOrderType order[16];
+  if (arg.rank > arg.sizes.size() || !dim_order_of(t, arg.rank, order)) {
     return false;
   }
+  // As ExecuTorch's backend: XNNPACK sees the sizes in memory order (a channels-last input's
+  // graph declares it N, H, W, C).
   for (size_t d = 0; d < arg.rank; ++d) {
-    arg.sizes[d] = t.size(d);
+    arg.sizes[d] = t.size(order[d]);
   }
   return true;
 }
 
 EtError EtCall::resize(size_t index, rust::Slice<const int64_t> sizes, TensorArg& arg) {
-  if (index >= args_.size() || !args_[index]->isTensor()) {
+  if (index >= args_.size() || args_[index] == nullptr || !args_[index]->isTensor()) {
     return EtError::InvalidArgument;
   }
   constexpr size_t kMaxRank = 16;
-  if (sizes.size() > kMaxRank) {
+  auto& t = args_[index]->toTensor();
+  executorch::aten::DimOrderType order[kMaxRank];
+  if (sizes.size() > kMaxRank || static_cast<size_t>(t.dim()) != sizes.size() ||
+      !dim_order_of(t, sizes.size(), order)) {
     return EtError::InvalidArgument;
   }
+  // `sizes` are in memory order: put each back at the dimension it is.
   executorch::aten::SizesType new_sizes[kMaxRank];
   for (size_t d = 0; d < sizes.size(); ++d) {
-    new_sizes[d] = static_cast<executorch::aten::SizesType>(sizes[d]);
+    new_sizes[order[d]] = static_cast<executorch::aten::SizesType>(sizes[d]);
   }
-  auto& t = args_[index]->toTensor();
   Error e = executorch::runtime::resize_tensor(
       t, ArrayRef<executorch::aten::SizesType>(new_sizes, sizes.size()));
   if (e != Error::Ok) {

@@ -20,6 +20,10 @@ use xnnblob::xnn::{PoolOps, RawInput, RawOutput, Threadpool, XnnError};
 /// The delegate of one `init` (empty when init failed: ExecuTorch never runs it then).
 pub struct EtDelegate {
     inner: Option<XnnDelegate>,
+    /// The call's argument each input, then each output, is bound to: its external id, as
+    /// ExecuTorch's backend binds them (`args[id]`). A delegate whose method ignores an input
+    /// has no value for it, so its ids skip that argument.
+    arguments: Vec<usize>,
     /// Its map's key list, kept while the delegate lives so that the next delegate made from
     /// the same map finds it.
     _keys: Option<Arc<MapKeys>>,
@@ -277,7 +281,17 @@ pub(crate) fn delegate_init(
             (None, None)
         }
     };
-    Box::new(EtDelegate { inner, _keys: keys })
+    let arguments = inner.as_ref().map_or_else(Vec::new, |d| {
+        d.inputs()
+            .chain(d.outputs())
+            .map(|e| e.id as usize)
+            .collect()
+    });
+    Box::new(EtDelegate {
+        inner,
+        arguments,
+        _keys: keys,
+    })
 }
 
 fn describe(call: &EtCall, index: usize) -> Result<TensorArg, Outcome> {
@@ -291,7 +305,7 @@ fn describe(call: &EtCall, index: usize) -> Result<TensorArg, Outcome> {
     if !call.tensor(index, &mut arg) {
         return Err(Outcome::error(
             Status::NotSupported,
-            format!("argument {index} is not a tensor"),
+            format!("argument {index} is not a tensor of at most 16 dimensions in a dim order"),
         ));
     }
     Ok(arg)
@@ -328,19 +342,28 @@ fn execute(delegate: &mut EtDelegate, mut call: Pin<&mut EtCall>) -> Result<(), 
         ));
     };
     let (n_in, n_out) = (d.inputs().len(), d.outputs().len());
-    if call.num_args() != n_in + n_out {
+    let arguments = &delegate.arguments;
+    let needed = arguments.iter().max().map_or(0, |&last| last + 1);
+    if call.num_args() < needed {
         return Err(Outcome::error(
             Status::InvalidArgument,
             format!(
-                "{} arguments given, the delegate takes {n_in} inputs and {n_out} outputs",
-                call.num_args()
+                "{} arguments given, the delegate's {n_in} inputs and {n_out} outputs are \
+                 bound to arguments up to {}",
+                call.num_args(),
+                needed - 1
             ),
         ));
     }
     let mut inputs = Vec::with_capacity(n_in);
-    for i in 0..n_in {
-        let arg = describe(&call, i)?;
-        inputs.push((arg.data, arg.nbytes, dtype_of(&arg, i)?, shape_of(&arg, i)?));
+    for &index in &arguments[..n_in] {
+        let arg = describe(&call, index)?;
+        inputs.push((
+            arg.data,
+            arg.nbytes,
+            dtype_of(&arg, index)?,
+            shape_of(&arg, index)?,
+        ));
     }
     // Set by the output callback, which cannot return an error through XNNPACK's binding.
     let mut failure: Option<Outcome> = None;
@@ -366,7 +389,7 @@ fn execute(delegate: &mut EtDelegate, mut call: Pin<&mut EtCall>) -> Result<(), 
                 }
             },
             |j, shape| {
-                let index = n_in + j;
+                let index = arguments[n_in + j];
                 let mut sizes = [0i64; 16];
                 let rank = shape.rank().min(sizes.len());
                 for (to, &from) in sizes.iter_mut().zip(shape.dims()) {

@@ -88,6 +88,9 @@ pub mod ffi {
         /// ExecuTorch's `ScalarType` code.
         scalar_type: i8,
         rank: usize,
+        /// Its sizes in the order of its dim order, outermost in memory first: a channels-last
+        /// tensor's as N, H, W, C. XNNPACK's graph declares such an external in that order (as
+        /// ExecuTorch's own backend binds it).
         sizes: [i64; 16],
     }
 
@@ -106,9 +109,11 @@ pub mod ffi {
         /// One delegate call's arguments (`Span<EValue*>`).
         type EtCall;
         fn num_args(self: &EtCall) -> usize;
-        /// Describes argument `index`; false when it is not a tensor.
+        /// Describes argument `index`; false when it is not a tensor of at most 16 dimensions
+        /// with a dim order.
         fn tensor(self: &EtCall, index: usize, arg: &mut TensorArg) -> bool;
-        /// `resize_tensor` of argument `index` to `sizes`, then describes it again.
+        /// `resize_tensor` of argument `index` to `sizes`, given in the order of its dim order
+        /// (as `tensor` describes it), then describes it again.
         fn resize(
             self: Pin<&mut EtCall>,
             index: usize,
