@@ -49,7 +49,8 @@ pub struct StateSpec {
     pub name: String,
     /// The buffer's shape, in fp32 elements.
     pub shape: Vec<usize>,
-    /// The id of the memory bank the buffer lives in; ids count from 0.
+    /// The id of the memory bank the buffer lives in; ids count from 0, and are below the
+    /// number of buffers declared (a bank for each at most).
     pub bank: usize,
     /// What the buffer holds after instantiation and after each [`Instance::reset`].
     pub initial: InitialState,
@@ -78,11 +79,14 @@ pub struct StateLayout {
 
 impl StateLayout {
     /// Plans all buffers at once, in declaration order: deterministic, and the same for every
-    /// method whatever subset of the buffers it touches. None when a size overflows.
+    /// method whatever subset of the buffers it touches. None when a size overflows or a bank
+    /// id is not below the number of buffers.
     pub fn plan(specs: &[StateSpec]) -> Option<StateLayout> {
+        // A bank each is the most a program's buffers can use: a larger id is refused here,
+        // where taken on trust it sized a table of banks (and the banks an instance is given).
         let banks = specs
             .iter()
-            .map(|s| s.bank.checked_add(1))
+            .map(|s| (s.bank < specs.len()).then_some(s.bank + 1))
             .try_fold(0usize, |m, b| Some(m.max(b?)))?;
         let mut bank_sizes = vec![0usize; banks];
         let mut offsets = Vec::with_capacity(specs.len());
@@ -233,7 +237,9 @@ impl StatefulProgram {
             }
         }
         let layout = StateLayout::plan(&specs)
-            .ok_or_else(|| invalid("the state layout's size overflows"))?;
+            .ok_or_else(|| {
+                invalid("the state layout's size overflows, or a bank id is not below the number of buffers")
+            })?;
         Ok(StatefulProgram {
             specs,
             layout,

@@ -6,9 +6,9 @@
 //!
 //! Asserted: `StateLayout::plan` puts every buffer 64-aligned inside its bank with XNNPACK's
 //! 16 bytes of slack after it and apart from the others, and fails only on a size that
-//! overflows; `StatefulProgram::new` accepts exactly the declarations without duplicate names,
-//! overflowing sizes, initial values of the wrong size or missing, or bindings to unknown
-//! buffers; `instantiate_in` accepts exactly one bank per id, each large enough; a read gives a
+//! overflows or a bank id not below the number of buffers; `StatefulProgram::new` accepts
+//! exactly the declarations without duplicate names, overflowing sizes, such bank ids, initial
+//! values of the wrong size or missing, or bindings to unknown buffers; `instantiate_in` accepts exactly one bank per id, each large enough; a read gives a
 //! declared buffer's element count, and its initial value after instantiation or a reset; an
 //! execute never changes a buffer its method does not write back.
 #![no_main]
@@ -38,10 +38,15 @@ fn payloads() -> &'static [DataBuffer] {
 
 fn check_layout(specs: &[StateSpec]) -> Option<StateLayout> {
     let layout = StateLayout::plan(specs);
-    // Sizes far from overflow must be planned.
+    // Bank ids are below the number of buffers; sizes far from overflow must be planned.
+    let banks_in_range = specs.iter().all(|s| s.bank < specs.len());
+    assert!(
+        layout.is_none() || banks_in_range,
+        "a bank id past the buffers was planned"
+    );
     let small = specs
         .iter()
-        .all(|s| s.bank < 1 << 16 && s.bytes().is_some_and(|b| b < 1 << 40));
+        .all(|s| s.bank < specs.len() && s.bytes().is_some_and(|b| b < 1 << 40));
     assert!(layout.is_some() || !small, "a layout of small sizes failed");
     let layout = layout?;
     assert_eq!(layout.offsets.len(), specs.len());

@@ -465,6 +465,28 @@ unsafe impl MemoryBank for GuardedBank {
     }
 }
 
+/// A bank id is below the number of buffers (a bank for each at most): one taken on trust sized
+/// the table of banks, and an id near 2^40 aborted the process (found by a fuzzing review).
+#[test]
+fn a_bank_id_past_the_number_of_buffers_is_refused_not_planned() {
+    let spec = |bank: usize| StateSpec {
+        name: format!("in bank {bank}"),
+        shape: vec![4],
+        bank,
+        initial: InitialState::Zeros,
+    };
+    let two_banks = StateLayout::plan(&[spec(1), spec(0)]).expect("ids 0 and 1 for two buffers");
+    assert_eq!(two_banks.bank_sizes.len(), 2);
+    for far in [2, 1 << 40, usize::MAX] {
+        assert_eq!(StateLayout::plan(&[spec(0), spec(far)]), None, "bank {far}");
+    }
+    let empty: Arc<dyn NamedDataMap> = Arc::new(InMemoryMap::new("no state data"));
+    let e = StatefulProgram::new(&default_model(), vec![spec(1 << 40)], vec![], empty)
+        .err()
+        .expect("refused");
+    assert!(e.to_string().contains("bank id"), "{e}");
+}
+
 #[test]
 fn the_runtime_writes_bank_memory_only_through_its_copy_function() {
     let dir = scratch("guarded");

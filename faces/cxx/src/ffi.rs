@@ -82,7 +82,8 @@ mod bridge {
         name: String,
         /// The buffer's shape, in fp32 elements.
         shape: Vec<usize>,
-        /// The id of the memory bank the buffer lives in, counting from 0.
+        /// The id of the memory bank the buffer lives in, counting from 0; below the number of
+        /// buffers declared.
         bank: usize,
         /// The named-data key of the buffer's initial fp32 bytes; empty: zeros.
         initial_key: String,
