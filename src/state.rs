@@ -86,7 +86,7 @@ impl StateLayout {
         // where taken on trust it sized a table of banks (and the banks an instance is given).
         let banks = specs
             .iter()
-            .map(|s| (s.bank < specs.len()).then_some(s.bank + 1))
+            .map(|s| s.bank.checked_add(1).filter(|_| s.bank < specs.len()))
             .try_fold(0usize, |m, b| Some(m.max(b?)))?;
         let mut bank_sizes = vec![0usize; banks];
         let mut offsets = Vec::with_capacity(specs.len());
