@@ -65,7 +65,7 @@ pub struct InitTimings {
 }
 
 /// The most external ids a payload may declare: ExecuTorch's own backend's limit.
-pub(super) const MAX_EXTERNAL_IDS: u32 = 4096;
+const MAX_EXTERNAL_IDS: u32 = 4096;
 
 /// Rejects unsupported nodes, and more external ids than ExecuTorch allows, before anything is
 /// loaded.

@@ -601,21 +601,17 @@ fn xnnpack_payloads(pte: &FileDataMap, name: &str) -> Result<Vec<DataBuffer>, Pr
 /// copies tensors in their default layout only, where ExecuTorch's runtime, with xnnblob's
 /// backend, runs the others (a channels-last input, say).
 fn in_default_dim_order(method: &str, v: usize, t: &fb::Tensor<'_>) -> Result<(), ProgramError> {
-    let dim_order: Vec<u8> = t
-        .dim_order()
-        .map(|o| o.iter().collect())
-        .unwrap_or_default();
-    if dim_order
-        .iter()
-        .enumerate()
-        .all(|(d, &o)| usize::from(o) == d)
-    {
+    let Some(order) = t.dim_order() else {
+        return Ok(());
+    };
+    if order.iter().enumerate().all(|(d, o)| usize::from(o) == d) {
         return Ok(());
     }
+    let order: Vec<u8> = order.iter().collect();
     Err(plan_error(
         method,
         format!(
-            "value {v} is laid out in dim order {dim_order:?}; this executor takes tensors in \
+            "value {v} is laid out in dim order {order:?}; this executor takes tensors in \
              their default dim order only (ExecuTorch's runtime with xnnblob's backend runs \
              such programs)"
         ),

@@ -369,21 +369,17 @@ impl GraphBuilder {
         bf16_scales: &[u16],
         group_size: u32,
     ) -> Value {
-        let bytes = packed.to_vec();
-        let idx = self.constant_entry(to_hex(&sha256(&bytes)), bytes);
+        let v = self.qb4w_value(dims, packed, group_size);
         let scale_bytes: Vec<u8> = bf16_scales.iter().flat_map(|s| s.to_le_bytes()).collect();
         let scale_idx = self.constant_entry(
             format!("scale_{}", to_hex(&sha256(&scale_bytes))),
             scale_bytes,
         );
-        let v = self.value(fb::XNNDatatype::xnn_datatype_qbint4, dims.to_vec());
-        let spec = &mut self.values[v.0 as usize];
-        spec.constant = idx;
-        spec.quant = Some(Quant::ChannelGroup {
-            scale_idx,
-            channel_dim: 0,
-            group_size: group_size as i32,
-        });
+        if let Some(Quant::ChannelGroup { scale_idx: at, .. }) =
+            &mut self.values[v.0 as usize].quant
+        {
+            *at = scale_idx;
+        }
         v
     }
 
@@ -396,6 +392,13 @@ impl GraphBuilder {
         scales: &[f32],
         group_size: u32,
     ) -> Value {
+        let v = self.qb4w_value(dims, packed, group_size);
+        self.values[v.0 as usize].inline_scales = Some(scales.to_vec());
+        v
+    }
+
+    /// A blockwise 4-bit constant of `packed`, its scales not yet given (constant 0: inline).
+    fn qb4w_value(&mut self, dims: &[u32], packed: &[u8], group_size: u32) -> Value {
         let bytes = packed.to_vec();
         let idx = self.constant_entry(to_hex(&sha256(&bytes)), bytes);
         let v = self.value(fb::XNNDatatype::xnn_datatype_qbint4, dims.to_vec());
@@ -406,7 +409,6 @@ impl GraphBuilder {
             channel_dim: 0,
             group_size: group_size as i32,
         });
-        spec.inline_scales = Some(scales.to_vec());
         v
     }
 

@@ -24,6 +24,8 @@ pub struct EtDelegate {
     /// ExecuTorch's backend binds them (`args[id]`). A delegate whose method ignores an input
     /// has no value for it, so its ids skip that argument.
     arguments: Vec<usize>,
+    /// How many arguments a call must pass: one past the largest of `arguments`.
+    arguments_needed: usize,
     /// Its map's key list, kept while the delegate lives so that the next delegate made from
     /// the same map finds it.
     _keys: Option<Arc<MapKeys>>,
@@ -287,9 +289,11 @@ pub(crate) fn delegate_init(
             .map(|e| e.id as usize)
             .collect()
     });
+    let arguments_needed = arguments.iter().max().map_or(0, |&last| last + 1);
     Box::new(EtDelegate {
         inner,
         arguments,
+        arguments_needed,
         _keys: keys,
     })
 }
@@ -342,8 +346,7 @@ fn execute(delegate: &mut EtDelegate, mut call: Pin<&mut EtCall>) -> Result<(), 
         ));
     };
     let (n_in, n_out) = (d.inputs().len(), d.outputs().len());
-    let arguments = &delegate.arguments;
-    let needed = arguments.iter().max().map_or(0, |&last| last + 1);
+    let (arguments, needed) = (&delegate.arguments, delegate.arguments_needed);
     if call.num_args() < needed {
         return Err(Outcome::error(
             Status::InvalidArgument,
