@@ -115,6 +115,27 @@ enum BenchAction {
         #[arg(long, default_value_t = 10.0)]
         max_regression: f64,
     },
+    /// A prompt's prefill in ExecuTorch's runtime, xnnblob's drop-in against ExecuTorch's own
+    /// backend: four 8da4w feed-forward blocks over T token rows, timed here and, on each
+    /// --aarch64 CPU, counted in instructions under qemu-aarch64 (prefill.md, prefill.json).
+    Prefill {
+        /// Prompt lengths, comma-separated.
+        #[arg(long, value_delimiter = ',', default_value = "1,16,128,512")]
+        tokens: Vec<u32>,
+        /// Fresh launches per backend and length, alternating.
+        #[arg(long, default_value_t = 5)]
+        repeats: usize,
+        /// Executes timed per launch, after the first.
+        #[arg(long, default_value_t = 10)]
+        executes: usize,
+        /// qemu CPU models to count instructions on, comma-separated (cortex-a53, neoverse-n1,
+        /// max,sme=off written max;sme=off ...) [default: none].
+        #[arg(long, value_delimiter = ',')]
+        aarch64: Vec<String>,
+        /// Where the programs and the reports go.
+        #[arg(long, default_value = "target/bench/prefill")]
+        out: PathBuf,
+    },
 }
 
 #[derive(Subcommand)]
@@ -280,6 +301,33 @@ fn main() -> ExitCode {
             }
             Err(e) => Err(e.into()),
         },
+        Command::Bench(BenchCommand {
+            action:
+                Some(BenchAction::Prefill {
+                    tokens,
+                    repeats,
+                    executes,
+                    aarch64,
+                    out,
+                }),
+            ..
+        }) => xnnblob_cli::bench::peer::runner_near_executable()
+            .and_then(|runner| {
+                xnnblob_cli::bench::prefill::run(&xnnblob_cli::bench::prefill::PrefillOptions {
+                    runner,
+                    tokens,
+                    repeats,
+                    executes,
+                    // A comma separates CPUs, so a model's features are written with ';'.
+                    aarch64: aarch64.iter().map(|c| c.replace(';', ",")).collect(),
+                    out,
+                })
+            })
+            .map_err(Into::into)
+            .and_then(|r| -> Result<(), Box<dyn std::error::Error>> {
+                out!("{}", xnnblob_cli::bench::prefill::markdown(&r));
+                Ok(())
+            }),
         Command::Bench(BenchCommand { args, .. }) => {
             xnnblob_cli::bench::main(&args, true).map_err(Into::into)
         }

@@ -71,6 +71,8 @@ struct Node<'a> {
     ids: &'a FastMap<u32, u32>,
     /// Payload ids whose data XNNPACK may read as they are (not only to pack them).
     read_as_is: &'a RefCell<FastSet<u32>>,
+    /// [`qb4w_gemm_inputs`] of the graph.
+    qb4w_gemm_inputs: &'a FastSet<u32>,
 }
 
 impl Node<'_> {
@@ -812,23 +814,56 @@ pub(crate) fn define_nodes(
     ids: &FastMap<u32, u32>,
     skipped: &FastSet<usize>,
 ) -> Result<FastSet<u32>, DelegateError> {
+    let qb4w = qb4w_gemm_inputs(graph, |filter| {
+        ids.get(&filter).and_then(|&id| g.datatype(id)) == Some(crate::xnn::Datatype::Qbint4)
+    });
     let mut read_as_is = FastSet::default();
     for (index, node) in graph.xnodes().iter().flatten().enumerate() {
         if skipped.contains(&index) {
             continue;
         }
-        read_as_is.extend(define_node(g, index, &node, ids)?);
+        read_as_is.extend(define_node(g, index, &node, ids, &qb4w)?);
     }
     Ok(read_as_is)
 }
 
-/// Defines node `index` of the graph, whose payload value ids `ids` maps to subgraph ids.
-/// Returns the payload ids of the operands it may read as they are (not only to pack).
+/// The payload ids of the values read only by fully connected nodes with 4-bit blockwise
+/// weights (`is_qb4w` of their filter), as their input. A conversion from fp32 writing one of
+/// them lays it out for XNNPACK's qp8 GEMMs where it has them
+/// ([`Subgraph::define_convert_for_qb4w_gemm`]): KleidiAI's on aarch64, which run a prompt's
+/// rows in tiles of 16 on i8mm. ExecuTorch's backend asks its XNNPACK for the same of a
+/// conversion one of whose readers is such a node; this asks it only where every reader is,
+/// since this XNNPACK's GEMMs for other weights do not read qpint8.
+pub(crate) fn qb4w_gemm_inputs(
+    graph: &fb::XNNGraph<'_>,
+    is_qb4w: impl Fn(u32) -> bool,
+) -> FastSet<u32> {
+    let mut qb4w = FastSet::default();
+    let mut other = FastSet::default();
+    for node in graph.xnodes().iter().flatten() {
+        let Some((reads, _)) = find(node.xnode_union_type()).and_then(|op| (op.io)(&node)) else {
+            continue;
+        };
+        let fc = node.xnode_union_as_xnnfully_connected();
+        for read in reads {
+            match fc {
+                Some(fc) if read == fc.input1_id() && is_qb4w(fc.filter_id()) => qb4w.insert(read),
+                _ => other.insert(read),
+            };
+        }
+    }
+    qb4w.retain(|id| !other.contains(id));
+    qb4w
+}
+
+/// Defines node `index` of the graph, whose payload value ids `ids` maps to subgraph ids
+/// (`qb4w_gemm_inputs`: the graph's [`qb4w_gemm_inputs`]). Returns the payload ids of the operands it may read as they are (not only to pack).
 pub(crate) fn define_node(
     g: &mut Subgraph<'_>,
     index: usize,
     node: &fb::XNode<'_>,
     ids: &FastMap<u32, u32>,
+    qb4w_gemm_inputs: &FastSet<u32>,
 ) -> Result<FastSet<u32>, DelegateError> {
     let kind = node.xnode_union_type();
     let op = find(kind).ok_or_else(|| DelegateError::UnsupportedNode {
@@ -843,6 +878,7 @@ pub(crate) fn define_node(
         name: op.node,
         ids,
         read_as_is: &read_as_is,
+        qb4w_gemm_inputs,
     };
     (op.define)(g, node, &cx)?;
     Ok(read_as_is.into_inner())
@@ -1363,6 +1399,8 @@ fn convert(g: &mut Subgraph<'_>, node: &fb::XNode<'_>, cx: &Node<'_>) -> Result<
     let fp32 = Some(crate::xnn::Datatype::Fp32);
     if g.datatype(input) == fp32 && g.datatype(output) == fp32 {
         g.define_copy(input, output)
+    } else if g.datatype(input) == fp32 && cx.qb4w_gemm_inputs.contains(&u.output_id()) {
+        g.define_convert_for_qb4w_gemm(input, output)
     } else {
         g.define_convert(input, output)
     }

@@ -22,7 +22,7 @@ use super::graph::{dims_of, tensor_of};
 use super::operators::{define_node, packing_operands};
 use super::values::{define_value, role_of};
 use crate::cache::{OwnedRegistration, PackedWeightsCache};
-use crate::fast_hash::FastMap;
+use crate::fast_hash::{FastMap, FastSet};
 use crate::named_data::{DataBuffer, NamedDataMap};
 use crate::schema::xnn as fb;
 use crate::tensor::XNN_EXTRA_BYTES;
@@ -49,6 +49,9 @@ struct Job<'g> {
     filter: u32,
     bias: Option<u32>,
     output: u32,
+    /// Whether the real graph converts the input for qp8 GEMMs
+    /// ([`super::operators::qb4w_gemm_inputs`]).
+    qb4w_input: bool,
     /// The filter's size in elements, to hand out the largest first.
     size: usize,
 }
@@ -71,6 +74,14 @@ pub(super) fn prepack(
     // Only filters XNNPACK packs through the cache: a depthwise convolution's packing is not
     // kept there, so packing it ahead would be repeated at every launch.
     let through_cache = super::operators::packed_operands(graph);
+    // The real graph's conversions for qp8 GEMMs are made the same way here: the packing, and
+    // so the cache's key, follows the GEMM the input's layout selects.
+    let qb4w_inputs = super::operators::qb4w_gemm_inputs(graph, |filter| {
+        by_id.get(&filter).is_some_and(|&i| {
+            tensor_of(values[i], i)
+                .is_ok_and(|(t, _)| t.datatype() == fb::XNNDatatype::xnn_datatype_qbint4)
+        })
+    });
     let mut jobs = Vec::new();
     let mut kernels = Vec::new();
     for (index, node) in graph.xnodes().iter().flatten().enumerate() {
@@ -97,6 +108,7 @@ pub(super) fn prepack(
             filter,
             bias,
             output,
+            qb4w_input: qb4w_inputs.contains(&input),
             size: dims_of(&t).iter().product(),
         });
     }
@@ -205,8 +217,12 @@ fn pack_one(
             .define_tensor(Datatype::Fp32, &dims_of(&t), ValueRole::Input(0))
             .map_err(at(what("input")))?;
         let quantized = define_value(&mut g, values[i], i, loaded, ValueRole::Internal)?;
-        g.define_convert(x, quantized)
-            .map_err(at(what("input conversion")))?;
+        if job.qb4w_input {
+            g.define_convert_for_qb4w_gemm(x, quantized)
+        } else {
+            g.define_convert(x, quantized)
+        }
+        .map_err(at(what("input conversion")))?;
         quantized
     } else {
         define_value(&mut g, values[i], i, loaded, ValueRole::Input(0))?
@@ -233,7 +249,7 @@ fn pack_one(
     let output = define_value(&mut g, values[o], o, loaded, ValueRole::Output(1))?;
     ids.insert(job.output, output);
 
-    define_node(&mut g, job.index, &job.node, &ids)?;
+    define_node(&mut g, job.index, &job.node, &ids, &FastSet::default())?;
     let cache: &PackedWeightsCache = cache;
     Runtime::with_options(&g, Some(cache), &RuntimeOptions::default())?;
     Ok(())

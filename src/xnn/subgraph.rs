@@ -941,8 +941,29 @@ impl<'data> Subgraph<'data> {
     /// dynamically quantized qdint8 tensor (`xnn_define_unary` with `xnn_unary_convert`;
     /// `xnn_define_convert` is deprecated in this header).
     pub fn define_convert(&mut self, input: u32, output: u32) -> Result<(), XnnError> {
+        self.convert_with_flags(input, output, 0)
+    }
+
+    /// [`define_convert`](Self::define_convert) from fp32 to qdint8 for fully connected nodes
+    /// with 4-bit blockwise (qbint4) weights only: where XNNPACK has qp8 GEMMs for such weights
+    /// (KleidiAI's, on aarch64 with i8mm or the dot product), `output` becomes qpint8, quantized
+    /// and laid out in the blocks those kernels read; elsewhere this is `define_convert`. The
+    /// flag is XNNPACK's `XNN_FLAG_MAYBE_PACK_FOR_QB4W_GEMM` (src/xnnpack/internal.h, not in
+    /// xnnpack.h), which ExecuTorch's backend sets the same way. Every reader of `output` must be
+    /// such a node: XNNPACK's other GEMMs do not read qpint8.
+    pub fn define_convert_for_qb4w_gemm(
+        &mut self,
+        input: u32,
+        output: u32,
+    ) -> Result<(), XnnError> {
+        const XNN_FLAG_MAYBE_PACK_FOR_QB4W_GEMM: u32 = 0x100;
+        self.convert_with_flags(input, output, XNN_FLAG_MAYBE_PACK_FOR_QB4W_GEMM)
+    }
+
+    fn convert_with_flags(&mut self, input: u32, output: u32, flags: u32) -> Result<(), XnnError> {
         self.writable(output, "xnn_define_unary")?;
-        // SAFETY: convert takes no parameters, so null is allowed; XNNPACK validates the ids.
+        // SAFETY: convert takes no parameters, so null is allowed; XNNPACK validates the ids and
+        // ignores flags it does not know.
         check("xnn_define_unary", unsafe {
             sys::xnn_define_unary(
                 self.as_raw(),
@@ -950,7 +971,7 @@ impl<'data> Subgraph<'data> {
                 std::ptr::null(),
                 input,
                 output,
-                0,
+                flags,
             )
         })
     }

@@ -73,6 +73,69 @@ const SOURCES: [DebianSource; 6] = [
     },
 ];
 
+/// One Debian binary package that an aarch64 build of XNNPACK needs.
+struct DebianBinary {
+    package: &'static str,
+    version: &'static str,
+    architecture: &'static str,
+    file: &'static str,
+    sha256: &'static str,
+    /// The static library in the package, and the directory its headers are included from.
+    library: &'static str,
+    include_dir: &'static str,
+}
+
+/// KleidiAI, Arm's GEMM microkernels: XNNPACK's aarch64 build runs its qp8 GEMMs on them (a
+/// prompt's 4-bit blockwise GEMMs on i8mm: `qp8_f32_qb4w_gemm_minmax_ukernel_16x4c16s2__neoni8mm`),
+/// as ExecuTorch's own XNNPACK does. Debian's archive here serves KleidiAI's arm64 development
+/// package (Debian's build of its sources: the static library and headers), not the source
+/// tarball, so that package is what is pinned. Version 1.8.0 is trixie's, the release Debian builds
+/// this XNNPACK snapshot with.
+const KLEIDIAI: DebianBinary = DebianBinary {
+    package: "libkleidiai-dev",
+    version: "1.8.0+ds-1",
+    architecture: "arm64",
+    file: "libkleidiai-dev_1.8.0+ds-1_arm64.deb",
+    sha256: "e1a2dcc8cf08fa3fbf6b0a6886d4f667fac740fe59a2ef601b72c2de879d68bc",
+    library: "usr/lib/aarch64-linux-gnu/libkleidiai.a",
+    include_dir: "usr/include/aarch64-linux-gnu",
+};
+
+/// The cmake option that turns KleidiAI on or off; every target but aarch64 keeps it off (the
+/// option is only consulted there).
+const KLEIDIAI_OFF: &str = "-DXNNPACK_ENABLE_KLEIDIAI=OFF";
+const KLEIDIAI_ON: &str = "-DXNNPACK_ENABLE_KLEIDIAI=ON";
+
+/// Whether this build's target runs KleidiAI's kernels: 64-bit Arm.
+fn with_kleidiai() -> bool {
+    env::var("CARGO_CFG_TARGET_ARCH").is_ok_and(|a| a == "aarch64")
+}
+
+/// [`CMAKE_OPTIONS`] for this build's target: KleidiAI on for aarch64.
+fn cmake_options() -> Vec<&'static str> {
+    let kleidiai = with_kleidiai();
+    CMAKE_OPTIONS
+        .iter()
+        .map(|&o| {
+            if o == KLEIDIAI_OFF && kleidiai {
+                KLEIDIAI_ON
+            } else {
+                o
+            }
+        })
+        .collect()
+}
+
+/// The static libraries of our own build for this target, in link order.
+fn own_libs() -> Vec<&'static str> {
+    if with_kleidiai() {
+        // XNNPACK's objects call KleidiAI's, so it follows them.
+        vec!["XNNPACK", "microkernels-prod", "kleidiai", "cpuinfo"]
+    } else {
+        OWN_LIBS.to_vec()
+    }
+}
+
 /// Bump when the cmake options or the install layout change: it is part of the cache key.
 /// 2: patches applied; internal headers installed under include/internal.
 /// 3: compilers, archiver and (cross builds) system and processor passed to CMake explicitly;
@@ -91,11 +154,10 @@ const CMAKE_OPTIONS: &[&str] = &[
     "-DXNNPACK_LIBRARY_TYPE=static",
     "-DCMAKE_BUILD_TYPE=Release",
     "-DCMAKE_POSITION_INDEPENDENT_CODE=ON",
-    // XNNPACK's aarch64 build would download KleidiAI's sources at configure time, which this
-    // build neither can (no network beyond the package registries) nor should (unverified code).
-    // Without it the qp8 (KleidiAI) GEMMs are absent; XNNPACK's own NEON kernels run instead.
-    // Only arm64 consults it: x86 builds are the same either way.
-    "-DXNNPACK_ENABLE_KLEIDIAI=OFF",
+    // Replaced by KLEIDIAI_ON for aarch64 (`cmake_options`), where KleidiAI comes from Debian's
+    // package (`KLEIDIAI`): XNNPACK's own CMake would download its sources at configure time,
+    // which this build neither can nor should. Only arm64 consults it.
+    KLEIDIAI_OFF,
     // A section per function, as rustc gives its own code: the linker then keeps only the
     // functions something calls, and the drop-in's hot-text.ld can gather the few a launch runs
     // (about 80 KiB of 800 in the objects that hold them) where the kernel maps code 64 KiB at a
@@ -235,7 +297,7 @@ impl Install {
             ));
         }
         let mut libs = Vec::new();
-        for name in OWN_LIBS {
+        for name in own_libs() {
             let found = lib_dirs.iter().find_map(|d| {
                 if d.join(format!("lib{name}.a")).is_file() {
                     Some(true)
@@ -247,8 +309,9 @@ impl Install {
             });
             match (found, name) {
                 (Some(is_static), _) => libs.push((name.to_string(), is_static)),
-                // Older and shared XNNPACK builds fold the microkernels into libXNNPACK.
-                (None, "microkernels-prod") => {}
+                // Older and shared XNNPACK builds fold the microkernels into libXNNPACK; one built
+                // without KleidiAI needs none.
+                (None, "microkernels-prod" | "kleidiai") => {}
                 (None, _) => fail(&format!(
                     "no lib{name}.a or lib{name}.so in XNNPACK_LIB_DIR={}",
                     lib.to_string_lossy()
@@ -296,7 +359,7 @@ impl Install {
         Install {
             include_dirs: vec![dir.join("include")],
             lib_dirs: vec![dir.join("lib")],
-            libs: OWN_LIBS.iter().map(|n| (n.to_string(), true)).collect(),
+            libs: own_libs().iter().map(|n| (n.to_string(), true)).collect(),
         }
     }
 
@@ -466,8 +529,11 @@ fn cache_key(toolchain_identity: &str) -> String {
         h.update(name);
         h.update(text);
     }
-    for o in CMAKE_OPTIONS {
+    for o in cmake_options() {
         h.update(o);
+    }
+    if with_kleidiai() {
+        h.update(KLEIDIAI.sha256);
     }
     h.update(env::var("TARGET").unwrap_or_default());
     h.update(toolchain_identity);
@@ -537,72 +603,20 @@ fn fetch_sources(root: &Path, downloads: &Path) {
 /// Downloads source tarballs with the system's apt, pointed at trixie and sid through a private
 /// configuration so the system's own lists and sources are untouched.
 fn apt_download(root: &Path, downloads: &Path, missing: &[&DebianSource]) {
-    if Command::new("apt-get")
-        .arg("--version")
-        .stdout(Stdio::null())
-        .status()
-        .is_err()
-    {
-        fail("apt-get is not available to download Debian's source packages");
-    }
-    let mirror = debian_mirror().unwrap_or_else(|| {
-        fail("no Debian mirror found in /etc/apt/sources.list or /etc/apt/sources.list.d/*.sources")
-    });
-    let apt = root.join("apt");
-    for sub in ["lists/partial", "cache/archives/partial"] {
-        fs::create_dir_all(apt.join(sub))
-            .unwrap_or_else(|e| fail(&format!("cannot create {}: {e}", apt.display())));
-    }
-    let keyring = "/usr/share/keyrings/debian-archive-keyring.gpg";
-    let list = apt.join("sources.list");
-    let text = ["trixie", "sid"]
-        .iter()
-        .map(|suite| format!("deb-src [signed-by={keyring}] {mirror} {suite} main\n"))
-        .collect::<String>();
-    fs::write(&list, text)
-        .unwrap_or_else(|e| fail(&format!("cannot write {}: {e}", list.display())));
-    let opts = [
-        format!("-oDir::Etc::SourceList={}", list.display()),
-        "-oDir::Etc::SourceParts=/dev/null".to_string(),
-        format!("-oDir::State::Lists={}", apt.join("lists").display()),
-        format!("-oDir::Cache={}", apt.join("cache").display()),
-        "-oAPT::Sandbox::User=root".to_string(),
-        // Mirrors and caches may serve an index past its Valid-Until, or a clock may be off: the
-        // index only locates the tarballs, whose sha256 is checked here, so its age is no risk.
-        // Set here, not left to the machine's apt.conf.d, which a new machine does not share.
-        "-oAcquire::Check-Valid-Until=false".to_string(),
-        "-oAcquire::Check-Date=false".to_string(),
-        "-q".to_string(),
-    ];
-    let log = apt.join("apt.log");
-    let out = File::create(&log).unwrap_or_else(|e| fail(&format!("cannot write log: {e}")));
-    let update = Command::new("apt-get")
-        .args(&opts)
-        .arg("update")
-        .stdout(out.try_clone().expect("log handle"))
-        .stderr(out.try_clone().expect("log handle"))
-        .status();
-    if !update.is_ok_and(|s| s.success()) {
-        fail(&format!(
-            "`apt-get update` for Debian's trixie/sid source lists failed (log: {})\n{}",
-            log.display(),
-            tail(&log, 15)
-        ));
-    }
+    let apt = PrivateApt::updated(root, "apt", "deb-src", &[]);
     // The mirror may answer 404 for a package's .dsc while its .orig tarball arrives: apt then
     // exits non-zero, so the exit code is ignored and the tarballs' sha256 decide.
-    let _ = Command::new("apt-get")
-        .args(&opts)
-        .args(["source", "--download-only"])
-        .args(
-            missing
-                .iter()
-                .map(|s| format!("{}={}", s.package, s.version)),
-        )
-        .current_dir(downloads)
-        .stdout(out.try_clone().expect("log handle"))
-        .stderr(out)
-        .status();
+    apt.run(
+        downloads,
+        ["source", "--download-only"]
+            .into_iter()
+            .map(String::from)
+            .chain(
+                missing
+                    .iter()
+                    .map(|s| format!("{}={}", s.package, s.version)),
+            ),
+    );
     for s in missing {
         if !has_verified(downloads, s) {
             fail(&format!(
@@ -611,20 +625,186 @@ fn apt_download(root: &Path, downloads: &Path, missing: &[&DebianSource]) {
                 s.package,
                 s.version,
                 s.sha256,
-                log.display(),
-                tail(&log, 15)
+                apt.log.display(),
+                tail(&apt.log, 15)
             ));
         }
     }
-    // Only the orig tarballs are used.
+    // Only the orig tarballs (and KleidiAI's package) are used.
     if let Ok(entries) = fs::read_dir(downloads) {
         for e in entries.flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
-            if !SOURCES.iter().any(|s| s.tarball == name) {
+            if !SOURCES.iter().any(|s| s.tarball == name) && name != KLEIDIAI.file {
                 let _ = fs::remove_file(e.path());
             }
         }
     }
+}
+
+/// apt with lists, cache and sources of its own under the per-user cache (trixie and sid), so
+/// that the system's own lists and sources are untouched.
+struct PrivateApt {
+    opts: Vec<String>,
+    log: PathBuf,
+}
+
+impl PrivateApt {
+    /// Writes the sources (`kind` is `deb-src` or `deb [arch=..]`'s `deb`) into `root/name` and
+    /// runs `apt-get update` on them.
+    fn updated(root: &Path, name: &str, kind: &str, extra: &[String]) -> PrivateApt {
+        if Command::new("apt-get")
+            .arg("--version")
+            .stdout(Stdio::null())
+            .status()
+            .is_err()
+        {
+            fail("apt-get is not available to download Debian's packages");
+        }
+        let mirror = debian_mirror().unwrap_or_else(|| {
+            fail("no Debian mirror found in /etc/apt/sources.list or /etc/apt/sources.list.d/*.sources")
+        });
+        let apt = root.join(name);
+        for sub in ["lists/partial", "cache/archives/partial"] {
+            fs::create_dir_all(apt.join(sub))
+                .unwrap_or_else(|e| fail(&format!("cannot create {}: {e}", apt.display())));
+        }
+        let keyring = "/usr/share/keyrings/debian-archive-keyring.gpg";
+        let list = apt.join("sources.list");
+        let (kind, options) = match kind.split_once(' ') {
+            Some((kind, options)) => (kind, format!("{options} ")),
+            None => (kind, String::new()),
+        };
+        let text = ["trixie", "sid"]
+            .iter()
+            .map(|suite| format!("{kind} [{options}signed-by={keyring}] {mirror} {suite} main\n"))
+            .collect::<String>();
+        fs::write(&list, text)
+            .unwrap_or_else(|e| fail(&format!("cannot write {}: {e}", list.display())));
+        let mut opts = vec![
+            format!("-oDir::Etc::SourceList={}", list.display()),
+            "-oDir::Etc::SourceParts=/dev/null".to_string(),
+            format!("-oDir::State::Lists={}", apt.join("lists").display()),
+            format!("-oDir::Cache={}", apt.join("cache").display()),
+            "-oAPT::Sandbox::User=root".to_string(),
+            // Mirrors and caches may serve an index past its Valid-Until, or a clock may be off:
+            // the index only locates the files, whose sha256 is checked here, so its age is no
+            // risk. Set here, not left to the machine's apt.conf.d, which a new machine does not
+            // share.
+            "-oAcquire::Check-Valid-Until=false".to_string(),
+            "-oAcquire::Check-Date=false".to_string(),
+            "-q".to_string(),
+        ];
+        opts.extend(extra.iter().cloned());
+        let apt = PrivateApt {
+            opts,
+            log: apt.join("apt.log"),
+        };
+        let out =
+            File::create(&apt.log).unwrap_or_else(|e| fail(&format!("cannot write log: {e}")));
+        let update = Command::new("apt-get")
+            .args(&apt.opts)
+            .arg("update")
+            .stdout(out.try_clone().expect("log handle"))
+            .stderr(out)
+            .status();
+        if !update.is_ok_and(|s| s.success()) {
+            fail(&format!(
+                "`apt-get update` for Debian's trixie/sid lists failed (log: {})\n{}",
+                apt.log.display(),
+                tail(&apt.log, 15)
+            ));
+        }
+        apt
+    }
+
+    /// Runs `apt-get ARGS` in `dir`, appending to the log; its exit code is left to the caller's
+    /// checks of what it delivered.
+    fn run(&self, dir: &Path, args: impl IntoIterator<Item = String>) {
+        let out = fs::OpenOptions::new()
+            .append(true)
+            .open(&self.log)
+            .unwrap_or_else(|e| fail(&format!("cannot write log: {e}")));
+        let _ = Command::new("apt-get")
+            .args(&self.opts)
+            .args(args)
+            .current_dir(dir)
+            .stdout(out.try_clone().expect("log handle"))
+            .stderr(out)
+            .status();
+    }
+}
+
+/// Makes sure KleidiAI's package is in `downloads`, verified; unpacks it under `src`; and writes
+/// the CMake project that XNNPACK adds as its KleidiAI (`KLEIDIAI_SOURCE_DIR`): the package's
+/// static library as the imported target `kleidiai`, with its headers. Returns that project.
+fn kleidiai_project(root: &Path, downloads: &Path, src: &Path) -> PathBuf {
+    let deb = downloads.join(KLEIDIAI.file);
+    let verified = |p: &Path| sha256_of(p).is_ok_and(|sum| sum == KLEIDIAI.sha256);
+    if !verified(&deb) {
+        if let Some(offline) = env::var_os("XNNBLOB_XNNPACK_SOURCES").map(PathBuf::from) {
+            let _ = fs::copy(offline.join(KLEIDIAI.file), &deb);
+        }
+    }
+    if !verified(&deb) {
+        let apt = PrivateApt::updated(
+            root,
+            "apt-arm64",
+            "deb arch=arm64",
+            &[
+                "-oAPT::Architecture=arm64".to_string(),
+                "-oAPT::Architectures::=arm64".to_string(),
+            ],
+        );
+        apt.run(
+            downloads,
+            [
+                "download".to_string(),
+                format!(
+                    "{}:{}={}",
+                    KLEIDIAI.package, KLEIDIAI.architecture, KLEIDIAI.version
+                ),
+            ],
+        );
+        if !verified(&deb) {
+            let _ = fs::remove_file(&deb);
+            fail(&format!(
+                "apt did not deliver {} ({}:{}={}) with sha256 {} (log: {})\n{}",
+                KLEIDIAI.file,
+                KLEIDIAI.package,
+                KLEIDIAI.architecture,
+                KLEIDIAI.version,
+                KLEIDIAI.sha256,
+                apt.log.display(),
+                tail(&apt.log, 15)
+            ));
+        }
+    }
+    let unpacked = src.join("kleidiai-package");
+    run_logged(
+        Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&unpacked),
+        &src.join("kleidiai-package.log"),
+        &format!("dpkg-deb -x {}", deb.display()),
+    );
+    let library = unpacked.join(KLEIDIAI.library);
+    if !library.is_file() {
+        fail(&format!("{} holds no {}", KLEIDIAI.file, KLEIDIAI.library));
+    }
+    let project = src.join("kleidiai");
+    fs::create_dir_all(&project)
+        .unwrap_or_else(|e| fail(&format!("cannot create {}: {e}", project.display())));
+    let text = format!(
+        "# Written by xnnpack-sys's build script: Debian's KleidiAI {version}, prebuilt.\n\
+         add_library(kleidiai STATIC IMPORTED GLOBAL)\n\
+         set_target_properties(kleidiai PROPERTIES\n  IMPORTED_LOCATION \"{library}\"\n  \
+         INTERFACE_INCLUDE_DIRECTORIES \"{include}\")\n",
+        version = KLEIDIAI.version,
+        library = library.display(),
+        include = unpacked.join(KLEIDIAI.include_dir).display(),
+    );
+    let file = project.join("CMakeLists.txt");
+    fs::write(&file, text)
+        .unwrap_or_else(|e| fail(&format!("cannot write {}: {e}", file.display())));
+    project
 }
 
 /// The first Debian archive URI the system's apt uses (not the security archive).
@@ -746,8 +926,12 @@ fn build_into(root: &Path, key: &str, dir: &Path, toolchain: &Toolchain) {
         .arg(src.join("xnnpack"))
         .arg("-B")
         .arg(&build)
-        .args(CMAKE_OPTIONS)
+        .args(cmake_options())
         .args(toolchain.cmake_args());
+    if with_kleidiai() {
+        let dir = kleidiai_project(root, &downloads, &src);
+        configure.arg(format!("-DKLEIDIAI_SOURCE_DIR={}", dir.display()));
+    }
     for (var, pkg) in [
         ("CPUINFO", "cpuinfo"),
         ("PTHREADPOOL", "pthreadpool"),
@@ -779,10 +963,14 @@ fn build_into(root: &Path, key: &str, dir: &Path, toolchain: &Toolchain) {
         fs::create_dir_all(d)
             .unwrap_or_else(|e| fail(&format!("cannot create {}: {e}", d.display())));
     }
-    for name in OWN_LIBS {
+    for name in own_libs() {
         let file = format!("lib{name}.a");
-        let found = find_file(&build, &file)
-            .unwrap_or_else(|| fail(&format!("the build produced no {file}")));
+        let found = if name == "kleidiai" {
+            src.join("kleidiai-package").join(KLEIDIAI.library)
+        } else {
+            find_file(&build, &file)
+                .unwrap_or_else(|| fail(&format!("the build produced no {file}")))
+        };
         copy(&found, &lib.join(&file));
     }
     for header in [

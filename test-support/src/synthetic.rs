@@ -2,6 +2,7 @@
 //! plain Rust reference to check XNNPACK's results against.
 
 pub mod model;
+pub mod prefill;
 
 use xnnblob::xnn::{Subgraph, ValueRole, XnnError};
 

@@ -477,6 +477,27 @@ fn qd8_fully_connected_graph<'data>(
     bias: &'data [f32],
     flags: FullyConnectedFlags,
 ) -> Subgraph<'data> {
+    qd8_fully_connected_graph_converted(
+        batch,
+        inputs,
+        outputs,
+        define_filter,
+        bias,
+        flags,
+        Subgraph::define_convert,
+    )
+}
+
+/// [`qd8_fully_connected_graph`] with the activations converted by `convert`.
+fn qd8_fully_connected_graph_converted<'data>(
+    batch: usize,
+    inputs: usize,
+    outputs: usize,
+    define_filter: impl FnOnce(&mut Subgraph<'data>) -> u32,
+    bias: &'data [f32],
+    flags: FullyConnectedFlags,
+    convert: fn(&mut Subgraph<'data>, u32, u32) -> Result<(), xnnblob::xnn::XnnError>,
+) -> Subgraph<'data> {
     let mut g = Subgraph::new(2).unwrap();
     let input = g
         .define_f32_tensor(&[batch, inputs], ValueRole::Input(INPUT))
@@ -484,7 +505,7 @@ fn qd8_fully_connected_graph<'data>(
     let quantized = g
         .define_dynamically_quantized_tensor(Datatype::Qdint8, &[batch, inputs], 1)
         .unwrap();
-    g.define_convert(input, quantized).unwrap();
+    convert(&mut g, input, quantized).unwrap();
     let filter = define_filter(&mut g);
     let b = g
         .define_f32_tensor(&[outputs], ValueRole::static_f32(bias))
@@ -658,7 +679,28 @@ fn qd8_activations_times_qb4w_weights_match_reference() {
             outputs: 40,
             block: 32,
             activations: Activations::Random,
+            for_qb4w_gemm: false,
         });
+    }
+}
+
+/// The same GEMMs with the activations converted for qp8 GEMMs, as the delegate converts those
+/// that only 4-bit blockwise layers read: on aarch64 with i8mm or the dot product XNNPACK then
+/// runs KleidiAI's kernels (16-row tiles on i8mm, so 17 and 33 rows leave a tile of one), on
+/// other CPUs the plain qd8 ones. Each is within the bound of quantizing the activations.
+#[test]
+fn activations_converted_for_qb4w_gemms_match_reference() {
+    for batch in QD8_BATCHES.chain([32, 33]) {
+        for (inputs, block, outputs) in [(64, 32, 40), (128, 32, 33), (256, 64, 48)] {
+            check_qd8_qb4w(Qb4wCase {
+                batch,
+                inputs,
+                outputs,
+                block,
+                activations: Activations::Random,
+                for_qb4w_gemm: true,
+            });
+        }
     }
 }
 
@@ -696,6 +738,7 @@ fn qd8_qb4w_matches_reference_at_every_column_remainder_block_size_and_row_count
                         outputs,
                         block,
                         activations,
+                        for_qb4w_gemm: false,
                     });
                 }
             }
@@ -710,6 +753,9 @@ struct Qb4wCase {
     outputs: usize,
     block: usize,
     activations: Activations,
+    /// Whether the activations are converted for qp8 GEMMs
+    /// (`Subgraph::define_convert_for_qb4w_gemm`, as the delegate converts them).
+    for_qb4w_gemm: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -736,6 +782,7 @@ fn check_qd8_qb4w(case: Qb4wCase) {
         outputs,
         block,
         activations,
+        for_qb4w_gemm,
     } = case;
     let blocks = inputs / block;
     let mut rng = SplitMix64(61 + (inputs * 64 + outputs) as u64);
@@ -783,7 +830,12 @@ fn check_qd8_qb4w(case: Qb4wCase) {
         })
         .collect();
 
-    let g = qd8_fully_connected_graph(
+    let convert = if for_qb4w_gemm {
+        Subgraph::define_convert_for_qb4w_gemm
+    } else {
+        Subgraph::define_convert
+    };
+    let g = qd8_fully_connected_graph_converted(
         batch,
         inputs,
         outputs,
@@ -803,6 +855,7 @@ fn check_qd8_qb4w(case: Qb4wCase) {
         },
         bias,
         FullyConnectedFlags::default(),
+        convert,
     );
     let actual = run(&g, &x, batch * outputs);
     if activations == Activations::Random {

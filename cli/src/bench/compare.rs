@@ -2,8 +2,10 @@
 //! scenario two bench runs share, for people who keep load time in check (in CI, say).
 //!
 //! Reads the JSON the peer bench writes (`peer.json`: `results`, each with `model`,
-//! `load_mode`, `scenario` and medians). A scenario regresses when a timed median grew by more
-//! than the threshold; memory is reported, not gated.
+//! `load_mode`, `scenario` and medians) and the prefill bench's (`prefill.json`: `gated`, each a
+//! `name` and a `value`, times and instruction counts, lower being better). A scenario regresses
+//! when a timed median or a gated value grew by more than the threshold; memory is reported, not
+//! gated.
 
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -20,13 +22,37 @@ struct Medians {
 /// Scenario name (model, load mode, scenario) → its medians.
 type Results = BTreeMap<String, Medians>;
 
-fn read(path: &Path) -> Result<Results, String> {
+/// A figure's name → its value (lower is better).
+type Gated = BTreeMap<String, f64>;
+
+fn read(path: &Path) -> Result<(Results, Gated), String> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let json: Value =
         serde_json::from_str(&text).map_err(|e| format!("{}: not JSON: {e}", path.display()))?;
-    let results = json["results"]
-        .as_array()
-        .ok_or_else(|| format!("{}: no \"results\" list", path.display()))?;
+    let mut gated = Gated::new();
+    if let Some(figures) = json["gated"].as_array() {
+        for (i, g) in figures.iter().enumerate() {
+            match (g["name"].as_str(), g["value"].as_f64()) {
+                (Some(name), Some(value)) => gated.insert(name.to_string(), value),
+                _ => {
+                    return Err(format!(
+                        "{}: gated figure {i} has no name or value",
+                        path.display()
+                    ))
+                }
+            };
+        }
+    }
+    let results = match json["results"].as_array() {
+        Some(results) => results,
+        None if json["gated"].is_array() => return Ok((Results::new(), gated)),
+        None => {
+            return Err(format!(
+                "{}: no \"results\" or \"gated\" list",
+                path.display()
+            ))
+        }
+    };
     let mut out = Results::new();
     for (i, r) in results.iter().enumerate() {
         let text = |key: &str| r[key].as_str().unwrap_or("?").to_string();
@@ -51,7 +77,7 @@ fn read(path: &Path) -> Result<Results, String> {
             },
         );
     }
-    Ok(out)
+    Ok((out, gated))
 }
 
 fn change(base: f64, new: f64) -> f64 {
@@ -65,7 +91,7 @@ fn change(base: f64, new: f64) -> f64 {
 /// Compares two result files; returns the report and whether any scenario regressed beyond
 /// `max_regression_pct`.
 pub fn compare(base: &Path, new: &Path, max_regression_pct: f64) -> Result<(String, bool), String> {
-    let (before, after) = (read(base)?, read(new)?);
+    let ((before, before_gated), (after, after_gated)) = (read(base)?, read(new)?);
     let mut report = String::from(
         "| scenario | load-to-ready ms | change | first execute ms | change | peak RSS MiB |\n|---|---|---|---|---|---|\n",
     );
@@ -102,6 +128,22 @@ pub fn compare(base: &Path, new: &Path, max_regression_pct: f64) -> Result<(Stri
         if !flags.is_empty() {
             regressed.push(format!("{name} ({})", flags.join(", ")));
         }
+    }
+    let mut gated_rows = String::new();
+    for (name, &b) in &before_gated {
+        let Some(&a) = after_gated.get(name) else {
+            continue;
+        };
+        shared += 1;
+        let c = change(b, a);
+        gated_rows.push_str(&format!("| {name} | {b:.4} -> {a:.4} | {c:+.1}% |\n"));
+        if c > max_regression_pct {
+            regressed.push(name.clone());
+        }
+    }
+    if !gated_rows.is_empty() {
+        report.push_str("\n| figure | value | change |\n|---|---|---|\n");
+        report.push_str(&gated_rows);
     }
     if shared == 0 {
         return Err("the two files share no scenario".into());
@@ -152,6 +194,33 @@ mod tests {
         std::fs::write(&new, results(5.0, 30.0)).unwrap();
         let (report, regressed) = compare(&base, &new, 10.0).unwrap();
         assert!(regressed && report.contains("first execute"), "{report}");
+    }
+
+    fn gated(execute_ms: f64, instructions: f64) -> String {
+        serde_json::json!({"bench": "prefill", "gated": [
+            {"name": "prefill t16 | execute ms | xnnblob", "value": execute_ms},
+            {"name": "prefill t16 | max execute instructions | xnnblob", "value": instructions},
+        ]})
+        .to_string()
+    }
+
+    #[test]
+    fn a_gated_figure_that_grew_beyond_the_threshold_is_a_regression() {
+        let dir = tempfile::tempdir().unwrap();
+        let (base, new) = (dir.path().join("base.json"), dir.path().join("new.json"));
+        std::fs::write(&base, gated(10.0, 5e7)).unwrap();
+        std::fs::write(&new, gated(10.5, 5.6e7)).unwrap();
+        let (report, regressed) = compare(&base, &new, 10.0).unwrap();
+        assert!(regressed, "{report}");
+        assert!(report.contains("instructions | xnnblob\n"), "{report}");
+        assert!(report.contains("+12.0%"), "{report}");
+        std::fs::write(&new, gated(9.0, 5e7)).unwrap();
+        let (report, regressed) = compare(&base, &new, 10.0).unwrap();
+        assert!(!regressed, "{report}");
+        std::fs::write(&new, "{\"gated\": [{\"name\": \"x\"}]}").unwrap();
+        assert!(compare(&base, &new, 10.0)
+            .unwrap_err()
+            .contains("no name or value"));
     }
 
     #[test]

@@ -6,6 +6,7 @@
 pub mod child;
 pub mod compare;
 pub mod peer;
+pub mod prefill;
 pub mod report;
 mod runner;
 pub use runner::*;

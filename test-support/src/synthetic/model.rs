@@ -181,7 +181,7 @@ pub fn ensure(spec: &ModelSpec, dir: &Path) -> std::io::Result<ModelFiles> {
 }
 
 /// `x` rounded to bfloat16 (to nearest, ties to even), as its bits.
-fn bf16(x: f32) -> u16 {
+pub(crate) fn bf16(x: f32) -> u16 {
     let bits = x.to_bits();
     ((bits + 0x7fff + ((bits >> 16) & 1)) >> 16) as u16
 }

@@ -1,0 +1,385 @@
+//! `xnnblob bench prefill`: a prompt's prefill, xnnblob's drop-in against ExecuTorch's own
+//! XNNPACK backend, inside ExecuTorch's runtime, at several prompt lengths.
+//!
+//! The program is [`PrefillSpec::ffn`]: four 8da4w feed-forward blocks of a small Llama over T
+//! token rows. On this machine each length is timed: fresh launches alternating between the
+//! backends, each executing the prompt `executes` times after a first, its median execute taken
+//! (`xnnblob-et-run`'s `execute_ms`), the median over launches reported. On each aarch64 CPU named
+//! (a qemu model: `cortex-a53`, `neoverse-n1`, `max,sme=off`, ...) the drop-in cross-built for
+//! aarch64 runs under `qemu-aarch64` with a TCG plugin of this repository's
+//! (`benches/qemu/count_insns.c`) that counts the guest instructions: qemu is no timer, but its
+//! counts are exact and the same at every run. Per CPU and length it reports the instructions of
+//! one execute (a launch of 1 + k executes less a launch of 1, over k), of a warm load (a launch
+//! of no execute with the cache file there) and of a cold one (without it), on one thread.
+
+use super::report::{spread, Spread};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use xnnblob_test_support::synthetic::prefill::{PrefillFiles, PrefillSpec};
+
+/// The counting plugin's source, compiled by the bench with the host's C compiler.
+const PLUGIN_SOURCE: &str = include_str!("../../../benches/qemu/count_insns.c");
+
+/// The two backends, as `xnnblob-et-run --backend` names them.
+const BACKENDS: [&str; 2] = ["xnnblob", "executorch"];
+
+/// What `bench prefill` measures.
+#[derive(Debug, Clone)]
+pub struct PrefillOptions {
+    /// `xnnblob-et-run` for this host (its backend library beside it).
+    pub runner: PathBuf,
+    /// Prompt lengths.
+    pub tokens: Vec<u32>,
+    /// Fresh launches per backend and length (timed on this machine).
+    pub repeats: usize,
+    /// Executes timed per launch, after the first.
+    pub executes: usize,
+    /// qemu CPU models to count on (none: no counting).
+    pub aarch64: Vec<String>,
+    /// Where programs, caches and the report go.
+    pub out: PathBuf,
+}
+
+/// One backend's timing at one length.
+#[derive(Debug, Clone)]
+pub struct Timed {
+    /// Prompt length.
+    pub tokens: u32,
+    /// `xnnblob` or `executorch`.
+    pub backend: &'static str,
+    /// The launches' median execute times, in ms.
+    pub execute_ms: Spread,
+}
+
+/// One backend's instruction counts on one emulated CPU at one length.
+#[derive(Debug, Clone)]
+pub struct Counted {
+    /// The qemu CPU model.
+    pub cpu: String,
+    /// Prompt length.
+    pub tokens: u32,
+    /// `xnnblob` or `executorch`.
+    pub backend: &'static str,
+    /// Guest instructions of one execute.
+    pub per_execute: u64,
+    /// Of a launch that loads with its cache file there and executes nothing.
+    pub warm_load: u64,
+    /// Of a launch that loads without a cache file (and writes it) and executes nothing.
+    pub cold_load: u64,
+}
+
+/// Everything one run measured.
+#[derive(Debug, Clone, Default)]
+pub struct PrefillResults {
+    /// On this machine.
+    pub timed: Vec<Timed>,
+    /// Under qemu-aarch64.
+    pub counted: Vec<Counted>,
+}
+
+/// Runs the bench, writes `prefill.json` and `prefill.md` into `o.out`, and returns what it
+/// measured.
+pub fn run(o: &PrefillOptions) -> Result<PrefillResults, String> {
+    let programs = o.out.join("programs");
+    let files: Vec<(u32, PrefillFiles)> = o
+        .tokens
+        .iter()
+        .map(|&t| {
+            PrefillSpec::ffn(t)
+                .ensure(&programs)
+                .map(|f| (t, f))
+                .map_err(|e| format!("writing the {t}-token program: {e}"))
+        })
+        .collect::<Result<_, _>>()?;
+    let mut results = PrefillResults::default();
+    for (tokens, f) in &files {
+        results.timed.extend(time(o, *tokens, f)?);
+    }
+    if !o.aarch64.is_empty() {
+        let runner = aarch64_runner(&o.runner)?;
+        let plugin = build_plugin(&o.out)?;
+        for cpu in &o.aarch64 {
+            for (tokens, f) in &files {
+                for backend in BACKENDS {
+                    results
+                        .counted
+                        .push(count(o, &runner, &plugin, cpu, *tokens, backend, f)?);
+                }
+            }
+        }
+    }
+    std::fs::write(o.out.join("prefill.json"), to_json(&results))
+        .map_err(|e| format!("{}: {e}", o.out.display()))?;
+    std::fs::write(o.out.join("prefill.md"), markdown(&results))
+        .map_err(|e| format!("{}: {e}", o.out.display()))?;
+    Ok(results)
+}
+
+/// Times one length: `repeats` launches of each backend, alternating, after one untimed launch
+/// of each that makes its cache file.
+fn time(o: &PrefillOptions, tokens: u32, f: &PrefillFiles) -> Result<Vec<Timed>, String> {
+    let mut medians: HashMap<&str, Vec<f64>> = HashMap::new();
+    let caches = o.out.join("caches");
+    std::fs::create_dir_all(&caches).map_err(|e| format!("{}: {e}", caches.display()))?;
+    for round in 0..=o.repeats {
+        for backend in BACKENDS {
+            let cache = caches.join(format!("t{tokens}.{backend}.cache"));
+            let args = runner_args(f, backend, &cache, 1 + o.executes);
+            let values = super::peer::launch(&o.runner, &args)?;
+            if round == 0 {
+                continue;
+            }
+            let ms = values
+                .get("execute_ms")
+                .and_then(|v| v.parse::<f64>().ok())
+                .ok_or("xnnblob-et-run printed no execute_ms")?;
+            medians.entry(backend).or_default().push(ms);
+        }
+    }
+    Ok(BACKENDS
+        .iter()
+        .map(|&backend| Timed {
+            tokens,
+            backend,
+            execute_ms: spread(medians.remove(backend).unwrap_or_default().into_iter()),
+        })
+        .collect())
+}
+
+/// `xnnblob-et-run`'s arguments for `steps` executes of `f` with `backend` and its cache file
+/// `cache`, on one thread of ExecuTorch's pool, the program mapped.
+fn runner_args(f: &PrefillFiles, backend: &str, cache: &Path, steps: usize) -> Vec<String> {
+    [
+        f.pte.display().to_string(),
+        "--data".into(),
+        f.ptd.display().to_string(),
+        "--input".into(),
+        f.input.display().to_string(),
+        "--backend".into(),
+        backend.into(),
+        "--load-mode".into(),
+        "mmap".into(),
+        "--cache".into(),
+        cache.display().to_string(),
+        "--pool-threads".into(),
+        "1".into(),
+        "--steps".into(),
+        steps.to_string(),
+    ]
+    .to_vec()
+}
+
+/// The drop-in's runner cross-built for aarch64 (a nested cargo into this build's target
+/// directory), its backend library beside it.
+fn aarch64_runner(host_runner: &Path) -> Result<PathBuf, String> {
+    let host_runner = host_runner.to_path_buf();
+    std::panic::catch_unwind(move || {
+        xnnblob_test_support::drop_in::aarch64_drop_in(&host_runner)
+            .runner
+            .clone()
+    })
+    .map_err(|e| {
+        let why = e
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
+            .unwrap_or_default();
+        format!("cross-building the drop-in for aarch64 failed: {why}")
+    })
+}
+
+/// Compiles the counting plugin into `out` with the host's C compiler.
+fn build_plugin(out: &Path) -> Result<PathBuf, String> {
+    let source = out.join("count_insns.c");
+    let plugin = out.join("count_insns.so");
+    std::fs::write(&source, PLUGIN_SOURCE).map_err(|e| format!("{}: {e}", source.display()))?;
+    let status = Command::new("cc")
+        .args(["-O2", "-shared", "-fPIC", "-fvisibility=hidden", "-o"])
+        .arg(&plugin)
+        .arg(&source)
+        .status()
+        .map_err(|e| format!("cc (the host's C compiler) for the qemu plugin: {e}"))?;
+    if !status.success() {
+        return Err(format!("cc could not build {}", source.display()));
+    }
+    Ok(plugin)
+}
+
+/// The instructions one launch of the aarch64 runner executes under qemu on `cpu`.
+fn instructions(plugin: &Path, cpu: &str, runner: &Path, args: &[String]) -> Result<u64, String> {
+    let mut words = xnnblob_test_support::cross::qemu(cpu);
+    words.extend(["-plugin".to_string(), plugin.display().to_string()]);
+    words.extend(["-d".to_string(), "plugin".to_string()]);
+    let out = Command::new(&words[0])
+        .args(&words[1..])
+        .arg(runner)
+        .args(args)
+        .output()
+        .map_err(|e| format!("{}: {e}", words[0]))?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if !out.status.success() {
+        return Err(format!(
+            "{} {} on {cpu}: {}",
+            runner.display(),
+            args.join(" "),
+            stderr.trim_end()
+        ));
+    }
+    stderr
+        .lines()
+        .find_map(|l| l.strip_prefix("xnnblob-insns: "))
+        .and_then(|n| n.trim().parse().ok())
+        .ok_or_else(|| format!("the qemu plugin printed no count on {cpu}"))
+}
+
+/// Counts one backend at one length on `cpu`: a cold load (no cache file), a warm one, one
+/// execute and 1 + `K` executes.
+fn count(
+    o: &PrefillOptions,
+    runner: &Path,
+    plugin: &Path,
+    cpu: &str,
+    tokens: u32,
+    backend: &'static str,
+    f: &PrefillFiles,
+) -> Result<Counted, String> {
+    /// Executes counted beyond the first: the first differs (it sizes the workspace).
+    const K: usize = 2;
+    let dir = o.out.join("aarch64-caches");
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let cache = dir.join(format!(
+        "{}.t{tokens}.{backend}.cache",
+        cpu.replace(',', "_")
+    ));
+    let _ = std::fs::remove_file(&cache);
+    let cold_load = instructions(plugin, cpu, runner, &runner_args(f, backend, &cache, 0))?;
+    let warm_load = instructions(plugin, cpu, runner, &runner_args(f, backend, &cache, 0))?;
+    let one = instructions(plugin, cpu, runner, &runner_args(f, backend, &cache, 1))?;
+    let more = instructions(plugin, cpu, runner, &runner_args(f, backend, &cache, 1 + K))?;
+    Ok(Counted {
+        cpu: cpu.to_string(),
+        tokens,
+        backend,
+        per_execute: more.saturating_sub(one) / K as u64,
+        warm_load,
+        cold_load,
+    })
+}
+
+/// The name `bench compare` gates a figure by.
+fn gated_name(what: &str, tokens: u32, backend: &str) -> String {
+    format!("prefill t{tokens} | {what} | {backend}")
+}
+
+/// `prefill.json`: the figures, and under `gated` each one `bench compare` checks (lower is
+/// better).
+pub fn to_json(r: &PrefillResults) -> String {
+    let s = |x: Spread| serde_json::json!({"median": x.median, "min": x.min, "max": x.max});
+    let mut gated = Vec::new();
+    for t in &r.timed {
+        gated.push(serde_json::json!({
+            "name": gated_name("execute ms", t.tokens, t.backend),
+            "value": t.execute_ms.median,
+        }));
+    }
+    for c in &r.counted {
+        for (what, value) in [
+            ("execute instructions", c.per_execute),
+            ("warm load instructions", c.warm_load),
+            ("cold load instructions", c.cold_load),
+        ] {
+            gated.push(serde_json::json!({
+                "name": gated_name(&format!("{} {what}", c.cpu), c.tokens, c.backend),
+                "value": value,
+            }));
+        }
+    }
+    let json = serde_json::json!({
+        "bench": "prefill",
+        "program": PrefillSpec::ffn(0).name().trim_end_matches("-t0"),
+        "timed": r.timed.iter().map(|t| serde_json::json!({
+            "tokens": t.tokens, "backend": t.backend, "execute_ms": s(t.execute_ms),
+        })).collect::<Vec<_>>(),
+        "counted": r.counted.iter().map(|c| serde_json::json!({
+            "cpu": c.cpu, "tokens": c.tokens, "backend": c.backend,
+            "per_execute": c.per_execute, "warm_load": c.warm_load, "cold_load": c.cold_load,
+        })).collect::<Vec<_>>(),
+        "gated": gated,
+    });
+    serde_json::to_string_pretty(&json).expect("JSON values serialize")
+}
+
+/// The pair of a figure for both backends, xnnblob's first.
+fn pair<T: Clone>(
+    items: &[T],
+    same: impl Fn(&T) -> bool,
+    backend: impl Fn(&T) -> &str,
+) -> Option<(T, T)> {
+    let find = |b: &str| items.iter().find(|i| same(i) && backend(i) == b).cloned();
+    Some((find("xnnblob")?, find("executorch")?))
+}
+
+/// `prefill.md`: one table of times, and one of counts per emulated CPU, each with the ratio
+/// xnnblob / ExecuTorch.
+pub fn markdown(r: &PrefillResults) -> String {
+    let mut out = String::from(
+        "### Prefill: xnnblob's drop-in / ExecuTorch's XNNPACK backend\n\n\
+         Four 8da4w feed-forward blocks (width 1024, inner 2816) over T token rows, in \
+         ExecuTorch's runtime, mmap loader, one thread.\n\n",
+    );
+    let mut tokens: Vec<u32> = r.timed.iter().map(|t| t.tokens).collect();
+    tokens.extend(r.counted.iter().map(|c| c.tokens));
+    tokens.sort_unstable();
+    tokens.dedup();
+    if !r.timed.is_empty() {
+        out.push_str(
+            "Timed on this machine (median of the launches' median execute; min-max):\n\n\
+             | T | xnnblob ms | ExecuTorch ms | ratio |\n|---|---|---|---|\n",
+        );
+        for &t in &tokens {
+            let Some((x, e)) = pair(&r.timed, |i| i.tokens == t, |i| i.backend) else {
+                continue;
+            };
+            let cell = |s: Spread| format!("{:.3} ({:.3}-{:.3})", s.median, s.min, s.max);
+            out.push_str(&format!(
+                "| {t} | {} | {} | {:.3} |\n",
+                cell(x.execute_ms),
+                cell(e.execute_ms),
+                x.execute_ms.median / e.execute_ms.median
+            ));
+        }
+        out.push('\n');
+    }
+    let mut cpus: Vec<&str> = r.counted.iter().map(|c| c.cpu.as_str()).collect();
+    cpus.dedup();
+    for cpu in cpus {
+        out.push_str(&format!(
+            "Counted under `qemu-aarch64 -cpu {cpu}` (guest instructions, millions):\n\n\
+             | T | execute: xnnblob | ExecuTorch | ratio | warm load: xnnblob | ExecuTorch | ratio | cold load: xnnblob | ExecuTorch | ratio |\n\
+             |---|---|---|---|---|---|---|---|---|---|\n"
+        ));
+        for &t in &tokens {
+            let Some((x, e)) = pair(&r.counted, |i| i.cpu == cpu && i.tokens == t, |i| i.backend)
+            else {
+                continue;
+            };
+            let m = |n: u64| format!("{:.1}", n as f64 / 1e6);
+            let ratio = |a: u64, b: u64| format!("{:.3}", a as f64 / b as f64);
+            out.push_str(&format!(
+                "| {t} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+                m(x.per_execute),
+                m(e.per_execute),
+                ratio(x.per_execute, e.per_execute),
+                m(x.warm_load),
+                m(e.warm_load),
+                ratio(x.warm_load, e.warm_load),
+                m(x.cold_load),
+                m(e.cold_load),
+                ratio(x.cold_load, e.cold_load),
+            ));
+        }
+        out.push('\n');
+    }
+    out
+}
