@@ -106,9 +106,12 @@ const KLEIDIAI: DebianBinary = DebianBinary {
 const KLEIDIAI_OFF: &str = "-DXNNPACK_ENABLE_KLEIDIAI=OFF";
 const KLEIDIAI_ON: &str = "-DXNNPACK_ENABLE_KLEIDIAI=ON";
 
-/// Whether this build's target runs KleidiAI's kernels: 64-bit Arm.
+/// Whether this build's target runs KleidiAI's kernels: 64-bit Arm Linux with glibc, which
+/// Debian's build of KleidiAI is for (its objects call glibc's `__fprintf_chk`); Android's
+/// builds keep XNNPACK's own kernels.
 fn with_kleidiai() -> bool {
     env::var("CARGO_CFG_TARGET_ARCH").is_ok_and(|a| a == "aarch64")
+        && env::var("CARGO_CFG_TARGET_ENV").is_ok_and(|e| e == "gnu")
 }
 
 /// [`CMAKE_OPTIONS`] for this build's target: KleidiAI on for aarch64.

@@ -383,3 +383,76 @@ pub fn markdown(r: &PrefillResults) -> String {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn results() -> PrefillResults {
+        let flat = |ms: f64| Spread {
+            median: ms,
+            min: ms,
+            max: ms,
+        };
+        let counted = |backend, per_execute| Counted {
+            cpu: "max,sme=off".into(),
+            tokens: 16,
+            backend,
+            per_execute,
+            warm_load: 6_500_000,
+            cold_load: 430_000_000,
+        };
+        PrefillResults {
+            timed: vec![
+                Timed {
+                    tokens: 16,
+                    backend: "xnnblob",
+                    execute_ms: flat(30.0),
+                },
+                Timed {
+                    tokens: 16,
+                    backend: "executorch",
+                    execute_ms: flat(60.0),
+                },
+            ],
+            counted: vec![
+                counted("xnnblob", 54_600_000),
+                counted("executorch", 54_900_000),
+            ],
+        }
+    }
+
+    #[test]
+    fn the_report_gives_each_ratio_and_compare_gates_every_figure() {
+        let r = results();
+        let md = markdown(&r);
+        assert!(
+            md.contains("| 16 | 30.000 (30.000-30.000) | 60.000 (60.000-60.000) | 0.500 |"),
+            "{md}"
+        );
+        assert!(md.contains("`qemu-aarch64 -cpu max,sme=off`"), "{md}");
+        assert!(
+            md.contains("| 16 | 54.6 | 54.9 | 0.995 | 6.5 | 6.5 | 1.000 |"),
+            "{md}"
+        );
+
+        let dir = tempfile::tempdir().unwrap();
+        let (base, new) = (dir.path().join("base.json"), dir.path().join("new.json"));
+        std::fs::write(&base, to_json(&r)).unwrap();
+        let mut slower = r.clone();
+        slower.counted[0].per_execute = 60_100_000;
+        std::fs::write(&new, to_json(&slower)).unwrap();
+        let (report, regressed) = super::super::compare::compare(&base, &new, 10.0).unwrap();
+        assert!(regressed, "{report}");
+        assert!(
+            report.contains("- prefill t16 | max,sme=off execute instructions | xnnblob"),
+            "{report}"
+        );
+        // Three figures per count, one per time: every one is gated.
+        assert_eq!(
+            report.matches("| prefill t16 |").count(),
+            2 + 3 * 2,
+            "{report}"
+        );
+    }
+}
