@@ -122,7 +122,7 @@ enum BenchAction {
         /// Prompt lengths, comma-separated.
         #[arg(long, value_delimiter = ',', default_value = "1,16,128,512")]
         tokens: Vec<u32>,
-        /// Fresh launches per backend and length, alternating.
+        /// Fresh launches per backend and length, alternating (0: count only, no timing).
         #[arg(long, default_value_t = 5)]
         repeats: usize,
         /// Executes timed per launch, after the first.

@@ -31,7 +31,7 @@ pub struct PrefillOptions {
     pub runner: PathBuf,
     /// Prompt lengths.
     pub tokens: Vec<u32>,
-    /// Fresh launches per backend and length (timed on this machine).
+    /// Fresh launches per backend and length (timed on this machine; 0: no timing).
     pub repeats: usize,
     /// Executes timed per launch, after the first.
     pub executes: usize,
@@ -93,8 +93,11 @@ pub fn run(o: &PrefillOptions) -> Result<PrefillResults, String> {
         })
         .collect::<Result<_, _>>()?;
     let mut results = PrefillResults::default();
-    for (tokens, f) in &files {
-        results.timed.extend(time(o, *tokens, f)?);
+    // No launches, no timing: a run that only counts.
+    if o.repeats > 0 {
+        for (tokens, f) in &files {
+            results.timed.extend(time(o, *tokens, f)?);
+        }
     }
     if !o.aarch64.is_empty() {
         let runner = aarch64_runner(&o.runner)?;
