@@ -1044,6 +1044,30 @@ fn verify_against_program(
 }
 
 /// `xnnblob prepack`: one read-only cache file per class asked for (see `prepack.rs`).
+/// The `xnnblob` that packs for class `c` under qemu: this one for x86-64 classes on an x86-64
+/// host, the one `--aarch64-xnnblob` (or `XNNBLOB_AARCH64_XNNBLOB`) names for aarch64 ones.
+fn emulation_tool(
+    c: &prepack::Class,
+    args: &PrepackArgs,
+) -> Result<PathBuf, Box<dyn std::error::Error>> {
+    Ok(match c.arch {
+        prepack::Arch::X86_64 if cfg!(target_arch = "x86_64") => std::env::current_exe()?,
+        prepack::Arch::Aarch64 => args
+            .aarch64_xnnblob
+            .clone()
+            .or_else(|| std::env::var_os("XNNBLOB_AARCH64_XNNBLOB").map(PathBuf::from))
+            .ok_or_else(|| {
+                format!(
+                    "class {}: give --aarch64-xnnblob (this command built for aarch64)",
+                    c.name
+                )
+            })?,
+        prepack::Arch::X86_64 => {
+            return Err(format!("class {}: run prepack on an x86-64 host", c.name).into())
+        }
+    })
+}
+
 fn prepack_command(args: &PrepackArgs) -> Result<(), Box<dyn std::error::Error>> {
     use prepack::{check_here, class, emulated_command, file_for, CLASSES};
     let pack_here = |program: &Path, data: &[PathBuf], file: &Path| {
@@ -1078,6 +1102,14 @@ fn prepack_command(args: &PrepackArgs) -> Result<(), Box<dyn std::error::Error>>
             .map(|s| s.to_string_lossy().into_owned())
             .ok_or("the program path has no file name")?,
     };
+    // Every class named, and the tool each emulated one needs, before anything is written.
+    for name in args.cpus.iter().filter(|n| *n != "host") {
+        let c = class(name)?;
+        if let Err(why) = check_here(c) {
+            emulated_command(c, &emulation_tool(c, args)?)
+                .map_err(|e| format!("{e}; this CPU is not of it ({why})"))?;
+        }
+    }
     std::fs::create_dir_all(out)?;
     // The child on an emulated CPU: this is the class's CPU, or it refuses.
     if let Some(name) = &args.as_class {
@@ -1119,22 +1151,7 @@ fn prepack_command(args: &PrepackArgs) -> Result<(), Box<dyn std::error::Error>>
             );
             continue;
         }
-        let tool = match c.arch {
-            prepack::Arch::X86_64 if cfg!(target_arch = "x86_64") => std::env::current_exe()?,
-            prepack::Arch::Aarch64 => args
-                .aarch64_xnnblob
-                .clone()
-                .or_else(|| std::env::var_os("XNNBLOB_AARCH64_XNNBLOB").map(PathBuf::from))
-                .ok_or_else(|| {
-                    format!(
-                        "class {}: give --aarch64-xnnblob (this command built for aarch64)",
-                        c.name
-                    )
-                })?,
-            prepack::Arch::X86_64 => {
-                return Err(format!("class {}: run prepack on an x86-64 host", c.name).into())
-            }
-        };
+        let tool = emulation_tool(c, args)?;
         let mut command = emulated_command(c, &tool).map_err(|e| {
             format!(
                 "{e}; this CPU is not of it ({})",

@@ -149,6 +149,14 @@ pub fn check_here(class: &Class) -> Result<(), String> {
             kernels.join(", ")
         ));
     }
+    // Its kernels are the class's, but its model may lay some weights out as no other CPU of
+    // the class does: then the class is packed on its emulated CPU.
+    if let Some(layout) = xnnblob::cache::x86_model_layout(xnnblob::cache::cpu_fingerprint()) {
+        return Err(format!(
+            "this CPU's kernels are class {}'s, but {layout}, unlike the class's other CPUs",
+            class.name
+        ));
+    }
     Ok(())
 }
 

@@ -124,6 +124,18 @@ pub fn packing_class(fingerprint: u64) -> u64 {
     }
 }
 
+/// What XNNPACK decides from an x86-64 CPU's model, beyond its features, that lays packed weights
+/// out differently from every other CPU with those features (see [`packing_class`]), said in
+/// words; None for other CPUs and architectures. A read-only layer for a kernel class
+/// (`xnnblob prepack`) packed on such a CPU would hold layouts the class's other CPUs never look
+/// up, so it is packed on an emulated CPU of the class instead.
+pub fn x86_model_layout(fingerprint: u64) -> Option<&'static str> {
+    if fingerprint >> TAG_SHIFT != TAG_X86_64 || x86::layout_decisions(fingerprint) == 0 {
+        return None;
+    }
+    Some("its f32 GEMM is packed 16s4 (AMD Zen, Hygon Dhyana)")
+}
+
 /// Each feature bit of an architecture with its name, in bit order.
 type Names = [(u64, &'static str)];
 

@@ -35,6 +35,7 @@ pub use checked::SETTLED;
 pub use checksum::checksum64;
 pub use cpu::{
     cpu_fingerprint, cpu_fingerprint_difference, describe_cpu_fingerprint, packing_class,
+    x86_model_layout,
 };
 pub use format::{Compat, CpuMatch, EntryKey, FileError};
 pub use identity::{verify_keys, BlobId, Description, KeyMismatch};

@@ -33,6 +33,9 @@ pub fn pack_ahead(
     if let Some(dir) = file.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).map_err(io)?;
     }
+    // A file that is not a cache (a user's, the program's own data) is left alone, as the
+    // writable cache leaves it: only a cache of an earlier run is replaced.
+    crate::cache::PackedWeightsCache::check_path(file)?;
     // A file of an earlier run would be extended, not replaced.
     match std::fs::remove_file(file) {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io(e)),

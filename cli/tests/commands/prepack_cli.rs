@@ -216,3 +216,45 @@ fn a_class_that_cannot_be_packed_here_or_does_not_exist_is_a_clear_error() {
     assert!(!ok && text.contains("--aarch64-xnnblob"), "{text}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Every argument is checked before anything is written: a class that does not exist after
+/// `host` leaves no host file (nor the output directory) behind.
+#[test]
+fn a_bad_class_after_host_writes_nothing() {
+    let dir = scratch("prepack-bad-class-after-host");
+    let out = dir.join("bundles");
+    let program = &PROGRAMS[2];
+    let mut args = prepack_args(program, "host", &out);
+    args.extend(strings(&["--cpu", "bogus"]));
+    let (ok, text) = xnnblob(&[], &args);
+    assert!(!ok && text.contains("no CPU class \"bogus\""), "{text}");
+    assert!(!out.exists(), "{} was written", out.display());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// An output name that is already a file of the user's, not a cache, is left alone with an error,
+/// as the writable cache leaves such a file; a cache of an earlier run is replaced.
+#[test]
+fn a_users_file_at_the_output_name_is_left_alone() {
+    let dir = scratch("prepack-users-file");
+    let program = &PROGRAMS[2];
+    let file = dir.join(format!("{}.host.xbc", stem(program)));
+    std::fs::write(&file, b"my notes, not a cache").unwrap();
+    let (ok, text) = xnnblob(&[], &prepack_args(program, "host", &dir));
+    assert!(
+        !ok && text.contains("is not a packed-weight cache"),
+        "{text}"
+    );
+    assert_eq!(std::fs::read(&file).unwrap(), b"my notes, not a cache");
+
+    std::fs::remove_file(&file).unwrap();
+    let (ok, text) = xnnblob(&[], &prepack_args(program, "host", &dir));
+    assert!(ok, "{text}");
+    let first = dir.join("first.xbc");
+    std::fs::copy(&file, &first).unwrap();
+    let (ok, text) = xnnblob(&[], &prepack_args(program, "host", &dir));
+    assert!(ok, "{text}");
+    // A cache of an earlier run is replaced by the same packing.
+    assert_same_packing(&first, &file);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
