@@ -4,7 +4,8 @@
 //! make files no older launch, and no other device's launch, could share.
 //!
 //! The oracle is the original loop, as XNNPACK 4ea82e5 wrote it, ported line for line below;
-//! the packer under test is the patched one linked into this binary (patch 0008).
+//! the packer under test is the patched one linked into this binary (patches 0008, 0011, 0021).
+//! On aarch64, KleidiAI's own packer is the oracle for patch 0022's, which writes its layout.
 
 use std::ffi::c_void;
 
@@ -129,7 +130,15 @@ fn the_patched_qb4w_packer_packs_every_shape_as_the_original_does() {
     // kr and sr as XNNPACK's qb4w kernels use them (c4, c8, c16; sr 1 and 2), row lengths
     // that are a multiple of 2 * kr (the fast path throughout), odd, or short of it (the
     // general loop at each row's end), groups, and ragged last column blocks.
-    for (kr, sr) in [(4usize, 1usize), (8, 1), (16, 1), (4, 2), (8, 2), (2, 1)] {
+    for (kr, sr) in [
+        (4usize, 1usize),
+        (8, 1),
+        (16, 1),
+        (4, 2),
+        (8, 2),
+        (2, 1),
+        (1, 1),
+    ] {
         let skr = kr * sr;
         for nr in [sr.max(4), 8, 16] {
             for kc in [
@@ -240,4 +249,199 @@ fn check(s: &Shape, bits: &mut Bits) {
         s.sr,
         s.bl
     );
+}
+
+/// KleidiAI's qsi4c32p packer (aarch64 glibc builds link KleidiAI), the oracle for patch 0022's.
+#[cfg(all(target_arch = "aarch64", target_env = "gnu"))]
+mod kleidiai_layout {
+    use super::Bits;
+    use std::ffi::c_void;
+
+    /// `enum kai_datatype`'s bf16.
+    const KAI_DT_BF16: u32 = 0x0213;
+
+    #[repr(C)]
+    struct KaiParams {
+        lhs_zero_point: i8,
+        rhs_zero_point: u8,
+        scale_dt: u32,
+    }
+
+    extern "C" {
+        // KleidiAI 1.8.0 (kai/ukernels/matmul/pack/kai_rhs_pack_nxk_qsi4c32p_qsu4c32s1s0.h).
+        fn kai_get_rhs_packed_size_rhs_pack_nxk_qsi4c32p_qsu4c32s1s0(
+            n: usize,
+            k: usize,
+            nr: usize,
+            kr: usize,
+            sr: usize,
+            bl: usize,
+            scale_dt: u32,
+        ) -> usize;
+        fn kai_run_rhs_pack_nxk_qsi4c32p_qsu4c32s1s0(
+            num_groups: usize,
+            n: usize,
+            k: usize,
+            nr: usize,
+            kr: usize,
+            sr: usize,
+            bl: usize,
+            rhs: *const u8,
+            rhs_stride: usize,
+            bias: *const f32,
+            scale: *const c_void,
+            scale_stride: usize,
+            rhs_packed: *mut c_void,
+            extra_bytes: usize,
+            params: *const KaiParams,
+        );
+        // XNNPACK's patched packer (src/xnnpack/pack.h, patch 0022).
+        fn xnn_pack_kai_qb4_weights_kr8(
+            n: usize,
+            k: usize,
+            nr: usize,
+            bl: usize,
+            rhs: *const u8,
+            bias: *const f32,
+            scale: *const u16,
+            packed: *mut c_void,
+        ) -> bool;
+    }
+
+    /// Packs with both; returns (KleidiAI's bytes, ours), or None where ours declines.
+    fn both(
+        n: usize,
+        k: usize,
+        nr: usize,
+        bl: usize,
+        bias: bool,
+        bits: &mut Bits,
+    ) -> Option<(Vec<u8>, Vec<u8>)> {
+        let blocks = k / bl;
+        let rhs: Vec<u8> = (0..n * k / 2).map(|_| bits.next() as u8).collect();
+        // Positive normal bf16 scales (what patch 0007 lets through), of varied magnitude.
+        let scale: Vec<u16> = (0..n * blocks)
+            .map(|_| 0x3c00 + (bits.next() % 0x0600) as u16)
+            .collect();
+        let bias: Option<Vec<f32>> = bias.then(|| {
+            (0..n)
+                .map(|_| (bits.next() % 2001) as f32 / 7.0 - 140.0)
+                .collect()
+        });
+        let bias_ptr = bias.as_ref().map_or(std::ptr::null(), |b| b.as_ptr());
+        // SAFETY: a size query of valid arguments (nr a multiple of 4, bl of 32 and of kr).
+        let size = unsafe {
+            kai_get_rhs_packed_size_rhs_pack_nxk_qsi4c32p_qsu4c32s1s0(
+                n,
+                k,
+                nr,
+                16,
+                2,
+                bl,
+                KAI_DT_BF16,
+            )
+        };
+        // Filled with junk first, so a byte either packer leaves unwritten shows.
+        let junk: Vec<u8> = (0..size).map(|_| bits.next() as u8).collect();
+        let mut want = junk.clone();
+        let mut got = junk;
+        let params = KaiParams {
+            lhs_zero_point: 1,
+            rhs_zero_point: 8,
+            scale_dt: KAI_DT_BF16,
+        };
+        // SAFETY: rhs is n rows of k / 2 bytes, scale n rows of `blocks` bf16 values, bias null
+        // or n floats, and `want` the packed size KleidiAI states for this shape.
+        unsafe {
+            kai_run_rhs_pack_nxk_qsi4c32p_qsu4c32s1s0(
+                1,
+                n,
+                k,
+                nr,
+                16,
+                2,
+                bl,
+                rhs.as_ptr(),
+                k / 2,
+                bias_ptr,
+                scale.as_ptr().cast(),
+                blocks * 2,
+                want.as_mut_ptr().cast(),
+                0,
+                &params,
+            )
+        };
+        // SAFETY: as above; the patched packer writes the same layout, within the same size.
+        let packed = unsafe {
+            xnn_pack_kai_qb4_weights_kr8(
+                n,
+                k,
+                nr,
+                bl,
+                rhs.as_ptr(),
+                bias_ptr,
+                scale.as_ptr(),
+                got.as_mut_ptr().cast(),
+            )
+        };
+        packed.then_some((want, got))
+    }
+
+    #[test]
+    fn the_patched_kleidiai_layout_packer_packs_as_kleidiai_does() {
+        let mut bits = Bits(0x2545_f491_4f6c_dd1d);
+        let mut cases = 0;
+        for nr in [4usize, 8, 16] {
+            for n in [1, 3, nr, nr + 1, 3 * nr + 2] {
+                for k in [32usize, 64, 96, 256, 1024] {
+                    for bl in [32usize, 64, 128, k] {
+                        if !k.is_multiple_of(bl) {
+                            continue;
+                        }
+                        for bias in [false, true] {
+                            let (want, got) = both(n, k, nr, bl, bias, &mut bits)
+                                .unwrap_or_else(|| panic!("n {n} k {k} nr {nr} bl {bl}: declined"));
+                            let first = want.iter().zip(&got).position(|(w, g)| w != g);
+                            assert!(
+                                got == want,
+                                "n {n} k {k} nr {nr} bl {bl} bias {bias}: the packed bytes differ from \
+                                 KleidiAI's, first at byte {first:?} of {}",
+                                want.len()
+                            );
+                            cases += 1;
+                        }
+                    }
+                }
+            }
+        }
+        assert!(cases > 200, "{cases} cases");
+    }
+
+    #[test]
+    fn shapes_the_patched_packer_does_not_cover_are_left_to_kleidiai() {
+        // k not a whole number of blocks, and nr not a multiple of 4: declined, nothing written.
+        for (n, k, nr, bl) in [(5, 48, 4, 32), (4, 64, 6, 32), (4, 64, 4, 48)] {
+            let rhs = vec![0u8; n * k / 2 + 16];
+            let scale = vec![0x3f80u16; n * k.div_ceil(bl)];
+            let mut packed = vec![0xA5u8; 4096];
+            // SAFETY: the packer declines these shapes before reading or writing anything.
+            let took = unsafe {
+                xnn_pack_kai_qb4_weights_kr8(
+                    n,
+                    k,
+                    nr,
+                    bl,
+                    rhs.as_ptr(),
+                    std::ptr::null(),
+                    scale.as_ptr(),
+                    packed.as_mut_ptr().cast(),
+                )
+            };
+            assert!(!took, "n {n} k {k} nr {nr} bl {bl} was taken");
+            assert!(
+                packed.iter().all(|&b| b == 0xA5),
+                "n {n} k {k} nr {nr} bl {bl}: bytes written"
+            );
+        }
+    }
 }
