@@ -232,3 +232,50 @@ fn exported_programs_also_match_on_an_avx2_only_cpu() {
         ],
     );
 }
+
+#[test]
+fn a_warm_launch_of_every_exported_program_packs_nothing() {
+    // Whatever the operator: deconvolutions (the UNet's, op_deconv's), depthwise and 1x1
+    // depthwise-as-multiply convolutions once packed before their look-up, so every warm launch
+    // packed them again (XNNPACK patch 0023).
+    let scratch = common::scratch("warm-packs-nothing");
+    let mut checked = Vec::new();
+    for name in common::exported_names() {
+        let io = io(&name);
+        let cache = xnnblob::backend::PackedCache::File(scratch.join(format!("{name}.xbc")));
+        let launch = || {
+            let backend = Backend::with_defaults().unwrap();
+            let program = common::io_steps::load(&backend, &dir(), &io, &name, Some(&cache));
+            let loaded = program.method(io["method"].as_str().unwrap()).is_ok();
+            let stats = program.weights_cache().map(|c| {
+                c.wait_saved().unwrap();
+                c.stats()
+            });
+            (loaded, stats)
+        };
+        let (loaded, cold) = launch();
+        let (Some(cold), true) = (cold, loaded) else {
+            continue;
+        };
+        let (_, warm) = launch();
+        let warm = warm.unwrap();
+        assert_eq!(
+            warm.packed, 0,
+            "{name}: the warm launch packed {} weights (cold: {} packed, {} found)",
+            warm.packed, cold.packed, cold.hits
+        );
+        if cold.packed > 0 {
+            assert!(
+                warm.hits > 0,
+                "{name}: the warm launch found nothing packed"
+            );
+            checked.push(name);
+        }
+    }
+    for needed in ["arch_unet_fp32", "op_deconv_fp32", "arch_mobilenet_v2_fp32"] {
+        assert!(
+            checked.iter().any(|n| n == needed),
+            "{needed} was checked: {checked:?}"
+        );
+    }
+}
