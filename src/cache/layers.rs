@@ -51,6 +51,17 @@ pub enum LayerOutcome {
         /// Its cache files, all made for other CPU classes or builds.
         files: usize,
     },
+    /// More than one file of a directory that is not a usable cache (not valid, or not
+    /// readable): said once for the directory, with the first of them, not once per file.
+    UnusableInDirectory {
+        /// The directory.
+        dir: PathBuf,
+        /// How many of its cache files were not usable.
+        files: usize,
+        /// What became of the first of them ([`LayerOutcome::Ignored`] or
+        /// [`LayerOutcome::Unreadable`]).
+        first: Box<LayerOutcome>,
+    },
     /// Could not be read (missing, not a regular file, no permission).
     Unreadable {
         /// The file or directory given.
@@ -76,6 +87,12 @@ impl LayerOutcome {
                  writable cache instead",
                 dir.display(),
                 super::describe_cpu_fingerprint(super::cpu_fingerprint())
+            )),
+            LayerOutcome::UnusableInDirectory { dir, files, first } => Some(format!(
+                "{files} files in read-only packed-weight cache directory {} are not usable \
+                 caches and are ignored; the first: {}",
+                dir.display(),
+                first.note().unwrap_or_default()
             )),
             LayerOutcome::Unreadable { path, error } => Some(format!(
                 "read-only packed-weight cache {} cannot be read ({error}); it is ignored",
@@ -135,18 +152,43 @@ fn for_other_devices(why: &FileError) -> bool {
 
 /// Replaces, for each directory with no file used, its files' outcomes of being for other
 /// devices with one [`LayerOutcome::NoneForThisCpu`]; in a directory with one used, those of
-/// the others are dropped (a bundle holds a file per class: the others are expected).
+/// the others are dropped (a bundle holds a file per class: the others are expected). A
+/// directory's files that are not usable caches, when there is more than one, become one
+/// [`LayerOutcome::UnusableInDirectory`]: a directory of thousands of junk files is one note.
 fn grouped(outcomes: Vec<(LayerOutcome, Option<PathBuf>)>) -> Vec<LayerOutcome> {
+    let unusable = |o: &LayerOutcome| match o {
+        LayerOutcome::Ignored { why, .. } => !for_other_devices(why),
+        LayerOutcome::Unreadable { .. } => true,
+        _ => false,
+    };
+    let mut unusable_count: std::collections::HashMap<&PathBuf, usize> = Default::default();
+    for (o, d) in &outcomes {
+        if let (Some(d), true) = (d, unusable(o)) {
+            *unusable_count.entry(d).or_default() += 1;
+        }
+    }
+    let unusable_in = |dir: &PathBuf| unusable_count.get(dir).copied().unwrap_or(0);
     let used_in = |dir: &PathBuf| {
         outcomes
             .iter()
             .any(|(o, d)| d.as_ref() == Some(dir) && matches!(o, LayerOutcome::Used { .. }))
     };
     let mut said: Vec<PathBuf> = Vec::new();
+    let mut said_unusable: Vec<PathBuf> = Vec::new();
     let mut kept = Vec::new();
     for (outcome, dir) in &outcomes {
         let other = matches!(outcome, LayerOutcome::Ignored { why, .. } if for_other_devices(why));
         match dir {
+            Some(dir) if unusable(outcome) && unusable_in(dir) > 1 => {
+                if !said_unusable.contains(dir) {
+                    said_unusable.push(dir.clone());
+                    kept.push(LayerOutcome::UnusableInDirectory {
+                        dir: dir.clone(),
+                        files: unusable_in(dir),
+                        first: Box::new(outcome.clone()),
+                    });
+                }
+            }
             Some(dir) if other => {
                 if !used_in(dir) && !said.contains(dir) {
                     said.push(dir.clone());

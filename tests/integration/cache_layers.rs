@@ -273,3 +273,39 @@ fn layers_that_are_missing_not_regular_or_not_caches_are_ignored_and_said() {
     assert_eq!(stats.packed, 3);
     assert_matches_reference(&mlp, &out);
 }
+
+#[test]
+fn a_directory_of_many_junk_files_is_one_note_that_counts_them() {
+    let dir = scratch("layers-junk");
+    let bundle = dir.join("bundle");
+    std::fs::create_dir_all(&bundle).unwrap();
+    const JUNK: usize = 5000;
+    for i in 0..JUNK {
+        std::fs::write(bundle.join(format!("junk-{i:04}.xbc")), format!("junk {i}")).unwrap();
+    }
+    // And one that cannot be read as a file: a directory named as a cache file (the first by
+    // name, so the note shows it).
+    std::fs::create_dir_all(bundle.join("a-directory.xbc")).unwrap();
+    let mlp = model(6);
+    let cache = open(
+        &dir.join("writable.xbc"),
+        layered(&[&bundle], &dir.join("state")),
+    );
+    let outcomes = cache.layer_outcomes();
+    assert!(
+        matches!(
+            outcomes,
+            [LayerOutcome::UnusableInDirectory { files, .. }] if *files == JUNK + 1
+        ),
+        "{outcomes:?}"
+    );
+    let note = cache.layer_note().unwrap();
+    assert_eq!(note.lines().count(), 1, "{note}");
+    assert!(
+        note.contains("5001 files") && note.contains("a-directory.xbc"),
+        "{note}"
+    );
+    let (out, stats) = process(cache, &mlp);
+    assert_eq!(stats.packed, 3);
+    assert_matches_reference(&mlp, &out);
+}
