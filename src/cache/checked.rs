@@ -187,6 +187,26 @@ pub fn elsewhere_path(path: &Path, state_dir: Option<&Path>) -> Option<PathBuf> 
     Some(dir.join(format!("{name}.damage")))
 }
 
+/// Whether what a check of the file `map` maps finds could be remembered at `record` (a record
+/// path of [`elsewhere_path`]): the file has been unchanged for its [`settle_time`] and a regular
+/// file can be written at `record` (made empty where there is none, which reads as no record).
+/// Where it cannot (a state directory that cannot be written, a FIFO or a link at the record's
+/// path, a file changed within its settle time), a check after use would be forgotten and the
+/// damage it found served again at the next launch: the caller checks the file before use.
+pub fn can_remember(record: &Path, path: &Path, map: &MappedFile) -> bool {
+    before_check(path, map).is_some()
+        && side_file::open(
+            record,
+            OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .mode(side_file::PRIVATE_MODE),
+        )
+        .is_ok()
+}
+
 /// The damaged entries' offsets that the record at `record` remembers of the file `map` maps,
 /// if the record is of the file at `path` as it is now (an empty list: checked, all intact).
 pub fn remembered_damage(record: &Path, path: &Path, map: &MappedFile) -> Option<Vec<u64>> {
@@ -199,16 +219,16 @@ pub fn remembered_damage(record: &Path, path: &Path, map: &MappedFile) -> Option
 
 /// Remembers, at `record`, that the file `map` maps was checked and which entries (by offset)
 /// failed, if the file at `path` is the one [`before_check`] saw, unchanged since, and no more
-/// than [`DamageRecord::MAX_DAMAGED`] failed. Best effort, as [`record`].
+/// than [`DamageRecord::MAX_DAMAGED`] failed. Returns whether it was remembered.
 pub fn remember_damage(
     record: &Path,
     path: &Path,
     map: &MappedFile,
     before: Before,
     damaged: &[u64],
-) {
+) -> bool {
     if of_mapped(path, map) != Some(before.0) || damaged.len() > DamageRecord::MAX_DAMAGED {
-        return;
+        return false;
     }
     let mut damaged = damaged.to_vec();
     damaged.sort_unstable();
@@ -228,10 +248,10 @@ pub fn remember_damage(
             .mode(side_file::PRIVATE_MODE),
     );
     let Ok(mut file) = opened else {
-        return;
+        return false;
     };
-    let _ = file
-        .set_len(0)
+    file.set_len(0)
         .and_then(|()| file.rewind())
-        .and_then(|()| file.write_all(text.as_bytes()));
+        .and_then(|()| file.write_all(text.as_bytes()))
+        .is_ok()
 }

@@ -12,8 +12,9 @@
 //! state directory, keyed by the layer's path, with the file's status (inode, size, change time);
 //! a layer with a record has the damaged entries it names forgotten at open and nothing hashed.
 //! One without is checked after the launch, in the background, and what is found is
-//! recorded, so a damaged entry is served at most once. Where nothing can be recorded, the layer
-//! is checked at open, before use.
+//! recorded, so a damaged entry is served at most once. Where nothing could be recorded (no state
+//! directory, a record path that cannot be written as a regular file, a layer changed within its
+//! settle time), the layer is checked at open, before use.
 
 use super::checked;
 use super::core::CacheCore;
@@ -270,12 +271,17 @@ pub(crate) fn load(
         match checked::elsewhere_path(&path, state_dir) {
             Some(record) => match checked::remembered_damage(&record, &path, &map) {
                 Some(damaged) => core.settle_layer(index, &damaged),
-                None => pending.push(PendingCheck {
+                None if checked::can_remember(&record, &path, &map) => pending.push(PendingCheck {
                     path: path.clone(),
                     map,
                     index,
                     record,
                 }),
+                // What a check after the launch found could not be remembered: checked now,
+                // before any look-up, so damage is never served.
+                None => {
+                    core.forget_corrupt_in_layer(index);
+                }
             },
             // Nowhere to remember a check: checked now, before any look-up.
             None => {
@@ -302,8 +308,13 @@ pub(crate) fn check(core: &CacheCore, pending: Vec<PendingCheck>) -> usize {
         let before = checked::before_check(&layer.path, &layer.map);
         let found = core.forget_corrupt_in_layer(layer.index);
         damaged += found.len();
-        if let Some(before) = before {
-            checked::remember_damage(&layer.record, &layer.path, &layer.map, before, &found);
+        let remembered = before.is_some_and(|before| {
+            checked::remember_damage(&layer.record, &layer.path, &layer.map, before, &found)
+        });
+        if !remembered && !found.is_empty() {
+            core.counters
+                .damage_not_remembered
+                .fetch_add(found.len(), std::sync::atomic::Ordering::Relaxed);
         }
     }
     damaged

@@ -1079,6 +1079,7 @@ impl PackedWeightsCache {
             return None;
         }
         let after_use = counters.corrupt_after_use.load(Ordering::Relaxed);
+        let not_remembered = counters.damage_not_remembered.load(Ordering::Relaxed);
         let path = self
             .path
             .as_ref()
@@ -1089,7 +1090,10 @@ impl PackedWeightsCache {
             said.push(format!(
                 "{after_use} packed weights of {path} failed their checksum after this launch \
                  used them: its outputs may be wrong; {}",
-                if read_only {
+                if not_remembered > 0 {
+                    "the file cannot be written and this could not be remembered under the \
+                     user's state directory"
+                } else if read_only {
                     "the file cannot be written, so this is remembered under the user's state \
                      directory and every later launch repacks them"
                 } else {

@@ -7,6 +7,7 @@ use crate::common;
 use crate::packed_cache::assert_matches_reference;
 
 use common::scratch;
+use std::os::unix::fs::FileTypeExt;
 use std::path::Path;
 use std::sync::Arc;
 use xnnblob::cache::{
@@ -308,4 +309,85 @@ fn a_directory_of_many_junk_files_is_one_note_that_counts_them() {
     let (out, stats) = process(cache, &mlp);
     assert_eq!(stats.packed, 3);
     assert_matches_reference(&mlp, &out);
+}
+
+/// A damaged layer at `dir/damaged.xbc` of `mlp`, its bytes as damaged.
+fn damaged_layer(dir: &Path, mlp: &Mlp) -> (std::path::PathBuf, Vec<u8>) {
+    let layer = dir.join("damaged.xbc");
+    make_layer(&layer, mlp, CacheOptions::default());
+    let mut bytes = std::fs::read(&layer).unwrap();
+    // Enough of the first entry's packed floats that its outputs are far off where it is used.
+    for b in &mut bytes[format::HEADER_SIZE + 64..format::HEADER_SIZE + 192] {
+        *b ^= 0x40;
+    }
+    std::fs::write(&layer, &bytes).unwrap();
+    (layer, bytes)
+}
+
+/// Launches thrice with `layer` under a writable file and the state directory `state`, each
+/// after `before_each`; every launch's outputs must be right: damage that cannot be remembered
+/// is checked for before use.
+fn every_launch_is_right(
+    dir: &Path,
+    layer: &Path,
+    state: &Path,
+    mlp: &Mlp,
+    before_each: impl Fn(),
+) {
+    let writable = dir.join("writable.xbc");
+    for launch in 0..3 {
+        before_each();
+        let cache = open(&writable, layered(&[layer], state));
+        let (out, stats) = process(cache.clone(), mlp);
+        assert_matches_reference(mlp, &out);
+        assert_eq!(stats.hits + stats.packed, 3, "launch {launch}: {stats:?}");
+        if let Some(note) = cache.damage_note() {
+            assert!(!note.contains("is remembered"), "launch {launch}: {note}");
+        }
+    }
+}
+
+#[test]
+fn a_damaged_layer_whose_damage_cannot_be_remembered_is_checked_before_use() {
+    let dir = scratch("layers-unremembered");
+    let mlp = model(7);
+    let (layer, bytes) = damaged_layer(&dir, &mlp);
+    std::thread::sleep(xnnblob::cache::SETTLED);
+    // The state directory is there, but its record of this layer is a FIFO: nothing can be
+    // written there, and it is never opened as a record.
+    let records = dir.join("state/read-only-caches");
+    std::fs::create_dir_all(&records).unwrap();
+    let absolute = std::path::absolute(&layer).unwrap();
+    let digest = xnnblob::sha256::sha256(absolute.as_os_str().as_encoded_bytes());
+    let record = records.join(format!("{}.damage", xnnblob::sha256::to_hex(&digest[..16])));
+    let made = std::process::Command::new("mkfifo")
+        .arg(&record)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    every_launch_is_right(&dir, &layer, &dir.join("state"), &mlp, || {});
+    assert!(
+        std::fs::symlink_metadata(&record)
+            .unwrap()
+            .file_type()
+            .is_fifo(),
+        "the FIFO is left as it is"
+    );
+    assert_eq!(
+        std::fs::read(&layer).unwrap(),
+        bytes,
+        "the layer is never written"
+    );
+}
+
+#[test]
+fn a_damaged_layer_changed_within_its_settle_time_is_checked_before_use() {
+    let dir = scratch("layers-unsettled");
+    let mlp = model(8);
+    let (layer, bytes) = damaged_layer(&dir, &mlp);
+    // Its change time is moved before each launch (the same bytes written again): a record made
+    // after the launch could not tell a later change, so none is made and none is relied on.
+    every_launch_is_right(&dir, &layer, &dir.join("state"), &mlp, || {
+        std::fs::write(&layer, &bytes).unwrap()
+    });
 }
