@@ -332,7 +332,7 @@ pub(crate) struct Counters {
     pub corrupt_found: AtomicUsize,
     /// Of those, the ones found after runtimes were handed them (the background check).
     pub corrupt_after_use: AtomicUsize,
-    /// Of those, in read-only layers, the ones whose damage could not be remembered.
+    /// Of those, in read-only files and layers, the ones whose damage could not be remembered.
     pub damage_not_remembered: AtomicUsize,
     /// Entries of a file whose packed bytes were hashed to check them.
     pub checked: AtomicUsize,

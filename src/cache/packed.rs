@@ -991,9 +991,10 @@ impl PackedWeightsCache {
     /// ([`CacheOptions::state_dir`]), and served at most once: with
     /// [`VerifyPacked::Background`], entries a record of an earlier check names are forgotten
     /// now (nothing is read); a file with no record of its current status is checked after
-    /// the launch, and what is found is recorded. Where nothing can be recorded, the file is
-    /// checked now, before use (every packed byte is read). A warm launch with a record costs
-    /// one small read.
+    /// the launch, and what is found is recorded. Where nothing can be recorded (no state
+    /// directory, a record path that cannot be written as a regular file, a file changed
+    /// within its settle time), the file is checked now, before use (every packed byte is
+    /// read). A warm launch with a record costs one small read.
     pub fn keep_read_only(&self) {
         if self.read_only.swap(true, Ordering::Relaxed) {
             return;
@@ -1008,7 +1009,13 @@ impl PackedWeightsCache {
                     self.core().forget_at(&damaged);
                     self.core().mark_checked();
                 }
-                None => *self.remember_at.lock() = Some(record),
+                None if checked::can_remember(&record, path, map) => {
+                    *self.remember_at.lock() = Some(record)
+                }
+                // A check after the launch could not be remembered: checked now.
+                None => {
+                    self.core().forget_corrupt(true);
+                }
             },
             None => {
                 self.core().forget_corrupt(true);
@@ -1039,8 +1046,13 @@ impl PackedWeightsCache {
                 let before = checked::before_check(&path, &map);
                 let damaged = core.forget_corrupt_at(true);
                 damaged_count += damaged.len();
-                if let Some(before) = before {
-                    checked::remember_damage(&record, &path, &map, before, &damaged);
+                let remembered = before.is_some_and(|before| {
+                    checked::remember_damage(&record, &path, &map, before, &damaged)
+                });
+                if !remembered && !damaged.is_empty() {
+                    core.counters
+                        .damage_not_remembered
+                        .fetch_add(damaged.len(), Ordering::Relaxed);
                 }
             }
             core.counters

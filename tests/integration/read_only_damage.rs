@@ -119,4 +119,30 @@ fn damage_in_a_read_only_cache_is_served_at_most_once() {
     let nowhere = read_only_launch(&pte, &ptd, &path, PathBuf::from("/proc/no-such-dir"));
     assert_eq!(nowhere.output, right);
     assert!(nowhere.note.unwrap().contains("before use"));
+
+    // A state directory whose record of this file is a FIFO: nothing can be remembered there,
+    // so every launch checks before use, and no note says the damage is remembered.
+    let fifo_state = dir.join("fifo-state");
+    let records = fifo_state.join("read-only-caches");
+    std::fs::create_dir_all(&records).unwrap();
+    let absolute = std::path::absolute(&path).unwrap();
+    let digest = xnnblob::sha256::sha256(absolute.as_os_str().as_encoded_bytes());
+    let record = records.join(format!("{}.damage", xnnblob::sha256::to_hex(&digest[..16])));
+    let made = std::process::Command::new("mkfifo")
+        .arg(&record)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    for launch in ["first", "second"] {
+        let with_fifo = read_only_launch(&pte, &ptd, &path, fifo_state.clone());
+        assert_eq!(
+            with_fifo.output, right,
+            "{launch} launch with a FIFO record"
+        );
+        let note = with_fifo.note.unwrap();
+        assert!(
+            note.contains("before use") && !note.contains("is remembered"),
+            "{note}"
+        );
+    }
 }
