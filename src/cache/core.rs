@@ -137,6 +137,22 @@ pub(crate) struct State {
     /// For a layer entry that took a key over from an entry of the cache's own file: that
     /// entry, by index.
     shadowed: FastMap<usize, usize>,
+    /// Damage found in read-only layers, by layer: what the notes name instead of the cache's
+    /// own file.
+    pub layer_damage: Vec<LayerDamage>,
+}
+
+/// Entries of one read-only layer found damaged (and forgotten).
+#[derive(Debug, Clone)]
+pub(crate) struct LayerDamage {
+    /// The layer file.
+    pub path: std::path::PathBuf,
+    /// How many entries.
+    pub entries: usize,
+    /// Found by the check after the launch, so runtimes may have used them.
+    pub after_use: bool,
+    /// Remembered under the user's state directory (for damage found after use).
+    pub remembered: bool,
 }
 
 /// An entry of a file that [`CacheCore::forget_corrupt`] has yet to check.
@@ -332,7 +348,7 @@ pub(crate) struct Counters {
     pub corrupt_found: AtomicUsize,
     /// Of those, the ones found after runtimes were handed them (the background check).
     pub corrupt_after_use: AtomicUsize,
-    /// Of those, in read-only files and layers, the ones whose damage could not be remembered.
+    /// Of those, in a read-only cache file, the ones whose damage could not be remembered.
     pub damage_not_remembered: AtomicUsize,
     /// Entries of a file whose packed bytes were hashed to check them.
     pub checked: AtomicUsize,
@@ -431,7 +447,7 @@ impl CacheCore {
     /// Marks every entry of the layer mapped as `maps[map]` checked (a record says it was, as
     /// it is now) and forgets those at `damaged` (offsets the record remembers), before any
     /// look-up finds them.
-    pub fn settle_layer(&self, map: usize, damaged: &[u64]) {
+    pub fn settle_layer(&self, map: usize, damaged: &[u64]) -> usize {
         let mut state = self.state.lock();
         let mut forgotten = 0;
         for i in 0..state.entries.len() {
@@ -451,6 +467,7 @@ impl CacheCore {
         self.counters
             .corrupt_found
             .fetch_add(forgotten, Ordering::Relaxed);
+        forgotten
     }
 
     /// Marks every entry of a file checked: a record says its bytes were, as they are now.

@@ -17,7 +17,7 @@
 //! settle time), the layer is checked at open, before use.
 
 use super::checked;
-use super::core::CacheCore;
+use super::core::{CacheCore, LayerDamage};
 use super::format::{self, Compat, CpuMatch, FileError};
 use crate::mmap::MappedFile;
 use crate::storage::Storage;
@@ -268,9 +268,19 @@ pub(crate) fn load(
             }
             index
         };
+        let found_before_use = |damaged: usize| {
+            if damaged > 0 {
+                core.state.lock().layer_damage.push(LayerDamage {
+                    path: path.clone(),
+                    entries: damaged,
+                    after_use: false,
+                    remembered: false,
+                });
+            }
+        };
         match checked::elsewhere_path(&path, state_dir) {
             Some(record) => match checked::remembered_damage(&record, &path, &map) {
-                Some(damaged) => core.settle_layer(index, &damaged),
+                Some(damaged) => found_before_use(core.settle_layer(index, &damaged)),
                 None if checked::can_remember(&record, &path, &map) => pending.push(PendingCheck {
                     path: path.clone(),
                     map,
@@ -279,14 +289,10 @@ pub(crate) fn load(
                 }),
                 // What a check after the launch found could not be remembered: checked now,
                 // before any look-up, so damage is never served.
-                None => {
-                    core.forget_corrupt_in_layer(index);
-                }
+                None => found_before_use(core.forget_corrupt_in_layer(index).len()),
             },
             // Nowhere to remember a check: checked now, before any look-up.
-            None => {
-                core.forget_corrupt_in_layer(index);
-            }
+            None => found_before_use(core.forget_corrupt_in_layer(index).len()),
         }
         outcomes.push((
             LayerOutcome::Used {
@@ -311,10 +317,13 @@ pub(crate) fn check(core: &CacheCore, pending: Vec<PendingCheck>) -> usize {
         let remembered = before.is_some_and(|before| {
             checked::remember_damage(&layer.record, &layer.path, &layer.map, before, &found)
         });
-        if !remembered && !found.is_empty() {
-            core.counters
-                .damage_not_remembered
-                .fetch_add(found.len(), std::sync::atomic::Ordering::Relaxed);
+        if !found.is_empty() {
+            core.state.lock().layer_damage.push(LayerDamage {
+                path: layer.path.clone(),
+                entries: found.len(),
+                after_use: true,
+                remembered,
+            });
         }
     }
     damaged

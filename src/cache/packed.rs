@@ -1092,6 +1092,19 @@ impl PackedWeightsCache {
         }
         let after_use = counters.corrupt_after_use.load(Ordering::Relaxed);
         let not_remembered = counters.damage_not_remembered.load(Ordering::Relaxed);
+        // What was found in read-only layers is said of each layer, the rest of this cache's
+        // own file.
+        let layer_damage = self.core().state.lock().layer_damage.clone();
+        let in_layers: usize = layer_damage.iter().map(|d| d.entries).sum();
+        let in_layers_after_use: usize = layer_damage
+            .iter()
+            .filter(|d| d.after_use)
+            .map(|d| d.entries)
+            .sum();
+        let (damaged, after_use) = (
+            damaged.saturating_sub(in_layers),
+            after_use.saturating_sub(in_layers_after_use),
+        );
         let path = self
             .path
             .as_ref()
@@ -1124,7 +1137,29 @@ impl PackedWeightsCache {
                 }
             ));
         }
-        Some(said.join("; "))
+        for d in &layer_damage {
+            let layer = d.path.display();
+            said.push(if d.after_use {
+                format!(
+                    "{} packed weights of read-only layer {layer} failed their checksum after \
+                     this launch used them: its outputs may be wrong; {}",
+                    d.entries,
+                    if d.remembered {
+                        "this is remembered under the user's state directory and later \
+                         launches pack them into the writable cache"
+                    } else {
+                        "this could not be remembered under the user's state directory"
+                    }
+                )
+            } else {
+                format!(
+                    "{} packed weights of read-only layer {layer} failed their checksum before \
+                     use and are packed into the writable cache instead",
+                    d.entries
+                )
+            });
+        }
+        (!said.is_empty()).then(|| said.join("; "))
     }
 
     /// Checks every packed weight of the file not checked yet against its checksum, now, and

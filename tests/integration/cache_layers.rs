@@ -217,8 +217,19 @@ fn a_damaged_layer_entry_is_served_at_most_once_and_then_packed_into_the_writabl
     let writable = dir.join("writable.xbc");
     let state = dir.join("state");
     // The first launch may use it (it is checked after the launch, in the background)...
-    let (_, first) = process(open(&writable, layered(&[&layer], &state)), &mlp);
+    let cache = open(&writable, layered(&[&layer], &state));
+    let (_, first) = process(cache.clone(), &mlp);
     assert_eq!(first.corrupt_found, 1, "{first:?}");
+    // The note names the layer at fault, not the writable file.
+    let note = cache.damage_note().unwrap();
+    let (layer_name, writable_name) = (layer.display().to_string(), writable.display().to_string());
+    assert!(
+        note.contains(&format!("read-only layer {layer_name}"))
+            && note.contains("is remembered")
+            && !note.contains(&writable_name),
+        "{note}"
+    );
+    drop(cache);
     // ...every later one repacks it into the writable file, then finds it there.
     for launch in 0..2 {
         let cache = open(&writable, layered(&[&layer], &state));
@@ -343,6 +354,10 @@ fn every_launch_is_right(
         assert_eq!(stats.hits + stats.packed, 3, "launch {launch}: {stats:?}");
         if let Some(note) = cache.damage_note() {
             assert!(!note.contains("is remembered"), "launch {launch}: {note}");
+            assert!(
+                note.contains(&layer.display().to_string()) && !note.contains("writable.xbc"),
+                "launch {launch}: {note}"
+            );
         }
     }
 }
