@@ -679,22 +679,31 @@ impl CacheCore {
             .collect()
     }
 
-    /// Whether entry `i` holds the `size` bytes the operator looking it up will read. One that
-    /// does not (a file whose index lies, or keys that were swapped) is forgotten: never found
-    /// again, never saved, so the weight is repacked and the file repaired at the next save.
-    /// Returning it would have XNNPACK read another weight's bytes, or past the mapping.
-    fn keeps_if_sized(&self, state: &mut State, i: usize, size: usize) -> bool {
-        let e = &mut state.entries[i];
-        if e.size == size {
-            return true;
-        }
-        if let Some(key) = e.key.take() {
-            if state.by_key.get(&key) == Some(&i) {
-                state.by_key.remove(&key);
+    /// Entry `i` if it holds the `size` bytes the operator looking it up will read, else the
+    /// cache's own entry a layer entry `i` shadowed, if that one does. One that does not (a
+    /// file whose index lies, or keys that were swapped) is forgotten: never found again, never
+    /// saved, so the weight is repacked and the file repaired at the next save. Returning it
+    /// would have XNNPACK read another weight's bytes, or past the mapping.
+    fn sized(&self, state: &mut State, mut i: usize, size: usize) -> Option<usize> {
+        loop {
+            if state.entries[i].size == size {
+                return Some(i);
             }
+            self.counters.wrong_size.fetch_add(1, Ordering::Relaxed);
+            // A layer entry of the wrong size gives its key back to the cache's own entry it
+            // shadowed, which is asked in its turn: otherwise that entry, still in the file,
+            // would be packed again at every launch and saved beside its key's new entry.
+            let shadowed = state.shadowed.remove(&i);
+            if let Some(key) = state.entries[i].key.take() {
+                if state.by_key.get(&key) == Some(&i) {
+                    match shadowed {
+                        Some(own) => state.by_key.insert(key, own),
+                        None => state.by_key.remove(&key),
+                    };
+                }
+            }
+            i = shadowed?;
         }
-        self.counters.wrong_size.fetch_add(1, Ordering::Relaxed);
-        false
     }
 
     /// The content key of XNNPACK's pointer key; None if a non-null pointer is unknown.
@@ -787,7 +796,7 @@ impl PackedWeightsProvider for CacheCore {
         let mut state = self.state.lock();
         let found = CacheCore::entry_key(&state, key)
             .and_then(|k| state.by_key.get(&k).copied())
-            .filter(|&i| self.keeps_if_sized(&mut state, i, key.packed_size));
+            .and_then(|i| self.sized(&mut state, i, key.packed_size));
         match found {
             Some(i) => {
                 state.entries[i].hit = true;
@@ -878,7 +887,7 @@ impl PackedWeightsProvider for CacheCore {
         if let Some(&i) = content_key.as_ref().and_then(|k| state.by_key.get(k)) {
             // A hit confirmed (null ptr), or another thread packed the same weights first;
             // unless the entry is not the size this operator reads.
-            if self.keeps_if_sized(&mut state, i, size) {
+            if let Some(i) = self.sized(&mut state, i, size) {
                 return Some(i);
             }
         }

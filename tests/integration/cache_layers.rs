@@ -406,3 +406,44 @@ fn a_damaged_layer_changed_within_its_settle_time_is_checked_before_use() {
         std::fs::write(&layer, &bytes).unwrap()
     });
 }
+
+#[test]
+fn a_layer_entry_of_the_wrong_size_is_packed_once_into_the_writable_file() {
+    use std::os::unix::fs::MetadataExt;
+    let dir = scratch("layers-wrong-size");
+    let layer = dir.join("lying.xbc");
+    let mlp = model(9);
+    make_layer(&layer, &mlp, CacheOptions::default());
+    // One entry's size cut short, every checksum recomputed: consistent, and lying.
+    let bytes = std::fs::read(&layer).unwrap();
+    let compat = format::Compat {
+        build_id: xnnblob::xnn::build_identifier().to_vec(),
+        cpu_fingerprint: cpu_fingerprint(),
+    };
+    let decoded = format::decode(&bytes, &compat).unwrap();
+    let mut entries = decoded.entries.clone();
+    entries[0].size -= 64;
+    let crafted = format::reindexed(&bytes, &entries, &decoded.sources).unwrap();
+    std::fs::write(&layer, crafted).unwrap();
+
+    let writable = dir.join("writable.xbc");
+    let state = dir.join("state");
+    let mut inode = None;
+    for launch in 0..3 {
+        let (out, stats) = process(open(&writable, layered(&[&layer], &state)), &mlp);
+        assert_matches_reference(&mlp, &out);
+        assert_eq!(
+            stats.packed,
+            usize::from(launch == 0),
+            "launch {launch}: {stats:?}"
+        );
+        // Written once, by the launch that packed; never again.
+        let now = std::fs::metadata(&writable).unwrap().ino();
+        assert_eq!(
+            *inode.get_or_insert(now),
+            now,
+            "launch {launch} rewrote the file"
+        );
+    }
+    assert_eq!(entries_in(&writable), 1, "one entry, its key once");
+}
