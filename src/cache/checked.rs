@@ -187,6 +187,20 @@ pub fn elsewhere_path(path: &Path, state_dir: Option<&Path>) -> Option<PathBuf> 
     Some(dir.join(format!("{name}.damage")))
 }
 
+/// The damage record at `record`, opened to be written (made, private, where there is none; a
+/// regular file only).
+fn open_damage_record(record: &Path) -> std::io::Result<File> {
+    side_file::open(
+        record,
+        OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(side_file::PRIVATE_MODE),
+    )
+}
+
 /// Whether what a check of the file `map` maps finds could be remembered at `record` (a record
 /// path of [`elsewhere_path`]): the file has been unchanged for its [`settle_time`] and a regular
 /// file can be written at `record` (made empty where there is none, which reads as no record).
@@ -194,17 +208,7 @@ pub fn elsewhere_path(path: &Path, state_dir: Option<&Path>) -> Option<PathBuf> 
 /// path, a file changed within its settle time), a check after use would be forgotten and the
 /// damage it found served again at the next launch: the caller checks the file before use.
 pub fn can_remember(record: &Path, path: &Path, map: &MappedFile) -> bool {
-    before_check(path, map).is_some()
-        && side_file::open(
-            record,
-            OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create(true)
-                .truncate(false)
-                .mode(side_file::PRIVATE_MODE),
-        )
-        .is_ok()
+    before_check(path, map).is_some() && open_damage_record(record).is_ok()
 }
 
 /// The damaged entries' offsets that the record at `record` remembers of the file `map` maps,
@@ -238,16 +242,7 @@ pub fn remember_damage(
         damaged,
     }
     .to_text();
-    let opened = side_file::open(
-        record,
-        OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(side_file::PRIVATE_MODE),
-    );
-    let Ok(mut file) = opened else {
+    let Ok(mut file) = open_damage_record(record) else {
         return false;
     };
     file.set_len(0)

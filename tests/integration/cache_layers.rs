@@ -5,6 +5,7 @@
 
 use crate::common;
 use crate::packed_cache::assert_matches_reference;
+use crate::read_only_damage::fifo_at_damage_record;
 
 use common::scratch;
 use std::os::unix::fs::FileTypeExt;
@@ -370,16 +371,7 @@ fn a_damaged_layer_whose_damage_cannot_be_remembered_is_checked_before_use() {
     std::thread::sleep(xnnblob::cache::SETTLED);
     // The state directory is there, but its record of this layer is a FIFO: nothing can be
     // written there, and it is never opened as a record.
-    let records = dir.join("state/read-only-caches");
-    std::fs::create_dir_all(&records).unwrap();
-    let absolute = std::path::absolute(&layer).unwrap();
-    let digest = xnnblob::sha256::sha256(absolute.as_os_str().as_encoded_bytes());
-    let record = records.join(format!("{}.damage", xnnblob::sha256::to_hex(&digest[..16])));
-    let made = std::process::Command::new("mkfifo")
-        .arg(&record)
-        .status()
-        .unwrap();
-    assert!(made.success());
+    let record = fifo_at_damage_record(&dir.join("state"), &layer);
     every_launch_is_right(&dir, &layer, &dir.join("state"), &mlp, || {});
     assert!(
         std::fs::symlink_metadata(&record)

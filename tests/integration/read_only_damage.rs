@@ -12,6 +12,23 @@ use xnnblob::program::Program;
 use super::lying_cache_files::chain;
 use crate::common;
 
+/// Makes the record of `file`'s damage under the state directory `state` a FIFO (where the
+/// cache keeps it: `read-only-caches/`, named by the hash of the file's absolute path), so that
+/// nothing can be remembered there; returns its path.
+pub(crate) fn fifo_at_damage_record(state: &Path, file: &Path) -> PathBuf {
+    let records = state.join("read-only-caches");
+    std::fs::create_dir_all(&records).unwrap();
+    let absolute = std::path::absolute(file).unwrap();
+    let digest = xnnblob::sha256::sha256(absolute.as_os_str().as_encoded_bytes());
+    let record = records.join(format!("{}.damage", xnnblob::sha256::to_hex(&digest[..16])));
+    let made = std::process::Command::new("mkfifo")
+        .arg(&record)
+        .status()
+        .unwrap();
+    assert!(made.success(), "mkfifo {}", record.display());
+    record
+}
+
 struct Launch {
     output: Vec<f32>,
     note: Option<String>,
@@ -123,16 +140,7 @@ fn damage_in_a_read_only_cache_is_served_at_most_once() {
     // A state directory whose record of this file is a FIFO: nothing can be remembered there,
     // so every launch checks before use, and no note says the damage is remembered.
     let fifo_state = dir.join("fifo-state");
-    let records = fifo_state.join("read-only-caches");
-    std::fs::create_dir_all(&records).unwrap();
-    let absolute = std::path::absolute(&path).unwrap();
-    let digest = xnnblob::sha256::sha256(absolute.as_os_str().as_encoded_bytes());
-    let record = records.join(format!("{}.damage", xnnblob::sha256::to_hex(&digest[..16])));
-    let made = std::process::Command::new("mkfifo")
-        .arg(&record)
-        .status()
-        .unwrap();
-    assert!(made.success());
+    fifo_at_damage_record(&fifo_state, &path);
     for launch in ["first", "second"] {
         let with_fifo = read_only_launch(&pte, &ptd, &path, fifo_state.clone());
         assert_eq!(
