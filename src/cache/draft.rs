@@ -30,9 +30,14 @@ use std::sync::Arc;
 const FIRST_WINDOW: usize = if usize::BITS >= 64 { 1 << 30 } else { 64 << 20 };
 /// Windows start at multiples of this: a page on every kernel XNNPACK runs on (4, 16 or 64 KiB).
 const WINDOW_ALIGNMENT: u64 = 64 << 10;
-/// The file is allocated up to the next multiple of this past what is handed out: one call per
-/// several weights, and what is allocated beyond the last region is cut off by the save.
+/// The most the file is allocated past what is handed out: one call per several weights, and
+/// what is allocated beyond the last region is cut off by the save. A small draft is allocated
+/// as far again as it is long, no further: the kernel fills an allocated file's pages with zeros
+/// as they are first touched, by readahead's windows, and a 30 KiB model's launch spent longer
+/// zeroing and then dropping 8 MiB of them than packing.
 const ALLOCATE_STEP: u64 = 8 << 20;
+/// Allocations end at multiples of this.
+const ALLOCATE_ALIGNMENT: u64 = 64 << 10;
 
 /// Where a packed region lies in a draft: a window and an offset in it. Its bytes stay readable
 /// for as long as the window lives, published or not.
@@ -128,7 +133,8 @@ impl DraftFile {
         let end = offset + n64;
         if end > self.allocated {
             let to = end
-                .checked_next_multiple_of(ALLOCATE_STEP)
+                .checked_add(end.min(ALLOCATE_STEP))
+                .and_then(|to| to.checked_next_multiple_of(ALLOCATE_ALIGNMENT))
                 .ok_or_else(too_long)?;
             self.file.allocate(to)?;
             self.allocated = to;

@@ -77,10 +77,12 @@ fn peer_options(args: &BenchArgs, runner: PathBuf) -> Result<PeerOptions, String
     let models = if args.models.is_empty() {
         peer::default_models()
     } else {
-        args.models
+        let named: Vec<Vec<_>> = args
+            .models
             .iter()
-            .map(|n| peer::peer_model(n))
-            .collect::<Result<_, _>>()?
+            .map(|n| peer::peer_models(n))
+            .collect::<Result<_, _>>()?;
+        named.into_iter().flatten().collect()
     };
     Ok(PeerOptions {
         runner,
