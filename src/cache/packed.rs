@@ -532,9 +532,15 @@ impl PackedWeightsCache {
         let mode_limit = Arc::new(AtomicU32::new(NO_LIMIT));
         // Temporaries of saves killed midway are reclaimed here too, not only by a save: a
         // process that never saves again (every later launch warm) would keep them forever. A
-        // temporary whose writer is gone can never be published, so no lock is needed.
+        // temporary whose writer is gone can never be published, so no lock is needed. The
+        // directory is read only when something was added to it since the file was put in
+        // place or its check recorded: a warm launch in an app's directory of many files lists
+        // none of them.
         let storage = options.storage.get();
-        crate::publish::reclaim_abandoned(storage, &path, false);
+        let side_files = [super::checked::record_path(&path)];
+        if crate::publish::directory_changed_since_written(&path, &side_files) {
+            crate::publish::reclaim_abandoned(storage, &path, false);
+        }
         let outcome = persist::load(&core, storage, &path, &compat, options.prefetch)?;
         if options.verify == VerifyPacked::BeforeUse {
             core.forget_corrupt(true);

@@ -270,6 +270,53 @@ fn a_users_look_alike_temporary_survives_a_save() {
     );
 }
 
+/// Issue 61: a warm launch reads the cache's directory only when a file was added to it since
+/// the cache file or its check record was written, and then reclaims what a killed save left.
+#[test]
+fn a_warm_launch_reads_the_directory_only_after_it_changed() {
+    let dir = scratch("warm-directory");
+    let path = dir.join("weights.xbc");
+    let mlp = model();
+    let warm = || {
+        let cache = PackedWeightsCache::open(&path).unwrap();
+        assert_matches_reference(&mlp, &launch(&cache, &mlp));
+        cache.wait_saved().unwrap();
+    };
+    warm();
+    let mut gone = Command::new("true").spawn().unwrap();
+    let gone_pid = gone.id();
+    gone.wait().unwrap();
+    // Timestamps move by clock ticks (up to 10 ms): each step waits one out, so that what it
+    // changes is later than what came before.
+    let tick = || std::thread::sleep(std::time::Duration::from_millis(30));
+    let left = |n: u32| {
+        let temporary = dir.join(format!(".weights.xbc.xnnblob-tmp-{gone_pid}-{n}"));
+        std::fs::write(&temporary, b"part").unwrap();
+        temporary
+    };
+    tick();
+    let first = left(1);
+    tick();
+    warm();
+    assert!(
+        !first.exists(),
+        "added since the file was written: reclaimed"
+    );
+    // A temporary older than the cache file's last change is not looked for...
+    let second = left(2);
+    tick();
+    let mode = std::fs::metadata(&path).unwrap().permissions();
+    std::fs::set_permissions(&path, mode).unwrap();
+    tick();
+    warm();
+    assert!(second.exists(), "the directory was not read");
+    // ...until anything else is added beside it.
+    std::fs::write(dir.join("notes"), b"the user's").unwrap();
+    tick();
+    warm();
+    assert!(!second.exists(), "the directory changed: reclaimed");
+}
+
 fn mlp_pte() -> PathBuf {
     dir().join("mlp_xnn_external.pte")
 }

@@ -536,16 +536,24 @@ struct LaunchFailed {
 /// One launch of `runner` with `args`: the values it printed, or how it failed.
 fn launched(runner: &Path, args: &[String]) -> Result<HashMap<String, String>, LaunchFailed> {
     let command = format!("{} {}", runner.display(), args.join(" "));
-    let out = Command::new(runner).args(args).output().map_err(|e| LaunchFailed {
-        status: format!("not started: {e}"),
-        last_line: String::new(),
-        message: format!("{command}: {e}"),
-    })?;
+    let out = Command::new(runner)
+        .args(args)
+        .output()
+        .map_err(|e| LaunchFailed {
+            status: format!("not started: {e}"),
+            last_line: String::new(),
+            message: format!("{command}: {e}"),
+        })?;
     if !out.status.success() {
         let stderr = String::from_utf8_lossy(&out.stderr);
         return Err(LaunchFailed {
             status: out.status.to_string(),
-            last_line: stderr.trim_end().lines().last().unwrap_or_default().to_string(),
+            last_line: stderr
+                .trim_end()
+                .lines()
+                .last()
+                .unwrap_or_default()
+                .to_string(),
             message: format!("{command}: {}: {}", out.status, stderr.trim_end()),
         });
     }
@@ -919,8 +927,10 @@ pub fn to_json(results: &[PeerResult], failures: &[PeerFailure], repeats: usize)
             })
         })
         .collect();
-    serde_json::to_string_pretty(&json!({ "repeats": repeats, "results": rows, "failures": failed }))
-        .unwrap_or_default()
+    serde_json::to_string_pretty(
+        &json!({ "repeats": repeats, "results": rows, "failures": failed }),
+    )
+    .unwrap_or_default()
 }
 
 /// The results of one model under one load mode, by scenario name.
@@ -1103,9 +1113,7 @@ pub fn markdown(results: &[PeerResult], failures: &[PeerFailure], repeats: usize
             }
             if let (Some(et_disk), Some(xb_disk)) = (et_disk, xb_disk) {
                 verdict(
-                    format!(
-                        "{model} ({mode}): first output from a cold page cache / ExecuTorch's"
-                    ),
+                    format!("{model} ({mode}): first output from a cold page cache / ExecuTorch's"),
                     xb_disk / et_disk,
                     0.8,
                 );
