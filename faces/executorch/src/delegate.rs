@@ -39,6 +39,36 @@ impl EtDelegate {
 
 static BACKEND: OnceLock<Result<Backend, String>> = OnceLock::new();
 
+/// Where the delegate inits of this process spent their time, summed over them: for runners,
+/// and for the peer bench's floor (what ExecuTorch's method load, its thread pool and XNNPACK's
+/// runtime creation take, which no backend avoids).
+#[derive(Default)]
+struct InitSpent {
+    delegates: u64,
+    /// Each init, whole.
+    total: std::time::Duration,
+    /// Opening the caches its options name.
+    weights: std::time::Duration,
+    /// Asking for ExecuTorch's thread pool (the first ask in a process makes it).
+    pool: std::time::Duration,
+    /// The delegate's own timings, summed.
+    load: std::time::Duration,
+    prepack: std::time::Duration,
+    create: std::time::Duration,
+    runtime: std::time::Duration,
+}
+
+static INIT_SPENT: Mutex<InitSpent> = Mutex::new(InitSpent {
+    delegates: 0,
+    total: std::time::Duration::ZERO,
+    weights: std::time::Duration::ZERO,
+    pool: std::time::Duration::ZERO,
+    load: std::time::Duration::ZERO,
+    prepack: std::time::Duration::ZERO,
+    create: std::time::Duration::ZERO,
+    runtime: std::time::Duration::ZERO,
+});
+
 unsafe extern "C" {
     /// ExecuTorch's thread pool as pool operations (src/et_pool.cc).
     fn xnnblob_et_pool_ops() -> *const PoolOps;
@@ -232,7 +262,9 @@ fn init(
     map: UniquePtr<EtDataMap>,
 ) -> Result<(XnnDelegate, Arc<MapKeys>, Option<Note>), Outcome> {
     let backend = process_backend()?;
+    let opening = std::time::Instant::now();
     let (weights, warning) = weights_for(backend, options)?;
+    let opened = opening.elapsed();
     let sharing =
         WorkspaceSharing::from_code(options.workspace_sharing_mode.into()).ok_or_else(|| {
             Outcome::error(
@@ -246,11 +278,13 @@ fn init(
     let mut model = backend
         .model_with_workspace(weights, sharing)
         .map_err(|e| Outcome::error(Status::Internal, report(&e)))?;
+    let asking = std::time::Instant::now();
     // SAFETY: a plain query of ExecuTorch's thread-pool state, no arguments.
     if !unsafe { xnnblob_et_pool_in_use() } {
         // As ExecuTorch's backend: a runtime created under a NoThreadPoolGuard has no pool.
         model = model.without_threadpool();
     }
+    let asked = asking.elapsed();
     let processed = Arc::new(EtBytes(processed));
     let len = xnnblob::named_data::Backing::bytes(&*processed).len();
     let payload = DataBuffer::new(processed, 0, len).expect("the whole buffer");
@@ -260,6 +294,15 @@ fn init(
     let delegate = XnnDelegate::init_deferred(&model, payload, map.clone());
     map.close();
     let delegate = delegate.map_err(|e| Outcome::error(status_of(&e), report(&e)))?;
+    let timings = delegate.init_timings();
+    let mut spent = INIT_SPENT.lock();
+    spent.weights += opened;
+    spent.pool += asked;
+    spent.load += timings.load;
+    spent.prepack += timings.prepack;
+    spent.create += timings.create;
+    spent.runtime += timings.runtime;
+    drop(spent);
     Ok((delegate, map.keys(), warning))
 }
 
@@ -270,7 +313,14 @@ pub(crate) fn delegate_init(
     outcome: &mut Outcome,
 ) -> Box<EtDelegate> {
     *outcome = Outcome::ok();
-    let (inner, keys) = match guarded(|| init(options, processed, map)) {
+    let started = std::time::Instant::now();
+    let initialised = guarded(|| init(options, processed, map));
+    {
+        let mut spent = INIT_SPENT.lock();
+        spent.delegates += 1;
+        spent.total += started.elapsed();
+    }
+    let (inner, keys) = match initialised {
         Ok((delegate, keys, warning)) => {
             if let Some(note) = warning {
                 outcome.message = note.text;
@@ -489,6 +539,22 @@ pub(crate) fn cache_report() -> String {
             xnnblob::delegate::fp16_as_fp32_delegates()
         ),
     ];
+    let spent = INIT_SPENT.lock();
+    let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
+    lines.push(format!(
+        "init_delegates={}\ninit_ms={:.3}\ninit_weights_ms={:.3}\ninit_pool_ms={:.3}\n\
+         init_load_ms={:.3}\ninit_prepack_ms={:.3}\ninit_create_ms={:.3}\n\
+         init_xnnpack_runtime_ms={:.3}",
+        spent.delegates,
+        ms(spent.total),
+        ms(spent.weights),
+        ms(spent.pool),
+        ms(spent.load),
+        ms(spent.prepack),
+        ms(spent.create),
+        ms(spent.runtime)
+    ));
+    drop(spent);
     for cache in backend.packed_caches() {
         let s = cache.stats();
         lines.push(format!(

@@ -246,6 +246,37 @@ fn two_programs_sharing_a_weight_pack_it_once() {
     assert!(together["hits"] >= 1, "found by the second program");
 }
 
+/// Issue 61: the runner's breakdown of the delegates' inits adds up, so the peer bench's floor
+/// (the load less the inits, plus the thread pool and XNNPACK's runtime creation) is made of
+/// parts of the same launch.
+#[test]
+fn the_init_breakdown_adds_up() {
+    let dir = scratch("init-breakdown");
+    let mut args = mlp_args();
+    args.extend([s("--cache"), dir.join("weights.xbc").display().to_string()]);
+    for launch in ["cold", "warm"] {
+        let run = run_ok(&args);
+        let n = |key: &str| run.number(key);
+        assert_eq!(n("init_delegates"), 1.0, "{launch}: {}", run.stdout);
+        let parts = n("init_weights_ms")
+            + n("init_pool_ms")
+            + n("init_load_ms")
+            + n("init_prepack_ms")
+            + n("init_create_ms");
+        assert!(
+            parts <= n("init_ms") + 0.01 && n("init_ms") <= n("load_to_ready_ms") + 0.01,
+            "{launch}: {}",
+            run.stdout
+        );
+        assert!(
+            n("init_xnnpack_runtime_ms") > 0.0
+                && n("init_xnnpack_runtime_ms") <= n("init_create_ms"),
+            "{launch}: {}",
+            run.stdout
+        );
+    }
+}
+
 #[test]
 fn a_warm_launch_with_the_file_loader_reads_no_weights_and_the_cache_does_not_grow() {
     let dir = scratch("warm");
