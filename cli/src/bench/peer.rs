@@ -571,6 +571,9 @@ fn number(values: &HashMap<String, String>, key: &str) -> Result<f64, String> {
         .ok_or_else(|| format!("xnnblob-et-run printed no number for {key}"))
 }
 
+/// What a scenario's launches measured, or why ExecuTorch's backend could not be launched.
+type ScenarioOutcome = Result<Measured, String>;
+
 /// The files a launch reads: `program` (runner arguments) names the `.pte` and any `.ptd`.
 struct Launches<'a> {
     runner: &'a Path,
@@ -689,7 +692,7 @@ impl Launches<'_> {
         out: &Path,
         name: &str,
         repeats: usize,
-    ) -> Result<Vec<(Scenario, Result<Measured, String>)>, String> {
+    ) -> Result<Vec<(Scenario, ScenarioOutcome)>, String> {
         let mut planned: Vec<Planned> = SCENARIOS
             .iter()
             .map(|&s| self.plan(s, mode, out, name))
