@@ -56,6 +56,7 @@ struct InitSpent {
     prepack: std::time::Duration,
     create: std::time::Duration,
     runtime: std::time::Duration,
+    finalize: std::time::Duration,
 }
 
 static INIT_SPENT: Mutex<InitSpent> = Mutex::new(InitSpent {
@@ -67,6 +68,7 @@ static INIT_SPENT: Mutex<InitSpent> = Mutex::new(InitSpent {
     prepack: std::time::Duration::ZERO,
     create: std::time::Duration::ZERO,
     runtime: std::time::Duration::ZERO,
+    finalize: std::time::Duration::ZERO,
 });
 
 unsafe extern "C" {
@@ -302,6 +304,7 @@ fn init(
     spent.prepack += timings.prepack;
     spent.create += timings.create;
     spent.runtime += timings.runtime;
+    spent.finalize += timings.finalize;
     drop(spent);
     Ok((delegate, map.keys(), warning))
 }
@@ -544,7 +547,7 @@ pub(crate) fn cache_report() -> String {
     lines.push(format!(
         "init_delegates={}\ninit_ms={:.3}\ninit_weights_ms={:.3}\ninit_pool_ms={:.3}\n\
          init_load_ms={:.3}\ninit_prepack_ms={:.3}\ninit_create_ms={:.3}\n\
-         init_xnnpack_runtime_ms={:.3}",
+         init_xnnpack_runtime_ms={:.3}\ninit_finalize_ms={:.3}",
         spent.delegates,
         ms(spent.total),
         ms(spent.weights),
@@ -552,7 +555,8 @@ pub(crate) fn cache_report() -> String {
         ms(spent.load),
         ms(spent.prepack),
         ms(spent.create),
-        ms(spent.runtime)
+        ms(spent.runtime),
+        ms(spent.finalize)
     ));
     drop(spent);
     for cache in backend.packed_caches() {

@@ -262,7 +262,8 @@ fn the_init_breakdown_adds_up() {
             + n("init_pool_ms")
             + n("init_load_ms")
             + n("init_prepack_ms")
-            + n("init_create_ms");
+            + n("init_create_ms")
+            + n("init_finalize_ms");
         assert!(
             parts <= n("init_ms") + 0.01 && n("init_ms") <= n("load_to_ready_ms") + 0.01,
             "{launch}: {}",
