@@ -41,6 +41,10 @@ pub struct Prepacked {
     pub threads: usize,
 }
 
+/// Filters of fewer elements in all are packed on the calling thread alone (128 KiB of fp32:
+/// packed in about the time it takes to start and join a thread).
+const SPLIT_FROM_ELEMENTS: usize = 32 << 10;
+
 /// A node to pack: its index, and the payload ids of its operands.
 struct Job<'g> {
     index: usize,
@@ -71,8 +75,8 @@ pub(super) fn prepack(
     for (i, v) in values.iter().enumerate() {
         by_id.insert(tensor_of(*v, i)?.0.id_out(), i);
     }
-    // Only filters XNNPACK packs through the cache: a depthwise convolution's packing is not
-    // kept there, so packing it ahead would be repeated at every launch.
+    // Only filters XNNPACK reads only to pack, through the cache ([`packed_operands`]); the
+    // others (a depthwise convolution's among them) are packed by the runtime's creation.
     let through_cache = super::operators::packed_operands(graph);
     // The real graph's conversions for qp8 GEMMs are made the same way here: the packing, and
     // so the cache's key, follows the GEMM the input's layout selects.
@@ -125,7 +129,13 @@ pub(super) fn prepack(
             .collect()
     };
     missing.sort_by_key(|j| std::cmp::Reverse(j.size));
-    let threads = threads.clamp(1, missing.len());
+    // A small model's weights are packed sooner than a thread starts: on this one.
+    let elements: usize = missing.iter().map(|j| j.size).sum();
+    let threads = if elements < SPLIT_FROM_ELEMENTS {
+        1
+    } else {
+        threads.clamp(1, missing.len())
+    };
     let next = AtomicUsize::new(0);
     let packed = AtomicUsize::new(0);
     let work = || {

@@ -164,15 +164,17 @@ pub(crate) fn reclaim_abandoned(
 /// times (the rename that put `destination` in place sets both to one time). A reclaim read the
 /// directory before each of those writes (the save that put the file in place, the launch that
 /// wrote a side file), so what is left unread is what a process made after that reading and
-/// before that write, then left when it was killed: it waits for the next save. True where the
-/// destination's or the directory's time cannot be read.
+/// before that write, then left when it was killed: it waits for the next save. False where
+/// there is no destination (the launch that finds none packs, and its save reclaims); true
+/// where the destination's or the directory's time cannot be read.
 pub(crate) fn directory_changed_since_written(destination: &Path, written: &[PathBuf]) -> bool {
     use std::os::unix::fs::MetadataExt;
     let changed = |m: &fs::Metadata| (m.ctime(), m.ctime_nsec());
-    let (Ok(directory), Ok(file)) = (
-        fs::metadata(directory_of(destination)),
-        fs::symlink_metadata(destination),
-    ) else {
+    let file = match fs::symlink_metadata(destination) {
+        Ok(file) => file,
+        Err(e) => return e.kind() != io::ErrorKind::NotFound,
+    };
+    let Ok(directory) = fs::metadata(directory_of(destination)) else {
         return true;
     };
     let newest = written
