@@ -41,10 +41,6 @@ pub struct Prepacked {
     pub threads: usize,
 }
 
-/// Filters of fewer elements in all are packed on the calling thread alone (128 KiB of fp32:
-/// packed in about the time it takes to start and join a thread).
-const SPLIT_FROM_ELEMENTS: usize = 32 << 10;
-
 /// A node to pack: its index, and the payload ids of its operands.
 struct Job<'g> {
     index: usize,
@@ -129,13 +125,7 @@ pub(super) fn prepack(
             .collect()
     };
     missing.sort_by_key(|j| std::cmp::Reverse(j.size));
-    // A small model's weights are packed sooner than a thread starts: on this one.
-    let elements: usize = missing.iter().map(|j| j.size).sum();
-    let threads = if elements < SPLIT_FROM_ELEMENTS {
-        1
-    } else {
-        threads.clamp(1, missing.len())
-    };
+    let threads = threads.clamp(1, missing.len());
     let next = AtomicUsize::new(0);
     let packed = AtomicUsize::new(0);
     let work = || {
