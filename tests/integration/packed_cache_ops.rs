@@ -228,10 +228,9 @@ fn depthwise_conv2d() {
             statics,
             build: &build,
         },
-        // XNNPACK 4ea82e5 packs these depthwise weights without calling the weights cache at
-        // all (no look_up, no reserve_space, seen with its own provider too): they are packed
-        // privately on every launch, and the cache must simply not get in the way.
-        0,
+        // XNNPACK 4ea82e5 created NHWC depthwise convolutions without the weights cache, so
+        // they packed privately on every launch; with patch 0025 they pack once, cold.
+        1,
     );
 }
 
