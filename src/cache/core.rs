@@ -140,6 +140,8 @@ pub(crate) struct State {
     /// Damage found in read-only layers, by layer: what the notes name instead of the cache's
     /// own file.
     pub layer_damage: Vec<LayerDamage>,
+    /// The file of each layer's map, by index in `maps`: what a map cut short names.
+    pub layer_files: FastMap<usize, std::path::PathBuf>,
 }
 
 /// Entries of one read-only layer found damaged (and forgotten).
@@ -556,6 +558,14 @@ impl CacheCore {
             state.lost_windows.extend(windows);
         }
         state.lost.len() + state.lost_windows.len()
+    }
+
+    /// The layer file of the map found cut short last, if that map is a layer's (None for the
+    /// cache's own file and its drafts).
+    pub fn last_lost_layer(&self) -> Option<std::path::PathBuf> {
+        let state = self.state.lock();
+        let map = state.lost.last()?;
+        state.layer_files.get(map).cloned()
     }
 
     /// Registers `ptr` under `id`. If it is registered under another identity already, it is

@@ -263,6 +263,7 @@ pub(crate) fn load(
             let mut state = core.state.lock();
             let index = state.maps.len();
             state.maps.push(map.clone());
+            state.layer_files.insert(index, path.clone());
             for e in &decoded.entries {
                 state.insert_layer_entry(index, e);
             }

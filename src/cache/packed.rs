@@ -65,7 +65,7 @@ pub enum CacheError {
          before that read zeros for some packed weights and must be created again"
     )]
     Truncated {
-        /// The cache's path.
+        /// The file cut short: the cache's own, or one of its read-only layers.
         path: PathBuf,
     },
     /// The file is open in this process already, with other options: one file has one cache
@@ -1187,9 +1187,12 @@ impl PackedWeightsCache {
     /// created): that runtime may have read zeros for packed weights.
     pub fn check_maps(&self, lost_before: usize) -> Result<(), CacheError> {
         if self.lost_maps() > lost_before {
-            return Err(CacheError::Truncated {
-                path: self.path.clone().unwrap_or_default(),
-            });
+            // The file at fault: a read-only layer's, or the cache's own.
+            let path = self
+                .core()
+                .last_lost_layer()
+                .unwrap_or_else(|| self.path.clone().unwrap_or_default());
+            return Err(CacheError::Truncated { path });
         }
         Ok(())
     }

@@ -439,3 +439,43 @@ fn a_layer_entry_of_the_wrong_size_is_packed_once_into_the_writable_file() {
     }
     assert_eq!(entries_in(&writable), 1, "one entry, its key once");
 }
+
+/// Issue 62: a layer cut short while a runtime has its packed weights mapped is named as the
+/// file at fault, not the writable cache file, which nothing touched.
+#[test]
+fn a_layer_cut_short_while_mapped_is_the_file_the_error_names() {
+    let dir = scratch("layer-cut-short");
+    let bundle = dir.join("bundle");
+    std::fs::create_dir(&bundle).unwrap();
+    let mlp = model(11);
+    let layer = bundle.join("model.xbc");
+    make_layer(&layer, &mlp, CacheOptions::default());
+    let writable = dir.join("writable.xbc");
+    let cache = open(&writable, layered(&[&bundle], &dir.join("state")));
+    let registrations = common::register_mlps(&cache, &[&mlp]);
+    let graph = mlp.subgraph(1).unwrap();
+    let before = cache.lost_maps();
+    let mut runtime = Runtime::new(&graph, Some(&*cache)).unwrap();
+    drop(registrations);
+    cache.finalize().unwrap();
+    assert_eq!(cache.stats().hits, 3, "served by the layer");
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&layer)
+        .unwrap();
+    file.set_len(0).unwrap();
+    let input = vec![0.5f32; mlp.input_width()];
+    let mut out = vec![f32::NAN; mlp.output_width()];
+    // Reads the packed weights past the layer's new end (zeros, not SIGBUS).
+    runtime
+        .invoke(&[(MLP_INPUT, &input)], &mut [(MLP_OUTPUT, &mut out)])
+        .unwrap();
+    match cache.check_maps(before) {
+        Err(xnnblob::cache::CacheError::Truncated { path }) => {
+            assert_eq!(path.file_name(), layer.file_name(), "{}", path.display());
+            assert!(path.starts_with(bundle.canonicalize().unwrap()) || path.starts_with(&bundle));
+        }
+        other => panic!("the cut was not reported: {other:?}"),
+    }
+    drop(runtime);
+}
