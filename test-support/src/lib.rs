@@ -75,6 +75,20 @@ pub fn exported_names() -> Vec<String> {
 }
 
 /// A raw little-endian f32 file.
+/// How many nodes of the `kinds` (ExecuTorch's schema names: `XNNConv2d`, ...) the XNNPACK
+/// delegates of the program at `pte` hold, every method counted.
+pub fn delegate_nodes(pte: &Path, kinds: &[&str]) -> usize {
+    let map = xnnblob::named_data::FileDataMap::open_pte(pte).unwrap();
+    xnnblob::program::delegate_payloads(&map)
+        .unwrap()
+        .iter()
+        .flat_map(|(_, payloads)| payloads)
+        .flat_map(|p| xnnblob::delegate::summarize(p).unwrap().nodes)
+        .filter(|(kind, _, _)| kinds.contains(&kind.as_str()))
+        .map(|(_, n, _)| n)
+        .sum()
+}
+
 pub fn f32s(path: &Path) -> Vec<f32> {
     std::fs::read(path)
         .unwrap_or_else(|e| panic!("{}: {e}", path.display()))

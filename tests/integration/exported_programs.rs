@@ -233,24 +233,6 @@ fn exported_programs_also_match_on_an_avx2_only_cpu() {
     );
 }
 
-/// The convolution nodes (of every kind) of a program's XNNPACK delegates: each packs its
-/// weights, which a warm launch finds in the cache.
-fn convolution_nodes(name: &str) -> usize {
-    let pte =
-        xnnblob::named_data::FileDataMap::open_pte(dir().join(format!("{name}.pte"))).unwrap();
-    xnnblob::program::delegate_payloads(&pte)
-        .unwrap()
-        .iter()
-        .flat_map(|(_, payloads)| payloads)
-        .map(|p| xnnblob::delegate::summarize(p).unwrap())
-        .flat_map(|s| s.nodes)
-        .filter(|(kind, _, _)| {
-            ["XNNConv2d", "XNNDepthwiseConv2d", "XNNConvTranspose2d"].contains(&kind.as_str())
-        })
-        .map(|(_, n, _)| n)
-        .sum()
-}
-
 #[test]
 fn a_warm_launch_of_every_exported_program_packs_nothing() {
     // Whatever the operator: deconvolutions (the UNet's, op_deconv's), depthwise and 1x1
@@ -285,7 +267,11 @@ fn a_warm_launch_of_every_exported_program_packs_nothing() {
             warm.packed, cold.packed, cold.hits
         );
         if cold.packed > 0 {
-            let convolutions = convolution_nodes(&name);
+            // Each convolution node, of every kind, packs its weights.
+            let convolutions = common::delegate_nodes(
+                &dir().join(format!("{name}.pte")),
+                &["XNNConv2d", "XNNDepthwiseConv2d", "XNNConvTranspose2d"],
+            );
             assert!(
                 warm.hits > 0 && warm.hits >= convolutions,
                 "{name}: the warm launch found {} packed weights for {convolutions} convolutions",

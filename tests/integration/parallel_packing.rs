@@ -31,21 +31,6 @@ fn files(name: &str, external: bool) -> (PathBuf, Vec<PathBuf>) {
     (dir.join(format!("{name}.pte")), ptds)
 }
 
-/// The depthwise convolution nodes of a program's delegates: XNNPACK packs their filters through
-/// the cache (patch 0025) but may read them as they are too, so they are packed by the
-/// runtime's creation, not ahead.
-fn depthwise_nodes(name: &str, external: bool) -> usize {
-    let pte = xnnblob::named_data::FileDataMap::open_pte(files(name, external).0).unwrap();
-    xnnblob::program::delegate_payloads(&pte)
-        .unwrap()
-        .iter()
-        .flat_map(|(_, payloads)| payloads)
-        .flat_map(|p| xnnblob::delegate::summarize(p).unwrap().nodes)
-        .filter(|(kind, _, _)| kind == "XNNDepthwiseConv2d")
-        .map(|(_, n, _)| n)
-        .sum()
-}
-
 fn backend(pack_serially: bool) -> Backend {
     Backend::new(BackendOptions {
         threads: 2,
@@ -127,7 +112,9 @@ fn a_cold_launch_packs_every_weight_ahead_and_runtime_creation_packs_none() {
         let at_creation: usize = parallel.delegates.iter().map(|d| d.2).sum();
         assert_eq!(
             at_creation,
-            depthwise_nodes(name, external),
+            // XNNPACK packs depthwise filters through the cache (patch 0025) but may read them
+            // as they are too: the runtime's creation packs them, not packing ahead.
+            common::delegate_nodes(&files(name, external).0, &["XNNDepthwiseConv2d"]),
             "{name}: creation packed weights besides the depthwise ones"
         );
         let cache = parallel_backend.file_cache(&path).unwrap();
