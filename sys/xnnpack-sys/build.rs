@@ -7,7 +7,9 @@
 //!    build recipe, so `cargo clean` or a second checkout does not rebuild.
 //! 3. A fresh build from Debian's source packages: tarballs taken from `XNNBLOB_XNNPACK_SOURCES`
 //!    (a directory) or fetched with the system's apt from trixie/sid, each checked against its
-//!    sha256, patched with `patches/*.patch` (see `patches/README`), then built with cmake + ninja.
+//!    sha256, given xnnblob's own kernels (`kernels/<arch>/*`, copied to `src/xnnblob/<arch>/`),
+//!    patched with `patches/*.patch` (see `patches/README`; the patches register those kernels),
+//!    then built with cmake + ninja.
 //!
 //! Own builds also install XNNPACK's internal headers, so that `src/kernel_info.c` can name the
 //! microkernels XNNPACK's GEMM configs picked on this CPU (`xnnblob_qd8_gemm_kernel`).
@@ -281,6 +283,41 @@ fn patches() -> Vec<(String, Vec<u8>)> {
     found
 }
 
+fn kernels_dir() -> PathBuf {
+    PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"))
+        .join("kernels")
+}
+
+/// xnnblob's own kernels, `kernels/<arch>/<file>`, as (path under `kernels/`, contents) in name
+/// order. The build copies them into XNNPACK's tree as `src/xnnblob/<arch>/<file>`, where the
+/// patches that register them expect them.
+fn kernels() -> Vec<(PathBuf, Vec<u8>)> {
+    let dir = kernels_dir();
+    println!("cargo:rerun-if-changed={}", dir.display());
+    let read_dir = |d: &Path| -> Vec<PathBuf> {
+        let mut v: Vec<PathBuf> = fs::read_dir(d)
+            .unwrap_or_else(|e| fail(&format!("cannot read {}: {e}", d.display())))
+            .flatten()
+            .map(|e| e.path())
+            .collect();
+        v.sort();
+        v
+    };
+    let mut found = Vec::new();
+    for arch in read_dir(&dir).into_iter().filter(|p| p.is_dir()) {
+        for file in read_dir(&arch).into_iter().filter(|p| p.is_file()) {
+            let text = fs::read(&file)
+                .unwrap_or_else(|e| fail(&format!("cannot read {}: {e}", file.display())));
+            let relative = file
+                .strip_prefix(&dir)
+                .expect("under kernels/")
+                .to_path_buf();
+            found.push((relative, text));
+        }
+    }
+    found
+}
+
 /// Where headers and libraries are, and which libraries to link.
 struct Install {
     include_dirs: Vec<PathBuf>,
@@ -530,6 +567,10 @@ fn cache_key(toolchain_identity: &str) -> String {
     }
     for (name, text) in patches() {
         h.update(name);
+        h.update(text);
+    }
+    for (path, text) in kernels() {
+        h.update(path.to_string_lossy().as_bytes());
         h.update(text);
     }
     for o in cmake_options() {
@@ -907,6 +948,13 @@ fn build_into(root: &Path, key: &str, dir: &Path, toolchain: &Toolchain) {
         .unwrap_or_else(|e| fail(&format!("cannot create {}: {e}", src.display())));
     for s in &SOURCES {
         extract(&downloads.join(s.tarball), &src.join(s.package));
+    }
+    let own_kernels = src.join("xnnpack").join("src").join("xnnblob");
+    for (path, text) in kernels() {
+        let to = own_kernels.join(&path);
+        fs::create_dir_all(to.parent().expect("a file under a directory"))
+            .and_then(|()| fs::write(&to, text))
+            .unwrap_or_else(|e| fail(&format!("cannot write {}: {e}", to.display())));
     }
     for (name, _) in patches() {
         let file = patches_dir().join(&name);

@@ -29,7 +29,7 @@ const CPUS: [(&str, &str); 3] = [
 ];
 
 /// The areas run under each emulated CPU (module paths of this binary).
-const AREAS: [&str; 19] = [
+const AREAS: [&str; 20] = [
     "xnnpack_ops::",
     "xnnpack_mlp::",
     "operators::",
@@ -53,6 +53,9 @@ const AREAS: [&str; 19] = [
     // XNNPACK's patched packers give the original bytes with aarch64's byte order and compiler
     // (patches 0008 and 0011; kr 4 is the dot-product kernels' path).
     "packers::",
+    // xnnblob's GEMM kernels against the ones they replace (patches 0026, 0027; each run where
+    // the CPU has its instructions).
+    "aarch64_kernels::",
 ];
 
 /// Builds this test binary for aarch64 (a nested cargo, as `scripts/install.sh` is in the C

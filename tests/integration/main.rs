@@ -7,6 +7,7 @@
 use xnnblob_test_support as common;
 
 mod aarch64;
+mod aarch64_kernels;
 mod backend;
 mod background_saves;
 mod cache_budget;
