@@ -4,8 +4,9 @@
 //! - patch 0026, CPUs with i8mm: the qp8 x qb4w prompt kernel (8- and 4-row tiles) and one-row
 //!   kernel (8 and 4 columns) against KleidiAI 1.8.0's 16x4x32 i8mm and 1x4x32 dot-product
 //!   kernels, linked into this binary with XNNPACK;
-//! - patch 0027, CPUs with the dot product: the qd8 x qb4w 4-row kernel against XNNPACK's own
-//!   4x16c4 neondot kernel, also linked here.
+//! - patch 0027, CPUs without i8mm: the qd8 x qb4w 4-row kernels against XNNPACK's own
+//!   4x16c4 neondot kernel (with the dot product) and 6x16 neon_mlal_lane kernel (without), and
+//!   the one-row kernel against its 1x16 neon_mlal_lane kernel, also linked here.
 //!
 //! Every partial row and column count, one and several 32-value chunks per block, with and
 //! without a clamp. The operands are random bytes in the packed layouts (the kernels read
@@ -80,9 +81,61 @@ mod on_aarch64 {
             dst_stride_col: usize,
             params: *const Qb4wMinmaxParams,
         );
-        // sys/xnnpack-sys/kernels/aarch64/qd8-f32-qb4w-gemm-neondot.c, and XNNPACK's kernel it
-        // replaces (src/qd8-f32-qb4w-gemm/gen/), both built into XNNPACK.
+        // sys/xnnpack-sys/kernels/aarch64/qd8-f32-qb4w-gemm.c, and XNNPACK's kernels they replace
+        // (src/qd8-f32-qb4w-gemm/gen/), all built into XNNPACK.
         fn xnnblob_qd8_f32_qb4w_gemm_minmax_ukernel_4x16c4__neondot(
+            mr: usize,
+            nc: usize,
+            kc: usize,
+            a: *const i8,
+            a_stride: usize,
+            w: *const c_void,
+            c: *mut f32,
+            cm_stride: usize,
+            cn_stride: usize,
+            params: *const Qb4wMinmaxParams,
+            quantization: *const Qd8QuantizationParams,
+        );
+        fn xnnblob_qd8_f32_qb4w_gemm_minmax_ukernel_4x16__neon_mlal(
+            mr: usize,
+            nc: usize,
+            kc: usize,
+            a: *const i8,
+            a_stride: usize,
+            w: *const c_void,
+            c: *mut f32,
+            cm_stride: usize,
+            cn_stride: usize,
+            params: *const Qb4wMinmaxParams,
+            quantization: *const Qd8QuantizationParams,
+        );
+        fn xnnblob_qd8_f32_qb4w_gemm_minmax_ukernel_1x16__neon_mlal(
+            mr: usize,
+            nc: usize,
+            kc: usize,
+            a: *const i8,
+            a_stride: usize,
+            w: *const c_void,
+            c: *mut f32,
+            cm_stride: usize,
+            cn_stride: usize,
+            params: *const Qb4wMinmaxParams,
+            quantization: *const Qd8QuantizationParams,
+        );
+        fn xnn_qd8_f32_qb4w_gemm_minmax_ukernel_1x16__neon_mlal_lane(
+            mr: usize,
+            nc: usize,
+            kc: usize,
+            a: *const i8,
+            a_stride: usize,
+            w: *const c_void,
+            c: *mut f32,
+            cm_stride: usize,
+            cn_stride: usize,
+            params: *const Qb4wMinmaxParams,
+            quantization: *const Qd8QuantizationParams,
+        );
+        fn xnn_qd8_f32_qb4w_gemm_minmax_ukernel_6x16__neon_mlal_lane(
             mr: usize,
             nc: usize,
             kc: usize,
@@ -341,9 +394,10 @@ mod on_aarch64 {
         );
     }
 
-    /// Weights in XNNPACK's qb4w 4x16c4 packing: per 16 columns 16 f32 k-sums; per block, per 8
-    /// values of k, 64 bytes, then 16 bf16 scales; then 16 f32 biases.
-    fn weights_16c4(rng: &mut Rng, n: usize, k: usize, bl: usize) -> Vec<u8> {
+    /// Weights in XNNPACK's 16-column qb4w packings (c4 and kr 1 differ only in which nibble of
+    /// the block's bytes is which value): per 16 columns 16 f32 k-sums; per block, 8 bytes a
+    /// value of k, then 16 bf16 scales; then 16 f32 biases.
+    fn weights_16(rng: &mut Rng, n: usize, k: usize, bl: usize) -> Vec<u8> {
         let mut w = Vec::new();
         for _ in 0..n.div_ceil(16) {
             for _ in 0..16 {
@@ -363,17 +417,25 @@ mod on_aarch64 {
         w
     }
 
-    #[test]
-    fn the_dot_product_four_row_kernel_gives_xnnpacks_outputs_bit_for_bit() {
-        if !std::arch::is_aarch64_feature_detected!("dotprod") {
-            eprintln!(
-                "NOTE: this CPU has no dot product, where XNNPACK never runs the kernel; not run"
-            );
-            return;
-        }
+    type Qd8Kernel = unsafe extern "C" fn(
+        usize,
+        usize,
+        usize,
+        *const i8,
+        usize,
+        *const c_void,
+        *mut f32,
+        usize,
+        usize,
+        *const Qb4wMinmaxParams,
+        *const Qd8QuantizationParams,
+    );
+
+    /// Compares two kernels on 1 to `rows` rows.
+    fn check_qd8(name: &str, ours: Qd8Kernel, theirs: Qd8Kernel, rows: usize) {
         let mut rng = Rng(0x85eb_ca6b);
         let mut compared = 0;
-        for mr in 1..=4 {
+        for mr in 1..=rows {
             for n in [1, 4, 7, 8, 9, 15, 16, 17, 24, 31, 32, 40] {
                 for (k, bl) in [
                     (32, 32),
@@ -384,7 +446,7 @@ mod on_aarch64 {
                     (64, 64),
                 ] {
                     for clamp in [(f32::NEG_INFINITY, f32::INFINITY), (-0.5, 0.5)] {
-                        let w = weights_16c4(&mut rng, n, k, bl);
+                        let w = weights_16(&mut rng, n, k, bl);
                         let a: Vec<i8> = (0..4 * k).map(|_| rng.next() as i8).collect();
                         // XNNPACK pads the parameters past the batch with copies of the last row's.
                         let mut quantization = [Qd8QuantizationParams {
@@ -410,15 +472,11 @@ mod on_aarch64 {
                             vec![sentinel; (mr + 1) * stride],
                             vec![sentinel; (mr + 1) * stride],
                         ];
-                        for (out, kernel) in outs.iter_mut().zip([
-                            xnnblob_qd8_f32_qb4w_gemm_minmax_ukernel_4x16c4__neondot
-                                as unsafe extern "C" fn(_, _, _, _, _, _, _, _, _, _, _),
-                            xnn_qd8_f32_qb4w_gemm_minmax_ukernel_4x16c4__neondot,
-                        ]) {
+                        for (out, kernel) in outs.iter_mut().zip([ours, theirs]) {
                             // SAFETY: the weights are packed for n columns of k values in blocks of
                             // bl, the activations hold 4 rows of k, the quantization parameters
                             // 20 rows, the output mr rows of `stride` floats; this CPU has the dot
-                            // product.
+                            // product where the kernels use it (checked by the caller).
                             unsafe {
                                 kernel(
                                     mr,
@@ -440,7 +498,7 @@ mod on_aarch64 {
                         let differ = got.iter().zip(&want).position(|(g, w)| g != w);
                         assert!(
                             differ.is_none(),
-                            "mr {mr} n {n} k {k} bl {bl} clamp {clamp:?}: output {} is {:#x}, XNNPACK's {:#x}",
+                            "{name}: mr {mr} n {n} k {k} bl {bl} clamp {clamp:?}: output {} is {:#x}, XNNPACK's {:#x}",
                             differ.unwrap(),
                             got[differ.unwrap()],
                             want[differ.unwrap()]
@@ -451,13 +509,49 @@ mod on_aarch64 {
                                     .iter()
                                     .all(|&b| b == SENTINEL))
                                 && got[mr * stride..].iter().all(|&b| b == SENTINEL),
-                            "mr {mr} n {n}: wrote outside its m x n, or left an output unwritten"
+                            "{name}: mr {mr} n {n}: wrote outside its m x n, or left an output unwritten"
                         );
                         compared += 1;
                     }
                 }
             }
         }
-        assert_eq!(compared, 4 * 12 * 6 * 2);
+        assert_eq!(compared, rows * 12 * 6 * 2);
+    }
+
+    #[test]
+    fn the_dot_product_four_row_kernel_gives_xnnpacks_outputs_bit_for_bit() {
+        if !std::arch::is_aarch64_feature_detected!("dotprod") {
+            eprintln!(
+                "NOTE: this CPU has no dot product, where XNNPACK never runs the kernel; not run"
+            );
+            return;
+        }
+        check_qd8(
+            "4x16c4 dot product",
+            xnnblob_qd8_f32_qb4w_gemm_minmax_ukernel_4x16c4__neondot,
+            xnn_qd8_f32_qb4w_gemm_minmax_ukernel_4x16c4__neondot,
+            4,
+        );
+    }
+
+    #[test]
+    fn the_multiply_add_four_row_kernel_gives_xnnpacks_outputs_bit_for_bit() {
+        check_qd8(
+            "4x16 multiply-add",
+            xnnblob_qd8_f32_qb4w_gemm_minmax_ukernel_4x16__neon_mlal,
+            xnn_qd8_f32_qb4w_gemm_minmax_ukernel_6x16__neon_mlal_lane,
+            4,
+        );
+    }
+
+    #[test]
+    fn the_multiply_add_one_row_kernel_gives_xnnpacks_outputs_bit_for_bit() {
+        check_qd8(
+            "1x16 multiply-add",
+            xnnblob_qd8_f32_qb4w_gemm_minmax_ukernel_1x16__neon_mlal,
+            xnn_qd8_f32_qb4w_gemm_minmax_ukernel_1x16__neon_mlal_lane,
+            1,
+        );
     }
 }

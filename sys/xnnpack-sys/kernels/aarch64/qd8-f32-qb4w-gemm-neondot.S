@@ -19,7 +19,7 @@
   .text
 
 // void xnnblob_qd8_qb4w_dot_4x8(const struct xnnblob_qd8_qb4w_tile* t);
-// struct xnnblob_qd8_qb4w_tile (qd8-f32-qb4w-gemm-neondot.c), offsets in bytes:
+// struct xnnblob_qd8_qb4w_tile (qd8-f32-qb4w-gemm.c), offsets in bytes:
 //   0 rows[4]        the 4 rows' int8 values (a row repeated where there are fewer)
 //  32 ksums          this half's 8 k-sums
 //  40 weights        this half's values of the first block (the group's, +64, +32 for the
