@@ -464,7 +464,10 @@ impl Install {
             for line in String::from_utf8_lossy(&out.stdout).lines() {
                 let mut words = line.split_whitespace();
                 if let (Some(name), Some("T")) = (words.next(), words.next()) {
-                    if name.starts_with("xnn_qd8_f32_q") && name.contains("_gemm_minmax_ukernel_") {
+                    // XNNPACK's kernels, and xnnblob's own (kernels/) that patches register.
+                    let qd8 =
+                        name.starts_with("xnn_qd8_f32_q") || name.starts_with("xnnblob_qd8_f32_q");
+                    if qd8 && name.contains("_gemm_minmax_ukernel_") {
                         names.push(name.to_string());
                     }
                 }

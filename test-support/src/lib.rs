@@ -229,7 +229,7 @@ pub fn assert_pass_on_emulated_cpu(module: &str, cpu: &str, kernel_isa: &str, te
     );
     let kernels: Vec<&str> = text
         .split_whitespace()
-        .filter(|w| w.starts_with("xnn_qd8_f32_q"))
+        .filter(|w| w.starts_with("xnn_qd8_f32_q") || w.starts_with("xnnblob_qd8_f32_q"))
         .collect();
     assert!(
         !kernels.is_empty(),

@@ -115,7 +115,7 @@ fn run_on(exe: &Path, cpu: &str, args: &[&str], env: &[(&str, &Path)]) -> String
 fn kernels(text: &str) -> Vec<&str> {
     let mut names: Vec<&str> = text
         .split(|c: char| !(c.is_alphanumeric() || c == '_'))
-        .filter(|w| w.starts_with("xnn_qd8_f32_q"))
+        .filter(|w| w.starts_with("xnn_qd8_f32_q") || w.starts_with("xnnblob_qd8_f32_q"))
         .collect();
     names.sort_unstable();
     names.dedup();
