@@ -81,86 +81,6 @@ mod on_aarch64 {
             dst_stride_col: usize,
             params: *const Qb4wMinmaxParams,
         );
-        // sys/xnnpack-sys/kernels/aarch64/qd8-f32-qb4w-gemm.c, and XNNPACK's kernels they replace
-        // (src/qd8-f32-qb4w-gemm/gen/), all built into XNNPACK.
-        fn xnnblob_qd8_f32_qb4w_gemm_minmax_ukernel_4x16c4__neondot(
-            mr: usize,
-            nc: usize,
-            kc: usize,
-            a: *const i8,
-            a_stride: usize,
-            w: *const c_void,
-            c: *mut f32,
-            cm_stride: usize,
-            cn_stride: usize,
-            params: *const Qb4wMinmaxParams,
-            quantization: *const Qd8QuantizationParams,
-        );
-        fn xnnblob_qd8_f32_qb4w_gemm_minmax_ukernel_4x16__neon_mlal(
-            mr: usize,
-            nc: usize,
-            kc: usize,
-            a: *const i8,
-            a_stride: usize,
-            w: *const c_void,
-            c: *mut f32,
-            cm_stride: usize,
-            cn_stride: usize,
-            params: *const Qb4wMinmaxParams,
-            quantization: *const Qd8QuantizationParams,
-        );
-        fn xnnblob_qd8_f32_qb4w_gemm_minmax_ukernel_1x16__neon_mlal(
-            mr: usize,
-            nc: usize,
-            kc: usize,
-            a: *const i8,
-            a_stride: usize,
-            w: *const c_void,
-            c: *mut f32,
-            cm_stride: usize,
-            cn_stride: usize,
-            params: *const Qb4wMinmaxParams,
-            quantization: *const Qd8QuantizationParams,
-        );
-        fn xnn_qd8_f32_qb4w_gemm_minmax_ukernel_1x16__neon_mlal_lane(
-            mr: usize,
-            nc: usize,
-            kc: usize,
-            a: *const i8,
-            a_stride: usize,
-            w: *const c_void,
-            c: *mut f32,
-            cm_stride: usize,
-            cn_stride: usize,
-            params: *const Qb4wMinmaxParams,
-            quantization: *const Qd8QuantizationParams,
-        );
-        fn xnn_qd8_f32_qb4w_gemm_minmax_ukernel_6x16__neon_mlal_lane(
-            mr: usize,
-            nc: usize,
-            kc: usize,
-            a: *const i8,
-            a_stride: usize,
-            w: *const c_void,
-            c: *mut f32,
-            cm_stride: usize,
-            cn_stride: usize,
-            params: *const Qb4wMinmaxParams,
-            quantization: *const Qd8QuantizationParams,
-        );
-        fn xnn_qd8_f32_qb4w_gemm_minmax_ukernel_4x16c4__neondot(
-            mr: usize,
-            nc: usize,
-            kc: usize,
-            a: *const i8,
-            a_stride: usize,
-            w: *const c_void,
-            c: *mut f32,
-            cm_stride: usize,
-            cn_stride: usize,
-            params: *const Qb4wMinmaxParams,
-            quantization: *const Qd8QuantizationParams,
-        );
         // KleidiAI 1.8.0 (kai/ukernels/matmul/matmul_clamp_f32_qai8dxp_qsi4c32p/).
         fn kai_run_matmul_clamp_f32_qai8dxp4x8_qsi4c32p4x8_16x4x32_neon_i8mm(
             m: usize,
@@ -189,6 +109,38 @@ mod on_aarch64 {
             max: f32,
         );
     }
+
+    /// Declares XNNPACK dqgemm microkernels (`xnn_dqgemm_ukernel_fn`'s signature).
+    macro_rules! qd8_kernels {
+        ($($name:ident),* $(,)?) => {
+            extern "C" {
+                $(fn $name(
+                    mr: usize,
+                    nc: usize,
+                    kc: usize,
+                    a: *const i8,
+                    a_stride: usize,
+                    w: *const c_void,
+                    c: *mut f32,
+                    cm_stride: usize,
+                    cn_stride: usize,
+                    params: *const Qb4wMinmaxParams,
+                    quantization: *const Qd8QuantizationParams,
+                );)*
+            }
+        };
+    }
+
+    // sys/xnnpack-sys/kernels/aarch64/qd8-f32-qb4w-gemm.c, and XNNPACK's kernels they replace
+    // (src/qd8-f32-qb4w-gemm/gen/), all built into XNNPACK.
+    qd8_kernels!(
+        xnnblob_qd8_f32_qb4w_gemm_minmax_ukernel_4x16c4__neondot,
+        xnnblob_qd8_f32_qb4w_gemm_minmax_ukernel_4x16__neon_mlal,
+        xnnblob_qd8_f32_qb4w_gemm_minmax_ukernel_1x16__neon_mlal,
+        xnn_qd8_f32_qb4w_gemm_minmax_ukernel_4x16c4__neondot,
+        xnn_qd8_f32_qb4w_gemm_minmax_ukernel_6x16__neon_mlal_lane,
+        xnn_qd8_f32_qb4w_gemm_minmax_ukernel_1x16__neon_mlal_lane,
+    );
 
     /// xorshift32: the same operands at every run.
     struct Rng(u32);

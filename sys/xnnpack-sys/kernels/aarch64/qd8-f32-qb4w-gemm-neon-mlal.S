@@ -16,6 +16,8 @@
 // times 16); then 16 bf16 scales; after the last block 16 f32 biases. A tile loads whole 16-byte
 // lines and widens its half of each (sxtl for columns 0-7, sxtl2 for 8-15).
 
+#include "macros.inc"
+
   .arch armv8-a
   .text
 
@@ -62,14 +64,7 @@
   fmul v23.4s, v27.4s, v25.s[2]
   movi v30.16b, #0xf0
 1:  // a block
-  movi v0.4s, #0
-  movi v1.4s, #0
-  movi v2.4s, #0
-  movi v3.4s, #0
-  movi v4.4s, #0
-  movi v5.4s, #0
-  movi v6.4s, #0
-  movi v7.4s, #0
+  ZERO v0.4s, v1.4s, v2.4s, v3.4s, v4.4s, v5.4s, v6.4s, v7.4s
   mov x7, x6
 2:  // 8 values of k: the rows widened in v8-v11 (by-element smlal takes v0-v15), 4 lines of
   // weights in v24-v27
@@ -93,14 +88,7 @@
   add x2, x2, #32
   shll v13.4s, v12.4h, #16
   shll2 v12.4s, v12.8h, #16
-  scvtf v0.4s, v0.4s
-  scvtf v1.4s, v1.4s
-  scvtf v2.4s, v2.4s
-  scvtf v3.4s, v3.4s
-  scvtf v4.4s, v4.4s
-  scvtf v5.4s, v5.4s
-  scvtf v6.4s, v6.4s
-  scvtf v7.4s, v7.4s
+  TO_F32 0, v0.4s, v1.4s, v2.4s, v3.4s, v4.4s, v5.4s, v6.4s, v7.4s
   fmla v16.4s, v0.4s, v13.4s
   fmla v17.4s, v1.4s, v12.4s
   fmla v18.4s, v2.4s, v13.4s
@@ -132,22 +120,7 @@
   fmla v7.4s, v23.4s, v29.s[3]
   ld1r {v26.4s}, [x5], #4
   ld1r {v27.4s}, [x5]
-  fmax v0.4s, v0.4s, v26.4s
-  fmax v1.4s, v1.4s, v26.4s
-  fmax v2.4s, v2.4s, v26.4s
-  fmax v3.4s, v3.4s, v26.4s
-  fmax v4.4s, v4.4s, v26.4s
-  fmax v5.4s, v5.4s, v26.4s
-  fmax v6.4s, v6.4s, v26.4s
-  fmax v7.4s, v7.4s, v26.4s
-  fmin v0.4s, v0.4s, v27.4s
-  fmin v1.4s, v1.4s, v27.4s
-  fmin v2.4s, v2.4s, v27.4s
-  fmin v3.4s, v3.4s, v27.4s
-  fmin v4.4s, v4.4s, v27.4s
-  fmin v5.4s, v5.4s, v27.4s
-  fmin v6.4s, v6.4s, v27.4s
-  fmin v7.4s, v7.4s, v27.4s
+  CLAMP v26.4s, v27.4s, v0.4s, v1.4s, v2.4s, v3.4s, v4.4s, v5.4s, v6.4s, v7.4s
   stp q0, q1, [x17]
   add x17, x17, x4
   stp q2, q3, [x17]
@@ -238,10 +211,7 @@ xnnblob_qd8_qb4w_mlal_1x16:
   fmul v19.4s, v27.4s, v28.4s
   movi v30.16b, #0xf0
 1:  // a block
-  movi v0.4s, #0
-  movi v1.4s, #0
-  movi v2.4s, #0
-  movi v3.4s, #0
+  ZERO v0.4s, v1.4s, v2.4s, v3.4s
   mov x7, x6
 2:  // 8 values of k: the row widened in v8, 4 lines of weights in v24-v27
   ldr d8, [x9], #8
@@ -259,10 +229,7 @@ xnnblob_qd8_qb4w_mlal_1x16:
   shll2 v25.4s, v12.8h, #16
   shll v26.4s, v13.4h, #16
   shll2 v27.4s, v13.8h, #16
-  scvtf v0.4s, v0.4s
-  scvtf v1.4s, v1.4s
-  scvtf v2.4s, v2.4s
-  scvtf v3.4s, v3.4s
+  TO_F32 0, v0.4s, v1.4s, v2.4s, v3.4s
   fmla v16.4s, v0.4s, v24.4s
   fmla v17.4s, v1.4s, v25.4s
   fmla v18.4s, v2.4s, v26.4s
@@ -279,14 +246,7 @@ xnnblob_qd8_qb4w_mlal_1x16:
   fmla v3.4s, v19.4s, v28.4s
   ld1r {v26.4s}, [x5], #4
   ld1r {v27.4s}, [x5]
-  fmax v0.4s, v0.4s, v26.4s
-  fmax v1.4s, v1.4s, v26.4s
-  fmax v2.4s, v2.4s, v26.4s
-  fmax v3.4s, v3.4s, v26.4s
-  fmin v0.4s, v0.4s, v27.4s
-  fmin v1.4s, v1.4s, v27.4s
-  fmin v2.4s, v2.4s, v27.4s
-  fmin v3.4s, v3.4s, v27.4s
+  CLAMP v26.4s, v27.4s, v0.4s, v1.4s, v2.4s, v3.4s
   st1 {v0.4s-v3.4s}, [x17]
   ldp d12, d13, [sp, #32]
   ldp d10, d11, [sp, #16]

@@ -15,8 +15,46 @@
 // (16 per 4 columns: each byte's low nibble is one of k 0-3 of a column, its high nibble one of
 // k 4-7, values times 16), then 16 bf16 scales; after the last block 16 f32 biases.
 
+#include "macros.inc"
+
   .arch armv8.2-a+dotprod
   .text
+
+// Columns 0-3 (weights in \lo) and 4-7 (\hi) of 4 values of k, times each row's 4 values of
+// that k (lane \lane of v24-v27), into the sums v0-v7.
+.macro DOT_ROWS lo, hi, lane
+  sdot v0.4s, \lo\().16b, v24.4b[\lane]
+  sdot v1.4s, \hi\().16b, v24.4b[\lane]
+  sdot v2.4s, \lo\().16b, v25.4b[\lane]
+  sdot v3.4s, \hi\().16b, v25.4b[\lane]
+  sdot v4.4s, \lo\().16b, v26.4b[\lane]
+  sdot v5.4s, \hi\().16b, v26.4b[\lane]
+  sdot v6.4s, \lo\().16b, v27.4b[\lane]
+  sdot v7.4s, \hi\().16b, v27.4b[\lane]
+.endm
+
+// 16 values of k of 4 rows by 8 columns: rows in v24-v27, weights of 8 values in v8/v9, of the
+// next 8 in v10/v11 (this half's 32 bytes of each 64), sums in v0-v7.
+.macro DOT_16_VALUES
+  ldr q24, [x9], #16
+  ldr q25, [x10], #16
+  ldr q26, [x11], #16
+  ldr q27, [x12], #16
+  ldp q8, q9, [x2], #64
+  ldp q10, q11, [x2], #64
+  shl v12.16b, v8.16b, #4
+  shl v13.16b, v9.16b, #4
+  DOT_ROWS v12, v13, 0
+  and v8.16b, v8.16b, v30.16b
+  and v9.16b, v9.16b, v30.16b
+  DOT_ROWS v8, v9, 1
+  shl v12.16b, v10.16b, #4
+  shl v13.16b, v11.16b, #4
+  DOT_ROWS v12, v13, 2
+  and v10.16b, v10.16b, v30.16b
+  and v11.16b, v11.16b, v30.16b
+  DOT_ROWS v10, v11, 3
+.endm
 
 // void xnnblob_qd8_qb4w_dot_4x8(const struct xnnblob_qd8_qb4w_tile* t);
 // struct xnnblob_qd8_qb4w_tile (qd8-f32-qb4w-gemm.c), offsets in bytes:
@@ -62,109 +100,12 @@ xnnblob_qd8_qb4w_dot_4x8:
   fmul v23.4s, v27.4s, v25.s[2]
   movi v30.16b, #0xf0
 1:  // a block
-  movi v0.4s, #0
-  movi v1.4s, #0
-  movi v2.4s, #0
-  movi v3.4s, #0
-  movi v4.4s, #0
-  movi v5.4s, #0
-  movi v6.4s, #0
-  movi v7.4s, #0
+  ZERO v0.4s, v1.4s, v2.4s, v3.4s, v4.4s, v5.4s, v6.4s, v7.4s
   mov x7, x6
 2:  // 32 values of k, 16 at a time: rows in v24-v27, weights of 8 values in v8/v9, of the
   // next 8 in v10/v11 (this half's 32 bytes of each 64)
-  ldr q24, [x9], #16
-  ldr q25, [x10], #16
-  ldr q26, [x11], #16
-  ldr q27, [x12], #16
-  ldp q8, q9, [x2], #64
-  ldp q10, q11, [x2], #64
-  shl v12.16b, v8.16b, #4
-  shl v13.16b, v9.16b, #4
-  sdot v0.4s, v12.16b, v24.4b[0]
-  sdot v1.4s, v13.16b, v24.4b[0]
-  sdot v2.4s, v12.16b, v25.4b[0]
-  sdot v3.4s, v13.16b, v25.4b[0]
-  sdot v4.4s, v12.16b, v26.4b[0]
-  sdot v5.4s, v13.16b, v26.4b[0]
-  sdot v6.4s, v12.16b, v27.4b[0]
-  sdot v7.4s, v13.16b, v27.4b[0]
-  and v8.16b, v8.16b, v30.16b
-  and v9.16b, v9.16b, v30.16b
-  sdot v0.4s, v8.16b, v24.4b[1]
-  sdot v1.4s, v9.16b, v24.4b[1]
-  sdot v2.4s, v8.16b, v25.4b[1]
-  sdot v3.4s, v9.16b, v25.4b[1]
-  sdot v4.4s, v8.16b, v26.4b[1]
-  sdot v5.4s, v9.16b, v26.4b[1]
-  sdot v6.4s, v8.16b, v27.4b[1]
-  sdot v7.4s, v9.16b, v27.4b[1]
-  shl v12.16b, v10.16b, #4
-  shl v13.16b, v11.16b, #4
-  sdot v0.4s, v12.16b, v24.4b[2]
-  sdot v1.4s, v13.16b, v24.4b[2]
-  sdot v2.4s, v12.16b, v25.4b[2]
-  sdot v3.4s, v13.16b, v25.4b[2]
-  sdot v4.4s, v12.16b, v26.4b[2]
-  sdot v5.4s, v13.16b, v26.4b[2]
-  sdot v6.4s, v12.16b, v27.4b[2]
-  sdot v7.4s, v13.16b, v27.4b[2]
-  and v10.16b, v10.16b, v30.16b
-  and v11.16b, v11.16b, v30.16b
-  sdot v0.4s, v10.16b, v24.4b[3]
-  sdot v1.4s, v11.16b, v24.4b[3]
-  sdot v2.4s, v10.16b, v25.4b[3]
-  sdot v3.4s, v11.16b, v25.4b[3]
-  sdot v4.4s, v10.16b, v26.4b[3]
-  sdot v5.4s, v11.16b, v26.4b[3]
-  sdot v6.4s, v10.16b, v27.4b[3]
-  sdot v7.4s, v11.16b, v27.4b[3]
-  ldr q24, [x9], #16
-  ldr q25, [x10], #16
-  ldr q26, [x11], #16
-  ldr q27, [x12], #16
-  ldp q8, q9, [x2], #64
-  ldp q10, q11, [x2], #64
-  shl v12.16b, v8.16b, #4
-  shl v13.16b, v9.16b, #4
-  sdot v0.4s, v12.16b, v24.4b[0]
-  sdot v1.4s, v13.16b, v24.4b[0]
-  sdot v2.4s, v12.16b, v25.4b[0]
-  sdot v3.4s, v13.16b, v25.4b[0]
-  sdot v4.4s, v12.16b, v26.4b[0]
-  sdot v5.4s, v13.16b, v26.4b[0]
-  sdot v6.4s, v12.16b, v27.4b[0]
-  sdot v7.4s, v13.16b, v27.4b[0]
-  and v8.16b, v8.16b, v30.16b
-  and v9.16b, v9.16b, v30.16b
-  sdot v0.4s, v8.16b, v24.4b[1]
-  sdot v1.4s, v9.16b, v24.4b[1]
-  sdot v2.4s, v8.16b, v25.4b[1]
-  sdot v3.4s, v9.16b, v25.4b[1]
-  sdot v4.4s, v8.16b, v26.4b[1]
-  sdot v5.4s, v9.16b, v26.4b[1]
-  sdot v6.4s, v8.16b, v27.4b[1]
-  sdot v7.4s, v9.16b, v27.4b[1]
-  shl v12.16b, v10.16b, #4
-  shl v13.16b, v11.16b, #4
-  sdot v0.4s, v12.16b, v24.4b[2]
-  sdot v1.4s, v13.16b, v24.4b[2]
-  sdot v2.4s, v12.16b, v25.4b[2]
-  sdot v3.4s, v13.16b, v25.4b[2]
-  sdot v4.4s, v12.16b, v26.4b[2]
-  sdot v5.4s, v13.16b, v26.4b[2]
-  sdot v6.4s, v12.16b, v27.4b[2]
-  sdot v7.4s, v13.16b, v27.4b[2]
-  and v10.16b, v10.16b, v30.16b
-  and v11.16b, v11.16b, v30.16b
-  sdot v0.4s, v10.16b, v24.4b[3]
-  sdot v1.4s, v11.16b, v24.4b[3]
-  sdot v2.4s, v10.16b, v25.4b[3]
-  sdot v3.4s, v11.16b, v25.4b[3]
-  sdot v4.4s, v10.16b, v26.4b[3]
-  sdot v5.4s, v11.16b, v26.4b[3]
-  sdot v6.4s, v10.16b, v27.4b[3]
-  sdot v7.4s, v11.16b, v27.4b[3]
+  DOT_16_VALUES
+  DOT_16_VALUES
   subs x7, x7, #1
   b.ne 2b
   // The block's scales for this half (bf16 -> f32), then past the group's 16 to the next block.
@@ -172,14 +113,7 @@ xnnblob_qd8_qb4w_dot_4x8:
   add x2, x2, #32
   shll v13.4s, v12.4h, #16
   shll2 v12.4s, v12.8h, #16
-  scvtf v0.4s, v0.4s
-  scvtf v1.4s, v1.4s
-  scvtf v2.4s, v2.4s
-  scvtf v3.4s, v3.4s
-  scvtf v4.4s, v4.4s
-  scvtf v5.4s, v5.4s
-  scvtf v6.4s, v6.4s
-  scvtf v7.4s, v7.4s
+  TO_F32 0, v0.4s, v1.4s, v2.4s, v3.4s, v4.4s, v5.4s, v6.4s, v7.4s
   fmla v16.4s, v0.4s, v13.4s
   fmla v17.4s, v1.4s, v12.4s
   fmla v18.4s, v2.4s, v13.4s
@@ -211,22 +145,7 @@ xnnblob_qd8_qb4w_dot_4x8:
   fadd v21.4s, v25.4s, v21.4s
   fadd v22.4s, v24.4s, v22.4s
   fadd v23.4s, v25.4s, v23.4s
-  fmax v16.4s, v16.4s, v26.4s
-  fmax v17.4s, v17.4s, v26.4s
-  fmax v18.4s, v18.4s, v26.4s
-  fmax v19.4s, v19.4s, v26.4s
-  fmax v20.4s, v20.4s, v26.4s
-  fmax v21.4s, v21.4s, v26.4s
-  fmax v22.4s, v22.4s, v26.4s
-  fmax v23.4s, v23.4s, v26.4s
-  fmin v16.4s, v16.4s, v27.4s
-  fmin v17.4s, v17.4s, v27.4s
-  fmin v18.4s, v18.4s, v27.4s
-  fmin v19.4s, v19.4s, v27.4s
-  fmin v20.4s, v20.4s, v27.4s
-  fmin v21.4s, v21.4s, v27.4s
-  fmin v22.4s, v22.4s, v27.4s
-  fmin v23.4s, v23.4s, v27.4s
+  CLAMP v26.4s, v27.4s, v16.4s, v17.4s, v18.4s, v19.4s, v20.4s, v21.4s, v22.4s, v23.4s
   stp q16, q17, [x17]
   add x17, x17, x4
   stp q18, q19, [x17]

@@ -26,6 +26,8 @@
 // The 4-bit values are used times 16 (shifted to the high nibble, or masked there), which the
 // conversion's 1/16 undoes exactly.
 
+#include "macros.inc"
+
   .arch armv8.2-a+dotprod+i8mm
   .text
 
@@ -44,23 +46,9 @@ xnnblob_qp8_qb4w_i8mm_8x4:
   stp d12, d13, [sp, #32]
   stp d14, d15, [sp, #48]
   movi v30.16b, #0xf0
-  movi v16.4s, #0
-  movi v17.4s, #0
-  movi v18.4s, #0
-  movi v19.4s, #0
-  movi v20.4s, #0
-  movi v21.4s, #0
-  movi v22.4s, #0
-  movi v23.4s, #0
+  ZERO v16.4s, v17.4s, v18.4s, v19.4s, v20.4s, v21.4s, v22.4s, v23.4s
 1:  // a block
-  movi v0.4s, #0
-  movi v1.4s, #0
-  movi v2.4s, #0
-  movi v3.4s, #0
-  movi v4.4s, #0
-  movi v5.4s, #0
-  movi v6.4s, #0
-  movi v7.4s, #0
+  ZERO v0.4s, v1.4s, v2.4s, v3.4s, v4.4s, v5.4s, v6.4s, v7.4s
   mov x8, x4
 2:  // 32 values of k
   ld1 {v24.16b-v27.16b}, [x2], #64
@@ -115,14 +103,7 @@ xnnblob_qp8_qb4w_i8mm_8x4:
   shll v24.4s, v24.4h, #16
   dup v25.2d, v24.d[0]
   dup v26.2d, v24.d[1]
-  scvtf v0.4s, v0.4s, #4
-  scvtf v1.4s, v1.4s, #4
-  scvtf v2.4s, v2.4s, #4
-  scvtf v3.4s, v3.4s, #4
-  scvtf v4.4s, v4.4s, #4
-  scvtf v5.4s, v5.4s, #4
-  scvtf v6.4s, v6.4s, #4
-  scvtf v7.4s, v7.4s, #4
+  TO_F32 4, v0.4s, v1.4s, v2.4s, v3.4s, v4.4s, v5.4s, v6.4s, v7.4s
   fmla v16.4s, v0.4s, v25.4s
   fmla v17.4s, v1.4s, v26.4s
   fmla v18.4s, v2.4s, v25.4s
@@ -174,22 +155,7 @@ xnnblob_qp8_qb4w_i8mm_8x4:
   fadd v5.4s, v5.4s, v29.4s
   fadd v6.4s, v6.4s, v29.4s
   fadd v7.4s, v7.4s, v29.4s
-  fmax v0.4s, v0.4s, v30.4s
-  fmax v1.4s, v1.4s, v30.4s
-  fmax v2.4s, v2.4s, v30.4s
-  fmax v3.4s, v3.4s, v30.4s
-  fmax v4.4s, v4.4s, v30.4s
-  fmax v5.4s, v5.4s, v30.4s
-  fmax v6.4s, v6.4s, v30.4s
-  fmax v7.4s, v7.4s, v30.4s
-  fmin v0.4s, v0.4s, v31.4s
-  fmin v1.4s, v1.4s, v31.4s
-  fmin v2.4s, v2.4s, v31.4s
-  fmin v3.4s, v3.4s, v31.4s
-  fmin v4.4s, v4.4s, v31.4s
-  fmin v5.4s, v5.4s, v31.4s
-  fmin v6.4s, v6.4s, v31.4s
-  fmin v7.4s, v7.4s, v31.4s
+  CLAMP v30.4s, v31.4s, v0.4s, v1.4s, v2.4s, v3.4s, v4.4s, v5.4s, v6.4s, v7.4s
   st1 {v0.4s}, [x5], x6
   st1 {v1.4s}, [x5], x6
   st1 {v2.4s}, [x5], x6
@@ -214,15 +180,9 @@ xnnblob_qp8_qb4w_i8mm_8x4:
   .type xnnblob_qp8_qb4w_i8mm_4x4, %function
 xnnblob_qp8_qb4w_i8mm_4x4:
   movi v30.16b, #0xf0
-  movi v16.4s, #0
-  movi v17.4s, #0
-  movi v18.4s, #0
-  movi v19.4s, #0
+  ZERO v16.4s, v17.4s, v18.4s, v19.4s
 1:
-  movi v0.4s, #0
-  movi v1.4s, #0
-  movi v2.4s, #0
-  movi v3.4s, #0
+  ZERO v0.4s, v1.4s, v2.4s, v3.4s
   mov x8, x3
 2:
   ld1 {v24.16b-v27.16b}, [x1], #64
@@ -258,10 +218,7 @@ xnnblob_qp8_qb4w_i8mm_4x4:
   shll v24.4s, v24.4h, #16
   dup v25.2d, v24.d[0]
   dup v26.2d, v24.d[1]
-  scvtf v0.4s, v0.4s, #4
-  scvtf v1.4s, v1.4s, #4
-  scvtf v2.4s, v2.4s, #4
-  scvtf v3.4s, v3.4s, #4
+  TO_F32 4, v0.4s, v1.4s, v2.4s, v3.4s
   fmla v16.4s, v0.4s, v25.4s
   fmla v17.4s, v1.4s, v26.4s
   fmla v18.4s, v2.4s, v25.4s
@@ -289,14 +246,7 @@ xnnblob_qp8_qb4w_i8mm_4x4:
   fadd v1.4s, v1.4s, v29.4s
   fadd v2.4s, v2.4s, v29.4s
   fadd v3.4s, v3.4s, v29.4s
-  fmax v0.4s, v0.4s, v30.4s
-  fmax v1.4s, v1.4s, v30.4s
-  fmax v2.4s, v2.4s, v30.4s
-  fmax v3.4s, v3.4s, v30.4s
-  fmin v0.4s, v0.4s, v31.4s
-  fmin v1.4s, v1.4s, v31.4s
-  fmin v2.4s, v2.4s, v31.4s
-  fmin v3.4s, v3.4s, v31.4s
+  CLAMP v30.4s, v31.4s, v0.4s, v1.4s, v2.4s, v3.4s
   st1 {v0.4s}, [x4], x5
   st1 {v1.4s}, [x4], x5
   st1 {v2.4s}, [x4], x5
@@ -317,10 +267,7 @@ xnnblob_qp8_qb4w_dot_1x8:
   movi v16.4s, #0
   movi v17.4s, #0
 1:
-  movi v0.4s, #0
-  movi v1.4s, #0
-  movi v2.4s, #0
-  movi v3.4s, #0
+  ZERO v0.4s, v1.4s, v2.4s, v3.4s
   mov x8, x4
 2:
   ld1 {v24.16b-v27.16b}, [x1], #64
@@ -388,10 +335,7 @@ xnnblob_qp8_qb4w_dot_1x8:
   fmul v17.4s, v17.4s, v21.4s
   fadd v16.4s, v16.4s, v23.4s
   fadd v17.4s, v17.4s, v25.4s
-  fmax v16.4s, v16.4s, v30.4s
-  fmax v17.4s, v17.4s, v30.4s
-  fmin v16.4s, v16.4s, v31.4s
-  fmin v17.4s, v17.4s, v31.4s
+  CLAMP v30.4s, v31.4s, v16.4s, v17.4s
   stp q16, q17, [x5]
   ret
   .size xnnblob_qp8_qb4w_dot_1x8, .-xnnblob_qp8_qb4w_dot_1x8
@@ -449,8 +393,7 @@ xnnblob_qp8_qb4w_dot_1x4:
   fmla v16.4s, v22.4s, v20.s[0]
   fmul v16.4s, v16.4s, v21.4s
   fadd v16.4s, v16.4s, v23.4s
-  fmax v16.4s, v16.4s, v30.4s
-  fmin v16.4s, v16.4s, v31.4s
+  CLAMP v30.4s, v31.4s, v16.4s
   str q16, [x4]
   ret
   .size xnnblob_qp8_qb4w_dot_1x4, .-xnnblob_qp8_qb4w_dot_1x4
