@@ -40,6 +40,8 @@ pub(crate) struct DraftPlan {
     pub destination: std::path::PathBuf,
     /// The permission bits to create it with, asked when it is created.
     pub mode: Box<dyn Fn() -> u32 + Send + Sync>,
+    /// Packed bytes kept on the heap before the draft is started ([`HeapFirst`]).
+    pub heap_first: usize,
 }
 
 pub(crate) struct Entry {
@@ -124,6 +126,8 @@ pub(crate) struct State {
     pub drafting: Option<DraftPlan>,
     /// The draft packing goes into now, until a save takes it.
     pub draft: Option<DraftFile>,
+    /// Packed bytes put on the heap while no draft was started (see [`DraftPlan::heap_first`]).
+    heap_first_packed: usize,
     registered: FastMap<usize, Registered>,
     /// Data files whose named keys were checked against their bytes, the most recently
     /// checked first: their keys are taken as content identities without hashing.
@@ -244,6 +248,10 @@ impl State {
     /// on the heap, and saved as before). A draft that cannot be started is not tried again.
     fn reserve_in_draft(&mut self, n: usize) -> Option<Space> {
         let plan = self.drafting.as_ref()?;
+        if self.draft.is_none() && self.heap_first_packed.saturating_add(n) <= plan.heap_first {
+            self.heap_first_packed += n;
+            return None;
+        }
         if self.draft.is_none() {
             match DraftFile::create(plan.storage.clone(), &plan.destination, (plan.mode)()) {
                 Ok(draft) => self.draft = Some(draft),

@@ -1,6 +1,8 @@
-//! The cache file a launch packs into. XNNPACK writes each packed weight straight into the
-//! pages of a new file beside the cache (a [`publish::Draft`]), mapped shared: the bytes are
-//! written once, into the file, and never also held on the heap. A save completes the file (the
+//! The cache file a launch packs into. Past the first packed bytes a launch keeps on the heap
+//! ([`HeapFirst`](super::HeapFirst): a small model's, for which starting a file costs more than
+//! packing), XNNPACK writes each packed weight straight into the pages of a new file beside the
+//! cache (a [`publish::Draft`]), mapped shared: the bytes are written once, into the file, and
+//! never also held on the heap. A save completes the file (the
 //! entries it keeps from older files copied after the packed ones, then the index, the header
 //! and the trailer of `docs/cache-format.md`), syncs it and renames it into place, so nothing is
 //! published before it is durable and a kill leaves the old file or the new one.

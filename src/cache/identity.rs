@@ -41,16 +41,30 @@ impl BlobId {
         if hex.len() != 64 {
             return None;
         }
+        // Each character's value, or 16 for one that is not lowercase hex: asked several times
+        // per constant at every launch, a table and one test per key, not one per character.
+        const NIBBLE: [u8; 256] = {
+            let mut t = [16u8; 256];
+            let mut c = 0;
+            while c < 10 {
+                t[b'0' as usize + c] = c as u8;
+                c += 1;
+            }
+            let mut c = 0;
+            while c < 6 {
+                t[b'a' as usize + c] = 10 + c as u8;
+                c += 1;
+            }
+            t
+        };
         let mut out = [0u8; 32];
-        for (i, pair) in hex.chunks_exact(2).enumerate() {
-            let nibble = |c: u8| match c {
-                b'0'..=b'9' => Some(c - b'0'),
-                b'a'..=b'f' => Some(c - b'a' + 10),
-                _ => None,
-            };
-            out[i] = nibble(pair[0])? << 4 | nibble(pair[1])?;
+        let mut invalid = 0u8;
+        for (o, pair) in out.iter_mut().zip(hex.chunks_exact(2)) {
+            let (high, low) = (NIBBLE[pair[0] as usize], NIBBLE[pair[1] as usize]);
+            invalid |= high | low;
+            *o = high << 4 | (low & 15);
         }
-        Some(BlobId(out))
+        (invalid & 16 == 0).then_some(BlobId(out))
     }
 
     /// The identity a named-data key states, in ExecuTorch's XNNPACK conventions: a bare
@@ -206,6 +220,15 @@ mod tests {
         );
         assert_eq!(BlobId::from_named_key(&key), Some(BlobId::of_bytes(bytes)));
         assert_eq!(BlobId::from_named_key(&format!("bias_{key}")), None);
+        // One character that is not lowercase hex, anywhere, and the key states nothing.
+        for at in 0..key.len() {
+            for bad in ['g', 'G', 'A', '/', ':', '`', ' ', '\u{e9}'] {
+                let mut k: Vec<char> = key.chars().collect();
+                k[at] = bad;
+                let k: String = k.into_iter().collect();
+                assert_eq!(BlobId::from_sha256_key(&k), None, "{k}");
+            }
+        }
     }
 
     #[test]

@@ -32,6 +32,9 @@ pub(super) struct KeyCheck<'a> {
     files: FastMap<FileIdentity, bool>,
     /// Keys whose bytes did not match, with their bytes' hash.
     mismatched: FastMap<String, BlobId>,
+    /// Each constant's identity ([`identity`]) once asked: a bias or a scale is asked for by
+    /// every value and node that names it.
+    identities: FastMap<usize, Option<BlobId>>,
 }
 
 impl<'a> KeyCheck<'a> {
@@ -46,6 +49,7 @@ impl<'a> KeyCheck<'a> {
             threads: threads.max(1),
             files: FastMap::default(),
             mismatched: FastMap::default(),
+            identities: FastMap::default(),
         }
     }
 
@@ -134,6 +138,20 @@ impl<'a> KeyCheck<'a> {
 /// XNNPACK exporter are the sha256 of the bytes (hashed only to check a new data file's keys);
 /// anything else is hashed.
 pub(super) fn identity(
+    graph: &fb::XNNGraph<'_>,
+    index: usize,
+    keep: &Loaded,
+    check: &mut KeyCheck<'_>,
+) -> Option<BlobId> {
+    if let Some(&known) = check.identities.get(&index) {
+        return known;
+    }
+    let id = identity_of(graph, index, keep, check);
+    check.identities.insert(index, id);
+    id
+}
+
+fn identity_of(
     graph: &fb::XNNGraph<'_>,
     index: usize,
     keep: &Loaded,

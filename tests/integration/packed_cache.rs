@@ -8,8 +8,8 @@ use common::scratch;
 use std::path::Path;
 use std::sync::Arc;
 use xnnblob::cache::{
-    format, verify_file, BlobId, CacheError, CacheOptions, LoadOutcome, PackedWeightsCache,
-    Registration,
+    format, verify_file, BlobId, CacheError, CacheOptions, HeapFirst, LoadOutcome,
+    PackedWeightsCache, Registration,
 };
 use xnnblob::xnn::activity::Inference;
 use xnnblob::xnn::Runtime;
@@ -114,6 +114,8 @@ fn a_cold_launch_packs_straight_into_the_file_it_publishes() {
     let mlp = model();
     let options = CacheOptions {
         blocking_save: true,
+        // As a model past the first MiB packs.
+        heap_first: HeapFirst(0),
         ..Default::default()
     };
     let cache = PackedWeightsCache::open_with(&path, options).unwrap();
@@ -147,6 +149,71 @@ fn a_cold_launch_packs_straight_into_the_file_it_publishes() {
         .invoke(&[(MLP_INPUT, &input)], &mut [(MLP_OUTPUT, &mut out)])
         .unwrap();
     assert_matches_reference(&mlp, &out);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Names of the drafts in `dir`.
+fn drafts_in(dir: &Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains("xnnblob-draft"))
+        .collect()
+}
+
+/// A cold launch of one model with `options`: what it packed on the heap, whether a draft was
+/// made while packing, and the sizes of the saved file's entries in file order.
+fn cold_launch_with(dir: &Path, options: CacheOptions) -> (usize, bool, Vec<u64>) {
+    let path = dir.join("weights.xbc");
+    let mlp = model();
+    let cache = PackedWeightsCache::open_with(&path, options).unwrap();
+    let registrations = register(&cache, &mlp);
+    let graph = mlp.subgraph(1).unwrap();
+    let mut runtime = Runtime::new(&graph, Some(&*cache)).unwrap();
+    drop(registrations);
+    let (heap, drafted) = (cache.stats().heap_entries, !drafts_in(dir).is_empty());
+    cache.finalize().unwrap();
+    assert!(drafts_in(dir).is_empty(), "no draft left after the save");
+    let input = input_for(&mlp);
+    let mut out = vec![0f32; mlp.output_width()];
+    runtime
+        .invoke(&[(MLP_INPUT, &input)], &mut [(MLP_OUTPUT, &mut out)])
+        .unwrap();
+    assert_matches_reference(&mlp, &out);
+    let report = verify_file(&path, &CacheOptions::default(), true, false)
+        .unwrap()
+        .unwrap();
+    assert_eq!((report.entries, report.corrupt.len()), (3, 0));
+    let decoded = format::decode(&std::fs::read(&path).unwrap(), &default_compat()).unwrap();
+    let sizes = decoded.entries.iter().map(|e| e.size).collect();
+    // The next launch maps what the save wrote and packs nothing.
+    drop(runtime);
+    drop(cache);
+    let warm = reopen(&path);
+    assert_matches_reference(&mlp, &launch(&warm, &mlp));
+    assert_eq!((warm.stats().hits, warm.stats().packed), (3, 0));
+    (heap, drafted, sizes)
+}
+
+#[test]
+fn a_small_model_packs_on_the_heap_and_a_larger_one_into_a_draft_past_its_first_bytes() {
+    let blocking = |heap_first| CacheOptions {
+        blocking_save: true,
+        heap_first,
+        ..Default::default()
+    };
+    // Under the default 1 MiB: every weight on the heap, no file made while packing.
+    let dir = scratch("heap-first-small");
+    let (heap, drafted, sizes) = cold_launch_with(&dir, blocking(HeapFirst::default()));
+    assert_eq!((heap, drafted), (3, false));
+    std::fs::remove_dir_all(&dir).unwrap();
+    // Room on the heap for the first weight packed only: the other two go into a draft, which
+    // the save publishes with the first written after them.
+    let first = sizes[0] as usize;
+    assert!(sizes.iter().all(|&s| s > 0) && first < sizes.iter().sum::<u64>() as usize);
+    let dir = scratch("heap-first-mixed");
+    let (heap, drafted, _) = cold_launch_with(&dir, blocking(HeapFirst(first)));
+    assert_eq!((heap, drafted), (1, true));
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

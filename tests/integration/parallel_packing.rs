@@ -7,7 +7,7 @@ use crate::common;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use xnnblob::backend::{Backend, BackendOptions, PackedCache};
-use xnnblob::cache::PackedWeightsCache;
+use xnnblob::cache::{CacheOptions, HeapFirst, PackedWeightsCache};
 use xnnblob::program::Program;
 
 /// Programs with fully connected and convolution weights of every packing kind the fixtures
@@ -31,10 +31,16 @@ fn files(name: &str, external: bool) -> (PathBuf, Vec<PathBuf>) {
     (dir.join(format!("{name}.pte")), ptds)
 }
 
+/// Packing into a draft of the cache file from the first byte (`HeapFirst(0)`), as a model
+/// past its first MiB of packed weights does.
 fn backend(pack_serially: bool) -> Backend {
     Backend::new(BackendOptions {
         threads: 2,
         pack_serially,
+        cache_options: CacheOptions {
+            heap_first: HeapFirst(0),
+            ..Default::default()
+        },
         ..Default::default()
     })
     .unwrap()
