@@ -272,6 +272,17 @@ impl Backend {
         layers: &[PathBuf],
         path: &Path,
     ) -> Result<Arc<PackedWeightsCache>, CacheError> {
+        self.layered_cache_vetted(layers, path, None)
+    }
+
+    /// As [`layered_cache`](Self::layered_cache), with `path` as
+    /// [`PackedWeightsCache::access_vetted`] vetted it, if it did.
+    fn layered_cache_vetted(
+        &self,
+        layers: &[PathBuf],
+        path: &Path,
+        vetted: Option<PathBuf>,
+    ) -> Result<Arc<PackedWeightsCache>, CacheError> {
         let mut files = self.0.files.lock();
         if let Some(cache) = files.get(path) {
             if cache.layers() != layers {
@@ -283,7 +294,10 @@ impl Backend {
         }
         let mut options = self.0.options.cache_options.clone();
         options.layers = layers.to_vec();
-        let cache = PackedWeightsCache::open_with(path, options)?;
+        let cache = match vetted {
+            Some(vetted) => PackedWeightsCache::open_vetted(vetted, options)?,
+            None => PackedWeightsCache::open_with(path, options)?,
+        };
         files.insert(path.to_path_buf(), cache.clone());
         Ok(cache)
     }
@@ -328,8 +342,9 @@ impl Backend {
             }
             return (Weights::Packed(cache), None);
         }
-        let opened = PackedWeightsCache::access_at(path)
-            .and_then(|access| Ok((access, self.layered_cache(layers, path)?)));
+        let opened = PackedWeightsCache::access_vetted(path).and_then(|(access, vetted)| {
+            Ok((access, self.layered_cache_vetted(layers, path, vetted)?))
+        });
         let (access, cache) = match opened {
             Ok(opened) => opened,
             Err(error) => {

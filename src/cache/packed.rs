@@ -463,42 +463,64 @@ impl PackedWeightsCache {
     /// place). Asked of the kernel (`access(W_OK)`: permissions, a read-only mount, a missing
     /// directory) rather than by writing a probe file, so a warm launch writes nothing.
     pub fn check_path(path: &Path) -> Result<(), CacheError> {
-        use std::os::unix::ffi::OsStrExt;
-        let path = canonical(path)?;
-        refuse_non_regular(&path)?;
-        refuse_foreign(&path)?;
-        let io = |error| CacheError::Io {
-            path: path.display().to_string(),
-            error,
-        };
-        let dir = match path.parent() {
-            Some(d) if !d.as_os_str().is_empty() => d,
-            _ => Path::new("."),
-        };
-        let dir = std::ffi::CString::new(dir.as_os_str().as_bytes())
-            .map_err(|e| io(std::io::Error::new(std::io::ErrorKind::InvalidInput, e)))?;
-        // SAFETY: `dir` is a NUL-terminated path that lives across the call; access only reads
-        // it.
-        if unsafe { libc::access(dir.as_ptr(), libc::W_OK) } == 0 {
-            Ok(())
-        } else {
-            Err(io(std::io::Error::last_os_error()))
-        }
+        writable_directory(&vetted(path)?)
     }
-}
 
-impl PackedWeightsCache {
     /// How a cache file at `path` can be used: [`check_path`](Self::check_path)'s answer, except
     /// that a cache file already there in a directory that takes no new files is
     /// [`CacheAccess::ReadOnly`] rather than an error.
     pub fn access_at(path: &Path) -> Result<CacheAccess, CacheError> {
-        match PackedWeightsCache::check_path(path) {
-            Ok(()) => Ok(CacheAccess::ReadWrite),
-            Err(CacheError::Io { .. }) if std::fs::metadata(path).is_ok_and(|m| m.is_file()) => {
+        PackedWeightsCache::access_vetted(path).map(|(access, _)| access)
+    }
+
+    /// [`access_at`](Self::access_at)'s answer, with the path as [`open_vetted`] takes it
+    /// where it was vetted: opening it then asks nothing of the file system twice.
+    ///
+    /// [`open_vetted`]: Self::open_vetted
+    pub(crate) fn access_vetted(path: &Path) -> Result<(CacheAccess, Option<PathBuf>), CacheError> {
+        let read_only = |e: CacheError| match e {
+            CacheError::Io { .. } if std::fs::metadata(path).is_ok_and(|m| m.is_file()) => {
                 Ok(CacheAccess::ReadOnly)
             }
-            Err(e) => Err(e),
+            e => Err(e),
+        };
+        match vetted(path) {
+            Ok(vetted) => match writable_directory(&vetted) {
+                Ok(()) => Ok((CacheAccess::ReadWrite, Some(vetted))),
+                Err(e) => read_only(e).map(|access| (access, Some(vetted))),
+            },
+            Err(e) => read_only(e).map(|access| (access, None)),
         }
+    }
+}
+
+/// The canonical path of a cache file at `path`, where nothing but a regular file that begins
+/// as a cache file does (or nothing) is there.
+fn vetted(path: &Path) -> Result<PathBuf, CacheError> {
+    let path = canonical(path)?;
+    refuse_non_regular(&path)?;
+    refuse_foreign(&path)?;
+    Ok(path)
+}
+
+/// Whether the directory of the cache file at the canonical `path` takes new files.
+fn writable_directory(path: &Path) -> Result<(), CacheError> {
+    use std::os::unix::ffi::OsStrExt;
+    let io = |error| CacheError::Io {
+        path: path.display().to_string(),
+        error,
+    };
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let dir = std::ffi::CString::new(dir.as_os_str().as_bytes())
+        .map_err(|e| io(std::io::Error::new(std::io::ErrorKind::InvalidInput, e)))?;
+    // SAFETY: `dir` is a NUL-terminated path that lives across the call; access only reads it.
+    if unsafe { libc::access(dir.as_ptr(), libc::W_OK) } == 0 {
+        Ok(())
+    } else {
+        Err(io(std::io::Error::last_os_error()))
     }
 }
 
@@ -535,10 +557,15 @@ impl PackedWeightsCache {
         path: impl AsRef<Path>,
         options: CacheOptions,
     ) -> Result<Arc<PackedWeightsCache>, CacheError> {
+        PackedWeightsCache::open_vetted(vetted(path.as_ref())?, options)
+    }
+
+    /// As [`open_with`](Self::open_with), of a path [`vetted`] just now.
+    pub(crate) fn open_vetted(
+        path: PathBuf,
+        options: CacheOptions,
+    ) -> Result<Arc<PackedWeightsCache>, CacheError> {
         crate::xnn::initialize().ok();
-        let path = canonical(path.as_ref())?;
-        refuse_non_regular(&path)?;
-        refuse_foreign(&path)?;
         let mut reg = registry().lock();
         if let Some(existing) = reg.get(&path).and_then(Weak::upgrade) {
             if existing.options != options {

@@ -45,6 +45,9 @@ fn io_error(path: &Path, error: std::io::Error) -> CacheError {
 ///
 /// With `prefetch`, a valid file that looks out of the page cache is read ahead on a background
 /// thread (see [`CacheOptions::prefetch`](super::CacheOptions::prefetch)).
+/// A cache file no larger than the kernel's default readahead window (128 KiB).
+const SMALL_FILE: usize = 128 << 10;
+
 pub(crate) fn load(
     core: &CacheCore,
     storage: &dyn Storage,
@@ -58,9 +61,15 @@ pub(crate) fn load(
         Err(e) => return Err(io_error(path, e)),
     };
     // Only the header, index and trailer are read here: asked for exactly, a fault on each does
-    // not read the device's readahead window around it (8 MiB on some disks) into the load.
-    for range in format::metadata_ranges(map.bytes()) {
-        crate::mmap::advise_read_soon(&map.bytes()[range]);
+    // not read the device's readahead window around it (8 MiB on some disks) into the load. A
+    // file within one readahead window of the smallest (a small model's) is asked for whole,
+    // in one call.
+    if map.bytes().len() <= SMALL_FILE {
+        crate::mmap::advise_read_soon(map.bytes());
+    } else {
+        for range in format::metadata_ranges(map.bytes()) {
+            crate::mmap::advise_read_soon(&map.bytes()[range]);
+        }
     }
     let decoded = match format::decode(map.bytes(), compat) {
         Ok(d) => d,

@@ -74,14 +74,6 @@ pub(super) fn prepack(
     // Only filters XNNPACK reads only to pack, through the cache ([`packed_operands`]); the
     // others (a depthwise convolution's among them) are packed by the runtime's creation.
     let through_cache = super::operators::packed_operands(graph);
-    // The real graph's conversions for qp8 GEMMs are made the same way here: the packing, and
-    // so the cache's key, follows the GEMM the input's layout selects.
-    let qb4w_inputs = super::operators::qb4w_gemm_inputs(graph, |filter| {
-        by_id.get(&filter).is_some_and(|&i| {
-            tensor_of(values[i], i)
-                .is_ok_and(|(t, _)| t.datatype() == fb::XNNDatatype::xnn_datatype_qbint4)
-        })
-    });
     let mut jobs = Vec::new();
     let mut kernels = Vec::new();
     for (index, node) in graph.xnodes().iter().flatten().enumerate() {
@@ -108,7 +100,7 @@ pub(super) fn prepack(
             filter,
             bias,
             output,
-            qb4w_input: qb4w_inputs.contains(&input),
+            qb4w_input: false,
             size: dims_of(&t).iter().product(),
         });
     }
@@ -124,6 +116,18 @@ pub(super) fn prepack(
             .filter_map(|(j, k)| k.then_some(j))
             .collect()
     };
+    // The real graph's conversions for qp8 GEMMs are made the same way here: the packing, and
+    // so the cache's key, follows the GEMM the input's layout selects. (Asked only now: a warm
+    // launch, with nothing missing, needs none of it.)
+    let qb4w_inputs = super::operators::qb4w_gemm_inputs(graph, |filter| {
+        by_id.get(&filter).is_some_and(|&i| {
+            tensor_of(values[i], i)
+                .is_ok_and(|(t, _)| t.datatype() == fb::XNNDatatype::xnn_datatype_qbint4)
+        })
+    });
+    for job in &mut missing {
+        job.qb4w_input = qb4w_inputs.contains(&job.input);
+    }
     missing.sort_by_key(|j| std::cmp::Reverse(j.size));
     let threads = threads.clamp(1, missing.len());
     let next = AtomicUsize::new(0);
