@@ -307,12 +307,11 @@ impl Loaded {
 
 /// The constants (by constant_data index, with their byte length) that may stand behind a
 /// placeholder: named by content (so identified without reading them), read by XNNPACK only to
-/// pack them (filters, and the biases of fp32 layers), and not the scales of a quantized value.
+/// pack them, and not the scales of a quantized value.
 pub(super) fn deferrable_constants(
     graph: &fb::XNNGraph<'_>,
 ) -> Result<FastMap<usize, usize>, DelegateError> {
-    let mut packed = super::operators::packed_operands(graph);
-    packed.extend(super::operators::packed_biases(graph));
+    let packed = super::operators::packed_operands(graph);
     let mut deferrable = FastMap::default();
     let mut scales = Vec::new();
     let mut blockwise_scales = Vec::new();

@@ -93,30 +93,6 @@ impl Node<'_> {
         })
     }
 
-    /// A fully connected or convolution node's bias (`filter`, the payload id of the filter it
-    /// packs, and `input` of its input): an operand XNNPACK reads only to pack it with the
-    /// filter where input, filter and bias are fp32 ([`packed_biases`]), otherwise one it may
-    /// read as it is.
-    fn bias(
-        &self,
-        g: &Subgraph<'_>,
-        input: u32,
-        filter: u32,
-        bias: u32,
-    ) -> Result<Option<u32>, DelegateError> {
-        if bias == NO_VALUE {
-            return Ok(None);
-        }
-        let fp32 = |id: u32| {
-            self.ids.get(&id).and_then(|&id| g.datatype(id)) == Some(crate::xnn::Datatype::Fp32)
-        };
-        if [input, filter, bias].into_iter().all(fp32) {
-            self.packed(bias).map(Some)
-        } else {
-            self.id(bias).map(Some)
-        }
-    }
-
     fn optional(&self, payload_id: u32) -> Result<Option<u32>, DelegateError> {
         match payload_id {
             NO_VALUE => Ok(None),
@@ -829,33 +805,6 @@ pub(crate) fn packed_operands(graph: &fb::XNNGraph<'_>) -> FastSet<u32> {
         .collect()
 }
 
-/// The payload ids of the biases XNNPACK reads only to pack them with a filter it packs, and
-/// looks that packing up by (the look-up key names the bias's address): those of fully
-/// connected and convolution nodes whose input, filter and bias are all fp32. (A dynamically
-/// quantized input's bias is packed but left out of the key; the other kinds are left as
-/// they are.) Whether another node also reads one as it is, [`define_nodes`] tells.
-pub(crate) fn packed_biases(graph: &fb::XNNGraph<'_>) -> FastSet<u32> {
-    let fp32: FastSet<u32> = graph
-        .xvalues()
-        .iter()
-        .flatten()
-        .enumerate()
-        .filter_map(|(i, v)| super::graph::tensor_of(v, i).ok())
-        .filter(|(t, q)| t.datatype() == fb::XNNDatatype::xnn_datatype_fp32 && q.is_none())
-        .map(|(t, _)| t.id_out())
-        .collect();
-    graph
-        .xnodes()
-        .iter()
-        .flatten()
-        .filter(|node| find(node.xnode_union_type()).is_some_and(|row| (row.packs)(node).is_some()))
-        .filter_map(|node| packing_operands(&node))
-        .filter_map(|(input, filter, bias, _)| {
-            bias.filter(|b| [input, filter, *b].iter().all(|id| fp32.contains(id)))
-        })
-        .collect()
-}
-
 /// Defines every node of the graph (checked against the table before anything was loaded)
 /// but those in `skipped` (reshapes folded into their inputs' binding).
 /// Returns the payload ids of the operands some node may read as they are (not only to pack).
@@ -983,11 +932,10 @@ fn fully_connected(
         transpose_weights: fc.flags() & transpose != 0,
         ..Default::default()
     };
-    let bias = cx.bias(g, fc.input1_id(), fc.filter_id(), fc.bias_id())?;
     g.define_fully_connected_with_flags(
         cx.id(fc.input1_id())?,
         cx.packed(fc.filter_id())?,
-        bias,
+        cx.optional(fc.bias_id())?,
         cx.id(fc.output_id())?,
         min,
         max,
@@ -1047,12 +995,11 @@ fn convolution_2d(
     p.group_output_channels = c.group_output_channels() as usize;
     p.output_min = min;
     p.output_max = max;
-    let bias = cx.bias(g, c.input1_id(), c.filter_id(), c.bias_id())?;
     g.define_convolution_2d(
         &p,
         cx.id(c.input1_id())?,
         cx.packed(c.filter_id())?,
-        bias,
+        cx.optional(c.bias_id())?,
         cx.id(c.output_id())?,
     )
     .map_err(at(cx.what()))
