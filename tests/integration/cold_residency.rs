@@ -10,7 +10,7 @@ use crate::common;
 
 use crate::packed_cache::{assert_matches_reference, input_for};
 use common::scratch;
-use xnnblob::cache::{CacheOptions, PackedWeightsCache};
+use xnnblob::cache::{CacheOptions, HeapFirst, PackedWeightsCache};
 use xnnblob::xnn::Runtime;
 use xnnblob_test_support::synthetic::{Mlp, MLP_INPUT, MLP_OUTPUT};
 
@@ -59,6 +59,8 @@ fn a_cold_launch_lets_go_of_each_packed_region_and_its_save_reads_none_back() {
     let mlp = Mlp::random(&[512, 512, 512, 256], 5);
     let options = CacheOptions {
         blocking_save: true,
+        // Into a draft of the file from the first byte, as a model past its first 4 MiB packs.
+        heap_first: HeapFirst(0),
         ..Default::default()
     };
     let cache = PackedWeightsCache::open_with(&path, options).unwrap();

@@ -114,7 +114,7 @@ fn a_cold_launch_packs_straight_into_the_file_it_publishes() {
     let mlp = model();
     let options = CacheOptions {
         blocking_save: true,
-        // As a model past the first MiB packs.
+        // As a model past the first 4 MiB packs.
         heap_first: HeapFirst(0),
         ..Default::default()
     };
@@ -202,7 +202,7 @@ fn a_small_model_packs_on_the_heap_and_a_larger_one_into_a_draft_past_its_first_
         heap_first,
         ..Default::default()
     };
-    // Under the default 1 MiB: every weight on the heap, no file made while packing.
+    // Under the default 4 MiB: every weight on the heap, no file made while packing.
     let dir = scratch("heap-first-small");
     let (heap, drafted, sizes) = cold_launch_with(&dir, blocking(HeapFirst::default()));
     assert_eq!((heap, drafted), (3, false));

@@ -32,7 +32,7 @@ fn files(name: &str, external: bool) -> (PathBuf, Vec<PathBuf>) {
 }
 
 /// Packing into a draft of the cache file from the first byte (`HeapFirst(0)`), as a model
-/// past its first MiB of packed weights does.
+/// past its first 4 MiB of packed weights does.
 fn backend(pack_serially: bool) -> Backend {
     Backend::new(BackendOptions {
         threads: 2,

@@ -15,7 +15,7 @@ use crate::common;
 use common::scratch;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use xnnblob::cache::{verify_file, CacheError, CacheOptions, PackedWeightsCache};
+use xnnblob::cache::{verify_file, CacheError, CacheOptions, HeapFirst, PackedWeightsCache};
 use xnnblob::storage::SharedStorage;
 use xnnblob::xnn::Runtime;
 use xnnblob_test_support::faults::{Call, Fault, FaultyStorage};
@@ -126,6 +126,9 @@ fn faulty_launch(b: &Before, fault: Fault) -> Faulty {
     let options = CacheOptions {
         blocking_save: true,
         storage: SharedStorage::new(storage.clone()),
+        // Packed into a draft of the file, as a model past its first 4 MiB is: the faults
+        // reach the draft's creation and allocation too.
+        heap_first: HeapFirst(0),
         ..Default::default()
     };
     let saved = match PackedWeightsCache::open_with(&b.path, options) {
