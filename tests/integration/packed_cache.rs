@@ -126,29 +126,17 @@ fn a_cold_launch_packs_straight_into_the_file_it_publishes() {
     // Packed into a draft of the file beside it, never on the heap.
     assert_eq!(cache.stats().packed, 3);
     assert_eq!(cache.stats().heap_entries, 0, "no packed byte on the heap");
-    let drafts = |dir: &std::path::Path| -> Vec<String> {
-        std::fs::read_dir(dir)
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .filter(|n| n.contains("xnnblob-draft"))
-            .collect()
-    };
-    assert_eq!(drafts(&dir).len(), 1, "one draft while packing");
+    assert_eq!(drafts_in(&dir).len(), 1, "one draft while packing");
     assert!(!path.exists(), "nothing published before the save");
     cache.finalize().unwrap();
     assert_eq!(cache.saves(), 1, "saved before finalize returned");
-    assert!(drafts(&dir).is_empty(), "the draft became the file");
+    assert!(drafts_in(&dir).is_empty(), "the draft became the file");
     let report = verify_file(&path, &CacheOptions::default(), true, false)
         .unwrap()
         .unwrap();
     assert_eq!((report.entries, report.corrupt.len()), (3, 0));
     // The runtime reads its packed weights where they were packed: in the published file.
-    let input = input_for(&mlp);
-    let mut out = vec![0f32; mlp.output_width()];
-    runtime
-        .invoke(&[(MLP_INPUT, &input)], &mut [(MLP_OUTPUT, &mut out)])
-        .unwrap();
-    assert_matches_reference(&mlp, &out);
+    assert_runs_right(&mut runtime, &mlp);
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -159,6 +147,16 @@ fn drafts_in(dir: &Path) -> Vec<String> {
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .filter(|n| n.contains("xnnblob-draft"))
         .collect()
+}
+
+/// Runs `runtime`, created from `mlp`, once and checks its output against the reference.
+fn assert_runs_right(runtime: &mut Runtime, mlp: &Mlp) {
+    let input = input_for(mlp);
+    let mut out = vec![0f32; mlp.output_width()];
+    runtime
+        .invoke(&[(MLP_INPUT, &input)], &mut [(MLP_OUTPUT, &mut out)])
+        .unwrap();
+    assert_matches_reference(mlp, &out);
 }
 
 /// A cold launch of one model with `options`: what it packed on the heap, whether a draft was
@@ -174,12 +172,7 @@ fn cold_launch_with(dir: &Path, options: CacheOptions) -> (usize, bool, Vec<u64>
     let (heap, drafted) = (cache.stats().heap_entries, !drafts_in(dir).is_empty());
     cache.finalize().unwrap();
     assert!(drafts_in(dir).is_empty(), "no draft left after the save");
-    let input = input_for(&mlp);
-    let mut out = vec![0f32; mlp.output_width()];
-    runtime
-        .invoke(&[(MLP_INPUT, &input)], &mut [(MLP_OUTPUT, &mut out)])
-        .unwrap();
-    assert_matches_reference(&mlp, &out);
+    assert_runs_right(&mut runtime, &mlp);
     let report = verify_file(&path, &CacheOptions::default(), true, false)
         .unwrap()
         .unwrap();
