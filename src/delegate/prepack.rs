@@ -4,7 +4,8 @@
 //! calling thread. Before a delegate's runtime is created, each fully connected or convolution
 //! node whose filter the packed-weight cache holds no packing of yet is packed on its own: a
 //! one-node runtime over the same filter and bias (the same addresses, so the same look-up keys)
-//! and the same cache, created on one of as many threads as the backend's pool has. XNNPACK's
+//! and the same cache, created on one of as many threads as the backend's pool has (on the
+//! calling thread alone for a small model's, [`ONE_THREAD_BELOW_ELEMENTS`]). XNNPACK's
 //! look-up key is the operator's parameters and the filter and bias, not the rest of the graph,
 //! so the real creation then finds every weight packed and packs none.
 //!
@@ -40,6 +41,12 @@ pub struct Prepacked {
     /// Threads the packing ran on (0: nothing was missing).
     pub threads: usize,
 }
+
+/// Filters of fewer elements in all (1 MiB of fp32) are packed on the calling thread alone: on
+/// a small model, starting, scheduling and joining other threads costs more than they save
+/// (a UNet's 3.5 Ki elements: a cold load of 1.117 against 1.239 ms, medians of 30 alternating
+/// launches on 2 cores, with its packed weights on the heap, see `HeapFirst`).
+const ONE_THREAD_BELOW_ELEMENTS: usize = 256 << 10;
 
 /// A node to pack: its index, and the payload ids of its operands.
 struct Job<'g> {
@@ -129,7 +136,14 @@ pub(super) fn prepack(
         job.qb4w_input = qb4w_inputs.contains(&job.input);
     }
     missing.sort_by_key(|j| std::cmp::Reverse(j.size));
-    let threads = threads.clamp(1, missing.len());
+    // A small model's weights are packed sooner on this thread than others can be started
+    // and joined.
+    let elements: usize = missing.iter().map(|j| j.size).sum();
+    let threads = if elements < ONE_THREAD_BELOW_ELEMENTS {
+        1
+    } else {
+        threads.clamp(1, missing.len())
+    };
     let next = AtomicUsize::new(0);
     let packed = AtomicUsize::new(0);
     let work = || {

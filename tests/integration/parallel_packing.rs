@@ -194,12 +194,13 @@ fn a_cold_launch_publishes_the_file_it_packed_into_in_packing_order() {
     use xnnblob::cache::{format, Compat};
     use xnnblob_test_support::builder::GraphBuilder;
     let dir = common::scratch("parallel-packing-order");
-    // Each layer larger than the one before: packing ahead takes the largest first.
+    // Each layer larger than the one before: packing ahead takes the largest first. 745 Ki
+    // elements in all, past what one thread packs alone.
     let mut g = GraphBuilder::new();
-    let mut x = g.input(&[1, 16]);
+    let mut x = g.input(&[1, 32]);
     let expected = 12;
     for layer in 0..expected as u32 {
-        let (inputs, outputs) = (16 * (layer + 1), 16 * (layer + 2));
+        let (inputs, outputs) = (32 * (layer + 1), 32 * (layer + 2));
         let w: Vec<f32> = (0..inputs * outputs)
             .map(|i| ((i * 7 + layer * 13) % 31) as f32 / 31.0 - 0.5)
             .collect();
@@ -216,7 +217,18 @@ fn a_cold_launch_publishes_the_file_it_packed_into_in_packing_order() {
     let backend = backend(false);
     let cache = PackedCache::File(path.clone());
     let program = Program::load(&backend, &pte, &[ptd], Some(&cache)).unwrap();
-    drop(program.method("forward").unwrap());
+    let method = program.method("forward").unwrap();
+    let threads: Vec<usize> = method
+        .delegates()
+        .iter()
+        .map(|d| d.init_timings().prepacked.threads)
+        .collect();
+    assert_eq!(
+        threads,
+        [2],
+        "packed ahead on both of the backend's threads"
+    );
+    drop(method);
     let file_cache = backend.file_cache(&path).unwrap();
     file_cache.wait_saved().unwrap();
     assert_eq!(file_cache.stats().packed, expected);
