@@ -5,7 +5,7 @@
 //! node whose filter the packed-weight cache holds no packing of yet is packed on its own: a
 //! one-node runtime over the same filter and bias (the same addresses, so the same look-up keys)
 //! and the same cache, created on one of as many threads as the backend's pool has (on the
-//! calling thread alone for a small model's, [`ONE_THREAD_BELOW_ELEMENTS`]). XNNPACK's
+//! calling thread alone for a small model's: `ONE_THREAD_BELOW_ELEMENTS`). XNNPACK's
 //! look-up key is the operator's parameters and the filter and bias, not the rest of the graph,
 //! so the real creation then finds every weight packed and packs none.
 //!
