@@ -273,6 +273,9 @@ pub(crate) fn compile(
         let packs_before = packs(&k.cache);
         let mut options = model.runtime_options().clone();
         options.keep_node_order = fusion == Fusion::Off;
+        if super::threading::runs_alone(&p.graph) {
+            options.threadpool = None;
+        }
         let creating = std::time::Instant::now();
         let runtime = Runtime::with_options(&g, k.cache.as_xnn(), &options)?;
         built = Some(Built {

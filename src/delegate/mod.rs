@@ -19,6 +19,7 @@ pub mod operators;
 pub mod payload;
 pub mod prepack;
 mod summary;
+mod threading;
 mod values;
 
 pub use crate::backend::Weights;

@@ -4,8 +4,8 @@
 
 use xnnblob_test_support::close::relative_difference;
 use xnnblob_test_support::drop_in::programs::{
-    check_outputs, data, exported_programs, f16s, fixture_programs, measure, mlp_args, runtime_c,
-    runtime_c_programs, s, sharing_program_matches_eager, sharing_programs, Run, Runner,
+    check_outputs, data, exported_programs, f16s, fixture_programs, io_program, measure, mlp_args,
+    runtime_c, runtime_c_programs, s, sharing_program_matches_eager, sharing_programs, Run, Runner,
 };
 use xnnblob_test_support::drop_in::{self, f32s};
 use xnnblob_test_support::io_steps::{self, call_arg};
@@ -771,6 +771,37 @@ fn xnnblob_runs_on_executorchs_own_thread_pool_at_the_size_the_app_gives_it() {
             }
         }
     }
+}
+
+/// A delegate of small operators only runs on the calling thread, not split across
+/// ExecuTorch's pool (each operator the pool runs wakes its workers, which costs more than such
+/// an operator: `src/delegate/threading.rs`), and gives ExecuTorch's outputs; a CNN's larger
+/// operators still run on the pool (`xnnblob_runs_on_executorchs_own_thread_pool_...`).
+#[test]
+fn a_small_decoder_runs_on_the_calling_thread_and_matches_executorch() {
+    let dir = data().join("export");
+    let (mut args, expected) = io_program(&dir, "arch_llama_8da4w");
+    let runner = Runner::host(ET_RUN, None);
+    let worst = check_outputs(
+        &runner,
+        "arch_llama_8da4w",
+        "xnnblob",
+        &args,
+        &expected,
+        1e-3,
+    );
+    eprintln!("arch_llama_8da4w: {worst:e} of the range from ExecuTorch's outputs");
+    args.extend([s("--backend"), s("xnnblob")]);
+    let run = run_ok(&args);
+    let (threads, on_pool, _) = pool_line(&run);
+    if xnnblob::backend::machine_threads() > 1 {
+        assert!(threads > 1, "{}", run.stdout);
+    }
+    assert_eq!(
+        on_pool, 0,
+        "no operator split across the pool:\n{}",
+        run.stdout
+    );
 }
 
 /// Runs the runner and returns its exit status, stdout and stderr, however it ended.

@@ -1,0 +1,63 @@
+//! Whether a delegate's runtime runs on the backend's thread pool or on the calling thread.
+//!
+//! XNNPACK splits each operator across the pool's threads, and every operator a pool runs costs
+//! a wake of its workers. This XNNPACK splits even an operator of a few thousand multiply-adds
+//! into 2-8 parts, so on a graph of such operators (a small decoder's token: 40 operators of at
+//! most 4 Ki weights) the wakes take longer than the work: 0.31 ms a token on ExecuTorch's
+//! pool against 0.09 ms on the calling thread, where ExecuTorch's backend, whose newer XNNPACK
+//! gives such operators one part and so runs them on the calling thread, takes 0.13-0.20 ms.
+//! A delegate whose every operator is that small runs on the calling thread; one operator
+//! larger keeps the pool for the whole delegate.
+
+use super::graph::{constant_index, dims_of, tensor_of};
+use super::operators::node_io;
+use crate::fast_hash::FastMap;
+use crate::schema::xnn as fb;
+
+/// The most work (multiply-adds, or elements for an operator without weights) an operator of a
+/// delegate that runs on the calling thread may have: about 10 us of one core.
+pub(super) const ALONE_UP_TO: usize = 256 << 10;
+
+/// Whether every operator of `graph` is small enough ([`ALONE_UP_TO`]) that the delegate runs
+/// faster on the calling thread than split across a pool. An operator whose operands cannot be
+/// sized (a dynamic dimension, an unknown node) counts as large.
+pub(super) fn runs_alone(graph: &fb::XNNGraph<'_>) -> bool {
+    // Elements of each value, and whether it is a constant.
+    let mut sizes: FastMap<u32, (usize, usize, bool)> = FastMap::default();
+    for (i, v) in graph.xvalues().iter().flatten().enumerate() {
+        let Ok((t, _)) = tensor_of(v, i) else {
+            return false;
+        };
+        let dims = dims_of(&t);
+        let elements = dims.iter().try_fold(1usize, |n, &d| n.checked_mul(d));
+        let last = dims.last().copied().unwrap_or(1).max(1);
+        let Some(elements) = elements else {
+            return false;
+        };
+        sizes.insert(t.id_out(), (elements, last, constant_index(&t) != 0));
+    }
+    graph.xnodes().iter().flatten().all(|node| {
+        let Some((reads, writes)) = node_io(&node) else {
+            return false;
+        };
+        let size = |id: &u32| sizes.get(id).copied();
+        let Some(outputs) = writes.iter().map(size).collect::<Option<Vec<_>>>() else {
+            return false;
+        };
+        let Some(inputs) = reads.iter().map(size).collect::<Option<Vec<_>>>() else {
+            return false;
+        };
+        // Each output element of an operator with weights takes weights / output channels
+        // multiply-adds (a fully connected row's inputs, a convolution's window); any other
+        // operator is as much work as its largest operand.
+        let weights = inputs.iter().filter(|s| s.2).map(|s| s.0).max();
+        let work = outputs
+            .iter()
+            .map(|&(elements, channels, _)| match weights {
+                Some(w) => elements.saturating_mul(w / channels),
+                None => elements,
+            });
+        let largest_read = inputs.iter().map(|s| s.0);
+        work.chain(largest_read).max().unwrap_or(0) <= ALONE_UP_TO
+    })
+}
