@@ -139,6 +139,8 @@ pub struct BackendOptions {
     pub workspace_sharing: WorkspaceSharing,
     /// Threads XNNPACK splits operators across; 0 or 1: the calling thread only. The pool is
     /// xnnblob's own ([`Threadpool::new`]), which never waits for a thread that is not running.
+    /// A delegate whose every operator is small runs on the calling thread whatever this says:
+    /// waking the pool for each of its operators would cost more than they do.
     pub threads: usize,
     /// A pool to run on instead (for example the host runtime's own, [`Threadpool::with_ops`]);
     /// `threads` is then ignored.
