@@ -132,6 +132,10 @@ enum BenchAction {
         /// max,sme=off written max;sme=off ...) [default: none].
         #[arg(long, value_delimiter = ',')]
         aarch64: Vec<String>,
+        /// The qemu-aarch64 to count under [default: the one on PATH]: another build, such as
+        /// one that emulates SME2 (scripts/build-qemu.sh); the report names its version.
+        #[arg(long)]
+        qemu: Option<PathBuf>,
         /// Where the programs and the reports go.
         #[arg(long, default_value = "target/bench/prefill")]
         out: PathBuf,
@@ -308,6 +312,7 @@ fn main() -> ExitCode {
                     repeats,
                     executes,
                     aarch64,
+                    qemu,
                     out,
                 }),
             ..
@@ -320,6 +325,7 @@ fn main() -> ExitCode {
                     executes,
                     // A comma separates CPUs, so a model's features are written with ';'.
                     aarch64: aarch64.iter().map(|c| c.replace(';', ",")).collect(),
+                    qemu,
                     out,
                 })
             })

@@ -37,6 +37,10 @@ pub struct PrefillOptions {
     pub executes: usize,
     /// qemu CPU models to count on (none: no counting).
     pub aarch64: Vec<String>,
+    /// The qemu-aarch64 to count under (none: the one on `PATH`, Debian's). Another one, such
+    /// as a newer qemu built for a CPU feature bookworm's does not emulate, names its version
+    /// beside each CPU in the report.
+    pub qemu: Option<PathBuf>,
     /// Where programs, caches and the report go.
     pub out: PathBuf,
 }
@@ -57,6 +61,8 @@ pub struct Timed {
 pub struct Counted {
     /// The qemu CPU model.
     pub cpu: String,
+    /// The version of the qemu it ran under, where that is not the one on `PATH`.
+    pub qemu: Option<String>,
     /// Prompt length.
     pub tokens: u32,
     /// `xnnblob` or `executorch`.
@@ -101,13 +107,14 @@ pub fn run(o: &PrefillOptions) -> Result<PrefillResults, String> {
     }
     if !o.aarch64.is_empty() {
         let runner = aarch64_runner(&o.runner)?;
-        let plugin = build_plugin(&o.out)?;
+        let qemu = Qemu::find(o.qemu.as_deref())?;
+        let plugin = build_plugin(&o.out, &qemu)?;
         for cpu in &o.aarch64 {
             for (tokens, f) in &files {
                 for backend in BACKENDS {
                     results
                         .counted
-                        .push(count(o, &runner, &plugin, cpu, *tokens, backend, f)?);
+                        .push(count(o, &qemu, &runner, &plugin, cpu, *tokens, backend, f)?);
                 }
             }
         }
@@ -192,15 +199,69 @@ fn aarch64_runner(host_runner: &Path) -> Result<PathBuf, String> {
     })
 }
 
-/// Compiles the counting plugin into `out` with the host's C compiler.
-fn build_plugin(out: &Path) -> Result<PathBuf, String> {
+/// The qemu-aarch64 counted under.
+struct Qemu {
+    /// What runs.
+    program: PathBuf,
+    /// Its version (`10.2.2`).
+    version: String,
+    /// Whether it is the one on `PATH`.
+    default: bool,
+}
+
+impl Qemu {
+    /// `program`, or the `qemu-aarch64` on `PATH`, with its version.
+    fn find(program: Option<&Path>) -> Result<Qemu, String> {
+        let default = program.is_none();
+        let program = program.map_or_else(|| PathBuf::from("qemu-aarch64"), Path::to_path_buf);
+        let out = Command::new(&program)
+            .arg("--version")
+            .output()
+            .map_err(|e| format!("{}: {e}", program.display()))?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        let version = text
+            .split_whitespace()
+            .skip_while(|w| *w != "version")
+            .nth(1)
+            .map(str::to_string)
+            .ok_or_else(|| format!("{} --version printed no version: {text}", program.display()))?;
+        Ok(Qemu {
+            program,
+            version,
+            default,
+        })
+    }
+
+    /// Whether its plugin ABI is the per-vCPU one of qemu 9.0 and later.
+    fn has_scoreboards(&self) -> bool {
+        let major = self
+            .version
+            .split('.')
+            .next()
+            .and_then(|m| m.parse::<u32>().ok());
+        major.is_some_and(|m| m >= 9)
+    }
+
+    /// Its version, unless it is the one on `PATH` (whose figures the earlier runs name by
+    /// CPU alone).
+    fn named_version(&self) -> Option<String> {
+        (!self.default).then(|| self.version.clone())
+    }
+}
+
+/// Compiles the counting plugin into `out` with the host's C compiler, for `qemu`'s plugin ABI.
+fn build_plugin(out: &Path, qemu: &Qemu) -> Result<PathBuf, String> {
     let source = out.join("count_insns.c");
-    let plugin = out.join("count_insns.so");
+    let plugin = out.join(format!("count_insns-{}.so", qemu.version));
     std::fs::write(&source, PLUGIN_SOURCE).map_err(|e| format!("{}: {e}", source.display()))?;
-    let status = Command::new("cc")
-        .args(["-O2", "-shared", "-fPIC", "-fvisibility=hidden", "-o"])
+    let mut cc = Command::new("cc");
+    cc.args(["-O2", "-shared", "-fPIC", "-fvisibility=hidden", "-o"])
         .arg(&plugin)
-        .arg(&source)
+        .arg(&source);
+    if qemu.has_scoreboards() {
+        cc.arg("-DXNNBLOB_QEMU_SCOREBOARD");
+    }
+    let status = cc
         .status()
         .map_err(|e| format!("cc (the host's C compiler) for the qemu plugin: {e}"))?;
     if !status.success() {
@@ -209,9 +270,16 @@ fn build_plugin(out: &Path) -> Result<PathBuf, String> {
     Ok(plugin)
 }
 
-/// The instructions one launch of the aarch64 runner executes under qemu on `cpu`.
-fn instructions(plugin: &Path, cpu: &str, runner: &Path, args: &[String]) -> Result<u64, String> {
+/// The instructions one launch of the aarch64 runner executes under `qemu` on `cpu`.
+fn instructions(
+    qemu: &Qemu,
+    plugin: &Path,
+    cpu: &str,
+    runner: &Path,
+    args: &[String],
+) -> Result<u64, String> {
     let mut words = xnnblob_test_support::cross::qemu(cpu);
+    words[0] = qemu.program.display().to_string();
     words.extend(["-plugin".to_string(), plugin.display().to_string()]);
     words.extend(["-d".to_string(), "plugin".to_string()]);
     let out = Command::new(&words[0])
@@ -238,8 +306,10 @@ fn instructions(plugin: &Path, cpu: &str, runner: &Path, args: &[String]) -> Res
 
 /// Counts one backend at one length on `cpu`: a cold load (no cache file), a warm one, one
 /// execute and 1 + `K` executes.
+#[allow(clippy::too_many_arguments)]
 fn count(
     o: &PrefillOptions,
+    qemu: &Qemu,
     runner: &Path,
     plugin: &Path,
     cpu: &str,
@@ -252,22 +322,67 @@ fn count(
     let dir = o.out.join("aarch64-caches");
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let cache = dir.join(format!(
-        "{}.t{tokens}.{backend}.cache",
-        cpu.replace(',', "_")
+        "{}.{}.t{tokens}.{backend}.cache",
+        cpu.replace(',', "_"),
+        qemu.version
     ));
     let _ = std::fs::remove_file(&cache);
-    let cold_load = instructions(plugin, cpu, runner, &runner_args(f, backend, &cache, 0))?;
-    let warm_load = instructions(plugin, cpu, runner, &runner_args(f, backend, &cache, 0))?;
-    let one = instructions(plugin, cpu, runner, &runner_args(f, backend, &cache, 1))?;
-    let more = instructions(plugin, cpu, runner, &runner_args(f, backend, &cache, 1 + K))?;
+    let cold_load = instructions(
+        qemu,
+        plugin,
+        cpu,
+        runner,
+        &runner_args(f, backend, &cache, 0),
+    )?;
+    let warm_load = instructions(
+        qemu,
+        plugin,
+        cpu,
+        runner,
+        &runner_args(f, backend, &cache, 0),
+    )?;
+    let one = instructions(
+        qemu,
+        plugin,
+        cpu,
+        runner,
+        &runner_args(f, backend, &cache, 1),
+    )?;
+    let more = instructions(
+        qemu,
+        plugin,
+        cpu,
+        runner,
+        &runner_args(f, backend, &cache, 1 + K),
+    )?;
     Ok(Counted {
         cpu: cpu.to_string(),
+        qemu: qemu.named_version(),
         tokens,
         backend,
         per_execute: more.saturating_sub(one) / K as u64,
         warm_load,
         cold_load,
     })
+}
+
+impl Counted {
+    /// The CPU as the report and `bench compare` name it: with its qemu's version where that
+    /// is not the default one.
+    fn label(&self) -> String {
+        match &self.qemu {
+            Some(version) => format!("{} on qemu {version}", self.cpu),
+            None => self.cpu.clone(),
+        }
+    }
+
+    /// The qemu command line it counted under, for the report.
+    fn command(&self) -> String {
+        match &self.qemu {
+            Some(version) => format!("qemu-aarch64 ({version}) -cpu {}", self.cpu),
+            None => format!("qemu-aarch64 -cpu {}", self.cpu),
+        }
+    }
 }
 
 /// The name `bench compare` gates a figure by.
@@ -293,7 +408,7 @@ pub fn to_json(r: &PrefillResults) -> String {
             ("cold load instructions", c.cold_load),
         ] {
             gated.push(serde_json::json!({
-                "name": gated_name(&format!("{} {what}", c.cpu), c.tokens, c.backend),
+                "name": gated_name(&format!("{} {what}", c.label()), c.tokens, c.backend),
                 "value": value,
             }));
         }
@@ -305,7 +420,7 @@ pub fn to_json(r: &PrefillResults) -> String {
             "tokens": t.tokens, "backend": t.backend, "execute_ms": s(t.execute_ms),
         })).collect::<Vec<_>>(),
         "counted": r.counted.iter().map(|c| serde_json::json!({
-            "cpu": c.cpu, "tokens": c.tokens, "backend": c.backend,
+            "cpu": c.cpu, "qemu": c.qemu, "tokens": c.tokens, "backend": c.backend,
             "per_execute": c.per_execute, "warm_load": c.warm_load, "cold_load": c.cold_load,
         })).collect::<Vec<_>>(),
         "gated": gated,
@@ -354,17 +469,21 @@ pub fn markdown(r: &PrefillResults) -> String {
         }
         out.push('\n');
     }
-    let mut cpus: Vec<&str> = r.counted.iter().map(|c| c.cpu.as_str()).collect();
+    let mut cpus: Vec<(String, String)> =
+        r.counted.iter().map(|c| (c.label(), c.command())).collect();
     cpus.dedup();
-    for cpu in cpus {
+    for (cpu, command) in cpus {
         out.push_str(&format!(
-            "Counted under `qemu-aarch64 -cpu {cpu}` (guest instructions, millions):\n\n\
+            "Counted under `{command}` (guest instructions, millions):\n\n\
              | T | execute: xnnblob | ExecuTorch | ratio | warm load: xnnblob | ExecuTorch | ratio | cold load: xnnblob | ExecuTorch | ratio |\n\
              |---|---|---|---|---|---|---|---|---|---|\n"
         ));
         for &t in &tokens {
-            let Some((x, e)) = pair(&r.counted, |i| i.cpu == cpu && i.tokens == t, |i| i.backend)
-            else {
+            let Some((x, e)) = pair(
+                &r.counted,
+                |i| i.label() == cpu && i.tokens == t,
+                |i| i.backend,
+            ) else {
                 continue;
             };
             let m = |n: u64| format!("{:.1}", n as f64 / 1e6);
@@ -399,6 +518,7 @@ mod tests {
         };
         let counted = |backend, per_execute| Counted {
             cpu: "max,sme=off".into(),
+            qemu: None,
             tokens: 16,
             backend,
             per_execute,
@@ -456,6 +576,34 @@ mod tests {
             report.matches("| prefill t16 |").count(),
             2 + 3 * 2,
             "{report}"
+        );
+    }
+
+    #[test]
+    fn counts_under_another_qemu_are_named_by_its_version_and_take_its_plugin_abi() {
+        let mut r = results();
+        for c in &mut r.counted {
+            c.cpu = "max".into();
+            c.qemu = Some("10.2.2".into());
+        }
+        let md = markdown(&r);
+        assert!(md.contains("`qemu-aarch64 (10.2.2) -cpu max`"), "{md}");
+        let json = to_json(&r);
+        assert!(
+            json.contains("prefill t16 | max on qemu 10.2.2 execute instructions | xnnblob"),
+            "{json}"
+        );
+        let qemu = |version: &str, default| Qemu {
+            program: PathBuf::from("qemu-aarch64"),
+            version: version.into(),
+            default,
+        };
+        assert!(!qemu("7.2.22", true).has_scoreboards());
+        assert!(qemu("10.2.2", false).has_scoreboards());
+        assert_eq!(qemu("7.2.22", true).named_version(), None);
+        assert_eq!(
+            qemu("10.2.2", false).named_version().as_deref(),
+            Some("10.2.2")
         );
     }
 }
