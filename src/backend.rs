@@ -538,9 +538,10 @@ impl ModelContext {
     }
 
     /// Whether weights missing from the packed-weight cache are packed ahead of runtime
-    /// creation, in parallel.
-    pub fn prepack(&self) -> bool {
-        !self.backend.0.options.pack_serially && self.threads() > 1
+    /// creation, in parallel, where the pool has more than one thread (its size asked only
+    /// when some are missing).
+    pub fn packs_ahead(&self) -> bool {
+        !self.backend.0.options.pack_serially
     }
 }
 

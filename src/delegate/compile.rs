@@ -186,6 +186,11 @@ pub(crate) fn compile(
     };
     let deferral = deferral.filter(|_| matches!(model.weights(), Weights::Packed(_)));
     let started = std::time::Instant::now();
+    // The pool's size, asked only where hashing or packing would use it: the first question
+    // of ExecuTorch's pool starts its threads, which a delegate that runs on the calling
+    // thread and finds its weights packed never needs.
+    let pool_threads = std::cell::OnceCell::new();
+    let threads = || *pool_threads.get_or_init(|| model.threads());
     // What the builder hands out besides the runtime: registrations that must live while the
     // runtime is created, and the time constants took.
     let mut built: Option<Built> = None;
@@ -203,7 +208,7 @@ pub(crate) fn compile(
             None => FastMap::default(),
         };
         let mut check = match &k.cache {
-            Weights::Packed(cache) => Some(KeyCheck::new(map, cache, model.threads())),
+            Weights::Packed(cache) => Some(KeyCheck::new(map, cache, &threads)),
             _ => None,
         };
         if let Some(check) = &mut check {
@@ -257,15 +262,10 @@ pub(crate) fn compile(
         twins.define_outputs(&mut g)?;
         pin_read_as_is(&p.graph, loaded, &read_as_is, deferral.as_ref())?;
         let prepacked = match &k.cache {
-            Weights::Packed(cache) if model.prepack() => {
+            Weights::Packed(cache) if model.packs_ahead() => {
                 let started = std::time::Instant::now();
-                let done = super::prepack::prepack(
-                    &p.graph,
-                    loaded,
-                    cache,
-                    deferral.as_ref(),
-                    model.threads(),
-                )?;
+                let done =
+                    super::prepack::prepack(&p.graph, loaded, cache, deferral.as_ref(), &threads)?;
                 (done, started.elapsed())
             }
             _ => Default::default(),

@@ -16,6 +16,11 @@ use std::sync::Arc;
 /// A named key, the identity it claims, and the bytes it names.
 pub(super) type Claimed<'k> = (&'k str, BlobId, DataBuffer);
 
+/// Below this many bytes in all, a file's keys are hashed on the calling thread: starting
+/// others costs more than they save, and ExecuTorch's pool is not asked its size (which starts
+/// its threads).
+const ONE_THREAD_BELOW_BYTES: usize = 256 << 10;
+
 /// Checks named keys against their bytes before they are taken as identities ([`KeyTrust`]):
 /// the first time an init meets a data file the cache has no check of, every key of that file
 /// that states a sha256 is hashed and compared, at once, so that the file can be recorded as
@@ -26,8 +31,8 @@ pub(super) type Claimed<'k> = (&'k str, BlobId, DataBuffer);
 pub(super) struct KeyCheck<'a> {
     map: &'a dyn NamedDataMap,
     cache: &'a PackedWeightsCache,
-    /// Threads the hashing may use.
-    threads: usize,
+    /// Threads the hashing may use (asked only when a file needs hashing).
+    threads: &'a dyn Fn() -> usize,
     /// Files seen in this init, and whether they still need a check.
     files: FastMap<FileIdentity, bool>,
     /// Keys whose bytes did not match, with their bytes' hash.
@@ -41,12 +46,12 @@ impl<'a> KeyCheck<'a> {
     pub(super) fn new(
         map: &'a dyn NamedDataMap,
         cache: &'a PackedWeightsCache,
-        threads: usize,
+        threads: &'a dyn Fn() -> usize,
     ) -> KeyCheck<'a> {
         KeyCheck {
             map,
             cache,
-            threads: threads.max(1),
+            threads,
             files: FastMap::default(),
             mismatched: FastMap::default(),
             identities: FastMap::default(),
@@ -81,7 +86,13 @@ impl<'a> KeyCheck<'a> {
         // Largest first, each to the thread with the fewest bytes so far: the threads finish
         // together.
         blobs.sort_by_key(|(_, _, data)| std::cmp::Reverse(data.len()));
-        let mut shares: Vec<(usize, Vec<&Claimed<'_>>)> = (0..self.threads.min(blobs.len()).max(1))
+        let bytes: usize = blobs.iter().map(|(_, _, data)| data.len()).sum();
+        let threads = if bytes < ONE_THREAD_BELOW_BYTES {
+            1
+        } else {
+            (self.threads)()
+        };
+        let mut shares: Vec<(usize, Vec<&Claimed<'_>>)> = (0..threads.min(blobs.len()).max(1))
             .map(|_| (0, Vec::new()))
             .collect();
         for blob in &blobs {

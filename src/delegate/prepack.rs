@@ -71,7 +71,7 @@ pub(super) fn prepack(
     loaded: &Loaded,
     cache: &Arc<PackedWeightsCache>,
     source: Option<&Arc<dyn NamedDataMap>>,
-    threads: usize,
+    threads: &dyn Fn() -> usize,
 ) -> Result<Prepacked, DelegateError> {
     let values: Vec<fb::XValue<'_>> = graph.xvalues().iter().flatten().collect();
     let mut by_id = FastMap::with_capacity_and_hasher(values.len(), Default::default());
@@ -123,6 +123,20 @@ pub(super) fn prepack(
             .filter_map(|(j, k)| k.then_some(j))
             .collect()
     };
+    // The pool's size is asked only now (a warm launch never asks: the first question of
+    // ExecuTorch's pool starts its threads). On one thread the runtime's creation packs them.
+    let threads = threads();
+    if threads <= 1 {
+        return Ok(Prepacked::default());
+    }
+    // A small model's weights are packed sooner on this thread than others can be started
+    // and joined.
+    let elements: usize = missing.iter().map(|j| j.size).sum();
+    let threads = if elements < ONE_THREAD_BELOW_ELEMENTS {
+        1
+    } else {
+        threads.min(missing.len())
+    };
     // The real graph's conversions for qp8 GEMMs are made the same way here: the packing, and
     // so the cache's key, follows the GEMM the input's layout selects. (Asked only now: a warm
     // launch, with nothing missing, needs none of it.)
@@ -136,14 +150,6 @@ pub(super) fn prepack(
         job.qb4w_input = qb4w_inputs.contains(&job.input);
     }
     missing.sort_by_key(|j| std::cmp::Reverse(j.size));
-    // A small model's weights are packed sooner on this thread than others can be started
-    // and joined.
-    let elements: usize = missing.iter().map(|j| j.size).sum();
-    let threads = if elements < ONE_THREAD_BELOW_ELEMENTS {
-        1
-    } else {
-        threads.clamp(1, missing.len())
-    };
     let next = AtomicUsize::new(0);
     let packed = AtomicUsize::new(0);
     let work = || {

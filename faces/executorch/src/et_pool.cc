@@ -11,6 +11,7 @@
 // that links ExecuTorch statically, in the program's global scope).
 
 #include <dlfcn.h>
+#include <executorch/extension/threadpool/threadpool_guard.h>
 
 #include <atomic>
 #include <cstddef>
@@ -143,8 +144,15 @@ __attribute__((visibility("hidden"))) const xnnblob_pool_ops* xnnblob_et_pool_op
 
 // Whether a runtime created now should run on ExecuTorch's pool: false under a
 // NoThreadPoolGuard (ExecuTorch's backend then creates its runtime without one) or without a pool.
+// Asked without creating the pool (get_pthreadpool's first call starts its threads): a delegate
+// that runs on the calling thread never needs it, and the first call that does creates it.
 __attribute__((visibility("hidden"))) bool xnnblob_et_pool_in_use() {
-  return current_pool() != nullptr;
+#if defined(ET_USE_THREADPOOL)
+  return et_pthreadpool().parallelize_1d_with_thread != nullptr &&
+         !executorch::extension::threadpool::NoThreadPoolGuard::is_enabled();
+#else
+  return false;
+#endif
 }
 
 // Operator calls run on ExecuTorch's pool so far, and on the calling thread for want of one

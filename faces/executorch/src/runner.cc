@@ -346,6 +346,31 @@ std::vector<uint8_t> read_file(const std::string& path) {
   return std::vector<uint8_t>(std::istreambuf_iterator<char>(in), {});
 }
 
+// Threads of this process whose name starts with `prefix`.
+int threads_named(const std::string& prefix) {
+  int n = 0;
+  if (DIR* tasks = opendir("/proc/self/task")) {
+    while (const dirent* e = readdir(tasks)) {
+      if (e->d_name[0] == '.') continue;
+      std::ifstream comm(std::string("/proc/self/task/") + e->d_name + "/comm");
+      std::string name;
+      if (std::getline(comm, name) && name.compare(0, prefix.size(), prefix) == 0) ++n;
+    }
+    closedir(tasks);
+  }
+  return n;
+}
+
+// Threads of this process that kept its name, less the main thread: threads no library named,
+// such as ExecuTorch's pool's workers (pthreadpool names none), which start when the pool is
+// first used.
+int unnamed_threads() {
+  std::ifstream comm("/proc/self/comm");
+  std::string name;
+  if (!std::getline(comm, name)) return -1;
+  return threads_named(name) - 1;
+}
+
 std::string for_step(std::string path, int step) {
   const std::string token = "{step}";
   for (size_t at; (at = path.find(token)) != std::string::npos;) {
@@ -369,6 +394,7 @@ struct Launch {
   unsigned long long load_read_bytes = 0;
   long load_rss_anon_kib = 0;  // right after the load, before any execute
   long load_rss_file_kib = 0;
+  int load_unnamed_threads = 0;  // right after the load: ExecuTorch's pool's workers, if started
   std::vector<std::vector<Output>> steps;  // per step (per call made), per output
   bool share_arenas = false;
   std::vector<std::string> calls;  // per call made: "METHOD ITERATION MS"
@@ -487,6 +513,7 @@ Launch launch(const Options& o, const Program& p, std::unique_ptr<Module>& keep)
   r.load_read_bytes = io_after["read_bytes"] - io_before["read_bytes"];
   r.load_rss_anon_kib = status_kib("RssAnon");
   r.load_rss_file_kib = status_kib("RssFile");
+  r.load_unnamed_threads = unnamed_threads();
 
   if (!p.calls.empty()) {
     for (const Call& call : p.calls) {
@@ -558,6 +585,7 @@ void report(const Options& o, size_t p, const Launch& r) {
   std::printf("%sload_read_bytes=%llu\n", prefix.c_str(), r.load_read_bytes);
   std::printf("%sload_rss_anon_kib=%ld\n", prefix.c_str(), r.load_rss_anon_kib);
   std::printf("%sload_rss_file_kib=%ld\n", prefix.c_str(), r.load_rss_file_kib);
+  std::printf("%sload_unnamed_threads=%d\n", prefix.c_str(), r.load_unnamed_threads);
   std::printf("%sshare_memory_arenas=%d\n", prefix.c_str(), r.share_arenas ? 1 : 0);
   for (size_t c = 0; c < r.calls.size(); ++c) {
     // "call step=S method=M iteration=I ms=T": which method each step's outputs came from.
@@ -586,21 +614,6 @@ void report(const Options& o, size_t p, const Launch& r) {
                   file.empty() ? "-" : file.c_str());
     }
   }
-}
-
-// Threads of this process whose name starts with `prefix`.
-int threads_named(const std::string& prefix) {
-  int n = 0;
-  if (DIR* tasks = opendir("/proc/self/task")) {
-    while (const dirent* e = readdir(tasks)) {
-      if (e->d_name[0] == '.') continue;
-      std::ifstream comm(std::string("/proc/self/task/") + e->d_name + "/comm");
-      std::string name;
-      if (std::getline(comm, name) && name.compare(0, prefix.size(), prefix) == 0) ++n;
-    }
-    closedir(tasks);
-  }
-  return n;
 }
 
 int run(int argc, char** argv) {

@@ -804,6 +804,45 @@ fn a_small_decoder_runs_on_the_calling_thread_and_matches_executorch() {
     );
 }
 
+/// A warm load of a program whose delegates all run on the calling thread starts none of
+/// ExecuTorch's pool's threads (its first use starts them: ExecuTorch's backend starts them at
+/// every load).
+#[test]
+fn a_warm_load_of_a_small_program_starts_no_pool_threads() {
+    let dir = scratch("no-pool-threads");
+    let export = data().join("export");
+    let (args, _) = io_program(&export, "arch_llama_8da4w");
+    // Its `--steps N` dropped: loads alone.
+    let loads = |backend: &str| -> Vec<String> {
+        let cache = dir.join(format!("{backend}.cache"));
+        let mut a: Vec<String> = args[..args.len() - 2].to_vec();
+        a.extend([
+            s("--steps"),
+            s("0"),
+            s("--load-mode"),
+            s("mmap"),
+            s("--backend"),
+            s(backend),
+            s("--cache"),
+            cache.display().to_string(),
+        ]);
+        a
+    };
+    let unnamed = |run: &Run| run.number("load_unnamed_threads") as u64;
+    // Cold, then warm twice: the first warm launch may still check the new file in the
+    // background.
+    for _ in 0..2 {
+        run_ok(&loads("xnnblob"));
+    }
+    let warm = run_ok(&loads("xnnblob"));
+    assert_eq!(unnamed(&warm), 0, "{}", warm.stdout);
+    if xnnblob::backend::machine_threads() > 1 {
+        // The witness: ExecuTorch's backend starts the pool in the same load.
+        let et = run_ok(&loads("executorch"));
+        assert!(unnamed(&et) > 0, "{}", et.stdout);
+    }
+}
+
 /// Runs the runner and returns its exit status, stdout and stderr, however it ended.
 fn run_any(args: &[String]) -> (bool, String, String) {
     drop_in::backend_library(ET_RUN);
