@@ -275,6 +275,11 @@ pub(crate) fn compile(
         options.keep_node_order = fusion == Fusion::Off;
         if super::threading::runs_alone(&p.graph) {
             options.threadpool = None;
+        } else if options.threadpool.is_some() {
+            // Its operators run on the pool: the pool starts in the load (its first question
+            // starts ExecuTorch's threads), as with ExecuTorch's backend, not in the first
+            // execute.
+            threads();
         }
         let creating = std::time::Instant::now();
         let runtime = Runtime::with_options(&g, k.cache.as_xnn(), &options)?;
