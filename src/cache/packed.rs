@@ -998,7 +998,7 @@ impl PackedWeightsCache {
         let queue = saver.queue.clone();
         let hurry = saver.hurry.clone();
         let packing = self.core().clone();
-        saver.thread = Some(std::thread::spawn(move || {
+        saver.thread = Some(spawn_saver(move || {
             yield_to_inference();
             loop {
                 // Until packing pauses, or someone waits for the save.
@@ -1093,7 +1093,7 @@ impl PackedWeightsCache {
             let _ = finished.join();
         }
         let (queue, hurry) = (saver.queue.clone(), saver.hurry.clone());
-        saver.thread = Some(std::thread::spawn(move || {
+        saver.thread = Some(spawn_saver(move || {
             yield_to_inference();
             wait_for_inference_to_pause(&queue, &hurry);
             let mut damaged_count = layers::check(&core, layers);
@@ -1450,4 +1450,14 @@ impl Drop for Registration<'_> {
     fn drop(&mut self) {
         self.cache.core().unregister(self.ptr, self.id, None);
     }
+}
+
+/// Starts a save or check thread, named so that it is told from the host's own threads (an
+/// unnamed thread takes the process's name). As `std::thread::spawn`, it panics only where the
+/// system cannot start a thread.
+fn spawn_saver<F: FnOnce() + Send + 'static>(f: F) -> std::thread::JoinHandle<()> {
+    std::thread::Builder::new()
+        .name("xnnblob-save".into())
+        .spawn(f)
+        .expect("the system starts a thread")
 }
