@@ -47,27 +47,12 @@ work=$dest.build
 rm -rf "$work"
 mkdir -p "$work"
 
-# The first Debian archive the host's apt uses (never the security archive).
-mirror() {
-  local f uri
-  for f in /etc/apt/sources.list.d/*.sources; do
-    [ -f "$f" ] || continue
-    while read -r uri; do
-      case $uri in *debian*) case $uri in *security*) ;; *) echo "$uri"; return 0 ;; esac ;; esac
-    done < <(sed -n 's/^URIs:[[:space:]]*//p' "$f" | tr ' ' '\n')
-  done
-  if [ -f /etc/apt/sources.list ]; then
-    while read -r uri; do
-      case $uri in *debian*) case $uri in *security*) ;; *) echo "$uri"; return 0 ;; esac ;; esac
-    done < <(awk '$1 == "deb" { for (i = 2; i <= NF; i++) if ($i !~ /^\[/) { print $i; break } }' /etc/apt/sources.list)
-  fi
-  return 1
-}
-
 if [ -n "${XNNBLOB_QEMU_TARBALL:-}" ]; then
   cp "$XNNBLOB_QEMU_TARBALL" "$work/$tarball"
 else
-  archive=$(mirror) || die "no Debian archive in the host's apt sources"
+  # The first Debian archive the host's apt uses (never the security archive).
+  archive=$(apt-get indextargets --format '$(REPO_URI)' | grep -v security | grep -m1 debian) ||
+    die "no Debian archive in the host's apt sources"
   apt_dir=$work/apt
   mkdir -p "$apt_dir/lists/partial" "$apt_dir/cache/archives/partial"
   echo "deb-src [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] $archive sid main" >"$apt_dir/sources.list"

@@ -327,34 +327,14 @@ fn count(
         qemu.version
     ));
     let _ = std::fs::remove_file(&cache);
-    let cold_load = instructions(
-        qemu,
-        plugin,
-        cpu,
-        runner,
-        &runner_args(f, backend, &cache, 0),
-    )?;
-    let warm_load = instructions(
-        qemu,
-        plugin,
-        cpu,
-        runner,
-        &runner_args(f, backend, &cache, 0),
-    )?;
-    let one = instructions(
-        qemu,
-        plugin,
-        cpu,
-        runner,
-        &runner_args(f, backend, &cache, 1),
-    )?;
-    let more = instructions(
-        qemu,
-        plugin,
-        cpu,
-        runner,
-        &runner_args(f, backend, &cache, 1 + K),
-    )?;
+    let launch = |steps| {
+        let args = runner_args(f, backend, &cache, steps);
+        instructions(qemu, plugin, cpu, runner, &args)
+    };
+    let cold_load = launch(0)?;
+    let warm_load = launch(0)?;
+    let one = launch(1)?;
+    let more = launch(1 + K)?;
     Ok(Counted {
         cpu: cpu.to_string(),
         qemu: qemu.named_version(),
