@@ -65,6 +65,10 @@ pub struct InitTimings {
     pub packed_at_creation: usize,
     /// Finalizing the weights cache (a background save starts here).
     pub finalize: std::time::Duration,
+    /// The first question of the pool's size (left out of the other parts): the first in a
+    /// process starts the host's pool threads (ExecuTorch's), which no backend whose operators
+    /// run on that pool avoids. Zero when the delegate never asked.
+    pub pool_start: std::time::Duration,
 }
 
 /// The most external ids a payload may declare: ExecuTorch's own backend's limit.
@@ -190,7 +194,15 @@ pub(crate) fn compile(
     // of ExecuTorch's pool starts its threads, which a delegate that runs on the calling
     // thread and finds its weights packed never needs.
     let pool_threads = std::cell::OnceCell::new();
-    let threads = || *pool_threads.get_or_init(|| model.threads());
+    let pool_start = std::cell::Cell::new(std::time::Duration::ZERO);
+    let threads = || {
+        *pool_threads.get_or_init(|| {
+            let asking = std::time::Instant::now();
+            let threads = model.threads();
+            pool_start.set(asking.elapsed());
+            threads
+        })
+    };
     // What the builder hands out besides the runtime: registrations that must live while the
     // runtime is created, and the time constants took.
     let mut built: Option<Built> = None;
@@ -241,7 +253,8 @@ pub(crate) fn compile(
             fp16_as_fp32,
             private: std::sync::OnceLock::new(),
         });
-        let load_time = started.elapsed();
+        // Each part without the pool's start, which is a part of its own.
+        let load_time = started.elapsed().saturating_sub(pool_start.get());
         let registrations = match (&k.cache, &mut check) {
             (Weights::Packed(cache), Some(check)) => {
                 let (registrations, private) =
@@ -263,10 +276,13 @@ pub(crate) fn compile(
         pin_read_as_is(&p.graph, loaded, &read_as_is, deferral.as_ref())?;
         let prepacked = match &k.cache {
             Weights::Packed(cache) if model.packs_ahead() => {
-                let started = std::time::Instant::now();
+                let (started, before) = (std::time::Instant::now(), pool_start.get());
                 let done =
                     super::prepack::prepack(&p.graph, loaded, cache, deferral.as_ref(), &threads)?;
-                (done, started.elapsed())
+                (
+                    done,
+                    started.elapsed().saturating_sub(pool_start.get() - before),
+                )
             }
             _ => Default::default(),
         };
@@ -301,10 +317,13 @@ pub(crate) fn compile(
     let mut timings = InitTimings {
         load: load_time,
         prepack: built.prepacked.1,
-        create: started.elapsed() - load_time - built.prepacked.1,
+        create: started
+            .elapsed()
+            .saturating_sub(load_time + built.prepacked.1 + pool_start.get()),
         prepacked: built.prepacked.0,
         packed_at_creation: built.packed_at_creation,
         runtime: built.runtime,
+        pool_start: pool_start.get(),
         ..Default::default()
     };
     let started = std::time::Instant::now();

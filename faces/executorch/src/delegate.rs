@@ -49,7 +49,8 @@ struct InitSpent {
     total: std::time::Duration,
     /// Opening the caches its options name.
     weights: std::time::Duration,
-    /// Asking for ExecuTorch's thread pool (the first ask in a process makes it).
+    /// Asking whether ExecuTorch's thread pool is in use, and starting it (the first question of
+    /// its size in a process starts its threads).
     pool: std::time::Duration,
     /// The delegate's own timings, summed.
     load: std::time::Duration,
@@ -299,7 +300,7 @@ fn init(
     let timings = delegate.init_timings();
     let mut spent = INIT_SPENT.lock();
     spent.weights += opened;
-    spent.pool += asked;
+    spent.pool += asked + timings.pool_start;
     spent.load += timings.load;
     spent.prepack += timings.prepack;
     spent.create += timings.create;
