@@ -49,12 +49,16 @@ impl<T> ByValue<T> {
     }
 }
 
-/// A constant value's address in the graph: its own placeholder where it could not share its
-/// constant's (see [`super::identity::register_constants`]), with how that placeholder is read
-/// in.
-pub(super) struct Private {
-    pub(super) data: Arc<DeferredData>,
-    pub(super) fill: Arc<Fill>,
+/// A constant value's address of its own, where it could not share its constant's (see
+/// [`super::identity::register_constants`]).
+pub(super) enum Private {
+    /// A placeholder, with how it is read in.
+    Placeholder {
+        data: Arc<DeferredData>,
+        fill: Arc<Fill>,
+    },
+    /// A copy of a small constant that was in memory.
+    Copy(DataBuffer),
 }
 
 impl Loaded {
@@ -505,15 +509,7 @@ pub(super) fn load_constants(
         // XNNPACK may read past the end of constant data: give data that sits at the very end
         // of its backing a padded copy.
         let constant = if backing.slack_after() < XNN_EXTRA_BYTES {
-            let data = backing.data();
-            let mut padded = crate::aligned::AlignedBytes::zeroed(data.len() + XNN_EXTRA_BYTES, 64)
-                .ok_or_else(|| DelegateError::OutOfMemory {
-                    what: format!("a padded copy of constant {i}"),
-                    bytes: data.len() + XNN_EXTRA_BYTES,
-                })?;
-            padded.as_mut_slice()[..data.len()].copy_from_slice(data);
-            crate::named_data::count_copy(data.len());
-            let len = data.len();
+            let copy = padded_copy(backing.data(), i)?;
             let held = match buffer {
                 Constant::Shared(s) => Some(s),
                 Constant::Copied(_, held) => held,
@@ -521,7 +517,6 @@ pub(super) fn load_constants(
                     unreachable!("handled above")
                 }
             };
-            let copy = DataBuffer::new(Arc::new(padded), 0, len).expect("inside the copy");
             Constant::Copied(copy, held)
         } else {
             buffer
@@ -529,6 +524,21 @@ pub(super) fn load_constants(
         out.push(constant);
     }
     Ok(Constants(out.into_boxed_slice()))
+}
+
+/// A copy of `data` (constant or value `what`'s) with the room after it XNNPACK may over-read.
+pub(super) fn padded_copy(data: &[u8], what: usize) -> Result<DataBuffer, DelegateError> {
+    let len = data.len();
+    let mut padded =
+        crate::aligned::AlignedBytes::zeroed(len + XNN_EXTRA_BYTES, 64).ok_or_else(|| {
+            DelegateError::OutOfMemory {
+                what: format!("a padded copy of constant {what}"),
+                bytes: len + XNN_EXTRA_BYTES,
+            }
+        })?;
+    padded.as_mut_slice()[..len].copy_from_slice(data);
+    crate::named_data::count_copy(len);
+    Ok(DataBuffer::new(Arc::new(padded), 0, len).expect("inside the copy"))
 }
 
 /// The key a constant is shared under across the backend. ExecuTorch's exporter names constants
@@ -653,8 +663,11 @@ pub(super) fn pin_read_as_is(
             continue;
         }
         if let Some(own) = loaded.private(i) {
-            let pinned = own.data.pin(&*own.fill);
-            loaded.pinned.lock().push(own.data.clone());
+            let Private::Placeholder { data, fill } = own else {
+                continue;
+            };
+            let pinned = data.pin(&**fill);
+            loaded.pinned.lock().push(data.clone());
             pinned.map_err(|source| DelegateError::UnreadConstant {
                 key: format!("value {i}"),
                 source,

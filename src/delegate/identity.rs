@@ -1,7 +1,7 @@
 //! The identities packed weights are looked up by: a constant's content, checked once per data
 //! file where its named key claims it.
 
-use super::constants::{fill_from, ByValue, Constant, Loaded, Private, ReadToPack};
+use super::constants::{fill_from, padded_copy, ByValue, Constant, Loaded, Private, ReadToPack};
 use super::error::DelegateError;
 use super::graph::{constant_index, named_key, tensor_of};
 use super::operators::{self, NO_VALUE};
@@ -12,6 +12,10 @@ use crate::mmap::FileIdentity;
 use crate::named_data::{DataBuffer, NamedDataMap};
 use crate::schema::xnn as fb;
 use std::sync::Arc;
+
+/// The largest value given a copy of its own rather than a placeholder (see
+/// [`register_constants`]): a page, what a placeholder read in holds resident anyway.
+const COPY_AT_MOST: usize = 4096;
 
 /// A named key, the identity it claims, and the bytes it names.
 pub(super) type Claimed<'k> = (&'k str, BlobId, DataBuffer);
@@ -412,6 +416,22 @@ pub(super) fn register_constants(
             Constant::Deferred { data, .. } => data.len(),
             constant => constant.buffer().expect("not deferred").len(),
         };
+        if let Some(bytes) = constant
+            .buffer()
+            .filter(|_| !ambiguous && len <= COPY_AT_MOST)
+        {
+            // Small and in memory (most often a bias that another layer's has the same bytes
+            // as): a copy of its own, which costs less than a placeholder's read-in (two
+            // protection changes, and a page for the runtime's life) where XNNPACK reads it.
+            let copy = padded_copy(bytes.data(), i)?;
+            let registration = cache
+                .register_owned(copy.clone(), id)
+                .expect("a new copy's address is free");
+            release_scales(copy.as_ptr());
+            registrations.push(registration);
+            private.push((i, Private::Copy(copy)));
+            continue;
+        }
         let data =
             Arc::new(
                 DeferredData::reserve(len).map_err(|e| DelegateError::OutOfMemory {
@@ -428,7 +448,7 @@ pub(super) fn register_constants(
             .expect("a new placeholder's address is free");
         release_scales(data.address());
         registrations.push(registration);
-        private.push((i, Private { data, fill }));
+        private.push((i, Private::Placeholder { data, fill }));
     }
     Ok((registrations, ByValue::from_ascending(private)))
 }

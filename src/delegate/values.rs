@@ -1,6 +1,6 @@
 //! Defining a payload's values in an XNNPACK subgraph.
 
-use super::constants::{Constant, Loaded};
+use super::constants::{Constant, Loaded, Private};
 use super::error::{at, DelegateError};
 use super::fallback::{internal_datatype, Twins};
 use super::fold::Folds;
@@ -70,8 +70,10 @@ pub(super) fn role_of<'k>(
     keep: &'k Loaded,
 ) -> Result<ValueRole<'k>, DelegateError> {
     let index = constant_index(t);
-    if let Some(own) = keep.private(i) {
-        return Ok(ValueRole::Deferred(&own.data));
+    match keep.private(i) {
+        Some(Private::Placeholder { data, .. }) => return Ok(ValueRole::Deferred(data)),
+        Some(Private::Copy(copy)) => return Ok(ValueRole::Static(copy.data())),
+        None => {}
     }
     Ok(if index != 0 {
         let c = keep.constants.get(index).ok_or_else(|| {
