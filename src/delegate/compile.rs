@@ -289,13 +289,14 @@ pub(crate) fn compile(
         let packs_before = packs(&k.cache);
         let mut options = model.runtime_options().clone();
         options.keep_node_order = fusion == Fusion::Off;
+        if options.threadpool.is_some() {
+            // The host's pool starts in the load (its first question starts ExecuTorch's
+            // threads), as ExecuTorch's backend starts it in every load it is in use for: a
+            // program whose own kernels run on it would otherwise start it in its first execute.
+            threads();
+        }
         if super::threading::runs_alone(&p.graph) {
             options.threadpool = None;
-        } else if options.threadpool.is_some() {
-            // Its operators run on the pool: the pool starts in the load (its first question
-            // starts ExecuTorch's threads), as with ExecuTorch's backend, not in the first
-            // execute.
-            threads();
         }
         let creating = std::time::Instant::now();
         let runtime = Runtime::with_options(&g, k.cache.as_xnn(), &options)?;

@@ -804,16 +804,16 @@ fn a_small_decoder_runs_on_the_calling_thread_and_matches_executorch() {
     );
 }
 
-/// A warm load of a program whose delegates all run on the calling thread starts none of
-/// ExecuTorch's pool's threads (its first use starts them: ExecuTorch's backend starts them at
-/// every load).
+/// ExecuTorch's pool starts in the load, as ExecuTorch's backend starts it, so that a first
+/// execute never starts it (a program's own kernels run on it too); under a `NoThreadPoolGuard`
+/// neither backend starts it.
 #[test]
-fn a_warm_load_of_a_small_program_starts_no_pool_threads() {
-    let dir = scratch("no-pool-threads");
+fn the_pool_starts_in_the_load_as_with_executorchs_backend_and_not_under_a_guard() {
+    let dir = scratch("pool-in-load");
     let export = data().join("export");
     let (args, _) = io_program(&export, "arch_llama_8da4w");
     // Its `--steps N` dropped: loads alone.
-    let loads = |backend: &str| -> Vec<String> {
+    let loads = |backend: &str, guarded: bool| -> Vec<String> {
         let cache = dir.join(format!("{backend}.cache"));
         let mut a: Vec<String> = args[..args.len() - 2].to_vec();
         a.extend([
@@ -826,22 +826,28 @@ fn a_warm_load_of_a_small_program_starts_no_pool_threads() {
             s("--cache"),
             cache.display().to_string(),
         ]);
+        if guarded {
+            a.push(s("--no-pool"));
+        }
         a
     };
     let unnamed = |run: &Run| run.number("load_unnamed_threads") as u64;
-    run_ok(&loads("xnnblob"));
+    run_ok(&loads("xnnblob", false));
     // The fewest over three warm launches: a launch soon after the file was written may still
     // check it, on a thread of its own, and a busy machine stretches that check into the load.
-    let warm: Vec<Run> = (0..3).map(|_| run_ok(&loads("xnnblob"))).collect();
-    let fewest = warm
-        .iter()
-        .min_by_key(|r| unnamed(r))
-        .expect("three launches");
-    assert_eq!(unnamed(fewest), 0, "{}", fewest.stdout);
+    let fewest = |guarded: bool| {
+        (0..3)
+            .map(|_| run_ok(&loads("xnnblob", guarded)))
+            .min_by_key(|r| unnamed(r))
+            .expect("three launches")
+    };
+    let guarded = fewest(true);
+    assert_eq!(unnamed(&guarded), 0, "{}", guarded.stdout);
     if xnnblob::backend::machine_threads() > 1 {
-        // The witness: ExecuTorch's backend starts the pool in the same load.
-        let et = run_ok(&loads("executorch"));
+        let started = fewest(false);
+        let et = run_ok(&loads("executorch", false));
         assert!(unnamed(&et) > 0, "{}", et.stdout);
+        assert_eq!(unnamed(&started), unnamed(&et), "{}", started.stdout);
     }
 }
 
