@@ -19,14 +19,20 @@ mod core;
 mod cpu;
 #[cfg(feature = "xnnpack")]
 mod draft;
+#[cfg(feature = "xnnpack")]
+mod error;
 pub mod format;
 mod identity;
 #[cfg(feature = "xnnpack")]
 mod layers;
 #[cfg(feature = "xnnpack")]
+mod options;
+#[cfg(feature = "xnnpack")]
 mod packed;
 #[cfg(feature = "xnnpack")]
 mod persist;
+#[cfg(feature = "xnnpack")]
+mod stats;
 
 pub use crate::side_file::PRIVATE_MODE;
 pub use budget::CacheBudget;
@@ -37,11 +43,19 @@ pub use cpu::{
     cpu_fingerprint, cpu_fingerprint_difference, describe_cpu_fingerprint, packing_class,
     x86_model_layout,
 };
+#[cfg(feature = "xnnpack")]
+pub use error::CacheError;
 pub use format::{Compat, CpuMatch, EntryKey, FileError};
 pub use identity::{verify_keys, BlobId, Description, KeyMismatch};
 #[cfg(feature = "xnnpack")]
 pub use layers::{LayerOutcome, CACHE_FILE_EXTENSION};
 #[cfg(feature = "xnnpack")]
-pub use packed::*;
+pub use options::{CacheOptions, HeapFirst, KeyTrust, VerifyPacked};
+#[cfg(feature = "xnnpack")]
+pub use packed::{
+    compact_file, verify_file, CacheAccess, OwnedRegistration, PackedWeightsCache, Registration,
+};
 #[cfg(feature = "xnnpack")]
 pub use persist::{FileReport, LoadOutcome};
+#[cfg(feature = "xnnpack")]
+pub use stats::{BadEntry, CacheStats};

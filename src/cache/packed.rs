@@ -1,19 +1,19 @@
 //! The packed-weight cache behind XNNPACK's weights-cache provider: registration of unpacked
 //! data by content, look-up and insertion from XNNPACK, the file it loads and saves.
 
-use super::budget::CacheBudget;
 use super::checked;
 use super::checksum::checksum64;
 use super::core::{CacheCore, DraftPlan, Location};
-use super::cpu::cpu_fingerprint;
-use super::format::{Compat, EntryKey, FileError};
+use super::error::CacheError;
+use super::format::{Compat, FileError};
 use super::identity::BlobId;
 use super::layers::{self, LayerOutcome, PendingCheck};
+use super::options::{CacheOptions, KeyTrust, VerifyPacked};
 use super::persist::{self, FileReport, LoadOutcome};
+use super::stats::{BadEntry, CacheStats};
 use crate::deferred::{DeferredData, Fill};
 use crate::mmap::{FileIdentity, MappedFile};
 use crate::named_data::DataBuffer;
-use crate::storage::SharedStorage;
 use crate::xnn::{AsXnnWeightsCache, WeightsCache};
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -21,244 +21,6 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 use std::thread::JoinHandle;
-
-/// An error of the cache: only I/O can fail; bad files are rebuilt, not reported as errors.
-#[derive(Debug, thiserror::Error)]
-pub enum CacheError {
-    /// Reading, writing, locking, syncing or renaming a cache file failed.
-    #[error("packed-weight cache {path}")]
-    Io {
-        /// The file the operation failed on, as displayed: the cache file, or its `.lock`
-        /// sibling when taking the writer lock failed.
-        path: String,
-        /// The operating system's error.
-        #[source]
-        error: std::io::Error,
-    },
-    /// The cache path, or its writer lock (`PATH.lock`), names something other than a regular
-    /// file (a directory, a FIFO, a device, a symbolic link to nothing; for the lock, any
-    /// symbolic link): it is neither read nor replaced, and nothing is created through it.
-    #[error(
-        "packed-weight cache {path}: {kind}, not a regular file; it is neither read nor replaced"
-    )]
-    NotARegularFile {
-        /// The path as given (made absolute), or its lock's.
-        path: PathBuf,
-        /// What is there ("a directory", "a FIFO", ...).
-        kind: &'static str,
-    },
-    /// A non-empty file that is not an xnnblob packed-weight cache is at the path (a user's
-    /// file, the program's own data): it is neither read nor replaced.
-    #[error(
-        "packed-weight cache {path}: the file there is not a packed-weight cache; it is neither \
-         read nor replaced"
-    )]
-    NotACacheFile {
-        /// The path as given (made absolute).
-        path: PathBuf,
-    },
-    /// The cache file was cut short in place (by another process) while mapped: packed weights
-    /// read past its new end are zeros, so the runtimes that use them give wrong outputs
-    /// until they are created again (then they pack those weights anew).
-    #[error(
-        "packed-weight cache {path}: the file was cut short while mapped; runtimes created \
-         before that read zeros for some packed weights and must be created again"
-    )]
-    Truncated {
-        /// The file cut short: the cache's own, or one of its read-only layers.
-        path: PathBuf,
-    },
-    /// The file is open in this process already, with other options: one file has one cache
-    /// object, and it cannot follow two sets of options.
-    #[error("packed-weight cache {path}: already open in this process with other options")]
-    OpenWithOtherOptions {
-        /// The canonical path of the cache file that is open already.
-        path: PathBuf,
-    },
-}
-
-/// Overrides of what a file must match; the defaults are this process's XNNPACK build and CPU.
-/// (Tests use them to play another build or CPU.)
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct CacheOptions {
-    /// The XNNPACK build identifier to write into the file and require of it, instead of the
-    /// linked build's ([`build_identifier`](crate::xnn::build_identifier)).
-    pub build_id: Option<Vec<u8>>,
-    /// The CPU fingerprint to write into the file and require of it, instead of this CPU's
-    /// ([`cpu_fingerprint`]).
-    pub cpu_fingerprint: Option<u64>,
-    /// Save inside `finalize` instead of on a background thread. Slower cold launches, but
-    /// entries are re-pointed into the file before XNNPACK holds their addresses, so the heap
-    /// copies of packed weights are freed at once.
-    pub blocking_save: bool,
-    /// Read a loaded file ahead when it looks out of the page cache (a device restarted,
-    /// memory pressure): a background thread asks the kernel for the whole file
-    /// (`MADV_WILLNEED`) while the load goes on, instead of the first inference faulting the
-    /// packed pages in as it reaches them. Off by default: on the disks measured (the peer
-    /// bench's cold page cache scenarios), the first inference's own faults stream the file as
-    /// fast, and the read ahead competed with the load for the disk. A file in the page cache
-    /// costs a few `mincore` calls either way.
-    pub prefetch: bool,
-    /// When the packed bytes a file holds are checked against their checksums.
-    pub verify: VerifyPacked,
-    /// Whether a data file's named keys are checked against its bytes before they are taken as
-    /// content identities (see [`KeyTrust`]).
-    pub key_trust: KeyTrust,
-    /// How many bytes of packed weights the file may hold; each save evicts the entries not
-    /// used for longest beyond it (see [`CacheBudget`]).
-    pub budget: CacheBudget,
-    /// Where the file is read, written, synced, renamed and locked: the operating system's files
-    /// by default; tests put the test support's `FaultyStorage` here
-    /// (`xnnblob_test_support::faults`, outside this crate), which fails calls on request.
-    pub storage: SharedStorage,
-    /// Where what was found checking a file that cannot be written (an app's read-only
-    /// bundle) is remembered, so that its damage is served at most once: None for the user's
-    /// state directory (`$XDG_STATE_HOME/xnnblob`, else `~/.local/state/xnnblob`). Where none
-    /// can be had, such a file is checked before use at every launch.
-    pub state_dir: Option<PathBuf>,
-    /// Read-only packed-weight caches consulted before this one, in order: files, or
-    /// directories of them (`*.xbc`), made ahead of time for this CPU's class (`xnnblob
-    /// prepack`). What they hold is never packed nor written here (see
-    /// [`layer_outcomes`](PackedWeightsCache::layer_outcomes)).
-    pub layers: Vec<PathBuf>,
-    /// How many packed bytes go on the heap before packing starts a draft of the file.
-    pub heap_first: HeapFirst,
-}
-
-/// How many bytes of packed weights a launch packs on the heap before it starts a draft of the
-/// file to pack into (see `draft.rs`). A draft's pages are the file's: each one XNNPACK writes
-/// first faults on its own (no fault-around for writes to a shared file mapping), and starting
-/// the draft creates and allocates a file. On a small model that costs more than the packing
-/// (a UNet's 14 KiB of weights: a cold load of 1.38 ms against 1.53 ms with a draft; a
-/// MobileNetV3's 2.2 MiB: 4.77 against 5.46 ms). Weights packed on the heap are saved as before,
-/// after the load, and stay on the heap while the process runs: at most this many bytes, which
-/// ExecuTorch's own backend holds on the heap for the same model. Past it, every packed byte
-/// goes straight into the file, written once and held once.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct HeapFirst(pub usize);
-
-impl Default for HeapFirst {
-    /// 4 MiB.
-    fn default() -> Self {
-        HeapFirst(4 << 20)
-    }
-}
-
-/// Whether named keys that state a sha256 (ExecuTorch's XNNPACK exporter names each constant by
-/// the sha256 of its bytes) are taken as the bytes' identity. Taken blindly, a `.ptd` made by
-/// hand or modified after export, with the same keys over other bytes, would be given the old
-/// packing by a warm launch: wrong outputs, and `cache verify` passes.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum KeyTrust {
-    /// The first launch that sees a data file (by device, inode, size and mtime) hashes the
-    /// constants it packs and compares each with its key; a key that does not match its bytes
-    /// is not used (the bytes' own hash is), and a file whose keys all matched is recorded in
-    /// the cache file, so later launches with the same file hash nothing. Data without a file
-    /// identity (memory, ExecuTorch's data maps) is taken as keyed.
-    #[default]
-    CheckEachFile,
-    /// Keys are taken as identities without hashing (for files whose integrity is already
-    /// checked, e.g. signed).
-    TrustKeys,
-}
-
-/// When a cache checks the packed bytes it found in its file against the checksums recorded for
-/// them. Damaged bytes (a bad sector, a stray write) would otherwise give wrong outputs at every
-/// launch until someone ran `xnnblob cache verify`.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum VerifyPacked {
-    /// After the load, on a background thread at low priority, every entry of the file, once
-    /// per change of the file: a record beside it (`PATH.checked`) says the file was checked as
-    /// it is, and later launches hash nothing while its inode, size and change time stay as
-    /// recorded (any write moves the change time, and nothing sets it back). A damaged entry is
-    /// forgotten (later runtimes of the process repack it) and the file is rewritten without it,
-    /// so the next launch repacks it; the launch that found it has already handed it to
-    /// XNNPACK. `xnnblob run` and the ExecuTorch backend use it.
-    ///
-    /// Not the library's default: the pass competes with the first inference for memory
-    /// bandwidth. Checked at every launch, it took the first execute of 48 qd8 weights
-    /// (96 MiB) inside ExecuTorch from 9.2-9.9 ms to 13-16 ms (`xnnblob-et-run ... --steps 1`,
-    /// mmap loader, 6 launches each).
-    Background,
-    /// At open, before any look-up, every entry of the file: no launch ever uses a damaged
-    /// entry, at the cost of reading every packed byte on the load path.
-    BeforeUse,
-    /// Never (`xnnblob cache verify` checks by hand; a rewrite of the file checks what it
-    /// copies).
-    #[default]
-    Off,
-}
-
-impl CacheOptions {
-    fn compat(&self) -> Compat {
-        Compat {
-            build_id: self
-                .build_id
-                .clone()
-                .unwrap_or_else(|| crate::xnn::build_identifier().to_vec()),
-            cpu_fingerprint: self.cpu_fingerprint.unwrap_or_else(cpu_fingerprint),
-        }
-    }
-}
-
-/// What the cache has done in this process.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct CacheStats {
-    /// XNNPACK look-ups that found packed weights.
-    pub hits: usize,
-    /// XNNPACK look-ups that found no packed weights (XNNPACK packs them next).
-    pub misses: usize,
-    /// Weights XNNPACK packed (one `reserve_space` each).
-    pub packed: usize,
-    /// Packed weights whose unpacked data was not registered: kept in memory, never saved.
-    pub unregistered: usize,
-    /// Entries known (from the file and packed here).
-    pub entries: usize,
-    /// Total size in bytes of the packed weights of every known entry.
-    pub packed_bytes: usize,
-    /// Entries packed here and not yet saved.
-    pub unsaved: usize,
-    /// Entries whose packed bytes live in memory rather than in a mapped file.
-    pub heap_entries: usize,
-    /// Placeholder constants whose bytes were read in because a look-up missed (0 on a warm
-    /// launch: no unpacked weight byte was read).
-    pub deferred_fills: usize,
-    /// Entries of the file whose packed bytes failed their checksum when checked (see
-    /// [`VerifyPacked`]): forgotten, and left out of the file at the next save.
-    pub corrupt_found: usize,
-    /// Entries of the file whose packed bytes were hashed to check them (see [`VerifyPacked`]).
-    pub checked: usize,
-    /// Entries this process's saves left out of the file to keep it within its budget.
-    pub evicted: usize,
-    /// Named keys whose bytes did not hash to what the key states (see [`KeyTrust`]): their
-    /// bytes' own hash was used instead.
-    pub key_mismatches: usize,
-    /// Entries forgotten because the file was cut short under its map (see
-    /// [`CacheError::Truncated`]).
-    pub truncated: usize,
-    /// Entries forgotten because the operator that looked them up reads another number of
-    /// packed bytes than they hold (a file whose index lies): repacked, and repaired in the file
-    /// at the next save.
-    pub wrong_size: usize,
-    /// Permission bits (as `chmod` writes them: 0o044 is read by group and others) that the
-    /// cache file had, when a model using it was loaded, beyond what that model's files allow
-    /// (see [`PackedWeightsCache::limit_permissions`]); 0 when it had none. The file is used
-    /// as it is; `xnnblob run` and the ExecuTorch backend say so
-    /// ([`PackedWeightsCache::permissions_note`]).
-    pub excess_permissions: u32,
-}
-
-/// An entry whose packed bytes no longer match their checksum.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BadEntry {
-    /// What the entry is looked up by.
-    pub key: EntryKey,
-    /// Byte offset of the packed region from the start of the mapped cache file (0 for an entry
-    /// whose packed bytes are in memory).
-    pub offset: u64,
-    /// Length of the packed region in bytes.
-    pub size: u64,
-}
 
 /// The cache's background saves: one thread at a time, which saves again while `finalize`
 /// calls came in during its last pass.
