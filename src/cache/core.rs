@@ -3,13 +3,13 @@
 
 use super::checksum::checksum64;
 use super::draft::{DraftFile, Space};
-use super::format::{EntryKey, FileEntry, REGION_ALIGNMENT};
+use super::format::{EntryKey, FileEntry, KEPT_CONSTANT_SEED, REGION_ALIGNMENT};
 use super::identity::BlobId;
 use crate::aligned::AlignedBytes;
 use crate::deferred::{DeferredData, Fill};
 use crate::fast_hash::FastMap;
 use crate::mmap::{FileIdentity, MappedFile};
-use crate::named_data::DataBuffer;
+use crate::named_data::{Backing, DataBuffer};
 use crate::xnn::{LookUpKey, PackedWeightsProvider};
 use parking_lot::Mutex;
 use std::ptr::NonNull;
@@ -370,6 +370,8 @@ pub(crate) struct Counters {
     pub truncated: AtomicUsize,
     /// Entries forgotten because a look-up's operator reads another size than they hold.
     pub wrong_size: AtomicUsize,
+    /// Constants served from the entries that keep them (see [`KEPT_CONSTANT_SEED`]).
+    pub kept_served: AtomicUsize,
 }
 
 #[derive(Default)]
@@ -647,6 +649,84 @@ impl CacheCore {
         r.deferred = Some(data.clone());
         r.fills.push((token, fill));
         true
+    }
+
+    /// The key of the entry that keeps the constant `content` (see [`KEPT_CONSTANT_SEED`]).
+    fn kept_key(content: BlobId) -> EntryKey {
+        EntryKey {
+            kernel: BlobId::kept_constant(content),
+            bias: BlobId::NONE,
+            seed: KEPT_CONSTANT_SEED,
+        }
+    }
+
+    /// The bytes of the constant `content`, `len` of them, if an entry keeps them (an entry of
+    /// another size is forgotten, as a look-up forgets one): a view of the cache file's
+    /// mapping, or of the heap entry a launch of this process kept.
+    pub fn kept_constant(&self, content: BlobId, len: usize) -> Option<DataBuffer> {
+        let mut state = self.state.lock();
+        let i = *state.by_key.get(&Self::kept_key(content))?;
+        let i = self.sized(&mut state, i, len)?;
+        let (backing, offset): (Arc<dyn Backing>, usize) = match &state.entries[i].location {
+            Location::Mapped { map, offset } => (state.maps[*map].clone(), *offset),
+            Location::Heap(bytes) => (bytes.clone(), 0),
+            Location::Drafted(_) => return None,
+        };
+        self.serve_kept(&mut state, i, backing, offset, len)
+    }
+
+    /// Entry `i`'s bytes at `offset` of `backing`, counted as used (so saved, checked, and
+    /// placed in the file in the order of first use).
+    fn serve_kept(
+        &self,
+        state: &mut State,
+        i: usize,
+        backing: Arc<dyn Backing>,
+        offset: usize,
+        len: usize,
+    ) -> Option<DataBuffer> {
+        let view = DataBuffer::new(backing, offset, len)?;
+        let order = state.next_first_look();
+        let e = &mut state.entries[i];
+        e.hit = true;
+        e.first_hit.get_or_insert(order);
+        e.resolved = true;
+        self.counters.kept_served.fetch_add(1, Ordering::Relaxed);
+        Some(view)
+    }
+
+    /// Keeps the constant `content`'s bytes in an entry of their own (on the heap until a save
+    /// writes them), unless one keeps them already.
+    pub fn keep_constant(&self, content: BlobId, bytes: &[u8]) {
+        let key = Self::kept_key(content);
+        if self.state.lock().by_key.contains_key(&key) {
+            return;
+        }
+        let Some(copy) = AlignedBytes::copy_from(bytes, REGION_ALIGNMENT) else {
+            return;
+        };
+        let mut state = self.state.lock();
+        if state.by_key.contains_key(&key) {
+            return;
+        }
+        let order = state.next_first_look();
+        let i = state.entries.len();
+        state.entries.push(Entry {
+            key: Some(key),
+            size: bytes.len(),
+            location: Location::Heap(Arc::new(copy)),
+            checksum: None,
+            last_used: 0,
+            hit: false,
+            first_hit: None,
+            first_miss: Some(order),
+            checked: false,
+            unsaved: true,
+            packed_here: true,
+            resolved: false,
+            layer: false,
+        });
+        state.by_key.insert(key, i);
     }
 
     /// Ends one registration of `ptr` under `id` (and, for a placeholder, its `token`'s fill).
@@ -963,5 +1043,38 @@ impl PackedWeightsProvider for CacheCore {
         };
         state.entries[offset].resolved = true;
         NonNull::new(ptr as *mut u8)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_kept_constant_is_served_at_its_length_only_and_kept_once() {
+        let core = CacheCore::default();
+        let content = BlobId::of_bytes(b"scales");
+        assert!(core.kept_constant(content, 6).is_none(), "nothing kept yet");
+        core.keep_constant(content, b"scales");
+        core.keep_constant(content, b"other!");
+        let kept = core.kept_constant(content, 6).expect("kept");
+        assert_eq!(kept.data(), b"scales", "the first bytes kept stay");
+        assert_eq!(core.counters.kept_served.load(Ordering::Relaxed), 1);
+        {
+            let state = core.state.lock();
+            assert_eq!(state.entries.len(), 1);
+            let e = &state.entries[0];
+            assert!(
+                e.hit && e.unsaved && e.first_miss.is_some(),
+                "saved, in first-use order"
+            );
+        }
+        // Asked at another length (a crafted index), the entry is forgotten, never served short.
+        assert!(core.kept_constant(content, 8).is_none());
+        assert!(core.kept_constant(content, 6).is_none(), "forgotten");
+        // No look-up of XNNPACK's finds it: its key is no packed weight's.
+        let key = CacheCore::kept_key(content);
+        assert_ne!(key.kernel, content);
+        assert_eq!(key.bias, BlobId::NONE);
     }
 }

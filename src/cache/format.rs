@@ -22,6 +22,12 @@ pub const END_MAGIC: [u8; 8] = *b"XBPWEND\x01";
 pub const FORMAT_VERSION: u32 = 4;
 /// Packed regions start at multiples of this (XNNPACK's largest SIMD alignment).
 pub const REGION_ALIGNMENT: usize = 64;
+/// The seed of an entry that holds a constant's own bytes, not packed weights: one XNNPACK
+/// reads at every launch (a bias, a scale), kept so that a warm launch in a host whose data map
+/// costs a system call per constant (ExecuTorch's) reads it from the cache file instead. Its
+/// kernel is [`BlobId::kept_constant`](super::BlobId::kept_constant) of the constant's content,
+/// its bias none; no look-up of XNNPACK's finds it.
+pub const KEPT_CONSTANT_SEED: u32 = 0x6b65_7074;
 /// The most bytes of the XNNPACK build identifier the header holds; longer identifiers are
 /// truncated to this many, both when written and when compared.
 pub const MAX_BUILD_ID: usize = 64;

@@ -5,7 +5,7 @@ use super::checked;
 use super::checksum::checksum64;
 use super::core::{CacheCore, DraftPlan, Location};
 use super::error::CacheError;
-use super::format::{Compat, FileError};
+use super::format::{Compat, EntryKey, FileError, KEPT_CONSTANT_SEED};
 use super::identity::BlobId;
 use super::layers::{self, LayerOutcome, PendingCheck};
 use super::options::{CacheOptions, KeyTrust, VerifyPacked};
@@ -1048,8 +1048,15 @@ impl PackedWeightsCache {
             truncated: c.truncated.load(Ordering::Relaxed),
             wrong_size: c.wrong_size.load(Ordering::Relaxed),
             excess_permissions: self.excess_permissions.load(Ordering::Relaxed),
-            entries: state.by_key.len(),
-            packed_bytes: state.by_key.values().map(|&i| state.entries[i].size).sum(),
+            entries: state.by_key.keys().filter(|k| !is_kept(k)).count(),
+            packed_bytes: state
+                .by_key
+                .iter()
+                .filter(|(k, _)| !is_kept(k))
+                .map(|(_, &i)| state.entries[i].size)
+                .sum(),
+            kept_constants: state.by_key.keys().filter(|k| is_kept(k)).count(),
+            kept_served: c.kept_served.load(Ordering::Relaxed),
             unsaved: state.entries.iter().filter(|e| e.unsaved).count(),
             heap_entries: state
                 .entries
@@ -1057,6 +1064,19 @@ impl PackedWeightsCache {
                 .filter(|e| matches!(e.location, Location::Heap(_)))
                 .count(),
         }
+    }
+
+    /// The bytes of the constant `content` (`len` of them) if the cache keeps them, unpacked,
+    /// in an entry of their own (see [`KEPT_CONSTANT_SEED`]): read from the cache's file rather
+    /// than from the constant's source.
+    pub(crate) fn kept_constant(&self, content: BlobId, len: usize) -> Option<DataBuffer> {
+        self.core().kept_constant(content, len)
+    }
+
+    /// Keeps the constant `content`'s bytes in an entry of their own, saved with the packed
+    /// weights, for later launches to read there (see [`kept_constant`](Self::kept_constant)).
+    pub(crate) fn keep_constant(&self, content: BlobId, bytes: &[u8]) {
+        self.core().keep_constant(content, bytes)
     }
 
     /// Checks every entry's packed bytes against its checksum (reads all of them: an explicit
@@ -1217,6 +1237,11 @@ impl Drop for Registration<'_> {
 /// Starts a save or check thread, named so that it is told from the host's own threads (an
 /// unnamed thread takes the process's name). As `std::thread::spawn`, it panics only where the
 /// system cannot start a thread.
+/// Whether `key` is that of an entry keeping a constant, unpacked (see [`KEPT_CONSTANT_SEED`]).
+fn is_kept(key: &EntryKey) -> bool {
+    key.seed == KEPT_CONSTANT_SEED && key.bias.is_none()
+}
+
 fn spawn_saver<F: FnOnce() + Send + 'static>(f: F) -> std::thread::JoinHandle<()> {
     std::thread::Builder::new()
         .name("xnnblob-save".into())

@@ -18,6 +18,11 @@ pub struct CacheStats {
     pub unregistered: usize,
     /// Entries known (from the file and packed here).
     pub entries: usize,
+    /// Constants kept unpacked in entries of their own (from the file and kept here), for
+    /// hosts whose data maps cost a system call per constant; not counted in `entries`.
+    pub kept_constants: usize,
+    /// Constants this process read from those entries instead of their source.
+    pub kept_served: usize,
     /// Total size in bytes of the packed weights of every known entry.
     pub packed_bytes: usize,
     /// Entries packed here and not yet saved.

@@ -422,6 +422,18 @@ pub(super) fn load_constants(
     } = treatment;
     let shared = model.backend().shared_data();
     let packed = packed_constants(graph)?;
+    // Where the map costs a system call per constant, the constants XNNPACK reads at every
+    // launch are kept in the packed-weight cache's file and read there.
+    let kept = match model.weights() {
+        crate::backend::Weights::Packed(cache) if map.buffers_live_with_program() => {
+            Some(cache.clone())
+        }
+        _ => None,
+    };
+    let lengths = match kept {
+        Some(_) => constant_lengths(graph)?,
+        None => FastMap::default(),
+    };
     // One entry per constant_data entry past index 0 (pushed one by one, the list doubled past
     // them).
     let mut out = Vec::with_capacity(
@@ -470,15 +482,21 @@ pub(super) fn load_constants(
             continue;
         }
         let buffer = if !key.is_empty() {
+            let keepable = keepable(map, key, kept.as_ref(), lengths.get(&i).copied().flatten());
             let data = shared
-                .get_or_init(&shared_key(map, key), || map.get_data(key))
+                .get_or_init(&shared_key(map, key), || match keepable {
+                    Some((cache, content, len)) => read_keeping(map, key, cache, content, len),
+                    None => map.get_data(key),
+                })
                 .map_err(|source| DelegateError::MissingConstant {
                     key: key.to_string(),
                     source,
                 })?;
-            if !packed.contains(&i) {
+            if !packed.contains(&i) && keepable.is_none() {
                 // XNNPACK reads this one at every launch (a depthwise filter, a scale): ask
-                // for exactly its pages now, before a fault reads a window around them.
+                // for exactly its pages now, before a fault reads a window around them. (A
+                // kept one lies beside the others in the cache file, in the order they are
+                // first read: the window around it is what the launch reads next.)
                 data.buffer().read_soon();
             }
             Constant::Shared(data)
@@ -524,6 +542,77 @@ pub(super) fn load_constants(
         out.push(constant);
     }
     Ok(Constants(out.into_boxed_slice()))
+}
+
+/// The byte length of each constant the graph reads as a tensor or as per-channel scales,
+/// where every use agrees on it (None where two disagree).
+fn constant_lengths(
+    graph: &fb::XNNGraph<'_>,
+) -> Result<FastMap<usize, Option<usize>>, DelegateError> {
+    let mut lengths: FastMap<usize, Option<usize>> = FastMap::default();
+    let mut note = |index: usize, len: Option<usize>| {
+        if index == 0 {
+            return;
+        }
+        lengths
+            .entry(index)
+            .and_modify(|known| {
+                if *known != len {
+                    *known = None;
+                }
+            })
+            .or_insert(len);
+    };
+    for (i, v) in graph.xvalues().iter().flatten().enumerate() {
+        let (t, q) = tensor_of(v, i)?;
+        let dims = dims_of(&t);
+        note(
+            constant_index(&t),
+            datatype(t.datatype(), i)?.tensor_bytes(&dims),
+        );
+        if let Some(p) = q.and_then(|q| q.quant_params_as_per_channel_quant()) {
+            let channels = dims.get(p.channel_dim() as usize).copied();
+            note(
+                p.scale_buffer_idx() as usize,
+                channels.and_then(|c| c.checked_mul(4)),
+            );
+        }
+    }
+    Ok(lengths)
+}
+
+/// The cache to keep the constant named `key` in, its content and its length, where it can be
+/// kept: a cache that keeps constants, a key that names its bytes' sha256 in a map that lists
+/// it and whose keys are taken as they claim (no data file to check them against, as with
+/// ExecuTorch's maps), and a length the graph states.
+fn keepable<'c>(
+    map: &dyn NamedDataMap,
+    key: &str,
+    cache: Option<&'c Arc<crate::cache::PackedWeightsCache>>,
+    len: Option<usize>,
+) -> Option<(&'c crate::cache::PackedWeightsCache, BlobId, usize)> {
+    let cache = cache?;
+    let content = BlobId::from_named_key(key)?;
+    (map.file_identity(key).is_none() && map.lists(key)).then_some((&**cache, content, len?))
+}
+
+/// The constant named `key`: from the entry that keeps it, else read from `map` and kept there
+/// for the next launch (when it is the length the graph states).
+fn read_keeping(
+    map: &dyn NamedDataMap,
+    key: &str,
+    cache: &crate::cache::PackedWeightsCache,
+    content: BlobId,
+    len: usize,
+) -> Result<DataBuffer, crate::named_data::NamedDataError> {
+    if let Some(kept) = cache.kept_constant(content, len) {
+        return Ok(kept);
+    }
+    let data = map.get_data(key)?;
+    if data.len() == len {
+        cache.keep_constant(content, data.data());
+    }
+    Ok(data)
 }
 
 /// A copy of `data` (constant or value `what`'s) with the room after it XNNPACK may over-read.

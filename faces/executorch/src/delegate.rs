@@ -537,6 +537,8 @@ pub(crate) fn cache_report() -> String {
             "named_data_copied_bytes={}",
             xnnblob::named_data::copied_bytes()
         ),
+        // Constants read through ExecuTorch's data maps (one `get_data` each).
+        format!("executorch_map_reads={}", crate::map::reads()),
         // Delegates whose fp16 values XNNPACK computes as fp32 here (no fp16 GEMMs on this CPU).
         format!(
             "fp16_as_fp32_delegates={}",
@@ -563,7 +565,8 @@ pub(crate) fn cache_report() -> String {
     for cache in backend.packed_caches() {
         let s = cache.stats();
         lines.push(format!(
-            "cache {}: hits {} misses {} packed {} entries {} deferred_fills {} heap_entries {}",
+            "cache {}: hits {} misses {} packed {} entries {} deferred_fills {} heap_entries {} \
+             kept_constants {} kept_served {}",
             cache
                 .path()
                 .map_or_else(|| "memory".to_string(), |p| p.display().to_string()),
@@ -572,7 +575,9 @@ pub(crate) fn cache_report() -> String {
             s.packed,
             s.entries,
             s.deferred_fills,
-            s.heap_entries
+            s.heap_entries,
+            s.kept_constants,
+            s.kept_served
         ));
     }
     lines.join("\n")

@@ -4,8 +4,18 @@ use crate::ffi::{EtBuffer, EtDataMap, EtError};
 use cxx::UniquePtr;
 use parking_lot::Mutex;
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use xnnblob::named_data::{Backing, DataBuffer, NamedDataError, NamedDataMap, TensorLayout};
+
+/// Constants read through ExecuTorch's maps in this process (each a `get_data`: a mapping of its
+/// own under the mmap loader).
+static READS: AtomicU64 = AtomicU64::new(0);
+
+/// How many constants this process read through ExecuTorch's maps (for runners' reports).
+pub(crate) fn reads() -> u64 {
+    READS.load(Ordering::Relaxed)
+}
 
 /// A method's named-data map, valid while its init runs. Closing it at the end of init makes any
 /// later use an error, never a use of a map ExecuTorch may have freed.
@@ -168,6 +178,7 @@ impl EtMap {
     /// `get_data(key)` of ExecuTorch's map: its buffer, or why not (ExecuTorch's error, or a
     /// C++ exception such as an allocation's).
     fn fetch(&self, m: &EtDataMap, key: &str) -> Result<UniquePtr<EtBuffer>, NamedDataError> {
+        READS.fetch_add(1, Ordering::Relaxed);
         let mut code = EtError::Ok;
         let buffer = m
             .get_data(key, &mut code)

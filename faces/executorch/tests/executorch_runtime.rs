@@ -851,6 +851,57 @@ fn the_pool_starts_in_the_load_as_with_executorchs_backend_and_not_under_a_guard
     }
 }
 
+/// A warm launch reads no constant through ExecuTorch's data map (a mapping of its own per
+/// constant under the mmap loader): the packed weights are found in the cache, and the constants
+/// XNNPACK reads at every launch (a static int8 network's biases and per-channel scales) are
+/// kept in the cache file by the first launch. The outputs stay ExecuTorch's, cold and warm.
+#[test]
+fn a_warm_launch_reads_no_constant_through_executorchs_data_map() {
+    let dir = scratch("kept-constants");
+    let runner = Runner::host(ET_RUN, None);
+    let (mut args, expected) = io_program(&data().join("export"), "arch_mobilenet_v2_int8");
+    args.extend([s("--load-mode"), s("mmap"), s("--cache")]);
+    let with_cache = |name: &str| {
+        let mut a = args.clone();
+        a.push(dir.join(name).display().to_string());
+        a
+    };
+    // Outputs, cold then warm, with one file; the report of each, with another.
+    for label in ["cold", "warm"] {
+        check_outputs(
+            &runner,
+            label,
+            "xnnblob",
+            &with_cache("checked.xbc"),
+            &expected,
+            1e-3,
+        );
+    }
+    let path = dir.join("weights.xbc").display().to_string();
+    let launch = || {
+        let mut a = with_cache("weights.xbc");
+        a.extend([s("--backend"), s("xnnblob")]);
+        run_ok(&a)
+    };
+    let cold = launch();
+    let c = cold.cache(&path);
+    assert!(
+        c["kept_constants"] > 0 && cold.number("executorch_map_reads") > 0.0,
+        "the first launch reads the constants and keeps them:\n{}",
+        cold.stdout
+    );
+    let warm = launch();
+    let w = warm.cache(&path);
+    assert_eq!(w["packed"], 0, "{}", warm.stdout);
+    assert_eq!(
+        warm.number("executorch_map_reads"),
+        0.0,
+        "a warm launch reads nothing through ExecuTorch's map:\n{}",
+        warm.stdout
+    );
+    assert_eq!(w["kept_served"], w["kept_constants"], "{}", warm.stdout);
+}
+
 /// Runs the runner and returns its exit status, stdout and stderr, however it ended.
 fn run_any(args: &[String]) -> (bool, String, String) {
     drop_in::backend_library(ET_RUN);
