@@ -430,9 +430,22 @@ pub(super) fn load_constants(
         }
         _ => None,
     };
+    // Asked of the graph's values only where a named constant is read as it is (a decoder's
+    // delegates have none: each of its constants is packed, and left unread).
+    let read_as_they_are = || {
+        graph
+            .constant_data()
+            .iter()
+            .flatten()
+            .enumerate()
+            .skip(1)
+            .any(|(i, c)| {
+                !deferrable.contains_key(&i) && c.named_key().is_some_and(|k| !k.is_empty())
+            })
+    };
     let lengths = match kept {
-        Some(_) => constant_lengths(graph)?,
-        None => FastMap::default(),
+        Some(_) if read_as_they_are() => constant_lengths(graph)?,
+        _ => FastMap::default(),
     };
     // One entry per constant_data entry past index 0 (pushed one by one, the list doubled past
     // them).
