@@ -852,7 +852,7 @@ impl GraphBuilder {
                 // The builder writes only what the operator table defines.
                 debug_assert!(
                     xnnblob::delegate::operators::find(kind).is_some(),
-                    "the builder wrote {kind:?}, which src/delegate/operators.rs lacks"
+                    "the builder wrote {kind:?}, which src/delegate/operators/ lacks"
                 );
                 let output_min_max = clamp.map(|(output_min, output_max)| {
                     fb::OutputMinMax::create(

@@ -29,6 +29,6 @@ fn the_docs_list_exactly_the_operator_table() {
         .collect();
     assert_eq!(
         documented, table,
-        "docs/delegate.md's list must follow src/delegate/operators.rs"
+        "docs/delegate.md's list must follow src/delegate/operators/"
     );
 }
