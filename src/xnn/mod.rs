@@ -3,6 +3,7 @@
 
 pub mod activity;
 mod capability;
+mod convolutions;
 mod datatype;
 mod error;
 mod in_memory_provider;
@@ -16,6 +17,9 @@ mod workspace;
 mod xnnpack_provider;
 
 pub use capability::runs_fp16_gemm;
+pub use convolutions::{
+    Convolution2dParams, DepthwiseConvolution2dParams, FullyConnectedFlags, Padding2d,
+};
 pub use datatype::Datatype;
 pub(crate) use error::buffer_too_small;
 pub use error::{Status, XnnError};
@@ -24,8 +28,7 @@ pub use kernel_info::{qd8_gemm_kernel, Qd8Weights};
 pub use nodes::{BinaryOp, Deconvolution2dParams, Pooling2dParams, UnaryOp};
 pub use runtime::{External, RawInput, RawOutput, Runtime, RuntimeOptions};
 pub use subgraph::{
-    BlockwiseQuantization, BlockwiseScales, ChannelwiseQuantization, Convolution2dParams,
-    DepthwiseConvolution2dParams, ExternalDecl, FullyConnectedFlags, Padding2d, Subgraph,
+    BlockwiseQuantization, BlockwiseScales, ChannelwiseQuantization, ExternalDecl, Subgraph,
     ValueRole,
 };
 pub use threadpool::Threadpool;

@@ -3,8 +3,9 @@
 //! concatenation of up to five inputs, PReLU and scaled dot-product attention. Each checks what
 //! XNNPACK would read past (array lengths, ranks, channel counts) before the call.
 
+use super::convolutions::Padding2d;
 use super::error::{check, XnnError};
-use super::subgraph::{refuse, Padding2d, Subgraph};
+use super::subgraph::{refuse, Subgraph};
 use xnnpack_sys as sys;
 
 /// An element-wise operator of one input (`xnn_define_unary`).
