@@ -32,6 +32,8 @@ mod packed;
 #[cfg(feature = "xnnpack")]
 mod persist;
 #[cfg(feature = "xnnpack")]
+mod saver;
+#[cfg(feature = "xnnpack")]
 mod stats;
 
 pub use crate::side_file::PRIVATE_MODE;

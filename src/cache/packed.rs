@@ -10,6 +10,9 @@ use super::identity::BlobId;
 use super::layers::{self, LayerOutcome, PendingCheck};
 use super::options::{CacheOptions, KeyTrust, VerifyPacked};
 use super::persist::{self, FileReport, LoadOutcome};
+use super::saver::{
+    spawn_saver, wait_for_inference_to_pause, yield_to_inference, Saver, PACKING_PAUSE,
+};
 use super::stats::{BadEntry, CacheStats};
 use crate::deferred::{DeferredData, Fill};
 use crate::mmap::{FileIdentity, MappedFile};
@@ -20,70 +23,6 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
-use std::thread::JoinHandle;
-
-/// The cache's background saves: one thread at a time, which saves again while `finalize`
-/// calls came in during its last pass.
-#[derive(Default)]
-struct Saver {
-    /// The saving thread (finished or not).
-    thread: Option<JoinHandle<()>>,
-    /// Shared with that thread.
-    queue: Arc<Mutex<SaveQueue>>,
-    /// Wakes a saving thread that waits for packing to pause (see [`PACKING_PAUSE`]).
-    hurry: Arc<parking_lot::Condvar>,
-}
-
-/// How long packing must pause before a background save starts: a program's delegates are
-/// created one after another, each asking for a save, and packing into the file being made (see
-/// `draft.rs`) goes on between them. One save after the last publishes that file; a save per
-/// delegate would rewrite it whole each time. [`PackedWeightsCache::wait_saved`] (and exit)
-/// does not wait for the pause.
-const PACKING_PAUSE: std::time::Duration = std::time::Duration::from_millis(100);
-
-/// How long the process's runtimes must have stopped executing before a background save or
-/// check starts: it competes with inference for cores, memory bandwidth and the disk (a save
-/// syncs every packed byte to disk; the kernel's writeback is on this thread's account, and a
-/// check reads them all), so a launch that packs would otherwise run its first tokens slower
-/// than a warm one. An LLM's tokens follow one another with no gap near this long; a pause
-/// this long is the app waiting for its user.
-const INFERENCE_PAUSE: std::time::Duration = std::time::Duration::from_millis(50);
-
-/// How long a background save or check waits for inference to pause, at most: an app that
-/// never pauses (a camera's frames) still gets its file, and one killed soon after its first
-/// minute keeps what it packed. [`PackedWeightsCache::wait_saved`] (and exit) does not wait.
-const LONGEST_WAIT_FOR_INFERENCE: std::time::Duration = std::time::Duration::from_secs(10);
-
-/// How often a waiting save looks at inference again (on a low-priority thread).
-const INFERENCE_POLL: std::time::Duration = std::time::Duration::from_millis(10);
-
-/// On a saving or checking thread: waits until the process's runtimes have paused for
-/// [`INFERENCE_PAUSE`], or [`LONGEST_WAIT_FOR_INFERENCE`] has passed, or someone waits for the
-/// thread.
-fn wait_for_inference_to_pause(queue: &Mutex<SaveQueue>, hurry: &parking_lot::Condvar) {
-    let since = std::time::Instant::now();
-    let mut q = queue.lock();
-    while !q.hurried
-        && crate::xnn::activity::quiet_for() < INFERENCE_PAUSE
-        && since.elapsed() < LONGEST_WAIT_FOR_INFERENCE
-    {
-        hurry.wait_for(&mut q, INFERENCE_POLL);
-    }
-}
-
-#[derive(Default)]
-struct SaveQueue {
-    /// A saving thread is running.
-    running: bool,
-    /// A `finalize` came while it ran: it saves once more.
-    again: bool,
-    /// A save failed: no later `finalize` saves in this process.
-    given_up: bool,
-    /// That save's error, until [`PackedWeightsCache::wait_saved`] reports it.
-    failed: Option<CacheError>,
-    /// Someone waits for the save: it starts now, packing or not.
-    hurried: bool,
-}
 
 /// A packed-weight cache, persistent (one file) or in memory; an `xnn_weights_cache_t` for
 /// `xnn_create_runtime_v4` through [`AsXnnWeightsCache`].
@@ -137,22 +76,6 @@ pub enum CacheAccess {
     /// A cache file is there but its directory (or file system) takes no new files: it is used
     /// as it is, and nothing is saved (an app's read-only bundle, a read-only mount).
     ReadOnly,
-}
-
-/// The nice value of a saving or checking thread (see [`yield_to_inference`]).
-const BACKGROUND_NICE: libc::c_int = 10;
-
-/// Lowers the calling (saving or checking) thread's priority: its work waits for inference to
-/// pause (see [`wait_for_inference_to_pause`]), and if inference starts again meanwhile, the
-/// app's threads get most of the cores. Not the idle scheduling class: someone may wait for this
-/// thread (`wait_saved`, exit), and an idle-class thread gets almost no time while any other
-/// thread of the machine wants it. Two busy loops beside a test of 200 cache saves under qemu
-/// made it take 191 s instead of 5 s, with 4 s of CPU: an app's exit on a busy phone would wait
-/// as long. A nice value cannot be raised back without privilege, and need not be.
-fn yield_to_inference() {
-    // SAFETY: on Linux, PRIO_PROCESS with `who` 0 is the calling thread alone; setpriority reads
-    // nothing through pointers. A refusal leaves the thread as it was.
-    unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, BACKGROUND_NICE) };
 }
 
 /// The permission bits files are created with under `limit` (a [`PackedWeightsCache`]'s).
@@ -1240,11 +1163,4 @@ impl Drop for Registration<'_> {
 /// Whether `key` is that of an entry keeping a constant, unpacked (see [`KEPT_CONSTANT_SEED`]).
 fn is_kept(key: &EntryKey) -> bool {
     key.seed == KEPT_CONSTANT_SEED && key.bias.is_none()
-}
-
-fn spawn_saver<F: FnOnce() + Send + 'static>(f: F) -> std::thread::JoinHandle<()> {
-    std::thread::Builder::new()
-        .name("xnnblob-save".into())
-        .spawn(f)
-        .expect("the system starts a thread")
 }
