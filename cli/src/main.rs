@@ -503,13 +503,15 @@ fn cache_command(action: CacheAction) -> Result<(), Box<dyn std::error::Error>> 
         )
     })?;
     outln!(
-        "{}: {} entries, {} packed bytes, file {} bytes ({:.3}x packed), {} invalid entries",
+        "{}: {} entries, {} packed bytes, file {} bytes ({:.3}x packed), {} invalid entries, \
+         {} kept constants",
         path.display(),
         report.entries,
         report.packed_bytes,
         report.file_size,
         report.file_size as f64 / report.packed_bytes.max(1) as f64,
-        report.invalid_entries
+        report.invalid_entries,
+        report.kept_constants
     );
     outln!(
         "live {} bytes (used by the last save, number {}), stale {} bytes, evictable {} bytes \

@@ -441,6 +441,9 @@ pub struct FileReport {
     pub entries: usize,
     /// Total size in bytes of those entries' packed regions.
     pub packed_bytes: u64,
+    /// Of the entries, those that keep a constant's own bytes rather than packed weights (see
+    /// [`KEPT_CONSTANT_SEED`](format::KEPT_CONSTANT_SEED)).
+    pub kept_constants: usize,
     /// Entries dropped at decode (bad bounds, alignment, duplicates).
     pub invalid_entries: usize,
     /// Entries whose packed bytes do not match their checksum (only when checked).
@@ -518,6 +521,11 @@ pub(crate) fn inspect_file(
         file_size: map.bytes().len() as u64,
         entries: decoded.entries.len(),
         packed_bytes: decoded.entries.iter().map(|e| e.size).sum(),
+        kept_constants: decoded
+            .entries
+            .iter()
+            .filter(|e| e.key.seed == format::KEPT_CONSTANT_SEED && e.key.bias.is_none())
+            .count(),
         invalid_entries: decoded.dropped.len(),
         corrupt,
         rewritten: false,

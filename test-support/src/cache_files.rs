@@ -5,9 +5,9 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use xnnblob::cache::format;
 
-/// Every entry of the cache file at `path`, by its key (kernel, bias, seed) in words, with its
-/// packed bytes; the file is read as packed for the build and CPU its header names, and must be
-/// valid for them.
+/// Every packed entry of the cache file at `path` (not those keeping constants), by its key
+/// (kernel, bias, seed) in words, with its packed bytes; the file is read as packed for the
+/// build and CPU its header names, and must be valid for them.
 pub fn packed_entries(path: &Path) -> BTreeMap<String, Vec<u8>> {
     let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let compat = format::recorded_compat(&bytes)
@@ -17,6 +17,8 @@ pub fn packed_entries(path: &Path) -> BTreeMap<String, Vec<u8>> {
     decoded
         .entries
         .iter()
+        // Entries that keep a constant's own bytes are not packings.
+        .filter(|e| !(e.key.seed == format::KEPT_CONSTANT_SEED && e.key.bias.is_none()))
         .map(|e| {
             let packed = bytes[e.offset as usize..(e.offset + e.size) as usize].to_vec();
             (format!("{:?}", e.key), packed)
