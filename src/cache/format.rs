@@ -93,6 +93,14 @@ pub struct EntryKey {
     pub seed: u32,
 }
 
+impl EntryKey {
+    /// Whether the entry keeps a constant's own bytes rather than packed weights (see
+    /// [`KEPT_CONSTANT_SEED`]).
+    pub fn keeps_constant(&self) -> bool {
+        self.seed == KEPT_CONSTANT_SEED && self.bias.is_none()
+    }
+}
+
 /// One index entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FileEntry {

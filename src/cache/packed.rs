@@ -5,7 +5,7 @@ use super::checked;
 use super::checksum::checksum64;
 use super::core::{CacheCore, DraftPlan, Location};
 use super::error::CacheError;
-use super::format::{Compat, EntryKey, FileError, KEPT_CONSTANT_SEED};
+use super::format::{Compat, FileError};
 use super::identity::BlobId;
 use super::layers::{self, LayerOutcome, PendingCheck};
 use super::options::{CacheOptions, KeyTrust, VerifyPacked};
@@ -971,14 +971,14 @@ impl PackedWeightsCache {
             truncated: c.truncated.load(Ordering::Relaxed),
             wrong_size: c.wrong_size.load(Ordering::Relaxed),
             excess_permissions: self.excess_permissions.load(Ordering::Relaxed),
-            entries: state.by_key.keys().filter(|k| !is_kept(k)).count(),
+            entries: state.by_key.keys().filter(|k| !k.keeps_constant()).count(),
             packed_bytes: state
                 .by_key
                 .iter()
-                .filter(|(k, _)| !is_kept(k))
+                .filter(|(k, _)| !k.keeps_constant())
                 .map(|(_, &i)| state.entries[i].size)
                 .sum(),
-            kept_constants: state.by_key.keys().filter(|k| is_kept(k)).count(),
+            kept_constants: state.by_key.keys().filter(|k| k.keeps_constant()).count(),
             kept_served: c.kept_served.load(Ordering::Relaxed),
             unsaved: state.entries.iter().filter(|e| e.unsaved).count(),
             heap_entries: state
@@ -990,7 +990,7 @@ impl PackedWeightsCache {
     }
 
     /// The bytes of the constant `content` (`len` of them) if the cache keeps them, unpacked,
-    /// in an entry of their own (see [`KEPT_CONSTANT_SEED`]): read from the cache's file rather
+    /// in an entry of their own (see [`KEPT_CONSTANT_SEED`](super::format::KEPT_CONSTANT_SEED)): read from the cache's file rather
     /// than from the constant's source.
     pub(crate) fn kept_constant(&self, content: BlobId, len: usize) -> Option<DataBuffer> {
         self.core().kept_constant(content, len)
@@ -1155,12 +1155,4 @@ impl Drop for Registration<'_> {
     fn drop(&mut self) {
         self.cache.core().unregister(self.ptr, self.id, None);
     }
-}
-
-/// Starts a save or check thread, named so that it is told from the host's own threads (an
-/// unnamed thread takes the process's name). As `std::thread::spawn`, it panics only where the
-/// system cannot start a thread.
-/// Whether `key` is that of an entry keeping a constant, unpacked (see [`KEPT_CONSTANT_SEED`]).
-fn is_kept(key: &EntryKey) -> bool {
-    key.seed == KEPT_CONSTANT_SEED && key.bias.is_none()
 }

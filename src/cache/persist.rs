@@ -524,7 +524,7 @@ pub(crate) fn inspect_file(
         kept_constants: decoded
             .entries
             .iter()
-            .filter(|e| e.key.seed == format::KEPT_CONSTANT_SEED && e.key.bias.is_none())
+            .filter(|e| e.key.keeps_constant())
             .count(),
         invalid_entries: decoded.dropped.len(),
         corrupt,

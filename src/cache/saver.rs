@@ -86,6 +86,9 @@ pub(super) fn yield_to_inference() {
     unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, BACKGROUND_NICE) };
 }
 
+/// Starts a save or check thread, named so that it is told from the host's own threads (an
+/// unnamed thread takes the process's name). As `std::thread::spawn`, it panics only where the
+/// system cannot start a thread.
 pub(super) fn spawn_saver<F: FnOnce() + Send + 'static>(f: F) -> std::thread::JoinHandle<()> {
     std::thread::Builder::new()
         .name("xnnblob-save".into())

@@ -18,7 +18,7 @@ pub fn packed_entries(path: &Path) -> BTreeMap<String, Vec<u8>> {
         .entries
         .iter()
         // Entries that keep a constant's own bytes are not packings.
-        .filter(|e| !(e.key.seed == format::KEPT_CONSTANT_SEED && e.key.bias.is_none()))
+        .filter(|e| !e.key.keeps_constant())
         .map(|e| {
             let packed = bytes[e.offset as usize..(e.offset + e.size) as usize].to_vec();
             (format!("{:?}", e.key), packed)
