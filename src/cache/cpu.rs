@@ -7,8 +7,9 @@
 //! - `src/configs/hardware-config.c` sets its `use_x86_*` / `use_arm_*` flags from cpuinfo's ISA
 //!   predicates and, on Linux, asks the kernel for AMX tile data before it uses AMX;
 //! - `src/configs/gemm-config.c` and `dwconv-config.c` also read the microarchitecture of core 0:
-//!   AMD Zen and Hygon Dhyana get 16s4 f32 GEMM kernels (another packing), Zen 4 is kept off the
-//!   AVX512-VNNI+GFNI qb4w kernels, and on Arm each core type has its own kernels and tiles.
+//!   AMD Zen and Hygon Dhyana get 16s4 f32 GEMM kernels (another packing), and on Arm each core
+//!   type has its own kernels and tiles. (Its choice of qb4w kernels for Zen 4 is patched away:
+//!   every AVX512-VNNI CPU runs xnnblob's, xnnpack-sys patch 0028.)
 //!
 //! The fingerprint records the inputs of those decisions as cpuinfo (Debian's snapshot 877328f,
 //! the one XNNPACK is built with) derives them: one named bit per ISA predicate, and what the
@@ -104,8 +105,7 @@ pub fn cpu_fingerprint_difference(file: u64, this: u64) -> String {
 /// kernels, and with them packers and layouts), and replaces the CPU model with the decisions
 /// XNNPACK makes from it that change a layout, not only a kernel's `mr` or its assembly:
 /// - x86-64: Zen (AMD family 0x17, models 0x00-0x1F) and Hygon's family 0 get the f32 GEMM
-///   packed `16s4` instead of `16` (`gemm-config.c:692-716`); Zen 4's qb4w choice changes only
-///   `mr`.
+///   packed `16s4` instead of `16` (`gemm-config.c:692-716`).
 /// - aarch64: core 0's Exynos M1/M2 f32 GEMM, A35/Kryo/A53/A55 qs8 GEMM and A53/A55 depthwise
 ///   tiles (the `core0:` bits); core types whose rank leaves core 0 unknown keep their hash.
 pub fn packing_class(fingerprint: u64) -> u64 {
@@ -492,12 +492,10 @@ mod tests {
             why.contains("model 0x1 (Zen: XNNPACK's f32 GEMM packs 16s4)"),
             "{why}"
         );
-        // Zen 4 (0x19, 0x61) is kept off XNNPACK's GFNI qb4w kernels; Zen 3 (0x19, 0x21) is not.
+        // Zen 3 (0x19, 0x21) and Zen 4 (0x19, 0x61): told apart by the model alone, which
+        // XNNPACK (patched: xnnpack-sys 0028) no longer reads for them.
         let why = cpu_fingerprint_difference(amd(0x19, 0x21), amd(0x19, 0x61));
-        assert!(
-            why.ends_with("model 0x61 (Zen 4: XNNPACK avoids its GFNI qb4w GEMM) here"),
-            "{why}"
-        );
+        assert!(why.ends_with("AMD family 0x19 model 0x61 here"), "{why}");
         assert!(!why.contains("only"), "same features: {why}");
     }
 

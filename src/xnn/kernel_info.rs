@@ -35,7 +35,7 @@ impl Qd8Weights {
 
 /// The symbol of the widest-tile GEMM microkernel XNNPACK's configuration selects on this CPU
 /// for qd8 activations with `weights`, for example
-/// `xnn_qd8_f32_qb4w_gemm_minmax_ukernel_14x16c8__avx512vnnigfni_prfm`; its tile geometry when no
+/// `xnnblob_qd8_f32_qb4w_gemm_minmax_ukernel_12x16c4__avx512vnni`; its tile geometry when no
 /// symbol matches. Followed by `(one row: NAME)` where one-row GEMMs take another kernel (AVX2's
 /// qb4w, xnnpack-sys patch 0015). `Ok(None)` when the linked XNNPACK was not built by `xnnpack-sys` (a
 /// user-provided build has no internal headers to read its configuration with) or has no such

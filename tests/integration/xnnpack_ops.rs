@@ -741,12 +741,23 @@ fn qd8_qb4w_matches_reference_at_every_column_remainder_block_size_and_row_count
         (512, 128),
         (1024, 256),
         (2048, 32),
+        // One block longer than the 2048 bytes of a row that xnnblob's AVX512-VNNI kernels
+        // (patch 0028) take at a time.
+        (4096, 4096),
         (16640, 32),
     ];
     // Each row count up to the longest rows it needs, which keeps the suite's time under qemu in
     // bounds: 1 and 2 rows past the 512 blocks (one row and an aliased tile), 3 and 5 (4 + 1) to
-    // 2048, 16 (four tiles of 4 on AVX2, two of 8 or 14 + 2 on AVX-512) to 256.
-    for (batch, longest) in [(1, 16640), (2, 16640), (3, 2048), (5, 2048), (16, 256)] {
+    // 2048, 11 (one aliased tile of 12 on AVX512-VNNI) and 16 (four tiles of 4 on AVX2, two of 8
+    // on AVX512-VNNI) to 256.
+    for (batch, longest) in [
+        (1, 16640),
+        (2, 16640),
+        (3, 2048),
+        (5, 2048),
+        (11, 256),
+        (16, 256),
+    ] {
         for (inputs, block) in shapes.into_iter().filter(|&(inputs, _)| inputs <= longest) {
             for outputs in [1, 2, 3, 4, 5, 6, 7, 8, 9, 15, 16, 17, 23, 24, 33] {
                 for activations in [Activations::OnGrid, Activations::Extreme] {

@@ -151,7 +151,6 @@ fn uarch_xnnpack_reads(vendor: u64, family: u32, model: u32) -> Option<&'static 
     let extended_model = model >> 4;
     match (vendor, family, extended_model) {
         (AMD, 0x17, 0x0 | 0x1) => Some("Zen: XNNPACK's f32 GEMM packs 16s4"),
-        (AMD, 0x19, 0x1 | 0x6 | 0x7 | 0xA) => Some("Zen 4: XNNPACK avoids its GFNI qb4w GEMM"),
         // cpuinfo 877328f matches Hygon's family 0, which Dhyana (family 0x18) never reports:
         // mirrored as written.
         (HYGON, 0x00, _) => Some("Dhyana: XNNPACK's f32 GEMM packs 16s4"),
