@@ -75,7 +75,7 @@ static XNN_INLINE void segment(
     const size_t MR, const size_t ACCS, const int FLIP, const int8_t* const* from, size_t k0,
     size_t k_len, size_t kc, size_t nc, const void* w, float* const* outs, size_t cn_stride,
     const struct xnn_f32_qb4w_minmax_params* params,
-    const struct xnn_qd8_quantization_params* quantization_params) {
+    const struct xnn_qd8_quantization_params* const* quantization) {
   const size_t bl = params->scalar.blocksize;
   const size_t block_bytes = bl * 8 + 16 * sizeof(uint16_t);
   const size_t group_bytes = 16 * sizeof(float) + kc / bl * block_bytes + 16 * sizeof(float);
@@ -94,7 +94,7 @@ static XNN_INLINE void segment(
     for (size_t r = 0; r < MR; r++) {
       out[r] = (float*) ((uintptr_t) outs[r] + (n0 / 16) * cn_stride);
       if (first) {
-        const __m512 zero_point = _mm512_set1_ps((float) quantization_params[r].zero_point + 128);
+        const __m512 zero_point = _mm512_set1_ps((float) quantization[r]->zero_point + 128);
         acc[r] = _mm512_mul_ps(_mm512_loadu_ps((const float*) group), zero_point);
       } else {
         acc[r] = _mm512_maskz_loadu_ps(col_mask, out[r]);
@@ -149,7 +149,7 @@ static XNN_INLINE void segment(
       const __m512 out_max = _mm512_set1_ps(params->scalar.max);
       XNNBLOB_EACH_ROW
       for (size_t r = 0; r < MR; r++) {
-        acc[r] = _mm512_mul_ps(acc[r], _mm512_set1_ps(quantization_params[r].inv_scale));
+        acc[r] = _mm512_mul_ps(acc[r], _mm512_set1_ps(quantization[r]->inv_scale));
         acc[r] = _mm512_add_ps(acc[r], bias);
         acc[r] = _mm512_max_ps(acc[r], out_min);
         acc[r] = _mm512_min_ps(acc[r], out_max);
@@ -176,17 +176,21 @@ static XNN_INLINE void gemm(
   const size_t bl = params->scalar.blocksize;
   assert(bl != 0 && bl % 32 == 0 && kc != 0 && kc % bl == 0);
 
+  // Rows past `mr` take the last row's activations, parameters and output: they compute its
+  // values again and store them where it does, whatever XNNPACK put past the batch.
   const int8_t* rows[12];
   float* outs[12];
+  const struct xnn_qd8_quantization_params* quantization[12];
   XNNBLOB_EACH_ROW
   for (size_t r = 0; r < MR; r++) {
     const size_t real = r < mr ? r : mr - 1;
     rows[r] = (const int8_t*) ((uintptr_t) a + real * a_stride);
     outs[r] = (float*) ((uintptr_t) c + real * cm_stride);
+    quantization[r] = &quantization_params[real];
   }
   if (bl > XNNBLOB_SEGMENT_BYTES) {
     // Blocks too long for the buffer: one pass, the sign bits flipped as they are broadcast.
-    segment(MR, ACCS, 1, rows, 0, kc, kc, nc, w, outs, cn_stride, params, quantization_params);
+    segment(MR, ACCS, 1, rows, 0, kc, kc, nc, w, outs, cn_stride, params, quantization);
     return;
   }
   const size_t per_segment = XNNBLOB_SEGMENT_BYTES / bl * bl;
@@ -203,7 +207,7 @@ static XNN_INLINE void gemm(
       flip_signs(flipped + r * XNNBLOB_SEGMENT_BYTES, rows[r] + k0, k_len);
     }
     // `from` holds the segment from its start: its k runs from 0.
-    segment(MR, ACCS, 0, from, k0, k_len, kc, nc, w, outs, cn_stride, params, quantization_params);
+    segment(MR, ACCS, 0, from, k0, k_len, kc, nc, w, outs, cn_stride, params, quantization);
   }
 }
 
