@@ -1,0 +1,251 @@
+//! What a launch reads, maps and copies, and where its init's time goes.
+
+use super::*;
+
+/// Issue 61: the runner's breakdown of the delegates' inits adds up, so the peer bench's floor
+/// (the load less the inits, plus the thread pool and XNNPACK's runtime creation) is made of
+/// parts of the same launch.
+#[test]
+fn the_init_breakdown_adds_up() {
+    let dir = scratch("init-breakdown");
+    let mut args = mlp_args();
+    args.extend([s("--cache"), dir.join("weights.xbc").display().to_string()]);
+    for launch in ["cold", "warm"] {
+        let run = run_ok(&args);
+        let n = |key: &str| run.number(key);
+        assert_eq!(n("init_delegates"), 1.0, "{launch}: {}", run.stdout);
+        let parts = n("init_weights_ms")
+            + n("init_pool_ms")
+            + n("init_load_ms")
+            + n("init_prepack_ms")
+            + n("init_create_ms")
+            + n("init_finalize_ms");
+        assert!(
+            parts <= n("init_ms") + 0.01 && n("init_ms") <= n("load_to_ready_ms") + 0.01,
+            "{launch}: {}",
+            run.stdout
+        );
+        assert!(
+            n("init_xnnpack_runtime_ms") > 0.0
+                && n("init_xnnpack_runtime_ms") <= n("init_create_ms"),
+            "{launch}: {}",
+            run.stdout
+        );
+    }
+}
+
+#[test]
+fn a_warm_launch_with_the_file_loader_reads_no_weights_and_the_cache_does_not_grow() {
+    let dir = scratch("warm");
+    let cache = dir.join("weights.xbc");
+    let launch = |out: &str| {
+        let mut args = mlp_args();
+        args.extend([
+            s("--load-mode"),
+            s("file"),
+            s("--cache"),
+            cache.display().to_string(),
+            s("--output-dir"),
+            dir.join(out).display().to_string(),
+        ]);
+        std::fs::create_dir_all(dir.join(out)).unwrap();
+        run_ok(&args)
+    };
+    let weights = std::fs::metadata(data().join("mlp_qd8_qc8w_external.ptd"))
+        .unwrap()
+        .len() as f64;
+    let cold = launch("cold");
+    let c = cold.cache(&cache.display().to_string());
+    // Packed ahead of runtime creation on the backend's threads, then found by the creation.
+    // Packing reads the loader's own bytes, except for a weight whose buffer ends on a page
+    // boundary (no room for XNNPACK's over-read): that one is read into its placeholder, a
+    // copy. Where the file loader's allocations end depends on the allocator's state (one
+    // debug run here copied one 64 KiB weight, the release runs none).
+    let parallel = xnnblob::backend::machine_threads() > 1;
+    assert!(
+        c["packed"] > 0 && (!parallel || c["hits"] == c["packed"]),
+        "{}",
+        cold.stdout
+    );
+    // No weight is copied twice: the cold launch copies at most the weight file once.
+    assert!(
+        cold.number("named_data_copied_bytes") <= weights,
+        "{}",
+        cold.stdout
+    );
+    let size = std::fs::metadata(&cache).unwrap().len();
+    let mut first_warm = None;
+    for i in 0..20 {
+        let warm = launch(&format!("warm{i}"));
+        let w = warm.cache(&cache.display().to_string());
+        assert_eq!(w["packed"], 0, "warm launch {i} packs nothing");
+        assert_eq!(w["deferred_fills"], 0, "no placeholder was read in");
+        // No weight is read; a constant XNNPACK reads as it is would get a padded copy if its
+        // buffer ended on a page boundary.
+        assert!(
+            warm.number("named_data_copied_bytes") < 0.02 * weights,
+            "warm launch {i} copies: {}",
+            warm.stdout
+        );
+        assert_eq!(std::fs::metadata(&cache).unwrap().len(), size, "no growth");
+        first_warm.get_or_insert(warm.number("load_rchar"));
+        assert_eq!(
+            std::fs::read(dir.join(format!("warm{i}/output0.f32"))).unwrap(),
+            std::fs::read(dir.join("cold/output0.f32")).unwrap(),
+            "warm outputs are the cold ones"
+        );
+    }
+    let warm_read = first_warm.unwrap();
+    assert!(warm_read < 1024.0 * 1024.0);
+    assert!(
+        cold.number("load_rchar") - warm_read > 0.9 * weights,
+        "the cold launch read the weights ({} B), the warm one did not ({warm_read} B)",
+        cold.number("load_rchar")
+    );
+}
+
+#[test]
+fn no_launch_under_the_mmap_loader_copies_named_data() {
+    // The mmap loader's buffers are pages of the file: every constant has room for XNNPACK's
+    // over-read, so nothing is copied, cold or warm, and the outputs are ExecuTorch's.
+    let dir = scratch("mmap-copies");
+    let cache = dir.join("weights.xbc");
+    for launch in ["cold", "warm"] {
+        let mut args = mlp_args();
+        args.extend([
+            s("--load-mode"),
+            s("mmap"),
+            s("--cache"),
+            cache.display().to_string(),
+        ]);
+        let run = run_ok(&args);
+        assert_eq!(
+            run.number("named_data_copied_bytes"),
+            0.0,
+            "{launch}: {}",
+            run.stdout
+        );
+    }
+}
+
+/// The fraction of `path`'s pages in the page cache (`mincore` over a map of it).
+fn resident_fraction(path: &Path) -> f64 {
+    let map = xnnblob::mmap::MappedFile::open(path).unwrap();
+    let pages = map.bytes().len().div_ceil(4096);
+    let resident = (0..pages)
+        .filter(|p| {
+            let mut v = 0u8;
+            // SAFETY: a page-aligned page inside the live map; mincore writes one byte.
+            unsafe {
+                libc::mincore(
+                    map.as_ptr().add(p * 4096) as *mut libc::c_void,
+                    4096,
+                    &mut v,
+                )
+            };
+            v & 1 == 1
+        })
+        .count();
+    resident as f64 / pages as f64
+}
+
+fn drop_from_page_cache(path: &Path) {
+    use std::os::fd::AsRawFd;
+    let f = std::fs::File::open(path).unwrap();
+    // SAFETY: a valid descriptor; the advice changes no data.
+    unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+}
+
+#[test]
+fn a_warm_launch_with_the_mmap_loader_leaves_the_weights_on_disk() {
+    // Depthwise filters are packed at every launch (XNNPACK keeps no cache entry for them), so
+    // a warm launch reads those few KiB: it must not fault in the device's readahead window
+    // around each (8 MiB on some disks), which read a CNN's whole weight file before.
+    let dir = scratch("mmap-warm-disk");
+    let spec = xnnblob_test_support::synthetic::model::ModelSpec::cnn(48);
+    let mut args = bench_model(spec, &dir);
+    let ptd = PathBuf::from(&args[2]);
+    args.extend([
+        s("--backend"),
+        s("xnnblob"),
+        s("--load-mode"),
+        s("mmap"),
+        s("--cache"),
+        dir.join("cnn.cache").display().to_string(),
+        s("--steps"),
+        s("0"),
+    ]);
+    run_ok(&args);
+    std::fs::File::open(&ptd).unwrap().sync_all().unwrap();
+    drop_from_page_cache(&ptd);
+    if resident_fraction(&ptd) > 0.01 {
+        xnnblob_test_support::cannot_run(&format!(
+            "{} stays in the page cache after POSIX_FADV_DONTNEED (tmpfs?)",
+            ptd.display()
+        ));
+        return;
+    }
+    let warm = run_ok(&args);
+    assert_eq!(
+        warm.cache(&dir.join("cnn.cache").display().to_string())["packed"],
+        0
+    );
+    // ExecuTorch's loader reads the file's header itself (and a window around it).
+    let resident = resident_fraction(&ptd);
+    assert!(
+        resident < 0.3,
+        "{:.0}% of the weight file was read by a warm launch",
+        resident * 100.0
+    );
+}
+
+/// A warm launch reads no constant through ExecuTorch's data map (a mapping of its own per
+/// constant under the mmap loader): the packed weights are found in the cache, and the constants
+/// XNNPACK reads at every launch (a static int8 network's biases and per-channel scales) are
+/// kept in the cache file by the first launch. The outputs stay ExecuTorch's, cold and warm.
+#[test]
+fn a_warm_launch_reads_no_constant_through_executorchs_data_map() {
+    let dir = scratch("kept-constants");
+    let runner = Runner::host(ET_RUN, None);
+    let (mut args, expected) = io_program(&data().join("export"), "arch_mobilenet_v2_int8");
+    args.extend([s("--load-mode"), s("mmap"), s("--cache")]);
+    let with_cache = |name: &str| {
+        let mut a = args.clone();
+        a.push(dir.join(name).display().to_string());
+        a
+    };
+    // Outputs, cold then warm, with one file; the report of each, with another.
+    for label in ["cold", "warm"] {
+        check_outputs(
+            &runner,
+            label,
+            "xnnblob",
+            &with_cache("checked.xbc"),
+            &expected,
+            1e-3,
+        );
+    }
+    let path = dir.join("weights.xbc").display().to_string();
+    let launch = || {
+        let mut a = with_cache("weights.xbc");
+        a.extend([s("--backend"), s("xnnblob")]);
+        run_ok(&a)
+    };
+    let cold = launch();
+    let c = cold.cache(&path);
+    assert!(
+        c["kept_constants"] > 0 && cold.number("executorch_map_reads") > 0.0,
+        "the first launch reads the constants and keeps them:\n{}",
+        cold.stdout
+    );
+    let warm = launch();
+    let w = warm.cache(&path);
+    assert_eq!(w["packed"], 0, "{}", warm.stdout);
+    assert_eq!(
+        warm.number("executorch_map_reads"),
+        0.0,
+        "a warm launch reads nothing through ExecuTorch's map:\n{}",
+        warm.stdout
+    );
+    assert_eq!(w["kept_served"], w["kept_constants"], "{}", warm.stdout);
+}
