@@ -9,17 +9,18 @@
 // the sign bit of each signed activation as they broadcast it, once per row, per 8 values of k,
 // per 16 columns; and the c8 packing gives each column two 32-bit sums per 8 values of k, so
 // every block of k ends with a pairwise add and a permute per row before the sums are scaled.
-// On CPUs whose 512-bit integer operations all issue from one port, those two were about a third
-// of a prompt's operations. Here each call flips the sign bits of its rows once, into a buffer
-// on the stack, and the c4 packing gives each column one sum (four values of k per byte lane
-// group), so a block ends with a conversion and a fused multiply-add per row.
+// Counted per row and block of 32 values of k, those two are 9 of the 20 vector operations of
+// XNNPACK's kernels (8 of them multiplies), and on Intel's server cores they issue on the ports
+// the multiplies need. Here each call flips the sign bits of its rows once, into a buffer on the
+// stack, and the c4 packing gives each column one sum (a column's 32-bit lane takes four values
+// of k at a time), so a block ends with a conversion and a fused multiply-add per row.
 //
 // The arithmetic is XNNPACK's: per block of k, the exact integer sum of (weight nibble - 8) * 16
 // times (activation + 128), converted to float and multiplied by the block's scale into an
 // accumulator that starts at the columns' k-sums times (zero point + 128); then the row's inverse
 // scale, the bias and the clamp, in that order. Integer sums do not depend on the order they are
 // added in, so the outputs are bit-identical to XNNPACK's c8 kernels over the same weights
-// (tests/integration/xnnpack_ops.rs compares them with a reference at every row count).
+// (tests/integration/xnnpack_ops/qd8.rs compares them with a reference at every row count).
 //
 // Layout of a 16-column group (XNNPACK's qb4w packer with nr 16, kr 4): 16 float k-sums; per
 // block of bl values of k, bl / 8 lines of 64 bytes (column j's 4 bytes at 4 * j; their low
