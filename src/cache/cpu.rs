@@ -482,7 +482,7 @@ mod tests {
     }
 
     #[test]
-    fn zen_and_zen_4_are_told_apart_from_their_neighbours_and_named() {
+    fn zen_is_named_and_zen_and_zen_4_are_told_apart_from_their_neighbours() {
         // Zen (0x17, models 0x00-0x1F) gets XNNPACK's 16s4 f32 GEMM; Zen 2 (0x17, 0x31) does not.
         let zen = amd(0x17, 0x01);
         let zen2 = amd(0x17, 0x31);
