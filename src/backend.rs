@@ -212,6 +212,19 @@ impl fmt::Debug for Backend {
     }
 }
 
+/// Asks, once per process, what every backend asks first and keeps: XNNPACK's initialisation
+/// (its CPU detection), this CPU's fingerprint (packed-weight caches are checked against it)
+/// and the hash's check of the CPU's instructions. Each takes a few `cpuid` instructions, which
+/// a virtual machine traps (0.1-0.2 ms in all): a host that calls this when its library is
+/// loaded, as ExecuTorch's backend initialises XNNPACK, takes them out of its first model's
+/// load. Idempotent and thread-safe; a failure of XNNPACK's initialisation is kept and
+/// reported by the first [`Backend::new`].
+pub fn prepare_process() {
+    let _ = crate::xnn::initialize();
+    let _ = crate::cache::cpu_fingerprint();
+    let _ = crate::sha256::sha256(&[]);
+}
+
 impl Backend {
     /// A backend set up as `options` say: initialises XNNPACK (once per process) and makes the
     /// global workspace and the thread pool if the options ask for them.

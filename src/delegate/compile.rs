@@ -10,6 +10,7 @@ use super::fold::Folds;
 use super::fusion::{Alias, FusedOrder, Fusion};
 use super::graph::{named_key, tensor_of, XNN_FLAG_EXTERNAL_OUTPUT};
 use super::identity::{register_constants, KeyCheck};
+use super::operators::GraphIo;
 use super::payload;
 use super::prepack::Prepacked;
 use super::values::define_values;
@@ -76,7 +77,7 @@ const MAX_EXTERNAL_IDS: u32 = 4096;
 
 /// Rejects unsupported nodes, and more external ids than ExecuTorch allows, before anything is
 /// loaded.
-fn check_nodes(graph: &fb::XNNGraph<'_>) -> Result<(), DelegateError> {
+fn check_nodes(graph: &fb::XNNGraph<'_>, io: &GraphIo) -> Result<(), DelegateError> {
     // XNNPACK allocates a value slot (some 200 bytes) for every external id up front: a count
     // taken on trust let a 1.5 KB payload make it allocate and zero 3 GB (found by fuzzing).
     // The count is not bounded by the graph's values: an input its method never reads has an
@@ -92,8 +93,7 @@ fn check_nodes(graph: &fb::XNNGraph<'_>) -> Result<(), DelegateError> {
     let mut writer: FastMap<u32, (usize, usize)> = FastMap::default();
     for (n, node) in graph.xnodes().iter().flatten().enumerate() {
         let kind = node.xnode_union_type();
-        let io = super::operators::find(kind).and(super::operators::node_io(&node));
-        let Some((inputs, outputs)) = io else {
+        let Some((inputs, outputs)) = io.node(n) else {
             return Err(DelegateError::UnsupportedNode {
                 index: n,
                 name: kind
@@ -102,9 +102,9 @@ fn check_nodes(graph: &fb::XNNGraph<'_>) -> Result<(), DelegateError> {
             });
         };
         for i in inputs {
-            *reads.entry(i).or_default() += 1;
+            *reads.entry(*i).or_default() += 1;
         }
-        for &output in &outputs {
+        for &output in outputs {
             if let Some((first, _)) = writer.insert(output, (n, outputs.len())) {
                 return Err(DelegateError::BadGraph(format!(
                     "value {output} is written by nodes {first} and {n}"
@@ -153,7 +153,7 @@ struct Built {
 /// How many weights the packed-weight cache has packed so far (0 for other caches).
 fn packs(weights: &Weights) -> usize {
     match weights {
-        Weights::Packed(cache) => cache.stats().packed,
+        Weights::Packed(cache) => cache.packed_count(),
         _ => 0,
     }
 }
@@ -208,7 +208,8 @@ pub(crate) fn compile(
     let mut built: Option<Built> = None;
     let runtime = OwnedRuntime::try_new(keep, |k| -> Result<Runtime<'_>, DelegateError> {
         let p = payload::parse(&payload_bytes)?;
-        check_nodes(&p.graph)?;
+        let io = GraphIo::of(&p.graph);
+        check_nodes(&p.graph, &io)?;
         let fp16_as_fp32 = super::fallback::computes_fp16_as_fp32(&p.graph)?;
         let converted = if fp16_as_fp32 {
             super::fallback::fp16_constants(&p.graph)?
@@ -266,19 +267,25 @@ pub(crate) fn compile(
             _ => Vec::new(),
         };
         let mut g = Subgraph::new(p.graph.num_externs()).map_err(at(|| "subgraph".into()))?;
-        let order = FusedOrder::of(&p.graph);
+        let order = FusedOrder::of(&p.graph, &io);
         let folds = Folds::of(&p.graph, fp16_as_fp32, &order);
         let fusion = order.fusion_for(aliases, |input| folds.read_as(input), fp16_as_fp32)?;
         let (ids, twins) = define_values(&mut g, &p.graph, loaded, &folds)?;
         twins.define_inputs(&mut g)?;
-        let read_as_is = super::operators::define_nodes(&mut g, &p.graph, &ids, &folds.nodes)?;
+        let read_as_is = super::operators::define_nodes(&mut g, &p.graph, &io, &ids, &folds.nodes)?;
         twins.define_outputs(&mut g)?;
         pin_read_as_is(&p.graph, loaded, &read_as_is, deferral.as_ref())?;
         let prepacked = match &k.cache {
             Weights::Packed(cache) if model.packs_ahead() => {
                 let (started, before) = (std::time::Instant::now(), pool_start.get());
-                let done =
-                    super::prepack::prepack(&p.graph, loaded, cache, deferral.as_ref(), &threads)?;
+                let done = super::prepack::prepack(
+                    &p.graph,
+                    loaded,
+                    cache,
+                    &io,
+                    deferral.as_ref(),
+                    &threads,
+                )?;
                 (
                     done,
                     started.elapsed().saturating_sub(pool_start.get() - before),
@@ -295,7 +302,7 @@ pub(crate) fn compile(
             // program whose own kernels run on it would otherwise start it in its first execute.
             threads();
         }
-        if super::threading::runs_alone(&p.graph) {
+        if super::threading::runs_alone(&p.graph, &io) {
             options.threadpool = None;
         }
         let creating = std::time::Instant::now();

@@ -106,12 +106,14 @@ pub(super) struct FusedOrder {
 impl FusedOrder {
     /// The order of `graph`'s nodes' reads and writes (a node whose inputs and outputs cannot
     /// be told reads and writes nothing; `check_nodes` refuses such graphs first).
-    pub(super) fn of(graph: &fb::XNNGraph<'_>) -> FusedOrder {
-        let io: Vec<(Vec<u32>, Vec<u32>)> = graph
-            .xnodes()
-            .iter()
-            .flatten()
-            .map(|node| super::operators::node_io(&node).unwrap_or_default())
+    pub(super) fn of(graph: &fb::XNNGraph<'_>, io: &super::operators::GraphIo) -> FusedOrder {
+        let nodes = graph.xnodes().map_or(0, |n| n.len());
+        let io: Vec<(Vec<u32>, Vec<u32>)> = (0..nodes)
+            .map(|n| {
+                io.node(n)
+                    .map(|(r, w)| (r.to_vec(), w.to_vec()))
+                    .unwrap_or_default()
+            })
             .collect();
         let kinds: Vec<Fusable> = graph
             .xnodes()

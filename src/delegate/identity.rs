@@ -193,42 +193,6 @@ fn identity_of(
     })
 }
 
-/// How the operand `filter` of a node is packed, beyond the operand's own bytes and
-/// description: which node, its packing parameters, the bias packed with it, and the datatypes
-/// and quantization of its input and output (XNNPACK packs a static int8 layer's requantization
-/// scales, derived from both, into the weights, and a dynamically quantized layer's bias too,
-/// though its look-up key names no bias).
-struct Reader {
-    filter: u32,
-    context: Description,
-}
-
-/// Every node that XNNPACK may pack a constant operand of through the weights cache, with that
-/// operand's context: the node kind, then what its row of [`OPERATORS`] says of its packing
-/// ([`operators::packing`]), then its input, output and bias as `operand` states them.
-///
-/// [`OPERATORS`]: super::operators::OPERATORS
-fn readers(graph: &fb::XNNGraph<'_>, operand: impl Fn(u32) -> Vec<u8>) -> Vec<Reader> {
-    let mut out = Vec::new();
-    for node in graph.xnodes().iter().flatten() {
-        let mut d = Description::new();
-        d.number("node", node.xnode_union_type().0 as u64);
-        let Some(packing) = operators::packing(&node, &mut d) else {
-            continue;
-        };
-        d.bytes("input", &operand(packing.input));
-        d.bytes("output", &operand(packing.output));
-        if packing.bias != NO_VALUE {
-            d.bytes("bias", &operand(packing.bias));
-        }
-        out.push(Reader {
-            filter: packing.filter,
-            context: d,
-        });
-    }
-    out
-}
-
 /// A value's description: its datatype, shape (with `dims`) and quantization, with the identity
 /// of its scales (and, for a constant, of its bytes: see [`register_constants`]). An activation
 /// is described to a packing context without its shape: XNNPACK packs a filter the same whatever
@@ -301,6 +265,104 @@ fn scales_of(
     d.id("scales", id.unwrap_or(BlobId::NONE));
 }
 
+/// The descriptions a registration needs, made once each and only when asked: a value's
+/// own (datatype, shape, quantization with its scales' identity), an activation's without its
+/// shape (see [`describe`]), and a constant's content identity. Values are found by their
+/// payload id; where several values have one id, the last of each kind counts.
+struct Described<'g, 'v> {
+    graph: &'v fb::XNNGraph<'g>,
+    values: &'v [fb::XValue<'g>],
+    keep: &'v Loaded,
+    /// Each id's last value, and its last value that is not a constant.
+    last: FastMap<u32, usize>,
+    last_activation: FastMap<u32, usize>,
+    /// Each id's content identity, from its last constant value that has one.
+    contents: FastMap<u32, BlobId>,
+    full: FastMap<usize, Description>,
+    activation: FastMap<usize, Description>,
+}
+
+impl<'g, 'v> Described<'g, 'v> {
+    fn new(
+        graph: &'v fb::XNNGraph<'g>,
+        values: &'v [fb::XValue<'g>],
+        keep: &'v Loaded,
+        check: &mut KeyCheck<'_>,
+    ) -> Result<Self, DelegateError> {
+        let n = values.len();
+        let mut last = FastMap::with_capacity_and_hasher(n, Default::default());
+        let mut last_activation = FastMap::with_capacity_and_hasher(n, Default::default());
+        let mut contents = FastMap::default();
+        for (i, v) in values.iter().enumerate() {
+            let (t, _) = tensor_of(*v, i)?;
+            last.insert(t.id_out(), i);
+            match constant_index(&t) {
+                0 => {
+                    last_activation.insert(t.id_out(), i);
+                }
+                index => {
+                    if let Some(content) = identity(graph, index, keep, check) {
+                        contents.insert(t.id_out(), content);
+                    }
+                }
+            }
+        }
+        Ok(Described {
+            graph,
+            values,
+            keep,
+            last,
+            last_activation,
+            contents,
+            full: FastMap::default(),
+            activation: FastMap::default(),
+        })
+    }
+
+    /// The content identity of id `id`'s last constant value that has one.
+    fn content(&self, id: u32) -> Option<BlobId> {
+        self.contents.get(&id).copied()
+    }
+
+    /// The description, with its shape, of id `id`'s last value.
+    fn full(&mut self, id: u32, check: &mut KeyCheck<'_>) -> Result<&Description, DelegateError> {
+        let i = self.last[&id];
+        if !self.full.contains_key(&i) {
+            let d = describe(self.graph, i, self.values[i], self.keep, check, true)?;
+            self.full.insert(i, d);
+        }
+        Ok(&self.full[&i])
+    }
+
+    /// Appends operand `id` to a node's packing context as [`register_constants`] states it:
+    /// a constant (a bias) by its identity, any other value (input, output) by its
+    /// description, an activation's without its shape; nothing for an id no value has.
+    fn operand(
+        &mut self,
+        context: &mut Description,
+        name: &str,
+        id: u32,
+        check: &mut KeyCheck<'_>,
+    ) -> Result<(), DelegateError> {
+        if let Some(content) = self.content(id) {
+            let d = self.full(id, check)?;
+            context.bytes(name, &BlobId::described(content, d).0);
+        } else if let Some(&i) = self.last_activation.get(&id) {
+            if !self.activation.contains_key(&i) {
+                let d = describe(self.graph, i, self.values[i], self.keep, check, false)?;
+                self.activation.insert(i, d);
+            }
+            context.bytes(name, self.activation[&i].encoded());
+        } else if self.last.contains_key(&id) {
+            let d = self.full(id, check)?;
+            context.bytes(name, d.encoded());
+        } else {
+            context.bytes(name, &[]);
+        }
+        Ok(())
+    }
+}
+
 /// Registers the data of every constant value with the packed-weight cache, under its identity:
 /// its bytes, its description (datatype, shape, quantization with its scales' identity) and,
 /// for an operand XNNPACK packs, the context of the nodes that pack it ([`Reader`]). Returns
@@ -320,46 +382,29 @@ pub(super) fn register_constants(
     check: &mut KeyCheck<'_>,
 ) -> Result<(Vec<OwnedRegistration>, ByValue<Private>), DelegateError> {
     let values: Vec<fb::XValue<'_>> = graph.xvalues().iter().flatten().collect();
-    // Each value's description (and an activation's, without its shape, for the contexts of
-    // the nodes that read or write it), and each constant value's content.
-    let n = values.len();
-    let mut described = FastMap::with_capacity_and_hasher(n, Default::default());
-    let mut activations = FastMap::with_capacity_and_hasher(n, Default::default());
-    let mut contents = FastMap::with_capacity_and_hasher(n, Default::default());
-    for (i, v) in values.iter().enumerate() {
-        let (t, _) = tensor_of(*v, i)?;
-        described.insert(t.id_out(), describe(graph, i, *v, keep, check, true)?);
-        if constant_index(&t) == 0 {
-            activations.insert(t.id_out(), describe(graph, i, *v, keep, check, false)?);
-        }
-        let index = constant_index(&t);
-        if index != 0 {
-            if let Some(content) = identity(graph, index, keep, check) {
-                contents.insert(t.id_out(), content);
-            }
-        }
-    }
-    // A node's operands as its context states them: a constant (a bias) by its identity, any
-    // other value (input, output) by its description.
-    let operand = |id: u32| -> Vec<u8> {
-        match (contents.get(&id), described.get(&id), activations.get(&id)) {
-            (Some(&content), Some(d), _) => BlobId::described(content, d).0.to_vec(),
-            (None, _, Some(d)) => d.encoded().to_vec(),
-            (None, Some(d), None) => d.encoded().to_vec(),
-            _ => Vec::new(),
-        }
-    };
-    // Each packed operand's context; None where two nodes pack it differently.
+    let mut described = Described::new(graph, &values, keep, check)?;
+    // Each packed operand's context; None where two nodes pack it differently. Only the values
+    // a packing node names, and the constants registered below, are ever described.
     let mut contexts: FastMap<u32, Option<Description>> = FastMap::default();
-    for r in readers(graph, operand) {
+    for node in graph.xnodes().iter().flatten() {
+        let mut context = Description::new();
+        context.number("node", node.xnode_union_type().0 as u64);
+        let Some(packing) = operators::packing(&node, &mut context) else {
+            continue;
+        };
+        described.operand(&mut context, "input", packing.input, check)?;
+        described.operand(&mut context, "output", packing.output, check)?;
+        if packing.bias != NO_VALUE {
+            described.operand(&mut context, "bias", packing.bias, check)?;
+        }
         contexts
-            .entry(r.filter)
+            .entry(packing.filter)
             .and_modify(|c| {
-                if c.as_ref() != Some(&r.context) {
+                if c.as_ref() != Some(&context) {
                     *c = None;
                 }
             })
-            .or_insert(Some(r.context));
+            .or_insert(Some(context));
     }
     let mut registrations = Vec::new();
     // By ascending value index, as `Loaded::private` looks them up.
@@ -370,10 +415,10 @@ pub(super) fn register_constants(
         if index == 0 {
             continue;
         }
-        let Some(&content) = contents.get(&t.id_out()) else {
+        let Some(content) = described.content(t.id_out()) else {
             continue;
         };
-        let mut description = described[&t.id_out()].clone();
+        let mut description = described.full(t.id_out(), check)?.clone();
         let ambiguous = match contexts.get(&t.id_out()) {
             Some(Some(context)) => {
                 description.bytes("packed_by", context.encoded());

@@ -70,6 +70,7 @@ pub(super) fn prepack(
     graph: &fb::XNNGraph<'_>,
     loaded: &Loaded,
     cache: &Arc<PackedWeightsCache>,
+    io: &super::operators::GraphIo,
     source: Option<&Arc<dyn NamedDataMap>>,
     threads: &dyn Fn() -> usize,
 ) -> Result<Prepacked, DelegateError> {
@@ -140,7 +141,7 @@ pub(super) fn prepack(
     // The real graph's conversions for qp8 GEMMs are made the same way here: the packing, and
     // so the cache's key, follows the GEMM the input's layout selects. (Asked only now: a warm
     // launch, with nothing missing, needs none of it.)
-    let qb4w_inputs = super::operators::qb4w_gemm_inputs(graph, |filter| {
+    let qb4w_inputs = super::operators::qb4w_gemm_inputs(graph, io, |filter| {
         by_id.get(&filter).is_some_and(|&i| {
             tensor_of(values[i], i)
                 .is_ok_and(|(t, _)| t.datatype() == fb::XNNDatatype::xnn_datatype_qbint4)

@@ -10,7 +10,7 @@
 //! larger keeps the pool for the whole delegate.
 
 use super::graph::{constant_index, dims_of, tensor_of};
-use super::operators::node_io;
+use super::operators::GraphIo;
 use crate::fast_hash::FastMap;
 use crate::schema::xnn as fb;
 
@@ -21,7 +21,7 @@ pub(super) const ALONE_UP_TO: usize = 256 << 10;
 /// Whether every operator of `graph` is small enough ([`ALONE_UP_TO`]) that the delegate runs
 /// faster on the calling thread than split across a pool. An operator whose operands cannot be
 /// sized (a dynamic dimension, an unknown node) counts as large.
-pub(super) fn runs_alone(graph: &fb::XNNGraph<'_>) -> bool {
+pub(super) fn runs_alone(graph: &fb::XNNGraph<'_>, io: &GraphIo) -> bool {
     // Elements of each value, and whether it is a constant.
     let mut sizes: FastMap<u32, (usize, usize, bool)> = FastMap::default();
     for (i, v) in graph.xvalues().iter().flatten().enumerate() {
@@ -36,8 +36,8 @@ pub(super) fn runs_alone(graph: &fb::XNNGraph<'_>) -> bool {
         };
         sizes.insert(t.id_out(), (elements, last, constant_index(&t) != 0));
     }
-    graph.xnodes().iter().flatten().all(|node| {
-        let Some((reads, writes)) = node_io(&node) else {
+    (0..graph.xnodes().map_or(0, |n| n.len())).all(|n| {
+        let Some((reads, writes)) = io.node(n) else {
             return false;
         };
         let size = |id: &u32| sizes.get(id).copied();

@@ -9,7 +9,6 @@
 
 use super::datatype::Datatype;
 use super::error::{check, Status, XnnError};
-use crate::fast_hash::FastMap;
 use std::marker::PhantomData;
 use std::ptr::NonNull;
 use xnnpack_sys as sys;
@@ -173,13 +172,33 @@ pub struct ExternalDecl {
     pub reshaped: bool,
 }
 
+/// What this handle knows of each value it defined, by XNNPACK's value id: ids are dense
+/// (external ids first, then each internal value in turn), so a table, not a map (a value of a
+/// graph of a few hundred was a hash insert and some rehashes per launch).
+#[derive(Default)]
+struct ValueTable(Vec<Option<ValueInfo>>);
+
+impl ValueTable {
+    fn get(&self, id: &u32) -> Option<&ValueInfo> {
+        self.0.get(*id as usize).and_then(Option::as_ref)
+    }
+
+    fn insert(&mut self, id: u32, info: ValueInfo) {
+        let at = id as usize;
+        if at >= self.0.len() {
+            self.0.resize(at + 1, None);
+        }
+        self.0[at] = Some(info);
+    }
+}
+
 /// An XNNPACK subgraph. `'data` is the lifetime of the static data (and quantization scales) its
 /// values point to; the runtimes made from it borrow that data too.
 pub struct Subgraph<'data> {
     raw: NonNull<sys::xnn_subgraph>,
     pub(super) inputs: Vec<ExternalDecl>,
     pub(super) outputs: Vec<ExternalDecl>,
-    values: FastMap<u32, ValueInfo>,
+    values: ValueTable,
     _data: PhantomData<&'data [u8]>,
 }
 
@@ -203,7 +222,7 @@ impl<'data> Subgraph<'data> {
             raw,
             inputs: Vec::new(),
             outputs: Vec::new(),
-            values: FastMap::default(),
+            values: ValueTable::default(),
             _data: PhantomData,
         })
     }

@@ -412,9 +412,9 @@ const bool registered_at_load = [] {
            kBackendId, static_cast<int>(e));
   }
   if (e == Error::Ok) {
-    // XNNPACK's initialisation and the thread pool take milliseconds (threads must start):
-    // begun now, they are ready by the time an app loads its first program. ExecuTorch's own
-    // backend initialises XNNPACK when it is loaded too.
+    // XNNPACK's initialisation is made now, on this thread, as ExecuTorch's own backend makes
+    // it when it is loaded; the rest (the thread pool's threads must start) is begun on a
+    // thread of its own, ready by the time an app loads its first program.
     prepare_backend();
   }
   return e == Error::Ok;

@@ -140,6 +140,9 @@ extern "C" fn wait_for_saves() {
 /// Makes the process-wide backend on a background thread; a load that comes first waits for it
 /// (`process_backend` is a `OnceLock`), so nothing is made twice.
 pub(crate) fn prepare_backend() {
+    // What ExecuTorch's backend does when it is loaded, on this thread: an app that loads its
+    // first program at once (a runner, a test) would otherwise wait for it in that load.
+    let _ = catch_unwind(xnnblob::backend::prepare_process);
     let spawned = std::thread::Builder::new()
         .name("xnnblob-prepare".into())
         .spawn(|| {

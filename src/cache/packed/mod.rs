@@ -828,6 +828,15 @@ impl PackedWeightsCache {
         self.saves.load(Ordering::Relaxed)
     }
 
+    /// How many weights this cache has packed so far: [`CacheStats::packed`], without the
+    /// rest of a snapshot (which walks every entry).
+    pub fn packed_count(&self) -> usize {
+        self.core()
+            .counters
+            .reserve_space_calls
+            .load(Ordering::Relaxed)
+    }
+
     /// A snapshot of the counters and of what the cache holds now.
     pub fn stats(&self) -> CacheStats {
         let core = self.core();

@@ -608,6 +608,31 @@ fn convolution<'g>(node: &fb::XNode<'g>) -> Option<fb::_XNNNodeConv<'g>> {
         .or_else(|| node.xnode_union_as_xnnconv_transpose_2d())
 }
 
+/// Every node's reads and writes ([`node_io`]; None for an unsupported node), by node index,
+/// worked out once per init: the checks, the fusion order, the choice of threads and the qb4w
+/// layouts each walk them, and a node's are found by a search of the table, a probe of its
+/// union and two allocations.
+pub(crate) struct GraphIo(Vec<Option<(Vec<u32>, Vec<u32>)>>);
+
+impl GraphIo {
+    pub(crate) fn of(graph: &fb::XNNGraph<'_>) -> GraphIo {
+        GraphIo(
+            graph
+                .xnodes()
+                .iter()
+                .flatten()
+                .map(|n| node_io(&n))
+                .collect(),
+        )
+    }
+
+    /// Node `index`'s reads and writes, if it is supported.
+    pub(crate) fn node(&self, index: usize) -> Option<(&[u32], &[u32])> {
+        let (reads, writes) = self.0.get(index)?.as_ref()?;
+        Some((reads, writes))
+    }
+}
+
 /// The payload ids a supported node reads (an absent bias left out) and those it writes: its
 /// row's [`Io`].
 pub(crate) fn node_io(node: &fb::XNode<'_>) -> Option<(Vec<u32>, Vec<u32>)> {
@@ -812,10 +837,11 @@ pub(crate) fn packed_operands(graph: &fb::XNNGraph<'_>) -> FastSet<u32> {
 pub(crate) fn define_nodes(
     g: &mut Subgraph<'_>,
     graph: &fb::XNNGraph<'_>,
+    io: &GraphIo,
     ids: &FastMap<u32, u32>,
     skipped: &FastSet<usize>,
 ) -> Result<FastSet<u32>, DelegateError> {
-    let qb4w = qb4w_gemm_inputs(graph, |filter| {
+    let qb4w = qb4w_gemm_inputs(graph, io, |filter| {
         ids.get(&filter).and_then(|&id| g.datatype(id)) == Some(crate::xnn::Datatype::Qbint4)
     });
     let mut read_as_is = FastSet::default();
@@ -837,16 +863,17 @@ pub(crate) fn define_nodes(
 /// since this XNNPACK's GEMMs for other weights do not read qpint8.
 pub(crate) fn qb4w_gemm_inputs(
     graph: &fb::XNNGraph<'_>,
+    io: &GraphIo,
     is_qb4w: impl Fn(u32) -> bool,
 ) -> FastSet<u32> {
     let mut qb4w = FastSet::default();
     let mut other = FastSet::default();
-    for node in graph.xnodes().iter().flatten() {
-        let Some((reads, _)) = find(node.xnode_union_type()).and_then(|op| (op.io)(&node)) else {
+    for (n, node) in graph.xnodes().iter().flatten().enumerate() {
+        let Some((reads, _)) = io.node(n) else {
             continue;
         };
         let fc = node.xnode_union_as_xnnfully_connected();
-        for read in reads {
+        for &read in reads {
             match fc {
                 Some(fc) if read == fc.input1_id() && is_qb4w(fc.filter_id()) => qb4w.insert(read),
                 _ => other.insert(read),
