@@ -461,7 +461,7 @@ pub(super) fn load_constants(
         // the bytes are read in. A key it does not list is loaded as usual (or found missing).
         let deferred_len = deferrable.get(&i).filter(|_| map.lists(key));
         if let Some(&len) = deferred_len {
-            if let Ok(size) = map.data_size(key) {
+            if let Some(Ok(size)) = map.tells_sizes().then(|| map.data_size(key)) {
                 if size != len {
                     return Err(DelegateError::BadGraph(format!(
                         "constant {i} ({key}): the named data holds {size} bytes, the graph \

@@ -69,6 +69,10 @@ impl NamedDataMap for MergedMap {
         self.map_of(key)?.data_size(key)
     }
 
+    fn tells_sizes(&self) -> bool {
+        self.maps.iter().all(|m| m.tells_sizes())
+    }
+
     fn get_tensor_layout(&self, key: &str) -> Result<Option<TensorLayout>, NamedDataError> {
         self.map_of(key)?.get_tensor_layout(key)
     }

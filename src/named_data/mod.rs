@@ -40,6 +40,13 @@ pub trait NamedDataMap: Send + Sync {
     /// The size in bytes of `key`'s data, without touching it.
     fn data_size(&self, key: &str) -> Result<usize, NamedDataError>;
 
+    /// Whether [`data_size`](Self::data_size) tells a listed key's size without reading it. A
+    /// delegate asks each constant it leaves unread its size, at every launch, only where it
+    /// does (a refusal is an error value, a message made and dropped per constant).
+    fn tells_sizes(&self) -> bool {
+        true
+    }
+
     /// The tensor layout stored with `key`; `Ok(None)` when the key was stored without one.
     fn get_tensor_layout(&self, key: &str) -> Result<Option<TensorLayout>, NamedDataError>;
 

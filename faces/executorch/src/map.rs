@@ -224,6 +224,10 @@ impl NamedDataMap for EtMap {
         })
     }
 
+    fn tells_sizes(&self) -> bool {
+        false
+    }
+
     fn get_tensor_layout(&self, _key: &str) -> Result<Option<TensorLayout>, NamedDataError> {
         Ok(None)
     }
