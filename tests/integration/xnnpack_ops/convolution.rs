@@ -159,11 +159,12 @@ fn convolution_2d_grouped_strided_dilated_clamped_matches_naive_reference() {
 
 /// Narrow convolutions run on narrower kernels than the default configuration's tile (patch
 /// 0024: at most 2 output channels per group on the nr2 configuration, at most 8 on the nr8 one
-/// of x86 CPUs with FMA3): every channel count from 1 to 17, 3x3 (indirect GEMM) and 1x1
-/// (GEMM), alone and in groups, over 15 pixels (three 4-row tiles and a remainder of 3).
+/// of x86 CPUs with FMA3; patch 0029: with AVX512F, 16-wide where that pads less than 32): every
+/// channel count from 1 to 17, and 24, 33 and 48, 3x3 (indirect GEMM) and 1x1 (GEMM), alone and
+/// in groups, over 15 pixels (three 4-row tiles and a remainder of 3).
 #[test]
 fn narrow_convolutions_match_reference_at_every_output_channel_count() {
-    for cout in 1..=17 {
+    for cout in (1..=17).chain([24, 33, 48]) {
         for (kernel, padding) in [(3, 1), (1, 0)] {
             let mut p = Convolution2dParams::new(kernel, kernel, 5, cout);
             p.padding = Padding2d::uniform(padding);

@@ -146,6 +146,52 @@ fn fully_connected_with_and_without_bias_and_with_transposed_weights_matches_ref
     }
 }
 
+/// Each width a 16- or 32-column tile leaves partly empty, in one row and in more rows than a
+/// tile has: on AVX-512, patch 0029 runs layers whose channels fill 16-wide tiles with less
+/// padding on 16-wide kernels and the rest on the default's 32-wide ones (elsewhere every width
+/// takes the default), so each width is checked on whichever its CPU picks.
+#[test]
+fn fully_connected_matches_reference_at_every_width_a_tile_leaves_partly_empty() {
+    let inputs = 19;
+    let mut rng = SplitMix64(29);
+    let unclamped = (f32::NEG_INFINITY, f32::INFINITY);
+    for outputs in (1..=18).chain([24, 31, 32, 33, 47, 48, 64, 80, 112]) {
+        for batch in [1, 9] {
+            let x = random(&mut rng, batch * inputs, 1.0);
+            let w = padded(random(&mut rng, outputs * inputs, 0.3));
+            let w = &w[..outputs * inputs];
+            let bias = padded(random(&mut rng, outputs, 0.5));
+            let bias = &bias[..outputs];
+            let mut g = Subgraph::new(2).unwrap();
+            let input = g
+                .define_f32_tensor(&[batch, inputs], ValueRole::Input(INPUT))
+                .unwrap();
+            let filter = g
+                .define_f32_tensor(&[outputs, inputs], ValueRole::static_f32(w))
+                .unwrap();
+            let bias_id = g
+                .define_f32_tensor(&[outputs], ValueRole::static_f32(bias))
+                .unwrap();
+            let output = g
+                .define_f32_tensor(&[batch, outputs], ValueRole::Output(OUTPUT))
+                .unwrap();
+            g.define_fully_connected(
+                input,
+                filter,
+                Some(bias_id),
+                output,
+                unclamped.0,
+                unclamped.1,
+            )
+            .unwrap();
+            let actual = run(&g, &x, batch * outputs);
+            let expected =
+                reference_fully_connected(&x, w, Some(bias), batch, inputs, outputs, unclamped);
+            assert_close(&actual, &expected, 1e-4);
+        }
+    }
+}
+
 #[test]
 fn transposed_weights_without_the_flag_give_a_different_result() {
     // Guards the test above: a square filter defined with and without the transpose flag
