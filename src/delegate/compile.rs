@@ -267,9 +267,14 @@ pub(crate) fn compile(
             _ => Vec::new(),
         };
         let mut g = Subgraph::new(p.graph.num_externs()).map_err(at(|| "subgraph".into()))?;
-        let order = FusedOrder::of(&p.graph, &io);
-        let folds = Folds::of(&p.graph, fp16_as_fp32, &order);
-        let fusion = order.fusion_for(aliases, |input| folds.read_as(input), fp16_as_fp32)?;
+        // Asked only where a fold or an alias needs it.
+        let order = std::cell::OnceCell::new();
+        let order = || order.get_or_init(|| FusedOrder::of(&p.graph, &io));
+        let folds = Folds::of(&p.graph, fp16_as_fp32, order);
+        let fusion = match aliases {
+            [] => Fusion::Allowed,
+            _ => order().fusion_for(aliases, |input| folds.read_as(input), fp16_as_fp32)?,
+        };
         let (ids, twins) = define_values(&mut g, &p.graph, loaded, &folds)?;
         twins.define_inputs(&mut g)?;
         let read_as_is = super::operators::define_nodes(&mut g, &p.graph, &io, &ids, &folds.nodes)?;

@@ -54,13 +54,23 @@ impl Folds {
     /// else reads, of an unquantized type, and writes an internal value of the same type, with
     /// a new shape of the input's number of elements and no dimension inferred, where no node
     /// may write an external output between the reshape and the last read of its output
-    /// (`order`).
+    /// (`order`, asked only of a reshape that reads an external input: most graphs have none,
+    /// and the order is the init's costliest graph pass).
     ///
     /// None when fp16 is computed as fp32 (`fp16_as_fp32`): an fp16 input is converted there,
     /// and the converted twin is what the nodes read.
-    pub(super) fn of(graph: &fb::XNNGraph<'_>, fp16_as_fp32: bool, order: &FusedOrder) -> Folds {
+    pub(super) fn of<'o>(
+        graph: &fb::XNNGraph<'_>,
+        fp16_as_fp32: bool,
+        order: impl Fn() -> &'o FusedOrder,
+    ) -> Folds {
         let mut folds = Folds::default();
-        if fp16_as_fp32 {
+        let reshapes = graph
+            .xnodes()
+            .iter()
+            .flatten()
+            .any(|n| n.xnode_union_type() == fb::XNodeUnion::XNNStaticReshape);
+        if fp16_as_fp32 || !reshapes {
             return folds;
         }
         // Unquantized values, which a reshape may be folded from and into.
@@ -104,15 +114,15 @@ impl Folds {
                 && output.flags() == 0
                 && output.constant_buffer_idx() == 0
                 && input.datatype() == output.datatype()
-                && order.reads(r.input_id()) == 1
+                && order().reads(r.input_id()) == 1
                 && dims_of(output) == new_shape
                 && !new_shape.is_empty()
                 && !new_shape.contains(&0)
                 && elements(&new_shape).is_some()
                 && elements(&new_shape) == elements(&input_dims)
                 && r.input_id() != r.output_id()
-                && !(n + 1..=order.last_read(r.output_id()).unwrap_or(n))
-                    .any(|m| order.writes_output(m));
+                && !(n + 1..=order().last_read(r.output_id()).unwrap_or(n))
+                    .any(|m| order().writes_output(m));
             if foldable {
                 let folded = FoldedInput {
                     external_id: input.external_id(),

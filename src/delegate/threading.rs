@@ -9,7 +9,7 @@
 //! A delegate whose every operator is that small runs on the calling thread; one operator
 //! larger keeps the pool for the whole delegate.
 
-use super::graph::{constant_index, dims_of, tensor_of};
+use super::graph::{constant_index, tensor_of};
 use super::operators::GraphIo;
 use crate::fast_hash::FastMap;
 use crate::schema::xnn as fb;
@@ -28,9 +28,11 @@ pub(super) fn runs_alone(graph: &fb::XNNGraph<'_>, io: &GraphIo) -> bool {
         let Ok((t, _)) = tensor_of(v, i) else {
             return false;
         };
-        let dims = dims_of(&t);
-        let elements = dims.iter().try_fold(1usize, |n, &d| n.checked_mul(d));
-        let last = dims.last().copied().unwrap_or(1).max(1);
+        // Read in place: a Vec per value was most of this pass.
+        let dims = t.dims();
+        let dims = dims.iter().flat_map(|d| d.iter().map(|x| x as usize));
+        let elements = dims.clone().try_fold(1usize, |n, d| n.checked_mul(d));
+        let last = dims.last().unwrap_or(1).max(1);
         let Some(elements) = elements else {
             return false;
         };
