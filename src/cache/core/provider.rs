@@ -1,0 +1,167 @@
+//! The provider XNNPACK calls: look-ups, room for packing, and the packed weights it hands
+//! back, kept as entries.
+
+use super::{CacheCore, Entry, Location, Reserved};
+use crate::aligned::AlignedBytes;
+use crate::cache::format::REGION_ALIGNMENT;
+use crate::xnn::{LookUpKey, PackedWeightsProvider};
+use std::ptr::NonNull;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+impl PackedWeightsProvider for CacheCore {
+    fn look_up(&self, key: &LookUpKey) -> Option<usize> {
+        let mut state = self.state.lock();
+        let found = CacheCore::entry_key(&state, key)
+            .and_then(|k| state.by_key.get(&k).copied())
+            .and_then(|i| self.sized(&mut state, i, key.packed_size));
+        match found {
+            Some(i) => {
+                state.entries[i].hit = true;
+                if state.entries[i].first_hit.is_none() {
+                    state.entries[i].first_hit = Some(state.next_first_look());
+                }
+                self.counters.hits.fetch_add(1, Ordering::Relaxed);
+            }
+            None => {
+                self.counters.misses.fetch_add(1, Ordering::Relaxed);
+                if let Some(k) = CacheCore::entry_key(&state, key) {
+                    if !state.missed_at.contains_key(&k) {
+                        let order = state.next_first_look();
+                        state.missed_at.insert(k, order);
+                    }
+                }
+                // XNNPACK packs next, reading the unpacked bytes: read in any placeholder's.
+                let deferred = CacheCore::deferred_of(&state, key);
+                drop(state);
+                for (data, fills) in deferred {
+                    // Any live registration's source will do: another init may end (and its
+                    // source close) while this one reads. A failure of all is recorded in `data`:
+                    // what is packed from it is never kept.
+                    let fill = move |bytes: &mut [u8]| {
+                        let mut last: Box<dyn std::error::Error + Send + Sync> =
+                            "no data source is registered".into();
+                        for f in &fills {
+                            match f(bytes) {
+                                Ok(()) => return Ok(()),
+                                Err(e) => last = e,
+                            }
+                        }
+                        Err(last)
+                    };
+                    let _ = data.pin(&fill);
+                    self.counters.deferred_fills.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+        found
+    }
+
+    fn reserve_space(&self, n: usize) -> Option<NonNull<u8>> {
+        self.counters
+            .reserve_space_calls
+            .fetch_add(1, Ordering::Relaxed);
+        let mut state = self.state.lock();
+        if let Some(space) = state.reserve_in_draft(n) {
+            let ptr = NonNull::new(space.address())?;
+            state
+                .pending
+                .insert(ptr.as_ptr() as usize, Reserved::Drafted(space, n));
+            return Some(ptr);
+        }
+        drop(state);
+        let block = AlignedBytes::zeroed(n, REGION_ALIGNMENT)?;
+        let ptr = NonNull::new(block.as_ptr())?;
+        self.state
+            .lock()
+            .pending
+            .insert(ptr.as_ptr() as usize, Reserved::Heap(block));
+        Some(ptr)
+    }
+
+    fn look_up_or_insert(
+        &self,
+        key: &LookUpKey,
+        ptr: Option<NonNull<u8>>,
+        size: usize,
+    ) -> Option<usize> {
+        let pending = ptr.and_then(|p| self.state.lock().pending.remove(&(p.as_ptr() as usize)));
+        // Packed into the draft: summed now, outside the lock, while XNNPACK's writes are
+        // fresh, so that no save reads the region again (see `Space::settle`).
+        let drafted_sum = match &pending {
+            Some(Reserved::Drafted(space, n)) if *n >= size => Some(space.settle(size)),
+            _ => None,
+        };
+        let mut state = self.state.lock();
+        let deferred = CacheCore::deferred_of(&state, key);
+        // Packed from placeholders that could not be read in: usable by nobody but the runtime
+        // being created (whose init then fails), never found, never saved.
+        let poisoned = deferred.iter().any(|(d, _)| d.fill_failed());
+        let content_key = CacheCore::entry_key(&state, key).filter(|_| !poisoned);
+        if ptr.is_some() {
+            // The packing that pinned them is over.
+            deferred.iter().for_each(|(d, _)| d.unpin());
+        }
+        if let Some(&i) = content_key.as_ref().and_then(|k| state.by_key.get(k)) {
+            // A hit confirmed (null ptr), or another thread packed the same weights first;
+            // unless the entry is not the size this operator reads.
+            if let Some(i) = self.sized(&mut state, i, size) {
+                return Some(i);
+            }
+        }
+        let ptr = ptr?;
+        let location = match pending {
+            Some(Reserved::Drafted(space, n)) if n >= size => Location::Drafted(space),
+            Some(Reserved::Heap(block)) if block.len() >= size => Location::Heap(Arc::new(block)),
+            _ => {
+                // SAFETY: XNNPACK hands us `size` readable bytes of packed weights at `ptr`.
+                let packed = unsafe { std::slice::from_raw_parts(ptr.as_ptr(), size) };
+                Location::Heap(Arc::new(AlignedBytes::copy_from(packed, REGION_ALIGNMENT)?))
+            }
+        };
+        CacheCore::release_unpacked(&state, key);
+        let first_miss = content_key.and_then(|k| state.missed_at.remove(&k));
+        let i = state.entries.len();
+        state.entries.push(Entry {
+            key: content_key,
+            size,
+            location,
+            checksum: drafted_sum,
+            last_used: 0,
+            hit: false,
+            first_hit: None,
+            first_miss,
+            checked: false,
+            unsaved: content_key.is_some(),
+            packed_here: true,
+            resolved: false,
+            layer: false,
+        });
+        match content_key {
+            Some(k) => {
+                state.by_key.insert(k, i);
+                self.counters.inserted.fetch_add(1, Ordering::Relaxed);
+            }
+            None => {
+                self.counters
+                    .unregistered_packs
+                    .fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        Some(i)
+    }
+
+    fn is_finalized(&self) -> bool {
+        self.finalized.load(Ordering::Acquire)
+    }
+
+    fn offset_to_addr(&self, offset: usize) -> Option<NonNull<u8>> {
+        let mut state = self.state.lock();
+        let ptr = {
+            let e = state.entries.get(offset)?;
+            state.bytes_of(e).as_ptr()
+        };
+        state.entries[offset].resolved = true;
+        NonNull::new(ptr as *mut u8)
+    }
+}
