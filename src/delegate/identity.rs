@@ -326,7 +326,11 @@ impl<'g, 'v> Described<'g, 'v> {
 
     /// The description, with its shape, of id `id`'s last value.
     fn full(&mut self, id: u32, check: &mut KeyCheck<'_>) -> Result<&Description, DelegateError> {
-        let i = self.last[&id];
+        let Some(&i) = self.last.get(&id) else {
+            return Err(DelegateError::BadGraph(format!(
+                "value {id} is not defined"
+            )));
+        };
         if !self.full.contains_key(&i) {
             let d = describe(self.graph, i, self.values[i], self.keep, check, true)?;
             self.full.insert(i, d);
@@ -365,7 +369,8 @@ impl<'g, 'v> Described<'g, 'v> {
 
 /// Registers the data of every constant value with the packed-weight cache, under its identity:
 /// its bytes, its description (datatype, shape, quantization with its scales' identity) and,
-/// for an operand XNNPACK packs, the context of the nodes that pack it ([`Reader`]). Returns
+/// for an operand XNNPACK packs, the context of the nodes that pack it (each one's kind, packing
+/// parameters, and its input, output and bias as [`Described::operand`] states them). Returns
 /// the registrations, and the values given an address of their own:
 /// - a value whose constant's address is registered under another identity (the same bytes as
 ///   another tensor: ExecuTorch names constants by content, so a layer and its transposed
