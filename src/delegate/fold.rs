@@ -62,7 +62,7 @@ impl Folds {
     pub(super) fn of<'o>(
         graph: &fb::XNNGraph<'_>,
         fp16_as_fp32: bool,
-        order: impl Fn() -> &'o FusedOrder,
+        order: impl Fn() -> &'o FusedOrder<'o>,
     ) -> Folds {
         let mut folds = Folds::default();
         let reshapes = graph

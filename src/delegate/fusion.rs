@@ -79,9 +79,12 @@ fn fusable(node: &fb::XNode<'_>) -> Fusable {
 
 /// A graph's reads and writes, in the payload's order and as XNNPACK may run it.
 #[derive(Debug)]
-pub(super) struct FusedOrder {
-    /// By node index: the values it reads and writes (payload ids).
-    io: Vec<(Vec<u32>, Vec<u32>)>,
+pub(super) struct FusedOrder<'a> {
+    /// By node index: the values it reads and writes (payload ids), as the init's [`GraphIo`]
+    /// holds them.
+    ///
+    /// [`GraphIo`]: super::operators::GraphIo
+    io: Vec<(&'a [u32], &'a [u32])>,
     /// By value: its flags.
     flags: FastMap<u32, u32>,
     /// By external id: the values of the external inputs, and of the external outputs.
@@ -103,18 +106,13 @@ pub(super) struct FusedOrder {
     last_read: FastMap<u32, usize>,
 }
 
-impl FusedOrder {
+impl<'a> FusedOrder<'a> {
     /// The order of `graph`'s nodes' reads and writes (a node whose inputs and outputs cannot
     /// be told reads and writes nothing; `check_nodes` refuses such graphs first).
-    pub(super) fn of(graph: &fb::XNNGraph<'_>, io: &super::operators::GraphIo) -> FusedOrder {
+    pub(super) fn of(graph: &fb::XNNGraph<'_>, io: &'a super::operators::GraphIo) -> Self {
         let nodes = graph.xnodes().map_or(0, |n| n.len());
-        let io: Vec<(Vec<u32>, Vec<u32>)> = (0..nodes)
-            .map(|n| {
-                io.node(n)
-                    .map(|(r, w)| (r.to_vec(), w.to_vec()))
-                    .unwrap_or_default()
-            })
-            .collect();
+        let io: Vec<(&[u32], &[u32])> =
+            (0..nodes).map(|n| io.node(n).unwrap_or_default()).collect();
         let kinds: Vec<Fusable> = graph
             .xnodes()
             .iter()
@@ -142,7 +140,7 @@ impl FusedOrder {
         };
         let mut readers: FastMap<u32, Vec<usize>> = FastMap::default();
         let mut writer: FastMap<u32, usize> = FastMap::default();
-        for (n, (inputs, outputs)) in io.iter().enumerate() {
+        for (n, &(inputs, outputs)) in io.iter().enumerate() {
             for &input in inputs {
                 readers.entry(input).or_default().push(n);
             }
@@ -210,8 +208,8 @@ impl FusedOrder {
             return Some(0);
         }
         loop {
-            let (inputs, _) = &self.io[at];
-            let source = match inputs.as_slice() {
+            let (inputs, _) = self.io[at];
+            let source = match inputs {
                 [x] if self.into_producer[at] && internal(x) => self.writer.get(x).copied(),
                 _ => None,
             };
@@ -282,7 +280,7 @@ impl FusedOrder {
 /// `FusedOrder`'s bounds of a graph in order: by node, whether it may write an external output;
 /// by value, the last node that may read it.
 fn fused_bounds(
-    io: &[(Vec<u32>, Vec<u32>)],
+    io: &[(&[u32], &[u32])],
     kinds: &[Fusable],
     readers: &FastMap<u32, Vec<usize>>,
     payload_last_read: &FastMap<u32, usize>,
@@ -296,7 +294,7 @@ fn fused_bounds(
     // Backwards, so that what a later node may do is known when its producer is reached: in
     // a graph in order, a value's readers come after its producer.
     for n in (0..io.len()).rev() {
-        let (inputs, outputs) = &io[n];
+        let (inputs, outputs) = io[n];
         let fused_into =
             |c: &usize| kinds.get(*c).is_some_and(|k| k.into_producer) && writes_output[*c];
         if !writes_output[n] {

@@ -635,7 +635,7 @@ impl GraphIo {
 
 /// The payload ids a supported node reads (an absent bias left out) and those it writes: its
 /// row's [`Io`].
-pub(crate) fn node_io(node: &fb::XNode<'_>) -> Option<(Vec<u32>, Vec<u32>)> {
+fn node_io(node: &fb::XNode<'_>) -> Option<(Vec<u32>, Vec<u32>)> {
     (find(node.xnode_union_type())?.io)(node)
 }
 
