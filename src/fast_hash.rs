@@ -5,6 +5,6 @@
 /// A `HashMap` with foldhash's fast, per-process-seeded hasher.
 pub type FastMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
 
-/// A `HashSet` with the same hasher as [`FastMap`] (the delegate's sets of value ids).
-#[cfg(feature = "xnnpack")]
+/// A `HashSet` with the same hasher as [`FastMap`] (the delegate's sets of value ids, a cache
+/// file's keys as its index is read).
 pub type FastSet<K> = std::collections::HashSet<K, foldhash::fast::RandomState>;

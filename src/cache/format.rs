@@ -393,7 +393,10 @@ pub fn decode_matching(bytes: &[u8], expect: &Compat, cpu: CpuMatch) -> Result<D
 
     let mut entries: Vec<FileEntry> = Vec::with_capacity(count as usize);
     let mut dropped = Vec::new();
-    let mut seen = std::collections::HashSet::new();
+    // Every launch reads the index: a per-process-seeded fast hasher, sized once (SipHash's
+    // seed alone is a system call).
+    let mut seen =
+        crate::fast_hash::FastSet::with_capacity_and_hasher(count as usize, Default::default());
     for (i, raw) in index.chunks_exact(ENTRY_SIZE).enumerate() {
         let e = FileEntry {
             key: EntryKey {

@@ -89,6 +89,7 @@ pub(crate) fn load(
     // Room for exactly the file's entries: pushed one by one, the index of a file of 85 entries
     // kept room for 128 (7 KiB for nothing). A look-up that misses later grows it as before.
     state.entries.reserve_exact(decoded.entries.len());
+    state.by_key.reserve(decoded.entries.len());
     for e in &decoded.entries {
         state.insert_mapped(m, e);
     }

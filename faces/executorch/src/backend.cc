@@ -416,6 +416,9 @@ const bool registered_at_load = [] {
     // it when it is loaded; the rest (the thread pool's threads must start) is begun on a
     // thread of its own, ready by the time an app loads its first program.
     prepare_backend();
+    // The runtime's verdict too: it is the process's, not a load's (reading the runtime's
+    // version file in the first load made it the slowest).
+    (void)runtime_check();
   }
   return e == Error::Ok;
 }();
