@@ -8,7 +8,7 @@ use super::constants::{
 use super::error::{at, DelegateError};
 use super::fold::Folds;
 use super::fusion::{Alias, FusedOrder, Fusion};
-use super::graph::{named_key, tensor_of, XNN_FLAG_EXTERNAL_OUTPUT};
+use super::graph::{named_key, tensor_of, ById, XNN_FLAG_EXTERNAL_OUTPUT};
 use super::identity::{register_constants, KeyCheck};
 use super::operators::GraphIo;
 use super::payload;
@@ -16,7 +16,7 @@ use super::prepack::Prepacked;
 use super::values::define_values;
 use crate::backend::{ModelContext, Weights};
 use crate::cache::{BlobId, OwnedRegistration};
-use crate::fast_hash::{FastMap, FastSet};
+use crate::fast_hash::FastMap;
 use crate::named_data::{DataBuffer, NamedDataMap};
 use crate::schema::xnn as fb;
 use crate::xnn::{Runtime, Subgraph};
@@ -88,9 +88,25 @@ fn check_nodes(graph: &fb::XNNGraph<'_>, io: &GraphIo) -> Result<(), DelegateErr
             graph.num_externs()
         )));
     }
-    let mut reads: FastMap<u32, usize> = FastMap::default();
+    let nodes = graph.xnodes().map_or(0, |n| n.len());
+    let values = graph.xvalues().map_or(0, |v| v.len());
+    let largest = (0..nodes)
+        .filter_map(|n| io.node(n))
+        .flat_map(|(reads, writes)| reads.iter().chain(writes))
+        .copied()
+        .chain(
+            graph
+                .xvalues()
+                .iter()
+                .flatten()
+                .enumerate()
+                .filter_map(|(i, v)| Some(tensor_of(v, i).ok()?.0.id_out())),
+        )
+        .max()
+        .unwrap_or(0);
+    let mut reads: ById<usize> = ById::new(largest, values);
     // Each written value: its node, and how many values that node writes.
-    let mut writer: FastMap<u32, (usize, usize)> = FastMap::default();
+    let mut writer: ById<(usize, usize)> = ById::new(largest, values);
     for (n, node) in graph.xnodes().iter().flatten().enumerate() {
         let kind = node.xnode_union_type();
         let Some((inputs, outputs)) = io.node(n) else {
@@ -101,8 +117,8 @@ fn check_nodes(graph: &fb::XNNGraph<'_>, io: &GraphIo) -> Result<(), DelegateErr
                     .map_or_else(|| format!("node type {}", kind.0), str::to_string),
             });
         };
-        for i in inputs {
-            *reads.entry(*i).or_default() += 1;
+        for &i in inputs {
+            *reads.get_or_insert_with(i, || 0) += 1;
         }
         for &output in outputs {
             if let Some((first, _)) = writer.insert(output, (n, outputs.len())) {
@@ -114,20 +130,22 @@ fn check_nodes(graph: &fb::XNNGraph<'_>, io: &GraphIo) -> Result<(), DelegateErr
     }
     // XNNPACK drops a node whose output nothing reads, but not what fed it, and then aborts the
     // process in its fusion pass: such a graph (no exporter writes one) is refused here.
-    let outputs: FastSet<u32> = graph
-        .xvalues()
-        .iter()
-        .flatten()
-        .enumerate()
-        .filter_map(|(i, v)| tensor_of(v, i).ok())
-        .filter(|(t, _)| t.flags() & XNN_FLAG_EXTERNAL_OUTPUT != 0)
-        .map(|(t, _)| t.id_out())
-        .collect();
+    let mut outputs: ById<()> = ById::new(largest, values);
+    for (i, v) in graph.xvalues().iter().flatten().enumerate() {
+        if let Ok((t, _)) = tensor_of(v, i) {
+            if t.flags() & XNN_FLAG_EXTERNAL_OUTPUT != 0 {
+                outputs.insert(t.id_out(), ());
+            }
+        }
+    }
     // A node of several outputs (argmax pooling's values and indices) is kept while one is used.
-    let used = |value: &u32| reads.contains_key(value) || outputs.contains(value);
-    for (&value, &(n, written)) in &writer {
-        let node_used = written > 1 && writer.iter().any(|(v, &(m, _))| m == n && used(v));
-        if !used(&value) && !node_used {
+    let used = |value: u32| reads.contains(value) || outputs.contains(value);
+    for (value, &(n, written)) in writer.iter() {
+        let node_used = written > 1
+            && io
+                .node(n)
+                .is_some_and(|(_, writes)| writes.iter().any(|&v| used(v)));
+        if !used(value) && !node_used {
             return Err(DelegateError::BadGraph(format!(
                 "node {n} writes value {value}, which no node reads and which is no output"
             )));

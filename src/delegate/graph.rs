@@ -72,3 +72,75 @@ pub(super) fn dims_of(t: &fb::XNNTensorValue<'_>) -> Vec<usize> {
         .map(|d| d.iter().map(|x| x as usize).collect())
         .unwrap_or_default()
 }
+
+/// Something per payload id, for one pass over the graph: a table indexed by id where the ids
+/// are dense (exporters number values 0..n), a map where a payload spreads them (the schema
+/// allows any u32, and a crafted id must not make a table of 4 G slots).
+pub(super) enum ById<T> {
+    Table(Vec<Option<T>>),
+    Map(crate::fast_hash::FastMap<u32, T>),
+}
+
+impl<T> ById<T> {
+    /// Room for ids up to `largest`, of which about `count` are expected.
+    pub(super) fn new(largest: u32, count: usize) -> ById<T> {
+        let slots = largest as usize + 1;
+        if slots <= count.saturating_mul(2).saturating_add(1024) {
+            ById::Table(std::iter::repeat_with(|| None).take(slots).collect())
+        } else {
+            ById::Map(Default::default())
+        }
+    }
+
+    pub(super) fn get(&self, id: u32) -> Option<&T> {
+        match self {
+            ById::Table(t) => t.get(id as usize)?.as_ref(),
+            ById::Map(m) => m.get(&id),
+        }
+    }
+
+    pub(super) fn contains(&self, id: u32) -> bool {
+        self.get(id).is_some()
+    }
+
+    /// Id `id`'s entry, made with `make` if it has none.
+    pub(super) fn get_or_insert_with(&mut self, id: u32, make: impl FnOnce() -> T) -> &mut T {
+        match self {
+            ById::Table(t) => {
+                let i = id as usize;
+                if i >= t.len() {
+                    // Only where the caller's `largest` was short: grown, never wrong.
+                    t.resize_with(i + 1, || None);
+                }
+                t[i].get_or_insert_with(make)
+            }
+            ById::Map(m) => m.entry(id).or_insert_with(make),
+        }
+    }
+
+    /// Sets id `id`'s entry, returning the one it replaces.
+    pub(super) fn insert(&mut self, id: u32, value: T) -> Option<T> {
+        match self {
+            ById::Table(t) => {
+                let i = id as usize;
+                if i >= t.len() {
+                    t.resize_with(i + 1, || None);
+                }
+                t[i].replace(value)
+            }
+            ById::Map(m) => m.insert(id, value),
+        }
+    }
+
+    /// Every id that has an entry, with it: by ascending id in a table, in no order in a map.
+    pub(super) fn iter(&self) -> Box<dyn Iterator<Item = (u32, &T)> + '_> {
+        match self {
+            ById::Table(t) => Box::new(
+                t.iter()
+                    .enumerate()
+                    .filter_map(|(i, v)| Some((i as u32, v.as_ref()?))),
+            ),
+            ById::Map(m) => Box::new(m.iter().map(|(&id, v)| (id, v))),
+        }
+    }
+}

@@ -9,9 +9,8 @@
 //! A delegate whose every operator is that small runs on the calling thread; one operator
 //! larger keeps the pool for the whole delegate.
 
-use super::graph::{constant_index, tensor_of};
+use super::graph::{constant_index, tensor_of, ById};
 use super::operators::GraphIo;
-use crate::fast_hash::FastMap;
 use crate::schema::xnn as fb;
 
 /// The most work (multiply-adds, or elements for an operator without weights) an operator of a
@@ -23,11 +22,19 @@ pub(super) const ALONE_UP_TO: usize = 256 << 10;
 /// sized (a dynamic dimension, an unknown node) counts as large.
 pub(super) fn runs_alone(graph: &fb::XNNGraph<'_>, io: &GraphIo) -> bool {
     // Elements of each value, and whether it is a constant.
-    let mut sizes: FastMap<u32, (usize, usize, bool)> = FastMap::default();
-    for (i, v) in graph.xvalues().iter().flatten().enumerate() {
-        let Ok((t, _)) = tensor_of(v, i) else {
-            return false;
-        };
+    let Ok(values) = graph
+        .xvalues()
+        .iter()
+        .flatten()
+        .enumerate()
+        .map(|(i, v)| tensor_of(v, i).map(|(t, _)| t))
+        .collect::<Result<Vec<_>, _>>()
+    else {
+        return false;
+    };
+    let largest = values.iter().map(|t| t.id_out()).max().unwrap_or(0);
+    let mut sizes: ById<(usize, usize, bool)> = ById::new(largest, values.len());
+    for t in values {
         // Read in place: a Vec per value was most of this pass.
         let dims = t.dims();
         let dims = dims.iter().flat_map(|d| d.iter().map(|x| x as usize));
@@ -42,7 +49,7 @@ pub(super) fn runs_alone(graph: &fb::XNNGraph<'_>, io: &GraphIo) -> bool {
         let Some((reads, writes)) = io.node(n) else {
             return false;
         };
-        let size = |id: &u32| sizes.get(id).copied();
+        let size = |&id: &u32| sizes.get(id).copied();
         let Some(outputs) = writes.iter().map(size).collect::<Option<Vec<_>>>() else {
             return false;
         };

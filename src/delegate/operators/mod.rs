@@ -38,7 +38,7 @@ pub struct Operator {
 }
 
 /// What a node reads and writes; None when its table is not the one its kind names.
-type Io = for<'g> fn(&fb::XNode<'g>) -> Option<(Vec<u32>, Vec<u32>)>;
+type Io = for<'g> fn(&fb::XNode<'g>) -> Option<NodeIo>;
 
 /// The payload id of the operand a node packs through the weights cache, if any.
 type Packs = for<'g> fn(&fb::XNode<'g>) -> Option<u32>;
@@ -610,9 +610,10 @@ fn convolution<'g>(node: &fb::XNode<'g>) -> Option<fb::_XNNNodeConv<'g>> {
 
 /// Every node's reads and writes ([`node_io`]; None for an unsupported node), by node index,
 /// worked out once per init: the checks, the fusion order, the choice of threads and the qb4w
-/// layouts each walk them, and a node's are found by a search of the table, a probe of its
-/// union and two allocations.
-pub(crate) struct GraphIo(Vec<Option<(Vec<u32>, Vec<u32>)>>);
+/// layouts each walk them, and a node's are found by a search of the table and a probe of its
+/// union. Held inline, one allocation for the graph (two per node made a warm launch's
+/// allocator the costliest part of this pass).
+pub(crate) struct GraphIo(Vec<Option<NodeIo>>);
 
 impl GraphIo {
     pub(crate) fn of(graph: &fb::XNNGraph<'_>) -> GraphIo {
@@ -628,84 +629,121 @@ impl GraphIo {
 
     /// Node `index`'s reads and writes, if it is supported.
     pub(crate) fn node(&self, index: usize) -> Option<(&[u32], &[u32])> {
-        let (reads, writes) = self.0.get(index)?.as_ref()?;
-        Some((reads, writes))
+        let io = self.0.get(index)?.as_ref()?;
+        let (reads, rest) = io.ids.split_at(io.reads as usize);
+        Some((reads, &rest[..io.writes as usize]))
+    }
+}
+
+/// One node's reads then writes, payload ids in place: at most five reads (a five-input
+/// concatenation, an attention) and two writes (argmax pooling's values and indices).
+#[derive(Clone, Copy)]
+pub(crate) struct NodeIo {
+    ids: [u32; NodeIo::MOST],
+    reads: u8,
+    writes: u8,
+}
+
+impl NodeIo {
+    const MOST: usize = 7;
+
+    /// `reads`, then `writes`.
+    fn new(reads: &[u32], writes: &[u32]) -> NodeIo {
+        NodeIo::of(reads.iter().copied(), writes)
+    }
+
+    /// As [`new`](Self::new), with absent reads (`NO_VALUE`: a missing bias) left out.
+    fn present(reads: &[u32], writes: &[u32]) -> NodeIo {
+        NodeIo::of(reads.iter().copied().filter(|&id| id != NO_VALUE), writes)
+    }
+
+    fn of(reads: impl Iterator<Item = u32>, writes: &[u32]) -> NodeIo {
+        let mut ids = [0; NodeIo::MOST];
+        let mut n = 0;
+        for id in reads {
+            ids[n] = id;
+            n += 1;
+        }
+        ids[n..n + writes.len()].copy_from_slice(writes);
+        NodeIo {
+            ids,
+            reads: n as u8,
+            writes: writes.len() as u8,
+        }
     }
 }
 
 /// The payload ids a supported node reads (an absent bias left out) and those it writes: its
 /// row's [`Io`].
-fn node_io(node: &fb::XNode<'_>) -> Option<(Vec<u32>, Vec<u32>)> {
+fn node_io(node: &fb::XNode<'_>) -> Option<NodeIo> {
     (find(node.xnode_union_type())?.io)(node)
 }
 
-/// Payload ids, an absent one (`NO_VALUE`) left out.
-fn present(ids: &[u32]) -> Vec<u32> {
-    ids.iter().copied().filter(|&i| i != NO_VALUE).collect()
-}
-
-fn one_to_one_io(node: &fb::XNode<'_>) -> Option<(Vec<u32>, Vec<u32>)> {
+fn one_to_one_io(node: &fb::XNode<'_>) -> Option<NodeIo> {
     let n = one_to_one(node)?;
-    Some((vec![n.input_id()], vec![n.output_id()]))
+    Some(NodeIo::new(&[n.input_id()], &[n.output_id()]))
 }
 
-fn two_to_one_io(node: &fb::XNode<'_>) -> Option<(Vec<u32>, Vec<u32>)> {
+fn two_to_one_io(node: &fb::XNode<'_>) -> Option<NodeIo> {
     let n = two_to_one(node)?;
-    Some((vec![n.input1_id(), n.input2_id()], vec![n.output_id()]))
+    Some(NodeIo::new(
+        &[n.input1_id(), n.input2_id()],
+        &[n.output_id()],
+    ))
 }
 
-fn convolution_io(node: &fb::XNode<'_>) -> Option<(Vec<u32>, Vec<u32>)> {
+fn convolution_io(node: &fb::XNode<'_>) -> Option<NodeIo> {
     let n = convolution(node)?;
-    Some((
-        present(&[n.input1_id(), n.filter_id(), n.bias_id()]),
-        vec![n.output_id()],
+    Some(NodeIo::present(
+        &[n.input1_id(), n.filter_id(), n.bias_id()],
+        &[n.output_id()],
     ))
 }
 
-fn fully_connected_io(node: &fb::XNode<'_>) -> Option<(Vec<u32>, Vec<u32>)> {
+fn fully_connected_io(node: &fb::XNode<'_>) -> Option<NodeIo> {
     let n = node.xnode_union_as_xnnfully_connected()?;
-    Some((
-        present(&[n.input1_id(), n.filter_id(), n.bias_id()]),
-        vec![n.output_id()],
+    Some(NodeIo::present(
+        &[n.input1_id(), n.filter_id(), n.bias_id()],
+        &[n.output_id()],
     ))
 }
 
-fn concatenation_io(node: &fb::XNode<'_>) -> Option<(Vec<u32>, Vec<u32>)> {
+fn concatenation_io(node: &fb::XNode<'_>) -> Option<NodeIo> {
     let (c, inputs) = concatenation(node)?;
-    Some((inputs, vec![c.output_id()]))
+    Some(NodeIo::new(&inputs, &[c.output_id()]))
 }
 
-fn pooling_io(node: &fb::XNode<'_>) -> Option<(Vec<u32>, Vec<u32>)> {
+fn pooling_io(node: &fb::XNode<'_>) -> Option<NodeIo> {
     let n = pooling(node)?;
-    Some((vec![n.input_id()], vec![n.output_id()]))
+    Some(NodeIo::new(&[n.input_id()], &[n.output_id()]))
 }
 
-fn arg_max_pooling_io(node: &fb::XNode<'_>) -> Option<(Vec<u32>, Vec<u32>)> {
+fn arg_max_pooling_io(node: &fb::XNode<'_>) -> Option<NodeIo> {
     let n = node.xnode_union_as_xnnarg_max_pooling_2d()?;
-    Some((
-        vec![n.input_id()],
-        vec![n.output_value_id(), n.output_index_id()],
+    Some(NodeIo::new(
+        &[n.input_id()],
+        &[n.output_value_id(), n.output_index_id()],
     ))
 }
 
-fn attention_io(node: &fb::XNode<'_>) -> Option<(Vec<u32>, Vec<u32>)> {
+fn attention_io(node: &fb::XNode<'_>) -> Option<NodeIo> {
     let n = node.xnode_union_as_xnnscaled_dot_product_attention()?;
-    let inputs = vec![
+    let inputs = [
         n.query_id(),
         n.key_id(),
         n.value_id(),
         n.scale_id(),
         n.mask_id(),
     ];
-    Some((inputs, vec![n.output_id()]))
+    Some(NodeIo::new(&inputs, &[n.output_id()]))
 }
 
 /// [`Io`]s for node kinds whose tables of their own have one `input_id` and one `output_id`.
 macro_rules! input_to_output {
     ($($name:ident: $table:ident),* $(,)?) => {$(
-        fn $name(node: &fb::XNode<'_>) -> Option<(Vec<u32>, Vec<u32>)> {
+        fn $name(node: &fb::XNode<'_>) -> Option<NodeIo> {
             let n = node.$table()?;
-            Some((vec![n.input_id()], vec![n.output_id()]))
+            Some(NodeIo::new(&[n.input_id()], &[n.output_id()]))
         }
     )*};
 }
