@@ -160,6 +160,21 @@ pub fn record(path: &Path, map: &MappedFile, before: Before, mode: u32) {
         .and_then(|()| file.write_all(text.as_bytes()));
 }
 
+/// Moves the record's own change time to now, if the record is one of ours: a launch that read
+/// the cache's directory because something changed in it (see
+/// `publish::directory_changed_since_written`), and found nothing of a save left there, spares
+/// the launches after it the same reading until the directory changes again. Only the record's
+/// times change, never its text (which holds the cache file's status, not its own) nor the
+/// directory (a new file or a rename would change its time again). Best effort.
+pub fn mark_directory_read(path: &Path) {
+    let Ok(mut file) = side_file::open(&record_path(path), OpenOptions::new().read(true)) else {
+        return;
+    };
+    if read_record(&mut file).is_some_and(|text| text.starts_with(Checked::MAGIC.as_bytes())) {
+        let _ = file.set_modified(SystemTime::now());
+    }
+}
+
 /// Where the record of a cache file that cannot be written (an app's read-only bundle) is kept:
 /// in the user's state directory (`state_dir`, else `$XDG_STATE_HOME/xnnblob`, else
 /// `$HOME/.local/state/xnnblob`), under `read-only-caches/`, named by the hash of the file's

@@ -116,23 +116,28 @@ fn temporary_pid(file_name: &std::ffi::OsStr, prefix: &str) -> Option<libc::pid_
 /// publish it); a live process's, this process's, and any whose name does not parse are kept.
 /// Only regular files owned by this process's user are removed: anything else under such a
 /// name (a directory, a link, another user's file) was not made by this user's saves.
-/// Returns how many were removed.
+/// Says how many were removed, and how many names of temporaries or drafts were left.
 pub(crate) fn reclaim_abandoned(
     storage: &dyn Storage,
     destination: &Path,
     writers_locked: bool,
-) -> usize {
+) -> Reclaimed {
     use std::os::unix::fs::MetadataExt;
+    let mut reclaimed = Reclaimed {
+        removed: 0,
+        kept: 0,
+    };
     let Some(name) = destination.file_name() else {
-        return 0;
+        return reclaimed;
     };
     let prefix = temporary_prefix(name);
     let Ok(entries) = fs::read_dir(directory_of(destination)) else {
-        return 0;
+        // Unread, so nothing is known to be gone.
+        reclaimed.kept = 1;
+        return reclaimed;
     };
     // SAFETY: geteuid takes no arguments, cannot fail and touches no memory of ours.
     let user = unsafe { libc::geteuid() };
-    let mut removed = 0;
     let drafts = draft_prefix(name);
     for entry in entries.flatten() {
         // A save's temporary, or a draft: a draft is made without the writer lock, so holding
@@ -148,14 +153,27 @@ pub(crate) fn reclaim_abandoned(
         let ours =
             fs::symlink_metadata(&path).is_ok_and(|m| m.file_type().is_file() && m.uid() == user);
         if !ours || open_drafts().lock().contains(&path) {
+            reclaimed.kept += 1;
             continue;
         }
         let abandoned = locked || (pid as u32 != std::process::id() && !process_exists(pid));
         if abandoned && storage.remove(&path).is_ok() {
-            removed += 1;
+            reclaimed.removed += 1;
+        } else {
+            reclaimed.kept += 1;
         }
     }
-    removed
+    reclaimed
+}
+
+/// What [`reclaim_abandoned`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Reclaimed {
+    /// Temporaries and drafts removed.
+    pub(crate) removed: usize,
+    /// Those left (a live writer's, this process's, another user's, or not regular files),
+    /// or 1 where the directory could not be read.
+    pub(crate) kept: usize,
 }
 
 /// Whether anything may have been added beside `destination` since it, or one of the `written`
@@ -226,14 +244,14 @@ mod tests {
         for n in &names {
             fs::write(dir.path().join(n), b"part").unwrap();
         }
-        assert_eq!(reclaim_abandoned(&OsStorage, &path, false), 2);
+        assert_eq!(reclaim_abandoned(&OsStorage, &path, false).removed, 2);
         let mut kept: Vec<String> = names[2..].to_vec();
         kept.push("weights.xbc".into());
         kept.sort();
         assert_eq!(siblings(dir.path()), kept);
         // Under the writer lock no writer runs: a live pid's temporary (pid 1 here) and this
         // process's are abandoned too; names that do not parse and other files' are kept.
-        assert_eq!(reclaim_abandoned(&OsStorage, &path, true), 2);
+        assert_eq!(reclaim_abandoned(&OsStorage, &path, true).removed, 2);
         let mut kept = vec![
             format!(".other.xbc.xnnblob-tmp-{gone_pid}-0"),
             ".weights.xbc.xnnblob-tmp-garbage".to_string(),
@@ -292,7 +310,7 @@ mod tests {
             .unwrap()
             .to_string_lossy()
             .into_owned();
-        assert_eq!(reclaim_abandoned(&OsStorage, &path, true), 1);
+        assert_eq!(reclaim_abandoned(&OsStorage, &path, true).removed, 1);
         let mut kept = vec![live.clone(), open_name.clone()];
         kept.sort();
         assert_eq!(siblings(dir.path()), kept);
@@ -347,7 +365,7 @@ mod tests {
             fs::remove_file(&theirs).unwrap();
         }
         let before = siblings(dir.path());
-        assert_eq!(reclaim_abandoned(&OsStorage, &path, true), 0);
+        assert_eq!(reclaim_abandoned(&OsStorage, &path, true).removed, 0);
         assert_eq!(siblings(dir.path()), before);
         for n in &look_alikes {
             assert_eq!(fs::read(dir.path().join(n)).unwrap(), b"the user's", "{n}");

@@ -317,6 +317,64 @@ fn a_warm_launch_reads_the_directory_only_after_it_changed() {
     assert!(!second.exists(), "the directory changed: reclaimed");
 }
 
+/// Issue 61: a launch that read the cache's directory (it changed since the file was written)
+/// and found nothing of a save left there says so in the check record's time, so the launches
+/// after it do not read it again until it changes; one that leaves a temporary does not.
+#[test]
+fn a_launch_that_read_the_directory_spares_the_next_ones_until_it_changes() {
+    use std::os::unix::fs::MetadataExt;
+    let dir = scratch("directory-read");
+    let path = dir.join("weights.xbc");
+    let record = dir.join("weights.xbc.checked");
+    let mlp = model();
+    let launch_once = || {
+        let options = CacheOptions {
+            verify: VerifyPacked::Background,
+            ..Default::default()
+        };
+        let cache = PackedWeightsCache::open_with(&path, options).unwrap();
+        assert_matches_reference(&mlp, &launch(&cache, &mlp));
+        cache.wait_saved().unwrap();
+    };
+    launch_once();
+    assert!(record.exists(), "the save's bytes are recorded as checked");
+    let changed = |p: &Path| {
+        let m = std::fs::metadata(p).unwrap();
+        (m.ctime(), m.ctime_nsec())
+    };
+    let modified = |p: &Path| {
+        let m = std::fs::metadata(p).unwrap();
+        (m.mtime(), m.mtime_nsec())
+    };
+    // Timestamps move by clock ticks (up to 10 ms): each step waits one out.
+    let tick = || std::thread::sleep(std::time::Duration::from_millis(30));
+    tick();
+    std::fs::write(dir.join("notes"), b"the user's").unwrap();
+    tick();
+    assert!(changed(&record) < modified(&dir), "the directory changed");
+    launch_once();
+    assert!(
+        changed(&record) >= modified(&dir),
+        "read once, the directory is not read again until it changes"
+    );
+    assert_eq!(
+        std::fs::read_to_string(&record).unwrap().lines().count(),
+        1,
+        "the record's text is as it was"
+    );
+    // A live writer's temporary (this process's) is left, and keeps the directory read.
+    tick();
+    let live = dir.join(format!(".weights.xbc.xnnblob-tmp-{}-1", std::process::id()));
+    std::fs::write(&live, b"part").unwrap();
+    tick();
+    launch_once();
+    assert!(live.exists(), "a live writer's temporary is kept");
+    assert!(
+        changed(&record) < modified(&dir),
+        "with a temporary left, the record says nothing of the directory"
+    );
+}
+
 fn mlp_pte() -> PathBuf {
     dir().join("mlp_xnn_external.pte")
 }
