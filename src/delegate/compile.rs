@@ -276,8 +276,14 @@ pub(crate) fn compile(
         let load_time = started.elapsed().saturating_sub(pool_start.get());
         let registrations = match (&k.cache, &mut check) {
             (Weights::Packed(cache), Some(check)) => {
-                let (registrations, private) =
-                    register_constants(&p.graph, loaded, cache, deferral.as_ref(), check)?;
+                let (registrations, private) = register_constants(
+                    &p.graph,
+                    loaded,
+                    cache,
+                    deferral.as_ref(),
+                    check,
+                    payload_bytes.data(),
+                )?;
                 // Loaded once per delegate, registered once with it.
                 let _ = loaded.private.set(private);
                 registrations

@@ -5,6 +5,7 @@ use super::constants::{fill_from, padded_copy, ByValue, Constant, Loaded, Privat
 use super::error::DelegateError;
 use super::graph::{constant_index, named_key, tensor_of};
 use super::operators::{self, NO_VALUE};
+use super::remembered::Remembered;
 use crate::cache::{BlobId, Description, OwnedRegistration, PackedWeightsCache};
 use crate::deferred::{DeferredData, Fill};
 use crate::fast_hash::FastMap;
@@ -385,9 +386,42 @@ pub(super) fn register_constants(
     cache: &Arc<PackedWeightsCache>,
     deferral: Option<&Arc<dyn NamedDataMap>>,
     check: &mut KeyCheck<'_>,
+    payload: &[u8],
 ) -> Result<(Vec<OwnedRegistration>, ByValue<Private>), DelegateError> {
     let values: Vec<fb::XValue<'_>> = graph.xvalues().iter().flatten().collect();
-    let mut described = Described::new(graph, &values, keep, check)?;
+    let planned = match Remembered::for_payload(graph, &values, keep, check, payload)? {
+        Some(remembered) => match remembered.recall(cache, &values, keep) {
+            Some(planned) => planned,
+            None => {
+                let planned = plan(graph, &values, keep, check)?;
+                remembered.keep(cache, &planned);
+                planned
+            }
+        },
+        None => plan(graph, &values, keep, check)?,
+    };
+    register(&values, &planned, keep, cache, deferral)
+}
+
+/// What registering a constant value takes: its identity, and whether nodes of different
+/// contexts pack it (then it gets a placeholder no look-up finds).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Planned {
+    /// The value's index in the payload.
+    pub(super) value: usize,
+    pub(super) id: BlobId,
+    pub(super) ambiguous: bool,
+}
+
+/// Each constant value's [`Planned`] registration, by ascending value index, as
+/// [`register_constants`] states them; a constant value whose bytes have no identity has none.
+fn plan(
+    graph: &fb::XNNGraph<'_>,
+    values: &[fb::XValue<'_>],
+    keep: &Loaded,
+    check: &mut KeyCheck<'_>,
+) -> Result<Vec<Planned>, DelegateError> {
+    let mut described = Described::new(graph, values, keep, check)?;
     // Each packed operand's context; None where two nodes pack it differently. Only the values
     // a packing node names, and the constants registered below, are ever described.
     let mut contexts: FastMap<u32, Option<Description>> = FastMap::default();
@@ -411,13 +445,10 @@ pub(super) fn register_constants(
             })
             .or_insert(Some(context));
     }
-    let mut registrations = Vec::new();
-    // By ascending value index, as `Loaded::private` looks them up.
-    let mut private = Vec::new();
+    let mut planned = Vec::new();
     for (i, v) in values.iter().enumerate() {
         let (t, _) = tensor_of(*v, i)?;
-        let index = constant_index(&t);
-        if index == 0 {
+        if constant_index(&t) == 0 {
             continue;
         }
         let Some(content) = described.content(t.id_out()) else {
@@ -432,8 +463,37 @@ pub(super) fn register_constants(
             Some(None) => true,
             None => false,
         };
-        let id = BlobId::described(content, &description);
-        let constant = keep.constants.get(index).expect("identity found it");
+        planned.push(Planned {
+            value: i,
+            id: BlobId::described(content, &description),
+            ambiguous,
+        });
+    }
+    Ok(planned)
+}
+
+/// Registers each [`Planned`] constant value with the cache (see [`register_constants`]).
+fn register(
+    values: &[fb::XValue<'_>],
+    planned: &[Planned],
+    keep: &Loaded,
+    cache: &Arc<PackedWeightsCache>,
+    deferral: Option<&Arc<dyn NamedDataMap>>,
+) -> Result<(Vec<OwnedRegistration>, ByValue<Private>), DelegateError> {
+    let mut registrations = Vec::new();
+    // By ascending value index, as `Loaded::private` looks them up.
+    let mut private = Vec::new();
+    for &Planned {
+        value: i,
+        id,
+        ambiguous,
+    } in planned
+    {
+        let (t, _) = tensor_of(values[i], i)?;
+        let index = constant_index(&t);
+        let constant = keep.constants.get(index).ok_or_else(|| {
+            DelegateError::BadGraph(format!("value {i}: constant {index} was not loaded"))
+        })?;
         let fill = || match constant {
             Constant::Deferred {
                 key, conversion, ..

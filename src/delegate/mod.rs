@@ -18,6 +18,7 @@ mod identity;
 pub mod operators;
 pub mod payload;
 pub mod prepack;
+mod remembered;
 mod summary;
 mod threading;
 mod values;

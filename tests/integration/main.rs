@@ -40,6 +40,7 @@ mod parallel_packing;
 mod program_fixtures;
 mod program_writer;
 mod read_only_damage;
+mod remembered_identities;
 mod runtime_c;
 mod save_faults;
 mod shared_data;

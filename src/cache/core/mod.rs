@@ -7,6 +7,7 @@ mod damage;
 mod provider;
 mod registry;
 
+use super::checksum::checksum64;
 use super::draft::{DraftFile, Space};
 use super::format::{EntryKey, FileEntry, KEPT_CONSTANT_SEED, REGION_ALIGNMENT};
 use super::identity::BlobId;
@@ -358,9 +359,31 @@ impl CacheCore {
     /// another size is forgotten, as a look-up forgets one): a view of the cache file's
     /// mapping, or of the heap entry a launch of this process kept.
     pub fn kept_constant(&self, content: BlobId, len: usize) -> Option<DataBuffer> {
+        self.kept(content, len, false)
+    }
+
+    /// As [`kept_constant`](Self::kept_constant), with the bytes checked against their
+    /// checksum first (a damaged entry is forgotten, as a check after the launch forgets one):
+    /// for a few bytes a launch acts on at once, where a check after it would come too late.
+    pub fn kept_constant_checked(&self, content: BlobId, len: usize) -> Option<DataBuffer> {
+        self.kept(content, len, true)
+    }
+
+    fn kept(&self, content: BlobId, len: usize, check: bool) -> Option<DataBuffer> {
         let mut state = self.state.lock();
         let i = *state.by_key.get(&Self::kept_key(content))?;
         let i = self.sized(&mut state, i, len)?;
+        if check && !state.entries[i].checked {
+            if let Some(sum) = state.entries[i].checksum {
+                self.counters.checked.fetch_add(1, Ordering::Relaxed);
+                if checksum64(state.bytes_of(&state.entries[i])) != sum {
+                    state.forget_entry(i);
+                    self.counters.corrupt_found.fetch_add(1, Ordering::Relaxed);
+                    return None;
+                }
+                state.entries[i].checked = true;
+            }
+        }
         let (backing, offset): (Arc<dyn Backing>, usize) = match &state.entries[i].location {
             Location::Mapped { map, offset } => (state.maps[*map].clone(), *offset),
             Location::Heap(bytes) => (bytes.clone(), 0),

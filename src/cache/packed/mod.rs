@@ -748,6 +748,11 @@ impl PackedWeightsCache {
         self.core().kept_constant(content, len)
     }
 
+    /// As [`kept_constant`](Self::kept_constant), checked against the entry's checksum first.
+    pub(crate) fn kept_constant_checked(&self, content: BlobId, len: usize) -> Option<DataBuffer> {
+        self.core().kept_constant_checked(content, len)
+    }
+
     /// Keeps the constant `content`'s bytes in an entry of their own, saved with the packed
     /// weights, for later launches to read there (see [`kept_constant`](Self::kept_constant)).
     pub(crate) fn keep_constant(&self, content: BlobId, bytes: &[u8]) {

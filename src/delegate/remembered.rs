@@ -1,0 +1,207 @@
+//! A delegate's constant identities, kept in the packed-weight cache beside the weights they
+//! find: a warm launch reads them back by the payload's hash instead of describing every
+//! constant and the nodes that pack it again (what [`super::identity`]'s `plan` does, by far the
+//! largest part of registering a small model's weights).
+//!
+//! The identities are a function of the payload (its graph, and the bytes of its inline
+//! constants), of the content keys its constants are named by, and of whether fp16 is computed
+//! as fp32 here. So they are kept, and read back, only where nothing else decides them: every
+//! named constant is named by its content, and no check found a key that lies about its bytes.
+//! A constant named otherwise (a `.ptd` a user wrote with `linear.weight`) is identified by its
+//! bytes, which the payload does not hold: such a delegate is described at each launch.
+//!
+//! They are kept as a constant of their own (see
+//! [`KEPT_CONSTANT_SEED`](crate::cache::format::KEPT_CONSTANT_SEED)): saved with the weights,
+//! checked with them, and, like them, never trusted for more than what they are: a record that
+//! does not read as one is ignored, and the identities described again.
+
+use super::constants::Loaded;
+use super::error::DelegateError;
+use super::graph::{constant_index, named_key, tensor_of};
+use super::identity::{KeyCheck, Planned};
+use crate::cache::{BlobId, Description, PackedWeightsCache};
+use crate::schema::xnn as fb;
+
+/// The record's first bytes; the last is its version.
+const MAGIC: [u8; 8] = *b"XBIDS\0\0\x01";
+
+/// Bytes per constant value: its state, then its identity.
+const RECORD: usize = 1 + 32;
+
+/// A constant value that is not registered (its bytes have no identity).
+const NOT_REGISTERED: u8 = 0;
+const REGISTERED: u8 = 1;
+const AMBIGUOUS: u8 = 2;
+
+/// Where a delegate's identities are kept: under the hash of its payload, one record per
+/// constant value.
+pub(super) struct Remembered {
+    content: BlobId,
+    /// Each constant value's index in the payload, ascending.
+    constants: Vec<usize>,
+}
+
+impl Remembered {
+    /// Where the identities of the delegate of `payload` are kept, if nothing outside it decides
+    /// them (see the module's description). Asks `check` of each content key, as describing
+    /// them would: a data file met for the first time is checked here.
+    pub(super) fn for_payload(
+        graph: &fb::XNNGraph<'_>,
+        values: &[fb::XValue<'_>],
+        keep: &Loaded,
+        check: &mut KeyCheck<'_>,
+        payload: &[u8],
+    ) -> Result<Option<Remembered>, DelegateError> {
+        // Entry 0 stands for no constant; an empty key is data inline in the payload.
+        let entries = graph.constant_data().map_or(0, |c| c.len());
+        for index in 1..entries {
+            if let Some(key) = named_key(graph, index).filter(|k| !k.is_empty()) {
+                let held_to = BlobId::from_named_key(key)
+                    .is_some_and(|claimed| check.identity(key, claimed) == claimed);
+                if !held_to {
+                    return Ok(None);
+                }
+            }
+        }
+        let mut constants = Vec::new();
+        for (i, v) in values.iter().enumerate() {
+            let (t, _) = tensor_of(*v, i)?;
+            if constant_index(&t) != 0 {
+                constants.push(i);
+            }
+        }
+        let mut how = Description::new();
+        how.number("delegate_identities", u64::from(MAGIC[7]));
+        how.number("fp16_as_fp32", u64::from(keep.fp16_as_fp32));
+        Ok(Some(Remembered {
+            content: BlobId::described(BlobId::of_bytes(payload), &how),
+            constants,
+        }))
+    }
+
+    fn len(&self) -> usize {
+        MAGIC.len() + RECORD * self.constants.len()
+    }
+
+    /// The identities kept for this payload, if the cache keeps a record of them that reads as
+    /// one: each registered value is a constant value whose constant was loaded.
+    pub(super) fn recall(
+        &self,
+        cache: &PackedWeightsCache,
+        values: &[fb::XValue<'_>],
+        keep: &Loaded,
+    ) -> Option<Vec<Planned>> {
+        // Checked at each read (a few bytes): damaged identities would have this launch look
+        // its weights up under the wrong names, and pack them under those.
+        let kept = cache.kept_constant_checked(self.content, self.len())?;
+        let records = read_records(kept.data(), self.constants.len())?;
+        let mut planned = Vec::with_capacity(records.len());
+        for (&value, record) in self.constants.iter().zip(records) {
+            let Some((id, ambiguous)) = record else {
+                continue;
+            };
+            let (t, _) = tensor_of(values[value], value).ok()?;
+            keep.constants.get(constant_index(&t))?;
+            planned.push(Planned {
+                value,
+                id,
+                ambiguous,
+            });
+        }
+        Some(planned)
+    }
+
+    /// Keeps `planned` (this payload's identities, as described) for later launches.
+    pub(super) fn keep(&self, cache: &PackedWeightsCache, planned: &[Planned]) {
+        let mut bytes = Vec::with_capacity(self.len());
+        bytes.extend_from_slice(&MAGIC);
+        let mut next = planned.iter().peekable();
+        for &value in &self.constants {
+            match next.next_if(|p| p.value == value) {
+                Some(p) => {
+                    bytes.push(if p.ambiguous { AMBIGUOUS } else { REGISTERED });
+                    bytes.extend_from_slice(&p.id.0);
+                }
+                None => {
+                    bytes.push(NOT_REGISTERED);
+                    bytes.extend_from_slice(&BlobId::NONE.0);
+                }
+            }
+        }
+        // Every planned value is a constant value: a plan that names another is not kept.
+        if next.peek().is_none() {
+            cache.keep_constant(self.content, &bytes);
+        }
+    }
+}
+
+/// The `count` records of `bytes` (each constant value's identity and whether it is ambiguous,
+/// or None where it is not registered), if `bytes` reads as a record of that many.
+fn read_records(bytes: &[u8], count: usize) -> Option<Vec<Option<(BlobId, bool)>>> {
+    let records = bytes.strip_prefix(&MAGIC[..])?;
+    if records.len() != RECORD * count {
+        return None;
+    }
+    records
+        .chunks_exact(RECORD)
+        .map(|record| {
+            let (&state, id) = record.split_first()?;
+            let id = BlobId(id.try_into().ok()?);
+            match state {
+                NOT_REGISTERED => Some(None),
+                REGISTERED => Some(Some((id, false))),
+                AMBIGUOUS => Some(Some((id, true))),
+                _ => None,
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(states: &[u8]) -> Vec<u8> {
+        let mut bytes = MAGIC.to_vec();
+        for (i, &state) in states.iter().enumerate() {
+            bytes.push(state);
+            bytes.extend_from_slice(&[i as u8; 32]);
+        }
+        bytes
+    }
+
+    #[test]
+    fn a_record_reads_back_what_it_holds() {
+        let read = read_records(&record(&[1, 0, 2]), 3).unwrap();
+        assert_eq!(read[0], Some((BlobId([0; 32]), false)));
+        assert_eq!(read[1], None);
+        assert_eq!(read[2], Some((BlobId([2; 32]), true)));
+        assert_eq!(read_records(&record(&[]), 0).unwrap(), vec![]);
+    }
+
+    #[test]
+    fn anything_else_reads_as_no_record() {
+        assert!(
+            read_records(&record(&[1, 3]), 2).is_none(),
+            "an unknown state"
+        );
+        assert!(read_records(&record(&[1, 1]), 3).is_none(), "too few");
+        assert!(read_records(&record(&[1, 1]), 1).is_none(), "too many");
+        let mut other = record(&[1]);
+        other[7] = 2;
+        assert!(read_records(&other, 1).is_none(), "another version");
+        assert!(read_records(&[], 0).is_none(), "no magic");
+        // Every cut and every byte value at every place: never a panic.
+        let whole = record(&[1, 0, 2]);
+        for cut in 0..whole.len() {
+            let _ = read_records(&whole[..cut], 3);
+        }
+        for at in 0..whole.len() {
+            for value in [0u8, 1, 2, 3, 0x58, 0xff] {
+                let mut bytes = whole.clone();
+                bytes[at] = value;
+                let _ = read_records(&bytes, 3);
+            }
+        }
+    }
+}

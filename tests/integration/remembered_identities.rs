@@ -1,0 +1,160 @@
+//! Issue 61: a delegate's constant identities are kept in the cache file with its weights, and
+//! a warm launch reads them back instead of describing every constant again. The record is
+//! never trusted for more than it is: one that does not read as a record is ignored (the
+//! identities are described again, every weight still found), and one that lies about which
+//! weight is which finds another weight's entry only where that entry's size fits, as a lying
+//! index does: the launch computes right and repacks.
+
+use crate::common;
+use crate::lying_cache_files::chain;
+use std::path::{Path, PathBuf};
+use xnnblob::backend::{Backend, BackendOptions, PackedCache};
+use xnnblob::cache::format::{self, Compat};
+use xnnblob::cache::CacheStats;
+use xnnblob::program::Program;
+
+/// The record's first bytes (`src/delegate/remembered.rs`).
+const RECORD_MAGIC: &[u8] = b"XBIDS\0\0\x01";
+
+/// One launch (a backend of its own, as a process has) of `pte` with the cache file `cache`,
+/// if any: its output, and what the cache did.
+fn launch(pte: &Path, ptd: &Path, cache: Option<&Path>) -> (Vec<f32>, Option<CacheStats>) {
+    let backend = Backend::new(BackendOptions {
+        threads: 1,
+        ..Default::default()
+    })
+    .unwrap();
+    let cache_arg = cache.map(|p| PackedCache::File(p.to_path_buf()));
+    let program = Program::load(&backend, pte, &[ptd.to_path_buf()], cache_arg.as_ref()).unwrap();
+    let mut method = program.method("forward").unwrap();
+    let input: Vec<f32> = (0..16).map(|i| (i as f32 - 7.5) / 4.0).collect();
+    let output = method.execute_f32(&[&input]).unwrap().remove(0);
+    let stats = cache.map(|path| {
+        let file = backend.file_cache(path).unwrap();
+        file.wait_saved().unwrap();
+        file.stats()
+    });
+    (output, stats)
+}
+
+fn compat() -> Compat {
+    Compat {
+        build_id: xnnblob::xnn::build_identifier().to_vec(),
+        cpu_fingerprint: xnnblob::cache::cpu_fingerprint(),
+    }
+}
+
+/// Edits the record's bytes in the file at `path` with `edit` (given the records after the
+/// magic), then recomputes every checksum: consistent, and lying. Returns whether the file
+/// holds a record.
+fn craft_record(path: &Path, edit: impl FnOnce(&mut [u8])) -> bool {
+    edit_record(path, edit, true)
+}
+
+/// As [`craft_record`], with the checksums recomputed or left as they were (damage).
+fn edit_record(path: &Path, edit: impl FnOnce(&mut [u8]), recompute: bool) -> bool {
+    let mut bytes = std::fs::read(path).unwrap();
+    let decoded = format::decode(&bytes, &compat()).unwrap();
+    let Some(record) = decoded.entries.iter().find(|e| {
+        let (at, len) = (e.offset as usize, e.size as usize);
+        e.key.keeps_constant() && bytes[at..at + len].starts_with(RECORD_MAGIC)
+    }) else {
+        return false;
+    };
+    let (at, len) = (record.offset as usize, record.size as usize);
+    edit(&mut bytes[at + RECORD_MAGIC.len()..at + len]);
+    if recompute {
+        bytes = format::reindexed(&bytes, &decoded.entries, &decoded.sources).unwrap();
+    }
+    std::fs::write(path, bytes).unwrap();
+    true
+}
+
+/// A cold launch into a new file in `dir`: the program, its data, the file, and the output
+/// without a cache.
+fn packed_chain(dir: &Path) -> (PathBuf, PathBuf, PathBuf, Vec<f32>) {
+    let (pte, ptd) = chain(dir, "chain", 0);
+    let (reference, _) = launch(&pte, &ptd, None);
+    let path = dir.join("chain.xbc");
+    let (cold, stats) = launch(&pte, &ptd, Some(&path));
+    assert_eq!(cold, reference, "cold");
+    assert_eq!(stats.unwrap().packed, 6, "cold packs every layer");
+    (pte, ptd, path, reference)
+}
+
+#[test]
+fn a_warm_launch_reads_its_identities_back_and_finds_every_weight() {
+    let dir = common::scratch("identities-read-back");
+    let (pte, ptd, path, reference) = packed_chain(&dir);
+    assert!(craft_record(&path, |_| {}), "the cold launch kept a record");
+    let (warm, stats) = launch(&pte, &ptd, Some(&path));
+    let stats = stats.unwrap();
+    assert_eq!(warm, reference);
+    assert_eq!((stats.hits, stats.packed), (6, 0), "{stats:?}");
+    assert!(stats.kept_served >= 1, "the record is read: {stats:?}");
+}
+
+#[test]
+fn a_record_that_does_not_read_as_one_is_described_again() {
+    let dir = common::scratch("identities-unreadable");
+    let (pte, ptd, path, reference) = packed_chain(&dir);
+    // A state no record holds, in the first constant value's.
+    assert!(craft_record(&path, |records| records[0] = 7));
+    let (warm, stats) = launch(&pte, &ptd, Some(&path));
+    let stats = stats.unwrap();
+    assert_eq!(warm, reference);
+    assert_eq!(
+        (stats.hits, stats.packed),
+        (6, 0),
+        "described again, every weight found: {stats:?}"
+    );
+}
+
+#[test]
+fn a_damaged_record_is_never_acted_on() {
+    let dir = common::scratch("identities-damaged");
+    let (pte, ptd, path, reference) = packed_chain(&dir);
+    // A bit flipped in the first registered identity, its checksum left as it was.
+    assert!(edit_record(&path, |records| records[1] ^= 0x10, false));
+    let (warm, stats) = launch(&pte, &ptd, Some(&path));
+    let stats = stats.unwrap();
+    assert_eq!(warm, reference);
+    assert_eq!(
+        (stats.hits, stats.packed),
+        (6, 0),
+        "checked before use, described again: {stats:?}"
+    );
+    assert!(stats.corrupt_found >= 1, "{stats:?}");
+}
+
+#[test]
+fn a_record_that_swaps_two_weights_finds_neither_in_the_wrong_place() {
+    let dir = common::scratch("identities-swapped");
+    let (pte, ptd, path, reference) = packed_chain(&dir);
+    // Each constant value's record: a state byte and a 32-byte identity. The chain's values
+    // are, per layer, a weight and a bias; the first two registered weights trade identities.
+    let mut swapped = false;
+    assert!(craft_record(&path, |records| {
+        let registered: Vec<usize> = (0..records.len() / 33)
+            .filter(|&r| records[r * 33] == 1)
+            .collect();
+        if let [a, _, b, ..] = registered[..] {
+            let (a, b) = (a * 33 + 1, b * 33 + 1);
+            let first: Vec<u8> = records[a..a + 32].to_vec();
+            records.copy_within(b..b + 32, a);
+            records[b..b + 32].copy_from_slice(&first);
+            swapped = true;
+        }
+    }));
+    assert!(swapped, "the record names at least two weights");
+    let (lied_to, stats) = launch(&pte, &ptd, Some(&path));
+    let stats = stats.unwrap();
+    assert_eq!(
+        lied_to, reference,
+        "the launch that meets the lie: {stats:?}"
+    );
+    assert!(
+        stats.packed > 0,
+        "what the lie misplaces is packed again: {stats:?}"
+    );
+}
