@@ -4,6 +4,7 @@
 //! pointer keys `registry.rs`, and the checks that forget damaged entries `damage.rs`.
 
 mod damage;
+mod key_index;
 mod provider;
 mod registry;
 
@@ -15,6 +16,7 @@ use crate::aligned::AlignedBytes;
 use crate::fast_hash::FastMap;
 use crate::mmap::{FileIdentity, MappedFile};
 use crate::named_data::{Backing, DataBuffer};
+use key_index::KeyIndex;
 use parking_lot::Mutex;
 use registry::Registered;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -88,7 +90,7 @@ pub(crate) struct Entry {
 pub(crate) struct State {
     pub maps: Vec<Arc<MappedFile>>,
     pub entries: Vec<Entry>,
-    pub by_key: FastMap<EntryKey, usize>,
+    pub by_key: KeyIndex,
     /// Look-ups that found an entry for the first time, or missed a weight for the first time,
     /// so far: the next `first_hit` or `first_miss`.
     first_looks: u64,

@@ -148,8 +148,6 @@ impl CacheCore {
     /// or bias: by index into `kernels`. An unregistered address counts as not packed.
     pub fn unpacked_kernels(&self, kernels: &[*const u8]) -> Vec<usize> {
         let state = self.state.lock();
-        let packed: std::collections::HashSet<BlobId, foldhash::fast::RandomState> =
-            state.by_key.keys().map(|k| k.kernel).collect();
         kernels
             .iter()
             .enumerate()
@@ -158,7 +156,7 @@ impl CacheCore {
                     .registered
                     .get(&(**p as usize))
                     .and_then(Registered::id)
-                    .is_none_or(|id| !packed.contains(&id))
+                    .is_none_or(|id| !state.by_key.holds_kernel(&id))
             })
             .map(|(i, _)| i)
             .collect()
