@@ -331,7 +331,7 @@ pub(crate) fn compile(
             // program whose own kernels run on it would otherwise start it in its first execute.
             threads();
         }
-        if super::threading::runs_alone(&p.graph, &io) {
+        if options.threadpool.is_some() && super::threading::runs_alone(&p.graph, &io) {
             options.threadpool = None;
         }
         let creating = std::time::Instant::now();

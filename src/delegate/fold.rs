@@ -65,12 +65,18 @@ impl Folds {
         order: impl Fn() -> &'o FusedOrder<'o>,
     ) -> Folds {
         let mut folds = Folds::default();
-        let reshapes = graph
+        if fp16_as_fp32 {
+            return folds;
+        }
+        // The values reshapes read and write: only those are looked at below.
+        let ends: FastSet<u32> = graph
             .xnodes()
             .iter()
             .flatten()
-            .any(|n| n.xnode_union_type() == fb::XNodeUnion::XNNStaticReshape);
-        if fp16_as_fp32 || !reshapes {
+            .filter_map(|n| n.xnode_union_as_xnnstatic_reshape())
+            .flat_map(|r| [r.input_id(), r.output_id()])
+            .collect();
+        if ends.is_empty() {
             return folds;
         }
         // Unquantized values, which a reshape may be folded from and into.
@@ -80,6 +86,9 @@ impl Folds {
         let mut claimed_twice = FastSet::default();
         for (i, v) in graph.xvalues().iter().flatten().enumerate() {
             if let Ok((t, q)) = tensor_of(v, i) {
+                if !ends.contains(&t.id_out()) {
+                    continue;
+                }
                 if !claimed.insert(t.id_out()) {
                     claimed_twice.insert(t.id_out());
                 }
