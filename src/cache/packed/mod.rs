@@ -331,6 +331,88 @@ impl PackedWeightsCache {
             self.check_and_remember(path);
             return Ok(());
         }
+        // Checked in the background only while no check was recorded since the file last
+        // changed (see `save_pass`).
+        let verify = self.to_check.is_some()
+            && self.options.verify == VerifyPacked::Background
+            && !self.blocking_save;
+        if self.blocking_save {
+            return self.save_pass(path)();
+        }
+        let mut saver = self.saver.lock();
+        {
+            let mut queue = saver.queue.lock();
+            if queue.given_up {
+                return Ok(());
+            }
+            if queue.running {
+                // The save in progress goes once more when it ends, with everything new by
+                // then: a program of 62 delegates, each finalizing at init, saves two or three
+                // times, not 62 (each a whole file).
+                queue.again = true;
+                return Ok(());
+            }
+            let unsaved = self.core().state.lock().has_unsaved();
+            let to_check = verify && self.core().has_unchecked(true);
+            if !unsaved && !to_check && self.layer_checks.lock().is_empty() {
+                return Ok(());
+            }
+            queue.running = true;
+        }
+        if let Some(finished) = saver.thread.take() {
+            let _ = finished.join();
+        }
+        let shown = path.display().to_string();
+        let save = self.save_pass(path);
+        let queue = saver.queue.clone();
+        let hurry = saver.hurry.clone();
+        let packing = self.core().clone();
+        saver.thread = Some(spawn_saver(move || {
+            yield_to_inference();
+            loop {
+                // Until packing pauses, or someone waits for the save.
+                loop {
+                    let packed = packing.counters.reserve_space_calls.load(Ordering::Relaxed);
+                    let mut q = queue.lock();
+                    if !q.hurried {
+                        hurry.wait_for(&mut q, PACKING_PAUSE);
+                    }
+                    let unchanged =
+                        packing.counters.reserve_space_calls.load(Ordering::Relaxed) == packed;
+                    if q.hurried || unchanged {
+                        break;
+                    }
+                }
+                wait_for_inference_to_pause(&queue, &hurry);
+                // A panic in a save ends this thread's saves as an error would, never leaving
+                // `running` set for a thread that is gone.
+                let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(&save))
+                    .unwrap_or_else(|_| {
+                        Err(CacheError::Io {
+                            path: shown.clone(),
+                            error: std::io::Error::other("a save panicked"),
+                        })
+                    });
+                let mut q = queue.lock();
+                if let Err(e) = result {
+                    q.failed = Some(e);
+                    q.given_up = true;
+                    q.again = false;
+                }
+                if !std::mem::take(&mut q.again) {
+                    q.running = false;
+                    return;
+                }
+            }
+        }));
+        Ok(())
+    }
+
+    /// The pass a save makes (see [`finalize`](Self::finalize)): what is new now saved and,
+    /// in the background, the file and the read-only layers not checked yet checked. Made only
+    /// when there is something to do: a warm launch's delegates finalize one by one, and most
+    /// have nothing to save.
+    fn save_pass(&self, path: PathBuf) -> impl Fn() -> Result<(), CacheError> + Send + 'static {
         let (core, compat, saves) = (self.core().clone(), self.compat.clone(), self.saves.clone());
         let storage = self.options.storage.clone();
         let budget = self.options.budget;
@@ -340,16 +422,14 @@ impl PackedWeightsCache {
             .to_check
             .clone()
             .filter(|_| self.options.verify == VerifyPacked::Background && !self.blocking_save);
-        let verify = to_check.is_some();
         // With background checks, what a save writes is recorded as checked.
         let record_saves = self.options.verify == VerifyPacked::Background && !self.blocking_save;
-        let shown = path.display().to_string();
         let checked_path = path.clone();
         let mode_limit = self.mode_limit.clone();
         let layer_checks = self.layer_checks.clone();
         // One pass: what is new now (and, in the background, the check of the file and of the
         // read-only layers not checked yet).
-        let save = move || -> Result<(), CacheError> {
+        move || -> Result<(), CacheError> {
             let pending = std::mem::take(&mut *layer_checks.lock());
             if !pending.is_empty() {
                 let damaged = layers::check(&core, pending);
@@ -396,75 +476,7 @@ impl PackedWeightsCache {
                 }
             }
             Ok(())
-        };
-        if self.blocking_save {
-            return save();
         }
-        let mut saver = self.saver.lock();
-        {
-            let mut queue = saver.queue.lock();
-            if queue.given_up {
-                return Ok(());
-            }
-            if queue.running {
-                // The save in progress goes once more when it ends, with everything new by
-                // then: a program of 62 delegates, each finalizing at init, saves two or three
-                // times, not 62 (each a whole file).
-                queue.again = true;
-                return Ok(());
-            }
-            let unsaved = self.core().state.lock().has_unsaved();
-            let to_check = verify && self.core().has_unchecked(true);
-            if !unsaved && !to_check && self.layer_checks.lock().is_empty() {
-                return Ok(());
-            }
-            queue.running = true;
-        }
-        if let Some(finished) = saver.thread.take() {
-            let _ = finished.join();
-        }
-        let queue = saver.queue.clone();
-        let hurry = saver.hurry.clone();
-        let packing = self.core().clone();
-        saver.thread = Some(spawn_saver(move || {
-            yield_to_inference();
-            loop {
-                // Until packing pauses, or someone waits for the save.
-                loop {
-                    let packed = packing.counters.reserve_space_calls.load(Ordering::Relaxed);
-                    let mut q = queue.lock();
-                    if !q.hurried {
-                        hurry.wait_for(&mut q, PACKING_PAUSE);
-                    }
-                    let unchanged =
-                        packing.counters.reserve_space_calls.load(Ordering::Relaxed) == packed;
-                    if q.hurried || unchanged {
-                        break;
-                    }
-                }
-                wait_for_inference_to_pause(&queue, &hurry);
-                // A panic in a save ends this thread's saves as an error would, never leaving
-                // `running` set for a thread that is gone.
-                let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(&save))
-                    .unwrap_or_else(|_| {
-                        Err(CacheError::Io {
-                            path: shown.clone(),
-                            error: std::io::Error::other("a save panicked"),
-                        })
-                    });
-                let mut q = queue.lock();
-                if let Err(e) = result {
-                    q.failed = Some(e);
-                    q.given_up = true;
-                    q.again = false;
-                }
-                if !std::mem::take(&mut q.again) {
-                    q.running = false;
-                    return;
-                }
-            }
-        }));
-        Ok(())
     }
 
     /// Uses the file as it is from now on: nothing this process packs is saved (see
