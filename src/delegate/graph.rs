@@ -106,14 +106,7 @@ impl<T> ById<T> {
     /// Id `id`'s entry, made with `make` if it has none.
     pub(super) fn get_or_insert_with(&mut self, id: u32, make: impl FnOnce() -> T) -> &mut T {
         match self {
-            ById::Table(t) => {
-                let i = id as usize;
-                if i >= t.len() {
-                    // Only where the caller's `largest` was short: grown, never wrong.
-                    t.resize_with(i + 1, || None);
-                }
-                t[i].get_or_insert_with(make)
-            }
+            ById::Table(t) => slot(t, id).get_or_insert_with(make),
             ById::Map(m) => m.entry(id).or_insert_with(make),
         }
     }
@@ -121,13 +114,7 @@ impl<T> ById<T> {
     /// Sets id `id`'s entry, returning the one it replaces.
     pub(super) fn insert(&mut self, id: u32, value: T) -> Option<T> {
         match self {
-            ById::Table(t) => {
-                let i = id as usize;
-                if i >= t.len() {
-                    t.resize_with(i + 1, || None);
-                }
-                t[i].replace(value)
-            }
+            ById::Table(t) => slot(t, id).replace(value),
             ById::Map(m) => m.insert(id, value),
         }
     }
@@ -143,4 +130,14 @@ impl<T> ById<T> {
             ById::Map(m) => Box::new(m.iter().map(|(&id, v)| (id, v))),
         }
     }
+}
+
+/// Id `id`'s slot of a table, grown to hold it where the caller's `largest` was short (never
+/// wrong, only slower).
+fn slot<T>(table: &mut Vec<Option<T>>, id: u32) -> &mut Option<T> {
+    let i = id as usize;
+    if i >= table.len() {
+        table.resize_with(i + 1, || None);
+    }
+    &mut table[i]
 }

@@ -40,14 +40,16 @@ pub(crate) fn chain(dir: &Path, name: &str, seed: u32) -> (PathBuf, PathBuf) {
     (pte, ptd)
 }
 
-struct Launch {
-    output: Vec<f32>,
+pub(crate) struct Launch {
+    pub(crate) output: Vec<f32>,
     packed: usize,
     wrong_size: usize,
+    /// What the cache did, where there was one.
+    pub(crate) stats: Option<xnnblob::cache::CacheStats>,
 }
 
 /// One launch (a backend of its own, as a process has) of `pte` with `cache`, if any.
-fn launch(pte: &Path, ptd: &Path, cache: Option<&Path>) -> Launch {
+pub(crate) fn launch(pte: &Path, ptd: &Path, cache: Option<&Path>) -> Launch {
     let backend = Backend::new(BackendOptions {
         threads: 1,
         ..Default::default()
@@ -59,19 +61,16 @@ fn launch(pte: &Path, ptd: &Path, cache: Option<&Path>) -> Launch {
     let input: Vec<f32> = (0..16).map(|i| (i as f32 - 7.5) / 4.0).collect();
     let output = method.execute_f32(&[&input]).unwrap().remove(0);
     assert_eq!(output.len(), 16 * 7);
-    let (packed, wrong_size) = match cache {
-        Some(path) => {
-            let file = backend.file_cache(path).unwrap();
-            file.wait_saved().unwrap();
-            let stats = file.stats();
-            (stats.packed, stats.wrong_size)
-        }
-        None => (0, 0),
-    };
+    let stats = cache.map(|path| {
+        let file = backend.file_cache(path).unwrap();
+        file.wait_saved().unwrap();
+        file.stats()
+    });
     Launch {
         output,
-        packed,
-        wrong_size,
+        packed: stats.as_ref().map_or(0, |s| s.packed),
+        wrong_size: stats.as_ref().map_or(0, |s| s.wrong_size),
+        stats,
     }
 }
 

@@ -8,33 +8,16 @@
 use crate::common;
 use crate::lying_cache_files::chain;
 use std::path::{Path, PathBuf};
-use xnnblob::backend::{Backend, BackendOptions, PackedCache};
 use xnnblob::cache::format::{self, Compat};
 use xnnblob::cache::CacheStats;
-use xnnblob::program::Program;
 
 /// The record's first bytes (`src/delegate/remembered.rs`).
 const RECORD_MAGIC: &[u8] = b"XBIDS\0\0\x01";
 
-/// One launch (a backend of its own, as a process has) of `pte` with the cache file `cache`,
-/// if any: its output, and what the cache did.
+/// One launch of `pte` with the cache file `cache`, if any: its output, and what the cache did.
 fn launch(pte: &Path, ptd: &Path, cache: Option<&Path>) -> (Vec<f32>, Option<CacheStats>) {
-    let backend = Backend::new(BackendOptions {
-        threads: 1,
-        ..Default::default()
-    })
-    .unwrap();
-    let cache_arg = cache.map(|p| PackedCache::File(p.to_path_buf()));
-    let program = Program::load(&backend, pte, &[ptd.to_path_buf()], cache_arg.as_ref()).unwrap();
-    let mut method = program.method("forward").unwrap();
-    let input: Vec<f32> = (0..16).map(|i| (i as f32 - 7.5) / 4.0).collect();
-    let output = method.execute_f32(&[&input]).unwrap().remove(0);
-    let stats = cache.map(|path| {
-        let file = backend.file_cache(path).unwrap();
-        file.wait_saved().unwrap();
-        file.stats()
-    });
-    (output, stats)
+    let launched = crate::lying_cache_files::launch(pte, ptd, cache);
+    (launched.output, launched.stats)
 }
 
 fn compat() -> Compat {
