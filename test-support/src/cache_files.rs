@@ -48,3 +48,16 @@ pub fn assert_same_packing(a: &Path, b: &Path) {
         );
     }
 }
+
+/// The number `xnnblob cache stats` printed just before `after` (" entries,", " kept
+/// constants") in `text`.
+pub fn stats_count(text: &str, after: &str) -> usize {
+    let at = text
+        .find(after)
+        .unwrap_or_else(|| panic!("no {after:?} in {text}"));
+    text[..at]
+        .rsplit(|c: char| !c.is_ascii_digit())
+        .find(|w| !w.is_empty())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no count before {after:?} in {text}"))
+}

@@ -301,16 +301,7 @@ fn the_app_packs_its_model_at_build_time_and_its_first_launch_packs_nothing() {
             .output()
             .unwrap();
         let text = String::from_utf8_lossy(&stats.stdout);
-        let count = |after: &str| -> usize {
-            let at = text
-                .find(after)
-                .unwrap_or_else(|| panic!("no {after:?} in {text}"));
-            text[..at]
-                .rsplit(|c: char| !c.is_ascii_digit())
-                .find(|w| !w.is_empty())
-                .and_then(|n| n.parse().ok())
-                .unwrap_or_else(|| panic!("no count before {after:?} in {text}"))
-        };
+        let count = |after| xnnblob_test_support::cache_files::stats_count(&text, after);
         assert_eq!(count(" entries,"), count(" kept constants"), "{text}");
     }
 
