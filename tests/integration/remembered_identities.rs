@@ -65,48 +65,47 @@ fn packed_chain(dir: &Path) -> (PathBuf, PathBuf, PathBuf, Vec<f32>) {
     (pte, ptd, path, reference)
 }
 
+/// A warm launch of the chain with the file at `path`: right, every weight found, nothing
+/// packed (`why` says how the identities were had). Returns what the cache did.
+fn warm_finds_every_weight(
+    (pte, ptd, path, reference): &(PathBuf, PathBuf, PathBuf, Vec<f32>),
+    why: &str,
+) -> CacheStats {
+    let (warm, stats) = launch(pte, ptd, Some(path));
+    let stats = stats.unwrap();
+    assert_eq!(&warm, reference, "{why}");
+    assert_eq!((stats.hits, stats.packed), (6, 0), "{why}: {stats:?}");
+    stats
+}
+
 #[test]
 fn a_warm_launch_reads_its_identities_back_and_finds_every_weight() {
     let dir = common::scratch("identities-read-back");
-    let (pte, ptd, path, reference) = packed_chain(&dir);
-    assert!(craft_record(&path, |_| {}), "the cold launch kept a record");
-    let (warm, stats) = launch(&pte, &ptd, Some(&path));
-    let stats = stats.unwrap();
-    assert_eq!(warm, reference);
-    assert_eq!((stats.hits, stats.packed), (6, 0), "{stats:?}");
+    let chain = packed_chain(&dir);
+    assert!(
+        craft_record(&chain.2, |_| {}),
+        "the cold launch kept a record"
+    );
+    let stats = warm_finds_every_weight(&chain, "read back");
     assert!(stats.kept_served >= 1, "the record is read: {stats:?}");
 }
 
 #[test]
 fn a_record_that_does_not_read_as_one_is_described_again() {
     let dir = common::scratch("identities-unreadable");
-    let (pte, ptd, path, reference) = packed_chain(&dir);
+    let chain = packed_chain(&dir);
     // A state no record holds, in the first constant value's.
-    assert!(craft_record(&path, |records| records[0] = 7));
-    let (warm, stats) = launch(&pte, &ptd, Some(&path));
-    let stats = stats.unwrap();
-    assert_eq!(warm, reference);
-    assert_eq!(
-        (stats.hits, stats.packed),
-        (6, 0),
-        "described again, every weight found: {stats:?}"
-    );
+    assert!(craft_record(&chain.2, |records| records[0] = 7));
+    warm_finds_every_weight(&chain, "described again");
 }
 
 #[test]
 fn a_damaged_record_is_never_acted_on() {
     let dir = common::scratch("identities-damaged");
-    let (pte, ptd, path, reference) = packed_chain(&dir);
+    let chain = packed_chain(&dir);
     // A bit flipped in the first registered identity, its checksum left as it was.
-    assert!(edit_record(&path, |records| records[1] ^= 0x10, false));
-    let (warm, stats) = launch(&pte, &ptd, Some(&path));
-    let stats = stats.unwrap();
-    assert_eq!(warm, reference);
-    assert_eq!(
-        (stats.hits, stats.packed),
-        (6, 0),
-        "checked before use, described again: {stats:?}"
-    );
+    assert!(edit_record(&chain.2, |records| records[1] ^= 0x10, false));
+    let stats = warm_finds_every_weight(&chain, "checked before use, described again");
     assert!(stats.corrupt_found >= 1, "{stats:?}");
 }
 
