@@ -39,7 +39,7 @@ mod stats;
 pub use crate::side_file::PRIVATE_MODE;
 pub use budget::CacheBudget;
 #[cfg(feature = "xnnpack")]
-pub use checked::SETTLED;
+pub use checked::{settle_time, SETTLED};
 pub use checksum::checksum64;
 pub use cpu::{
     cpu_fingerprint, cpu_fingerprint_difference, describe_cpu_fingerprint, packing_class,

@@ -392,11 +392,49 @@ fn a_damaged_layer_changed_within_its_settle_time_is_checked_before_use() {
     let dir = scratch("layers-unsettled");
     let mlp = model(8);
     let (layer, bytes) = damaged_layer(&dir, &mlp);
+    let (writable, state) = (dir.join("writable.xbc"), dir.join("state"));
+    let settle = xnnblob::cache::settle_time(&layer);
     // Its change time is moved before each launch (the same bytes written again): a record made
     // after the launch could not tell a later change, so none is made and none is relied on.
-    every_launch_is_right(&dir, &layer, &dir.join("state"), &mlp, || {
-        std::fs::write(&layer, &bytes).unwrap()
-    });
+    // Only a launch that opened the layer within its settle time is one: on a loaded host the
+    // open may come later, when the change has settled and a check after use is the rule (the
+    // damage then served once, and remembered). Those are tried again, not counted.
+    let (mut counted, mut tries) = (0, 0);
+    while counted < 3 {
+        tries += 1;
+        assert!(
+            tries <= 100,
+            "no launch opened the layer within its settle time ({settle:?}) in 100 tries:              this host is too loaded to run this test"
+        );
+        std::fs::write(&layer, &bytes).unwrap();
+        let cache = open(&writable, layered(&[&layer], &state));
+        if !changed_within(&layer, settle) {
+            continue;
+        }
+        let (out, stats) = process(cache.clone(), &mlp);
+        assert_matches_reference(&mlp, &out);
+        assert_eq!(stats.hits + stats.packed, 3, "launch {counted}: {stats:?}");
+        if let Some(note) = cache.damage_note() {
+            assert!(!note.contains("is remembered"), "launch {counted}: {note}");
+            assert!(
+                note.contains(&layer.display().to_string()) && !note.contains("writable.xbc"),
+                "launch {counted}: {note}"
+            );
+        }
+        counted += 1;
+    }
+}
+
+/// Whether `path` changed less than `settle` ago: a cache opened before this returned true
+/// decided what to do with the file within its settle time.
+fn changed_within(path: &Path, settle: std::time::Duration) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(path).unwrap();
+    let changed = std::time::UNIX_EPOCH
+        + std::time::Duration::new(meta.ctime() as u64, meta.ctime_nsec() as u32);
+    std::time::SystemTime::now()
+        .duration_since(changed)
+        .is_ok_and(|age| age < settle)
 }
 
 #[test]
