@@ -123,13 +123,14 @@ impl Folds {
                 && output.flags() == 0
                 && output.constant_buffer_idx() == 0
                 && input.datatype() == output.datatype()
-                && order().reads(r.input_id()) == 1
                 && dims_of(output) == new_shape
                 && !new_shape.is_empty()
                 && !new_shape.contains(&0)
                 && elements(&new_shape).is_some()
                 && elements(&new_shape) == elements(&input_dims)
                 && r.input_id() != r.output_id()
+                // The order last: it is the init's costliest graph pass.
+                && order().reads(r.input_id()) == 1
                 && !(n + 1..=order().last_read(r.output_id()).unwrap_or(n))
                     .any(|m| order().writes_output(m));
             if foldable {

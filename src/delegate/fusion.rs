@@ -21,7 +21,7 @@
 //! read a value before the node that writes it is given the widest bounds: every node may
 //! write an output, and every value is read until the end.
 
-use super::graph::{tensor_of, XNN_FLAG_EXTERNAL_INPUT, XNN_FLAG_EXTERNAL_OUTPUT};
+use super::graph::{tensor_of, ById, XNN_FLAG_EXTERNAL_INPUT, XNN_FLAG_EXTERNAL_OUTPUT};
 use super::DelegateError;
 use crate::fast_hash::FastMap;
 use crate::schema::xnn as fb;
@@ -78,6 +78,9 @@ fn fusable(node: &fb::XNode<'_>) -> Fusable {
 }
 
 /// A graph's reads and writes, in the payload's order and as XNNPACK may run it.
+///
+/// Values are held by payload id in [`ById`] tables (dense where the ids are): the init asks
+/// for the order of every graph with a reshape of an external input, a ViT's every delegate.
 #[derive(Debug)]
 pub(super) struct FusedOrder<'a> {
     /// By node index: the values it reads and writes (payload ids), as the init's [`GraphIo`]
@@ -86,16 +89,16 @@ pub(super) struct FusedOrder<'a> {
     /// [`GraphIo`]: super::operators::GraphIo
     io: Vec<(&'a [u32], &'a [u32])>,
     /// By value: its flags.
-    flags: FastMap<u32, u32>,
+    flags: ById<u32>,
     /// By external id: the values of the external inputs, and of the external outputs.
     external_inputs: FastMap<u32, u32>,
     external_outputs: FastMap<u32, u32>,
     /// By value: the first node that writes it in the payload.
-    writer: FastMap<u32, usize>,
-    /// By value: the nodes that read it in the payload (a node once per read).
-    readers: FastMap<u32, Vec<usize>>,
+    writer: ById<usize>,
+    /// By value: how many times nodes read it in the payload (a node once per read).
+    reads: ById<usize>,
     /// By value: the last node that reads it in the payload.
-    payload_last_read: FastMap<u32, usize>,
+    payload_last_read: ById<usize>,
     /// By node index: whether it may be fused into its input's producer.
     into_producer: Vec<bool>,
     /// The graph reads a value before it writes it: an output may be written anywhere.
@@ -103,7 +106,7 @@ pub(super) struct FusedOrder<'a> {
     /// By node index: whether it may write an external output once fused.
     writes_output: Vec<bool>,
     /// By value: the last node that may read it once fused.
-    last_read: FastMap<u32, usize>,
+    last_read: ById<usize>,
 }
 
 impl<'a> FusedOrder<'a> {
@@ -119,51 +122,70 @@ impl<'a> FusedOrder<'a> {
             .flatten()
             .map(|n| fusable(&n))
             .collect();
-        let mut flags = FastMap::default();
+        let tensors: Vec<fb::XNNTensorValue<'_>> = graph
+            .xvalues()
+            .iter()
+            .flatten()
+            .enumerate()
+            .filter_map(|(i, v)| Some(tensor_of(v, i).ok()?.0))
+            .collect();
+        let largest = io
+            .iter()
+            .flat_map(|(inputs, outputs)| inputs.iter().chain(outputs.iter()).copied())
+            .chain(tensors.iter().map(|t| t.id_out()))
+            .max()
+            .unwrap_or(0);
+        let count = tensors.len();
+        let mut flags = ById::new(largest, count);
         let (mut external_inputs, mut external_outputs) = (FastMap::default(), FastMap::default());
-        for (i, v) in graph.xvalues().iter().flatten().enumerate() {
-            if let Ok((t, _)) = tensor_of(v, i) {
-                flags.insert(t.id_out(), t.flags());
-                if t.flags() & XNN_FLAG_EXTERNAL_INPUT != 0 {
-                    external_inputs.insert(t.external_id(), t.id_out());
-                }
-                if t.flags() & XNN_FLAG_EXTERNAL_OUTPUT != 0 {
-                    external_outputs.insert(t.external_id(), t.id_out());
-                }
+        for t in &tensors {
+            flags.insert(t.id_out(), t.flags());
+            if t.flags() & XNN_FLAG_EXTERNAL_INPUT != 0 {
+                external_inputs.insert(t.external_id(), t.id_out());
+            }
+            if t.flags() & XNN_FLAG_EXTERNAL_OUTPUT != 0 {
+                external_outputs.insert(t.external_id(), t.id_out());
             }
         }
         // A value without flags counts as an external output: it may be one.
         let external_output = |v: &u32| {
             flags
-                .get(v)
+                .get(*v)
                 .is_none_or(|f| f & XNN_FLAG_EXTERNAL_OUTPUT != 0)
         };
-        let mut readers: FastMap<u32, Vec<usize>> = FastMap::default();
-        let mut writer: FastMap<u32, usize> = FastMap::default();
+        let mut reads: ById<usize> = ById::new(largest, count);
+        let mut payload_last_read: ById<usize> = ById::new(largest, count);
+        let mut writer: ById<usize> = ById::new(largest, count);
         for (n, &(inputs, outputs)) in io.iter().enumerate() {
             for &input in inputs {
-                readers.entry(input).or_default().push(n);
+                *reads.get_or_insert_with(input, || 0) += 1;
+                // Nodes come in index order: the last to read is the last seen.
+                payload_last_read.insert(input, n);
             }
             for &output in outputs {
-                writer.entry(output).or_insert(n);
+                writer.get_or_insert_with(output, || n);
             }
         }
-        let payload_last_read: FastMap<u32, usize> = readers
-            .iter()
-            .filter_map(|(&v, nodes)| Some((v, *nodes.iter().max()?)))
-            .collect();
         let in_order = io
             .iter()
             .enumerate()
-            .all(|(n, (inputs, _))| inputs.iter().all(|v| writer.get(v).is_none_or(|&w| w < n)));
+            .all(|(n, (inputs, _))| inputs.iter().all(|v| writer.get(*v).is_none_or(|&w| w < n)));
         let (writes_output, last_read) = if in_order {
-            fused_bounds(&io, &kinds, &readers, &payload_last_read, external_output)
+            fused_bounds(
+                &io,
+                &kinds,
+                &payload_last_read,
+                largest,
+                count,
+                external_output,
+            )
         } else {
             let end = io.len().saturating_sub(1);
-            (
-                vec![true; io.len()],
-                readers.keys().map(|&v| (v, end)).collect(),
-            )
+            let mut last_read = ById::new(largest, count);
+            for (v, _) in payload_last_read.iter() {
+                last_read.insert(v, end);
+            }
+            (vec![true; io.len()], last_read)
         };
         FusedOrder {
             io,
@@ -171,7 +193,7 @@ impl<'a> FusedOrder<'a> {
             external_inputs,
             external_outputs,
             writer,
-            readers,
+            reads,
             payload_last_read,
             into_producer: kinds.iter().map(|k| k.into_producer).collect(),
             first_write_anywhere: !in_order,
@@ -182,7 +204,7 @@ impl<'a> FusedOrder<'a> {
 
     /// How many times nodes read `value` in the payload.
     pub(super) fn reads(&self, value: u32) -> usize {
-        self.readers.get(&value).map_or(0, Vec::len)
+        self.reads.get(value).copied().unwrap_or(0)
     }
 
     /// Whether node `n` may write an external output.
@@ -192,7 +214,7 @@ impl<'a> FusedOrder<'a> {
 
     /// The last node that may read `value`; None if none reads it.
     pub(super) fn last_read(&self, value: u32) -> Option<usize> {
-        self.last_read.get(&value).copied()
+        self.last_read.get(value).copied()
     }
 
     /// The first node that may write `value` once fused: its writer, or the producer of that
@@ -200,17 +222,17 @@ impl<'a> FusedOrder<'a> {
     fn first_write(&self, value: u32) -> Option<usize> {
         let internal = |v: &u32| {
             self.flags
-                .get(v)
+                .get(*v)
                 .is_some_and(|f| f & (XNN_FLAG_EXTERNAL_INPUT | XNN_FLAG_EXTERNAL_OUTPUT) == 0)
         };
-        let mut at = *self.writer.get(&value)?;
+        let mut at = *self.writer.get(value)?;
         if self.first_write_anywhere {
             return Some(0);
         }
         loop {
             let (inputs, _) = self.io[at];
             let source = match inputs {
-                [x] if self.into_producer[at] && internal(x) => self.writer.get(x).copied(),
+                [x] if self.into_producer[at] && internal(x) => self.writer.get(*x).copied(),
                 _ => None,
             };
             match source {
@@ -253,10 +275,9 @@ impl<'a> FusedOrder<'a> {
                 .get(&alias.output)
                 .ok_or_else(|| refuse("the graph has no such output".into()))?;
             let reads: Vec<u32> = std::iter::once(input).chain(read_as(alias.input)).collect();
-            let last =
-                |of: &FastMap<u32, usize>| reads.iter().filter_map(|v| of.get(v).copied()).max();
+            let last = |of: &ById<usize>| reads.iter().filter_map(|&v| of.get(v).copied()).max();
             let (Some(written), Some(fused_write)) =
-                (self.writer.get(&output), self.first_write(output))
+                (self.writer.get(output), self.first_write(output))
             else {
                 // Nothing writes the output: nothing is written over the input.
                 continue;
@@ -282,37 +303,47 @@ impl<'a> FusedOrder<'a> {
 fn fused_bounds(
     io: &[(&[u32], &[u32])],
     kinds: &[Fusable],
-    readers: &FastMap<u32, Vec<usize>>,
-    payload_last_read: &FastMap<u32, usize>,
+    payload_last_read: &ById<usize>,
+    largest: u32,
+    count: usize,
     external_output: impl Fn(&u32) -> bool,
-) -> (Vec<bool>, FastMap<u32, usize>) {
-    let mut last_read = payload_last_read.clone();
+) -> (Vec<bool>, ById<usize>) {
+    let mut last_read: ById<usize> = ById::new(largest, count);
+    for (v, &n) in payload_last_read.iter() {
+        last_read.insert(v, n);
+    }
     let mut writes_output: Vec<bool> = io
         .iter()
         .map(|(_, outputs)| outputs.iter().any(&external_output))
         .collect();
+    // The values some reader of which is fused into the value's producer and then may write an
+    // external output: marked as each such reader is passed.
+    let mut into_writing_reader: ById<()> = ById::new(largest, count);
     // Backwards, so that what a later node may do is known when its producer is reached: in
     // a graph in order, a value's readers come after its producer.
     for n in (0..io.len()).rev() {
         let (inputs, outputs) = io[n];
-        let fused_into =
-            |c: &usize| kinds.get(*c).is_some_and(|k| k.into_producer) && writes_output[*c];
         if !writes_output[n] {
             writes_output[n] = outputs
                 .iter()
                 .filter(|v| !external_output(v))
-                .any(|v| readers.get(v).is_some_and(|r| r.iter().any(fused_into)));
+                .any(|&v| into_writing_reader.get(v).is_some());
+        }
+        if kinds.get(n).is_some_and(|k| k.into_producer) && writes_output[n] {
+            for &input in inputs {
+                into_writing_reader.insert(input, ());
+            }
         }
         if kinds.get(n).is_some_and(|k| k.into_reader) {
             // Its readers may read its input instead.
             let later = outputs
                 .iter()
                 .filter(|v| !external_output(v))
-                .filter_map(|v| last_read.get(v).copied())
+                .filter_map(|&v| last_read.get(v).copied())
                 .max();
             if let Some(later) = later {
-                for input in inputs {
-                    let at = last_read.entry(*input).or_insert(later);
+                for &input in inputs {
+                    let at = last_read.get_or_insert_with(input, || later);
                     *at = (*at).max(later);
                 }
             }
