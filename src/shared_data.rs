@@ -219,7 +219,8 @@ enum Slot {
 
 #[derive(Default)]
 struct State {
-    slots: crate::fast_hash::FastMap<String, Slot>,
+    /// By key; a key's one allocation is shared by its slot, its init and its entry.
+    slots: crate::fast_hash::FastMap<Arc<str>, Slot>,
     next_id: u64,
     stats: SharedDataStats,
 }
@@ -227,7 +228,7 @@ struct State {
 /// The shared buffer of one key. Dropped with its last [`SharedData`]; it then takes itself
 /// out of the cache.
 struct Entry {
-    key: String,
+    key: Arc<str>,
     id: u64,
     buffer: DataBuffer,
     cache: Weak<Mutex<State>>,
@@ -345,7 +346,7 @@ enum Step {
 /// through it, the slot is settled and the waiters are woken.
 struct InitGuard {
     state: Arc<Mutex<State>>,
-    key: String,
+    key: Arc<str>,
     mode: Mode,
     id: u64,
     pending: Arc<Pending>,
@@ -384,7 +385,7 @@ impl InitGuard {
     fn fail(mut self, cause: InitCause) -> SharedDataError {
         self.settled = true;
         self.settle_failed(SharedDataError::InitFailed {
-            key: self.key.clone(),
+            key: self.key.to_string(),
             cause,
         })
     }
@@ -412,7 +413,7 @@ impl Drop for InitGuard {
     fn drop(&mut self) {
         if !self.settled {
             self.settle_failed(SharedDataError::InitPanicked {
-                key: self.key.clone(),
+                key: self.key.to_string(),
             });
         }
     }
@@ -529,8 +530,9 @@ impl SharedDataCache {
                     outcome: Mutex::new(None),
                     done: Condvar::new(),
                 });
+                let key: Arc<str> = Arc::from(key);
                 let stale = state.slots.insert(
-                    key.to_string(),
+                    key.clone(),
                     Slot::InFlight {
                         mode,
                         id,
@@ -541,7 +543,7 @@ impl SharedDataCache {
                 drop(stale);
                 Step::Init(InitGuard {
                     state: self.state.clone(),
-                    key: key.to_string(),
+                    key,
                     mode,
                     id,
                     pending,

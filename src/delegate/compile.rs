@@ -229,13 +229,15 @@ pub(crate) fn compile(
         let io = GraphIo::of(&p.graph);
         check_nodes(&p.graph, &io)?;
         let fp16_as_fp32 = super::fallback::computes_fp16_as_fp32(&p.graph)?;
+        // The operands XNNPACK reads only to pack: asked by three passes below.
+        let packed = super::operators::packed_operands(&p.graph);
         let converted = if fp16_as_fp32 {
             super::fallback::fp16_constants(&p.graph)?
         } else {
             FastMap::default()
         };
         let mut deferrable = match deferral {
-            Some(_) => deferrable_constants(&p.graph)?,
+            Some(_) => deferrable_constants(&p.graph, &packed)?,
             None => FastMap::default(),
         };
         let mut check = match &k.cache {
@@ -262,6 +264,7 @@ pub(crate) fn compile(
             Treatment {
                 deferrable: &deferrable,
                 converted: &converted,
+                packed: &packed,
             },
         )?;
         let scales = load_scales(&p.graph, &constants)?;
@@ -312,6 +315,7 @@ pub(crate) fn compile(
                     loaded,
                     cache,
                     &io,
+                    &packed,
                     deferral.as_ref(),
                     &threads,
                 )?;

@@ -312,10 +312,11 @@ impl Loaded {
 /// The constants (by constant_data index, with their byte length) that may stand behind a
 /// placeholder: named by content (so identified without reading them), read by XNNPACK only to
 /// pack them, and not the scales of a quantized value.
+/// `packed`: the graph's [`packed_operands`](super::operators::packed_operands).
 pub(super) fn deferrable_constants(
     graph: &fb::XNNGraph<'_>,
+    packed: &FastSet<u32>,
 ) -> Result<FastMap<usize, usize>, DelegateError> {
-    let packed = super::operators::packed_operands(graph);
     let mut deferrable = FastMap::default();
     let mut scales = Vec::new();
     let mut blockwise_scales = Vec::new();
@@ -382,9 +383,12 @@ pub(super) fn deferrable_constants(
 }
 
 /// The constants (by constant_data index) behind an operand XNNPACK packs into the weights
-/// cache: a warm launch finds their packing and never reads them.
-pub(super) fn packed_constants(graph: &fb::XNNGraph<'_>) -> Result<FastSet<usize>, DelegateError> {
-    let packed = super::operators::packed_operands(graph);
+/// cache: a warm launch finds their packing and never reads them. `packed`: the graph's
+/// [`packed_operands`](super::operators::packed_operands).
+pub(super) fn packed_constants(
+    graph: &fb::XNNGraph<'_>,
+    packed: &FastSet<u32>,
+) -> Result<FastSet<usize>, DelegateError> {
     let mut out = FastSet::default();
     for (i, v) in graph.xvalues().iter().flatten().enumerate() {
         let (t, _) = tensor_of(v, i)?;
@@ -403,6 +407,8 @@ pub(super) struct Treatment<'a> {
     pub(super) deferrable: &'a FastMap<usize, usize>,
     /// Converted: a converted copy, or a placeholder of the converted size.
     pub(super) converted: &'a FastMap<usize, Conversion>,
+    /// The graph's [`packed_operands`](super::operators::packed_operands).
+    pub(super) packed: &'a FastSet<u32>,
 }
 
 /// Loads every constant the graph refers to, through the shared data cache, treated as
@@ -419,9 +425,10 @@ pub(super) fn load_constants(
     let Treatment {
         deferrable,
         converted,
+        packed,
     } = treatment;
     let shared = model.backend().shared_data();
-    let packed = packed_constants(graph)?;
+    let packed = packed_constants(graph, packed)?;
     // Where the map costs a system call per constant, the constants XNNPACK reads at every
     // launch are kept in the packed-weight cache's file and read there.
     let kept = match model.weights() {
@@ -652,7 +659,13 @@ pub(super) fn shared_key(map: &dyn NamedDataMap, key: &str) -> String {
     if content_named && !map.buffers_live_with_program() {
         key.to_string()
     } else {
-        format!("{}\u{0}{key}", map.name())
+        // Built by hand: cheaper than `format!`, and made for every constant at every launch.
+        let name = map.name();
+        let mut qualified = String::with_capacity(name.len() + 1 + key.len());
+        qualified.push_str(name);
+        qualified.push('\u{0}');
+        qualified.push_str(key);
+        qualified
     }
 }
 

@@ -65,12 +65,14 @@ struct Job<'g> {
 
 /// Packs into `cache`, on up to `threads` threads, the weights of every node of `graph` whose
 /// filter `cache` has not packed yet. `loaded` holds the constants the real runtime will be
-/// created with (registered with `cache`); `source` is the map placeholders are read from.
+/// created with (registered with `cache`); `through_cache` the operands XNNPACK packs through
+/// the cache; `source` is the map placeholders are read from.
 pub(super) fn prepack(
     graph: &fb::XNNGraph<'_>,
     loaded: &Loaded,
     cache: &Arc<PackedWeightsCache>,
     io: &super::operators::GraphIo,
+    through_cache: &FastSet<u32>,
     source: Option<&Arc<dyn NamedDataMap>>,
     threads: &dyn Fn() -> usize,
 ) -> Result<Prepacked, DelegateError> {
@@ -79,9 +81,9 @@ pub(super) fn prepack(
     for (i, v) in values.iter().enumerate() {
         by_id.insert(tensor_of(*v, i)?.0.id_out(), i);
     }
-    // Only filters XNNPACK reads only to pack, through the cache ([`packed_operands`]); the
-    // others (a depthwise convolution's among them) are packed by the runtime's creation.
-    let through_cache = super::operators::packed_operands(graph);
+    // Only filters XNNPACK reads only to pack, through the cache (`through_cache`, the graph's
+    // [`packed_operands`](super::operators::packed_operands)); the others (a depthwise
+    // convolution's among them) are packed by the runtime's creation.
     let mut jobs = Vec::new();
     let mut kernels = Vec::new();
     for (index, node) in graph.xnodes().iter().flatten().enumerate() {
