@@ -49,24 +49,28 @@ pub(super) fn runs_alone(graph: &fb::XNNGraph<'_>, io: &GraphIo) -> bool {
         let Some((reads, writes)) = io.node(n) else {
             return false;
         };
-        let size = |&id: &u32| sizes.get(id).copied();
-        let Some(outputs) = writes.iter().map(size).collect::<Option<Vec<_>>>() else {
-            return false;
-        };
-        let Some(inputs) = reads.iter().map(size).collect::<Option<Vec<_>>>() else {
-            return false;
-        };
         // Each output element of an operator with weights takes weights / output channels
         // multiply-adds (a fully connected row's inputs, a convolution's window); any other
         // operator is as much work as its largest operand.
-        let weights = inputs.iter().filter(|s| s.2).map(|s| s.0).max();
-        let work = outputs
-            .iter()
-            .map(|&(elements, channels, _)| match weights {
-                Some(w) => elements.saturating_mul(w / channels),
-                None => elements,
-            });
-        let largest_read = inputs.iter().map(|s| s.0);
-        work.chain(largest_read).max().unwrap_or(0) <= ALONE_UP_TO
+        let (mut weights, mut largest_read) = (None, 0);
+        for &id in reads {
+            let Some(&(elements, _, constant)) = sizes.get(id) else {
+                return false;
+            };
+            if constant {
+                weights = weights.max(Some(elements));
+            }
+            largest_read = largest_read.max(elements);
+        }
+        largest_read <= ALONE_UP_TO
+            && writes.iter().all(|&id| {
+                sizes.get(id).is_some_and(|&(elements, channels, _)| {
+                    let work = match weights {
+                        Some(w) => elements.saturating_mul(w / channels),
+                        None => elements,
+                    };
+                    work <= ALONE_UP_TO
+                })
+            })
     })
 }
