@@ -16,6 +16,8 @@
 #   qemu-user              tests re-run the quantized checks on an emulated AVX2-only CPU (x86-64 only)
 #   python3-venv           sys/executorch-sys pip-installs ExecuTorch 1.5.1's wheel (its C++
 #                          runtime) with a throw-away venv
+#   python3-yaml           XNNPACK's test generator, for the slow test that runs XNNPACK's own
+#                          GEMM tests on xnnblob's kernels (sys/xnnpack-sys/tests/xnnpack_own_tests.rs)
 #
 # On an x86-64 host, also what cross-building and emulated testing for 64-bit Arm Linux need (the
 # README's test command runs part of the suite for aarch64 under qemu: tests/aarch64.rs);
@@ -86,6 +88,8 @@ missing() {
   local pkg=$1
   # Any python3 that can make a venv with pip will do (Debian's, or one installed by hand).
   if [ "$pkg" = python3-venv ] && python3 -c 'import venv, ensurepip' 2>/dev/null; then return; fi
+  # Likewise any python3 that imports yaml.
+  if [ "$pkg" = python3-yaml ] && python3 -c 'import yaml' 2>/dev/null; then return; fi
   dpkg_installed "$pkg" || { echo "$pkg"; return; }
   case $pkg in
     cmake) command -v cmake >/dev/null && cmake --version >/dev/null 2>&1 || echo "$pkg" ;;
@@ -99,13 +103,14 @@ missing() {
     ca-certificates) [ -s /etc/ssl/certs/ca-certificates.crt ] || echo "$pkg" ;;
     qemu-user) command -v qemu-x86_64 >/dev/null && { [ -z "$cross" ] || command -v qemu-aarch64 >/dev/null; } || echo "$pkg" ;;
     python3-venv) python3 -c 'import venv, ensurepip' 2>/dev/null || echo "$pkg" ;;
+    python3-yaml) python3 -c 'import yaml' 2>/dev/null || echo "$pkg" ;;
     gcc-aarch64-linux-gnu) command -v aarch64-linux-gnu-gcc >/dev/null || echo "$pkg" ;;
     g++-aarch64-linux-gnu) command -v aarch64-linux-gnu-g++ >/dev/null || echo "$pkg" ;;
     libc6-dev-arm64-cross) [ -e /usr/aarch64-linux-gnu/include/stdio.h ] && [ -e /usr/aarch64-linux-gnu/lib/ld-linux-aarch64.so.1 ] || echo "$pkg" ;;
   esac
 }
 
-packages=(cmake ninja-build pkg-config libclang-dev g++ binutils xz-utils patch debian-archive-keyring ca-certificates python3-venv)
+packages=(cmake ninja-build pkg-config libclang-dev g++ binutils xz-utils patch debian-archive-keyring ca-certificates python3-venv python3-yaml)
 [ "$(uname -m)" = x86_64 ] && packages+=(qemu-user)
 if [ "$cross" = aarch64 ]; then
   packages+=(gcc-aarch64-linux-gnu g++-aarch64-linux-gnu libc6-dev-arm64-cross)

@@ -36,7 +36,10 @@ struct DebianSource {
     sha256: &'static str,
 }
 
-const SOURCES: [DebianSource; 6] = [
+/// The last, GoogleTest, is not built here: it is fetched and pinned with the others for
+/// `tests/xnnpack_own_tests.rs`, which builds XNNPACK's own tests of xnnblob's kernels from the
+/// same patched sources (patch 0030).
+const SOURCES: [DebianSource; 7] = [
     DebianSource {
         package: "xnnpack",
         version: "0.0~git20241108.4ea82e5-2",
@@ -72,6 +75,12 @@ const SOURCES: [DebianSource; 6] = [
         version: "0.0~git20200517.072586a-2",
         tarball: "psimd_0.0~git20200517.072586a.orig.tar.xz",
         sha256: "32bbce81289866e3419e36cab6541bbddb6d45d3db10a7dcd2598dc9d0c8c6f4",
+    },
+    DebianSource {
+        package: "googletest",
+        version: "1.16.0-1",
+        tarball: "googletest_1.16.0.orig.tar.gz",
+        sha256: "2f54382b5d13d6cd0be2afc524f1e510d37f8ba78c2d439c5bea64ef37e30d01",
     },
 ];
 
@@ -396,6 +405,19 @@ impl Install {
             }
             drop(lock);
         }
+        // For tests/xnnpack_own_tests.rs: where the verified tarballs are, and what they are.
+        println!(
+            "cargo:rustc-env=XNNBLOB_XNNPACK_DOWNLOADS={}",
+            root.join("downloads").display()
+        );
+        let pinned: Vec<String> = SOURCES
+            .iter()
+            .map(|s| format!("{}={}={}", s.package, s.tarball, s.sha256))
+            .collect();
+        println!(
+            "cargo:rustc-env=XNNBLOB_XNNPACK_PINNED={}",
+            pinned.join(",")
+        );
         Install {
             include_dirs: vec![dir.join("include")],
             lib_dirs: vec![dir.join("lib")],
