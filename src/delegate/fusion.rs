@@ -308,10 +308,7 @@ fn fused_bounds(
     count: usize,
     external_output: impl Fn(&u32) -> bool,
 ) -> (Vec<bool>, ById<usize>) {
-    let mut last_read: ById<usize> = ById::new(largest, count);
-    for (v, &n) in payload_last_read.iter() {
-        last_read.insert(v, n);
-    }
+    let mut last_read = payload_last_read.clone();
     let mut writes_output: Vec<bool> = io
         .iter()
         .map(|(_, outputs)| outputs.iter().any(&external_output))
@@ -327,7 +324,7 @@ fn fused_bounds(
             writes_output[n] = outputs
                 .iter()
                 .filter(|v| !external_output(v))
-                .any(|&v| into_writing_reader.get(v).is_some());
+                .any(|&v| into_writing_reader.contains(v));
         }
         if kinds.get(n).is_some_and(|k| k.into_producer) && writes_output[n] {
             for &input in inputs {

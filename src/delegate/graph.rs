@@ -76,7 +76,7 @@ pub(super) fn dims_of(t: &fb::XNNTensorValue<'_>) -> Vec<usize> {
 /// Something per payload id, for one pass over the graph: a table indexed by id where the ids
 /// are dense (exporters number values 0..n), a map where a payload spreads them (the schema
 /// allows any u32, and a crafted id must not make a table of 4 G slots).
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(super) enum ById<T> {
     Table(Vec<Option<T>>),
     Map(crate::fast_hash::FastMap<u32, T>),
