@@ -131,9 +131,34 @@ const SMALLEST_PAGE: usize = 4096;
 /// fault: the rest of its last page, since memory is protected page by page. XNNPACK's
 /// over-read of its inputs needs `XNN_EXTRA_BYTES` (16) of them;
 /// a host that sizes its buffers exactly (ExecuTorch) leaves them there unless the buffer ends
-/// on a page boundary.
+/// on a page boundary. None where AddressSanitizer runs and holds those bytes as another
+/// allocation's (or none's): reading them faults nothing, but is what it reports, so the
+/// caller pads instead, as it does at a page's end.
 pub fn readable_in_page_after(end: usize) -> usize {
-    end.next_multiple_of(SMALLEST_PAGE) - end
+    let rest = end.next_multiple_of(SMALLEST_PAGE) - end;
+    if rest > 0 && sanitizer_poisoned(end, rest) {
+        0
+    } else {
+        rest
+    }
+}
+
+/// Whether AddressSanitizer's runtime is in this process and poisons any byte of
+/// `[at, at + len)`. Its query is looked up once: a process without it pays one `dlsym`.
+fn sanitizer_poisoned(at: usize, len: usize) -> bool {
+    type RegionIsPoisoned = unsafe extern "C" fn(*const libc::c_void, usize) -> *const libc::c_void;
+    static QUERY: std::sync::OnceLock<Option<RegionIsPoisoned>> = std::sync::OnceLock::new();
+    let query = QUERY.get_or_init(|| {
+        // SAFETY: a look-up by a NUL-terminated name in the process's global scope.
+        let found =
+            unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"__asan_region_is_poisoned".as_ptr()) };
+        // SAFETY: where the symbol exists it is ASan's `void *__asan_region_is_poisoned(void
+        // *beg, size_t size)`, of this very signature.
+        (!found.is_null())
+            .then(|| unsafe { std::mem::transmute::<*mut libc::c_void, RegionIsPoisoned>(found) })
+    });
+    // SAFETY: the query reads ASan's shadow only, for any address range.
+    query.is_some_and(|q| !unsafe { q(at as *const libc::c_void, len) }.is_null())
 }
 
 #[cfg(test)]

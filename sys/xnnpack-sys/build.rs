@@ -263,6 +263,12 @@ fn main() {
     install.build_kernel_info();
     install.build_pool();
     install.emit_link_directives();
+    // XNNPACK and pool.c compiled with sanitizers call their runtimes: every program linking
+    // them needs those (a build script that packs at build time included), and rustc's link
+    // line has no -fsanitize of its own to add them.
+    for runtime in toolchain.sanitizer_runtimes() {
+        println!("cargo:rustc-link-lib=dylib={runtime}");
+    }
     generate_bindings(&install.include_dirs, &toolchain.bindgen_args());
 }
 

@@ -27,8 +27,13 @@ fn toolchain_file_vars(target: &str) -> [String; 3] {
 pub fn env_vars(target: &str) -> Vec<String> {
     let mut vars = toolchain_file_vars(target).to_vec();
     vars.push("ANDROID_PLATFORM".to_string());
+    vars.extend(CMAKE_FLAG_VARS.iter().map(|v| v.to_string()));
     vars
 }
+
+/// The flags CMake's configure takes from the environment into every compile of XNNPACK (a
+/// sanitizer build sets them: scripts/test.sh sanitize), so they are part of its identity.
+const CMAKE_FLAG_VARS: [&str; 3] = ["CFLAGS", "CXXFLAGS", "ASMFLAGS"];
 
 /// Why the toolchain cannot build XNNPACK.
 pub enum Problem {
@@ -217,7 +222,35 @@ impl Toolchain {
         for (what, tool) in [("ar", &self.ar), ("ranlib", &self.ranlib)] {
             id.push_str(&format!("{what} {}\n", canonical(&resolve(tool)).display()));
         }
+        for var in CMAKE_FLAG_VARS {
+            // Unset and empty configure alike, and leave the key of a plain build as it was.
+            if let Some(flags) = env::var_os(var).filter(|f| !f.is_empty()) {
+                id.push_str(&format!("{var} {}\n", flags.to_string_lossy()));
+            }
+        }
         Ok(id)
+    }
+
+    /// The runtime libraries of the sanitizers the C compiler's flags ask for (`-fsanitize=` in
+    /// CFLAGS, as `scripts/test.sh sanitize` sets them; CMake reads the same variables).
+    pub fn sanitizer_runtimes(&self) -> Vec<&'static str> {
+        let mut runtimes = Vec::new();
+        for arg in self.c.args() {
+            let Some(list) = arg.to_str().and_then(|a| a.strip_prefix("-fsanitize=")) else {
+                continue;
+            };
+            for sanitizer in list.split(',') {
+                let runtime = match sanitizer {
+                    "address" => "asan",
+                    "undefined" => "ubsan",
+                    _ => continue,
+                };
+                if !runtimes.contains(&runtime) {
+                    runtimes.push(runtime);
+                }
+            }
+        }
+        runtimes
     }
 
     /// clang arguments that make bindgen read the headers as the target's compiler does: its
