@@ -25,6 +25,9 @@ use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+#[path = "../build/series.rs"]
+mod series;
+
 /// The spec patch 0030 adds (x86), and the test target it declares, whose source is generated
 /// from the spec of the build's architecture.
 const SPEC: &str = "test/xnnblob-qd8-f32-qb4w-gemm-minmax.yaml";
@@ -135,25 +138,6 @@ fn sha256_hex(bytes: &[u8]) -> String {
         .collect()
 }
 
-/// The files of `dir` (recursively), sorted, with their contents.
-fn files(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
-    let mut out = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).unwrap().flatten() {
-            let path = e.path();
-            if path.is_dir() {
-                stack.push(path);
-            } else {
-                let text = std::fs::read(&path).unwrap();
-                out.push((path.strip_prefix(dir).unwrap().to_path_buf(), text));
-            }
-        }
-    }
-    out.sort();
-    out
-}
-
 /// Extracts `tarball` into `dest`, without the single top-level directory it may have.
 fn extract(tarball: &Path, dest: &Path) {
     let tmp = dest.with_extension("extract");
@@ -207,33 +191,19 @@ fn prepare_tree(work: &Path, key: &str, downloads: &Path, pinned: &[Pinned]) {
         );
         extract(&path, &src.join(package));
     }
-    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let own = src.join("xnnpack/src/xnnblob");
-    for (path, text) in files(&manifest.join("kernels")) {
-        let to = own.join(path);
-        std::fs::create_dir_all(to.parent().unwrap()).unwrap();
-        std::fs::write(to, text).unwrap();
-    }
-    for (name, _) in files(&manifest.join("patches")) {
-        if name.extension().is_none_or(|x| x != "patch") {
-            continue;
-        }
-        let patch = manifest.join("patches").join(&name);
-        let out = Command::new("patch")
-            .args(["-p1", "--batch", "--forward", "-i"])
-            .arg(&patch)
-            .current_dir(src.join("xnnpack"))
-            .output()
-            .expect("patch runs");
-        assert!(
-            out.status.success(),
-            "patch {} does not apply to the tree the earlier ones made:\n{}{}",
-            name.display(),
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
+    if let Err(e) = series().apply(&src.join("xnnpack")) {
+        panic!("{e}");
     }
     std::fs::write(stamp, key).unwrap();
+}
+
+/// The patch series the build applied, read once.
+fn series() -> &'static series::Series {
+    static SERIES: std::sync::OnceLock<series::Series> = std::sync::OnceLock::new();
+    SERIES.get_or_init(|| {
+        series::Series::read(Path::new(env!("CARGO_MANIFEST_DIR")))
+            .unwrap_or_else(|e| panic!("{e}"))
+    })
 }
 
 /// One pinned tarball: its package, file name and sha256.
@@ -274,14 +244,15 @@ fn pinned_sources() -> Option<(&'static Path, Vec<Pinned>)> {
 /// the GEMM test's generated source differs), made anew when its inputs changed.
 fn tree_for(arch: &str) -> Option<PathBuf> {
     let (downloads, pinned) = pinned_sources()?;
-    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
     let mut key = Sha256::new();
     key.update(env!("XNNBLOB_XNNPACK_PINNED"));
-    for dir in ["kernels", "patches"] {
-        for (path, text) in files(&manifest.join(dir)) {
-            key.update(path.to_string_lossy().as_bytes());
-            key.update(&text);
-        }
+    for (path, text) in &series().kernels {
+        key.update(path.to_string_lossy().as_bytes());
+        key.update(text);
+    }
+    for (name, text) in &series().patches {
+        key.update(name);
+        key.update(text);
     }
     let key = sha256_hex(&key.finalize());
     let work = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("xnnpack-own-tests-{arch}"));
