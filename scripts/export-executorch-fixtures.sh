@@ -5,7 +5,7 @@
 #
 #   scripts/export-executorch-fixtures.sh [--only NAME,NAME]
 #   scripts/export-executorch-fixtures.sh --bench   # the peer bench's full-size programs (about
-#       300 MB) into the per-user cache, where `xnnblob bench --peer` finds them
+#       300 MB) into the per-user cache, where `xnnblob-lab bench --peer` finds them
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv=${XNNBLOB_EXPORT_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/xnnblob/export-venv}

@@ -6,7 +6,7 @@
 #   scripts/setup-digest.sh [COMMIT]   (default HEAD)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-git ls-tree -r "${1:-HEAD}" -- scripts build.rs Cargo.toml cli/Cargo.toml link/Cargo.toml test-support/Cargo.toml sys README.md \
+git ls-tree -r "${1:-HEAD}" -- scripts build.rs Cargo.toml cli/Cargo.toml lab/Cargo.toml link/Cargo.toml test-support/Cargo.toml sys README.md \
   faces/executorch/build.rs faces/executorch/Cargo.toml faces/cxx/build.rs faces/cxx/Cargo.toml \
   faces/capi/build.rs faces/capi/Cargo.toml faces/checks/build.rs faces/checks/Cargo.toml |
   sha256sum | cut -d' ' -f1

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds a qemu-aarch64 that emulates SME2 and loads TCG plugins, from Debian's qemu sources,
-# for `xnnblob bench prefill --qemu`. Debian bookworm's qemu-user (7.2) emulates SME but not
+# for `xnnblob-lab bench prefill --qemu`. Debian bookworm's qemu-user (7.2) emulates SME but not
 # SME2; the newer qemu-user Debian packages are linked statically, and a static qemu loads no
 # plugins. So this builds the linux-user aarch64 target alone (about 5 minutes on 2 cores).
 #

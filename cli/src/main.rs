@@ -30,27 +30,18 @@ mod run;
 use run::RunArgs;
 
 /// Fast, lean model loading for XNNPACK: run ExecuTorch programs with a persistent packed-weight
-/// cache, inspect their named data, link weights into binaries, measure load times.
+/// cache, pack caches ahead of time, inspect their named data, link weights into binaries.
+/// (The demo and the benchmarks are `xnnblob-lab`'s.)
 #[derive(Parser)]
 #[command(name = "xnnblob", version, about)]
+#[command(arg_required_else_help = true)]
 struct Cli {
-    /// What to do [default: demo].
     #[command(subcommand)]
-    command: Option<Command>,
+    command: Command,
 }
 
 #[derive(Subcommand)]
 enum Command {
-    /// Generate a 256 MiB llm-like model (1184 weights) in a temp dir, launch it cold then warm
-    /// in fresh processes, print the warm speed-up and both peak RSS.
-    Demo {
-        /// Weights in MiB.
-        #[arg(long, default_value_t = 256)]
-        mib: usize,
-    },
-    /// The load benchmark: no cache, XNNPACK's cache, xnnblob cold and warm, the floor; or
-    /// `compare` two bench results.
-    Bench(BenchCommand),
     /// List the keys, segments (size, alignment) and tensor layouts of a .ptd or .pte.
     Inspect {
         /// A .ptd or .pte file.
@@ -96,55 +87,6 @@ enum Command {
     Prepack(PrepackArgs),
 }
 
-#[derive(clap::Args)]
-#[command(args_conflicts_with_subcommands = true)]
-struct BenchCommand {
-    #[command(subcommand)]
-    action: Option<BenchAction>,
-    #[command(flatten)]
-    args: xnnblob_cli::bench::BenchArgs,
-}
-
-#[derive(Subcommand)]
-enum BenchAction {
-    /// The change of every scenario two results share (the peer bench's peer.json); exits 1 if
-    /// one got slower by more than --max-regression percent.
-    Compare {
-        /// The reference results.
-        base: PathBuf,
-        /// The results to check.
-        new: PathBuf,
-        /// The largest slowdown of a median allowed, in percent.
-        #[arg(long, default_value_t = 10.0)]
-        max_regression: f64,
-    },
-    /// A prompt's prefill in ExecuTorch's runtime, xnnblob's drop-in against ExecuTorch's own
-    /// backend: four 8da4w feed-forward blocks over T token rows, timed here and, on each
-    /// --aarch64 CPU, counted in instructions under qemu-aarch64 (prefill.md, prefill.json).
-    Prefill {
-        /// Prompt lengths, comma-separated.
-        #[arg(long, value_delimiter = ',', default_value = "1,16,128,512")]
-        tokens: Vec<u32>,
-        /// Fresh launches per backend and length, alternating (0: count only, no timing).
-        #[arg(long, default_value_t = 5)]
-        repeats: usize,
-        /// Executes timed per launch, after the first.
-        #[arg(long, default_value_t = 10)]
-        executes: usize,
-        /// qemu CPU models to count instructions on, comma-separated (cortex-a53, neoverse-n1,
-        /// max,sme=off written max;sme=off ...) [default: none].
-        #[arg(long, value_delimiter = ',')]
-        aarch64: Vec<String>,
-        /// The qemu-aarch64 to count under [default: the one on PATH]: another build, such as
-        /// one that emulates SME2 (scripts/build-qemu.sh); the report names its version.
-        #[arg(long)]
-        qemu: Option<PathBuf>,
-        /// Where the programs and the reports go.
-        #[arg(long, default_value = "target/bench/prefill")]
-        out: PathBuf,
-    },
-}
-
 #[derive(Subcommand)]
 enum CacheAction {
     /// The header and index only (reads no packed weight): entries, sizes, and the live, stale
@@ -166,24 +108,6 @@ enum CacheAction {
         /// A .ptd with the program's external data (repeatable).
         #[arg(long, requires = "program")]
         data: Vec<PathBuf>,
-    },
-    /// A kill -9 campaign: launches of a generated model killed at random moments (packing,
-    /// saving, renaming); after each kill a launch must complete with the outputs of a run
-    /// without cache and the file must verify; at the end the file must be the size of one built
-    /// from scratch with no temporary file left. Prints the counts; exits 1 if a promise broke.
-    Torture {
-        /// Launches to kill.
-        #[arg(long, default_value_t = 1000)]
-        kills: usize,
-        /// Weights of the generated qd8 model, MiB.
-        #[arg(long, default_value_t = 8)]
-        mib: usize,
-        /// Seeds the kill moments.
-        #[arg(long, default_value_t = 1)]
-        seed: u64,
-        /// Where the model, caches and outputs go [default: a new temporary directory].
-        #[arg(long)]
-        dir: Option<PathBuf>,
     },
     /// Rewrite only the valid entries, tightly, without the stale ones beyond twice the live
     /// bytes (what the next save would evict).
@@ -231,61 +155,7 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(e) => e.exit(),
     };
-    let result = match cli.command.unwrap_or(Command::Demo { mib: 256 }) {
-        Command::Demo { mib } => xnnblob_cli::bench::demo(mib).map_err(Into::into),
-        Command::Bench(BenchCommand {
-            action:
-                Some(BenchAction::Compare {
-                    base,
-                    new,
-                    max_regression,
-                }),
-            ..
-        }) => match xnnblob_cli::bench::compare::compare(&base, &new, max_regression) {
-            Ok((report, regressed)) => {
-                let printed = (|| -> Result<(), Box<dyn std::error::Error>> {
-                    out!("{report}");
-                    Ok(())
-                })();
-                if regressed {
-                    return ExitCode::FAILURE;
-                }
-                printed
-            }
-            Err(e) => Err(e.into()),
-        },
-        Command::Bench(BenchCommand {
-            action:
-                Some(BenchAction::Prefill {
-                    tokens,
-                    repeats,
-                    executes,
-                    aarch64,
-                    qemu,
-                    out,
-                }),
-            ..
-        }) => xnnblob_cli::bench::peer::runner_near_executable()
-            .and_then(|runner| {
-                xnnblob_cli::bench::prefill::run(&xnnblob_cli::bench::prefill::PrefillOptions {
-                    runner,
-                    tokens,
-                    repeats,
-                    executes,
-                    // A comma separates CPUs, so a model's features are written with ';'.
-                    aarch64: aarch64.iter().map(|c| c.replace(';', ",")).collect(),
-                    qemu,
-                    out,
-                })
-            })
-            .map_err(Into::into)
-            .and_then(|r| -> Result<(), Box<dyn std::error::Error>> {
-                out!("{}", xnnblob_cli::bench::prefill::markdown(&r));
-                Ok(())
-            }),
-        Command::Bench(BenchCommand { args, .. }) => {
-            xnnblob_cli::bench::main(&args, true).map_err(Into::into)
-        }
+    let result = match cli.command {
         Command::Inspect {
             file,
             verify_keys: true,
@@ -451,36 +321,6 @@ fn link(ptd: &Path, out: &Path, model: Option<&str>) -> Result<(), Box<dyn std::
     Ok(())
 }
 
-/// `xnnblob cache torture`: the campaign in `dir`, or in a temporary directory it removes after.
-fn torture_command(
-    kills: usize,
-    mib: usize,
-    seed: u64,
-    dir: Option<PathBuf>,
-) -> Result<(), Box<dyn std::error::Error>> {
-    let scratch = dir
-        .is_none()
-        .then(|| std::env::temp_dir().join(format!("xnnblob-torture-{}", std::process::id())));
-    let run_dir = dir.or(scratch.clone()).unwrap_or_default();
-    let report = xnnblob_cli::torture::torture(&xnnblob_cli::torture::TortureOptions {
-        kills,
-        mib,
-        seed,
-        dir: run_dir,
-        exe: std::env::current_exe()?,
-    });
-    if let Some(s) = scratch {
-        let _ = std::fs::remove_dir_all(s);
-    }
-    let report = report?;
-    outln!("{report}");
-    if report.passed() {
-        Ok(())
-    } else {
-        Err("the torture campaign broke a promise (counts above)".into())
-    }
-}
-
 fn cache_command(action: CacheAction) -> Result<(), Box<dyn std::error::Error>> {
     use xnnblob::cache::{compact_file, verify_file, CacheOptions};
     let options = CacheOptions::default();
@@ -488,12 +328,6 @@ fn cache_command(action: CacheAction) -> Result<(), Box<dyn std::error::Error>> 
         CacheAction::Stats { path } => (verify_file(path, &options, false, false)?, path, false),
         CacheAction::Verify { path, .. } => (verify_file(path, &options, true, true)?, path, true),
         CacheAction::Compact { path } => (compact_file(path, &options)?, path, false),
-        CacheAction::Torture {
-            kills,
-            mib,
-            seed,
-            dir,
-        } => return torture_command(*kills, *mib, *seed, dir.clone()),
     };
     let report = report.map_err(|e| {
         format!(

@@ -58,27 +58,25 @@ fn stats_verify_and_compact() {
 
 #[test]
 fn a_short_kill_9_campaign_loses_nothing() {
-    // The short run of `xnnblob cache torture` (the long one is in docs/cache.md): launches
-    // killed while packing, saving or renaming; each next launch must give the outputs of a run
-    // without cache, the file must verify, and at the end it must be the size of one built from
-    // scratch with no temporary file left.
-    // The command makes the directory itself: it must not exist yet.
+    // The short run of `xnnblob-lab torture` (the long one is in docs/cache.md) against this
+    // `xnnblob`: launches of `xnnblob run` killed while packing, saving or renaming; each next
+    // launch must give the outputs of a run without cache, the file must verify, and at the end
+    // it must be the size of one built from scratch with no temporary file left.
     let scratch = common::scratch("torture");
-    let dir = scratch.join("campaign");
-    let (ok, text) = xnnblob(&[
-        "cache",
-        "torture",
-        "--kills",
-        "60",
-        "--mib",
-        "4",
-        "--dir",
-        dir.to_str().unwrap(),
-    ]);
-    assert!(ok, "{text}");
+    let report = xnnblob_lab::torture::torture(&xnnblob_lab::torture::TortureOptions {
+        kills: 60,
+        mib: 4,
+        seed: 1,
+        // The campaign makes the directory itself: it must not exist yet.
+        dir: scratch.join("campaign"),
+        exe: env!("CARGO_BIN_EXE_xnnblob").into(),
+    })
+    .unwrap();
+    let text = report.to_string();
     assert!(text.contains("kills: 60 ("), "{text}");
     assert!(
-        text.contains("failed: 0, wrong outputs: 0")
+        report.passed()
+            && text.contains("failed: 0, wrong outputs: 0")
             && text.contains("0 failed of 60")
             && text.contains("0 temporary files left, file 1.000x")
             && text.contains("PASS"),

@@ -15,15 +15,14 @@ fn every_command_has_help_and_the_binary_a_version() {
         format!("xnnblob {}", env!("CARGO_PKG_VERSION"))
     );
     for command in [
-        &["demo"][..],
-        &["bench"],
-        &["inspect"],
+        &["inspect"][..],
         &["cache"],
         &["cache", "stats"],
         &["cache", "verify"],
         &["cache", "compact"],
         &["link"],
         &["run"],
+        &["prepack"],
     ] {
         let mut args = command.to_vec();
         args.push("--help");
@@ -47,11 +46,9 @@ fn help_is_never_taken_for_a_file() {
 #[test]
 fn unknown_options_are_refused() {
     for args in [
-        &["bench", "--mibs", "4"][..],
-        &["inspect", "x.ptd", "--jsn"],
+        &["inspect", "x.ptd", "--jsn"][..],
         &["run", "x.pte", "--cach", "c"],
         &["cache", "stat", "c"],
-        &["bench", "--scenarios", "no-cache,warmest"],
     ] {
         let out = xnnblob(args);
         assert_eq!(out.status.code(), Some(2), "{args:?}");
@@ -71,22 +68,28 @@ fn run_pairs_dtype_and_shape_with_the_input_before_them() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown dtype \"float64\""));
 }
 
+/// The installed command line is the product's: the demo, the benches and the torture are
+/// `xnnblob-lab`'s, and without a command it says what it has.
 #[test]
-fn bench_compare_exits_1_on_a_regression_beyond_the_threshold() {
-    let dir = tempfile::tempdir().unwrap();
-    let write = |name: &str, load: f64| {
-        let path = dir.path().join(name);
-        let json = serde_json::json!({"results": [{
-            "model": "m", "load_mode": "mmap", "scenario": "xnnblob, warm",
-            "load_to_ready_ms": {"median": load}
-        }]});
-        std::fs::write(&path, json.to_string()).unwrap();
-        path.display().to_string()
-    };
-    let (base, slower) = (write("base.json", 1.0), write("slower.json", 1.3));
-    let out = xnnblob(&["bench", "compare", &base, &slower, "--max-regression", "20"]);
-    assert_eq!(out.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&out.stdout).contains("+30.0%"));
-    let out = xnnblob(&["bench", "compare", &base, &slower, "--max-regression", "40"]);
-    assert!(out.status.success());
+fn the_lab_is_not_in_the_installed_command_line() {
+    for args in [
+        &["demo"][..],
+        &["bench", "--peer"],
+        &["cache", "torture", "--kills", "1"],
+    ] {
+        let out = xnnblob(args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("unrecognized subcommand"),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let out = xnnblob(&[]);
+    assert_eq!(out.status.code(), Some(2));
+    let help = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        help.contains("Usage: xnnblob") && help.contains("prepack"),
+        "{help}"
+    );
 }

@@ -410,29 +410,41 @@ fn the_wheel_installs_beside_executorchs_and_serves_the_app_and_the_cli_without_
         inspect.contains("xnnpack delegates") && inspect.contains("XNNFullyConnected"),
         "{inspect}"
     );
-    let bench_out = scratch.join("peer");
+    // The wheel's runner with each backend, a load and an execute: ExecuTorch's own, from the
+    // executorch wheel in this venv, and xnnblob's drop-in beside the runner.
     let started = Instant::now();
-    ok(
-        user(bin.join("xnnblob"))
-            .args([
-                "bench",
-                "--peer",
-                "--models",
-                "cnn",
-                "--repeats",
-                "1",
-                "--out",
-            ])
-            .arg(&bench_out),
-        600,
-        "xnnblob bench --peer",
-    );
-    let peer = std::fs::read_to_string(bench_out.join("peer.json")).unwrap();
     for backend in ["executorch", "xnnblob"] {
-        assert!(peer.contains(backend), "peer.json names no {backend}");
+        let mut runner = user(bin.join("xnnblob-et-run"));
+        runner
+            .arg(data.join(format!("{PROGRAM}.pte")))
+            .arg("--data")
+            .arg(data.join(format!("{PROGRAM}.ptd")))
+            .args(["--load-mode", "mmap", "--steps", "1", "--input"])
+            .arg(data.join("mlp_qd8.input.f32"))
+            .args(["--backend", backend, "--cache"])
+            .arg(scratch.join("et-run.xbc"));
+        let what = format!("xnnblob-et-run --backend {backend}");
+        let out = text(&ok(&mut runner, 120, &what));
+        assert!(
+            out.contains("load_to_ready_ms=") && out.contains("output program=0 step=0"),
+            "{what}: {out}"
+        );
+        if backend == "executorch" {
+            // As the loader found it (through RUNPATHs with `..` in them): compared canonical.
+            let library = out
+                .lines()
+                .find_map(|l| l.strip_prefix("backend="))
+                .and_then(|p| std::fs::canonicalize(p).ok());
+            let venv = std::fs::canonicalize(site.join("executorch")).unwrap();
+            assert!(
+                library.as_ref().is_some_and(|l| l.starts_with(&venv)),
+                "{what} loaded another backend ({library:?}, not under {}): {out}",
+                venv.display()
+            );
+        }
     }
     eprintln!(
-        "wheel: bench --peer --models cnn took {:.0} s",
+        "wheel: the runner with both backends took {:.1} s",
         started.elapsed().as_secs_f64()
     );
 

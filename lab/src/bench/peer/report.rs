@@ -341,7 +341,7 @@ pub fn markdown(results: &[PeerResult], failures: &[PeerFailure], repeats: usize
     }
     let _ = write!(
         md,
-        "\nTargets:\n\n{verdicts}\nThe 1184-weight warm launch against XNNPACK's runtime-creation floor is measured by the load bench (`xnnblob bench --dtype qd8 --mib 96 --scenarios xnnblob-warm,floor`).\n"
+        "\nTargets:\n\n{verdicts}\nThe 1184-weight warm launch against XNNPACK's runtime-creation floor is measured by the load bench (`xnnblob-lab bench --dtype qd8 --mib 96 --scenarios xnnblob-warm,floor`).\n"
     );
     md
 }

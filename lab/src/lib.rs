@@ -1,4 +1,5 @@
-//! The `xnnblob` command line's library: what its subcommands run beyond the core crate.
+//! `xnnblob-lab`'s library: the demo, the benchmarks and the crash torture, apart from the
+//! installed `xnnblob` command line.
 //!
 //! - [`bench`](mod@bench): the load benchmark, the peer benchmark against ExecuTorch's own
 //!   backend, and the demo.

@@ -22,11 +22,11 @@ pub struct Options {
     pub out: PathBuf,
     /// The scenarios to run, in this order.
     pub scenarios: Vec<Scenario>,
-    /// Children are launched as `xnnblob bench ...` (else: this executable, as the bench binary).
+    /// Children are launched as `xnnblob-lab bench ...` (else: this executable, as the bench binary).
     pub via_cli: bool,
 }
 
-/// `xnnblob bench`'s options (and `cargo bench --bench load -- ...`'s).
+/// `xnnblob-lab bench`'s options (and `cargo bench --bench load -- ...`'s).
 #[derive(Debug, Clone, clap::Args)]
 pub struct BenchArgs {
     /// The model: a chain of fully connected layers, or convolutions.
@@ -96,7 +96,7 @@ fn peer_options(args: &BenchArgs, runner: PathBuf) -> Result<PeerOptions, String
 }
 
 /// A peer bench target's `main` (`cargo bench --bench peer -- OPTIONS`, the options of
-/// `xnnblob bench --peer`), launching `runner`.
+/// `xnnblob-lab bench --peer`), launching `runner`.
 pub fn peer_bench_main(runner: PathBuf) -> Result<(), String> {
     #[derive(clap::Parser)]
     #[command(name = "peer")]
@@ -177,7 +177,7 @@ fn default_out() -> PathBuf {
     cli.parent().unwrap_or(cli).join("target/bench")
 }
 
-/// Entry point shared by `xnnblob bench` and the bench binary: a child launch when asked for
+/// Entry point shared by `xnnblob-lab bench` and the bench binary: a child launch when asked for
 /// one, else the whole benchmark.
 pub fn main(args: &BenchArgs, via_cli: bool) -> Result<(), String> {
     if args.peer {

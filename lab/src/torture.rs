@@ -1,4 +1,4 @@
-//! `xnnblob cache torture`: a kill -9 campaign against the packed-weight cache, as a command
+//! `xnnblob-lab torture`: a kill -9 campaign against the packed-weight cache, as a command
 //! anyone can rerun.
 //!
 //! A generated qd8 model is launched through `xnnblob run --cache` in child processes that are

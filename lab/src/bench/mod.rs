@@ -1,5 +1,5 @@
-//! The load benchmark (`xnnblob bench`, `cargo bench --bench load`) and the demo
-//! (`xnnblob demo`): synthetic ExecuTorch-style models, each launch in a fresh child process,
+//! The load benchmark (`xnnblob-lab bench`, `cargo bench --bench load`) and the demo
+//! (`xnnblob-lab demo`): synthetic ExecuTorch-style models, each launch in a fresh child process,
 //! XNNPACK without a cache, with its own cache, xnnblob cold and warm, and the floor side by
 //! side; a markdown table and an SVG chart in `target/bench/`.
 

@@ -3,7 +3,7 @@
 //! process on a generated program (`.pte` + `.ptd`), under both of `Module`'s load modes.
 //!
 //! ```sh
-//! xnnblob bench --peer [--repeats N] [--models fp32,qd8,qb4w,llm1184,cnn] [--out DIR]
+//! xnnblob-lab bench --peer [--repeats N] [--models fp32,qd8,qb4w,llm1184,cnn] [--out DIR]
 //! cargo bench -p xnnblob-executorch --bench peer -- [the same options]
 //! ```
 //!
@@ -14,7 +14,7 @@
 //! measure work, not the disk.
 //!
 //! Writes `peer.md` (the table, the ratios and each target's verdict), `peer.json` (what
-//! `xnnblob bench compare` reads) and `peer.svg` under `--out` (default `target/bench/peer`).
+//! `xnnblob-lab bench compare` reads) and `peer.svg` under `--out` (default `target/bench/peer`).
 
 use super::report::{spread, Spread};
 use super::runner_values;

@@ -1,4 +1,4 @@
-//! `xnnblob bench compare BASE.json NEW.json --max-regression PCT`: the change of every
+//! `xnnblob-lab bench compare BASE.json NEW.json --max-regression PCT`: the change of every
 //! scenario two bench runs share, for people who keep load time in check (in CI, say).
 //!
 //! Reads the JSON the peer bench writes (`peer.json`: `results`, each with `model`,

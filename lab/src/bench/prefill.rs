@@ -1,4 +1,4 @@
-//! `xnnblob bench prefill`: a prompt's prefill, xnnblob's drop-in against ExecuTorch's own
+//! `xnnblob-lab bench prefill`: a prompt's prefill, xnnblob's drop-in against ExecuTorch's own
 //! XNNPACK backend, inside ExecuTorch's runtime, at several prompt lengths.
 //!
 //! The program is [`PrefillSpec::ffn`]: four 8da4w feed-forward blocks of a small Llama over T
