@@ -10,12 +10,15 @@ fn main() {
     let lib = PathBuf::from(env::var_os("DEP_EXECUTORCH_LIB").expect("executorch-sys"));
     let c10 = include.join("executorch/runtime/core/portable_type/c10");
     let defines = env::var("DEP_EXECUTORCH_DEFINES").expect("executorch-sys");
+    // xnnblob's pool table (xnnblob_pool.h), declared once by xnnpack-sys.
+    let pool_include = PathBuf::from(env::var_os("DEP_XNNPACK_POOL_INCLUDE").expect("xnnpack-sys"));
     let configure = |build: &mut cc::Build| {
         build
             .cpp(true)
             .std("c++17")
             .include(&include)
             .include(&c10)
+            .include(&pool_include)
             .warnings(false)
             .flag_if_supported("-Wno-deprecated-declarations")
             .flag_if_supported("-fvisibility=hidden");

@@ -23,6 +23,10 @@ use std::time::{Duration, Instant};
 use xnnpack_sys as sys;
 use xnnpack_sys::pool::{PoolHandle, PoolOps, RangeFn};
 
+/// A job's range function, as the C side hands it (never null): the function [`RangeFn`] holds,
+/// so a change of its C signature (`include/xnnblob_pool.h`) fails to compile here.
+type Range = unsafe extern "C" fn(job: *mut c_void, thread: usize, begin: usize, end: usize);
+
 /// A pool of threads XNNPACK splits operators across; runtimes created with it share it.
 pub struct Threadpool {
     /// What `as_raw` hands XNNPACK: boxed, so its address outlives moves of the pool.
@@ -95,7 +99,12 @@ impl Threadpool {
     /// How many threads the pool splits operators across, the caller's included.
     pub fn threads(&self) -> usize {
         // SAFETY: the ops are valid for the handle's pool (new, or with_ops's contract).
-        unsafe { ((*self.handle.ops).threads)(self.handle.pool) }.max(1)
+        unsafe {
+            (*self.handle.ops)
+                .threads
+                .map_or(1, |threads| threads(self.handle.pool))
+        }
+        .max(1)
     }
 
     /// The `pthreadpool_t` XNNPACK is given, for a C or C++ caller that creates its own
@@ -130,7 +139,7 @@ impl Drop for OwnPool {
 /// it joined, unchanged until every joined worker has left.
 #[derive(Clone, Copy)]
 struct Job {
-    range: Option<RangeFn>,
+    range: Option<Range>,
     job: *mut c_void,
     count: usize,
     chunk: usize,
@@ -224,7 +233,7 @@ impl Shared {
     }
 
     /// Runs `range` over `0..count` on the caller and on every worker that joins in time.
-    fn run(&self, range: RangeFn, job: *mut c_void, count: usize, flags: u32) {
+    fn run(&self, range: Range, job: *mut c_void, count: usize, flags: u32) {
         if IN_POOL.with(Cell::get) {
             run_items(range, job, 0, 0, count, flags);
             return;
@@ -253,7 +262,7 @@ impl Shared {
 
     fn take_items(
         &self,
-        range: RangeFn,
+        range: Range,
         job: *mut c_void,
         thread: usize,
         count: usize,
@@ -349,14 +358,7 @@ impl Shared {
 }
 
 /// Runs every item on the calling thread, as thread `thread`.
-fn run_items(
-    range: RangeFn,
-    job: *mut c_void,
-    thread: usize,
-    begin: usize,
-    end: usize,
-    flags: u32,
-) {
+fn run_items(range: Range, job: *mut c_void, thread: usize, begin: usize, end: usize, flags: u32) {
     // SAFETY: as in take_items: the C side's valid trampoline and job, this thread's FPU state.
     unsafe {
         let saved = sys::pool::xnnblob_pool_enter(flags);
@@ -378,12 +380,17 @@ unsafe extern "C" fn own_run(
     count: usize,
     flags: u32,
 ) {
+    // pool.c never passes a null range; one would have nothing to run.
+    let range: Option<Range> = range;
+    let Some(range) = range else {
+        return;
+    };
     // SAFETY: as in own_threads.
     let shared = unsafe { &*pool.cast::<Shared>() };
     shared.run(range, job, count, flags);
 }
 
 static OWN_OPS: PoolOps = PoolOps {
-    threads: own_threads,
-    run: own_run,
+    threads: Some(own_threads),
+    run: Some(own_run),
 };

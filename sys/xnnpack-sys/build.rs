@@ -162,7 +162,7 @@ fn main() {
     for var in toolchain::env_vars(&env::var("TARGET").unwrap_or_default()) {
         println!("cargo:rerun-if-env-changed={var}");
     }
-    let install = match (
+    let mut install = match (
         env::var_os("XNNPACK_INCLUDE_DIR"),
         env::var_os("XNNPACK_LIB_DIR"),
     ) {
@@ -179,6 +179,15 @@ fn main() {
         SOURCES[0].version.to_string()
     };
     println!("cargo:version={version}");
+    // xnnblob's own header (the pool table, include/xnnblob_pool.h): for pool.c, the bindings
+    // and dependents' C++ (DEP_XNNPACK_INCLUDE), whichever XNNPACK is linked.
+    let own_include =
+        PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"))
+            .join("include");
+    println!("cargo:rerun-if-changed={}", own_include.display());
+    // Seen by dependents as DEP_XNNPACK_POOL_INCLUDE: that header's directory alone.
+    println!("cargo:pool_include={}", own_include.display());
+    install.include_dirs.push(own_include);
     install.check_quantization_padding();
     // Before XNNPACK's libraries: the shim's references to them must precede them on the link line.
     install.build_kernel_info();
@@ -675,7 +684,10 @@ fn find_file(dir: &Path, name: &str) -> Option<PathBuf> {
 fn generate_bindings(include_dirs: &[PathBuf], target_args: &[String]) {
     let out = PathBuf::from(env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
     let builder = bindgen::Builder::default()
-        .header_contents("wrapper.h", "#include <xnnpack.h>\n")
+        .header_contents(
+            "wrapper.h",
+            "#include <xnnpack.h>\n#include <xnnblob_pool.h>\n",
+        )
         .clang_args(target_args)
         .clang_args(include_dirs.iter().map(|d| format!("-I{}", d.display())))
         .allowlist_function("xnn_.*")
@@ -683,6 +695,9 @@ fn generate_bindings(include_dirs: &[PathBuf], target_args: &[String]) {
         // and the flags; src/pool.c implements the calls.
         .allowlist_type("pthreadpool_t")
         .allowlist_var("PTHREADPOOL_FLAG_.*")
+        // The pool table pool.c calls through (include/xnnblob_pool.h).
+        .allowlist_type("xnnblob_pool_.*")
+        .allowlist_function("xnnblob_pool_.*")
         .allowlist_type("xnn_.*")
         .allowlist_var("XNN_.*")
         .prepend_enum_name(false)

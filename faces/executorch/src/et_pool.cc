@@ -13,6 +13,8 @@
 #include <dlfcn.h>
 #include <executorch/extension/threadpool/threadpool_guard.h>
 
+#include <xnnblob_pool.h>
+
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -23,18 +25,6 @@ namespace executorch::extension::threadpool {
 pthreadpool* get_pthreadpool();
 }
 
-extern "C" {
-typedef void (*xnnblob_pool_range_fn)(void* job, size_t thread, size_t begin, size_t end);
-
-// Mirrors xnnpack-sys's pool.c (and xnnpack_sys::pool::PoolOps).
-struct xnnblob_pool_ops {
-  size_t (*threads)(void* pool);
-  void (*run)(void* pool, xnnblob_pool_range_fn range, void* job, size_t count, uint32_t flags);
-};
-
-uint64_t xnnblob_pool_enter(uint32_t flags);
-void xnnblob_pool_leave(uint32_t flags, uint64_t saved);
-}
 
 namespace {
 

@@ -73,43 +73,18 @@ pub const HAS_KERNEL_INFO: bool = cfg!(xnnpack_kernel_info);
 /// every `pthreadpool_parallelize_*` call becomes one [`PoolOps::run`] over a flat range of
 /// items, so a pool is two functions, whoever implements them.
 pub mod pool {
-    use core::ffi::c_void;
-
-    /// Runs items `begin..end` of a job on the thread numbered `thread`.
-    pub type RangeFn =
-        unsafe extern "C" fn(job: *mut c_void, thread: usize, begin: usize, end: usize);
-
-    /// What a pool does for XNNPACK.
-    #[repr(C)]
-    pub struct PoolOps {
-        /// Threads one call is split across, the caller's included (at least 1).
-        pub threads: unsafe extern "C" fn(pool: *mut c_void) -> usize,
-        /// Calls `range(job, thread, begin, end)` over sub-ranges covering `0..count` exactly
-        /// once, `thread` below `threads(pool)` and distinct among concurrent calls, and returns
-        /// when every call has returned. `flags` are pthreadpool's (`PTHREADPOOL_FLAG_*`).
-        pub run: unsafe extern "C" fn(
-            pool: *mut c_void,
-            range: RangeFn,
-            job: *mut c_void,
-            count: usize,
-            flags: u32,
-        ),
-    }
-
-    /// The object a `pthreadpool_t` points to.
-    #[repr(C)]
-    pub struct PoolHandle {
-        /// The pool's operations.
-        pub ops: *const PoolOps,
-        /// The pool they are called with.
-        pub pool: *mut c_void,
-    }
-
-    unsafe extern "C" {
-        /// Puts the calling thread's floating-point state as `flags` ask for a job
-        /// (`PTHREADPOOL_FLAG_DISABLE_DENORMALS`), returning the state to restore.
-        pub fn xnnblob_pool_enter(flags: u32) -> u64;
-        /// Restores what [`xnnblob_pool_enter`] returned.
-        pub fn xnnblob_pool_leave(flags: u32, saved: u64);
-    }
+    /// What a `pthreadpool_t` points to: the pool's operations and the pool they are called
+    /// with (`struct xnnblob_pool_handle`).
+    pub use super::xnnblob_pool_handle as PoolHandle;
+    /// What a pool does for XNNPACK (`struct xnnblob_pool_ops`): `threads`, the threads one call
+    /// is split across, the caller's included (at least 1); `run`, which calls
+    /// `range(job, thread, begin, end)` over sub-ranges covering `0..count` exactly once,
+    /// `thread` below `threads(pool)` and distinct among concurrent calls, and returns when
+    /// every call has returned (`flags` are pthreadpool's, `PTHREADPOOL_FLAG_*`).
+    pub use super::xnnblob_pool_ops as PoolOps;
+    /// Runs items `begin..end` of a job on the thread numbered `thread` (`xnnblob_pool_range_fn`;
+    /// None only where C passes a null function).
+    pub use super::xnnblob_pool_range_fn as RangeFn;
+    /// The calling thread's floating-point state for a job, and its restoration.
+    pub use super::{xnnblob_pool_enter, xnnblob_pool_leave};
 }

@@ -3,7 +3,8 @@
 //
 // XNNPACK is compiled against pthreadpool.h and calls pthreadpool_parallelize_* with the
 // pthreadpool_t its runtime was created with. Here that handle is a `struct pthreadpool` of two
-// words: a table of two operations and the pool they act on. Each call flattens its grid of
+// words: a table of two operations and the pool they act on (include/xnnblob_pool.h, the one
+// declaration C, C++ and Rust share). Each call flattens its grid of
 // (tiled) items into one range of indices and asks the pool to run sub-ranges of it; the
 // trampolines below turn a sub-range back into the task's arguments. So the Rust side sees one
 // call shape, whatever the grid, and can run it on xnnblob's own pool or on ExecuTorch's.
@@ -14,29 +15,19 @@
 #include <pthreadpool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <xnnblob_pool.h>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <xmmintrin.h>
 #endif
 
+// The pthreadpool_t XNNPACK calls with: a handle, at the struct's address.
+struct pthreadpool {
+  struct xnnblob_pool_handle handle;
+};
+
 // cpuinfo is initialised by xnn_initialize, before any runtime exists.
 uint32_t cpuinfo_get_current_uarch_index_with_default(uint32_t default_uarch_index);
-
-typedef void (*xnnblob_pool_range_fn)(void* job, size_t thread, size_t begin, size_t end);
-
-struct xnnblob_pool_ops {
-  // Threads the pool splits a call across, the caller's included (>= 1).
-  size_t (*threads)(void* pool);
-  // Runs range(job, thread, begin, end) over sub-ranges covering [0, count) exactly once, with
-  // `thread` below threads(pool) and unique among the threads running at once; returns when all
-  // have returned. `flags` are pthreadpool's.
-  void (*run)(void* pool, xnnblob_pool_range_fn range, void* job, size_t count, uint32_t flags);
-};
-
-struct pthreadpool {
-  const struct xnnblob_pool_ops* ops;
-  void* pool;
-};
 
 // The floating-point state a thread runs a job in: pthreadpool's DISABLE_DENORMALS flushes
 // denormal inputs and results to zero for the job's duration only.
@@ -136,17 +127,17 @@ static uint32_t uarch_index(const struct job* job) {
 static void run(pthreadpool_t pool, xnnblob_pool_range_fn range, struct job* job, uint32_t flags) {
   const size_t count = items(job);
   if (count == 0) return;
-  if (pool == NULL || count == 1 || pool->ops->threads(pool->pool) <= 1) {
+  if (pool == NULL || count == 1 || pool->handle.ops->threads(pool->handle.pool) <= 1) {
     const uint64_t saved = xnnblob_pool_enter(flags);
     range(job, 0, 0, count);
     xnnblob_pool_leave(flags, saved);
     return;
   }
-  pool->ops->run(pool->pool, range, job, count, flags);
+  pool->handle.ops->run(pool->handle.pool, range, job, count, flags);
 }
 
 size_t pthreadpool_get_threads_count(pthreadpool_t pool) {
-  return pool == NULL ? 1 : pool->ops->threads(pool->pool);
+  return pool == NULL ? 1 : pool->handle.ops->threads(pool->handle.pool);
 }
 
 // One trampoline per task shape: CALL is the task's call, with `job`, `at` (the item's grid
