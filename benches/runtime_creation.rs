@@ -3,7 +3,7 @@
 //! Prints the median and spread of each, and their ratio, measured in one run.
 
 use std::time::Instant;
-use xnnblob::xnn::{InMemoryWeightsCache, Runtime, WeightsCache};
+use xnnblob::xnn::{InMemoryProvider, ProvidedWeightsCache, Runtime};
 use xnnblob_test_support::synthetic::Mlp;
 
 const REPEATS: usize = 15;
@@ -47,11 +47,11 @@ fn main() {
     let cold = summarize(
         "in-memory cache, cold (packs into it)",
         time(&|| {
-            let cache = WeightsCache::new(InMemoryWeightsCache::new());
+            let cache = ProvidedWeightsCache::new(InMemoryProvider::new());
             drop(Runtime::new(&graph, Some(&cache)).expect("runtime"));
         }),
     );
-    let cache = WeightsCache::new(InMemoryWeightsCache::new());
+    let cache = ProvidedWeightsCache::new(InMemoryProvider::new());
     drop(Runtime::new(&graph, Some(&cache)).expect("runtime"));
     cache.finalize();
     let warm = summarize(

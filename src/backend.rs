@@ -14,8 +14,8 @@ use crate::cache::{CacheAccess, CacheError, CacheOptions, PackedWeightsCache};
 use crate::deferred::DeferredData;
 use crate::shared_data::SharedDataCache;
 use crate::xnn::{
-    AsXnnWeightsCache, InMemoryWeightsCache, RuntimeOptions, Threadpool, WeightsCache, Workspace,
-    XnnError, XnnpackWeightsCache,
+    AsXnnWeightsCache, InMemoryProvider, ProvidedWeightsCache, RuntimeOptions, Threadpool,
+    Workspace, XnnError, XnnpackWeightsCache,
 };
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -59,7 +59,7 @@ impl WorkspaceSharing {
 
 /// Where a model's packed weights live.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub enum PackedCache {
+pub enum WeightsCacheChoice {
     /// The backend's in-memory cache, shared by every model loaded without a file: identical
     /// weights of two programs are packed once, nothing persists.
     #[default]
@@ -146,7 +146,7 @@ pub struct BackendOptions {
     /// `threads` is then ignored.
     pub threadpool: Option<Arc<Threadpool>>,
     /// The packed-weight cache models use unless their load says otherwise.
-    pub packed_cache: PackedCache,
+    pub packed_cache: WeightsCacheChoice,
     /// What packed-weight cache files must match (this build and CPU by default).
     pub cache_options: CacheOptions,
     /// Leave packing to runtime creation, one weight after another on the loading thread, as
@@ -280,7 +280,7 @@ impl Backend {
     }
 
     /// As [`file_cache`](Self::file_cache), under the read-only `layers` (see
-    /// [`PackedCache::Layered`]). A file opened before with other layers is
+    /// [`WeightsCacheChoice::Layered`]). A file opened before with other layers is
     /// [`CacheError::OpenWithOtherOptions`].
     pub fn layered_cache(
         &self,
@@ -334,14 +334,16 @@ impl Backend {
     /// The notice is the face's to say, in its own way (ExecuTorch's log, stderr, an error).
     pub fn resolve_weights(
         &self,
-        request: &PackedCache,
+        request: &WeightsCacheChoice,
         verify_on_load: bool,
     ) -> (Weights, Option<CacheNotice>) {
         let (layers, path) = match request {
-            PackedCache::Disabled => return (Weights::None, None),
-            PackedCache::InMemory => return (Weights::Packed(self.0.in_memory.clone()), None),
-            PackedCache::File(path) => (&[][..], path),
-            PackedCache::Layered { layers, path } => (&layers[..], path),
+            WeightsCacheChoice::Disabled => return (Weights::None, None),
+            WeightsCacheChoice::InMemory => {
+                return (Weights::Packed(self.0.in_memory.clone()), None)
+            }
+            WeightsCacheChoice::File(path) => (&[][..], path),
+            WeightsCacheChoice::Layered { layers, path } => (&layers[..], path),
         };
         if let Some(cache) = self
             .0
@@ -446,7 +448,7 @@ impl Backend {
     /// The model's files are not known here, so a cache file it uses is created no more
     /// readable than [`PRIVATE_MODE`](crate::cache::PRIVATE_MODE) (see
     /// [`model_for_files`](Self::model_for_files)).
-    pub fn model(&self, cache: Option<&PackedCache>) -> Result<ModelContext, BackendError> {
+    pub fn model(&self, cache: Option<&WeightsCacheChoice>) -> Result<ModelContext, BackendError> {
         self.model_for_files(cache, crate::cache::PRIVATE_MODE)
     }
 
@@ -456,7 +458,7 @@ impl Backend {
     /// ([`PackedWeightsCache::limit_permissions`]).
     pub fn model_for_files(
         &self,
-        cache: Option<&PackedCache>,
+        cache: Option<&WeightsCacheChoice>,
         files_mode: u32,
     ) -> Result<ModelContext, BackendError> {
         let request = cache.unwrap_or(&self.0.options.packed_cache);
@@ -570,7 +572,7 @@ pub enum Weights {
     Xnnpack(Arc<XnnpackWeightsCache>),
     /// A pointer-keyed in-memory provider (a benchmark's floor: every look-up hits once it
     /// holds the weights of the same buffers).
-    Provider(Arc<WeightsCache<InMemoryWeightsCache>>),
+    Provider(Arc<ProvidedWeightsCache<InMemoryProvider>>),
 }
 
 impl Weights {

@@ -399,14 +399,14 @@ fn verify_against_program(
     program: &std::path::Path,
     data: &[PathBuf],
 ) -> Result<(), Box<dyn std::error::Error>> {
-    use xnnblob::backend::{Backend, BackendOptions, PackedCache};
+    use xnnblob::backend::{Backend, BackendOptions, WeightsCacheChoice};
     use xnnblob::program::{Program, ProgramError};
     let backend = Backend::new(BackendOptions::default())?;
     let loaded = Program::load(
         &backend,
         program,
         data,
-        Some(&PackedCache::File(path.to_path_buf())),
+        Some(&WeightsCacheChoice::File(path.to_path_buf())),
     )?;
     let mut not_delegated = Vec::new();
     for name in loaded.method_names() {

@@ -279,7 +279,7 @@ fn output_summary(i: usize, out: xnnblob::tensor::TensorRef<'_>) -> String {
 
 fn run_command(args: &RunArgs, calls: Calls) -> Result<(), Box<dyn std::error::Error>> {
     use std::time::Instant;
-    use xnnblob::backend::{Backend, CacheNotice, PackedCache};
+    use xnnblob::backend::{Backend, CacheNotice, WeightsCacheChoice};
     let program_path = args.program.display().to_string();
     let (data, cache, out_dir) = (&args.data, args.cache.clone(), &args.output_dir);
     let t = Instant::now();
@@ -305,9 +305,9 @@ fn run_command(args: &RunArgs, calls: Calls) -> Result<(), Box<dyn std::error::E
         None => None,
         Some(path) => {
             let request = if args.cache_layer.is_empty() {
-                PackedCache::File(path)
+                WeightsCacheChoice::File(path)
             } else {
-                PackedCache::Layered {
+                WeightsCacheChoice::Layered {
                     layers: args.cache_layer.clone(),
                     path,
                 }
@@ -318,7 +318,7 @@ fn run_command(args: &RunArgs, calls: Calls) -> Result<(), Box<dyn std::error::E
                 }
                 Some(notice @ CacheNotice::Unusable { .. }) => {
                     eprintln!("xnnblob: warning: {notice}");
-                    Some(PackedCache::InMemory)
+                    Some(WeightsCacheChoice::InMemory)
                 }
                 Some(notice) => {
                     eprintln!("xnnblob: {notice}");

@@ -15,7 +15,7 @@ use libfuzzer_sys::fuzz_target;
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::OnceLock;
-use xnnblob::backend::{Backend, BackendOptions, PackedCache};
+use xnnblob::backend::{Backend, BackendOptions, WeightsCacheChoice};
 use xnnblob::cache::format::{self, Compat, EntryKey, FileEntry};
 use xnnblob::delegate::XnnDelegate;
 
@@ -48,7 +48,7 @@ fn inputs_of(delegate: &XnnDelegate) -> Vec<Vec<f32>> {
 
 /// Compiles and runs every graph with `cache`; the outputs, or None where a graph failed to
 /// compile or run (a clean error).
-fn run_all(backend: &Backend, cache: &PackedCache) -> Vec<Option<Vec<Vec<f32>>>> {
+fn run_all(backend: &Backend, cache: &WeightsCacheChoice) -> Vec<Option<Vec<Vec<f32>>>> {
     let model = backend.model(Some(cache)).expect("a model context");
     GRAPHS
         .iter()
@@ -83,14 +83,14 @@ fn base() -> &'static Base {
     BASE.get_or_init(|| {
         let path = xnnblob_fuzz::scratch_dir().join("base.xbc");
         let backend = new_backend();
-        let packed = run_all(&backend, &PackedCache::File(path.clone()));
+        let packed = run_all(&backend, &WeightsCacheChoice::File(path.clone()));
         backend
             .file_cache(&path)
             .expect("the cache file is open")
             .wait_saved()
             .expect("the cold launch saved");
         drop(backend);
-        let reference: Vec<Vec<Vec<f32>>> = run_all(&new_backend(), &PackedCache::Disabled)
+        let reference: Vec<Vec<Vec<f32>>> = run_all(&new_backend(), &WeightsCacheChoice::Disabled)
             .into_iter()
             .map(|o| o.expect("every fixture graph runs"))
             .collect();
@@ -195,7 +195,7 @@ fuzz_target!(init: xnnblob_fuzz::limit_address_space(), |data: &[u8]| {
     // A launch of its own: its saves done before the next input replaces the file, so that no
     // cache of this one is still open (and found again by path) then.
     let backend = new_backend();
-    let outputs = run_all(&backend, &PackedCache::File(path.clone()));
+    let outputs = run_all(&backend, &WeightsCacheChoice::File(path.clone()));
     if let Ok(cache) = backend.file_cache(&path) {
         let _ = cache.wait_saved();
     }

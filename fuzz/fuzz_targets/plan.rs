@@ -14,7 +14,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use std::sync::Arc;
-use xnnblob::backend::PackedCache;
+use xnnblob::backend::WeightsCacheChoice;
 use xnnblob::named_data::NamedDataMap;
 use xnnblob::program::{Program, ProgramError};
 use xnnblob::tensor::PaddedTensor;
@@ -35,7 +35,7 @@ fuzz_target!(init: xnnblob_fuzz::limit_address_space(), |data: &[u8]| {
         xnnblob_fuzz::backend(),
         &path,
         vec![external],
-        Some(&PackedCache::Disabled),
+        Some(&WeightsCacheChoice::Disabled),
     ) else {
         return;
     };

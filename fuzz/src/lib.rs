@@ -10,7 +10,7 @@ pub mod state_script;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
-use xnnblob::backend::{Backend, BackendOptions, ModelContext, PackedCache};
+use xnnblob::backend::{Backend, BackendOptions, ModelContext, WeightsCacheChoice};
 use xnnblob::named_data::{DataBuffer, InMemoryMap, NamedDataMap};
 use xnnblob_test_support::builder::{BuiltGraph, ConvGeometry, GraphBuilder};
 use xnnblob_test_support::synthetic::SplitMix64;
@@ -257,7 +257,7 @@ pub fn model() -> &'static ModelContext {
     static MODEL: OnceLock<ModelContext> = OnceLock::new();
     MODEL.get_or_init(|| {
         backend()
-            .model(Some(&PackedCache::Disabled))
+            .model(Some(&WeightsCacheChoice::Disabled))
             .expect("a model context")
     })
 }

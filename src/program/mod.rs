@@ -24,7 +24,7 @@ pub use method::{rows_for, Method};
 pub use pack_ahead::{pack_ahead, PackedAhead};
 pub use shared_state::{SharedState, SHARED_MEMORY_ID};
 
-use crate::backend::{Backend, ModelContext, PackedCache};
+use crate::backend::{Backend, ModelContext, WeightsCacheChoice};
 use crate::cache::PackedWeightsCache;
 use crate::delegate::XnnDelegate;
 use crate::named_data::{
@@ -760,7 +760,7 @@ impl Program {
         backend: &Backend,
         pte: impl AsRef<Path>,
         ptds: &[impl AsRef<Path>],
-        cache: Option<&PackedCache>,
+        cache: Option<&WeightsCacheChoice>,
     ) -> Result<Program, ProgramError> {
         let mut maps: Vec<Arc<dyn NamedDataMap>> = Vec::new();
         let mut data_mode = READ_WRITE;
@@ -780,7 +780,7 @@ impl Program {
         backend: &Backend,
         pte: impl AsRef<Path>,
         external: Vec<Arc<dyn NamedDataMap>>,
-        cache: Option<&PackedCache>,
+        cache: Option<&WeightsCacheChoice>,
     ) -> Result<Program, ProgramError> {
         let data_mode = if external.is_empty() {
             READ_WRITE
@@ -796,7 +796,7 @@ impl Program {
         backend: &Backend,
         pte: &Path,
         external: Vec<Arc<dyn NamedDataMap>>,
-        cache: Option<&PackedCache>,
+        cache: Option<&WeightsCacheChoice>,
         data_mode: u32,
     ) -> Result<Program, ProgramError> {
         let program = Arc::new(FileDataMap::open_pte(pte)?);

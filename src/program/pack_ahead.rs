@@ -3,7 +3,7 @@
 //! then uses as a read-only layer ([`CacheOptions::layers`](crate::cache::CacheOptions::layers)).
 
 use super::{Program, ProgramError};
-use crate::backend::{Backend, BackendOptions, PackedCache};
+use crate::backend::{Backend, BackendOptions, WeightsCacheChoice};
 use std::path::{Path, PathBuf};
 
 /// What [`pack_ahead`] wrote.
@@ -49,7 +49,7 @@ pub fn pack_ahead(
         threads: crate::backend::machine_threads(),
         ..Default::default()
     })?;
-    let request = PackedCache::File(file.to_path_buf());
+    let request = WeightsCacheChoice::File(file.to_path_buf());
     let loaded = Program::load(&backend, program, data, Some(&request))?;
     let mut delegates = Vec::new();
     for name in loaded.method_names() {

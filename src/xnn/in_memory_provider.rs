@@ -44,7 +44,7 @@ pub struct ProviderStats {
 
 /// An in-memory packed-weights provider keyed by XNNPACK's (seed, kernel address, bias address).
 #[derive(Default)]
-pub struct InMemoryWeightsCache {
+pub struct InMemoryProvider {
     state: Mutex<State>,
     finalized: AtomicBool,
     look_up_hits: AtomicUsize,
@@ -53,10 +53,10 @@ pub struct InMemoryWeightsCache {
     look_up_or_insert_calls: AtomicUsize,
 }
 
-impl InMemoryWeightsCache {
+impl InMemoryProvider {
     /// An empty cache, not finalized: XNNPACK can pack into it.
-    pub fn new() -> InMemoryWeightsCache {
-        InMemoryWeightsCache::default()
+    pub fn new() -> InMemoryProvider {
+        InMemoryProvider::default()
     }
 
     /// Lets runtimes be set up against the cache; from now on nothing new can be packed into it.
@@ -82,7 +82,7 @@ fn key_tuple(key: &LookUpKey) -> (u32, usize, usize) {
     (key.seed, key.kernel as usize, key.bias as usize)
 }
 
-impl PackedWeightsProvider for InMemoryWeightsCache {
+impl PackedWeightsProvider for InMemoryProvider {
     fn look_up(&self, key: &LookUpKey) -> Option<usize> {
         let found = self.state.lock().by_key.get(&key_tuple(key)).copied();
         let counter = if found.is_some() {

@@ -23,7 +23,7 @@ pub use convolutions::{
 pub use datatype::Datatype;
 pub(crate) use error::buffer_too_small;
 pub use error::{Status, XnnError};
-pub use in_memory_provider::{InMemoryWeightsCache, ProviderStats};
+pub use in_memory_provider::{InMemoryProvider, ProviderStats};
 pub use kernel_info::{qd8_gemm_kernel, Qd8Weights};
 pub use nodes::{BinaryOp, Deconvolution2dParams, Pooling2dParams, UnaryOp};
 pub use runtime::{External, RawInput, RawOutput, Runtime, RuntimeOptions};
@@ -32,7 +32,9 @@ pub use subgraph::{
     ValueRole,
 };
 pub use threadpool::Threadpool;
-pub use weights_provider::{AsXnnWeightsCache, LookUpKey, PackedWeightsProvider, WeightsCache};
+pub use weights_provider::{
+    AsXnnWeightsCache, LookUpKey, PackedWeightsProvider, ProvidedWeightsCache,
+};
 pub use workspace::Workspace;
 pub use xnnpack_provider::XnnpackWeightsCache;
 /// The two operations a pool gives XNNPACK ([`Threadpool::with_ops`]).

@@ -1,6 +1,6 @@
 //! XNNPACK's `xnn_weights_cache_provider` as a Rust trait.
 //!
-//! XNNPACK drives a weights cache through six C callbacks. [`WeightsCache`] owns the C struct and
+//! XNNPACK drives a weights cache through six C callbacks. [`ProvidedWeightsCache`] owns the C struct and
 //! points its callbacks at one [`PackedWeightsProvider`], so a provider is plain safe Rust and the
 //! unsafe surface is the trampolines in this file.
 //!
@@ -87,20 +87,20 @@ pub unsafe trait AsXnnWeightsCache {
 }
 
 /// An `xnn_weights_cache_t` whose callbacks call `P`.
-pub struct WeightsCache<P: PackedWeightsProvider> {
+pub struct ProvidedWeightsCache<P: PackedWeightsProvider> {
     // Boxed so the addresses XNNPACK holds (the struct and its context) never move.
     raw: Box<sys::xnn_weights_cache_provider>,
     provider: Box<P>,
 }
 
 // SAFETY: the raw struct is only read by XNNPACK after construction; P is Send + Sync.
-unsafe impl<P: PackedWeightsProvider> Send for WeightsCache<P> {}
+unsafe impl<P: PackedWeightsProvider> Send for ProvidedWeightsCache<P> {}
 // SAFETY: as above; every callback goes to P, which is Sync.
-unsafe impl<P: PackedWeightsProvider> Sync for WeightsCache<P> {}
+unsafe impl<P: PackedWeightsProvider> Sync for ProvidedWeightsCache<P> {}
 
-impl<P: PackedWeightsProvider> WeightsCache<P> {
+impl<P: PackedWeightsProvider> ProvidedWeightsCache<P> {
     /// Wraps `provider` in an `xnn_weights_cache_provider` whose callbacks call it.
-    pub fn new(provider: P) -> WeightsCache<P> {
+    pub fn new(provider: P) -> ProvidedWeightsCache<P> {
         let provider = Box::new(provider);
         let context = &*provider as *const P as *mut c_void;
         let raw = Box::new(sys::xnn_weights_cache_provider {
@@ -112,7 +112,7 @@ impl<P: PackedWeightsProvider> WeightsCache<P> {
             offset_to_addr: Some(offset_to_addr::<P>),
             delete_cache: Some(delete_cache),
         });
-        WeightsCache { raw, provider }
+        ProvidedWeightsCache { raw, provider }
     }
 
     /// The provider XNNPACK's callbacks reach.
@@ -121,7 +121,7 @@ impl<P: PackedWeightsProvider> WeightsCache<P> {
     }
 }
 
-impl<P: PackedWeightsProvider> std::ops::Deref for WeightsCache<P> {
+impl<P: PackedWeightsProvider> std::ops::Deref for ProvidedWeightsCache<P> {
     type Target = P;
     fn deref(&self) -> &P {
         &self.provider
@@ -130,7 +130,7 @@ impl<P: PackedWeightsProvider> std::ops::Deref for WeightsCache<P> {
 
 // SAFETY: `raw` and the provider it points to are boxed and owned by `self`, so both outlive any
 // borrow of `self`; the provider is Sync, so the callbacks may run on any thread.
-unsafe impl<P: PackedWeightsProvider> AsXnnWeightsCache for WeightsCache<P> {
+unsafe impl<P: PackedWeightsProvider> AsXnnWeightsCache for ProvidedWeightsCache<P> {
     fn as_xnn_weights_cache(&self) -> sys::xnn_weights_cache_t {
         &*self.raw as *const sys::xnn_weights_cache_provider as sys::xnn_weights_cache_t
     }
@@ -139,7 +139,7 @@ unsafe impl<P: PackedWeightsProvider> AsXnnWeightsCache for WeightsCache<P> {
 const NOT_FOUND: usize = usize::MAX;
 
 /// # Safety
-/// `context` must be the `P` installed by [`WeightsCache::new`], still alive.
+/// `context` must be the `P` installed by [`ProvidedWeightsCache::new`], still alive.
 unsafe fn provider<'a, P>(context: *mut c_void) -> &'a P {
     // SAFETY: guaranteed by the caller.
     unsafe { &*(context as *const P) }

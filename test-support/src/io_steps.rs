@@ -18,7 +18,7 @@ pub fn load(
     dir: &Path,
     io: &Value,
     name: &str,
-    cache: Option<&xnnblob::backend::PackedCache>,
+    cache: Option<&xnnblob::backend::WeightsCacheChoice>,
 ) -> xnnblob::program::Program {
     let data: Vec<std::path::PathBuf> = io["data"]
         .as_array()

@@ -4,7 +4,7 @@
 use crate::common;
 
 use std::path::{Path, PathBuf};
-use xnnblob::backend::{Backend, BackendOptions, PackedCache, WorkspaceSharing};
+use xnnblob::backend::{Backend, BackendOptions, WeightsCacheChoice, WorkspaceSharing};
 use xnnblob::cache::{CacheError, CacheOptions, PackedWeightsCache};
 use xnnblob::program::Program;
 
@@ -117,7 +117,7 @@ fn a_second_open_of_a_file_with_other_options_is_an_error() {
     })
     .unwrap();
     let err = backend
-        .model(Some(&PackedCache::File(path.clone())))
+        .model(Some(&WeightsCacheChoice::File(path.clone())))
         .err()
         .unwrap();
     assert!(err.to_string().contains("other options"), "{err}");
@@ -149,7 +149,7 @@ fn one_resolver_says_what_became_of_a_cache_request() {
     let backend = Backend::with_defaults().unwrap();
     let scratch = common::scratch("resolver");
 
-    let a_directory = PackedCache::File(scratch.to_path_buf());
+    let a_directory = WeightsCacheChoice::File(scratch.to_path_buf());
     let (weights, notice) = backend.resolve_weights(&a_directory, false);
     match (&weights, &notice) {
         (Weights::Packed(cache), Some(CacheNotice::Unusable { path, .. })) => {
@@ -163,7 +163,7 @@ fn one_resolver_says_what_became_of_a_cache_request() {
 
     let torn = scratch.join("empty.xbc");
     std::fs::write(&torn, b"").unwrap();
-    let (weights, notice) = backend.resolve_weights(&PackedCache::File(torn.clone()), false);
+    let (weights, notice) = backend.resolve_weights(&WeightsCacheChoice::File(torn.clone()), false);
     assert!(matches!(weights, Weights::Packed(_)));
     match notice {
         Some(CacheNotice::Rebuilt { path, why }) => {
@@ -173,10 +173,10 @@ fn one_resolver_says_what_became_of_a_cache_request() {
         other => panic!("{other:?}"),
     }
 
-    let fresh = PackedCache::File(scratch.join("new.xbc"));
+    let fresh = WeightsCacheChoice::File(scratch.join("new.xbc"));
     assert!(backend.resolve_weights(&fresh, false).1.is_none());
     assert!(matches!(
-        backend.resolve_weights(&PackedCache::Disabled, false),
+        backend.resolve_weights(&WeightsCacheChoice::Disabled, false),
         (Weights::None, None)
     ));
 }

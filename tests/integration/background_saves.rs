@@ -7,7 +7,7 @@
 use crate::common;
 
 use common::scratch;
-use xnnblob::backend::{Backend, PackedCache};
+use xnnblob::backend::{Backend, WeightsCacheChoice};
 use xnnblob::program::Program;
 use xnnblob_test_support::synthetic::model::{self, Dtype, ModelSpec, Preset};
 
@@ -36,7 +36,7 @@ fn finalizes_during_a_save_are_saved_by_it_and_nothing_is_lost() {
             backend,
             &files[i].pte,
             &[&files[i].ptd],
-            Some(&PackedCache::File(cache.clone())),
+            Some(&WeightsCacheChoice::File(cache.clone())),
         )
         .unwrap();
         let out = p

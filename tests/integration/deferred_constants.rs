@@ -8,7 +8,7 @@ use common::{dir, f32s};
 use serde_json::Value;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use xnnblob::backend::{Backend, PackedCache};
+use xnnblob::backend::{Backend, WeightsCacheChoice};
 use xnnblob::delegate::XnnDelegate;
 use xnnblob::named_data::{
     DataBuffer, FileDataMap, InMemoryMap, MergedMap, NamedDataError, NamedDataMap, TensorLayout,
@@ -96,7 +96,7 @@ fn launch(name: &str, input: &str, cache: &std::path::Path) -> Launch {
     let (payload, map, _) = open(name);
     let backend = Backend::with_defaults().unwrap();
     let model = backend
-        .model(Some(&PackedCache::File(cache.to_path_buf())))
+        .model(Some(&WeightsCacheChoice::File(cache.to_path_buf())))
         .unwrap();
     let mut d = XnnDelegate::init_deferred(&model, payload, map.clone())
         .unwrap_or_else(|e| panic!("{name}: {e}"));
@@ -175,7 +175,7 @@ fn launch_f16(
     payload.insert("p", &graph.payload, 64, None).unwrap();
     let backend = Backend::with_defaults().unwrap();
     let model = backend
-        .model(Some(&PackedCache::File(cache.to_path_buf())))
+        .model(Some(&WeightsCacheChoice::File(cache.to_path_buf())))
         .unwrap();
     let mut d = XnnDelegate::init_deferred(&model, payload.get_data("p").unwrap(), map.clone())
         .unwrap_or_else(|e| panic!("fp16 graph: {e}"));
@@ -295,8 +295,8 @@ fn a_delegate_lets_go_of_its_payload_once_its_runtime_is_made() {
     let backend = Backend::with_defaults().unwrap();
     for (deferred, cache) in [
         (false, None),
-        (true, Some(PackedCache::File(dir.join("cold.xbc")))),
-        (true, Some(PackedCache::File(dir.join("cold.xbc")))),
+        (true, Some(WeightsCacheChoice::File(dir.join("cold.xbc")))),
+        (true, Some(WeightsCacheChoice::File(dir.join("cold.xbc")))),
     ] {
         let (payload, map, _) = open(name);
         let backing: Arc<dyn Backing> = Arc::new(AlignedBytes::copy_from(&payload, 64).unwrap());

@@ -244,7 +244,7 @@ fn a_warm_launch_of_every_exported_program_packs_nothing() {
     let mut checked = Vec::new();
     for name in common::exported_names() {
         let io = io(&name);
-        let cache = xnnblob::backend::PackedCache::File(scratch.join(format!("{name}.xbc")));
+        let cache = xnnblob::backend::WeightsCacheChoice::File(scratch.join(format!("{name}.xbc")));
         let launch = || {
             let backend = Backend::with_defaults().unwrap();
             let program = common::io_steps::load(&backend, &dir(), &io, &name, Some(&cache));

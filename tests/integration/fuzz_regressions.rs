@@ -2,7 +2,7 @@
 //! inputs themselves are kept in the seed corpora (`fuzz/corpus/*/regression-*`), which
 //! `tests/fuzz_short.rs` runs; these tests state each fix where it was made.
 
-use xnnblob::backend::{Backend, PackedCache};
+use xnnblob::backend::{Backend, WeightsCacheChoice};
 use xnnblob::delegate::XnnDelegate;
 use xnnblob::named_data::{FileDataMap, FileKind, InMemoryMap, NamedDataMap};
 use xnnblob::xnn::{
@@ -23,7 +23,7 @@ fn a_payload_claiming_more_external_ids_than_executorch_allows_is_refused_before
     let mut holder = InMemoryMap::new("payload");
     holder.insert("p", &bytes, 64, None).unwrap();
     let backend = Backend::with_defaults().unwrap();
-    let model = backend.model(Some(&PackedCache::Disabled)).unwrap();
+    let model = backend.model(Some(&WeightsCacheChoice::Disabled)).unwrap();
     let empty = InMemoryMap::new("no constants");
     let e = XnnDelegate::init(&model, holder.get_data("p").unwrap(), &empty)
         .err()
@@ -373,9 +373,13 @@ fn an_inline_delegate_payload_without_data_is_an_error() {
         .join("fuzz/corpus/plan/regression-inline-payload-without-data.pte");
     let backend = Backend::with_defaults().unwrap();
     let none: [&std::path::Path; 0] = [];
-    let program =
-        xnnblob::program::Program::load(&backend, &path, &none, Some(&PackedCache::Disabled))
-            .unwrap();
+    let program = xnnblob::program::Program::load(
+        &backend,
+        &path,
+        &none,
+        Some(&WeightsCacheChoice::Disabled),
+    )
+    .unwrap();
     let names: Vec<String> = program
         .method_names()
         .iter()

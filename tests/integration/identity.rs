@@ -7,7 +7,7 @@
 //! faces/capi's tests.
 
 use std::path::{Path, PathBuf};
-use xnnblob::backend::{Backend, BackendOptions, PackedCache};
+use xnnblob::backend::{Backend, BackendOptions, WeightsCacheChoice};
 use xnnblob::cache::{format, BlobId, Compat, PackedWeightsCache};
 use xnnblob::xnn::{LookUpKey, PackedWeightsProvider};
 
@@ -39,7 +39,7 @@ fn tolerance(name: &str) -> f32 {
 
 /// Loads `name` through `backend` (with `cache`, if any), runs its steps and returns the worst
 /// difference from ExecuTorch's outputs, as a fraction of their range.
-fn run(backend: &Backend, name: &str, cache: Option<&PackedCache>) -> f32 {
+fn run(backend: &Backend, name: &str, cache: Option<&WeightsCacheChoice>) -> f32 {
     let io = common::io_steps::io(&dir(), name);
     let program = common::io_steps::load(backend, &dir(), &io, name, cache);
     let mut method = program
@@ -73,7 +73,7 @@ fn the_same_bytes_in_two_shapes_or_beside_two_biases_give_executorchs_outputs_co
     let scratch = common::scratch("identity-cold-warm");
     for name in PROGRAMS {
         let path = scratch.join(format!("{name}.xbc"));
-        let cache = PackedCache::File(path.clone());
+        let cache = WeightsCacheChoice::File(path.clone());
         for launch in ["cold", "warm"] {
             // A backend per launch: a new process's view of the file.
             let backend = new_backend();
@@ -106,7 +106,11 @@ fn a_layer_and_its_transposed_twin_are_two_entries_of_the_file() {
     let path = scratch.join("twins.xbc");
     let backend = new_backend();
     let name = "id_transposed_twins_fp32";
-    run(&backend, name, Some(&PackedCache::File(path.clone())));
+    run(
+        &backend,
+        name,
+        Some(&WeightsCacheChoice::File(path.clone())),
+    );
     backend.file_cache(&path).unwrap().wait_saved().unwrap();
     let bytes = std::fs::read(&path).unwrap();
     let compat = Compat {

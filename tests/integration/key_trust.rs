@@ -7,7 +7,7 @@ use crate::common;
 
 use common::{dir, f32s, ptd_with_first_weight_negated, scratch};
 use std::path::{Path, PathBuf};
-use xnnblob::backend::{Backend, BackendOptions, PackedCache};
+use xnnblob::backend::{Backend, BackendOptions, WeightsCacheChoice};
 use xnnblob::cache::{CacheOptions, CacheStats, KeyTrust};
 use xnnblob::program::Program;
 
@@ -30,7 +30,7 @@ fn launch(ptd: &Path, cache: &Path, key_trust: KeyTrust) -> (Vec<f32>, CacheStat
         &backend,
         pte(),
         &[ptd],
-        Some(&PackedCache::File(cache.to_path_buf())),
+        Some(&WeightsCacheChoice::File(cache.to_path_buf())),
     )
     .unwrap();
     let input = f32s(&dir().join("mlp.input.f32"));
@@ -50,7 +50,8 @@ fn launch(ptd: &Path, cache: &Path, key_trust: KeyTrust) -> (Vec<f32>, CacheStat
 /// Outputs without any cache.
 fn uncached(ptd: &Path) -> Vec<f32> {
     let backend = Backend::with_defaults().unwrap();
-    let program = Program::load(&backend, pte(), &[ptd], Some(&PackedCache::Disabled)).unwrap();
+    let program =
+        Program::load(&backend, pte(), &[ptd], Some(&WeightsCacheChoice::Disabled)).unwrap();
     let input = f32s(&dir().join("mlp.input.f32"));
     program
         .method("forward")

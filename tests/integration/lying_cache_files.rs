@@ -6,7 +6,7 @@
 //! target `cache_lookups` tries such edits at random.
 
 use std::path::{Path, PathBuf};
-use xnnblob::backend::{Backend, BackendOptions, PackedCache};
+use xnnblob::backend::{Backend, BackendOptions, WeightsCacheChoice};
 use xnnblob::cache::format::{self, Compat, FileEntry};
 use xnnblob::cache::{compact_file, CacheOptions};
 use xnnblob::program::Program;
@@ -55,7 +55,7 @@ pub(crate) fn launch(pte: &Path, ptd: &Path, cache: Option<&Path>) -> Launch {
         ..Default::default()
     })
     .unwrap();
-    let cache_arg = cache.map(|p| PackedCache::File(p.to_path_buf()));
+    let cache_arg = cache.map(|p| WeightsCacheChoice::File(p.to_path_buf()));
     let program = Program::load(&backend, pte, &[ptd.to_path_buf()], cache_arg.as_ref()).unwrap();
     let mut method = program.method("forward").unwrap();
     let input: Vec<f32> = (0..16).map(|i| (i as f32 - 7.5) / 4.0).collect();

@@ -7,7 +7,7 @@
 use crate::common;
 
 use std::path::Path;
-use xnnblob::backend::{Backend, BackendOptions, PackedCache};
+use xnnblob::backend::{Backend, BackendOptions, WeightsCacheChoice};
 use xnnblob::delegate::XnnDelegate;
 use xnnblob::named_data::{DataBuffer, InMemoryMap, NamedDataMap};
 use xnnblob::program::Program;
@@ -83,7 +83,7 @@ fn mutated_xnnpack_payloads_compile_or_fail_cleanly() {
     let dir = common::scratch("mutated-payloads");
     let (seed, map) = payload_seed(&dir);
     let backend = backend();
-    let model = backend.model(Some(&PackedCache::Disabled)).unwrap();
+    let model = backend.model(Some(&WeightsCacheChoice::Disabled)).unwrap();
     XnnDelegate::init(&model, as_buffer(&seed), &map).expect("the seed compiles");
     let mut rng = SplitMix64(0xF0F0);
     let mut compiled = 0;
@@ -121,7 +121,7 @@ fn mutated_programs_load_or_fail_cleanly() {
             std::fs::write(&path, mutate(&seed, &mut rng)).unwrap();
             let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                 let Ok(program) =
-                    Program::load(&backend, &path, &ptds, Some(&PackedCache::Disabled))
+                    Program::load(&backend, &path, &ptds, Some(&WeightsCacheChoice::Disabled))
                 else {
                     return;
                 };
@@ -150,7 +150,7 @@ fn a_graph_with_a_node_nothing_reads_is_refused_not_aborted_on() {
     let built = g.finish();
     let map = built.map("g").unwrap();
     let backend = backend();
-    let model = backend.model(Some(&PackedCache::Disabled)).unwrap();
+    let model = backend.model(Some(&WeightsCacheChoice::Disabled)).unwrap();
     let e = XnnDelegate::init(&model, as_buffer(&built.payload), &map)
         .err()
         .expect("refused");
@@ -163,7 +163,7 @@ fn a_payload_whose_flatbuffer_is_shorter_than_its_identifier_is_an_error() {
     let dir = common::scratch("short-flatbuffer");
     let (seed, map) = payload_seed(&dir);
     let backend = backend();
-    let model = backend.model(Some(&PackedCache::Disabled)).unwrap();
+    let model = backend.model(Some(&WeightsCacheChoice::Disabled)).unwrap();
     let mut bytes = seed.clone();
     // The header's flatbuffer size (at byte 14: after 4 bytes, the magic, the header length
     // and the flatbuffer's offset) set to 4.

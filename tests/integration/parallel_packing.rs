@@ -6,7 +6,7 @@ use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use xnnblob::backend::{Backend, BackendOptions, PackedCache};
+use xnnblob::backend::{Backend, BackendOptions, WeightsCacheChoice};
 use xnnblob::cache::{CacheOptions, HeapFirst, PackedWeightsCache};
 use xnnblob::program::Program;
 
@@ -67,7 +67,7 @@ struct Launch {
 
 fn launch(backend: &Backend, name: &str, external: bool, cache: Option<&Path>) -> Launch {
     let (pte, ptds) = files(name, external);
-    let cache = cache.map(|p| PackedCache::File(p.to_path_buf()));
+    let cache = cache.map(|p| WeightsCacheChoice::File(p.to_path_buf()));
     let program = Program::load(backend, &pte, &ptds, cache.as_ref()).unwrap();
     let mut outputs = Vec::new();
     let mut delegates = Vec::new();
@@ -215,7 +215,7 @@ fn a_cold_launch_publishes_the_file_it_packed_into_in_packing_order() {
 
     let path = dir.join("chain.cache");
     let backend = backend(false);
-    let cache = PackedCache::File(path.clone());
+    let cache = WeightsCacheChoice::File(path.clone());
     let program = Program::load(&backend, &pte, &[ptd], Some(&cache)).unwrap();
     let method = program.method("forward").unwrap();
     let threads: Vec<usize> = method

@@ -6,7 +6,7 @@ use common::XNNPACK_FIXTURES;
 
 use serde_json::Value;
 use std::path::{Path, PathBuf};
-use xnnblob::backend::{Backend, PackedCache};
+use xnnblob::backend::{Backend, WeightsCacheChoice};
 use xnnblob::program::{Program, ProgramError};
 
 fn dir() -> PathBuf {
@@ -34,7 +34,7 @@ fn load(name: &str, cache: Option<&Path>) -> Program {
         .map(|p| dir().join(p["file"].as_str().unwrap()))
         .collect();
     let backend = Backend::with_defaults().unwrap();
-    let cache = cache.map(|p| PackedCache::File(p.to_path_buf()));
+    let cache = cache.map(|p| WeightsCacheChoice::File(p.to_path_buf()));
     Program::load(
         &backend,
         dir().join(m["pte"]["file"].as_str().unwrap()),

@@ -4,7 +4,7 @@
 //! to do so. With nowhere to remember, the file is checked before use.
 
 use std::path::{Path, PathBuf};
-use xnnblob::backend::{Backend, BackendOptions, PackedCache};
+use xnnblob::backend::{Backend, BackendOptions, WeightsCacheChoice};
 use xnnblob::cache::format::{self, Compat};
 use xnnblob::cache::{CacheOptions, VerifyPacked};
 use xnnblob::program::Program;
@@ -54,7 +54,7 @@ fn read_only_launch(pte: &Path, ptd: &Path, path: &Path, state_dir: PathBuf) -> 
         &backend,
         pte,
         &[ptd.to_path_buf()],
-        Some(&PackedCache::File(path.to_path_buf())),
+        Some(&WeightsCacheChoice::File(path.to_path_buf())),
     )
     .unwrap();
     let mut method = program.method("forward").unwrap();
@@ -82,7 +82,7 @@ fn damage_in_a_read_only_cache_is_served_at_most_once() {
         &backend,
         &pte,
         std::slice::from_ref(&ptd),
-        Some(&PackedCache::File(path.clone())),
+        Some(&WeightsCacheChoice::File(path.clone())),
     )
     .unwrap();
     let input: Vec<f32> = (0..16).map(|i| (i as f32 - 7.5) / 4.0).collect();

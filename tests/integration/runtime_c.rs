@@ -6,7 +6,7 @@ use crate::common;
 
 use serde_json::Value;
 use std::path::{Path, PathBuf};
-use xnnblob::backend::{Backend, PackedCache};
+use xnnblob::backend::{Backend, WeightsCacheChoice};
 use xnnblob::program::{InputError, Program, ProgramError};
 use xnnblob::tensor::{DType, Shape, TensorRef};
 
@@ -18,7 +18,7 @@ fn io(name: &str) -> Value {
     common::io_steps::io(&dir(), name)
 }
 
-fn load(backend: &Backend, name: &str, cache: Option<&PackedCache>) -> Program {
+fn load(backend: &Backend, name: &str, cache: Option<&WeightsCacheChoice>) -> Program {
     common::io_steps::load(backend, &dir(), &io(name), name, cache)
 }
 
@@ -149,7 +149,7 @@ fn fp16_weights_are_packed_once_into_a_cache_file() {
     let _ = std::fs::remove_file(&path);
     let launch = || {
         let backend = Backend::with_defaults().unwrap();
-        let cache = PackedCache::File(path.clone());
+        let cache = WeightsCacheChoice::File(path.clone());
         let output = step_output_within(&backend, "c_mlp_fp16_xnn_inline", Some(&cache), 1.5e-3);
         let file = backend.file_cache(&path).unwrap();
         file.wait_saved().unwrap();
@@ -168,7 +168,7 @@ fn fp16_weights_are_packed_once_into_a_cache_file() {
     let _ = std::fs::remove_file(&path);
 }
 
-fn step_output(backend: &Backend, name: &str, cache: Option<&PackedCache>) -> Vec<u8> {
+fn step_output(backend: &Backend, name: &str, cache: Option<&WeightsCacheChoice>) -> Vec<u8> {
     step_output_within(backend, name, cache, 1e-5)
 }
 
@@ -176,7 +176,7 @@ fn step_output(backend: &Backend, name: &str, cache: Option<&PackedCache>) -> Ve
 fn step_output_within(
     backend: &Backend,
     name: &str,
-    cache: Option<&PackedCache>,
+    cache: Option<&WeightsCacheChoice>,
     tolerance: f32,
 ) -> Vec<u8> {
     let program = load(backend, name, cache);
@@ -243,7 +243,7 @@ fn shared_programs_child() {
     let path = std::env::var("XNNBLOB_SHARED_CACHE_FILE")
         .expect("XNNBLOB_SHARED_CACHE_FILE names the cache file");
     let backend = Backend::with_defaults().unwrap();
-    let cache = PackedCache::File(path.clone().into());
+    let cache = WeightsCacheChoice::File(path.clone().into());
     let a = step_output(&backend, "c_shared_a_xnn_external", Some(&cache));
     let b = step_output(&backend, "c_shared_b_xnn_external", Some(&cache));
     for c in backend.packed_caches() {

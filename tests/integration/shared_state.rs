@@ -6,7 +6,7 @@
 
 use serde_json::Value;
 use std::path::{Path, PathBuf};
-use xnnblob::backend::{Backend, PackedCache};
+use xnnblob::backend::{Backend, WeightsCacheChoice};
 use xnnblob::program::{Method, Program, ProgramError};
 use xnnblob::tensor::TensorRef;
 
@@ -22,7 +22,7 @@ fn calls(name: &str) -> Value {
     serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
 }
 
-fn load(backend: &Backend, name: &str, cache: Option<&PackedCache>) -> Program {
+fn load(backend: &Backend, name: &str, cache: Option<&WeightsCacheChoice>) -> Program {
     let description = calls(name);
     let data: Vec<PathBuf> = description["data"]
         .as_array()
@@ -86,7 +86,7 @@ const RUN_HERE: [&str; 2] = ["shared_prefill_step", "shared_encoder_decoder"];
 fn methods_sharing_mutable_buffers_match_eager_in_xnnblobs_executor_cold_and_warm() {
     let tmp = common::scratch("shared-state-executor");
     for name in RUN_HERE {
-        let cache = PackedCache::File(tmp.join(format!("{name}.xbc")));
+        let cache = WeightsCacheChoice::File(tmp.join(format!("{name}.xbc")));
         for launch in ["cold", "warm"] {
             let backend = Backend::with_defaults().unwrap();
             let program = load(&backend, name, Some(&cache));
@@ -118,7 +118,7 @@ fn methods_sharing_mutable_buffers_match_eager_in_xnnblobs_executor_cold_and_war
 fn mutable_buffers_start_from_their_exported_initial_values() {
     let tmp = common::scratch("initial-state");
     for name in ["state_initial_value", "state_initial_value_shared"] {
-        let cache = PackedCache::File(tmp.join(format!("{name}.xbc")));
+        let cache = WeightsCacheChoice::File(tmp.join(format!("{name}.xbc")));
         for launch in ["cold", "warm"] {
             let backend = Backend::with_defaults().unwrap();
             let program = load(&backend, name, Some(&cache));

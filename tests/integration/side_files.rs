@@ -15,7 +15,7 @@ use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
-use xnnblob::backend::{Backend, BackendOptions, PackedCache};
+use xnnblob::backend::{Backend, BackendOptions, WeightsCacheChoice};
 use xnnblob::cache::{CacheError, CacheOptions, PackedWeightsCache, VerifyPacked};
 use xnnblob::program::Program;
 
@@ -403,7 +403,7 @@ fn program_launch(pte: &Path, ptd: &Path, cache: &Path) -> (Vec<f32>, Option<Str
         &backend,
         pte,
         &[ptd],
-        Some(&PackedCache::File(cache.to_path_buf())),
+        Some(&WeightsCacheChoice::File(cache.to_path_buf())),
     )
     .unwrap();
     let input = f32s(&dir().join("mlp.input.f32"));

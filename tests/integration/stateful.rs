@@ -204,9 +204,9 @@ fn encoder_decoder_toy_matches_reference_for_16_steps_and_resets() {
 
 #[test]
 fn a_stateful_program_with_a_cache_file_packs_nothing_on_its_second_launch() {
-    use xnnblob::backend::{Backend, PackedCache};
+    use xnnblob::backend::{Backend, WeightsCacheChoice};
     let dir = scratch("toy-file-cache");
-    let cache = PackedCache::File(dir.join("toy.xbc"));
+    let cache = WeightsCacheChoice::File(dir.join("toy.xbc"));
     let launch = || {
         let backend = Backend::with_defaults().unwrap();
         let model = backend.model(Some(&cache)).unwrap();

@@ -8,7 +8,7 @@ use crate::common;
 
 use common::scratch;
 use std::path::{Path, PathBuf};
-use xnnblob::backend::{Backend, BackendOptions, PackedCache};
+use xnnblob::backend::{Backend, BackendOptions, WeightsCacheChoice};
 use xnnblob::cache::{CacheError, CacheOptions};
 use xnnblob::delegate::DelegateError;
 use xnnblob::program::{Method, Program, ProgramError};
@@ -34,8 +34,8 @@ fn backend() -> Backend {
 
 fn load(backend: &Backend, files: &ModelFiles, cache: Option<&Path>) -> Program {
     let packed = match cache {
-        Some(path) => PackedCache::File(path.to_path_buf()),
-        None => PackedCache::Disabled,
+        Some(path) => WeightsCacheChoice::File(path.to_path_buf()),
+        None => WeightsCacheChoice::Disabled,
     };
     Program::load(backend, &files.pte, &[&files.ptd], Some(&packed)).unwrap()
 }

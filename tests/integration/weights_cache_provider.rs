@@ -2,7 +2,7 @@
 
 use crate::common;
 
-use xnnblob::xnn::{InMemoryWeightsCache, Runtime, Status, WeightsCache};
+use xnnblob::xnn::{InMemoryProvider, ProvidedWeightsCache, Runtime, Status};
 use xnnblob_test_support::synthetic::{Mlp, MLP_INPUT, MLP_OUTPUT};
 
 fn run(runtime: &mut Runtime<'_>, input: &[f32], outputs: usize) -> Vec<f32> {
@@ -17,7 +17,7 @@ fn run(runtime: &mut Runtime<'_>, input: &[f32], outputs: usize) -> Vec<f32> {
 fn first_runtime_packs_each_weight_once_and_second_runtime_packs_nothing() {
     let mlp = Mlp::random(&[32, 48, 40, 16], 3);
     let input: Vec<f32> = (0..32).map(|i| (i as f32 - 16.0) / 16.0).collect();
-    let cache = WeightsCache::new(InMemoryWeightsCache::new());
+    let cache = ProvidedWeightsCache::new(InMemoryProvider::new());
     let graph = mlp.subgraph(1).unwrap();
 
     let mut first = Runtime::new(&graph, Some(&cache)).unwrap();
@@ -53,7 +53,7 @@ fn first_runtime_packs_each_weight_once_and_second_runtime_packs_nothing() {
 #[test]
 fn setup_before_the_cache_is_finalized_is_an_invalid_state_error() {
     let mlp = Mlp::random(&[16, 8, 8, 4], 5);
-    let cache = WeightsCache::new(InMemoryWeightsCache::new());
+    let cache = ProvidedWeightsCache::new(InMemoryProvider::new());
     let graph = mlp.subgraph(1).unwrap();
     let mut runtime = Runtime::new(&graph, Some(&cache)).unwrap();
     let input = vec![0.25f32; 16];
@@ -74,7 +74,7 @@ fn setup_before_the_cache_is_finalized_is_an_invalid_state_error() {
 fn runtimes_on_several_threads_share_one_cache() {
     let mlp = Mlp::random(&[64, 64, 64, 8], 11);
     let input: Vec<f32> = (0..64).map(|i| (i as f32).sin()).collect();
-    let cache = WeightsCache::new(InMemoryWeightsCache::new());
+    let cache = ProvidedWeightsCache::new(InMemoryProvider::new());
     let graph = mlp.subgraph(1).unwrap();
     drop(Runtime::new(&graph, Some(&cache)).unwrap());
     cache.finalize();

@@ -8,7 +8,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use xnnblob::backend::{BackendOptions, ModelContext, PackedCache, WorkspaceSharing};
+use xnnblob::backend::{BackendOptions, ModelContext, WeightsCacheChoice, WorkspaceSharing};
 use xnnblob::cache::PackedWeightsCache;
 use xnnblob::delegate::XnnDelegate;
 use xnnblob::named_data::{Backing, DataBuffer, FileDataMap, MergedMap, NamedDataError};
@@ -571,7 +571,7 @@ fn new_backend(config: &BackendConfig) -> Result<Box<Backend>, Reported> {
             config.weight_cache_enabled,
             config.packed_cache_path.as_str(),
         ) {
-            (false, _) => PackedCache::Disabled,
+            (false, _) => WeightsCacheChoice::Disabled,
             (true, "") if !layers.is_empty() => {
                 return Err(xnnblob::backend::BackendError::InvalidOption {
                     name: "packed_cache_layers (they need packed_cache_path)",
@@ -579,9 +579,9 @@ fn new_backend(config: &BackendConfig) -> Result<Box<Backend>, Reported> {
                 }
                 .into())
             }
-            (true, "") => PackedCache::InMemory,
-            (true, path) if layers.is_empty() => PackedCache::File(path.into()),
-            (true, path) => PackedCache::Layered {
+            (true, "") => WeightsCacheChoice::InMemory,
+            (true, path) if layers.is_empty() => WeightsCacheChoice::File(path.into()),
+            (true, path) => WeightsCacheChoice::Layered {
                 layers,
                 path: path.into(),
             },
@@ -603,14 +603,18 @@ impl Backend {
 
     fn model(&self, packed_cache_path: &str) -> Result<Box<Model>, Reported> {
         guarded(|| {
-            let file = PackedCache::File(packed_cache_path.into());
+            let file = WeightsCacheChoice::File(packed_cache_path.into());
             let cache = (!packed_cache_path.is_empty()).then_some(&file);
             Ok(Box::new(Model(self.0.model(cache)?)))
         })
     }
 
     fn model_without_weights_cache(&self) -> Result<Box<Model>, Reported> {
-        guarded(|| Ok(Box::new(Model(self.0.model(Some(&PackedCache::Disabled))?))))
+        guarded(|| {
+            Ok(Box::new(Model(
+                self.0.model(Some(&WeightsCacheChoice::Disabled))?,
+            )))
+        })
     }
 }
 

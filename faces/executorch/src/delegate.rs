@@ -9,7 +9,9 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::{Arc, OnceLock};
-use xnnblob::backend::{Backend, BackendOptions, CacheNotice, PackedCache, WorkspaceSharing};
+use xnnblob::backend::{
+    Backend, BackendOptions, CacheNotice, WeightsCacheChoice, WorkspaceSharing,
+};
 use xnnblob::delegate::{DelegateError, Weights, XnnDelegate};
 use xnnblob::named_data::DataBuffer;
 use xnnblob::report::{panic_message, report};
@@ -182,7 +184,7 @@ fn weights_for(
         options.weight_cache_enabled,
         options.packed_cache_path.as_str(),
     ) {
-        (false, _) => PackedCache::Disabled,
+        (false, _) => WeightsCacheChoice::Disabled,
         (true, "") if !layers.is_empty() => {
             return Err(Outcome {
                 status: Status::InvalidArgument,
@@ -191,9 +193,9 @@ fn weights_for(
                 severe: true,
             })
         }
-        (true, "") => PackedCache::InMemory,
-        (true, path) if layers.is_empty() => PackedCache::File(PathBuf::from(path)),
-        (true, path) => PackedCache::Layered {
+        (true, "") => WeightsCacheChoice::InMemory,
+        (true, path) if layers.is_empty() => WeightsCacheChoice::File(PathBuf::from(path)),
+        (true, path) => WeightsCacheChoice::Layered {
             layers,
             path: PathBuf::from(path),
         },

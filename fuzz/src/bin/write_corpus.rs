@@ -6,7 +6,7 @@
 //! the inputs kept from crashes (`regression-*`) stay.
 
 use std::path::{Path, PathBuf};
-use xnnblob::backend::{Backend, BackendOptions, PackedCache};
+use xnnblob::backend::{Backend, BackendOptions, WeightsCacheChoice};
 use xnnblob::delegate::XnnDelegate;
 use xnnblob::named_data::{NamedBlobStore, ScalarType, TensorLayout};
 use xnnblob_fuzz::capi_input::{self as capi, CapiInput};
@@ -78,7 +78,7 @@ fn fixtures_cache(dir: &Path) -> Vec<u8> {
     let _ = std::fs::remove_file(&path);
     let backend = Backend::new(BackendOptions::default()).expect("XNNPACK initialises");
     let model = backend
-        .model(Some(&PackedCache::File(path.clone())))
+        .model(Some(&WeightsCacheChoice::File(path.clone())))
         .expect("a cache file in a fresh directory");
     let map = xnnblob_fuzz::named_data();
     let delegates: Vec<XnnDelegate> = xnnblob_fuzz::graphs()

@@ -6,7 +6,7 @@ use std::time::Instant;
 use xnnblob::backend::{machine_threads, Backend, BackendOptions};
 use xnnblob::delegate::{Weights, XnnDelegate};
 use xnnblob::named_data::{FileDataMap, InMemoryMap, NamedDataMap};
-use xnnblob::xnn::{InMemoryWeightsCache, WeightsCache, XnnpackWeightsCache};
+use xnnblob::xnn::{InMemoryProvider, ProvidedWeightsCache, XnnpackWeightsCache};
 use xnnblob_test_support::synthetic::model::ModelFiles;
 
 /// How a launch gets its packed weights: what the benchmark compares.
@@ -159,7 +159,7 @@ pub fn launch(
         Scenario::Floor => {
             // The best any cache can do: a provider that already holds every packed weight of
             // these very buffers (filled by an untimed first delegate), so every look-up hits.
-            let provider = Arc::new(WeightsCache::new(InMemoryWeightsCache::new()));
+            let provider = Arc::new(ProvidedWeightsCache::new(InMemoryProvider::new()));
             // It stays alive, so the shared buffers keep their addresses.
             filler = Some(
                 XnnDelegate::init(

@@ -17,7 +17,7 @@ use super::stats::{BadEntry, CacheStats};
 use crate::deferred::{DeferredData, Fill};
 use crate::mmap::{FileIdentity, MappedFile};
 use crate::named_data::DataBuffer;
-use crate::xnn::{AsXnnWeightsCache, WeightsCache};
+use crate::xnn::{AsXnnWeightsCache, ProvidedWeightsCache};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -37,7 +37,7 @@ use vetting::vetted;
 /// then set them up. The first `finalize` enables setup; afterwards runtimes may be created and
 /// set up at any time (packed memory never moves), and each later `finalize` saves again.
 pub struct PackedWeightsCache {
-    xnn: WeightsCache<Arc<CacheCore>>,
+    xnn: ProvidedWeightsCache<Arc<CacheCore>>,
     path: Option<PathBuf>,
     compat: Compat,
     outcome: LoadOutcome,
@@ -163,7 +163,7 @@ impl PackedWeightsCache {
             options.verify == VerifyPacked::Background && !checked::is_recorded(&path, map)
         });
         let cache = Arc::new(PackedWeightsCache {
-            xnn: WeightsCache::new(Arc::new(core)),
+            xnn: ProvidedWeightsCache::new(Arc::new(core)),
             path: Some(path.clone()),
             compat,
             outcome,
@@ -195,7 +195,7 @@ impl PackedWeightsCache {
     /// A cache with no file: the same behaviour within this process, nothing persisted.
     pub fn in_memory() -> Arc<PackedWeightsCache> {
         Arc::new(PackedWeightsCache {
-            xnn: WeightsCache::new(Arc::new(CacheCore::default())),
+            xnn: ProvidedWeightsCache::new(Arc::new(CacheCore::default())),
             path: None,
             compat: CacheOptions::default().compat(),
             outcome: LoadOutcome::Fresh,

@@ -17,7 +17,7 @@ pub(super) fn load_program(
     cache_path: &str,
 ) -> Result<Box<Program>, Reported> {
     guarded(|| {
-        let file = PackedCache::File(cache_path.into());
+        let file = WeightsCacheChoice::File(cache_path.into());
         let cache = (!cache_path.is_empty()).then_some(&file);
         Ok(Box::new(Program(xnnblob::program::Program::load(
             &backend.0, pte, ptds, cache,

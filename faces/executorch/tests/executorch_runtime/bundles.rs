@@ -95,7 +95,7 @@ fn layers_that_do_not_fit_an_option_or_lack_a_writable_cache_are_refused() {
 /// there, and both match ExecuTorch's output.
 #[test]
 fn a_bundle_for_another_cpu_class_is_said_once_and_the_writable_cache_takes_over() {
-    use xnnblob::backend::{Backend, BackendOptions, PackedCache};
+    use xnnblob::backend::{Backend, BackendOptions, WeightsCacheChoice};
     let dir = scratch("bundle-other-class");
     let bundle = dir.join("bundle");
     let data = data();
@@ -122,7 +122,7 @@ fn a_bundle_for_another_cpu_class_is_said_once_and_the_writable_cache_takes_over
             &backend,
             &pte,
             std::slice::from_ref(&ptd),
-            Some(&PackedCache::File(file.clone())),
+            Some(&WeightsCacheChoice::File(file.clone())),
         )
         .unwrap();
         let _delegates = program.init_delegates("forward").unwrap();
