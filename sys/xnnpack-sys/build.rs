@@ -7,7 +7,7 @@
 //!    build recipe, so `cargo clean` or a second checkout does not rebuild.
 //! 3. A fresh build from Debian's source packages: tarballs taken from `XNNBLOB_XNNPACK_SOURCES`
 //!    (a directory) or fetched with the system's apt from trixie/sid, each checked against its
-//!    sha256, given xnnblob's own kernels (`kernels/<arch>/*`, copied to `src/xnnblob/<arch>/`),
+//!    sha256, given xnnblob's own kernels (`kernels/<arch>/*`, copied to `xnnblob/<arch>/`),
 //!    patched with `patches/*.patch` (see `patches/README`; the patches register those kernels),
 //!    then built with cmake + ninja.
 //!
@@ -573,11 +573,9 @@ fn build_into(root: &Path, key: &str, dir: &Path, toolchain: &Toolchain) {
     ] {
         configure.arg(format!("-D{var}_SOURCE_DIR={}", src.join(pkg).display()));
     }
-    run_logged(
-        &mut configure,
-        &work.join("configure.log"),
-        "cmake configure of XNNPACK",
-    );
+    let configure_log = work.join("configure.log");
+    run_logged(&mut configure, &configure_log, "cmake configure of XNNPACK");
+    refuse_kernel_scan_complaints(&configure_log);
     let jobs = env::var("NUM_JOBS").unwrap_or_else(|_| "2".into());
     run_logged(
         Command::new("cmake")
@@ -632,6 +630,31 @@ fn build_into(root: &Path, key: &str, dir: &Path, toolchain: &Toolchain) {
     let _ = fs::remove_dir_all(dir);
     fs::rename(&staging, dir).unwrap_or_else(|e| fail(&format!("cannot publish build: {e}")));
     let _ = fs::remove_dir_all(&work);
+}
+
+/// Fails the build on what XNNPACK's configure step (tools/update-microkernels.py, which scans
+/// every file under `src/` for kernels) says of a kernel it cannot place or finds twice: a patch
+/// that puts a kernel where that scan sees it, or names another kernel in it, would otherwise
+/// only warn. The snapshot's own three notes (its reference files have no kernel) are expected.
+fn refuse_kernel_scan_complaints(log: &Path) {
+    let text = fs::read_to_string(log).unwrap_or_default();
+    let complaints: Vec<&str> = text
+        .lines()
+        .filter(|l| {
+            l.starts_with("Duplicate microkernel")
+                || l.starts_with("Unknown ISA")
+                || l.starts_with("Unknown architecture")
+                || (l.starts_with("No microkernel found in ")
+                    && !l.starts_with("No microkernel found in src/reference/"))
+        })
+        .collect();
+    if !complaints.is_empty() {
+        fail(&format!(
+            "XNNPACK's configure step complained of the patched tree's kernels (log: {}):\n{}",
+            log.display(),
+            complaints.join("\n")
+        ));
+    }
 }
 
 /// Stops with one message naming every missing tool, before a long build fails half-way.

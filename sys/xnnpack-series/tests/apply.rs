@@ -70,7 +70,7 @@ fn applies_the_kernels_then_the_patches_in_name_order() {
         "one\nTWO\nthree\n"
     );
     assert_eq!(
-        fs::read_to_string(tree.join("src/xnnblob/x86_64/k.c")).unwrap(),
+        fs::read_to_string(tree.join("xnnblob/x86_64/k.c")).unwrap(),
         "int k;\n"
     );
 }

@@ -4,7 +4,8 @@
 //! another XNNPACK's tree and names the first patch that does not apply.
 //!
 //! The series is xnnblob's own kernels, `kernels/<arch>/<file>`, copied into the tree as
-//! `src/xnnblob/<arch>/<file>` (where the patches that register them expect them), then
+//! `xnnblob/<arch>/<file>` (where the patches that register them expect them; outside `src/`,
+//! whose every file XNNPACK's configure step scans for its own kernels), then
 //! `patches/*.patch`, applied in name order with `patch -p1`, each to the tree the ones before
 //! it made.
 
@@ -101,7 +102,7 @@ impl Series {
     /// Stops at the first patch that does not apply, leaving the tree as the ones before it made
     /// it, with `patch`'s `.rej` files of the failing one beside the files it touched.
     pub fn apply(&self, xnnpack: &Path) -> Result<(), SeriesError> {
-        let own = xnnpack.join("src").join("xnnblob");
+        let own = xnnpack.join("xnnblob");
         for (path, text) in &self.kernels {
             let to = own.join(path);
             let write = |error| SeriesError::Write {

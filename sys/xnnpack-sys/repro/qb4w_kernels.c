@@ -133,7 +133,7 @@ int main(void) {
     {"avx2 1x8c8/3x8c8", hw->use_x86_avx2, 3, 8, 3, 2,
      (xnn_dqgemm_ukernel_fn) xnn_qd8_f32_qb4w_gemm_minmax_ukernel_1x8c8__avx2,
      (xnn_dqgemm_ukernel_fn) xnn_qd8_f32_qb4w_gemm_minmax_ukernel_3x8c8__avx2},
-    // xnnblob's one- and four-row kernels (patches/0015-*, 0016-*), on the same packed weights.
+    // xnnblob's one- and four-row kernels (kernels/x86_64, patches/0015-*), on the same packed weights.
     {"avx2 1x8c8/4x8c8 maddubs", hw->use_x86_avx2, 4, 8, 3, 2,
      (xnn_dqgemm_ukernel_fn) xnn_qd8_f32_qb4w_gemm_minmax_ukernel_1x8c8__avx2_maddubs,
      (xnn_dqgemm_ukernel_fn) xnn_qd8_f32_qb4w_gemm_minmax_ukernel_4x8c8__avx2_maddubs},

@@ -1,4 +1,4 @@
-// xnnblob's AVX2 qb4w kernels (patches/0015-* for one row, 0016-* for up to four) against the
+// xnnblob's AVX2 qb4w kernels (kernels/x86_64: one row, and up to four; patches/0015-*) against the
 // kernels they replace, xnn_qd8_f32_qb4w_gemm_minmax_ukernel_1x8c8__avx2 and _3x8c8__avx2, called
 // directly on the same packed weights (random bytes in the packed layout: 8 float row terms per
 // 8 columns, then per block the nibble groups and 8 bf16 scales, then 8 float biases):
@@ -15,8 +15,8 @@
 //     16-token prefill of the d=1024 decoder's shapes (five 3-row calls and a 1-row one of
 //     XNNPACK's kernel, four 4-row calls of xnnblob's, as XNNPACK tiles it for each);
 //  3. the time of one decoded token's one-row GEMMs, each on weights of its own, so that they
-//     stream from memory as in a decode (run it against builds with and without patches/0017-*,
-//     passing BUILD_DIR, to see what the one-row kernel's prefetch gives).
+//     stream from memory as in a decode (run it against builds with and without the one-row kernel's
+//     prefetch, passing BUILD_DIR, to see what the prefetch gives).
 //
 // Built and run by run.sh (x86-64 only). Exits 1 when an output differs by more than float
 // rounding, 3 when this CPU has no AVX2.

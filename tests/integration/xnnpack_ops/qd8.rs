@@ -310,7 +310,7 @@ fn activations_converted_for_qb4w_gemms_match_reference() {
 /// The GEMMs an LLM runs: one row for every decoded token, more for a prefill (2, 3 and 5 rows
 /// leave a 4-row kernel tiles of fewer rows; 16 are four tiles of 4), at every remainder of 8
 /// and 16 columns (the x86 kernels' tiles), blocks of 32 to 256 and rows of up to 520 blocks.
-/// On AVX2 CPUs without AVX512-VNNI these are xnnpack-sys patches 0015 and 0016's kernels, which
+/// On AVX2 CPUs without AVX512-VNNI these are xnnblob's own kernels (sys/xnnpack-sys/kernels/x86_64, patch 0015), which
 /// sum in 16-bit lanes.
 /// The activations lie on grids dynamic quantization maps exactly onto int8, each row's its own
 /// (see [`Activations::OnGrid`]), so the result is checked to float rounding, not to the loose
@@ -383,7 +383,7 @@ enum Activations {
     /// point, as a prefill's do.
     OnGrid,
     /// On the grid, every activation -1 but the first of each row (127/128), and every weight
-    /// nibble 15 (7 once the zero point is removed): the AVX2 kernels of patches 0015 and 0016
+    /// nibble 15 (7 once the zero point is removed): xnnblob's AVX2 kernels (patch 0015)
     /// multiply the activations by the nibbles as they are, so these are the largest products
     /// they sum.
     Extreme,
@@ -520,7 +520,7 @@ fn qd8_fully_connected_also_matches_on_an_avx2_only_cpu() {
             "qd8_activations_times_qc4w_weights_match_reference_with_odd_and_transposed_rows",
             "qd8_activations_times_qb4w_weights_match_reference",
             // On an AVX-512 machine the only run of xnnblob's AVX2 qb4w kernels (xnnpack-sys
-            // patches 0015 and 0016) at their edges.
+            // patch 0015) at their edges.
             "qd8_qb4w_matches_reference_at_every_column_remainder_block_size_and_row_count",
         ],
     );
