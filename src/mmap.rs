@@ -205,7 +205,7 @@ fn whole_pages(offset: usize, len: usize, map_len: usize) -> Option<(usize, usiz
 }
 
 /// A window of a file being written, mapped shared and writable at a fixed offset of the file:
-/// the cache file a cold launch packs into (see `cache/draft.rs`). The window may reach past the
+/// the cache file a cold launch packs into (see `cache/packing_file.rs`). The window may reach past the
 /// file's end; its owner makes the file long enough (with its blocks allocated) before it hands
 /// out any byte of the window, so no write faults for want of disk space. The window's address
 /// never changes, so the memory it hands out may be given to XNNPACK for good.

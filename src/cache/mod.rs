@@ -18,8 +18,6 @@ mod checksum;
 mod core;
 mod cpu;
 #[cfg(feature = "xnnpack")]
-mod draft;
-#[cfg(feature = "xnnpack")]
 mod error;
 pub mod format;
 mod identity;
@@ -29,6 +27,8 @@ mod layers;
 mod options;
 #[cfg(feature = "xnnpack")]
 mod packed;
+#[cfg(feature = "xnnpack")]
+mod packing_file;
 #[cfg(feature = "xnnpack")]
 mod persist;
 #[cfg(feature = "xnnpack")]

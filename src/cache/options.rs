@@ -59,7 +59,7 @@ pub struct CacheOptions {
 }
 
 /// How many bytes of packed weights a launch packs on the heap before it starts a draft of the
-/// file to pack into (see `draft.rs`). A draft's pages are the file's: each one XNNPACK writes
+/// file to pack into (see `packing_file.rs`). A draft's pages are the file's: each one XNNPACK writes
 /// first faults on its own (no fault-around for writes to a shared file mapping), and starting
 /// the draft creates and allocates a file. On a small model that costs more than the packing
 /// (a UNet's 14 KiB of weights: a cold load of 1.38 ms against 1.53 ms with a draft; a

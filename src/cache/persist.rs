@@ -5,8 +5,8 @@
 use super::budget::{self, CacheBudget};
 use super::checksum::checksum64;
 use super::core::{CacheCore, Entry, Location, Source};
-use super::draft::Row;
 use super::format::{self, Compat, EntryKey, FileEntry, FileError};
+use super::packing_file::Row;
 use super::CacheError;
 use crate::mmap::{FileIdentity, MappedFile};
 use crate::publish::Staged;

@@ -20,7 +20,7 @@ pub(super) struct Saver {
 
 /// How long packing must pause before a background save starts: a program's delegates are
 /// created one after another, each asking for a save, and packing into the file being made (see
-/// `draft.rs`) goes on between them. One save after the last publishes that file; a save per
+/// `packing_file.rs`) goes on between them. One save after the last publishes that file; a save per
 /// delegate would rewrite it whole each time. [`PackedWeightsCache::wait_saved`] (and exit)
 /// does not wait for the pause.
 pub(super) const PACKING_PAUSE: std::time::Duration = std::time::Duration::from_millis(100);

@@ -26,7 +26,7 @@ pub(super) struct Loaded {
     /// fp16 values are defined as fp32, their constants converted (see [`super::fallback`]).
     pub(super) fp16_as_fp32: bool,
     /// Values given an address of their own instead of their constant's, by ascending value
-    /// index (see [`super::identity::register_constants`]); set once, when they are registered.
+    /// index (see [`super::weight_identities::register_constants`]); set once, when they are registered.
     /// A sorted list: most delegates have none, and an empty hash map took 40 bytes in each.
     pub(super) private: std::sync::OnceLock<ByValue<Private>>,
 }
@@ -50,7 +50,7 @@ impl<T> ByValue<T> {
 }
 
 /// A constant value's address of its own, where it could not share its constant's (see
-/// [`super::identity::register_constants`]).
+/// [`super::weight_identities::register_constants`]).
 pub(super) enum Private {
     /// A placeholder, with how it is read in.
     Placeholder {

@@ -14,7 +14,6 @@ mod fallback;
 mod fold;
 mod fusion;
 mod graph;
-mod identity;
 pub mod operators;
 pub mod payload;
 pub mod prepack;
@@ -22,6 +21,7 @@ mod remembered;
 mod summary;
 mod threading;
 mod values;
+mod weight_identities;
 
 pub use crate::backend::Weights;
 pub use compile::InitTimings;

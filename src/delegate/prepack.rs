@@ -202,7 +202,7 @@ fn source_bytes(
     }
     let registration = cache.register_owned(buffer.clone(), id)?;
     // Its scales are read in, or their pages released, with its own.
-    super::identity::attach_read_to_pack(cache, buffer.as_ptr(), loaded, i, source);
+    super::weight_identities::attach_read_to_pack(cache, buffer.as_ptr(), loaded, i, source);
     Some((buffer, registration))
 }
 

@@ -1,6 +1,6 @@
 //! A delegate's constant identities, kept in the packed-weight cache beside the weights they
 //! find: a warm launch reads them back by the payload's hash instead of describing every
-//! constant and the nodes that pack it again (what [`super::identity`]'s `plan` does, by far the
+//! constant and the nodes that pack it again (what [`super::weight_identities`]'s `plan` does, by far the
 //! largest part of registering a small model's weights).
 //!
 //! The identities are a function of the payload (its graph, and the bytes of its inline
@@ -18,7 +18,7 @@
 use super::constants::Loaded;
 use super::error::DelegateError;
 use super::graph::{constant_index, named_key, tensor_of};
-use super::identity::{KeyCheck, Planned};
+use super::weight_identities::{KeyCheck, Planned};
 use crate::cache::{BlobId, Description, PackedWeightsCache};
 use crate::schema::xnn as fb;
 

@@ -9,9 +9,9 @@ mod provider;
 mod registry;
 
 use super::checksum::checksum64;
-use super::draft::{DraftFile, Space};
 use super::format::{EntryKey, FileEntry, KEPT_CONSTANT_SEED, REGION_ALIGNMENT};
 use super::identity::BlobId;
+use super::packing_file::{DraftFile, Space};
 use crate::aligned::AlignedBytes;
 use crate::fast_hash::FastMap;
 use crate::mmap::{FileIdentity, MappedFile};
@@ -28,7 +28,7 @@ pub(crate) enum Location {
     Mapped { map: usize, offset: usize },
     /// Packed in this process (shared with a save in progress).
     Heap(Arc<AlignedBytes>),
-    /// Packed in this process straight into a cache file being made (see `draft.rs`), which a
+    /// Packed in this process straight into a cache file being made (see `packing_file.rs`), which a
     /// save may have published since.
     Drafted(Space),
 }

@@ -180,7 +180,7 @@ impl PackedWeightsCache {
             layer_checks: Arc::new(Mutex::new(layer_checks)),
         });
         // XNNPACK packs straight into a draft of the file once the heap holds `heap_first`
-        // packed bytes (see `draft.rs`); a cache kept read-only packs on the heap instead.
+        // packed bytes (see `packing_file.rs`); a cache kept read-only packs on the heap instead.
         cache.core().state.lock().drafting = Some(DraftPlan {
             storage: cache.options.storage.clone(),
             destination: path.clone(),

@@ -51,7 +51,7 @@ type PackingOf = for<'g> fn(&fb::XNode<'g>, &mut Description) -> Option<Packing>
 /// The payload ids a node's packing of its operand `filter` is described by, beyond the node's
 /// parameters: XNNPACK packs a static int8 layer's requantization scales, derived from the
 /// input's and output's quantization, into the weights, and a dynamically quantized layer's bias
-/// too (`delegate::identity` makes the packing context of them).
+/// too (`delegate::weight_identities` makes the packing context of them).
 pub(super) struct Packing {
     pub(super) input: u32,
     /// The operand packed.
