@@ -1,7 +1,7 @@
 //! The per-execute cost of a small MLP, through the delegate and through a whole program's
 //! method: time (criterion) and bytes the Rust allocator hands out per execute.
 
-use criterion::{criterion_group, criterion_main, Criterion};
+use criterion::{Criterion, criterion_group, criterion_main};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use xnnblob::backend::Backend;
@@ -64,7 +64,9 @@ fn delegate_execute(c: &mut Criterion) {
     };
     run();
     let (bytes, calls) = allocated_per_call(100, &mut run);
-    println!("delegate execute, MLP 32-64-48-16 batch 2: {bytes:.0} bytes in {calls:.1} allocations per execute");
+    println!(
+        "delegate execute, MLP 32-64-48-16 batch 2: {bytes:.0} bytes in {calls:.1} allocations per execute"
+    );
     c.bench_function("delegate execute: MLP 32-64-48-16, batch 2", |b| {
         b.iter(&mut run)
     });
@@ -90,7 +92,9 @@ fn method_execute(c: &mut Criterion) {
     };
     run();
     let (bytes, calls) = allocated_per_call(100, &mut run);
-    println!("method execute, mlp_xnn_inline.pte: {bytes:.0} bytes in {calls:.1} allocations per execute");
+    println!(
+        "method execute, mlp_xnn_inline.pte: {bytes:.0} bytes in {calls:.1} allocations per execute"
+    );
     c.bench_function("method execute: mlp_xnn_inline.pte", |b| b.iter(&mut run));
 }
 

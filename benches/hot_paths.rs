@@ -1,7 +1,7 @@
 //! Criterion micro-benchmarks of the lookups a launch makes thousands of times: a key in a map
 //! of 10k keys, a packed-weight `look_up` hit, a shared-data-cache hit.
 
-use criterion::{criterion_group, criterion_main, Criterion};
+use criterion::{Criterion, criterion_group, criterion_main};
 use std::hint::black_box;
 use xnnblob::cache::{BlobId, PackedWeightsCache};
 use xnnblob::named_data::{FileDataMap, NamedBlobStore, NamedDataMap};

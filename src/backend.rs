@@ -340,7 +340,7 @@ impl Backend {
         let (layers, path) = match request {
             WeightsCacheChoice::Disabled => return (Weights::None, None),
             WeightsCacheChoice::InMemory => {
-                return (Weights::Packed(self.0.in_memory.clone()), None)
+                return (Weights::Packed(self.0.in_memory.clone()), None);
             }
             WeightsCacheChoice::File(path) => (&[][..], path),
             WeightsCacheChoice::Layered { layers, path } => (&layers[..], path),

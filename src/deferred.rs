@@ -78,13 +78,13 @@ struct Chunk {
 /// `reserved` bytes of inaccessible address space, page aligned, from the arena.
 fn take(reserved: usize) -> io::Result<NonNull<u8>> {
     let mut chunks = ARENA.lock();
-    if let Some(c) = chunks.last_mut() {
-        if c.size - c.used >= reserved {
-            let at = c.base + c.used;
-            c.used += reserved;
-            c.live += 1;
-            return NonNull::new(at as *mut u8).ok_or_else(io::Error::last_os_error);
-        }
+    if let Some(c) = chunks.last_mut()
+        && c.size - c.used >= reserved
+    {
+        let at = c.base + c.used;
+        c.used += reserved;
+        c.live += 1;
+        return NonNull::new(at as *mut u8).ok_or_else(io::Error::last_os_error);
     }
     let size = reserved.max(CHUNK_BYTES);
     // Committed to nothing until a placeholder is pinned.
@@ -299,9 +299,11 @@ mod tests {
             .map(|d| (d.address() as usize, d.address() as usize + d.reserved))
             .collect();
         ranges.sort();
-        assert!(ranges
-            .iter()
-            .all(|(a, _)| a % crate::mmap::page_size() == 0));
+        assert!(
+            ranges
+                .iter()
+                .all(|(a, _)| a % crate::mmap::page_size() == 0)
+        );
         assert!(ranges.windows(2).all(|w| w[0].1 <= w[1].0), "no overlap");
         // Each one is usable on its own, its slack included.
         let fill: &Fill = &|b: &mut [u8]| {

@@ -385,7 +385,7 @@ pub fn advise_read_soon(bytes: &[u8]) {
 
 #[cfg(test)]
 mod tests {
-    use super::{page_size, whole_pages, MappedFile};
+    use super::{MappedFile, page_size, whole_pages};
     use std::io::Write;
 
     #[test]

@@ -62,7 +62,7 @@ pub(crate) fn open(path: &Path, options: &mut OpenOptions) -> io::Result<File> {
             return Err(match std::fs::symlink_metadata(path) {
                 Ok(m) if m.file_type().is_symlink() => not_regular("a symbolic link"),
                 _ => e,
-            })
+            });
         }
         Err(e) => return Err(e),
     };

@@ -456,11 +456,7 @@ pub fn f16_to_f32(bits: u16) -> f32 {
         0x1f => f32::from_bits(0x7f80_0000 | (mantissa << 13)),
         e => f32::from_bits(((e + 127 - 15) << 23) | (mantissa << 13)),
     };
-    if negative {
-        -magnitude
-    } else {
-        magnitude
-    }
+    if negative { -magnitude } else { magnitude }
 }
 
 /// Reads a raw little-endian tensor of `dtype` as f32 values (for reports and tests).

@@ -5,7 +5,7 @@
 
 use xnnblob_test_support as common;
 
-use common::counting::{allocations, Counting};
+use common::counting::{Counting, allocations};
 use std::path::Path;
 use xnnblob::backend::Backend;
 use xnnblob::delegate::XnnDelegate;

@@ -3,7 +3,7 @@
 use serde_json::json;
 use std::fmt::Write;
 use xnnblob::named_data::{
-    alignment_of, FileDataMap, FileKind, NamedDataError, NamedDataMap, TensorLayout,
+    FileDataMap, FileKind, NamedDataError, NamedDataMap, TensorLayout, alignment_of,
 };
 use xnnblob::sha256::{sha256, to_hex};
 

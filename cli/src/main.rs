@@ -322,7 +322,7 @@ fn link(ptd: &Path, out: &Path, model: Option<&str>) -> Result<(), Box<dyn std::
 }
 
 fn cache_command(action: CacheAction) -> Result<(), Box<dyn std::error::Error>> {
-    use xnnblob::cache::{compact_file, verify_file, CacheOptions};
+    use xnnblob::cache::{CacheOptions, compact_file, verify_file};
     let options = CacheOptions::default();
     let (report, path, verify) = match &action {
         CacheAction::Stats { path } => (verify_file(path, &options, false, false)?, path, false),
@@ -465,13 +465,13 @@ fn emulation_tool(
                 )
             })?,
         prepack::Arch::X86_64 => {
-            return Err(format!("class {}: run prepack on an x86-64 host", c.name).into())
+            return Err(format!("class {}: run prepack on an x86-64 host", c.name).into());
         }
     })
 }
 
 fn prepack_command(args: &PrepackArgs) -> Result<(), Box<dyn std::error::Error>> {
-    use prepack::{check_here, class, emulated_command, file_for, CLASSES};
+    use prepack::{CLASSES, check_here, class, emulated_command, file_for};
     let pack_here = |program: &Path, data: &[PathBuf], file: &Path| {
         xnnblob::program::pack_ahead(program, data, file).map(|p| (p.entries, p.bytes))
     };

@@ -11,7 +11,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use xnnblob::xnn::{qd8_gemm_kernel, Qd8Weights};
+use xnnblob::xnn::{Qd8Weights, qd8_gemm_kernel};
 
 /// The architecture a class's code runs on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -314,7 +314,7 @@ fn run_command(args: &RunArgs, calls: Calls) -> Result<(), Box<dyn std::error::E
             };
             match backend.resolve_weights(&request, false).1 {
                 Some(CacheNotice::Unusable { error, .. }) if args.require_cache => {
-                    return Err(error.into())
+                    return Err(error.into());
                 }
                 Some(notice @ CacheNotice::Unusable { .. }) => {
                     eprintln!("xnnblob: warning: {notice}");
@@ -420,7 +420,9 @@ fn run_command(args: &RunArgs, calls: Calls) -> Result<(), Box<dyn std::error::E
         }
         for (k, (method, iteration, exec_ms, summaries)) in made.iter().enumerate() {
             if sequence {
-                outln!("call {k}: method {method:?} iteration {iteration}: executed in {exec_ms:.2} ms");
+                outln!(
+                    "call {k}: method {method:?} iteration {iteration}: executed in {exec_ms:.2} ms"
+                );
             } else {
                 outln!("{program_path} method {method:?}: {loaded}, executed in {exec_ms:.2} ms");
             }

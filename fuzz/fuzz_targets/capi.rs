@@ -13,7 +13,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use std::ffi::{c_char, CStr, CString};
+use std::ffi::{CStr, CString, c_char};
 use std::ptr;
 use xnnblob::cache::format::{self, Compat};
 use xnnblob::cache::{checksum64, cpu_fingerprint};
@@ -54,11 +54,11 @@ fn fixed_up(file: &[u8]) -> Vec<u8> {
     let header = format::encode_header(&compat);
     d[..format::HEADER_SIZE].copy_from_slice(&header);
     let trailer = d.len() - format::TRAILER_SIZE;
-    if let Some(index) = format::index_offset(&d).and_then(|i| usize::try_from(i).ok()) {
-        if (format::HEADER_SIZE..=trailer).contains(&index) {
-            let sum = checksum64(&d[index..trailer]);
-            d[trailer + 16..trailer + 24].copy_from_slice(&sum.to_le_bytes());
-        }
+    if let Some(index) = format::index_offset(&d).and_then(|i| usize::try_from(i).ok())
+        && (format::HEADER_SIZE..=trailer).contains(&index)
+    {
+        let sum = checksum64(&d[index..trailer]);
+        d[trailer + 16..trailer + 24].copy_from_slice(&sum.to_le_bytes());
     }
     d
 }

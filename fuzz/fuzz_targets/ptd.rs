@@ -3,7 +3,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use xnnblob::named_data::{ptd_format, FileDataMap, FileKind, NamedDataMap};
+use xnnblob::named_data::{FileDataMap, FileKind, NamedDataMap, ptd_format};
 
 fuzz_target!(init: xnnblob_fuzz::limit_address_space(), |data: &[u8]| {
     if let Ok(index) = ptd_format::parse(data) {

@@ -3,7 +3,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use xnnblob::named_data::{pte_format, FileDataMap, FileKind, NamedDataMap};
+use xnnblob::named_data::{FileDataMap, FileKind, NamedDataMap, pte_format};
 
 fuzz_target!(init: xnnblob_fuzz::limit_address_space(), |data: &[u8]| {
     if let Ok(index) = pte_format::parse(data) {

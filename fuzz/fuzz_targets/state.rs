@@ -20,7 +20,7 @@ use xnnblob::state::{
     HostBank, InitialState, Instance, MemoryBank, StateLayout, StateSpec, StatefulMethod,
     StatefulProgram,
 };
-use xnnblob_fuzz::state_script::{state_name, Op, Script, METHOD_NAMES, STATE_GRAPHS};
+use xnnblob_fuzz::state_script::{METHOD_NAMES, Op, STATE_GRAPHS, Script, state_name};
 
 /// Instances are made only when their banks total at most this: a declared size may be huge.
 const INSTANCE_LIMIT: usize = 1 << 20;

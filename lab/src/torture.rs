@@ -12,9 +12,9 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-use xnnblob::cache::{verify_file, CacheOptions};
-use xnnblob_test_support::synthetic::model::{ensure, Dtype, ModelSpec, Preset};
+use xnnblob::cache::{CacheOptions, verify_file};
 use xnnblob_test_support::synthetic::SplitMix64;
+use xnnblob_test_support::synthetic::model::{Dtype, ModelSpec, Preset, ensure};
 
 /// A campaign's settings.
 #[derive(Debug, Clone)]

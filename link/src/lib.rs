@@ -10,7 +10,7 @@
 use std::fmt::Write;
 use std::io;
 use std::path::{Path, PathBuf};
-use xnnblob::named_data::{alignment_of, FileDataMap, NamedDataMap};
+use xnnblob::named_data::{FileDataMap, NamedDataMap, alignment_of};
 
 /// The link section the parameters go to.
 pub const SECTION: &str = ".xnnblob_params";
@@ -86,7 +86,10 @@ pub fn generate_named(ptd: &Path, out_dir: &Path, model: &str) -> io::Result<Pat
         keys.push((e.key.clone(), id));
     }
     for align in aligns {
-        let _ = writeln!(rs, "#[repr(C, align({align}))]\npub struct LinkedAlign{align}<const N: usize>(pub [u8; N]);");
+        let _ = writeln!(
+            rs,
+            "#[repr(C, align({align}))]\npub struct LinkedAlign{align}<const N: usize>(pub [u8; N]);"
+        );
     }
     let _ = writeln!(
         rs,

@@ -83,8 +83,8 @@ pub fn plan(entries: &[FileEntry], live: u64, budget: CacheBudget) -> Evictions 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cache::format::EntryKey;
     use crate::cache::BlobId;
+    use crate::cache::format::EntryKey;
 
     fn entry(n: u8, size: u64, last_used: u64) -> FileEntry {
         FileEntry {

@@ -284,9 +284,9 @@ fn detect() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::arm::{
-        self, arm_fingerprint, arm_isa_of_linux, hwcap, midrs_of_proc_cpuinfo, ArmIsa,
+        self, ArmIsa, arm_fingerprint, arm_isa_of_linux, hwcap, midrs_of_proc_cpuinfo,
     };
-    use super::x86::{self, x86_fingerprint, X86Cpuid};
+    use super::x86::{self, X86Cpuid, x86_fingerprint};
     use super::*;
 
     /// A Sapphire Rapids Xeon as cpuinfo reads it: every x86 feature XNNPACK 4ea82e5 reads, with
@@ -429,9 +429,10 @@ mod tests {
             got.contains(&"avx2") && got.contains(&"avx-vnni"),
             "{got:?}"
         );
-        assert!(!got
-            .iter()
-            .any(|n| n.starts_with("avx512") || n.starts_with("amx")));
+        assert!(
+            !got.iter()
+                .any(|n| n.starts_with("avx512") || n.starts_with("amx"))
+        );
         // GFNI needs no OS state in cpuinfo's test.
         assert!(got.contains(&"gfni"));
         // Without OSXSAVE, XCR0 is not read at all: no AVX either.

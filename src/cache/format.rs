@@ -268,10 +268,10 @@ pub fn metadata_ranges(bytes: &[u8]) -> Vec<std::ops::Range<usize>> {
     }
     let mut ranges = vec![0..HEADER_SIZE, len - TRAILER_SIZE..len];
     let index_offset = u64_at(&bytes[len - TRAILER_SIZE..], INDEX_OFFSET_AT);
-    if let Ok(start) = usize::try_from(index_offset) {
-        if start < len - TRAILER_SIZE {
-            ranges.push(start..len - TRAILER_SIZE);
-        }
+    if let Ok(start) = usize::try_from(index_offset)
+        && start < len - TRAILER_SIZE
+    {
+        ranges.push(start..len - TRAILER_SIZE);
     }
     ranges
 }

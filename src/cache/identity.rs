@@ -1,7 +1,7 @@
 //! Content identities of unpacked weights: what a packed weight is looked up by.
 
 use crate::named_data::{FileDataMap, NamedDataError, NamedDataMap};
-use crate::sha256::{finish, sha256, to_hex, Sha256};
+use crate::sha256::{Sha256, finish, sha256, to_hex};
 use sha2::Digest;
 use std::fmt;
 

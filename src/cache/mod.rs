@@ -39,7 +39,7 @@ mod stats;
 pub use crate::side_file::PRIVATE_MODE;
 pub use budget::CacheBudget;
 #[cfg(feature = "xnnpack")]
-pub use checked::{settle_time, SETTLED};
+pub use checked::{SETTLED, settle_time};
 pub use checksum::checksum64;
 pub use cpu::{
     cpu_fingerprint, cpu_fingerprint_difference, describe_cpu_fingerprint, packing_class,
@@ -48,14 +48,14 @@ pub use cpu::{
 #[cfg(feature = "xnnpack")]
 pub use error::CacheError;
 pub use format::{Compat, CpuMatch, EntryKey, FileError};
-pub use identity::{verify_keys, BlobId, Description, KeyMismatch};
+pub use identity::{BlobId, Description, KeyMismatch, verify_keys};
 #[cfg(feature = "xnnpack")]
-pub use layers::{LayerOutcome, CACHE_FILE_EXTENSION};
+pub use layers::{CACHE_FILE_EXTENSION, LayerOutcome};
 #[cfg(feature = "xnnpack")]
 pub use options::{CacheOptions, HeapFirst, KeyTrust, VerifyPacked};
 #[cfg(feature = "xnnpack")]
 pub use packed::{
-    compact_file, verify_file, CacheAccess, OwnedRegistration, PackedWeightsCache, Registration,
+    CacheAccess, OwnedRegistration, PackedWeightsCache, Registration, compact_file, verify_file,
 };
 #[cfg(feature = "xnnpack")]
 pub use persist::{FileReport, LoadOutcome};

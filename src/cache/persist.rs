@@ -2,12 +2,12 @@
 //! `docs/cache-format.md` (lock, merge with what is on disk, write a temporary file, fsync,
 //! rename, fsync the directory).
 
+use super::CacheError;
 use super::budget::{self, CacheBudget};
 use super::checksum::checksum64;
 use super::core::{CacheCore, Entry, Location, Source};
 use super::format::{self, Compat, EntryKey, FileEntry, FileError};
 use super::packing_file::Row;
-use super::CacheError;
 use crate::mmap::{FileIdentity, MappedFile};
 use crate::publish::Staged;
 use crate::storage::Storage;

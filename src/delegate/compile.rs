@@ -2,18 +2,18 @@
 //! through the shared data cache, packed weights from the packed-weight cache.
 
 use super::constants::{
-    deferrable_constants, failed_fill, load_constants, load_scales, pin_read_as_is, Loaded,
-    Treatment,
+    Loaded, Treatment, deferrable_constants, failed_fill, load_constants, load_scales,
+    pin_read_as_is,
 };
-use super::error::{at, DelegateError};
+use super::error::{DelegateError, at};
 use super::fold::Folds;
 use super::fusion::{Alias, FusedOrder, Fusion};
-use super::graph::{named_key, tensor_of, ById, XNN_FLAG_EXTERNAL_OUTPUT};
+use super::graph::{ById, XNN_FLAG_EXTERNAL_OUTPUT, named_key, tensor_of};
 use super::operators::GraphIo;
 use super::payload;
 use super::prepack::Prepacked;
 use super::values::define_values;
-use super::weight_identities::{register_constants, KeyCheck};
+use super::weight_identities::{KeyCheck, register_constants};
 use crate::backend::{ModelContext, Weights};
 use crate::cache::{BlobId, OwnedRegistration};
 use crate::fast_hash::FastMap;
@@ -132,10 +132,10 @@ fn check_nodes(graph: &fb::XNNGraph<'_>, io: &GraphIo) -> Result<(), DelegateErr
     // process in its fusion pass: such a graph (no exporter writes one) is refused here.
     let mut outputs: ById<()> = ById::new(largest, values);
     for (i, v) in graph.xvalues().iter().flatten().enumerate() {
-        if let Ok((t, _)) = tensor_of(v, i) {
-            if t.flags() & XNN_FLAG_EXTERNAL_OUTPUT != 0 {
-                outputs.insert(t.id_out(), ());
-            }
+        if let Ok((t, _)) = tensor_of(v, i)
+            && t.flags() & XNN_FLAG_EXTERNAL_OUTPUT != 0
+        {
+            outputs.insert(t.id_out(), ());
         }
     }
     // A node of several outputs (argmax pooling's values and indices) is kept while one is used.

@@ -468,13 +468,13 @@ pub(super) fn load_constants(
         // the bytes are read in. A key it does not list is loaded as usual (or found missing).
         let deferred_len = deferrable.get(&i).filter(|_| map.lists(key));
         if let Some(&len) = deferred_len {
-            if let Some(Ok(size)) = map.tells_sizes().then(|| map.data_size(key)) {
-                if size != len {
-                    return Err(DelegateError::BadGraph(format!(
-                        "constant {i} ({key}): the named data holds {size} bytes, the graph \
+            if let Some(Ok(size)) = map.tells_sizes().then(|| map.data_size(key))
+                && size != len
+            {
+                return Err(DelegateError::BadGraph(format!(
+                    "constant {i} ({key}): the named data holds {size} bytes, the graph \
                          needs {len}"
-                    )));
-                }
+                )));
             }
             let conversion = converted.get(&i).copied();
             let placeholder = |shared_as: &str, len: usize| {

@@ -26,7 +26,7 @@
 //! [`runs_fp16_gemm`]: crate::xnn::runs_fp16_gemm
 
 use super::constants::Conversion;
-use super::error::{at, DelegateError};
+use super::error::{DelegateError, at};
 use super::graph::{constant_index, datatype, tensor_of};
 use crate::fast_hash::FastMap;
 use crate::schema::xnn as fb;

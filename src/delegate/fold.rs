@@ -24,7 +24,7 @@
 //! fused into the node that computes it, or a read moved to the reader of a copy.
 
 use super::fusion::FusedOrder;
-use super::graph::{dims_of, tensor_of, XNN_FLAG_EXTERNAL_INPUT};
+use super::graph::{XNN_FLAG_EXTERNAL_INPUT, dims_of, tensor_of};
 use crate::fast_hash::{FastMap, FastSet};
 use crate::schema::xnn as fb;
 

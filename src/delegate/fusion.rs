@@ -21,8 +21,8 @@
 //! read a value before the node that writes it is given the widest bounds: every node may
 //! write an output, and every value is read until the end.
 
-use super::graph::{tensor_of, ById, XNN_FLAG_EXTERNAL_INPUT, XNN_FLAG_EXTERNAL_OUTPUT};
 use super::DelegateError;
+use super::graph::{ById, XNN_FLAG_EXTERNAL_INPUT, XNN_FLAG_EXTERNAL_OUTPUT, tensor_of};
 use crate::fast_hash::FastMap;
 use crate::schema::xnn as fb;
 
@@ -289,7 +289,7 @@ impl<'a> FusedOrder<'a> {
                 Some(r) if *written <= r => {
                     return Err(refuse(format!(
                         "node {written} writes the output, and node {r} reads the input"
-                    )))
+                    )));
                 }
                 _ => fusion = Fusion::Off,
             }

@@ -26,7 +26,7 @@ pub(crate) fn datatype(raw: fb::XNNDatatype, value: usize) -> Result<Datatype, D
             return Err(DelegateError::UnsupportedDatatype {
                 value,
                 datatype: other.0,
-            })
+            });
         }
     })
 }

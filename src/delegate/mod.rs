@@ -28,7 +28,7 @@ pub use compile::InitTimings;
 pub use error::DelegateError;
 pub use fallback::fp16_as_fp32_delegates;
 pub use fusion::Alias;
-pub use summary::{constant_keys, summarize, PayloadSummary};
+pub use summary::{PayloadSummary, constant_keys, summarize};
 
 use crate::backend::ModelContext;
 use crate::cache::PackedWeightsCache;

@@ -17,8 +17,8 @@
 //! Nothing here can change a result: a weight the one-node runtime failed to pack, or packed
 //! under another key, is packed by the real creation as before.
 
-use super::constants::{deferred_constant, Loaded};
-use super::error::{at, DelegateError};
+use super::constants::{Loaded, deferred_constant};
+use super::error::{DelegateError, at};
 use super::graph::{dims_of, tensor_of};
 use super::operators::{define_node, packing_operands};
 use super::values::{define_value, role_of};
@@ -28,8 +28,8 @@ use crate::named_data::{DataBuffer, NamedDataMap};
 use crate::schema::xnn as fb;
 use crate::tensor::XNN_EXTRA_BYTES;
 use crate::xnn::{Datatype, Runtime, RuntimeOptions, Subgraph, ValueRole};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// What `prepack` did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -266,7 +266,7 @@ fn pack_one(
                 return Err(DelegateError::BadGraph(format!(
                     "node {}: operand {id} is not constant",
                     job.index
-                )))
+                )));
             }
         };
         ids.insert(id, define_value(&mut g, values[i], i, loaded, role)?);

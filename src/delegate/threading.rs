@@ -9,7 +9,7 @@
 //! A delegate whose every operator is that small runs on the calling thread; one operator
 //! larger keeps the pool for the whole delegate.
 
-use super::graph::{constant_index, tensor_of, ById};
+use super::graph::{ById, constant_index, tensor_of};
 use super::operators::GraphIo;
 use crate::schema::xnn as fb;
 

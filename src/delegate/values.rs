@@ -1,11 +1,11 @@
 //! Defining a payload's values in an XNNPACK subgraph.
 
 use super::constants::{Constant, Loaded, Private};
-use super::error::{at, DelegateError};
-use super::fallback::{internal_datatype, Twins};
+use super::error::{DelegateError, at};
+use super::fallback::{Twins, internal_datatype};
 use super::fold::Folds;
 use super::graph::{
-    constant_index, datatype, dims_of, tensor_of, XNN_FLAG_EXTERNAL_INPUT, XNN_FLAG_EXTERNAL_OUTPUT,
+    XNN_FLAG_EXTERNAL_INPUT, XNN_FLAG_EXTERNAL_OUTPUT, constant_index, datatype, dims_of, tensor_of,
 };
 use crate::fast_hash::FastMap;
 use crate::schema::xnn as fb;

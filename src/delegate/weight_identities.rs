@@ -1,7 +1,7 @@
 //! The identities packed weights are looked up by: a constant's content, checked once per data
 //! file where its named key claims it.
 
-use super::constants::{fill_from, padded_copy, ByValue, Constant, Loaded, Private, ReadToPack};
+use super::constants::{ByValue, Constant, Loaded, Private, ReadToPack, fill_from, padded_copy};
 use super::error::DelegateError;
 use super::graph::{constant_index, named_key, tensor_of};
 use super::operators::{self, NO_VALUE};

@@ -8,8 +8,8 @@
 //! that was installed before this one, or, if there was none, kills the process as it would
 //! have without xnnblob.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 /// How many maps can be watched at once: a cache holds a few (one per save in the process),
 /// so a full table means something keeps maps alive, and the newest maps go unwatched.

@@ -4,7 +4,7 @@ use super::buffer::{Backing, DataBuffer};
 use super::error::{FormatError, NamedDataError};
 use super::index::{IndexEntry, NamedDataIndex};
 use super::layout::TensorLayout;
-use super::{ptd_format, pte_format, NamedDataMap};
+use super::{NamedDataMap, ptd_format, pte_format};
 use crate::aligned::AlignedBytes;
 use crate::mmap::MappedFile;
 use std::path::Path;

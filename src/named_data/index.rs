@@ -52,14 +52,14 @@ impl NamedDataIndex {
                 segments: self.segments.len(),
             }
         })?;
-        if let Some(nbytes) = layout.as_ref().and_then(TensorLayout::nbytes) {
-            if nbytes > size {
-                return Err(FormatError::LayoutLargerThanSegment {
-                    key: key.to_string(),
-                    layout_bytes: nbytes as u64,
-                    segment_size: size as u64,
-                });
-            }
+        if let Some(nbytes) = layout.as_ref().and_then(TensorLayout::nbytes)
+            && nbytes > size
+        {
+            return Err(FormatError::LayoutLargerThanSegment {
+                key: key.to_string(),
+                layout_bytes: nbytes as u64,
+                segment_size: size as u64,
+            });
         }
         if self.by_key.contains_key(key) {
             return Err(FormatError::DuplicateKey {

@@ -5,7 +5,7 @@ use std::fmt;
 /// Declares [`ScalarType`] and its table by code from one list, so that the two cannot
 /// disagree; each code must be the next one (checked at compile time).
 macro_rules! scalar_types {
-    ($($(#[doc = $doc:expr])* $name:ident = $code:literal,)*) => {
+    ($($(#[doc = $doc:expr_2021])* $name:ident = $code:literal,)*) => {
         /// ExecuTorch's `ScalarType` (its numbering is the file format's).
         #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
         pub enum ScalarType {

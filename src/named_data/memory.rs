@@ -1,9 +1,9 @@
 //! A named-data map built in memory: for tests, and for blobs made at run time.
 
+use super::NamedDataMap;
 use super::buffer::DataBuffer;
 use super::error::NamedDataError;
 use super::layout::TensorLayout;
-use super::NamedDataMap;
 use crate::aligned::AlignedBytes;
 use std::collections::HashMap;
 use std::sync::Arc;

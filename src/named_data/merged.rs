@@ -1,9 +1,9 @@
 //! One map over several: a program's named data plus its external `.ptd` files.
 
+use super::NamedDataMap;
 use super::buffer::DataBuffer;
 use super::error::NamedDataError;
 use super::layout::TensorLayout;
-use super::NamedDataMap;
 use std::collections::HashMap;
 use std::sync::Arc;
 

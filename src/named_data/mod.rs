@@ -28,8 +28,8 @@ pub use index::{IndexEntry, NamedDataIndex};
 pub use layout::{ScalarType, TensorLayout};
 pub use memory::InMemoryMap;
 pub use merged::MergedMap;
-pub use store::write_atomically;
 pub use store::NamedBlobStore;
+pub use store::write_atomically;
 
 /// Data by key, as ExecuTorch's `NamedDataMap` offers it to backends. Lookups by key are hash
 /// lookups; every implementation is shareable across threads.

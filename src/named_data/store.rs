@@ -3,7 +3,7 @@
 
 use super::error::StoreError;
 use super::layout::TensorLayout;
-use super::ptd_format::{PtdHeader, HEADER_AT, HEADER_LENGTH, SEGMENT_ALIGNMENT};
+use super::ptd_format::{HEADER_AT, HEADER_LENGTH, PtdHeader, SEGMENT_ALIGNMENT};
 use crate::schema::ptd as fb;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -67,14 +67,14 @@ impl NamedBlobStore {
                 alignment,
             });
         }
-        if let Some(nbytes) = layout.as_ref().and_then(TensorLayout::nbytes) {
-            if nbytes > bytes.len() {
-                return Err(StoreError::LayoutLargerThanData {
-                    key: key.to_string(),
-                    layout_bytes: nbytes,
-                    data_bytes: bytes.len(),
-                });
-            }
+        if let Some(nbytes) = layout.as_ref().and_then(TensorLayout::nbytes)
+            && nbytes > bytes.len()
+        {
+            return Err(StoreError::LayoutLargerThanData {
+                key: key.to_string(),
+                layout_bytes: nbytes,
+                data_bytes: bytes.len(),
+            });
         }
         if let Some(&i) = self.by_key.get(key) {
             let e = &self.entries[i];

@@ -3,7 +3,7 @@
 //! `aten::expand_copy.out` (which the XNNPACK partitioner leaves before a batched matrix
 //! product), on bytes of any element type.
 
-use crate::tensor::{Shape, MAX_DIMS};
+use crate::tensor::{MAX_DIMS, Shape};
 
 /// How `from` does not broadcast to `to`.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -2,8 +2,8 @@
 //! its delegates bound to them, and the execute that runs its steps in place.
 
 use super::{
-    broadcast, plan_error, specs_of, InputError, MethodPlan, ProgramError, SharedState, Step,
-    ValueBytes, ValueSpec,
+    InputError, MethodPlan, ProgramError, SharedState, Step, ValueBytes, ValueSpec, broadcast,
+    plan_error, specs_of,
 };
 use crate::delegate::XnnDelegate;
 use crate::named_data::{DataBuffer, NamedDataMap};
@@ -197,14 +197,14 @@ impl Method {
         }
         // Shared values are read and written in the arena, in their declared shapes; steps
         // that would give one another shape are refused.
-        let not_shared = |sources: &[Source], v: usize, what: &str| {
-            match sources[v] {
+        let not_shared = |sources: &[Source], v: usize, what: &str| match sources[v] {
             Source::Shared(_) => Err(plan_error(
                 &name,
-                format!("{what} value {v}, which is in the shared state (only aten::copy_ writes there)"),
+                format!(
+                    "{what} value {v}, which is in the shared state (only aten::copy_ writes there)"
+                ),
             )),
             _ => Ok(()),
-        }
         };
         for step in &plan.steps {
             match step {
@@ -237,7 +237,9 @@ impl Method {
                             if args[..n_in].contains(&a) || matches!(sources[a], Source::Input(_)) {
                                 return Err(plan_error(
                                     &name,
-                                    format!("delegate {index} writes value {a}, which it reads or the caller gives"),
+                                    format!(
+                                        "delegate {index} writes value {a}, which it reads or the caller gives"
+                                    ),
                                 ));
                             }
                             not_shared(&sources, a, &format!("delegate {index} writes"))?;
@@ -325,7 +327,7 @@ impl Method {
                     return Err(plan_error(
                         &name,
                         format!("output value {o} is never written"),
-                    ))
+                    ));
                 }
                 // An input, or a shared value (which the next method may change), returned as
                 // an output: copied into a buffer at each execute.

@@ -20,15 +20,15 @@ mod pack_ahead;
 mod shared_state;
 
 pub use error::{InputError, ProgramError};
-pub use method::{rows_for, Method};
-pub use pack_ahead::{pack_ahead, PackedAhead};
-pub use shared_state::{SharedState, SHARED_MEMORY_ID};
+pub use method::{Method, rows_for};
+pub use pack_ahead::{PackedAhead, pack_ahead};
+pub use shared_state::{SHARED_MEMORY_ID, SharedState};
 
 use crate::backend::{Backend, ModelContext, WeightsCacheChoice};
 use crate::cache::PackedWeightsCache;
 use crate::delegate::XnnDelegate;
 use crate::named_data::{
-    pte_format, DataBuffer, FileDataMap, FormatError, MergedMap, NamedDataMap,
+    DataBuffer, FileDataMap, FormatError, MergedMap, NamedDataMap, pte_format,
 };
 use crate::schema::pte as fb;
 use crate::shared_data::SharedDataCache;
@@ -408,7 +408,7 @@ fn plan_payloads(
                 return Err(plan_error(
                     name,
                     format!("unknown payload location {other}"),
-                ))
+                ));
             }
         }
         .ok_or_else(|| plan_error(name, format!("delegate {i}: payload out of range")))?;
@@ -568,7 +568,7 @@ fn read_plan(pte: &FileDataMap, name: &str) -> Result<MethodPlan, ProgramError> 
                             None => format!("operator #{}", k.op_index()),
                         },
                         hint,
-                    })
+                    });
                 }
             }
         } else if let Some(d) = instruction.instr_args_as_delegate_call() {

@@ -6,8 +6,8 @@
 //! Process-wide, not per cache: every runtime of the process shares its cores. An execute costs
 //! two atomic updates and a clock read; nothing per weight.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 /// Executes in progress, and when the last one ended.

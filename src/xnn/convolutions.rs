@@ -2,8 +2,8 @@
 //! define them, which refuse a filter or bias of another element count than XNNPACK reads.
 
 use super::datatype::Datatype;
-use super::error::{check, XnnError};
-use super::subgraph::{elements, refuse, Subgraph};
+use super::error::{XnnError, check};
+use super::subgraph::{Subgraph, elements, refuse};
 use xnnpack_sys as sys;
 
 /// Features of a fully connected node.
@@ -234,7 +234,7 @@ impl Subgraph<'_> {
                 (Some(datatype), Some(dims))
                     if datatype.bits() == 4 && dims.iter().any(|d| !d.is_multiple_of(2)) =>
                 {
-                    return Err(refuse(CALL))
+                    return Err(refuse(CALL));
                 }
                 _ => {}
             }

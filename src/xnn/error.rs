@@ -86,9 +86,7 @@ pub enum XnnError {
     },
     /// Static data does not have as many bytes as a tensor of its shape and datatype takes
     /// ([`Datatype::tensor_bytes`]; `usize::MAX` when that overflows).
-    #[error(
-        "static {datatype:?} data holds {given_bytes} bytes, its shape needs {expected_bytes}"
-    )]
+    #[error("static {datatype:?} data holds {given_bytes} bytes, its shape needs {expected_bytes}")]
     StaticDataSize {
         /// The XNNPACK datatype of the tensor.
         datatype: Datatype,

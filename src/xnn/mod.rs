@@ -24,7 +24,7 @@ pub use datatype::Datatype;
 pub(crate) use error::buffer_too_small;
 pub use error::{Status, XnnError};
 pub use in_memory_provider::{InMemoryProvider, ProviderStats};
-pub use kernel_info::{qd8_gemm_kernel, Qd8Weights};
+pub use kernel_info::{Qd8Weights, qd8_gemm_kernel};
 pub use nodes::{BinaryOp, Deconvolution2dParams, Pooling2dParams, UnaryOp};
 pub use runtime::{External, RawInput, RawOutput, Runtime, RuntimeOptions};
 pub use subgraph::{

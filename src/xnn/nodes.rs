@@ -4,8 +4,8 @@
 //! XNNPACK would read past (array lengths, ranks, channel counts) before the call.
 
 use super::convolutions::Padding2d;
-use super::error::{check, XnnError};
-use super::subgraph::{refuse, Subgraph};
+use super::error::{XnnError, check};
+use super::subgraph::{Subgraph, refuse};
 use xnnpack_sys as sys;
 
 /// An element-wise operator of one input (`xnn_define_unary`).

@@ -6,7 +6,7 @@
 //! over-read slack in place (others are copied once into a staging buffer made on first use),
 //! and allocates nothing once warm.
 
-use super::error::{check, XnnError};
+use super::error::{XnnError, check};
 use super::subgraph::{ExternalDecl, Subgraph};
 use super::threadpool::Threadpool;
 use super::weights_provider::AsXnnWeightsCache;

@@ -8,7 +8,7 @@
 //! `XnnError::Call { call, status: Status::InvalidParameter }`.
 
 use super::datatype::Datatype;
-use super::error::{check, Status, XnnError};
+use super::error::{Status, XnnError, check};
 use std::marker::PhantomData;
 use std::ptr::NonNull;
 use xnnpack_sys as sys;

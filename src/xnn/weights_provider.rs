@@ -12,7 +12,7 @@
 //! fail it for memory it reserved.
 
 use std::ffi::c_void;
-use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::ptr::NonNull;
 use xnnpack_sys as sys;
 

@@ -1,7 +1,7 @@
 //! XNNPACK's workspace (the memory runtimes plan their internal tensors in), as an owned handle
 //! that runtimes share.
 
-use super::error::{check, XnnError};
+use super::error::{XnnError, check};
 use parking_lot::{Mutex, MutexGuard};
 use std::ptr::NonNull;
 use xnnpack_sys as sys;

@@ -1,7 +1,7 @@
 //! XNNPACK's own in-memory weights cache (`xnn_create_weights_cache`), for comparison: its
 //! `look_up` never hits by key, it only deduplicates identical packed bytes within a process.
 
-use super::error::{check, XnnError};
+use super::error::{XnnError, check};
 use super::weights_provider::AsXnnWeightsCache;
 use std::ptr::NonNull;
 use xnnpack_sys as sys;

@@ -29,7 +29,7 @@ mod debian;
 mod series;
 #[path = "build/toolchain.rs"]
 mod toolchain;
-use debian::{extract, fetch_sources, kleidiai_project, KLEIDIAI, SOURCES};
+use debian::{KLEIDIAI, SOURCES, extract, fetch_sources, kleidiai_project};
 use series::Series;
 use toolchain::Toolchain;
 
@@ -110,13 +110,11 @@ const OWN_LIBS: [&str; 3] = ["XNNPACK", "microkernels-prod", "cpuinfo"];
 const POOL_LIB: &str = "xnnblob_pool";
 
 /// What to run when a tool the build needs is missing.
-const INSTALL_HINT: &str =
-    "run ./scripts/install-system-deps.sh from the repository's root (it installs with apt-get every \
+const INSTALL_HINT: &str = "run ./scripts/install-system-deps.sh from the repository's root (it installs with apt-get every \
      tool the build needs, and says which)";
 
 /// What to run when the cross toolchain is missing.
-const CROSS_INSTALL_HINT: &str =
-    "for aarch64-unknown-linux-gnu, run ./scripts/install-system-deps.sh --target \
+const CROSS_INSTALL_HINT: &str = "for aarch64-unknown-linux-gnu, run ./scripts/install-system-deps.sh --target \
      aarch64-unknown-linux-gnu from the repository's root (Debian's cross gcc and g++); for other \
      targets, install their C and C++ cross compilers and name them with CC_<target> and \
      CXX_<target> if the cc crate does not find them";

@@ -33,7 +33,7 @@ mod tests {
         assert_eq!(to_f16(-2.0), 0xc000);
         assert_eq!(to_f16(0.0), 0);
         assert_eq!(to_f16(0.1), 0x2e66); // 0.0999755859375, the nearest half
-                                         // 1 + 2^-11 is halfway between 1 and 1 + 2^-10: ties go to the even 1.
+        // 1 + 2^-11 is halfway between 1 and 1 + 2^-10: ties go to the even 1.
         assert_eq!(to_f16(1.0 + f32::powi(2.0, -11)), 0x3c00);
         assert_eq!(to_f16(1.0 + 3.0 * f32::powi(2.0, -11)), 0x3c02);
         for bits in [0x3c00u16, 0x3555, 0xbbff, 0x0400, 0x7bff] {

@@ -3,7 +3,7 @@
 
 use serde_json::Value;
 use std::path::Path;
-use xnnblob::tensor::{to_f32_lossy, DType, Shape};
+use xnnblob::tensor::{DType, Shape, to_f32_lossy};
 
 /// The io.json of program `name` in `dir`.
 pub fn io(dir: &Path, name: &str) -> Value {

@@ -19,7 +19,7 @@ pub mod qd8_reference;
 mod skip;
 pub mod synthetic;
 
-pub use skip::{cannot_run, MUST_RUN_VAR};
+pub use skip::{MUST_RUN_VAR, cannot_run};
 
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -211,7 +211,9 @@ pub fn assert_pass_on_emulated_cpu(module: &str, cpu: &str, kernel_isa: &str, te
             .args(["--exact", "--nocapture", "--test-threads=1"])
             .env(EMULATED_CPU_VAR, cpu),
         std::time::Duration::from_secs(600),
-        &format!("{tests:?} under {qemu} -cpu {cpu} (install qemu-user with ./scripts/install-system-deps.sh)"),
+        &format!(
+            "{tests:?} under {qemu} -cpu {cpu} (install qemu-user with ./scripts/install-system-deps.sh)"
+        ),
     );
     let text = format!(
         "{}{}",
@@ -302,4 +304,4 @@ pub fn ptd_with_first_weight_negated(dir: &Path) -> (PathBuf, String) {
 }
 
 mod scratch;
-pub use scratch::{scratch, without_permission_override, Scratch, Tmpfs};
+pub use scratch::{Scratch, Tmpfs, scratch, without_permission_override};

@@ -10,8 +10,8 @@
 //! segment 1, the payload
 //! ```
 
-use xnnblob::named_data::pte_format::{HEADER_LENGTH, HEADER_MAGIC};
 use xnnblob::named_data::ScalarType;
+use xnnblob::named_data::pte_format::{HEADER_LENGTH, HEADER_MAGIC};
 use xnnblob::schema::pte as fb;
 
 /// Where ExecuTorch's exporter aligns segments by default, so that they can be mapped.

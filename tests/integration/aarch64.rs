@@ -13,7 +13,7 @@
 //! rebuilt on `cortex-a53` is rejected here.
 
 use crate::common;
-use crate::packed_cache::{cold, model, FOREIGN_CACHE_VAR};
+use crate::packed_cache::{FOREIGN_CACHE_VAR, cold, model};
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -97,7 +97,9 @@ fn run_on(exe: &Path, cpu: &str, args: &[&str], env: &[(&str, &Path)]) -> String
     let out = common::bounded::output(
         &mut command,
         std::time::Duration::from_secs(900),
-        &format!("the suite under qemu-aarch64 -cpu {cpu} (install qemu-user with ./scripts/install-system-deps.sh)"),
+        &format!(
+            "the suite under qemu-aarch64 -cpu {cpu} (install qemu-user with ./scripts/install-system-deps.sh)"
+        ),
     );
     let text = format!(
         "{}{}",

@@ -127,14 +127,16 @@ fn a_second_open_of_a_file_with_other_options_is_an_error() {
     );
     drop((first, same));
     // Once closed, the file opens with any options.
-    assert!(PackedWeightsCache::open_with(
-        &path,
-        CacheOptions {
-            blocking_save: true,
-            ..Default::default()
-        }
-    )
-    .is_ok());
+    assert!(
+        PackedWeightsCache::open_with(
+            &path,
+            CacheOptions {
+                blocking_save: true,
+                ..Default::default()
+            }
+        )
+        .is_ok()
+    );
     let _ = std::fs::remove_file(&path);
 }
 

@@ -7,10 +7,10 @@ use common::scratch;
 use std::path::Path;
 use std::sync::Arc;
 use xnnblob::cache::{
-    compact_file, verify_file, CacheBudget, CacheOptions, FileReport, PackedWeightsCache,
+    CacheBudget, CacheOptions, FileReport, PackedWeightsCache, compact_file, verify_file,
 };
 use xnnblob::xnn::Runtime;
-use xnnblob_test_support::synthetic::{Mlp, MLP_INPUT, MLP_OUTPUT};
+use xnnblob_test_support::synthetic::{MLP_INPUT, MLP_OUTPUT, Mlp};
 
 /// The model an app ships in `month`: same shape, new weights.
 fn release(month: u64) -> Mlp {

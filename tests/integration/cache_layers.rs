@@ -12,11 +12,11 @@ use std::os::unix::fs::FileTypeExt;
 use std::path::Path;
 use std::sync::Arc;
 use xnnblob::cache::{
-    cpu_fingerprint, format, packing_class, verify_file, CacheOptions, CacheStats, LayerOutcome,
-    PackedWeightsCache,
+    CacheOptions, CacheStats, LayerOutcome, PackedWeightsCache, cpu_fingerprint, format,
+    packing_class, verify_file,
 };
 use xnnblob::xnn::Runtime;
-use xnnblob_test_support::synthetic::{Mlp, MLP_INPUT, MLP_OUTPUT};
+use xnnblob_test_support::synthetic::{MLP_INPUT, MLP_OUTPUT, Mlp};
 
 fn model(seed: u64) -> Mlp {
     Mlp::random(&[48, 64, 40, 24], seed)

@@ -12,7 +12,7 @@ use crate::packed_cache::{assert_matches_reference, input_for};
 use common::scratch;
 use xnnblob::cache::{CacheOptions, HeapFirst, PackedWeightsCache};
 use xnnblob::xnn::Runtime;
-use xnnblob_test_support::synthetic::{Mlp, MLP_INPUT, MLP_OUTPUT};
+use xnnblob_test_support::synthetic::{MLP_INPUT, MLP_OUTPUT, Mlp};
 
 /// The address range of the mapping of the file whose path contains `name` (the draft's window).
 fn mapping_of(name: &str) -> (u64, u64) {

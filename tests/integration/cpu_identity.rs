@@ -15,8 +15,8 @@ use crate::common;
 use crate::packed_cache::{assert_matches_reference, launch, model, reopen};
 
 use std::path::{Path, PathBuf};
-use xnnblob::cache::{cpu_fingerprint, describe_cpu_fingerprint, format, FileError, LoadOutcome};
-use xnnblob::xnn::{qd8_gemm_kernel, Qd8Weights};
+use xnnblob::cache::{FileError, LoadOutcome, cpu_fingerprint, describe_cpu_fingerprint, format};
+use xnnblob::xnn::{Qd8Weights, qd8_gemm_kernel};
 
 /// The cache file the emulated launch opens.
 const CACHE_VAR: &str = "XNNBLOB_CPU_IDENTITY_CACHE";

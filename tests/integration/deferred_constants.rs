@@ -6,8 +6,8 @@ use crate::common;
 
 use common::{dir, f32s};
 use serde_json::Value;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use xnnblob::backend::{Backend, WeightsCacheChoice};
 use xnnblob::delegate::XnnDelegate;
 use xnnblob::named_data::{

@@ -10,7 +10,7 @@ use serde_json::Value;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use xnnblob::backend::Backend;
-use xnnblob::delegate::{summarize, XnnDelegate};
+use xnnblob::delegate::{XnnDelegate, summarize};
 use xnnblob::named_data::{DataBuffer, FileDataMap, InMemoryMap, NamedDataMap};
 use xnnblob::program::ProgramError;
 use xnnblob_test_support::builder::GraphBuilder;
@@ -128,11 +128,7 @@ fn payload(bytes: &[u8]) -> DataBuffer {
 }
 
 fn elu(x: f32, alpha: f32) -> f32 {
-    if x > 0.0 {
-        x
-    } else {
-        alpha * (x.exp() - 1.0)
-    }
+    if x > 0.0 { x } else { alpha * (x.exp() - 1.0) }
 }
 
 #[test]
@@ -176,15 +172,15 @@ fn elu_and_attention_which_executorch_does_not_lower_match_a_reference() {
     let built = g.finish();
     let map = built.map("attention").unwrap();
     let mut d = XnnDelegate::init(&model, payload(&built.payload), &map).unwrap();
-    let gen = |n: usize, seed: f32| -> Vec<f32> {
+    let wave = |n: usize, seed: f32| -> Vec<f32> {
         (0..n)
             .map(|i| ((i as f32 * 0.731 + seed).sin()) * 1.3)
             .collect()
     };
     let (qd, kd, vd) = (
-        gen(h * t * c, 0.1),
-        gen(h * s * c, 0.7),
-        gen(h * s * c, 1.9),
+        wave(h * t * c, 0.1),
+        wave(h * s * c, 0.7),
+        wave(h * s * c, 1.9),
     );
     let mut got = vec![f32::NAN; h * t * c];
     d.execute_f32(&[&qd, &kd, &vd], &mut [&mut got]).unwrap();

@@ -9,7 +9,7 @@ use crate::common;
 use xnnblob::backend::Backend;
 use xnnblob::delegate::XnnDelegate;
 use xnnblob::named_data::{InMemoryMap, NamedDataMap};
-use xnnblob::tensor::{f16_to_f32, DType, Shape, TensorMut, TensorRef};
+use xnnblob::tensor::{DType, Shape, TensorMut, TensorRef, f16_to_f32};
 use xnnblob_test_support::builder::{BuiltGraph, GraphBuilder, Value};
 
 const ROWS: u32 = 4;

@@ -158,9 +158,10 @@ fn scalar_tensors_and_reshapes_to_a_scalar_are_refused() {
     ] {
         assert!(g.define_f32_tensor(&[], role).is_err());
     }
-    assert!(g
-        .define_dynamically_quantized_tensor(xnnblob::xnn::Datatype::Qdint8, &[], 0)
-        .is_err());
+    assert!(
+        g.define_dynamically_quantized_tensor(xnnblob::xnn::Datatype::Qdint8, &[], 0)
+            .is_err()
+    );
     let x = g.define_f32_tensor(&[1], ValueRole::Input(INPUT)).unwrap();
     let y = g.define_f32_tensor(&[1], ValueRole::Internal).unwrap();
     assert!(g.define_static_reshape(&[], x, y).is_err());
@@ -176,12 +177,14 @@ fn tensors_larger_than_any_buffer_are_refused() {
     let mut g = Subgraph::new(2).unwrap();
     assert!(g.define_f32_tensor(&huge, ValueRole::Input(INPUT)).is_err());
     assert!(g.define_f32_tensor(&huge, ValueRole::Internal).is_err());
-    assert!(g
-        .define_f32_tensor(&[usize::MAX / 4 + 1], ValueRole::Output(OUTPUT))
-        .is_err());
-    assert!(g
-        .define_dynamically_quantized_tensor(xnnblob::xnn::Datatype::Qdint8, &huge, 1)
-        .is_err());
+    assert!(
+        g.define_f32_tensor(&[usize::MAX / 4 + 1], ValueRole::Output(OUTPUT))
+            .is_err()
+    );
+    assert!(
+        g.define_dynamically_quantized_tensor(xnnblob::xnn::Datatype::Qdint8, &huge, 1)
+            .is_err()
+    );
     g.define_f32_tensor(&[1 << 20, 8], ValueRole::Internal)
         .expect("a large tensor that fits");
 }
@@ -292,17 +295,20 @@ fn an_external_id_defined_twice_is_refused() {
     let mut g = Subgraph::new(2).unwrap();
     g.define_f32_tensor(&[1, 8], ValueRole::Input(INPUT))
         .unwrap();
-    assert!(g
-        .define_f32_tensor(&[1, 8], ValueRole::Output(INPUT))
-        .is_err());
-    assert!(g
-        .define_f32_tensor(&[1, 8], ValueRole::Input(INPUT))
-        .is_err());
+    assert!(
+        g.define_f32_tensor(&[1, 8], ValueRole::Output(INPUT))
+            .is_err()
+    );
+    assert!(
+        g.define_f32_tensor(&[1, 8], ValueRole::Input(INPUT))
+            .is_err()
+    );
     g.define_f32_tensor(&[1, 8], ValueRole::Output(OUTPUT))
         .unwrap();
-    assert!(g
-        .define_f32_tensor(&[1, 8], ValueRole::Output(OUTPUT))
-        .is_err());
+    assert!(
+        g.define_f32_tensor(&[1, 8], ValueRole::Output(OUTPUT))
+            .is_err()
+    );
 }
 
 #[test]

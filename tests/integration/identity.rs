@@ -8,7 +8,7 @@
 
 use std::path::{Path, PathBuf};
 use xnnblob::backend::{Backend, BackendOptions, WeightsCacheChoice};
-use xnnblob::cache::{format, BlobId, Compat, PackedWeightsCache};
+use xnnblob::cache::{BlobId, Compat, PackedWeightsCache, format};
 use xnnblob::xnn::{LookUpKey, PackedWeightsProvider};
 
 use crate::common;
@@ -30,11 +30,7 @@ fn dir() -> PathBuf {
 }
 
 fn tolerance(name: &str) -> f32 {
-    if name.ends_with("fp32") {
-        1e-5
-    } else {
-        1e-3
-    }
+    if name.ends_with("fp32") { 1e-5 } else { 1e-3 }
 }
 
 /// Loads `name` through `backend` (with `cache`, if any), runs its steps and returns the worst

@@ -8,7 +8,7 @@
 use std::path::{Path, PathBuf};
 use xnnblob::backend::{Backend, BackendOptions, WeightsCacheChoice};
 use xnnblob::cache::format::{self, Compat, FileEntry};
-use xnnblob::cache::{compact_file, CacheOptions};
+use xnnblob::cache::{CacheOptions, compact_file};
 use xnnblob::program::Program;
 use xnnblob_test_support::builder::GraphBuilder;
 

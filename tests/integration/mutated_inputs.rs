@@ -54,7 +54,7 @@ fn backend() -> Backend {
 
 /// The delegate payload and named data of a small generated qd8 model.
 fn payload_seed(dir: &Path) -> (Vec<u8>, InMemoryMap) {
-    use xnnblob_test_support::synthetic::model::{ensure, Dtype, ModelSpec, Preset};
+    use xnnblob_test_support::synthetic::model::{Dtype, ModelSpec, Preset, ensure};
     let spec = ModelSpec {
         preset: Preset::LlmLike,
         dtype: Dtype::Qd8,

@@ -7,8 +7,8 @@ use common::scratch as scratch_dir;
 use std::path::Path;
 use std::sync::Arc;
 use xnnblob::named_data::{
-    ptd_format, FileDataMap, InMemoryMap, MergedMap, NamedBlobStore, NamedDataError, NamedDataMap,
-    ScalarType, StoreError, TensorLayout,
+    FileDataMap, InMemoryMap, MergedMap, NamedBlobStore, NamedDataError, NamedDataMap, ScalarType,
+    StoreError, TensorLayout, ptd_format,
 };
 
 fn bytes(n: usize, seed: u8) -> Vec<u8> {

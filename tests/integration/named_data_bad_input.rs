@@ -5,7 +5,7 @@
 
 use flatbuffers::{FlatBufferBuilder, WIPOffset};
 use xnnblob::named_data::{
-    ptd_format, pte_format, FileDataMap, FileKind, FormatError, NamedDataError,
+    FileDataMap, FileKind, FormatError, NamedDataError, ptd_format, pte_format,
 };
 
 /// A `.ptd` with the given segments (relative offset, size) and named entries (key, segment),

@@ -2,7 +2,7 @@
 
 use serde_json::Value;
 use std::path::{Path, PathBuf};
-use xnnblob::named_data::{ptd_format, pte_format, FileDataMap, NamedDataMap};
+use xnnblob::named_data::{FileDataMap, NamedDataMap, ptd_format, pte_format};
 use xnnblob::sha256::{sha256, to_hex};
 
 fn data_dir() -> PathBuf {

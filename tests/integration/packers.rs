@@ -15,7 +15,7 @@ struct Qs8Qc4wPackingParams {
     kernel_zero_point: u8,
 }
 
-extern "C" {
+unsafe extern "C" {
     // XNNPACK's internal packer (src/xnnpack/pack.h); linked from the static library.
     fn xnn_pack_qs8_qb4w_gemm_goi_w(
         g: usize,

@@ -191,7 +191,7 @@ fn a_cold_launch_publishes_the_file_it_packed_into_in_packing_order() {
     // publishes that draft as it is, each weight where it was packed, rather than writing the
     // bytes a second time in graph order. (A warm launch from a cold page cache reads the whole
     // file ahead on a thread of its own; see `CacheOptions::prefetch`.)
-    use xnnblob::cache::{format, Compat};
+    use xnnblob::cache::{Compat, format};
     use xnnblob_test_support::builder::GraphBuilder;
     let dir = common::scratch("parallel-packing-order");
     // Each layer larger than the one before: packing ahead takes the largest first. 745 Ki

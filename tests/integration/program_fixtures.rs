@@ -52,10 +52,12 @@ fn io(name: &str) -> (String, Vec<String>, f32) {
         if name.starts_with("cnn") {
             return (
                 input,
-                vec![io["reference_outputs"][0]["f32"]
-                    .as_str()
-                    .unwrap()
-                    .to_string()],
+                vec![
+                    io["reference_outputs"][0]["f32"]
+                        .as_str()
+                        .unwrap()
+                        .to_string(),
+                ],
                 1e-5,
             );
         }

@@ -8,8 +8,8 @@
 use crate::common;
 use crate::lying_cache_files::chain;
 use std::path::{Path, PathBuf};
-use xnnblob::cache::format::{self, Compat};
 use xnnblob::cache::CacheStats;
+use xnnblob::cache::format::{self, Compat};
 
 /// The record's first bytes (`src/delegate/remembered.rs`).
 const RECORD_MAGIC: &[u8] = b"XBIDS\0\0\x01";

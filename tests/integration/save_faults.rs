@@ -15,11 +15,11 @@ use crate::common;
 use common::scratch;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use xnnblob::cache::{verify_file, CacheError, CacheOptions, HeapFirst, PackedWeightsCache};
+use xnnblob::cache::{CacheError, CacheOptions, HeapFirst, PackedWeightsCache, verify_file};
 use xnnblob::storage::SharedStorage;
 use xnnblob::xnn::Runtime;
 use xnnblob_test_support::faults::{Call, Fault, FaultyStorage};
-use xnnblob_test_support::synthetic::{Mlp, MLP_INPUT, MLP_OUTPUT};
+use xnnblob_test_support::synthetic::{MLP_INPUT, MLP_OUTPUT, Mlp};
 
 /// The model already in the file before the faulty save.
 fn old_model() -> Mlp {

@@ -136,10 +136,12 @@ fn a_fifo_at_the_lock_path_fails_the_save_cleanly_and_never_blocks() {
             && said.contains("a FIFO, not a regular file"),
         "the save says why, with the path: {said}"
     );
-    assert!(std::fs::symlink_metadata(&lock)
-        .unwrap()
-        .file_type()
-        .is_fifo());
+    assert!(
+        std::fs::symlink_metadata(&lock)
+            .unwrap()
+            .file_type()
+            .is_fifo()
+    );
     assert!(!path.exists(), "nothing was published without the lock");
 }
 
@@ -165,10 +167,12 @@ fn a_dangling_link_at_the_lock_path_creates_nothing_at_its_target() {
     );
     drop(cache);
     assert!(!target.exists(), "nothing created outside the directory");
-    assert!(std::fs::symlink_metadata(&lock)
-        .unwrap()
-        .file_type()
-        .is_symlink());
+    assert!(
+        std::fs::symlink_metadata(&lock)
+            .unwrap()
+            .file_type()
+            .is_symlink()
+    );
 }
 
 /// A cache file, made cold, then left unchanged long enough for a background check to be
@@ -195,10 +199,12 @@ fn a_fifo_at_the_checked_path_is_no_record_and_never_blocks_a_warm_launch() {
             "no record trusted, none written: checked again each time: {said}"
         );
     }
-    assert!(std::fs::symlink_metadata(&record)
-        .unwrap()
-        .file_type()
-        .is_fifo());
+    assert!(
+        std::fs::symlink_metadata(&record)
+            .unwrap()
+            .file_type()
+            .is_fifo()
+    );
 }
 
 /// Issue 38: with `PATH.checked` a symbolic link to `/dev/zero`, each launch read until memory
@@ -221,10 +227,12 @@ fn a_checked_path_that_is_a_link_is_never_followed() {
             "{}: no record read through the link: {said}",
             target.display()
         );
-        assert!(std::fs::symlink_metadata(&record)
-            .unwrap()
-            .file_type()
-            .is_symlink());
+        assert!(
+            std::fs::symlink_metadata(&record)
+                .unwrap()
+                .file_type()
+                .is_symlink()
+        );
         std::fs::remove_file(&record).unwrap();
     }
     assert_eq!(std::fs::read(&outside).unwrap(), b"the user's\n");

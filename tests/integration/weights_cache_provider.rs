@@ -3,7 +3,7 @@
 use crate::common;
 
 use xnnblob::xnn::{InMemoryProvider, ProvidedWeightsCache, Runtime, Status};
-use xnnblob_test_support::synthetic::{Mlp, MLP_INPUT, MLP_OUTPUT};
+use xnnblob_test_support::synthetic::{MLP_INPUT, MLP_OUTPUT, Mlp};
 
 fn run(runtime: &mut Runtime<'_>, input: &[f32], outputs: usize) -> Vec<f32> {
     let mut out = vec![f32::NAN; outputs];

@@ -5,7 +5,7 @@ use crate::common;
 use common::close::max_abs_difference;
 
 use xnnblob::xnn::{Runtime, XnnError};
-use xnnblob_test_support::synthetic::{Mlp, MLP_INPUT, MLP_OUTPUT};
+use xnnblob_test_support::synthetic::{MLP_INPUT, MLP_OUTPUT, Mlp};
 
 #[test]
 fn three_layer_mlp_matches_rust_reference_within_1e_4() {

@@ -3,7 +3,7 @@
 use crate::common;
 
 use std::path::Path;
-use xnnblob::cache::{format, PackedWeightsCache};
+use xnnblob::cache::{PackedWeightsCache, format};
 use xnnblob::xnn::Runtime;
 use xnnblob_test_support::synthetic::Mlp;
 

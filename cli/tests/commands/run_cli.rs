@@ -2,7 +2,7 @@
 
 use crate::common;
 
-use common::{scratch, Tmpfs};
+use common::{Tmpfs, scratch};
 use std::path::Path;
 use std::process::Command;
 
@@ -154,10 +154,12 @@ fn a_cache_path_that_is_not_a_regular_file_is_never_replaced_nor_waited_on() {
     let t = std::fs::symlink_metadata(&fifo).unwrap().file_type();
     assert!(t.is_fifo(), "the FIFO is still a FIFO");
     assert!(std::fs::symlink_metadata(&directory).unwrap().is_dir());
-    assert!(std::fs::symlink_metadata(&dangling)
-        .unwrap()
-        .file_type()
-        .is_symlink());
+    assert!(
+        std::fs::symlink_metadata(&dangling)
+            .unwrap()
+            .file_type()
+            .is_symlink()
+    );
     if made_device {
         let t = std::fs::symlink_metadata(&device).unwrap().file_type();
         assert!(t.is_char_device(), "the device is still a device");
@@ -286,7 +288,7 @@ fn a_rejected_cache_file_is_rebuilt_and_the_reason_said_once() {
             .iter()
             .map(|e| (e.key.kernel, e.key.bias, e.key.seed, e.size, e.checksum))
             .collect();
-        e.sort_by_key(|e| (e.0 .0, e.1 .0, e.2));
+        e.sort_by_key(|e| (e.0.0, e.1.0, e.2));
         e
     };
     assert_eq!(
@@ -300,7 +302,7 @@ fn a_rejected_cache_file_is_rebuilt_and_the_reason_said_once() {
 
 #[test]
 fn damaged_packed_bytes_are_found_after_the_launch_and_repacked_by_the_next() {
-    use xnnblob::cache::{format, Compat};
+    use xnnblob::cache::{Compat, format};
     let dir = scratch("damaged");
     let cache = dir.join("w.xbc");
     let launch = |out: &str| {
@@ -770,9 +772,11 @@ fn times_repeats_a_call_reading_each_iterations_inputs_through_step() {
             assert!(eager < 1e-5, "{name} call {k}: {eager:e} of eager's range");
             assert!(et < 1e-5, "{name} call {k}: {et:e} of ExecuTorch's range");
         }
-        assert!(!out_dir
-            .join(format!("step{}.output0.f32", calls.len()))
-            .exists());
+        assert!(
+            !out_dir
+                .join(format!("step{}.output0.f32", calls.len()))
+                .exists()
+        );
     }
 }
 

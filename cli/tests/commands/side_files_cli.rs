@@ -150,8 +150,10 @@ fn run_never_waits_on_a_fifo_beside_the_cache() {
     mkfifo(&record);
     let (ok, text) = run_with_cache(&model, &cache);
     assert!(ok && text.contains("(0 weights packed"), "warm: {text}");
-    assert!(std::fs::symlink_metadata(&record)
-        .unwrap()
-        .file_type()
-        .is_fifo());
+    assert!(
+        std::fs::symlink_metadata(&record)
+            .unwrap()
+            .file_type()
+            .is_fifo()
+    );
 }

@@ -128,16 +128,18 @@ fn data_is_in_the_binary_image_aligned_as_in_the_ptd() {
 fn unknown_id_and_key_are_not_found() {
     let map = linked_model::linked_map();
     assert!(linked_model::params::lookup_linked_param(9999).is_none());
-    assert!(map
-        .by_id(9999)
-        .unwrap_err()
-        .to_string()
-        .contains("not found"));
-    assert!(map
-        .get_data("no-such-key")
-        .unwrap_err()
-        .to_string()
-        .contains("not found"));
+    assert!(
+        map.by_id(9999)
+            .unwrap_err()
+            .to_string()
+            .contains("not found")
+    );
+    assert!(
+        map.get_data("no-such-key")
+            .unwrap_err()
+            .to_string()
+            .contains("not found")
+    );
     let mut len = 7usize;
     // SAFETY: `len` is a valid usize.
     let ptr = unsafe {

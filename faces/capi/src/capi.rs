@@ -8,8 +8,8 @@
 //! crosses the boundary (it becomes [`XnnblobStatus::Internal`]).
 
 use std::cell::RefCell;
-use std::ffi::{c_char, c_void, CStr, CString};
-use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::ffi::{CStr, CString, c_char, c_void};
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 use xnnblob::backend::{Backend, BackendError, BackendOptions};
 use xnnblob::cache::{BlobId, CacheError, PackedWeightsCache};
@@ -56,7 +56,7 @@ fn cache_status(error: CacheError) -> XnnblobStatus {
 
 /// The value of a `Result` whose error is the status to return from the C call.
 macro_rules! try_arg {
-    ($result:expr) => {
+    ($result:expr_2021) => {
         match $result {
             Ok(value) => value,
             Err(status) => return status,
@@ -496,7 +496,7 @@ pub unsafe extern "C" fn xnnblob_map_open(
                     return fail(
                         XnnblobStatus::InvalidFormat,
                         format!("{path}: key {i} holds a NUL byte"),
-                    )
+                    );
                 }
                 Err(e) => return map_status(e),
             }

@@ -101,9 +101,9 @@ mod bridge {
 }
 
 pub use bridge::{
-    cpp_delegate_checks, cpp_execute_f32, cpp_layered_load, cpp_make_delegate, cpp_run_calls,
-    cpp_run_program, cpp_run_program_raw, cpp_stateful_counter, run_minimal_example, CallsRun,
-    HeldDelegate,
+    CallsRun, HeldDelegate, cpp_delegate_checks, cpp_execute_f32, cpp_layered_load,
+    cpp_make_delegate, cpp_run_calls, cpp_run_program, cpp_run_program_raw, cpp_stateful_counter,
+    run_minimal_example,
 };
 
 fn panic_inside_bridge(message: &str) -> Result<(), xnnblob_cxx::Reported> {

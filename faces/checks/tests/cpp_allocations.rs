@@ -4,7 +4,7 @@
 
 use xnnblob_test_support as common;
 
-use common::counting::{allocations, Counting};
+use common::counting::{Counting, allocations};
 use xnnblob_test_support::synthetic::Mlp;
 
 #[global_allocator]

@@ -274,7 +274,7 @@ mod bridge {
         );
         /// Builds the program from what was collected (the builder is left empty).
         fn build(self: &mut StatefulBuilder, map: &DataMap, model: &Model)
-            -> Result<Box<Stateful>>;
+        -> Result<Box<Stateful>>;
         /// The bytes each memory bank must hold at least, by bank id.
         fn bank_sizes(self: &Stateful) -> Vec<usize>;
         /// An instance whose banks are host memory (memcpy).
@@ -383,8 +383,8 @@ mod bridge {
 }
 
 pub use bridge::{
-    describe, BackendConfig, CompileSpec, SharedCacheStats, StateDecl, TensorLayout,
-    WeightsCacheStats,
+    BackendConfig, CompileSpec, SharedCacheStats, StateDecl, TensorLayout, WeightsCacheStats,
+    describe,
 };
 
 // SAFETY: named_data.h requires C++ maps to be safe to call from any thread (const methods,
@@ -577,7 +577,7 @@ fn new_backend(config: &BackendConfig) -> Result<Box<Backend>, Reported> {
                     name: "packed_cache_layers (they need packed_cache_path)",
                     value: config.packed_cache_layers.join(":"),
                 }
-                .into())
+                .into());
             }
             (true, "") => WeightsCacheChoice::InMemory,
             (true, path) if layers.is_empty() => WeightsCacheChoice::File(path.into()),

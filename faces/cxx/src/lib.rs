@@ -10,4 +10,4 @@
 
 pub mod ffi;
 
-pub use ffi::{guarded, Reported};
+pub use ffi::{Reported, guarded};

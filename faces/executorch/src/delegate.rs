@@ -5,7 +5,7 @@ use crate::map::{EtBytes, EtMap, MapKeys};
 use cxx::UniquePtr;
 use parking_lot::Mutex;
 use std::collections::HashSet;
-use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::{Arc, OnceLock};
@@ -220,13 +220,12 @@ fn weights_for(
         // ExecuTorch does not tell a backend which files a program came from: its packed
         // weights are kept as private as ExecuTorch's own cache keeps them.
         cache.limit_permissions(xnnblob::cache::PRIVATE_MODE);
-        if let (Some(text), Some(path)) = (cache.permissions_note(), cache.path()) {
-            if reported()
+        if let (Some(text), Some(path)) = (cache.permissions_note(), cache.path())
+            && reported()
                 .lock()
                 .insert((path.to_path_buf(), "permissions"))
-            {
-                notes.push(Note { text, severe: true });
-            }
+        {
+            notes.push(Note { text, severe: true });
         }
     }
     // The backend passes one message to ExecuTorch's log per init.

@@ -198,7 +198,7 @@ impl ffi::Outcome {
 
 /// The drop-in's verdict on the runtime at `library` (see [`runtime_version`]).
 fn check_runtime(library: &str) -> ffi::Outcome {
-    use runtime_version::{check, RuntimeError, BUILT_AGAINST};
+    use runtime_version::{BUILT_AGAINST, RuntimeError, check};
     if library.is_empty() {
         return ffi::Outcome {
             status: ffi::Status::Ok,
@@ -244,7 +244,7 @@ use delegate::{cache_report, delegate_execute, delegate_init, prepare_backend, s
 /// Whether loading this library registered its backend under "XnnpackBackend" with ExecuTorch
 /// (false: another XNNPACK backend was registered first). Exported for runners that `dlopen` it;
 /// referencing the registration also keeps it in every library this crate is linked into.
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub extern "C" fn xnnblob_executorch_registered() -> bool {
     ffi::registered()
 }
@@ -255,7 +255,7 @@ pub extern "C" fn xnnblob_executorch_registered() -> bool {
 ///
 /// # Safety
 /// `buffer` is null (with `size` 0) or writable for `size` bytes.
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn xnnblob_executorch_cache_report(
     buffer: *mut std::ffi::c_char,
     size: usize,

@@ -33,8 +33,8 @@
 use xnnblob_test_support::close::relative_difference;
 use xnnblob_test_support::cross;
 use xnnblob_test_support::drop_in::programs::{
-    data, exported_programs, f16s, fixture_programs, measure, mlp_args, runtime_c_programs, s,
-    sharing_program_matches_eager, sharing_programs, Program, Run, Runner,
+    Program, Run, Runner, data, exported_programs, f16s, fixture_programs, measure, mlp_args,
+    runtime_c_programs, s, sharing_program_matches_eager, sharing_programs,
 };
 use xnnblob_test_support::drop_in::{self, f32s};
 use xnnblob_test_support::scratch;

@@ -3,7 +3,7 @@
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
-use xnnblob::backend::{machine_threads, Backend, BackendOptions};
+use xnnblob::backend::{Backend, BackendOptions, machine_threads};
 use xnnblob::delegate::{Weights, XnnDelegate};
 use xnnblob::named_data::{FileDataMap, InMemoryMap, NamedDataMap};
 use xnnblob::xnn::{InMemoryProvider, ProvidedWeightsCache, XnnpackWeightsCache};
@@ -106,15 +106,13 @@ pub fn resident_mib(path: &Path) -> f64 {
         });
         if is_header {
             inside = line.trim_end().ends_with(name.as_ref());
-        } else if inside {
-            if let Some(v) = line.strip_prefix("Rss:") {
-                kb += v
-                    .trim()
-                    .trim_end_matches("kB")
-                    .trim()
-                    .parse::<u64>()
-                    .unwrap_or(0);
-            }
+        } else if inside && let Some(v) = line.strip_prefix("Rss:") {
+            kb += v
+                .trim()
+                .trim_end_matches("kB")
+                .trim()
+                .parse::<u64>()
+                .unwrap_or(0);
         }
     }
     kb as f64 / 1024.0

@@ -38,7 +38,7 @@ fn read(path: &Path) -> Result<(Results, Gated), String> {
                     return Err(format!(
                         "{}: gated figure {i} has no name or value",
                         path.display()
-                    ))
+                    ));
                 }
             };
         }
@@ -50,7 +50,7 @@ fn read(path: &Path) -> Result<(Results, Gated), String> {
             return Err(format!(
                 "{}: no \"results\" or \"gated\" list",
                 path.display()
-            ))
+            ));
         }
     };
     let mut out = Results::new();
@@ -218,9 +218,11 @@ mod tests {
         let (report, regressed) = compare(&base, &new, 10.0).unwrap();
         assert!(!regressed, "{report}");
         std::fs::write(&new, "{\"gated\": [{\"name\": \"x\"}]}").unwrap();
-        assert!(compare(&base, &new, 10.0)
-            .unwrap_err()
-            .contains("no name or value"));
+        assert!(
+            compare(&base, &new, 10.0)
+                .unwrap_err()
+                .contains("no name or value")
+        );
     }
 
     #[test]
@@ -229,9 +231,11 @@ mod tests {
         let (base, new) = (dir.path().join("base.json"), dir.path().join("new.json"));
         std::fs::write(&base, results(10.0, 20.0)).unwrap();
         std::fs::write(&new, "{\"results\": []}").unwrap();
-        assert!(compare(&base, &new, 10.0)
-            .unwrap_err()
-            .contains("share no scenario"));
+        assert!(
+            compare(&base, &new, 10.0)
+                .unwrap_err()
+                .contains("share no scenario")
+        );
         std::fs::write(&new, "not json").unwrap();
         assert!(compare(&base, &new, 10.0).unwrap_err().contains("not JSON"));
         assert!(compare(&base, &dir.path().join("missing.json"), 10.0).is_err());

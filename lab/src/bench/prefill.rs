@@ -12,7 +12,7 @@
 //! one execute (a launch of 1 + k executes less a launch of 1, over k), of a warm load (a launch
 //! of no execute with the cache file there) and of a cold one (without it), on one thread.
 
-use super::report::{spread, Spread};
+use super::report::{Spread, spread};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -108,11 +108,7 @@ pub fn markdown(title: &str, rows: &[Row], cache_file: u64, reload: Option<&str>
 }
 
 fn verdict(ok: bool) -> &'static str {
-    if ok {
-        "met"
-    } else {
-        "NOT met"
-    }
+    if ok { "met" } else { "NOT met" }
 }
 
 /// The targets, each with its measured value.

@@ -4,8 +4,8 @@
 
 use super::{CacheCore, Entry, Location, Source};
 use crate::cache::checksum::checksum64;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 /// An entry of a file that [`CacheCore::forget_corrupt`] has yet to check.
 fn unchecked(e: &Entry, all: bool) -> bool {
@@ -139,10 +139,10 @@ impl CacheCore {
             })
             .collect();
         for &i in &at {
-            if let Some(key) = state.entries[i].key {
-                if state.by_key.get(&key) == Some(&i) {
-                    state.by_key.remove(&key);
-                }
+            if let Some(key) = state.entries[i].key
+                && state.by_key.get(&key) == Some(&i)
+            {
+                state.by_key.remove(&key);
             }
             state.entries[i].checked = true;
         }

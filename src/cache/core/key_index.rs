@@ -53,12 +53,12 @@ impl KeyIndex {
     /// Forgets `key`, returning the entry it pointed at.
     pub fn remove(&mut self, key: &EntryKey) -> Option<usize> {
         let before = self.by_key.remove(key);
-        if before.is_some() {
-            if let Some(n) = self.kernels.get_mut(&key.kernel) {
-                *n -= 1;
-                if *n == 0 {
-                    self.kernels.remove(&key.kernel);
-                }
+        if before.is_some()
+            && let Some(n) = self.kernels.get_mut(&key.kernel)
+        {
+            *n -= 1;
+            if *n == 0 {
+                self.kernels.remove(&key.kernel);
             }
         }
         before

@@ -19,8 +19,8 @@ use crate::named_data::{Backing, DataBuffer};
 use key_index::KeyIndex;
 use parking_lot::Mutex;
 use registry::Registered;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 /// Where an entry's packed bytes live.
 pub(crate) enum Location {
@@ -304,7 +304,7 @@ impl State {
     pub fn layer_served_keys(&self) -> std::collections::HashSet<EntryKey> {
         self.by_key
             .iter()
-            .filter(|(_, &i)| self.entries[i].layer)
+            .filter(|&(_, &i)| self.entries[i].layer)
             .map(|(k, _)| *k)
             .collect()
     }
@@ -375,16 +375,17 @@ impl CacheCore {
         let mut state = self.state.lock();
         let i = *state.by_key.get(&Self::kept_key(content))?;
         let i = self.sized(&mut state, i, len)?;
-        if check && !state.entries[i].checked {
-            if let Some(sum) = state.entries[i].checksum {
-                self.counters.checked.fetch_add(1, Ordering::Relaxed);
-                if checksum64(state.bytes_of(&state.entries[i])) != sum {
-                    state.forget_entry(i);
-                    self.counters.corrupt_found.fetch_add(1, Ordering::Relaxed);
-                    return None;
-                }
-                state.entries[i].checked = true;
+        if check
+            && !state.entries[i].checked
+            && let Some(sum) = state.entries[i].checksum
+        {
+            self.counters.checked.fetch_add(1, Ordering::Relaxed);
+            if checksum64(state.bytes_of(&state.entries[i])) != sum {
+                state.forget_entry(i);
+                self.counters.corrupt_found.fetch_add(1, Ordering::Relaxed);
+                return None;
             }
+            state.entries[i].checked = true;
         }
         let (backing, offset): (Arc<dyn Backing>, usize) = match &state.entries[i].location {
             Location::Mapped { map, offset } => (state.maps[*map].clone(), *offset),
@@ -463,13 +464,13 @@ impl CacheCore {
             // shadowed, which is asked in its turn: otherwise that entry, still in the file,
             // would be packed again at every launch and saved beside its key's new entry.
             let shadowed = state.shadowed.remove(&i);
-            if let Some(key) = state.entries[i].key.take() {
-                if state.by_key.get(&key) == Some(&i) {
-                    match shadowed {
-                        Some(own) => state.by_key.insert(key, own),
-                        None => state.by_key.remove(&key),
-                    };
-                }
+            if let Some(key) = state.entries[i].key.take()
+                && state.by_key.get(&key) == Some(&i)
+            {
+                match shadowed {
+                    Some(own) => state.by_key.insert(key, own),
+                    None => state.by_key.remove(&key),
+                };
             }
             i = shadowed?;
         }

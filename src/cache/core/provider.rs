@@ -6,8 +6,8 @@ use crate::aligned::AlignedBytes;
 use crate::cache::format::REGION_ALIGNMENT;
 use crate::xnn::{LookUpKey, PackedWeightsProvider};
 use std::ptr::NonNull;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 impl PackedWeightsProvider for CacheCore {
     fn look_up(&self, key: &LookUpKey) -> Option<usize> {
@@ -25,11 +25,11 @@ impl PackedWeightsProvider for CacheCore {
             }
             None => {
                 self.counters.misses.fetch_add(1, Ordering::Relaxed);
-                if let Some(k) = CacheCore::entry_key(&state, key) {
-                    if !state.missed_at.contains_key(&k) {
-                        let order = state.next_first_look();
-                        state.missed_at.insert(k, order);
-                    }
+                if let Some(k) = CacheCore::entry_key(&state, key)
+                    && !state.missed_at.contains_key(&k)
+                {
+                    let order = state.next_first_look();
+                    state.missed_at.insert(k, order);
                 }
                 // XNNPACK packs next, reading the unpacked bytes: read in any placeholder's.
                 let deferred = CacheCore::deferred_of(&state, key);

@@ -54,10 +54,10 @@ impl CacheCore {
     /// (and nothing registered) if another identity holds it.
     pub fn try_register(&self, ptr: *const u8, id: BlobId, release: Option<DataBuffer>) -> bool {
         let mut state = self.state.lock();
-        if let Some(r) = state.registered.get(&(ptr as usize)) {
-            if r.ids.iter().any(|(other, _)| *other != id) {
-                return false;
-            }
+        if let Some(r) = state.registered.get(&(ptr as usize))
+            && r.ids.iter().any(|(other, _)| *other != id)
+        {
+            return false;
         }
         Self::add_registration(&mut state, ptr, id, release);
         true
@@ -101,10 +101,10 @@ impl CacheCore {
     ) -> bool {
         let address = data.address();
         let mut state = self.state.lock();
-        if let Some(r) = state.registered.get(&(address as usize)) {
-            if r.ids.iter().any(|(other, _)| *other != id) {
-                return false;
-            }
+        if let Some(r) = state.registered.get(&(address as usize))
+            && r.ids.iter().any(|(other, _)| *other != id)
+        {
+            return false;
         }
         Self::add_registration(&mut state, address, id, None);
         let r = state

@@ -11,7 +11,7 @@ use super::layers::{self, LayerOutcome, PendingCheck};
 use super::options::{CacheOptions, KeyTrust, VerifyPacked};
 use super::persist::{self, FileReport, LoadOutcome};
 use super::saver::{
-    spawn_saver, wait_for_inference_to_pause, yield_to_inference, Saver, PACKING_PAUSE,
+    PACKING_PAUSE, Saver, spawn_saver, wait_for_inference_to_pause, yield_to_inference,
 };
 use super::stats::{BadEntry, CacheStats};
 use crate::deferred::{DeferredData, Fill};
@@ -412,7 +412,10 @@ impl PackedWeightsCache {
     /// in the background, the file and the read-only layers not checked yet checked. Made only
     /// when there is something to do: a warm launch's delegates finalize one by one, and most
     /// have nothing to save.
-    fn save_pass(&self, path: PathBuf) -> impl Fn() -> Result<(), CacheError> + Send + 'static {
+    fn save_pass(
+        &self,
+        path: PathBuf,
+    ) -> impl Fn() -> Result<(), CacheError> + Send + 'static + use<> {
         let (core, compat, saves) = (self.core().clone(), self.compat.clone(), self.saves.clone());
         let storage = self.options.storage.clone();
         let budget = self.options.budget;
@@ -777,19 +780,19 @@ impl PackedWeightsCache {
         let state = self.core().state.lock();
         let mut bad = Vec::new();
         for e in &state.entries {
-            if let (Some(key), Some(sum)) = (e.key, e.checksum) {
-                if checksum64(state.bytes_of(e)) != sum {
-                    let offset = match e.location {
-                        Location::Mapped { offset, .. } => offset as u64,
-                        Location::Drafted(ref space) => space.file_offset(),
-                        Location::Heap(_) => 0,
-                    };
-                    bad.push(BadEntry {
-                        key,
-                        offset,
-                        size: e.size as u64,
-                    });
-                }
+            if let (Some(key), Some(sum)) = (e.key, e.checksum)
+                && checksum64(state.bytes_of(e)) != sum
+            {
+                let offset = match e.location {
+                    Location::Mapped { offset, .. } => offset as u64,
+                    Location::Drafted(ref space) => space.file_offset(),
+                    Location::Heap(_) => 0,
+                };
+                bad.push(BadEntry {
+                    key,
+                    offset,
+                    size: e.size as u64,
+                });
             }
         }
         bad

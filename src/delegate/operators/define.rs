@@ -1,8 +1,8 @@
 //! How each supported node is defined in XNNPACK's subgraph: the rows' `define` functions of
 //! [`OPERATORS`](super::OPERATORS).
 
-use super::{concatenation, one_to_one, pooling, two_to_one, Node};
-use crate::delegate::error::{at, DelegateError};
+use super::{Node, concatenation, one_to_one, pooling, two_to_one};
+use crate::delegate::error::{DelegateError, at};
 use crate::schema::xnn as fb;
 use crate::xnn::{
     BinaryOp, Convolution2dParams, Deconvolution2dParams, DepthwiseConvolution2dParams,
@@ -198,7 +198,7 @@ pub(super) fn unary(
 
 /// One definition function per element-wise node kind, for the table.
 macro_rules! elementwise {
-    ($($name:ident: $how:ident($op:expr);)*) => {
+    ($($name:ident: $how:ident($op:expr_2021);)*) => {
         $(
             pub(super) fn $name(
                 g: &mut Subgraph<'_>,

@@ -290,10 +290,10 @@ impl PrivateApt {
 pub(crate) fn kleidiai_project(root: &Path, downloads: &Path, src: &Path) -> PathBuf {
     let deb = downloads.join(KLEIDIAI.file);
     let verified = |p: &Path| sha256_of(p).is_ok_and(|sum| sum == KLEIDIAI.sha256);
-    if !verified(&deb) {
-        if let Some(offline) = env::var_os("XNNBLOB_XNNPACK_SOURCES").map(PathBuf::from) {
-            let _ = fs::copy(offline.join(KLEIDIAI.file), &deb);
-        }
+    if !verified(&deb)
+        && let Some(offline) = env::var_os("XNNBLOB_XNNPACK_SOURCES").map(PathBuf::from)
+    {
+        let _ = fs::copy(offline.join(KLEIDIAI.file), &deb);
     }
     if !verified(&deb) {
         let apt = PrivateApt::updated(

@@ -144,15 +144,15 @@ impl Toolchain {
         define(&mut args, "CMAKE_AR", resolve(&self.ar).as_os_str());
         define(&mut args, "CMAKE_RANLIB", resolve(&self.ranlib).as_os_str());
         // One clang serves every target: it needs to be told which, as the cc crate tells it.
-        if self.c.is_like_clang() {
-            if let Some(t) = clang_target(&self.c) {
-                for lang in ["C", "CXX", "ASM"] {
-                    define(
-                        &mut args,
-                        &format!("CMAKE_{lang}_COMPILER_TARGET"),
-                        t.as_ref(),
-                    );
-                }
+        if self.c.is_like_clang()
+            && let Some(t) = clang_target(&self.c)
+        {
+            for lang in ["C", "CXX", "ASM"] {
+                define(
+                    &mut args,
+                    &format!("CMAKE_{lang}_COMPILER_TARGET"),
+                    t.as_ref(),
+                );
             }
         }
         if self.is_cross() {
@@ -215,7 +215,7 @@ impl Toolchain {
                     return Err(Problem::Compiler(format!(
                         "the {what} compiler for {} does not run: {e}",
                         self.target
-                    )))
+                    )));
                 }
             }
         }
@@ -373,11 +373,7 @@ fn system_include_dirs(tool: &cc::Tool) -> Vec<PathBuf> {
 }
 
 fn null_device() -> &'static str {
-    if cfg!(windows) {
-        "NUL"
-    } else {
-        "/dev/null"
-    }
+    if cfg!(windows) { "NUL" } else { "/dev/null" }
 }
 
 /// `name` looked up on PATH when it has no directory part.

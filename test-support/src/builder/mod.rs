@@ -4,7 +4,7 @@
 
 use flatbuffers::{FlatBufferBuilder, UnionWIPOffset, WIPOffset};
 use std::path::Path;
-use xnnblob::delegate::payload::{PayloadHeader, FLATBUFFER_ALIGNMENT, HEADER_LENGTH};
+use xnnblob::delegate::payload::{FLATBUFFER_ALIGNMENT, HEADER_LENGTH, PayloadHeader};
 use xnnblob::named_data::{InMemoryMap, NamedBlobStore, NamedDataError, StoreError};
 use xnnblob::schema::xnn as fb;
 use xnnblob::sha256::{sha256, to_hex};

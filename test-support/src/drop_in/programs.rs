@@ -5,7 +5,7 @@
 use super::f32s;
 use crate::close::relative_difference;
 use crate::io_steps::call_arg;
-use crate::{scratch, XNNPACK_FIXTURES};
+use crate::{XNNPACK_FIXTURES, scratch};
 
 use serde_json::Value;
 use std::collections::HashMap;
@@ -238,10 +238,11 @@ pub fn io_program(dir: &Path, name: &str) -> (Vec<String>, Expected) {
     let io: Value =
         serde_json::from_slice(&std::fs::read(dir.join(format!("{name}.io.json"))).unwrap())
             .unwrap();
-    let mut args = vec![dir
-        .join(io["program"].as_str().unwrap())
-        .display()
-        .to_string()];
+    let mut args = vec![
+        dir.join(io["program"].as_str().unwrap())
+            .display()
+            .to_string(),
+    ];
     for d in io["data"].as_array().into_iter().flatten() {
         args.extend([
             s("--data"),
@@ -286,10 +287,11 @@ pub fn fixture(name: &str) -> (Methods, Vec<PathBuf>, f32) {
     let dir = data();
     let m: Value =
         serde_json::from_slice(&std::fs::read(dir.join(format!("{name}.json"))).unwrap()).unwrap();
-    let mut program = vec![dir
-        .join(m["pte"]["file"].as_str().unwrap())
-        .display()
-        .to_string()];
+    let mut program = vec![
+        dir.join(m["pte"]["file"].as_str().unwrap())
+            .display()
+            .to_string(),
+    ];
     for p in m["ptd"].as_array().into_iter().flatten() {
         program.extend([
             s("--data"),

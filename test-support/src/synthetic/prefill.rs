@@ -5,8 +5,8 @@
 //! prompt of T tokens runs, and the tiles it wastes, follow from T.
 
 use crate::builder::{BuiltGraph, GraphBuilder};
-use crate::synthetic::model::QB4W_GROUP;
 use crate::synthetic::SplitMix64;
+use crate::synthetic::model::QB4W_GROUP;
 use std::path::{Path, PathBuf};
 
 /// The shape of a Llama-style feed-forward stack, and the prompt's length.

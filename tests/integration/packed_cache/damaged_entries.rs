@@ -5,7 +5,7 @@
 use super::{cold, default_compat, launch, model, reopen};
 use crate::common::scratch;
 use std::path::Path;
-use xnnblob::cache::{format, verify_file, CacheOptions, PackedWeightsCache};
+use xnnblob::cache::{CacheOptions, PackedWeightsCache, format, verify_file};
 use xnnblob_test_support::synthetic::Mlp;
 
 /// A cold launch, then one flipped bit inside the first packed region (a bad sector's worth):
@@ -57,11 +57,13 @@ fn corrupt_packed_data_is_reported_by_verify_and_repacked_next_launch() {
     assert_eq!(cache.stats().packed, 1, "the dropped entry is repacked");
     drop(cache);
     assert_eq!(std::fs::metadata(&path).unwrap().len(), size);
-    assert!(verify_file(&path, &options, true, false)
-        .unwrap()
-        .unwrap()
-        .corrupt
-        .is_empty());
+    assert!(
+        verify_file(&path, &options, true, false)
+            .unwrap()
+            .unwrap()
+            .corrupt
+            .is_empty()
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -83,11 +85,13 @@ fn a_damaged_entry_is_never_used_when_checked_before_use() {
     assert_eq!(cache.stats().packed, 1, "the damaged entry is repacked");
     drop(cache);
     assert_eq!(std::fs::metadata(&path).unwrap().len(), size);
-    assert!(verify_file(&path, &CacheOptions::default(), true, false)
-        .unwrap()
-        .unwrap()
-        .corrupt
-        .is_empty());
+    assert!(
+        verify_file(&path, &CacheOptions::default(), true, false)
+            .unwrap()
+            .unwrap()
+            .corrupt
+            .is_empty()
+    );
 }
 
 #[test]

@@ -12,12 +12,12 @@ use common::scratch;
 use std::path::Path;
 use std::sync::Arc;
 use xnnblob::cache::{
-    format, verify_file, BlobId, CacheOptions, HeapFirst, LoadOutcome, PackedWeightsCache,
-    Registration,
+    BlobId, CacheOptions, HeapFirst, LoadOutcome, PackedWeightsCache, Registration, format,
+    verify_file,
 };
-use xnnblob::xnn::activity::Inference;
 use xnnblob::xnn::Runtime;
-use xnnblob_test_support::synthetic::{Mlp, MLP_INPUT, MLP_OUTPUT};
+use xnnblob::xnn::activity::Inference;
+use xnnblob_test_support::synthetic::{MLP_INPUT, MLP_OUTPUT, Mlp};
 
 mod damaged_entries;
 mod rejected_files;

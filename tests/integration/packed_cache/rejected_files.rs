@@ -6,7 +6,7 @@
 use super::{assert_matches_reference, cold, default_compat, launch, model, reopen};
 use crate::common::scratch;
 use std::path::Path;
-use xnnblob::cache::{format, BlobId, CacheError, CacheOptions, LoadOutcome, PackedWeightsCache};
+use xnnblob::cache::{BlobId, CacheError, CacheOptions, LoadOutcome, PackedWeightsCache, format};
 use xnnblob_test_support::synthetic::Mlp;
 
 /// Writes a cache file as another build/CPU would, then checks a normal launch rejects it,

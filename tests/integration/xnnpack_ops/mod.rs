@@ -403,9 +403,10 @@ fn static_data_of_the_wrong_length_or_alignment_is_a_typed_error() {
             alignment: 4
         })
     );
-    assert!(g
-        .define_f32_tensor(&[4], ValueRole::Static(&all[4..20]))
-        .is_ok());
+    assert!(
+        g.define_f32_tensor(&[4], ValueRole::Static(&all[4..20]))
+            .is_ok()
+    );
 
     // A shape whose size overflows needs more bytes than any slice holds.
     assert_eq!(Datatype::Fp32.tensor_bytes(&[usize::MAX, 2]), None);
@@ -691,7 +692,7 @@ fn f32_qc4w_difference(batch: usize, inputs: usize, outputs: usize, seed: u64) -
 #[test]
 #[should_panic(expected = "difference inf")]
 fn an_all_nan_output_fails_the_closeness_check() {
-    use common::close::{assert_close, Tolerance};
+    use common::close::{Tolerance, assert_close};
     let expected = [1.0, -2.0, 3.0];
     assert_close(
         &[f32::NAN; 3],
@@ -704,13 +705,13 @@ fn an_all_nan_output_fails_the_closeness_check() {
 #[test]
 #[should_panic(expected = "output lengths")]
 fn an_empty_output_fails_the_closeness_check() {
-    use common::close::{assert_close, Tolerance};
+    use common::close::{Tolerance, assert_close};
     assert_close(&[], &[1.0], Tolerance::OfRange(1e-3), "empty");
 }
 
 #[test]
 fn one_nan_among_good_values_is_an_infinite_difference() {
-    use common::close::{assert_close, relative_difference, Tolerance};
+    use common::close::{Tolerance, assert_close, relative_difference};
     assert_eq!(
         relative_difference(&[1.0, f32::NAN], &[1.0, 2.0]),
         f32::INFINITY

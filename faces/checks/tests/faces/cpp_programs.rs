@@ -29,10 +29,11 @@ fn tensor(t: &Value) -> (DType, Shape, Vec<u8>) {
 fn programs_run_from_cpp_through_the_bridge() {
     let d = dir();
     let pte = d.join("two_methods_xnn_external.pte");
-    let ptds = vec![d
-        .join("two_methods_xnn_external.ptd")
-        .to_string_lossy()
-        .into_owned()];
+    let ptds = vec![
+        d.join("two_methods_xnn_external.ptd")
+            .to_string_lossy()
+            .into_owned(),
+    ];
     let input = f32s(&d.join("two_methods.input.f32"));
     for (method, expected) in [
         ("forward", "two_methods.output0.f32"),

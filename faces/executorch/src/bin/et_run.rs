@@ -1,7 +1,7 @@
 //! `xnnblob-et-run`: the runner is C++ (`src/runner.cc`, against ExecuTorch's `Module`); this is
 //! its entry point, so cargo builds and installs it like any binary of the workspace.
 
-use std::ffi::{c_char, c_int, CString};
+use std::ffi::{CString, c_char, c_int};
 
 unsafe extern "C" {
     fn xnnblob_et_run_main(argc: c_int, argv: *mut *mut c_char) -> c_int;

@@ -400,16 +400,18 @@ fn a_cache_file_cut_short_during_executes_fails_them_without_sigbus() {
 /// launch still computes the right outputs, and nothing is left at the path.
 #[test]
 fn every_failed_save_is_said_once_with_its_path_and_cause() {
-    use xnnblob_test_support::{without_permission_override, Tmpfs};
+    use xnnblob_test_support::{Tmpfs, without_permission_override};
     let dir = scratch("failed-saves");
     let expected =
         f32s(&std::fs::read(data().join("mlp_qd8_qc8w_external.output_et.f32")).unwrap());
     let fifo = dir.join("fifo");
-    assert!(Command::new("mkfifo")
-        .arg(&fifo)
-        .status()
-        .unwrap()
-        .success());
+    assert!(
+        Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap()
+            .success()
+    );
     let directory = dir.join("a-directory");
     std::fs::create_dir(&directory).unwrap();
     let closed = dir.join("closed");

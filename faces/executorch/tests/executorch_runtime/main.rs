@@ -4,8 +4,9 @@
 
 use xnnblob_test_support::close::relative_difference;
 use xnnblob_test_support::drop_in::programs::{
-    check_outputs, data, exported_programs, f16s, fixture_programs, io_program, measure, mlp_args,
-    runtime_c, runtime_c_programs, s, sharing_program_matches_eager, sharing_programs, Run, Runner,
+    Run, Runner, check_outputs, data, exported_programs, f16s, fixture_programs, io_program,
+    measure, mlp_args, runtime_c, runtime_c_programs, s, sharing_program_matches_eager,
+    sharing_programs,
 };
 use xnnblob_test_support::drop_in::{self, f32s};
 use xnnblob_test_support::io_steps::{self, call_arg};

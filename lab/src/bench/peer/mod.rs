@@ -16,12 +16,12 @@
 //! Writes `peer.md` (the table, the ratios and each target's verdict), `peer.json` (what
 //! `xnnblob-lab bench compare` reads) and `peer.svg` under `--out` (default `target/bench/peer`).
 
-use super::report::{spread, Spread};
+use super::report::{Spread, spread};
 use super::runner_values;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use xnnblob_test_support::synthetic::model::{ensure, Dtype, ModelSpec, Preset};
+use xnnblob_test_support::synthetic::model::{Dtype, ModelSpec, Preset, ensure};
 
 mod report;
 pub use report::{markdown, svg, to_json};
@@ -474,7 +474,7 @@ pub fn peer_model(name: &str) -> Result<PeerModel, String> {
             return Err(format!(
                 "unknown model {other:?}: one of {}",
                 MODEL_NAMES.join(", ")
-            ))
+            ));
         }
     }))
 }

@@ -1,7 +1,7 @@
 //! The peer bench's report: its JSON, its markdown tables, ratios and target verdicts, and its
 //! chart.
 
-use super::{CacheUse, Measured, PeerFailure, PeerResult, LOAD_MODES, SCENARIOS};
+use super::{CacheUse, LOAD_MODES, Measured, PeerFailure, PeerResult, SCENARIOS};
 use crate::bench::report::Spread;
 use plotters::prelude::*;
 use serde_json::json;
@@ -213,16 +213,15 @@ pub fn markdown(results: &[PeerResult], failures: &[PeerFailure], repeats: usize
                     1.0,
                 );
             }
-            if steps > 1 {
-                if let (Some(xb), Some(et)) =
+            if steps > 1
+                && let (Some(xb), Some(et)) =
                     (g.get("xnnblob, warm"), g.get("executorch cache, warm"))
-                {
-                    let _ = writeln!(
-                        md,
-                        "- {model} ({mode}): decode per token (median execute of {steps} tokens and the first token's repeats) {:.2} ms, ExecuTorch's {:.2} ms",
-                        xb.steady_execute_ms.median, et.steady_execute_ms.median
-                    );
-                }
+            {
+                let _ = writeln!(
+                    md,
+                    "- {model} ({mode}): decode per token (median execute of {steps} tokens and the first token's repeats) {:.2} ms, ExecuTorch's {:.2} ms",
+                    xb.steady_execute_ms.median, et.steady_execute_ms.median
+                );
             }
             if let (Some(cold), Some(warm)) = (g.get("xnnblob, cold"), g.get("xnnblob, warm")) {
                 // The cache file holds the packed weights (and a small index).
