@@ -57,7 +57,7 @@ mod on_aarch64 {
         max: f32,
     );
 
-    extern "C" {
+    unsafe extern "C" {
         // sys/xnnpack-sys/kernels/aarch64/qp8-f32-qb4w-gemm.c, built into XNNPACK.
         fn xnnblob_qp8_f32_qb4w_gemm_minmax_ukernel_8x4c16s2__neoni8mm(
             m: usize,
@@ -113,7 +113,7 @@ mod on_aarch64 {
     /// Declares XNNPACK dqgemm microkernels (`xnn_dqgemm_ukernel_fn`'s signature).
     macro_rules! qd8_kernels {
         ($($name:ident),* $(,)?) => {
-            extern "C" {
+            unsafe extern "C" {
                 $(fn $name(
                     mr: usize,
                     nc: usize,

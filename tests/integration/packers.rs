@@ -267,7 +267,7 @@ mod kleidiai_layout {
         scale_dt: u32,
     }
 
-    extern "C" {
+    unsafe extern "C" {
         // KleidiAI 1.8.0 (kai/ukernels/matmul/pack/kai_rhs_pack_nxk_qsi4c32p_qsu4c32s1s0.h).
         fn kai_get_rhs_packed_size_rhs_pack_nxk_qsi4c32p_qsu4c32s1s0(
             n: usize,

@@ -422,7 +422,7 @@ fn the_wheel_installs_beside_executorchs_and_serves_the_app_and_the_cli_without_
             .args(["--load-mode", "mmap", "--steps", "1", "--input"])
             .arg(data.join("mlp_qd8.input.f32"))
             .args(["--backend", backend, "--cache"])
-            .arg(scratch.join("et-run.xbc"));
+            .arg(scratch.join(format!("et-run-{backend}.cache")));
         let what = format!("xnnblob-et-run --backend {backend}");
         let out = text(&ok(&mut runner, 120, &what));
         assert!(
