@@ -34,3 +34,22 @@ pub fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
 pub fn report(error: &(dyn Error + 'static)) -> String {
     Report(error).to_string()
 }
+
+/// How a command line ends with `result`: success, also when the reader of its stdout went away
+/// (`| head`: everything else was done); otherwise `program: ` and the [`report`] on stderr, and
+/// failure. Shared by `xnnblob` and `xnnblob-lab`.
+pub fn exit_code(program: &str, result: Result<(), Box<dyn Error>>) -> std::process::ExitCode {
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e)
+            if e.downcast_ref::<std::io::Error>()
+                .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe) =>
+        {
+            std::process::ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("{program}: {}", report(&*e));
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

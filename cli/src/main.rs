@@ -7,7 +7,7 @@ use xnnblob::named_data::FileDataMap;
 
 mod inspect;
 mod prepack;
-use xnnblob::report::report;
+use xnnblob::report::{exit_code, report};
 
 /// Writes to stdout, returning the error instead of panicking: a reader that goes away (`| head`,
 /// `| true`) ends the output, and [`main`] treats the broken pipe as a normal end.
@@ -172,20 +172,8 @@ fn main() -> ExitCode {
         }
         Command::Prepack(args) => prepack_command(&args),
     };
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        // The reader of stdout went away: everything else (outputs, the cache) is done.
-        Err(e)
-            if e.downcast_ref::<std::io::Error>()
-                .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe) =>
-        {
-            ExitCode::SUCCESS
-        }
-        Err(e) => {
-            eprintln!("xnnblob: {}", report(&*e));
-            ExitCode::FAILURE
-        }
-    }
+    // A reader of stdout that went away ends the output only: the outputs and the cache are done.
+    exit_code("xnnblob", result)
 }
 
 fn inspect(file: &Path, json: bool, sha: bool) -> Result<(), Box<dyn std::error::Error>> {

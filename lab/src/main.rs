@@ -5,7 +5,7 @@
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use std::path::PathBuf;
 use std::process::ExitCode;
-use xnnblob::report::report;
+use xnnblob::report::exit_code;
 
 /// Writes a line to stdout, returning the error instead of panicking: a reader that goes away
 /// (`| head`) ends the output, and [`main`] treats the broken pipe as a normal end.
@@ -137,20 +137,7 @@ fn main() -> ExitCode {
             xnnblob,
         } => torture(kills, mib, seed, dir, xnnblob),
     };
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        // The reader of stdout went away: everything else is done.
-        Err(e)
-            if e.downcast_ref::<std::io::Error>()
-                .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe) =>
-        {
-            ExitCode::SUCCESS
-        }
-        Err(e) => {
-            eprintln!("xnnblob-lab: {}", report(&*e));
-            ExitCode::FAILURE
-        }
-    }
+    exit_code("xnnblob-lab", result)
 }
 
 /// How a bench action ended, besides failing.
