@@ -17,7 +17,7 @@ set -euo pipefail
 
 repo=$(cd "$(dirname "$0")/.." && pwd)
 fuzz=$repo/fuzz
-targets=(ptd pte cache_file cache_lookups payload plan state capi)
+targets=(ptd pte cache_file cache_lookups payload graph_verifier plan state capi)
 
 # With --target, RUSTFLAGS reach the targets' crates only, not build scripts or proc macros,
 # which would otherwise be instrumented too and fail to link without libFuzzer.

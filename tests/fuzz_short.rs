@@ -13,12 +13,13 @@ use std::process::Command;
 
 /// Runs per target: a minute and a half on a 2-core machine in all, the build aside. The slow
 /// targets compile XNNPACK runtimes or write a file per input.
-const RUNS: [(&str, u64); 8] = [
+const RUNS: [(&str, u64); 9] = [
     ("ptd", 300_000),
     ("pte", 300_000),
     ("cache_file", 300_000),
     ("cache_lookups", 3_000),
     ("payload", 100_000),
+    ("graph_verifier", 300_000),
     ("plan", 60_000),
     ("state", 100_000),
     ("capi", 40_000),

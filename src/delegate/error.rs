@@ -27,9 +27,15 @@ pub enum DelegateError {
     /// The header's fields do not fit the payload.
     #[error("bad XNNPACK payload header: {0}")]
     PayloadHeader(String),
-    /// The graph flatbuffer is not an `XN01` flatbuffer or fails the verifier.
-    #[error("XNNPACK graph flatbuffer rejected: {0}")]
-    PayloadVerifier(String),
+    /// The graph flatbuffer's identifier (its bytes 4..8) is not `XN01`.
+    #[error("not an XNNPACK graph flatbuffer: identifier {:?}, expected \"XN01\"", String::from_utf8_lossy(.found))]
+    PayloadIdentifier {
+        /// The flatbuffer's bytes 4..8 (fewer where it is shorter).
+        found: Vec<u8>,
+    },
+    /// The graph flatbuffer fails verification against its schema.
+    #[error("XNNPACK graph flatbuffer rejected")]
+    PayloadVerifier(#[source] crate::schema::verify::VerifyError),
     /// A node kind this delegate does not build.
     #[error("node {index}: {name} is not supported by this delegate")]
     UnsupportedNode {

@@ -111,13 +111,14 @@ pub fn parse(bytes: &[u8]) -> Result<Payload<'_>, DelegateError> {
     let fb_bytes = &bytes[fb_start as usize..fb_end as usize];
     // The identifier check asserts (panics) on fewer bytes than a root offset and identifier.
     if fb_bytes.len() < 8 || !fb::xnngraph_buffer_has_identifier(fb_bytes) {
-        return Err(DelegateError::PayloadVerifier(format!(
-            "flatbuffer identifier is not {FLATBUFFER_IDENTIFIER}"
-        )));
+        return Err(DelegateError::PayloadIdentifier {
+            found: fb_bytes
+                .get(4..8.min(fb_bytes.len()))
+                .unwrap_or(&[])
+                .to_vec(),
+        });
     }
-    let opts = crate::named_data::bytes::verifier_options();
-    let graph = flatbuffers::root_with_opts::<fb::XNNGraph>(&opts, fb_bytes)
-        .map_err(|e| DelegateError::PayloadVerifier(e.to_string()))?;
+    let graph = crate::schema::xnn_graph(fb_bytes).map_err(DelegateError::PayloadVerifier)?;
     let constant_data = if header.constant_data_size > 0 {
         &bytes[const_start as usize..(const_start + header.constant_data_size) as usize]
     } else {

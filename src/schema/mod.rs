@@ -49,3 +49,23 @@ pub use flat_tensor_generated::xnnblob_fb::ptd;
 pub use program_generated::xnnblob_fb::pte;
 #[cfg(feature = "xnnpack")]
 pub use xnnpack_generated::xnnblob_fb::xnn;
+
+pub mod verify;
+#[cfg(feature = "xnnpack")]
+mod xnn_shape;
+
+/// The graph of an XNNPACK payload (`XN01`), verified: [`verify::verify`] checks `bytes`
+/// against the schema's shapes, then the generated readers read them.
+#[cfg(feature = "xnnpack")]
+pub fn xnn_graph(bytes: &[u8]) -> Result<xnn::XNNGraph<'_>, verify::VerifyError> {
+    verify::verify(
+        bytes,
+        &xnn_shape::GRAPH,
+        &crate::named_data::bytes::verifier_options(),
+    )?;
+    // SAFETY: `verify` checked `bytes` as flatbuffers' verifier for `XNNGraph` checks it (every
+    // offset, vtable, vector and string in range and aligned, strings UTF-8, known union
+    // variants), against shapes a test holds to the schema the readers were generated from,
+    // and the `graph_verifier` fuzz target holds the two verifiers to the same answers.
+    Ok(unsafe { flatbuffers::root_unchecked::<xnn::XNNGraph>(bytes) })
+}

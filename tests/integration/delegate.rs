@@ -400,7 +400,7 @@ fn malformed_payloads_fail_init_with_typed_errors() {
     bad[fb_at + 4..fb_at + 8].copy_from_slice(b"XN02");
     assert!(matches!(
         init_err(&bad, &map),
-        DelegateError::PayloadVerifier(_)
+        DelegateError::PayloadIdentifier { found } if found == b"XN02"
     ));
 
     let empty = InMemoryMap::new("empty");

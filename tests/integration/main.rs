@@ -25,6 +25,7 @@ mod exported_programs;
 mod features;
 mod fp16_graphs;
 mod fuzz_regressions;
+mod graph_verifier;
 mod identity;
 mod key_trust;
 mod lying_cache_files;

@@ -241,6 +241,7 @@ fn status_of(error: &DelegateError) -> Status {
         DelegateError::PayloadTruncated { .. }
         | DelegateError::PayloadMagic { .. }
         | DelegateError::PayloadHeader(_)
+        | DelegateError::PayloadIdentifier { .. }
         | DelegateError::PayloadVerifier(_)
         | DelegateError::BadGraph(_) => Status::InvalidProgram,
         DelegateError::OutOfMemory { .. } => Status::MemoryAllocationFailed,

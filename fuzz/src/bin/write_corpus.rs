@@ -327,6 +327,16 @@ fn main() {
     let cache = fixtures_cache(scratch);
 
     write(&root, "payload", &payloads);
+    let graphs_alone: Seeds = graphs
+        .iter()
+        .map(|(name, g)| {
+            let p = xnnblob::delegate::payload::parse(&g.payload).expect("a fixture payload");
+            let at = p.header.flatbuffer_offset as usize;
+            let fb = g.payload[at..at + p.header.flatbuffer_size as usize].to_vec();
+            (format!("{name}.fb"), fb)
+        })
+        .collect();
+    write(&root, "graph_verifier", &graphs_alone);
     write(&root, "plan", &programs);
     write(&root, "pte", &programs);
     write(

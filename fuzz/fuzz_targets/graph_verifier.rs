@@ -1,0 +1,31 @@
+//! The verifier of the XNNPACK payload's graph flatbuffer that every delegate init runs
+//! (`xnnblob::schema::xnn_graph`, driven by the schema's shapes) against the `flatbuffers`
+//! crate's generated verifier, on arbitrary bytes: both must accept exactly the same buffers,
+//! and a graph xnnblob accepts must read back whole through the generated readers (its `Debug`
+//! reads every field of every table and union variant it reaches).
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use xnnblob::schema::xnn::XNNGraph;
+
+fuzz_target!(|data: &[u8]| {
+    // The options xnnblob verifies payloads under.
+    let opts = flatbuffers::VerifierOptions {
+        max_depth: 64,
+        max_tables: 10_000_000,
+        max_apparent_size: 1 << 31,
+        ignore_missing_null_terminator: false,
+    };
+    let ours = xnnblob::schema::xnn_graph(data);
+    let theirs = flatbuffers::root_with_opts::<XNNGraph>(&opts, data);
+    assert_eq!(
+        ours.is_ok(),
+        theirs.is_ok(),
+        "xnnblob: {:?}; flatbuffers: {:?}",
+        ours.as_ref().err(),
+        theirs.as_ref().err()
+    );
+    if let Ok(graph) = ours {
+        std::hint::black_box(format!("{graph:?}"));
+    }
+});
