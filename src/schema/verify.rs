@@ -102,12 +102,13 @@ impl fmt::Display for VerifyError {
 
 impl std::error::Error for VerifyError {}
 
-/// A refusal inside a table, before the table names its field: two words, so that the
-/// results passed back at every step of the walk stay in registers.
+/// A refusal inside a table, before the table names its field: one word, so that the results
+/// passed back at every step of the walk stay in registers (a position past 4 GiB, which no
+/// flatbuffer's offsets reach, is reported as `u32::MAX`).
 #[derive(Debug, Clone, Copy)]
 struct Fail {
     problem: Problem,
-    position: usize,
+    position: u32,
 }
 
 type Checked<T = ()> = Result<T, Fail>;
@@ -115,7 +116,10 @@ type Checked<T = ()> = Result<T, Fail>;
 #[cold]
 #[inline(never)]
 fn fail<T>(problem: Problem, position: usize) -> Checked<T> {
-    Err(Fail { problem, position })
+    Err(Fail {
+        problem,
+        position: u32::try_from(position).unwrap_or(u32::MAX),
+    })
 }
 
 /// Verifies `buf` as a flatbuffer whose root table is `root`, under flatbuffers' `opts`.
@@ -136,7 +140,7 @@ pub fn verify(
         .and_then(|table| v.table(table, root))
         .map_err(|f| VerifyError {
             problem: f.problem,
-            position: f.position,
+            position: f.position as usize,
             field: v.failed_in,
         })
 }
@@ -170,7 +174,14 @@ impl Verifier<'_, '_> {
         if pos.saturating_add(size) > self.buf.len() {
             return fail(Problem::OutOfRange, pos);
         }
+        // Compared with the limit once per table (`apparent_size_within`): the count only
+        // grows, so a buffer that passes at the end passed at every step.
         self.apparent = self.apparent.saturating_add(size);
+        Ok(())
+    }
+
+    #[inline]
+    fn apparent_size_within(&self, pos: usize) -> Checked {
         if self.apparent > self.opts.max_apparent_size {
             return fail(Problem::TooLarge, pos);
         }
@@ -243,7 +254,10 @@ impl Verifier<'_, '_> {
             vtable,
             vtable_len,
         };
-        for (slot, &(name, field)) in shape.fields.iter().enumerate() {
+        // Slots past the vtable are absent; the first of them is still asked, as the value of
+        // a union whose type is the vtable's last entry.
+        let present = vtable_len.saturating_sub(4) / 2;
+        for (slot, &(name, field)) in shape.fields.iter().enumerate().take(present + 1) {
             if let Err(f) = self.field(&table, slot, field) {
                 if self.failed_in.0.is_empty() {
                     self.failed_in = (shape.name, name);
@@ -252,25 +266,31 @@ impl Verifier<'_, '_> {
             }
         }
         self.depth -= 1;
-        Ok(())
+        self.apparent_size_within(pos)
     }
 
-    /// Where slot `slot`'s field of `table` is, if it is present.
+    /// Where slot `slot`'s field of `table` is, if it is present. Cannot fail: the whole
+    /// vtable was checked in range and aligned, and an entry is two bytes at an even offset
+    /// below its length (flatbuffers checks each entry again, which counts in its apparent
+    /// size: counted here the same).
     #[inline]
-    fn slot(&mut self, table: &Table, slot: usize) -> Checked<Option<usize>> {
+    fn slot(&mut self, table: &Table, slot: usize) -> Option<usize> {
         let entry = 4 + 2 * slot;
         if entry >= table.vtable_len {
-            return Ok(None);
+            return None;
         }
-        let offset = u16::from_le_bytes(self.bytes(table.vtable.saturating_add(entry))?);
-        Ok((offset > 0).then(|| table.pos.saturating_add(usize::from(offset))))
+        let at = table.vtable + entry;
+        self.apparent = self.apparent.saturating_add(2);
+        let offset = u16::from_le_bytes([self.buf[at], self.buf[at + 1]]);
+        (offset > 0).then(|| table.pos.saturating_add(usize::from(offset)))
     }
 
+    #[inline]
     fn field(&mut self, table: &Table, slot: usize, field: Field) -> Checked {
         let pos = match field {
             Field::Deprecated | Field::UnionType => return Ok(()),
             Field::Union(variants) => return self.union(table, slot, variants),
-            _ => match self.slot(table, slot)? {
+            _ => match self.slot(table, slot) {
                 Some(pos) => pos,
                 None => return Ok(()),
             },
@@ -314,9 +334,9 @@ impl Verifier<'_, '_> {
         variants: &'static [&'static Shape],
     ) -> Checked {
         // flatbuffers looks the value up first; the order shows only in the apparent size.
-        let value = self.slot(table, slot)?;
+        let value = self.slot(table, slot);
         let kind = match slot.checked_sub(1) {
-            Some(before) => self.slot(table, before)?,
+            Some(before) => self.slot(table, before),
             None => None,
         };
         match (kind, value) {
