@@ -8,7 +8,7 @@ use super::constants::{
 use super::error::{DelegateError, at};
 use super::fold::Folds;
 use super::fusion::{Alias, FusedOrder, Fusion};
-use super::graph::{ById, XNN_FLAG_EXTERNAL_OUTPUT, named_key, tensor_of};
+use super::graph::{ById, Values, XNN_FLAG_EXTERNAL_OUTPUT, named_key};
 use super::operators::GraphIo;
 use super::payload;
 use super::prepack::Prepacked;
@@ -77,7 +77,11 @@ const MAX_EXTERNAL_IDS: u32 = 4096;
 
 /// Rejects unsupported nodes, and more external ids than ExecuTorch allows, before anything is
 /// loaded.
-fn check_nodes(graph: &fb::XNNGraph<'_>, io: &GraphIo) -> Result<(), DelegateError> {
+fn check_nodes(
+    graph: &fb::XNNGraph<'_>,
+    io: &GraphIo,
+    known: &Values<'_>,
+) -> Result<(), DelegateError> {
     // XNNPACK allocates a value slot (some 200 bytes) for every external id up front: a count
     // taken on trust let a 1.5 KB payload make it allocate and zero 3 GB (found by fuzzing).
     // The count is not bounded by the graph's values: an input its method never reads has an
@@ -94,16 +98,9 @@ fn check_nodes(graph: &fb::XNNGraph<'_>, io: &GraphIo) -> Result<(), DelegateErr
         .filter_map(|n| io.node(n))
         .flat_map(|(reads, writes)| reads.iter().chain(writes))
         .copied()
-        .chain(
-            graph
-                .xvalues()
-                .iter()
-                .flatten()
-                .enumerate()
-                .filter_map(|(i, v)| Some(tensor_of(v, i).ok()?.0.id_out())),
-        )
         .max()
-        .unwrap_or(0);
+        .unwrap_or(0)
+        .max(known.largest());
     let mut reads: ById<usize> = ById::new(largest, values);
     // Each written value: its node, and how many values that node writes.
     let mut writer: ById<(usize, usize)> = ById::new(largest, values);
@@ -131,10 +128,8 @@ fn check_nodes(graph: &fb::XNNGraph<'_>, io: &GraphIo) -> Result<(), DelegateErr
     // XNNPACK drops a node whose output nothing reads, but not what fed it, and then aborts the
     // process in its fusion pass: such a graph (no exporter writes one) is refused here.
     let mut outputs: ById<()> = ById::new(largest, values);
-    for (i, v) in graph.xvalues().iter().flatten().enumerate() {
-        if let Ok((t, _)) = tensor_of(v, i)
-            && t.flags() & XNN_FLAG_EXTERNAL_OUTPUT != 0
-        {
+    for (_, t) in known.tensors() {
+        if t.flags() & XNN_FLAG_EXTERNAL_OUTPUT != 0 {
             outputs.insert(t.id_out(), ());
         }
     }
@@ -227,7 +222,8 @@ pub(crate) fn compile(
     let runtime = OwnedRuntime::try_new(keep, |k| -> Result<Runtime<'_>, DelegateError> {
         let p = payload::parse(&payload_bytes)?;
         let io = GraphIo::of(&p.graph);
-        check_nodes(&p.graph, &io)?;
+        let known = Values::of(&p.graph);
+        check_nodes(&p.graph, &io, &known)?;
         let fp16_as_fp32 = super::fallback::computes_fp16_as_fp32(&p.graph)?;
         // The operands XNNPACK reads only to pack: asked by three passes below.
         let packed = super::operators::packed_operands(&p.graph);
@@ -296,8 +292,8 @@ pub(crate) fn compile(
         let mut g = Subgraph::new(p.graph.num_externs()).map_err(at(|| "subgraph".into()))?;
         // Asked only where a fold or an alias needs it.
         let order = std::cell::OnceCell::new();
-        let order = || order.get_or_init(|| FusedOrder::of(&p.graph, &io));
-        let folds = Folds::of(&p.graph, fp16_as_fp32, order);
+        let order = || order.get_or_init(|| FusedOrder::of(&p.graph, &known, &io));
+        let folds = Folds::of(&p.graph, &known, fp16_as_fp32, order);
         let fusion = match aliases {
             [] => Fusion::Allowed,
             _ => order().fusion_for(aliases, |input| folds.read_as(input), fp16_as_fp32)?,
@@ -311,7 +307,7 @@ pub(crate) fn compile(
             Weights::Packed(cache) if model.packs_ahead() => {
                 let (started, before) = (std::time::Instant::now(), pool_start.get());
                 let done = super::prepack::prepack(
-                    &p.graph,
+                    &known,
                     loaded,
                     cache,
                     &io,
@@ -335,7 +331,7 @@ pub(crate) fn compile(
             // program whose own kernels run on it would otherwise start it in its first execute.
             threads();
         }
-        if options.threadpool.is_some() && super::threading::runs_alone(&p.graph, &io) {
+        if options.threadpool.is_some() && super::threading::runs_alone(&known, &p.graph, &io) {
             options.threadpool = None;
         }
         let creating = std::time::Instant::now();

@@ -24,7 +24,7 @@
 //! fused into the node that computes it, or a read moved to the reader of a copy.
 
 use super::fusion::FusedOrder;
-use super::graph::{XNN_FLAG_EXTERNAL_INPUT, dims_of, tensor_of};
+use super::graph::{Values, XNN_FLAG_EXTERNAL_INPUT, dims_of};
 use crate::fast_hash::{FastMap, FastSet};
 use crate::schema::xnn as fb;
 
@@ -61,6 +61,7 @@ impl Folds {
     /// and the converted twin is what the nodes read.
     pub(super) fn of<'o>(
         graph: &fb::XNNGraph<'_>,
+        values: &Values<'_>,
         fp16_as_fp32: bool,
         order: impl Fn() -> &'o FusedOrder<'o>,
     ) -> Folds {
@@ -68,41 +69,16 @@ impl Folds {
         if fp16_as_fp32 {
             return folds;
         }
-        // The values reshapes read and write: only those are looked at below.
-        let ends: FastSet<u32> = graph
-            .xnodes()
-            .iter()
-            .flatten()
-            .filter_map(|n| n.xnode_union_as_xnnstatic_reshape())
-            .flat_map(|r| [r.input_id(), r.output_id()])
-            .collect();
-        if ends.is_empty() {
-            return folds;
-        }
-        // Unquantized values, which a reshape may be folded from and into.
-        let mut values = FastMap::default();
-        // Ids that two values claim: neither is folded (no exporter writes such a graph).
-        let mut claimed = FastSet::default();
-        let mut claimed_twice = FastSet::default();
-        for (i, v) in graph.xvalues().iter().flatten().enumerate() {
-            if let Ok((t, q)) = tensor_of(v, i) {
-                if !ends.contains(&t.id_out()) {
-                    continue;
-                }
-                if !claimed.insert(t.id_out()) {
-                    claimed_twice.insert(t.id_out());
-                }
-                if q.is_none() {
-                    values.insert(t.id_out(), t);
-                }
-            }
-        }
         for (n, node) in graph.xnodes().iter().flatten().enumerate() {
             let Some(r) = node.xnode_union_as_xnnstatic_reshape() else {
                 continue;
             };
-            let (Some(input), Some(output)) =
-                (values.get(&r.input_id()), values.get(&r.output_id()))
+            // Unquantized values only, each the only one of its id, may be folded.
+            if !(values.plain_and_alone(r.input_id()) && values.plain_and_alone(r.output_id())) {
+                continue;
+            }
+            let (Some((_, input)), Some((_, output))) =
+                (values.tensor(r.input_id()), values.tensor(r.output_id()))
             else {
                 continue;
             };
@@ -115,15 +91,13 @@ impl Folds {
                     .try_fold(1usize, |n, &d| n.checked_mul(d))
                     .filter(|&n| n > 0)
             };
-            let input_dims = dims_of(input);
-            let foldable = !claimed_twice.contains(&r.input_id())
-                && !claimed_twice.contains(&r.output_id())
-                && input.flags() == XNN_FLAG_EXTERNAL_INPUT
+            let input_dims = dims_of(&input);
+            let foldable = input.flags() == XNN_FLAG_EXTERNAL_INPUT
                 && input.constant_buffer_idx() == 0
                 && output.flags() == 0
                 && output.constant_buffer_idx() == 0
                 && input.datatype() == output.datatype()
-                && dims_of(output) == new_shape
+                && dims_of(&output) == new_shape
                 && !new_shape.is_empty()
                 && !new_shape.contains(&0)
                 && elements(&new_shape).is_some()

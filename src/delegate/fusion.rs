@@ -22,7 +22,7 @@
 //! write an output, and every value is read until the end.
 
 use super::DelegateError;
-use super::graph::{ById, XNN_FLAG_EXTERNAL_INPUT, XNN_FLAG_EXTERNAL_OUTPUT, tensor_of};
+use super::graph::{ById, Values, XNN_FLAG_EXTERNAL_INPUT, XNN_FLAG_EXTERNAL_OUTPUT};
 use crate::fast_hash::FastMap;
 use crate::schema::xnn as fb;
 
@@ -112,7 +112,11 @@ pub(super) struct FusedOrder<'a> {
 impl<'a> FusedOrder<'a> {
     /// The order of `graph`'s nodes' reads and writes (a node whose inputs and outputs cannot
     /// be told reads and writes nothing; `check_nodes` refuses such graphs first).
-    pub(super) fn of(graph: &fb::XNNGraph<'_>, io: &'a super::operators::GraphIo) -> Self {
+    pub(super) fn of(
+        graph: &fb::XNNGraph<'_>,
+        values: &Values<'_>,
+        io: &'a super::operators::GraphIo,
+    ) -> Self {
         let nodes = graph.xnodes().map_or(0, |n| n.len());
         let io: Vec<(&[u32], &[u32])> =
             (0..nodes).map(|n| io.node(n).unwrap_or_default()).collect();
@@ -122,23 +126,16 @@ impl<'a> FusedOrder<'a> {
             .flatten()
             .map(|n| fusable(&n))
             .collect();
-        let tensors: Vec<fb::XNNTensorValue<'_>> = graph
-            .xvalues()
-            .iter()
-            .flatten()
-            .enumerate()
-            .filter_map(|(i, v)| Some(tensor_of(v, i).ok()?.0))
-            .collect();
         let largest = io
             .iter()
             .flat_map(|(inputs, outputs)| inputs.iter().chain(outputs.iter()).copied())
-            .chain(tensors.iter().map(|t| t.id_out()))
             .max()
-            .unwrap_or(0);
-        let count = tensors.len();
+            .unwrap_or(0)
+            .max(values.largest());
+        let count = values.tensors().count();
         let mut flags = ById::new(largest, count);
         let (mut external_inputs, mut external_outputs) = (FastMap::default(), FastMap::default());
-        for t in &tensors {
+        for (_, t) in values.tensors() {
             flags.insert(t.id_out(), t.flags());
             if t.flags() & XNN_FLAG_EXTERNAL_INPUT != 0 {
                 external_inputs.insert(t.external_id(), t.id_out());

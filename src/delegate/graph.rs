@@ -142,3 +142,102 @@ fn slot<T>(table: &mut Vec<Option<T>>, id: u32) -> &mut Option<T> {
     }
     &mut table[i]
 }
+
+/// A graph with its values read once, for the passes that look them up by payload id (the node
+/// checks, the threading choice, the folds, packing ahead): each value and its tensor by its
+/// index in the payload, and the index of each id.
+pub(super) struct Values<'g> {
+    graph: fb::XNNGraph<'g>,
+    /// By index: the value.
+    raw: Vec<fb::XValue<'g>>,
+    /// By index: the value's tensor and whether it is quantized; None for a value of a kind
+    /// this delegate does not know.
+    tensors: Vec<Option<(fb::XNNTensorValue<'g>, bool)>>,
+    /// By payload id: the index of the last value that claims it.
+    index: ById<usize>,
+    /// Ids two values or more claim (no exporter writes such a graph).
+    claimed_twice: crate::fast_hash::FastSet<u32>,
+    /// The largest id a value claims (0 without any).
+    largest: u32,
+}
+
+impl<'g> Values<'g> {
+    pub(super) fn of(graph: &fb::XNNGraph<'g>) -> Values<'g> {
+        let raw: Vec<fb::XValue<'g>> = graph.xvalues().iter().flatten().collect();
+        let tensors: Vec<Option<(fb::XNNTensorValue<'g>, bool)>> = raw
+            .iter()
+            .enumerate()
+            .map(|(i, &v)| tensor_of(v, i).ok().map(|(t, q)| (t, q.is_some())))
+            .collect();
+        let largest = tensors
+            .iter()
+            .flatten()
+            .map(|(t, _)| t.id_out())
+            .max()
+            .unwrap_or(0);
+        let mut index = ById::new(largest, tensors.len());
+        let mut claimed_twice = crate::fast_hash::FastSet::default();
+        for (i, t) in tensors.iter().enumerate() {
+            if let Some((t, _)) = t
+                && index.insert(t.id_out(), i).is_some()
+            {
+                claimed_twice.insert(t.id_out());
+            }
+        }
+        Values {
+            graph: *graph,
+            raw,
+            tensors,
+            index,
+            claimed_twice,
+            largest,
+        }
+    }
+
+    /// The graph.
+    pub(super) fn graph(&self) -> fb::XNNGraph<'g> {
+        self.graph
+    }
+
+    /// The largest id a value claims.
+    pub(super) fn largest(&self) -> u32 {
+        self.largest
+    }
+
+    /// Whether every value is of a kind this delegate knows.
+    pub(super) fn all_known(&self) -> bool {
+        self.tensors.iter().all(Option::is_some)
+    }
+
+    /// Each value of a known kind, with its index.
+    pub(super) fn tensors(&self) -> impl Iterator<Item = (usize, fb::XNNTensorValue<'g>)> + '_ {
+        self.tensors
+            .iter()
+            .enumerate()
+            .filter_map(|(i, t)| Some((i, t.as_ref()?.0)))
+    }
+
+    /// The index of the value that id `id` names (the last, where two claim it).
+    pub(super) fn index_of(&self, id: u32) -> Option<usize> {
+        self.index.get(id).copied()
+    }
+
+    /// Id `id`'s value's tensor, with the value's index.
+    pub(super) fn tensor(&self, id: u32) -> Option<(usize, fb::XNNTensorValue<'g>)> {
+        let i = self.index_of(id)?;
+        Some((i, self.tensors[i]?.0))
+    }
+
+    /// Whether id `id`'s value is unquantized, and the only one that claims the id.
+    pub(super) fn plain_and_alone(&self, id: u32) -> bool {
+        self.index_of(id)
+            .and_then(|i| self.tensors[i])
+            .is_some_and(|(_, quantized)| !quantized)
+            && !self.claimed_twice.contains(&id)
+    }
+
+    /// The value at index `i`.
+    pub(super) fn value(&self, i: usize) -> fb::XValue<'g> {
+        self.raw[i]
+    }
+}

@@ -19,7 +19,7 @@
 
 use super::constants::{Loaded, deferred_constant};
 use super::error::{DelegateError, at};
-use super::graph::{dims_of, tensor_of};
+use super::graph::{Values, dims_of, tensor_of};
 use super::operators::{define_node, packing_operands};
 use super::values::{define_value, role_of};
 use crate::cache::{OwnedRegistration, PackedWeightsCache};
@@ -63,12 +63,12 @@ struct Job<'g> {
     size: usize,
 }
 
-/// Packs into `cache`, on up to `threads` threads, the weights of every node of `graph` whose
-/// filter `cache` has not packed yet. `loaded` holds the constants the real runtime will be
-/// created with (registered with `cache`); `through_cache` the operands XNNPACK packs through
-/// the cache; `source` is the map placeholders are read from.
+/// Packs into `cache`, on up to `threads` threads, the weights of every node of the graph of
+/// `values` whose filter `cache` has not packed yet. `loaded` holds the constants the real
+/// runtime will be created with (registered with `cache`); `through_cache` the operands XNNPACK
+/// packs through the cache; `source` is the map placeholders are read from.
 pub(super) fn prepack(
-    graph: &fb::XNNGraph<'_>,
+    values: &Values<'_>,
     loaded: &Loaded,
     cache: &Arc<PackedWeightsCache>,
     io: &super::operators::GraphIo,
@@ -76,11 +76,7 @@ pub(super) fn prepack(
     source: Option<&Arc<dyn NamedDataMap>>,
     threads: &dyn Fn() -> usize,
 ) -> Result<Prepacked, DelegateError> {
-    let values: Vec<fb::XValue<'_>> = graph.xvalues().iter().flatten().collect();
-    let mut by_id = FastMap::with_capacity_and_hasher(values.len(), Default::default());
-    for (i, v) in values.iter().enumerate() {
-        by_id.insert(tensor_of(*v, i)?.0.id_out(), i);
-    }
+    let graph = values.graph();
     // Only filters XNNPACK reads only to pack, through the cache (`through_cache`, the graph's
     // [`packed_operands`](super::operators::packed_operands)); the others (a depthwise
     // convolution's among them) are packed by the runtime's creation.
@@ -93,10 +89,9 @@ pub(super) fn prepack(
         if !through_cache.contains(&filter) {
             continue;
         }
-        let Some(&f) = by_id.get(&filter) else {
+        let Some((f, t)) = values.tensor(filter) else {
             continue;
         };
-        let (t, _) = tensor_of(values[f], f)?;
         let address = match role_of(&t, f, loaded)? {
             ValueRole::Static(bytes) => bytes.as_ptr(),
             ValueRole::Deferred(data) => data.address(),
@@ -143,11 +138,10 @@ pub(super) fn prepack(
     // The real graph's conversions for qp8 GEMMs are made the same way here: the packing, and
     // so the cache's key, follows the GEMM the input's layout selects. (Asked only now: a warm
     // launch, with nothing missing, needs none of it.)
-    let qb4w_inputs = super::operators::qb4w_gemm_inputs(graph, io, |filter| {
-        by_id.get(&filter).is_some_and(|&i| {
-            tensor_of(values[i], i)
-                .is_ok_and(|(t, _)| t.datatype() == fb::XNNDatatype::xnn_datatype_qbint4)
-        })
+    let qb4w_inputs = super::operators::qb4w_gemm_inputs(&graph, io, |filter| {
+        values
+            .tensor(filter)
+            .is_some_and(|(_, t)| t.datatype() == fb::XNNDatatype::xnn_datatype_qbint4)
     });
     for job in &mut missing {
         job.qb4w_input = qb4w_inputs.contains(&job.input);
@@ -158,7 +152,7 @@ pub(super) fn prepack(
     let work = || {
         while let Some(job) = missing.get(next.fetch_add(1, Ordering::Relaxed)) {
             // A failure here is the real creation's to report (it packs the weight itself).
-            if pack_one(&values, &by_id, job, loaded, cache, source).is_ok() {
+            if pack_one(values, job, loaded, cache, source).is_ok() {
                 packed.fetch_add(1, Ordering::Relaxed);
             }
         }
@@ -209,15 +203,14 @@ fn source_bytes(
 /// Creates (and drops) a one-node runtime for `job` with `cache`: input external 0, output
 /// external 1, filter and bias as the real graph defines them (or as their source's bytes).
 fn pack_one(
-    values: &[fb::XValue<'_>],
-    by_id: &FastMap<u32, usize>,
+    values: &Values<'_>,
     job: &Job<'_>,
     loaded: &Loaded,
     cache: &Arc<PackedWeightsCache>,
     source: Option<&Arc<dyn NamedDataMap>>,
 ) -> Result<(), DelegateError> {
     let value = |id: u32| {
-        by_id.get(&id).copied().ok_or_else(|| {
+        values.index_of(id).ok_or_else(|| {
             DelegateError::BadGraph(format!("node {}: value {id} is not defined", job.index))
         })
     };
@@ -228,7 +221,7 @@ fn pack_one(
         .iter()
         .map(|&id| {
             let i = value(id)?;
-            let (t, _) = tensor_of(values[i], i)?;
+            let (t, _) = tensor_of(values.value(i), i)?;
             Ok(source_bytes(&t, i, loaded, cache, source))
         })
         .collect::<Result<Vec<_>, DelegateError>>()?;
@@ -236,14 +229,14 @@ fn pack_one(
     let mut ids = FastMap::default();
 
     let i = value(job.input)?;
-    let (t, q) = tensor_of(values[i], i)?;
+    let (t, q) = tensor_of(values.value(i), i)?;
     let dynamic = q.is_some_and(|q| q.quant_params_as_per_token_dynamic_quant().is_some());
     let input = if dynamic {
         // XNNPACK takes a dynamically quantized tensor only from a convert node.
         let x = g
             .define_tensor(Datatype::Fp32, &dims_of(&t), ValueRole::Input(0))
             .map_err(at(what("input")))?;
-        let quantized = define_value(&mut g, values[i], i, loaded, ValueRole::Internal)?;
+        let quantized = define_value(&mut g, values.value(i), i, loaded, ValueRole::Internal)?;
         if job.qb4w_input {
             g.define_convert_for_qb4w_gemm(x, quantized)
         } else {
@@ -252,13 +245,13 @@ fn pack_one(
         .map_err(at(what("input conversion")))?;
         quantized
     } else {
-        define_value(&mut g, values[i], i, loaded, ValueRole::Input(0))?
+        define_value(&mut g, values.value(i), i, loaded, ValueRole::Input(0))?
     };
     ids.insert(job.input, input);
 
     for (&id, read) in operands.iter().zip(&read) {
         let i = value(id)?;
-        let (t, _) = tensor_of(values[i], i)?;
+        let (t, _) = tensor_of(values.value(i), i)?;
         let role = match (role_of(&t, i, loaded)?, read) {
             (ValueRole::Deferred(_), Some((bytes, _))) => ValueRole::Static(bytes.data()),
             (role @ (ValueRole::Static(_) | ValueRole::Deferred(_)), _) => role,
@@ -269,11 +262,11 @@ fn pack_one(
                 )));
             }
         };
-        ids.insert(id, define_value(&mut g, values[i], i, loaded, role)?);
+        ids.insert(id, define_value(&mut g, values.value(i), i, loaded, role)?);
     }
 
     let o = value(job.output)?;
-    let output = define_value(&mut g, values[o], o, loaded, ValueRole::Output(1))?;
+    let output = define_value(&mut g, values.value(o), o, loaded, ValueRole::Output(1))?;
     ids.insert(job.output, output);
 
     define_node(&mut g, job.index, &job.node, &ids, &FastSet::default())?;

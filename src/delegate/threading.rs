@@ -9,7 +9,7 @@
 //! A delegate whose every operator is that small runs on the calling thread; one operator
 //! larger keeps the pool for the whole delegate.
 
-use super::graph::{ById, constant_index, tensor_of};
+use super::graph::{Values, constant_index};
 use super::operators::GraphIo;
 use crate::schema::xnn as fb;
 
@@ -19,32 +19,21 @@ pub(super) const ALONE_UP_TO: usize = 256 << 10;
 
 /// Whether every operator of `graph` is small enough ([`ALONE_UP_TO`]) that the delegate runs
 /// faster on the calling thread than split across a pool. An operator whose operands cannot be
-/// sized (a dynamic dimension, an unknown node) counts as large.
-pub(super) fn runs_alone(graph: &fb::XNNGraph<'_>, io: &GraphIo) -> bool {
-    // Elements of each value, and whether it is a constant.
-    let Ok(values) = graph
-        .xvalues()
-        .iter()
-        .flatten()
-        .enumerate()
-        .map(|(i, v)| tensor_of(v, i).map(|(t, _)| t))
-        .collect::<Result<Vec<_>, _>>()
-    else {
+/// sized (a dynamic dimension, an unknown node or value) counts as large.
+pub(super) fn runs_alone(values: &Values<'_>, graph: &fb::XNNGraph<'_>, io: &GraphIo) -> bool {
+    if !values.all_known() {
         return false;
-    };
-    let largest = values.iter().map(|t| t.id_out()).max().unwrap_or(0);
-    let mut sizes: ById<(usize, usize, bool)> = ById::new(largest, values.len());
-    for t in values {
-        // Read in place: a Vec per value was most of this pass.
+    }
+    // Elements of a value, the last of its dimensions, and whether it is a constant. Read in
+    // place: a Vec per value was most of this pass.
+    let size = |id: u32| -> Option<(usize, usize, bool)> {
+        let (_, t) = values.tensor(id)?;
         let dims = t.dims();
         let dims = dims.iter().flat_map(|d| d.iter().map(|x| x as usize));
-        let elements = dims.clone().try_fold(1usize, |n, d| n.checked_mul(d));
+        let elements = dims.clone().try_fold(1usize, |n, d| n.checked_mul(d))?;
         let last = dims.last().unwrap_or(1).max(1);
-        let Some(elements) = elements else {
-            return false;
-        };
-        sizes.insert(t.id_out(), (elements, last, constant_index(&t) != 0));
-    }
+        Some((elements, last, constant_index(&t) != 0))
+    };
     (0..graph.xnodes().map_or(0, |n| n.len())).all(|n| {
         let Some((reads, writes)) = io.node(n) else {
             return false;
@@ -54,7 +43,7 @@ pub(super) fn runs_alone(graph: &fb::XNNGraph<'_>, io: &GraphIo) -> bool {
         // operator is as much work as its largest operand.
         let (mut weights, mut largest_read) = (None, 0);
         for &id in reads {
-            let Some(&(elements, _, constant)) = sizes.get(id) else {
+            let Some((elements, _, constant)) = size(id) else {
                 return false;
             };
             if constant {
@@ -64,7 +53,7 @@ pub(super) fn runs_alone(graph: &fb::XNNGraph<'_>, io: &GraphIo) -> bool {
         }
         largest_read <= ALONE_UP_TO
             && writes.iter().all(|&id| {
-                sizes.get(id).is_some_and(|&(elements, channels, _)| {
+                size(id).is_some_and(|(elements, channels, _)| {
                     let work = match weights {
                         Some(w) => elements.saturating_mul(w / channels),
                         None => elements,
