@@ -9,13 +9,7 @@ use libfuzzer_sys::fuzz_target;
 use xnnblob::schema::xnn::XNNGraph;
 
 fuzz_target!(|data: &[u8]| {
-    // The options xnnblob verifies payloads under.
-    let opts = flatbuffers::VerifierOptions {
-        max_depth: 64,
-        max_tables: 10_000_000,
-        max_apparent_size: 1 << 31,
-        ignore_missing_null_terminator: false,
-    };
+    let opts = xnnblob::schema::verifier_options();
     let ours = xnnblob::schema::xnn_graph(data);
     let theirs = flatbuffers::root_with_opts::<XNNGraph>(&opts, data);
     assert_eq!(

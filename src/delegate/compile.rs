@@ -18,7 +18,6 @@ use crate::backend::{ModelContext, Weights};
 use crate::cache::{BlobId, OwnedRegistration};
 use crate::fast_hash::FastMap;
 use crate::named_data::{DataBuffer, NamedDataMap};
-use crate::schema::xnn as fb;
 use crate::xnn::{Runtime, Subgraph};
 use std::sync::Arc;
 
@@ -77,11 +76,8 @@ const MAX_EXTERNAL_IDS: u32 = 4096;
 
 /// Rejects unsupported nodes, and more external ids than ExecuTorch allows, before anything is
 /// loaded.
-fn check_nodes(
-    graph: &fb::XNNGraph<'_>,
-    io: &GraphIo,
-    known: &Values<'_>,
-) -> Result<(), DelegateError> {
+fn check_nodes(known: &Values<'_>, io: &GraphIo) -> Result<(), DelegateError> {
+    let graph = known.graph();
     // XNNPACK allocates a value slot (some 200 bytes) for every external id up front: a count
     // taken on trust let a 1.5 KB payload make it allocate and zero 3 GB (found by fuzzing).
     // The count is not bounded by the graph's values: an input its method never reads has an
@@ -223,7 +219,7 @@ pub(crate) fn compile(
         let p = payload::parse(&payload_bytes)?;
         let io = GraphIo::of(&p.graph);
         let known = Values::of(&p.graph);
-        check_nodes(&p.graph, &io, &known)?;
+        check_nodes(&known, &io)?;
         let fp16_as_fp32 = super::fallback::computes_fp16_as_fp32(&p.graph)?;
         // The operands XNNPACK reads only to pack: asked by three passes below.
         let packed = super::operators::packed_operands(&p.graph);
@@ -292,8 +288,8 @@ pub(crate) fn compile(
         let mut g = Subgraph::new(p.graph.num_externs()).map_err(at(|| "subgraph".into()))?;
         // Asked only where a fold or an alias needs it.
         let order = std::cell::OnceCell::new();
-        let order = || order.get_or_init(|| FusedOrder::of(&p.graph, &known, &io));
-        let folds = Folds::of(&p.graph, &known, fp16_as_fp32, order);
+        let order = || order.get_or_init(|| FusedOrder::of(&known, &io));
+        let folds = Folds::of(&known, fp16_as_fp32, order);
         let fusion = match aliases {
             [] => Fusion::Allowed,
             _ => order().fusion_for(aliases, |input| folds.read_as(input), fp16_as_fp32)?,
@@ -331,7 +327,7 @@ pub(crate) fn compile(
             // program whose own kernels run on it would otherwise start it in its first execute.
             threads();
         }
-        if options.threadpool.is_some() && super::threading::runs_alone(&known, &p.graph, &io) {
+        if options.threadpool.is_some() && super::threading::runs_alone(&known, &io) {
             options.threadpool = None;
         }
         let creating = std::time::Instant::now();

@@ -26,7 +26,6 @@
 use super::fusion::FusedOrder;
 use super::graph::{Values, XNN_FLAG_EXTERNAL_INPUT, dims_of};
 use crate::fast_hash::{FastMap, FastSet};
-use crate::schema::xnn as fb;
 
 /// The reshapes of a graph folded into its inputs.
 #[derive(Debug, Default)]
@@ -50,17 +49,14 @@ pub(super) struct FoldedInput {
 }
 
 impl Folds {
-    /// The reshapes of `graph` that can be folded: each reads an external input that nothing
-    /// else reads, of an unquantized type, and writes an internal value of the same type, with
-    /// a new shape of the input's number of elements and no dimension inferred, where no node
-    /// may write an external output between the reshape and the last read of its output
-    /// (`order`, asked only of a reshape that reads an external input: most graphs have none,
-    /// and the order is the init's costliest graph pass).
-    ///
-    /// None when fp16 is computed as fp32 (`fp16_as_fp32`): an fp16 input is converted there,
-    /// and the converted twin is what the nodes read.
+    /// The reshapes of the graph of `values` that can be folded: each reads an external input that
+    /// nothing else reads, of an unquantized type, and writes an internal value of the same type,
+    /// with a new shape of the input's number of elements and no dimension inferred, where no node
+    /// may write an external output between the reshape and the last read of its output (`order`,
+    /// asked only of a reshape that reads an external input: most graphs have none, and the order
+    /// is the init's costliest graph pass). None when fp16 is computed as fp32 (`fp16_as_fp32`): an
+    /// fp16 input is converted there, and the converted twin is what the nodes read.
     pub(super) fn of<'o>(
-        graph: &fb::XNNGraph<'_>,
         values: &Values<'_>,
         fp16_as_fp32: bool,
         order: impl Fn() -> &'o FusedOrder<'o>,
@@ -69,7 +65,7 @@ impl Folds {
         if fp16_as_fp32 {
             return folds;
         }
-        for (n, node) in graph.xnodes().iter().flatten().enumerate() {
+        for (n, node) in values.graph().xnodes().iter().flatten().enumerate() {
             let Some(r) = node.xnode_union_as_xnnstatic_reshape() else {
                 continue;
             };

@@ -110,13 +110,11 @@ pub(super) struct FusedOrder<'a> {
 }
 
 impl<'a> FusedOrder<'a> {
-    /// The order of `graph`'s nodes' reads and writes (a node whose inputs and outputs cannot
-    /// be told reads and writes nothing; `check_nodes` refuses such graphs first).
-    pub(super) fn of(
-        graph: &fb::XNNGraph<'_>,
-        values: &Values<'_>,
-        io: &'a super::operators::GraphIo,
-    ) -> Self {
+    /// The order of the reads and writes of the nodes of the graph of `values` (a node whose
+    /// inputs and outputs cannot be told reads and writes nothing; `check_nodes` refuses such
+    /// graphs first).
+    pub(super) fn of(values: &Values<'_>, io: &'a super::operators::GraphIo) -> Self {
+        let graph = values.graph();
         let nodes = graph.xnodes().map_or(0, |n| n.len());
         let io: Vec<(&[u32], &[u32])> =
             (0..nodes).map(|n| io.node(n).unwrap_or_default()).collect();

@@ -11,16 +11,15 @@
 
 use super::graph::{Values, constant_index};
 use super::operators::GraphIo;
-use crate::schema::xnn as fb;
 
 /// The most work (multiply-adds, or elements for an operator without weights) an operator of a
 /// delegate that runs on the calling thread may have: about 10 us of one core.
 pub(super) const ALONE_UP_TO: usize = 256 << 10;
 
-/// Whether every operator of `graph` is small enough ([`ALONE_UP_TO`]) that the delegate runs
+/// Whether every operator of the graph of `values` is small enough ([`ALONE_UP_TO`]) that the delegate runs
 /// faster on the calling thread than split across a pool. An operator whose operands cannot be
 /// sized (a dynamic dimension, an unknown node or value) counts as large.
-pub(super) fn runs_alone(values: &Values<'_>, graph: &fb::XNNGraph<'_>, io: &GraphIo) -> bool {
+pub(super) fn runs_alone(values: &Values<'_>, io: &GraphIo) -> bool {
     if !values.all_known() {
         return false;
     }
@@ -34,7 +33,7 @@ pub(super) fn runs_alone(values: &Values<'_>, graph: &fb::XNNGraph<'_>, io: &Gra
         let last = dims.last().unwrap_or(1).max(1);
         Some((elements, last, constant_index(&t) != 0))
     };
-    (0..graph.xnodes().map_or(0, |n| n.len())).all(|n| {
+    (0..values.graph().xnodes().map_or(0, |n| n.len())).all(|n| {
         let Some((reads, writes)) = io.node(n) else {
             return false;
         };

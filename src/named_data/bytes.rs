@@ -32,16 +32,6 @@ pub(crate) fn end_of(start: u64, size: u64, what: &'static str) -> Result<u64, F
         .ok_or(FormatError::Overflow { what })
 }
 
-/// Verifier limits: generous for real programs (thousands of keys), bounded for hostile input.
-pub(crate) fn verifier_options() -> flatbuffers::VerifierOptions {
-    flatbuffers::VerifierOptions {
-        max_depth: 64,
-        max_tables: 10_000_000,
-        max_apparent_size: 1 << 31,
-        ignore_missing_null_terminator: false,
-    }
-}
-
 /// Maps a verifier failure to a typed error: a string that is not UTF-8 can only be a key in
 /// the named-data schemas, so it gets its own variant.
 pub(crate) fn verifier_error(e: flatbuffers::InvalidFlatbuffer) -> FormatError {

@@ -7,11 +7,12 @@
 //! [segment_base, segment_base + segment_size): the segments, each at segment_base + its offset
 //! ```
 
-use super::bytes::{end_of, tag_at, u32_at, u64_at, verifier_error, verifier_options};
+use super::bytes::{end_of, tag_at, u32_at, u64_at, verifier_error};
 use super::error::FormatError;
 use super::index::NamedDataIndex;
 use super::layout::{ScalarType, TensorLayout};
 use crate::schema::ptd as fb;
+use crate::schema::verifier_options;
 
 /// The flatbuffer file identifier of a `.ptd`, at bytes 4..8.
 pub const FILE_IDENTIFIER: [u8; 4] = *b"FT01";

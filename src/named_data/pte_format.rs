@@ -7,10 +7,11 @@
 //! ```
 //! Without segments there is no extended header, and the flatbuffer is the whole file.
 
-use super::bytes::{end_of, tag_at, u32_at, u64_at, verifier_error, verifier_options};
+use super::bytes::{end_of, tag_at, u32_at, u64_at, verifier_error};
 use super::error::FormatError;
 use super::index::NamedDataIndex;
 use crate::schema::pte as fb;
+use crate::schema::verifier_options;
 
 /// The flatbuffer file identifier of a program, at bytes 4..8.
 pub const FILE_IDENTIFIER: [u8; 4] = *b"ET12";

@@ -332,7 +332,7 @@ fn program_of(pte: &FileDataMap) -> Result<fb::Program<'_>, ProgramError> {
     let end = header
         .map_or(bytes.len(), |h| h.program_size as usize)
         .min(bytes.len());
-    let opts = crate::named_data::bytes::verifier_options();
+    let opts = crate::schema::verifier_options();
     flatbuffers::root_with_opts::<fb::Program>(&opts, &bytes[..end]).map_err(|e| {
         ProgramError::Format {
             path: pte.name().to_string(),

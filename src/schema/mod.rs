@@ -51,6 +51,17 @@ pub use program_generated::xnnblob_fb::pte;
 pub use xnnpack_generated::xnnblob_fb::xnn;
 
 pub mod verify;
+
+/// The limits every flatbuffer xnnblob reads is verified under (`.pte`, `.ptd`, delegate
+/// payloads): generous for real programs (thousands of keys), bounded for hostile input.
+pub fn verifier_options() -> flatbuffers::VerifierOptions {
+    flatbuffers::VerifierOptions {
+        max_depth: 64,
+        max_tables: 10_000_000,
+        max_apparent_size: 1 << 31,
+        ignore_missing_null_terminator: false,
+    }
+}
 #[cfg(feature = "xnnpack")]
 mod xnn_shape;
 
@@ -58,11 +69,7 @@ mod xnn_shape;
 /// against the schema's shapes, then the generated readers read them.
 #[cfg(feature = "xnnpack")]
 pub fn xnn_graph(bytes: &[u8]) -> Result<xnn::XNNGraph<'_>, verify::VerifyError> {
-    verify::verify(
-        bytes,
-        &xnn_shape::GRAPH,
-        &crate::named_data::bytes::verifier_options(),
-    )?;
+    verify::verify(bytes, &xnn_shape::GRAPH, &verifier_options())?;
     // SAFETY: `verify` checked `bytes` as flatbuffers' verifier for `XNNGraph` checks it (every
     // offset, vtable, vector and string in range and aligned, strings UTF-8, known union
     // variants), against shapes a test holds to the schema the readers were generated from,

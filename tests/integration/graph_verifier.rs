@@ -25,13 +25,7 @@ fn graphs_in(bytes: &[u8]) -> Vec<&[u8]> {
 }
 
 fn flatbuffers_accepts(fb: &[u8]) -> bool {
-    let opts = flatbuffers::VerifierOptions {
-        max_depth: 64,
-        max_tables: 10_000_000,
-        max_apparent_size: 1 << 31,
-        ignore_missing_null_terminator: false,
-    };
-    flatbuffers::root_with_opts::<xnn::XNNGraph>(&opts, fb).is_ok()
+    flatbuffers::root_with_opts::<xnn::XNNGraph>(&xnnblob::schema::verifier_options(), fb).is_ok()
 }
 
 /// Where the two verifiers disagree on `fb`: None when they agree.
