@@ -35,11 +35,13 @@ pub const AVX512VNNI: u64 = 1 << 11;
 pub const GFNI: u64 = 1 << 12;
 /// AVX-512FP16, `CPUID.(7,0):EDX[23]`, with ZMM state: `use_x86_avx512fp16`.
 pub const AVX512FP16: u64 = 1 << 13;
-/// AMX-INT8, `CPUID.(7,0):EDX[25]`, with ZMM state (cpuinfo's test): `use_x86_avx512amx`, and
-/// XNNPACK's stand-in for AVX10 in `use_x86_avx256skx` and `use_x86_avx256vnni`.
+/// AMX-INT8, `CPUID.(7,0):EDX[25]`, with ZMM state (cpuinfo's test): `use_x86_avx512amx`,
+/// `use_x86_amx_int8` (xnnblob's AMX kernel, patch 0035), and XNNPACK's stand-in for AVX10 in
+/// `use_x86_avx256skx` and `use_x86_avx256vnni`.
 pub const AMX_INT8: u64 = 1 << 14;
-/// AMX-TILE, `CPUID.(7,0):EDX[24]`, with ZMM state. Not read by XNNPACK 4ea82e5; recorded
-/// because the tile state XNNPACK's AMX kernels use is this feature's.
+/// AMX-TILE, `CPUID.(7,0):EDX[24]`, with ZMM state. Not read by XNNPACK 4ea82e5; xnnblob's
+/// patch 0035 reads it beside AMX-INT8 to choose its AMX kernel, which packs as the AVX512-VNNI
+/// kernels do, so it stays out of a packing class.
 pub const AMX_TILE: u64 = 1 << 15;
 /// AMX-BF16, `CPUID.(7,0):EDX[22]`, with ZMM state. Not read by XNNPACK 4ea82e5.
 pub const AMX_BF16: u64 = 1 << 16;
@@ -51,8 +53,9 @@ pub const XTILECFG: u64 = 1 << 18;
 pub const XTILEDATA: u64 = 1 << 19;
 /// Linux granted this process AMX tile data: `arch_prctl(ARCH_REQ_XCOMP_PERM,
 /// XFEATURE_XTILEDATA)` returned 0. XNNPACK makes that request when AVX512-SKX, -VNNI, GFNI
-/// and AMX-INT8 are all present, and clears `use_x86_avx512amx` when it is refused; so it is
-/// asked under the same condition, and set only then. Outside Linux XNNPACK asks nothing and
+/// and AMX-INT8 are all present (where the compiler builds its AMX kernels; patch 0035 asks
+/// under the same condition with AMX-TILE besides, for xnnblob's), and clears its AMX flags when
+/// it is refused; so it is asked under the same condition, and set only then. Outside Linux XNNPACK asks nothing and
 /// the bit is set with the CPU's.
 pub const AMX_GRANTED: u64 = 1 << 20;
 /// AVX-VNNI, `CPUID.(7,1):EAX[4]`, with YMM state: `use_x86_avxvnni`, `use_x86_avx256vnni`.
@@ -121,8 +124,9 @@ pub fn model(bits: u64) -> String {
 /// fingerprint).
 const ZEN_F32_GEMM: u64 = 1 << 24;
 
-/// The bits XNNPACK 4ea82e5 does not read (AMX-TILE, -BF16, -FP16 and the tile state in XCR0:
-/// AMX_GRANTED says what XNNPACK's choice reads of them): left out of a packing class.
+/// The bits no packing decision of the patched XNNPACK reads (AMX-TILE, which only picks a
+/// kernel of the same packing, -BF16, -FP16 and the tile state in XCR0: AMX_GRANTED says what
+/// XNNPACK's choice reads of them): left out of a packing class.
 pub const UNREAD: u64 = AMX_TILE | AMX_BF16 | AMX_FP16 | XTILECFG | XTILEDATA;
 
 /// The decisions XNNPACK makes from the CPU model that a packing class keeps (see
