@@ -105,6 +105,10 @@ enum BenchAction {
         /// one that emulates SME2 (benches/qemu/build-qemu.sh); the report names its version.
         #[arg(long)]
         qemu: Option<PathBuf>,
+        /// Refuse the timed launches Linux's grant of AMX tile data, so that on an AMX machine
+        /// both backends run their AVX-512 kernels (the class below AMX, on the same cores).
+        #[arg(long)]
+        refuse_amx: bool,
         /// Where the programs and the reports go.
         #[arg(long, default_value = "target/bench/prefill")]
         out: PathBuf,
@@ -173,6 +177,7 @@ fn bench_action(action: BenchAction) -> Result<Outcome, Box<dyn std::error::Erro
             executes,
             aarch64,
             qemu,
+            refuse_amx,
             out,
         } => {
             let runner = xnnblob_lab::bench::peer::runner_near_executable()?;
@@ -185,6 +190,7 @@ fn bench_action(action: BenchAction) -> Result<Outcome, Box<dyn std::error::Erro
                     // A comma separates CPUs, so a model's features are written with ';'.
                     aarch64: aarch64.iter().map(|c| c.replace(';', ",")).collect(),
                     qemu,
+                    refuse_amx,
                     out,
                 })?;
             {

@@ -3,6 +3,7 @@
 //! XNNPACK without a cache, with its own cache, xnnblob cold and warm, and the floor side by
 //! side; a markdown table and an SVG chart in `target/bench/`.
 
+pub mod amx_refused;
 pub mod child;
 pub mod compare;
 pub mod peer;

@@ -41,6 +41,9 @@ pub struct PrefillOptions {
     /// as a newer qemu built for a CPU feature bookworm's does not emulate, names its version
     /// beside each CPU in the report.
     pub qemu: Option<PathBuf>,
+    /// Whether the timed launches find Linux's grant of AMX tile data refused, so that both
+    /// backends run their AVX-512 kernels on an AMX machine (the report says so).
+    pub refuse_amx: bool,
     /// Where programs, caches and the report go.
     pub out: PathBuf,
 }
@@ -80,6 +83,8 @@ pub struct Counted {
 pub struct PrefillResults {
     /// On this machine.
     pub timed: Vec<Timed>,
+    /// Whether the timed launches were refused AMX tile data.
+    pub amx_refused: bool,
     /// Under qemu-aarch64.
     pub counted: Vec<Counted>,
 }
@@ -98,7 +103,10 @@ pub fn run(o: &PrefillOptions) -> Result<PrefillResults, String> {
                 .map_err(|e| format!("writing the {t}-token program: {e}"))
         })
         .collect::<Result<_, _>>()?;
-    let mut results = PrefillResults::default();
+    let mut results = PrefillResults {
+        amx_refused: o.refuse_amx,
+        ..PrefillResults::default()
+    };
     // No launches, no timing: a run that only counts.
     if o.repeats > 0 {
         for (tokens, f) in &files {
@@ -136,7 +144,11 @@ fn time(o: &PrefillOptions, tokens: u32, f: &PrefillFiles) -> Result<Vec<Timed>,
         for backend in BACKENDS {
             let cache = caches.join(format!("t{tokens}.{backend}.cache"));
             let args = runner_args(f, backend, &cache, 1 + o.executes);
-            let values = super::peer::launch(&o.runner, &args)?;
+            let values = if o.refuse_amx {
+                super::peer::launch_refusing_amx(&o.runner, &args)?
+            } else {
+                super::peer::launch(&o.runner, &args)?
+            };
             if round == 0 {
                 continue;
             }
@@ -377,7 +389,12 @@ pub fn to_json(r: &PrefillResults) -> String {
     let mut gated = Vec::new();
     for t in &r.timed {
         gated.push(serde_json::json!({
-            "name": gated_name("execute ms", t.tokens, t.backend),
+            // A run refused the tiles is of another CPU class: its figures are named apart.
+            "name": gated_name(
+                if r.amx_refused { "execute ms, AMX refused" } else { "execute ms" },
+                t.tokens,
+                t.backend,
+            ),
             "value": t.execute_ms.median,
         }));
     }
@@ -396,6 +413,7 @@ pub fn to_json(r: &PrefillResults) -> String {
     let json = serde_json::json!({
         "bench": "prefill",
         "program": PrefillSpec::ffn(0).name().trim_end_matches("-t0"),
+        "amx_refused": r.amx_refused,
         "timed": r.timed.iter().map(|t| serde_json::json!({
             "tokens": t.tokens, "backend": t.backend, "execute_ms": s(t.execute_ms),
         })).collect::<Vec<_>>(),
@@ -432,9 +450,15 @@ pub fn markdown(r: &PrefillResults) -> String {
     tokens.dedup();
     if !r.timed.is_empty() {
         out.push_str(
-            "Timed on this machine (median of the launches' median execute; min-max):\n\n\
-             | T | xnnblob ms | ExecuTorch ms | ratio |\n|---|---|---|---|\n",
+            "Timed on this machine (median of the launches' median execute; min-max):\n\n",
         );
+        if r.amx_refused {
+            out.push_str(
+                "Linux's grant of AMX tile data refused to every timed launch (a seccomp \
+                 filter): both backends ran their AVX-512 kernels, as on a CPU without AMX.\n\n",
+            );
+        }
+        out.push_str("| T | xnnblob ms | ExecuTorch ms | ratio |\n|---|---|---|---|\n");
         for &t in &tokens {
             let Some((x, e)) = pair(&r.timed, |i| i.tokens == t, |i| i.backend) else {
                 continue;
@@ -518,6 +542,7 @@ mod tests {
                     execute_ms: flat(60.0),
                 },
             ],
+            amx_refused: false,
             counted: vec![
                 counted("xnnblob", 54_600_000),
                 counted("executorch", 54_900_000),
@@ -557,6 +582,22 @@ mod tests {
             2 + 3 * 2,
             "{report}"
         );
+    }
+
+    /// A run with the tiles refused measures the AVX-512 class: its report says so, and its
+    /// timed figures are gated under names of their own, never against an AMX run's.
+    #[test]
+    fn a_run_refused_amx_says_so_and_names_its_times_apart() {
+        let mut r = results();
+        r.amx_refused = true;
+        let md = markdown(&r);
+        assert!(md.contains("AMX tile data refused"), "{md}");
+        let json = to_json(&r);
+        assert!(
+            json.contains("prefill t16 | execute ms, AMX refused | xnnblob"),
+            "{json}"
+        );
+        assert!(!markdown(&results()).contains("refused"));
     }
 
     #[test]

@@ -524,7 +524,16 @@ fn drop_from_page_cache(files: &[&Path]) {
 
 /// One launch of `xnnblob-et-run` (the peer bench's, and the demo's): its `key=value` lines.
 pub(crate) fn launch(runner: &Path, args: &[String]) -> Result<HashMap<String, String>, String> {
-    launched(runner, args).map_err(|f| f.message)
+    launched(runner, args, false).map_err(|f| f.message)
+}
+
+/// As [`launch`], with Linux's grant of AMX tile data refused to the launched process
+/// ([`super::amx_refused`]).
+pub(crate) fn launch_refusing_amx(
+    runner: &Path,
+    args: &[String],
+) -> Result<HashMap<String, String>, String> {
+    launched(runner, args, true).map_err(|f| f.message)
 }
 
 /// A launch of the runner that did not succeed.
@@ -537,17 +546,24 @@ struct LaunchFailed {
     message: String,
 }
 
-/// One launch of `runner` with `args`: the values it printed, or how it failed.
-fn launched(runner: &Path, args: &[String]) -> Result<HashMap<String, String>, LaunchFailed> {
+/// One launch of `runner` with `args` (AMX tile data refused where `refuse_amx`): the values it
+/// printed, or how it failed.
+fn launched(
+    runner: &Path,
+    args: &[String],
+    refuse_amx: bool,
+) -> Result<HashMap<String, String>, LaunchFailed> {
     let command = format!("{} {}", runner.display(), args.join(" "));
-    let out = Command::new(runner)
-        .args(args)
-        .output()
-        .map_err(|e| LaunchFailed {
-            status: format!("not started: {e}"),
-            last_line: String::new(),
-            message: format!("{command}: {e}"),
-        })?;
+    let mut launch = Command::new(runner);
+    launch.args(args);
+    if refuse_amx {
+        super::amx_refused::refuse_amx(&mut launch);
+    }
+    let out = launch.output().map_err(|e| LaunchFailed {
+        status: format!("not started: {e}"),
+        last_line: String::new(),
+        message: format!("{command}: {e}"),
+    })?;
     if !out.status.success() {
         let stderr = String::from_utf8_lossy(&out.stderr);
         return Err(LaunchFailed {
@@ -671,7 +687,7 @@ impl Launches<'_> {
             CacheUse::Off | CacheUse::Warm | CacheUse::WarmBusy => {}
         }
         let busy = (planned.scenario.cache == CacheUse::WarmBusy).then(BusyCores::start);
-        let run = launched(self.runner, &planned.args);
+        let run = launched(self.runner, &planned.args, false);
         drop(busy);
         planned.record(run)?;
         // A cold launch leaves hundreds of MiB of cache file to write back (ExecuTorch's cache
@@ -714,7 +730,7 @@ impl Launches<'_> {
             {
                 let _ = std::fs::remove_file(&p.cache);
                 let mut warming = self.plan(p.scenario, mode, out, name);
-                warming.record(launched(self.runner, &p.args))?;
+                warming.record(launched(self.runner, &p.args, false))?;
                 if let Some(failed) = warming.failed {
                     let shared = p.cache.clone();
                     let finds_it = |q: &Planned| {
