@@ -38,6 +38,7 @@
 
 #include "xnnpack/common.h"
 #include "xnnpack/microparams.h"
+#include "qd8-f32-qb4w-gemm-avx512.h"
 
 // The AVX512-VNNI kernels, for blocks longer than the activations buffer holds.
 void xnnblob_qd8_f32_qb4w_gemm_minmax_ukernel_12x16c4__avx512vnni(
@@ -100,9 +101,6 @@ static XNN_INLINE void flip_into_tiles(uint8_t* tiles, size_t row, const int8_t*
   }
 }
 
-static XNN_INLINE __m512 bf16_scales(const void* at) {
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*) at)), 16));
-}
 
 // `lines` packed lines of 64 bytes (8 values of k for 16 columns) as 2 * `lines` tile rows:
 // each nibble in the top half of its byte, (value - 8) * 16 as a signed byte.
@@ -126,7 +124,7 @@ static XNN_INLINE void split_unit(uint8_t* to, const uint8_t* at, size_t block_b
 
 // The sums of one block's multiply, stored, scaled into the accumulators.
 static XNN_INLINE void scale_into(__m512 acc[XNNBLOB_AMX_MR], const int32_t* sums, const void* scales) {
-  const __m512 scale = bf16_scales(scales);
+  const __m512 scale = xnnblob_bf16_scales(scales);
   XNNBLOB_EACH_AMX_ROW
   for (size_t r = 0; r < XNNBLOB_AMX_MR; r++) {
     acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(sums + 16 * r)), scale, acc[r]);
@@ -163,8 +161,7 @@ static XNN_INLINE void segment(
     for (size_t r = 0; r < XNNBLOB_AMX_MR; r++) {
       out[r] = (float*) ((uintptr_t) outs[r] + (n0 / 16) * cn_stride);
       if (first) {
-        const __m512 zero_point = _mm512_set1_ps((float) quantization[r]->zero_point + 128);
-        acc[r] = _mm512_mul_ps(_mm512_loadu_ps((const float*) group), zero_point);
+        acc[r] = xnnblob_qb4w_start(group, quantization[r]);
       } else {
         acc[r] = _mm512_maskz_loadu_ps(col_mask, out[r]);
       }
@@ -232,14 +229,9 @@ static XNN_INLINE void segment(
     }
     if (last) {
       const __m512 bias = _mm512_loadu_ps((const float*) (group + group_bytes - 16 * sizeof(float)));
-      const __m512 out_min = _mm512_set1_ps(params->scalar.min);
-      const __m512 out_max = _mm512_set1_ps(params->scalar.max);
       XNNBLOB_EACH_AMX_ROW
       for (size_t r = 0; r < XNNBLOB_AMX_MR; r++) {
-        acc[r] = _mm512_mul_ps(acc[r], _mm512_set1_ps(quantization[r]->inv_scale));
-        acc[r] = _mm512_add_ps(acc[r], bias);
-        acc[r] = _mm512_max_ps(acc[r], out_min);
-        acc[r] = _mm512_min_ps(acc[r], out_max);
+        acc[r] = xnnblob_qb4w_finish(acc[r], quantization[r], bias, params);
       }
     }
     // Only the call's rows: the sums of the others are not theirs.

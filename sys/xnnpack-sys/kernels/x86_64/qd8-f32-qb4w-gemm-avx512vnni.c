@@ -34,6 +34,7 @@
 
 #include "xnnpack/common.h"
 #include "xnnpack/microparams.h"
+#include "qd8-f32-qb4w-gemm-avx512.h"
 
 // Bytes of each row whose sign bits are flipped at a time: the stack buffer is MR times this.
 // A row longer than this is taken a segment of whole blocks at a time, the accumulators kept in
@@ -63,10 +64,6 @@ static XNN_INLINE void flip_signs(int8_t* to, const int8_t* from, size_t bytes) 
   }
 }
 
-// 16 bf16 scales as floats (a bf16 is the top half of a float).
-static XNN_INLINE __m512 bf16_scales(const void* at) {
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*) at)), 16));
-}
 
 // One segment of k (whole blocks, from k0) for every column of a call. `from` holds the rows'
 // activations for the segment, their sign bits flipped unless FLIP (then flipped here, as they
@@ -95,8 +92,7 @@ static XNN_INLINE void segment(
     for (size_t r = 0; r < MR; r++) {
       out[r] = (float*) ((uintptr_t) outs[r] + (n0 / 16) * cn_stride);
       if (first) {
-        const __m512 zero_point = _mm512_set1_ps((float) quantization[r]->zero_point + 128);
-        acc[r] = _mm512_mul_ps(_mm512_loadu_ps((const float*) group), zero_point);
+        acc[r] = xnnblob_qb4w_start(group, quantization[r]);
       } else {
         acc[r] = _mm512_maskz_loadu_ps(col_mask, out[r]);
       }
@@ -133,7 +129,7 @@ static XNN_INLINE void segment(
           sums[r][ACCS - 1] = _mm512_dpbusd_epi32(sums[r][ACCS - 1], vb, hi);
         }
       }
-      const __m512 scale = bf16_scales(block);
+      const __m512 scale = xnnblob_bf16_scales(block);
       block += 16 * sizeof(uint16_t);
       XNNBLOB_EACH_ROW
       for (size_t r = 0; r < MR; r++) {
@@ -146,14 +142,9 @@ static XNN_INLINE void segment(
     }
     if (last) {
       const __m512 bias = _mm512_loadu_ps((const float*) (group + group_bytes - 16 * sizeof(float)));
-      const __m512 out_min = _mm512_set1_ps(params->scalar.min);
-      const __m512 out_max = _mm512_set1_ps(params->scalar.max);
       XNNBLOB_EACH_ROW
       for (size_t r = 0; r < MR; r++) {
-        acc[r] = _mm512_mul_ps(acc[r], _mm512_set1_ps(quantization[r]->inv_scale));
-        acc[r] = _mm512_add_ps(acc[r], bias);
-        acc[r] = _mm512_max_ps(acc[r], out_min);
-        acc[r] = _mm512_min_ps(acc[r], out_max);
+        acc[r] = xnnblob_qb4w_finish(acc[r], quantization[r], bias, params);
       }
     }
     // Rows past `mr` write where the last real row does, the same values.
