@@ -21,6 +21,43 @@ use xnnblob::xnn::{Qd8Weights, qd8_gemm_kernel};
 /// The cache file the emulated launch opens.
 const CACHE_VAR: &str = "XNNBLOB_CPU_IDENTITY_CACHE";
 
+/// On this host (no emulation): the blockwise 4-bit GEMM's widest kernel is xnnblob's AMX-INT8
+/// one (patch 0035) exactly where the fingerprint says Linux granted this process the tiles
+/// under XNNPACK's AMX condition and the CPU has AMX-TILE; anywhere else no AMX kernel is named.
+/// Its one-row kernel is never the AMX one (a token keeps the AVX512-VNNI kernel).
+#[test]
+fn the_qb4w_gemm_takes_amx_tiles_exactly_where_the_cpu_and_linux_grant_them() {
+    let described = describe_cpu_fingerprint(cpu_fingerprint());
+    let features: Vec<&str> = described
+        .split(['[', ']'])
+        .nth(1)
+        .unwrap_or_default()
+        .split(' ')
+        .collect();
+    let tiles = features.contains(&"amx-granted") && features.contains(&"amx-tile");
+    let Some(kernel) = qd8_gemm_kernel(Qd8Weights::Qb4w).unwrap() else {
+        assert!(
+            !tiles,
+            "no qb4w kernel named on a CPU with AMX: {described}"
+        );
+        return;
+    };
+    let widest = kernel.split(" (one row: ").next().unwrap();
+    if tiles {
+        assert_eq!(
+            widest, "xnnblob_qd8_f32_qb4w_gemm_minmax_ukernel_16x16c4__avx512amx",
+            "{described}: {kernel}"
+        );
+        assert!(
+            kernel
+                .contains("(one row: xnnblob_qd8_f32_qb4w_gemm_minmax_ukernel_1x16c4__avx512vnni)"),
+            "{kernel}"
+        );
+    } else {
+        assert!(!kernel.contains("amx"), "{described}: {kernel}");
+    }
+}
+
 /// Run by this module under an emulated CPU: opens the file at [`CACHE_VAR`] and says what it
 /// found (absent, used, or rejected and why), launches [`model`] through it, and checks that the
 /// file then serves this CPU with nothing to pack.
