@@ -1,6 +1,7 @@
 //! The CPU identity of cache files, under emulated x86-64 CPUs (`qemu-x86_64 -cpu`): a file
 //! packed on one CPU is rejected, with a reason that names what differs, on a CPU that differs
 //! from it in one thing XNNPACK's choice of kernels reads; the CPU that packed a file uses it.
+//! On the host itself, that the fingerprint's AMX bits say where the AMX kernel runs.
 //!
 //! qemu 7.2's TCG emulates SSSE3, SSE4.1, AVX, F16C, FMA3 and AVX2, each of which can be taken
 //! out of `-cpu max`, and any vendor, family and model, so AMD's Zen generations as cpuinfo
