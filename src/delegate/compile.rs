@@ -327,9 +327,6 @@ pub(crate) fn compile(
             // program whose own kernels run on it would otherwise start it in its first execute.
             threads();
         }
-        if options.threadpool.is_some() && super::threading::runs_alone(&known, &io) {
-            options.threadpool = None;
-        }
         let creating = std::time::Instant::now();
         let runtime = Runtime::with_options(&g, k.cache.as_xnn(), &options)?;
         built = Some(Built {

@@ -204,11 +204,6 @@ impl<'g> Values<'g> {
         self.largest
     }
 
-    /// Whether every value is of a kind this delegate knows.
-    pub(super) fn all_known(&self) -> bool {
-        self.tensors.iter().all(Option::is_some)
-    }
-
     /// Each value of a known kind, with its index.
     pub(super) fn tensors(&self) -> impl Iterator<Item = (usize, fb::XNNTensorValue<'g>)> + '_ {
         self.tensors

@@ -19,7 +19,6 @@ pub mod payload;
 pub mod prepack;
 mod remembered;
 mod summary;
-mod threading;
 mod values;
 mod weight_identities;
 

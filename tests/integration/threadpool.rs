@@ -1,6 +1,7 @@
 //! The pthreadpool API that XNNPACK calls (xnnpack-sys's pool.c) over xnnblob's own pool: every
 //! call shape XNNPACK uses covers its grid exactly once with pthreadpool's arguments, and an
-//! operator never waits for a worker the scheduler does not run.
+//! operator never waits for a worker the scheduler does not run; a runtime hands its pool only
+//! the operators large enough to gain from it (XNNPACK patch 0036).
 
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -717,4 +718,89 @@ fn context_switches(tid: i32) -> usize {
                 .unwrap()
         })
         .sum()
+}
+
+/// A pool of two threads that runs every job on the calling thread and counts the jobs.
+extern "C" fn two_threads(_pool: *mut c_void) -> usize {
+    2
+}
+
+extern "C" fn count_and_run(
+    pool: *mut c_void,
+    range: xnnblob::xnn::RangeFn,
+    job: *mut c_void,
+    count: usize,
+    _flags: u32,
+) {
+    // SAFETY: the pool pointer is the test's counter (`counting_pool`).
+    unsafe { &*pool.cast::<AtomicUsize>() }.fetch_add(1, Ordering::Relaxed);
+    let range = range.expect("XNNPACK passes a range function");
+    // SAFETY: the job is the one C handed with the range, run whole on one thread.
+    unsafe { range(job, 0, 0, count) };
+}
+
+static COUNTING_OPS: xnnblob::xnn::PoolOps = xnnblob::xnn::PoolOps {
+    threads: Some(two_threads),
+    run: Some(count_and_run),
+};
+
+/// A pool over `jobs`, which counts what XNNPACK hands it.
+fn counting_pool(jobs: &'static AtomicUsize) -> Arc<Threadpool> {
+    // SAFETY: COUNTING_OPS keeps PoolOps's contract (every item once, on thread 0, returning
+    // when done) for a pool that is a live 'static counter.
+    Arc::new(unsafe {
+        Threadpool::with_ops(
+            &COUNTING_OPS,
+            (jobs as *const AtomicUsize).cast_mut().cast(),
+        )
+    })
+}
+
+/// Jobs the pool was handed in one invoke of an MLP of `widths` over `batch` rows, whose outputs
+/// are checked against the plain Rust reference.
+fn pool_jobs_of_an_invoke(widths: &[usize], batch: usize, jobs: &'static AtomicUsize) -> usize {
+    use xnnblob::xnn::{Runtime, RuntimeOptions};
+    use xnnblob_test_support::synthetic::{MLP_INPUT, MLP_OUTPUT, Mlp};
+    let mlp = Mlp::random(widths, 11);
+    let graph = mlp.subgraph(batch).unwrap();
+    let options = RuntimeOptions {
+        threadpool: Some(counting_pool(jobs)),
+        ..Default::default()
+    };
+    let mut runtime = Runtime::with_options(&graph, None, &options).unwrap();
+    let input: Vec<f32> = (0..batch * widths[0])
+        .map(|i| ((i % 13) as f32 - 6.0) / 6.0)
+        .collect();
+    let mut output = vec![f32::NAN; batch * widths[widths.len() - 1]];
+    let before = jobs.load(Ordering::Relaxed);
+    runtime
+        .invoke(&[(MLP_INPUT, &input)], &mut [(MLP_OUTPUT, &mut output)])
+        .unwrap();
+    let expected = mlp.reference_forward(&input, batch);
+    let diff = crate::common::close::max_abs_difference(&output, &expected);
+    assert!(diff <= 1e-3, "{widths:?} x {batch}: max abs diff {diff}");
+    jobs.load(Ordering::Relaxed) - before
+}
+
+#[test]
+fn operators_too_small_to_split_run_on_the_calling_thread_and_the_rest_on_the_pool() {
+    static SMALL: AtomicUsize = AtomicUsize::new(0);
+    static LARGE: AtomicUsize = AtomicUsize::new(0);
+    static MIXED: AtomicUsize = AtomicUsize::new(0);
+    // 64 rows through 64 x 32 and 32 x 32 weights: 128 Ki and 64 Ki multiply-adds, below the
+    // 256 Ki of patch 0036, though each is many tiles an unpatched XNNPACK splits across a pool.
+    assert_eq!(
+        pool_jobs_of_an_invoke(&[64, 32, 32], 64, &SMALL),
+        0,
+        "a graph of small layers never wakes the pool"
+    );
+    // 512 x 512 over 32 rows: 8 Mi multiply-adds.
+    let large = pool_jobs_of_an_invoke(&[512, 512], 32, &LARGE);
+    assert!(large > 0, "a large layer runs on the pool");
+    // The same large layer, then one of 512 x 2 over 32 rows (32 Ki): only the first is split.
+    assert_eq!(
+        pool_jobs_of_an_invoke(&[512, 512, 2], 32, &MIXED),
+        large,
+        "the small layer after the large one runs on the calling thread"
+    );
 }
