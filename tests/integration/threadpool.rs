@@ -804,3 +804,43 @@ fn operators_too_small_to_split_run_on_the_calling_thread_and_the_rest_on_the_po
         "the small layer after the large one runs on the calling thread"
     );
 }
+
+#[test]
+fn an_operator_changes_sides_when_a_reshape_moves_its_work_across_the_bound() {
+    use xnnblob::tensor::{Shape, TensorMut, TensorRef};
+    use xnnblob::xnn::{Runtime, RuntimeOptions};
+    use xnnblob_test_support::synthetic::Mlp;
+    static JOBS: AtomicUsize = AtomicUsize::new(0);
+    // Defined for 32 rows of 512 x 512 (8 Mi multiply-adds); run for 1 row (256 Ki, at the
+    // bound) and back. Each change of rows starts from the other side's guess (the output shape
+    // the last reshape left), so both corrections are taken.
+    let mlp = Mlp::random(&[512, 512], 5);
+    let graph = mlp.subgraph(32).unwrap();
+    let options = RuntimeOptions {
+        threadpool: Some(counting_pool(&JOBS)),
+        ..Default::default()
+    };
+    let mut runtime = Runtime::with_options(&graph, None, &options).unwrap();
+    for rows in [1usize, 32, 1, 32] {
+        let input: Vec<f32> = (0..rows * 512)
+            .map(|i| ((i % 7) as f32 - 3.0) / 3.0)
+            .collect();
+        let mut output = vec![f32::NAN; rows * 512];
+        let before = JOBS.load(Ordering::Relaxed);
+        runtime
+            .execute(
+                &[TensorRef::f32(Shape::new(&[rows, 512]).unwrap(), &input)],
+                &mut [TensorMut::f32(&mut output)],
+            )
+            .unwrap();
+        let jobs = JOBS.load(Ordering::Relaxed) - before;
+        let expected = mlp.reference_forward(&input, rows);
+        let diff = crate::common::close::max_abs_difference(&output, &expected);
+        assert!(diff <= 1e-3, "{rows} rows: max abs diff {diff}");
+        if rows == 1 {
+            assert_eq!(jobs, 0, "one row is at the bound: the calling thread");
+        } else {
+            assert!(jobs > 0, "32 rows run on the pool");
+        }
+    }
+}
