@@ -144,7 +144,7 @@ fn slot<T>(table: &mut Vec<Option<T>>, id: u32) -> &mut Option<T> {
 }
 
 /// A graph with its values read once, for the passes that look them up by payload id (the node
-/// checks, the threading choice, the folds, packing ahead): each value and its tensor by its
+/// checks, the folds, packing ahead): each value and its tensor by its
 /// index in the payload, and the index of each id.
 pub(super) struct Values<'g> {
     graph: fb::XNNGraph<'g>,
