@@ -18,6 +18,7 @@
 
 #include <dirent.h>
 #include <dlfcn.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -394,6 +395,8 @@ struct Launch {
   unsigned long long load_read_bytes = 0;
   long load_rss_anon_kib = 0;  // right after the load, before any execute
   long load_rss_file_kib = 0;
+  long load_minor_faults = 0;  // page faults served from memory during the load (code, data)
+  long first_execute_minor_faults = 0;  // the same, during the first execute
   int load_unnamed_threads = 0;  // right after the load: ExecuTorch's pool's workers, if started
   std::vector<std::vector<Output>> steps;  // per step (per call made), per output
   bool share_arenas = false;
@@ -469,6 +472,8 @@ std::vector<std::string> call_methods(const Program& p) {
 Launch launch(const Options& o, const Program& p, std::unique_ptr<Module>& keep) {
   Launch r;
   auto io_before = proc_io();
+  struct rusage usage_before {};
+  getrusage(RUSAGE_THREAD, &usage_before);
   auto started = std::chrono::steady_clock::now();
   auto mode = o.mmap ? Module::LoadMode::Mmap : Module::LoadMode::File;
   // Methods called in sequence share ExecuTorch's arenas (mem_id 1, activations, and 2, the
@@ -508,6 +513,9 @@ Launch launch(const Options& o, const Program& p, std::unique_ptr<Module>& keep)
     if (e != Error::Ok) fail("loading method " + m + ": " + error_text(e));
   }
   r.load_to_ready_ms = ms_since(started);
+  struct rusage usage_after {};
+  getrusage(RUSAGE_THREAD, &usage_after);
+  r.load_minor_faults = usage_after.ru_minflt - usage_before.ru_minflt;
   auto io_after = proc_io();
   r.load_rchar = io_after["rchar"] - io_before["rchar"];
   r.load_read_bytes = io_after["read_bytes"] - io_before["read_bytes"];
@@ -549,11 +557,18 @@ Launch launch(const Options& o, const Program& p, std::unique_ptr<Module>& keep)
         std::string line;
         std::getline(std::cin, line);
       }
+      struct rusage usage_before {};
+      getrusage(RUSAGE_THREAD, &usage_before);
       auto t = std::chrono::steady_clock::now();
       auto result = module.execute(p.method, inputs);
       double took = ms_since(t);
       if (!result.ok()) fail("executing " + p.method + ": " + error_text(result.error()));
-      if (step == 0 && rep == 0) r.first_execute_ms = took;
+      if (step == 0 && rep == 0) {
+        r.first_execute_ms = took;
+        struct rusage usage_after {};
+        getrusage(RUSAGE_THREAD, &usage_after);
+        r.first_execute_minor_faults = usage_after.ru_minflt - usage_before.ru_minflt;
+      }
       r.execute_ms.push_back(took);
       if (rep == 0) outputs = copy_outputs(*result);
     }
@@ -583,6 +598,8 @@ void report(const Options& o, size_t p, const Launch& r) {
   }
   std::printf("%sload_rchar=%llu\n", prefix.c_str(), r.load_rchar);
   std::printf("%sload_read_bytes=%llu\n", prefix.c_str(), r.load_read_bytes);
+  std::printf("%sload_minor_faults=%ld\n", prefix.c_str(), r.load_minor_faults);
+  std::printf("%sfirst_execute_minor_faults=%ld\n", prefix.c_str(), r.first_execute_minor_faults);
   std::printf("%sload_rss_anon_kib=%ld\n", prefix.c_str(), r.load_rss_anon_kib);
   std::printf("%sload_rss_file_kib=%ld\n", prefix.c_str(), r.load_rss_file_kib);
   std::printf("%sload_unnamed_threads=%d\n", prefix.c_str(), r.load_unnamed_threads);
