@@ -81,6 +81,8 @@ unsafe extern "C" {
     fn xnnblob_et_pool_in_use() -> bool;
     /// Operator calls run on ExecuTorch's pool, and on the caller for want of one, so far.
     fn xnnblob_et_pool_runs(on_pool: *mut u64, on_caller: *mut u64);
+    /// Looks up the functions of ExecuTorch's thread pool, without starting it.
+    fn xnnblob_et_pool_look_up();
 }
 
 /// ExecuTorch's own thread pool, as the pool every runtime of the backend runs on.
@@ -149,6 +151,8 @@ pub(crate) fn prepare_backend() {
         .name("xnnblob-prepare".into())
         .spawn(|| {
             let _ = catch_unwind(process_backend);
+            // SAFETY: no arguments; the look-up is a function-local static, made once.
+            unsafe { xnnblob_et_pool_look_up() };
         });
     // Without a thread, the first load makes the backend itself.
     drop(spawned);

@@ -145,6 +145,16 @@ __attribute__((visibility("hidden"))) bool xnnblob_et_pool_in_use() {
 #endif
 }
 
+// Looks up the functions of ExecuTorch's pool (a dlopen and two dlsym), on the thread that
+// prepares the backend when the library is loaded, so that a load finds them ready. The pool
+// itself is not started here: as with ExecuTorch's backend, a load under a NoThreadPoolGuard,
+// or no load at all, starts no thread.
+__attribute__((visibility("hidden"))) void xnnblob_et_pool_look_up() {
+#if defined(ET_USE_THREADPOOL)
+  (void)et_pthreadpool();
+#endif
+}
+
 // Operator calls run on ExecuTorch's pool so far, and on the calling thread for want of one
 // (a runtime created under a NoThreadPoolGuard has no pool at all: its calls are in neither).
 __attribute__((visibility("hidden"))) void xnnblob_et_pool_runs(uint64_t* on_pool,
