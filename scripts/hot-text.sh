@@ -28,14 +28,20 @@
 # on, the microkernels XNNPACK picks there stay where they lie, which costs a few 64 KiB windows
 # and nothing else.
 #
-# Needs valgrind, gdb (without it, the native pass is skipped) and an exported program with its
-# io.json (default: the bench's decoder, `scripts/export-executorch-fixtures.sh --bench`).
-# Usage: scripts/hot-text.sh [PROGRAM.pte]
+# Needs valgrind, gdb (without it, the native pass is skipped) and exported programs with their
+# io.json, and their .ptd where they have one (default: the bench's decoder,
+# `scripts/export-executorch-fixtures.sh --bench`). Several programs are launched in one process,
+# in the order given, so the first one's functions come first: the decoder, then programs whose
+# weights lie in a .ptd (tests/data/executorch/export), whose constants, convolutions and packing
+# a decoder does not run.
+# Usage: scripts/hot-text.sh [PROGRAM.pte...]
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-pte=${1:-$HOME/.cache/xnnblob/bench-exports/bench_llama_8da4w.pte}
-io=${pte%.pte}.io.json
-[ -f "$pte" ] && [ -f "$io" ] || { echo "hot-text: need $pte and $io" >&2; exit 1; }
+[ $# -gt 0 ] || set -- "$HOME/.cache/xnnblob/bench-exports/bench_llama_8da4w.pte"
+for pte in "$@"; do
+  [ -f "$pte" ] && [ -f "${pte%.pte}.io.json" ] ||
+    { echo "hot-text: need $pte and ${pte%.pte}.io.json" >&2; exit 1; }
+done
 command -v valgrind > /dev/null || { echo "hot-text: needs valgrind" >&2; exit 1; }
 script=$root/faces/executorch/hot-text.ld
 work=$(mktemp -d /tmp/xnnblob-hot-text.XXXXXX)
@@ -47,16 +53,24 @@ printf 'SECTIONS {\n  .text : {\n  }\n} INSERT AFTER .init;\n' > "$script"
 (cd "$root" && cargo build --release -p xnnblob-executorch)
 runner=$root/target/release/xnnblob-et-run
 
-inputs=()
-n=$(python3 -c "import json,sys; print(len(json.load(open(sys.argv[1]))['steps'][0]['inputs']))" "$io")
-for ((i = 0; i < n; i++)); do
-  inputs+=(--input "${pte%.pte}.s{step}.in$i.bin")
+# Each program with its data and its inputs; one with a single step recorded runs it twice.
+programs=()
+for pte in "$@"; do
+  programs+=("$pte")
+  [ -f "${pte%.pte}.ptd" ] && programs+=(--data "${pte%.pte}.ptd")
+  read -r n steps < <(python3 -c "import json,sys; s=json.load(open(sys.argv[1]))['steps']
+print(len(s[0]['inputs']), len(s))" "${pte%.pte}.io.json")
+  step='{step}'
+  [ "$steps" -gt 1 ] || step=0
+  for ((i = 0; i < n; i++)); do
+    programs+=(--input "${pte%.pte}.s$step.in$i.bin")
+  done
 done
 # The first launch packs (valgrind's CPU is its own, so it finds no cache of this machine's);
 # the second finds everything packed.
 for launch in cold warm; do
   valgrind --tool=callgrind --demangle=no --callgrind-out-file="$work/$launch.out" \
-    "$runner" "$pte" "${inputs[@]}" --steps 2 --load-mode mmap --backend xnnblob \
+    "$runner" "${programs[@]}" --steps 2 --load-mode mmap --backend xnnblob \
     --cache "$work/cache" > "$work/$launch.log" 2>&1 ||
     { cat "$work/$launch.log" >&2; exit 1; }
 done
@@ -93,7 +107,7 @@ if code.type.code == gdb.TYPE_CODE_VOID or int(code) != 0:
     raise gdb.GdbError("the launch under gdb did not exit cleanly")
 open("$work/native.txt", "w").write("".join(k + "\\n" for k in ran))
 PY
-  gdb -batch -nx -x "$work/kernels.py" --args "$runner" "$pte" "${inputs[@]}" --steps 2 \
+  gdb -batch -nx -x "$work/kernels.py" --args "$runner" "${programs[@]}" --steps 2 \
     --load-mode mmap --backend xnnblob --cache "$work/native-cache" > "$work/native.log" 2>&1 &&
     [ -s "$work/native.txt" ] || { cat "$work/native.log" >&2; exit 1; }
   echo "hot-text: $(wc -l < "$work/native.txt") of XNNPACK's functions ran natively"
