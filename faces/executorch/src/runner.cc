@@ -337,6 +337,13 @@ long status_kib(const char* field) {
 
 long peak_rss_kib() { return status_kib("VmHWM"); }
 
+// This thread's CPU time, to the scheduler's precision (getrusage's is the tick's).
+double thread_cpu_ms() {
+  timespec t{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) * 1e3 + static_cast<double>(t.tv_nsec) / 1e6;
+}
+
 double ms_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count();
 }
@@ -397,6 +404,7 @@ struct Launch {
   long load_rss_file_kib = 0;
   long load_minor_faults = 0;  // page faults served from memory during the load (code, data)
   long first_execute_minor_faults = 0;  // the same, during the first execute
+  double load_cpu_ms = 0;  // the loading thread's CPU time in the load (the rest it waited)
   int load_unnamed_threads = 0;  // right after the load: ExecuTorch's pool's workers, if started
   std::vector<std::vector<Output>> steps;  // per step (per call made), per output
   bool share_arenas = false;
@@ -474,6 +482,7 @@ Launch launch(const Options& o, const Program& p, std::unique_ptr<Module>& keep)
   auto io_before = proc_io();
   struct rusage usage_before {};
   getrusage(RUSAGE_THREAD, &usage_before);
+  const double cpu_before = thread_cpu_ms();
   auto started = std::chrono::steady_clock::now();
   auto mode = o.mmap ? Module::LoadMode::Mmap : Module::LoadMode::File;
   // Methods called in sequence share ExecuTorch's arenas (mem_id 1, activations, and 2, the
@@ -516,6 +525,7 @@ Launch launch(const Options& o, const Program& p, std::unique_ptr<Module>& keep)
   struct rusage usage_after {};
   getrusage(RUSAGE_THREAD, &usage_after);
   r.load_minor_faults = usage_after.ru_minflt - usage_before.ru_minflt;
+  r.load_cpu_ms = thread_cpu_ms() - cpu_before;
   auto io_after = proc_io();
   r.load_rchar = io_after["rchar"] - io_before["rchar"];
   r.load_read_bytes = io_after["read_bytes"] - io_before["read_bytes"];
@@ -599,6 +609,7 @@ void report(const Options& o, size_t p, const Launch& r) {
   std::printf("%sload_rchar=%llu\n", prefix.c_str(), r.load_rchar);
   std::printf("%sload_read_bytes=%llu\n", prefix.c_str(), r.load_read_bytes);
   std::printf("%sload_minor_faults=%ld\n", prefix.c_str(), r.load_minor_faults);
+  std::printf("%sload_cpu_ms=%.3f\n", prefix.c_str(), r.load_cpu_ms);
   std::printf("%sfirst_execute_minor_faults=%ld\n", prefix.c_str(), r.first_execute_minor_faults);
   std::printf("%sload_rss_anon_kib=%ld\n", prefix.c_str(), r.load_rss_anon_kib);
   std::printf("%sload_rss_file_kib=%ld\n", prefix.c_str(), r.load_rss_file_kib);
