@@ -1,7 +1,13 @@
 //! A delegate's constant identities, kept in the packed-weight cache beside the weights they
-//! find: a warm launch reads them back by the payload's hash instead of describing every
-//! constant and the nodes that pack it again (what [`super::weight_identities`]'s `plan` does, by far the
+//! find: a warm launch reads them back by its payload instead of describing every constant and
+//! the nodes that pack it again (what [`super::weight_identities`]'s `plan` does, by far the
 //! largest part of registering a small model's weights).
+//!
+//! The record holds the payload it was made for, and is found under the payload's length and
+//! XXH3-128: a launch compares the bytes it was given with the record's, where a sha256 of the
+//! payload would be read at every launch for the same certainty (a payload is tens of KiB; on a
+//! CPU without SHA extensions its sha256 was a fifth of a small model's warm init). A record
+//! of another payload that the fast hash confuses with this one is found, compared, and ignored.
 //!
 //! The identities are a function of the payload (its graph, and the bytes of its inline
 //! constants), of the content keys its constants are named by, and of whether fp16 is computed
@@ -22,8 +28,9 @@ use super::weight_identities::{KeyCheck, Planned};
 use crate::cache::{BlobId, Description, PackedWeightsCache};
 use crate::schema::xnn as fb;
 
-/// The record's first bytes; the last is its version.
-const MAGIC: [u8; 8] = *b"XBIDS\0\0\x01";
+/// The record's first bytes; the last is its version. Then the payload's length (8 bytes, little
+/// endian) and the payload, then one record per constant value.
+const MAGIC: [u8; 8] = *b"XBIDS\0\0\x02";
 
 /// Bytes per constant value: its state, then its identity.
 const RECORD: usize = 1 + 32;
@@ -33,15 +40,17 @@ const NOT_REGISTERED: u8 = 0;
 const REGISTERED: u8 = 1;
 const AMBIGUOUS: u8 = 2;
 
-/// Where a delegate's identities are kept: under the hash of its payload, one record per
-/// constant value.
-pub(super) struct Remembered {
+/// Where a delegate's identities are kept: under its payload's length and fast hash, with the
+/// payload, one record per constant value.
+pub(super) struct Remembered<'p> {
     content: BlobId,
+    /// The payload the identities are of, kept in the record and compared with it.
+    payload: &'p [u8],
     /// Each constant value's index in the payload, ascending.
     constants: Vec<usize>,
 }
 
-impl Remembered {
+impl<'p> Remembered<'p> {
     /// Where the identities of the delegate of `payload` are kept, if nothing outside it decides
     /// them (see the module's description). Asks `check` of each content key, as describing
     /// them would: a data file met for the first time is checked here.
@@ -50,8 +59,8 @@ impl Remembered {
         values: &[fb::XValue<'_>],
         keep: &Loaded,
         check: &mut KeyCheck<'_>,
-        payload: &[u8],
-    ) -> Result<Option<Remembered>, DelegateError> {
+        payload: &'p [u8],
+    ) -> Result<Option<Remembered<'p>>, DelegateError> {
         // Entry 0 stands for no constant; an empty key is data inline in the payload.
         let entries = graph.constant_data().map_or(0, |c| c.len());
         for index in 1..entries {
@@ -73,14 +82,20 @@ impl Remembered {
         let mut how = Description::new();
         how.number("delegate_identities", u64::from(MAGIC[7]));
         how.number("fp16_as_fp32", u64::from(keep.fp16_as_fp32));
+        how.number("payload_len", payload.len() as u64);
+        how.bytes(
+            "payload_xxh3_128",
+            &xxhash_rust::xxh3::xxh3_128(payload).to_le_bytes(),
+        );
         Ok(Some(Remembered {
-            content: BlobId::described(BlobId::of_bytes(payload), &how),
+            content: BlobId::described(BlobId::NONE, &how),
+            payload,
             constants,
         }))
     }
 
     fn len(&self) -> usize {
-        MAGIC.len() + RECORD * self.constants.len()
+        MAGIC.len() + 8 + self.payload.len() + RECORD * self.constants.len()
     }
 
     /// The identities kept for this payload, if the cache keeps a record of them that reads as
@@ -94,7 +109,7 @@ impl Remembered {
         // Checked at each read (a few bytes): damaged identities would have this launch look
         // its weights up under the wrong names, and pack them under those.
         let kept = cache.kept_constant_checked(self.content, self.len())?;
-        let records = read_records(kept.data(), self.constants.len())?;
+        let records = read_records(kept.data(), self.payload, self.constants.len())?;
         let mut planned = Vec::with_capacity(records.len());
         for (&value, record) in self.constants.iter().zip(records) {
             let Some((id, ambiguous)) = record else {
@@ -115,6 +130,8 @@ impl Remembered {
     pub(super) fn keep(&self, cache: &PackedWeightsCache, planned: &[Planned]) {
         let mut bytes = Vec::with_capacity(self.len());
         bytes.extend_from_slice(&MAGIC);
+        bytes.extend_from_slice(&(self.payload.len() as u64).to_le_bytes());
+        bytes.extend_from_slice(self.payload);
         let mut next = planned.iter().peekable();
         for &value in &self.constants {
             match next.next_if(|p| p.value == value) {
@@ -136,9 +153,15 @@ impl Remembered {
 }
 
 /// The `count` records of `bytes` (each constant value's identity and whether it is ambiguous,
-/// or None where it is not registered), if `bytes` reads as a record of that many.
-fn read_records(bytes: &[u8], count: usize) -> Option<Vec<Option<(BlobId, bool)>>> {
-    let records = bytes.strip_prefix(&MAGIC[..])?;
+/// or None where it is not registered), if `bytes` reads as a record of that many made for
+/// `payload`.
+fn read_records(bytes: &[u8], payload: &[u8], count: usize) -> Option<Vec<Option<(BlobId, bool)>>> {
+    let rest = bytes.strip_prefix(&MAGIC[..])?;
+    let (len, rest) = rest.split_first_chunk::<8>()?;
+    if u64::from_le_bytes(*len) != payload.len() as u64 {
+        return None;
+    }
+    let records = rest.strip_prefix(payload)?;
     if records.len() != RECORD * count {
         return None;
     }
@@ -161,8 +184,12 @@ fn read_records(bytes: &[u8], count: usize) -> Option<Vec<Option<(BlobId, bool)>
 mod tests {
     use super::*;
 
+    const PAYLOAD: &[u8] = b"XH00 a payload";
+
     fn record(states: &[u8]) -> Vec<u8> {
         let mut bytes = MAGIC.to_vec();
+        bytes.extend_from_slice(&(PAYLOAD.len() as u64).to_le_bytes());
+        bytes.extend_from_slice(PAYLOAD);
         for (i, &state) in states.iter().enumerate() {
             bytes.push(state);
             bytes.extend_from_slice(&[i as u8; 32]);
@@ -172,35 +199,45 @@ mod tests {
 
     #[test]
     fn a_record_reads_back_what_it_holds() {
-        let read = read_records(&record(&[1, 0, 2]), 3).unwrap();
+        let read = read_records(&record(&[1, 0, 2]), PAYLOAD, 3).unwrap();
         assert_eq!(read[0], Some((BlobId([0; 32]), false)));
         assert_eq!(read[1], None);
         assert_eq!(read[2], Some((BlobId([2; 32]), true)));
-        assert_eq!(read_records(&record(&[]), 0).unwrap(), vec![]);
+        assert_eq!(read_records(&record(&[]), PAYLOAD, 0).unwrap(), vec![]);
     }
 
     #[test]
     fn anything_else_reads_as_no_record() {
-        assert!(
-            read_records(&record(&[1, 3]), 2).is_none(),
-            "an unknown state"
-        );
-        assert!(read_records(&record(&[1, 1]), 3).is_none(), "too few");
-        assert!(read_records(&record(&[1, 1]), 1).is_none(), "too many");
+        let read = |bytes: &[u8], count| read_records(bytes, PAYLOAD, count);
+        assert!(read(&record(&[1, 3]), 2).is_none(), "an unknown state");
+        assert!(read(&record(&[1, 1]), 3).is_none(), "too few");
+        assert!(read(&record(&[1, 1]), 1).is_none(), "too many");
         let mut other = record(&[1]);
-        other[7] = 2;
-        assert!(read_records(&other, 1).is_none(), "another version");
-        assert!(read_records(&[], 0).is_none(), "no magic");
-        // Every cut and every byte value at every place: never a panic.
+        other[7] = 1;
+        assert!(read(&other, 1).is_none(), "another version");
+        assert!(read(&[], 0).is_none(), "no magic");
+        assert!(
+            read_records(&record(&[1]), b"XH00 a pAyload", 1).is_none(),
+            "another payload of the same length"
+        );
+        assert!(
+            read_records(&record(&[1]), b"XH00 a payload!", 1).is_none(),
+            "a longer payload"
+        );
+        // Every cut and every byte value at every place: never a panic, and a record whose
+        // length or payload was touched never reads.
         let whole = record(&[1, 0, 2]);
         for cut in 0..whole.len() {
-            let _ = read_records(&whole[..cut], 3);
+            assert!(read(&whole[..cut], 3).is_none());
         }
         for at in 0..whole.len() {
             for value in [0u8, 1, 2, 3, 0x58, 0xff] {
                 let mut bytes = whole.clone();
                 bytes[at] = value;
-                let _ = read_records(&bytes, 3);
+                let read = read(&bytes, 3);
+                if (8..16 + PAYLOAD.len()).contains(&at) && bytes[at] != whole[at] {
+                    assert!(read.is_none(), "byte {at} set to {value}");
+                }
             }
         }
     }

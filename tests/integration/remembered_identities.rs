@@ -11,8 +11,9 @@ use std::path::{Path, PathBuf};
 use xnnblob::cache::CacheStats;
 use xnnblob::cache::format::{self, Compat};
 
-/// The record's first bytes (`src/delegate/remembered.rs`).
-const RECORD_MAGIC: &[u8] = b"XBIDS\0\0\x01";
+/// The record's first bytes (`src/delegate/remembered.rs`); the payload's length and the
+/// payload follow, then the records.
+const RECORD_MAGIC: &[u8] = b"XBIDS\0\0\x02";
 
 /// One launch of `pte` with the cache file `cache`, if any: its output, and what the cache did.
 fn launch(pte: &Path, ptd: &Path, cache: Option<&Path>) -> (Vec<f32>, Option<CacheStats>) {
@@ -28,8 +29,8 @@ fn compat() -> Compat {
 }
 
 /// Edits the record's bytes in the file at `path` with `edit` (given the records after the
-/// magic), then recomputes every checksum: consistent, and lying. Returns whether the file
-/// holds a record.
+/// magic and the payload), then recomputes every checksum: consistent, and lying. Returns
+/// whether the file holds a record.
 fn craft_record(path: &Path, edit: impl FnOnce(&mut [u8])) -> bool {
     edit_record(path, edit, true)
 }
@@ -45,10 +46,31 @@ fn edit_record(path: &Path, edit: impl FnOnce(&mut [u8]), recompute: bool) -> bo
         return false;
     };
     let (at, len) = (record.offset as usize, record.size as usize);
-    edit(&mut bytes[at + RECORD_MAGIC.len()..at + len]);
+    let payload_at = at + RECORD_MAGIC.len() + 8;
+    let payload_len = u64::from_le_bytes(bytes[payload_at - 8..payload_at].try_into().unwrap());
+    edit(&mut bytes[payload_at + payload_len as usize..at + len]);
     if recompute {
         bytes = format::reindexed(&bytes, &decoded.entries, &decoded.sources).unwrap();
     }
+    std::fs::write(path, bytes).unwrap();
+    true
+}
+
+/// Flips a byte of the payload the record holds, in the file at `path`, with every checksum
+/// recomputed: a record made for another payload of the same length. Returns whether the file
+/// holds a record.
+fn craft_payload_copy(path: &Path) -> bool {
+    let mut bytes = std::fs::read(path).unwrap();
+    let decoded = format::decode(&bytes, &compat()).unwrap();
+    let Some(record) = decoded.entries.iter().find(|e| {
+        let (at, len) = (e.offset as usize, e.size as usize);
+        e.key.keeps_constant() && bytes[at..at + len].starts_with(RECORD_MAGIC)
+    }) else {
+        return false;
+    };
+    let payload_at = record.offset as usize + RECORD_MAGIC.len() + 8;
+    bytes[payload_at + 8] ^= 0x01;
+    let bytes = format::reindexed(&bytes, &decoded.entries, &decoded.sources).unwrap();
     std::fs::write(path, bytes).unwrap();
     true
 }
@@ -99,6 +121,38 @@ fn a_record_that_does_not_read_as_one_is_described_again() {
     warm_finds_every_weight(&chain, "described again");
 }
 
+/// Trades the identities of the first and third registered constant values of the chain's
+/// records (per layer a weight and a bias: two weights). Each record is a state byte and a
+/// 32-byte identity.
+fn swap_two_weights(records: &mut [u8]) {
+    let registered: Vec<usize> = (0..records.len() / 33)
+        .filter(|&r| records[r * 33] == 1)
+        .collect();
+    let [a, _, b, ..] = registered[..] else {
+        panic!("the record names at least two weights");
+    };
+    let (a, b) = (a * 33 + 1, b * 33 + 1);
+    let first: Vec<u8> = records[a..a + 32].to_vec();
+    records.copy_within(b..b + 32, a);
+    records[b..b + 32].copy_from_slice(&first);
+}
+
+#[test]
+fn a_record_of_another_payload_is_never_acted_on() {
+    let dir = common::scratch("identities-other-payload");
+    let chain = packed_chain(&dir);
+    // A record that lies (two weights' identities traded: acted on, it misplaces them and they
+    // are packed again), found under this payload's length and hash with its checksums right,
+    // but made for other bytes: compared, it is never acted on.
+    assert!(craft_record(&chain.2, swap_two_weights));
+    assert!(craft_payload_copy(&chain.2));
+    let stats = warm_finds_every_weight(&chain, "compared with the payload, described again");
+    assert_eq!(
+        stats.corrupt_found, 0,
+        "consistent, only not this payload's: {stats:?}"
+    );
+}
+
 #[test]
 fn a_damaged_record_is_never_acted_on() {
     let dir = common::scratch("identities-damaged");
@@ -115,20 +169,7 @@ fn a_record_that_swaps_two_weights_finds_neither_in_the_wrong_place() {
     let (pte, ptd, path, reference) = packed_chain(&dir);
     // Each constant value's record: a state byte and a 32-byte identity. The chain's values
     // are, per layer, a weight and a bias; the first two registered weights trade identities.
-    let mut swapped = false;
-    assert!(craft_record(&path, |records| {
-        let registered: Vec<usize> = (0..records.len() / 33)
-            .filter(|&r| records[r * 33] == 1)
-            .collect();
-        if let [a, _, b, ..] = registered[..] {
-            let (a, b) = (a * 33 + 1, b * 33 + 1);
-            let first: Vec<u8> = records[a..a + 32].to_vec();
-            records.copy_within(b..b + 32, a);
-            records[b..b + 32].copy_from_slice(&first);
-            swapped = true;
-        }
-    }));
-    assert!(swapped, "the record names at least two weights");
+    assert!(craft_record(&path, swap_two_weights));
     let (lied_to, stats) = launch(&pte, &ptd, Some(&path));
     let stats = stats.unwrap();
     assert_eq!(
