@@ -37,6 +37,20 @@ fn craft_record(path: &Path, edit: impl FnOnce(&mut [u8])) -> bool {
 
 /// As [`craft_record`], with the checksums recomputed or left as they were (damage).
 fn edit_record(path: &Path, edit: impl FnOnce(&mut [u8]), recompute: bool) -> bool {
+    edit_record_part(path, |_payload, records| edit(records), recompute)
+}
+
+/// Flips a byte of the payload the record holds, in the file at `path`, with every checksum
+/// recomputed: a record made for another payload of the same length. Returns whether the file
+/// holds a record.
+fn craft_payload_copy(path: &Path) -> bool {
+    edit_record_part(path, |payload, _| payload[8] ^= 0x01, true)
+}
+
+/// Edits the record in the file at `path` with `edit`, given the payload it holds and its
+/// records, then recomputes every checksum or leaves them as they were. Returns whether the
+/// file holds a record.
+fn edit_record_part(path: &Path, edit: impl FnOnce(&mut [u8], &mut [u8]), recompute: bool) -> bool {
     let mut bytes = std::fs::read(path).unwrap();
     let decoded = format::decode(&bytes, &compat()).unwrap();
     let Some(record) = decoded.entries.iter().find(|e| {
@@ -48,29 +62,11 @@ fn edit_record(path: &Path, edit: impl FnOnce(&mut [u8]), recompute: bool) -> bo
     let (at, len) = (record.offset as usize, record.size as usize);
     let payload_at = at + RECORD_MAGIC.len() + 8;
     let payload_len = u64::from_le_bytes(bytes[payload_at - 8..payload_at].try_into().unwrap());
-    edit(&mut bytes[payload_at + payload_len as usize..at + len]);
+    let (payload, records) = bytes[payload_at..at + len].split_at_mut(payload_len as usize);
+    edit(payload, records);
     if recompute {
         bytes = format::reindexed(&bytes, &decoded.entries, &decoded.sources).unwrap();
     }
-    std::fs::write(path, bytes).unwrap();
-    true
-}
-
-/// Flips a byte of the payload the record holds, in the file at `path`, with every checksum
-/// recomputed: a record made for another payload of the same length. Returns whether the file
-/// holds a record.
-fn craft_payload_copy(path: &Path) -> bool {
-    let mut bytes = std::fs::read(path).unwrap();
-    let decoded = format::decode(&bytes, &compat()).unwrap();
-    let Some(record) = decoded.entries.iter().find(|e| {
-        let (at, len) = (e.offset as usize, e.size as usize);
-        e.key.keeps_constant() && bytes[at..at + len].starts_with(RECORD_MAGIC)
-    }) else {
-        return false;
-    };
-    let payload_at = record.offset as usize + RECORD_MAGIC.len() + 8;
-    bytes[payload_at + 8] ^= 0x01;
-    let bytes = format::reindexed(&bytes, &decoded.entries, &decoded.sources).unwrap();
     std::fs::write(path, bytes).unwrap();
     true
 }
