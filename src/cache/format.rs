@@ -19,15 +19,18 @@ pub const MAGIC: [u8; 8] = *b"XBPWCAC\x01";
 /// The last 8 bytes of a complete cache file; their absence means a torn or truncated file.
 pub const END_MAGIC: [u8; 8] = *b"XBPWEND\x01";
 /// Bump on any change of layout or meaning; older or newer files are rebuilt.
-pub const FORMAT_VERSION: u32 = 4;
+pub const FORMAT_VERSION: u32 = 5;
 /// Packed regions start at multiples of this (XNNPACK's largest SIMD alignment).
 pub const REGION_ALIGNMENT: usize = 64;
 /// The seed of an entry that holds a constant's own bytes, not packed weights: one XNNPACK
 /// reads at every launch (a bias, a scale), kept so that a warm launch in a host whose data map
 /// costs a system call per constant (ExecuTorch's) reads it from the cache file instead. Its
-/// kernel is [`BlobId::kept_constant`](super::BlobId::kept_constant) of the constant's content,
-/// its bias none; no look-up of XNNPACK's finds it.
+/// kernel is the constant's content identity, its bias [`KEPT_CONSTANT_BIAS`].
 pub const KEPT_CONSTANT_SEED: u32 = 0x6b65_7074;
+/// The bias of an entry that keeps a constant: no registered bias has this identity (every one
+/// is a sha256, of bytes or of a description), so no look-up of XNNPACK's finds the entry and
+/// no packed weight is found by it, without hashing anything at each launch.
+pub const KEPT_CONSTANT_BIAS: BlobId = BlobId(*b"xnnblob: a kept constant, no sha");
 /// The most bytes of the XNNPACK build identifier the header holds; longer identifiers are
 /// truncated to this many, both when written and when compared.
 pub const MAX_BUILD_ID: usize = 64;
@@ -97,7 +100,7 @@ impl EntryKey {
     /// Whether the entry keeps a constant's own bytes rather than packed weights (see
     /// [`KEPT_CONSTANT_SEED`]).
     pub fn keeps_constant(&self) -> bool {
-        self.seed == KEPT_CONSTANT_SEED && self.bias.is_none()
+        self.seed == KEPT_CONSTANT_SEED && self.bias == KEPT_CONSTANT_BIAS
     }
 }
 

@@ -117,16 +117,6 @@ impl BlobId {
         BlobId(finish(h))
     }
 
-    /// The kernel identity of the entry that keeps the constant `content` itself, unpacked (see
-    /// [`KEPT_CONSTANT_SEED`](super::format::KEPT_CONSTANT_SEED)). Hashed under a prefix of its
-    /// own, it is the identity of no packed weight.
-    pub fn kept_constant(content: BlobId) -> BlobId {
-        let mut h = Sha256::new();
-        h.update(b"xnnblob-kept-constant");
-        h.update(content.0);
-        BlobId(finish(h))
-    }
-
     /// True for [`BlobId::NONE`], the identity that stands for no blob (a null bias).
     pub fn is_none(&self) -> bool {
         *self == BlobId::NONE

@@ -25,7 +25,7 @@ use super::constants::Loaded;
 use super::error::DelegateError;
 use super::graph::{constant_index, named_key, tensor_of};
 use super::weight_identities::{KeyCheck, Planned};
-use crate::cache::{BlobId, Description, PackedWeightsCache};
+use crate::cache::{BlobId, PackedWeightsCache};
 use crate::schema::xnn as fb;
 
 /// The record's first bytes; the last is its version. Then the payload's length (8 bytes, little
@@ -79,16 +79,8 @@ impl<'p> Remembered<'p> {
                 constants.push(i);
             }
         }
-        let mut how = Description::new();
-        how.number("delegate_identities", u64::from(MAGIC[7]));
-        how.number("fp16_as_fp32", u64::from(keep.fp16_as_fp32));
-        how.number("payload_len", payload.len() as u64);
-        how.bytes(
-            "payload_xxh3_128",
-            &xxhash_rust::xxh3::xxh3_128(payload).to_le_bytes(),
-        );
         Ok(Some(Remembered {
-            content: BlobId::described(BlobId::NONE, &how),
+            content: record_key(payload, keep.fp16_as_fp32),
             payload,
             constants,
         }))
@@ -150,6 +142,20 @@ impl<'p> Remembered<'p> {
             cache.keep_constant(self.content, &bytes);
         }
     }
+}
+
+/// The content identity a record of `payload`'s identities is kept under: the payload's XXH3-128
+/// and length, the record's version and whether fp16 is computed as fp32, as they are (no
+/// sha256 at each launch). It is the identity of no constant: those are sha256s, and this one
+/// ends in bytes of its own.
+fn record_key(payload: &[u8], fp16_as_fp32: bool) -> BlobId {
+    let mut id = [0u8; 32];
+    id[..16].copy_from_slice(&xxhash_rust::xxh3::xxh3_128(payload).to_le_bytes());
+    id[16..24].copy_from_slice(&(payload.len() as u64).to_le_bytes());
+    id[24..30].copy_from_slice(b"XBIDS\0");
+    id[30] = MAGIC[7];
+    id[31] = u8::from(fp16_as_fp32);
+    BlobId(id)
 }
 
 /// The `count` records of `bytes` (each constant value's identity and whether it is ambiguous,

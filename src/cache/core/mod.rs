@@ -9,7 +9,9 @@ mod provider;
 mod registry;
 
 use super::checksum::checksum64;
-use super::format::{EntryKey, FileEntry, KEPT_CONSTANT_SEED, REGION_ALIGNMENT};
+use super::format::{
+    EntryKey, FileEntry, KEPT_CONSTANT_BIAS, KEPT_CONSTANT_SEED, REGION_ALIGNMENT,
+};
 use super::identity::BlobId;
 use super::packing_file::{DraftFile, Space};
 use crate::aligned::AlignedBytes;
@@ -351,8 +353,8 @@ impl CacheCore {
     /// The key of the entry that keeps the constant `content` (see [`KEPT_CONSTANT_SEED`]).
     fn kept_key(content: BlobId) -> EntryKey {
         EntryKey {
-            kernel: BlobId::kept_constant(content),
-            bias: BlobId::NONE,
+            kernel: content,
+            bias: KEPT_CONSTANT_BIAS,
             seed: KEPT_CONSTANT_SEED,
         }
     }
@@ -505,7 +507,8 @@ mod tests {
         assert!(core.kept_constant(content, 6).is_none(), "forgotten");
         // No look-up of XNNPACK's finds it: its key is no packed weight's.
         let key = CacheCore::kept_key(content);
-        assert_ne!(key.kernel, content);
-        assert_eq!(key.bias, BlobId::NONE);
+        assert!(key.keeps_constant());
+        assert_ne!(key.bias, BlobId::NONE);
+        assert_ne!(key.bias, BlobId::of_bytes(b"scales"));
     }
 }

@@ -68,8 +68,9 @@ fn another_cpu_fingerprint_forces_a_rebuild() {
 
 #[test]
 fn another_format_version_forces_a_rebuild() {
-    // Version 1 (the hand-made checksum), 2 (no last use) and a future version alike.
-    for version in [1, 2, format::FORMAT_VERSION + 1] {
+    // Version 1 (the hand-made checksum), 2 (no last use), 4 (kept constants under another
+    // key) and a future version alike.
+    for version in [1, 2, 4, format::FORMAT_VERSION + 1] {
         let dir = scratch(&format!("version{version}"));
         let path = dir.join("weights.xbc");
         let mlp = model();
