@@ -220,16 +220,16 @@ pub(crate) fn compile(
         let io = GraphIo::of(&p.graph);
         let known = Values::of(&p.graph);
         check_nodes(&known, &io)?;
-        let fp16_as_fp32 = super::fallback::computes_fp16_as_fp32(&p.graph)?;
+        let fp16_as_fp32 = super::fallback::computes_fp16_as_fp32(&known)?;
         // The operands XNNPACK reads only to pack: asked by three passes below.
         let packed = super::operators::packed_operands(&p.graph);
         let converted = if fp16_as_fp32 {
-            super::fallback::fp16_constants(&p.graph)?
+            super::fallback::fp16_constants(&known)?
         } else {
             FastMap::default()
         };
         let mut deferrable = match deferral {
-            Some(_) => deferrable_constants(&p.graph, &packed)?,
+            Some(_) => deferrable_constants(&known, &packed)?,
             None => FastMap::default(),
         };
         let mut check = match &k.cache {
@@ -247,7 +247,7 @@ pub(crate) fn compile(
             });
         }
         let constants = load_constants(
-            &p.graph,
+            &known,
             &payload_bytes,
             p.constant_data,
             p.header.constant_data_offset as usize,
@@ -259,7 +259,7 @@ pub(crate) fn compile(
                 packed: &packed,
             },
         )?;
-        let scales = load_scales(&p.graph, &constants)?;
+        let scales = load_scales(&known, &constants)?;
         let loaded = k.loaded.get_or_init(|| Loaded {
             constants,
             scales,
@@ -272,7 +272,7 @@ pub(crate) fn compile(
         let registrations = match (&k.cache, &mut check) {
             (Weights::Packed(cache), Some(check)) => {
                 let (registrations, private) = register_constants(
-                    &p.graph,
+                    &known,
                     loaded,
                     cache,
                     deferral.as_ref(),
@@ -294,11 +294,11 @@ pub(crate) fn compile(
             [] => Fusion::Allowed,
             _ => order().fusion_for(aliases, |input| folds.read_as(input), fp16_as_fp32)?,
         };
-        let (ids, twins) = define_values(&mut g, &p.graph, loaded, &folds)?;
+        let (ids, twins) = define_values(&mut g, &known, loaded, &folds)?;
         twins.define_inputs(&mut g)?;
         let read_as_is = super::operators::define_nodes(&mut g, &p.graph, &io, &ids, &folds.nodes)?;
         twins.define_outputs(&mut g)?;
-        pin_read_as_is(&p.graph, loaded, &read_as_is, deferral.as_ref())?;
+        pin_read_as_is(&known, loaded, &read_as_is, deferral.as_ref())?;
         let prepacked = match &k.cache {
             Weights::Packed(cache) if model.packs_ahead() => {
                 let (started, before) = (std::time::Instant::now(), pool_start.get());

@@ -3,7 +3,7 @@
 //! scales quantized values borrow from them.
 
 use super::error::DelegateError;
-use super::graph::{constant_index, datatype, dims_of, tensor_of};
+use super::graph::{Values, constant_index, datatype, dims_of};
 use crate::backend::ModelContext;
 use crate::cache::BlobId;
 use crate::deferred::{DeferredData, Fill};
@@ -314,9 +314,10 @@ impl Loaded {
 /// pack them, and not the scales of a quantized value.
 /// `packed`: the graph's [`packed_operands`](super::operators::packed_operands).
 pub(super) fn deferrable_constants(
-    graph: &fb::XNNGraph<'_>,
+    values: &Values<'_>,
     packed: &FastSet<u32>,
 ) -> Result<FastMap<usize, usize>, DelegateError> {
+    let graph = values.graph();
     let mut deferrable = FastMap::default();
     let mut scales = Vec::new();
     let mut blockwise_scales = Vec::new();
@@ -328,8 +329,8 @@ pub(super) fn deferrable_constants(
             .unwrap_or("");
         BlobId::from_named_key(key).is_some()
     };
-    for (i, v) in graph.xvalues().iter().flatten().enumerate() {
-        let (t, q) = tensor_of(v, i)?;
+    for each in values.each() {
+        let (i, (t, q)) = each?;
         if let Some(q) = q {
             scales.extend(
                 q.quant_params_as_per_channel_quant()
@@ -386,12 +387,12 @@ pub(super) fn deferrable_constants(
 /// cache: a warm launch finds their packing and never reads them. `packed`: the graph's
 /// [`packed_operands`](super::operators::packed_operands).
 pub(super) fn packed_constants(
-    graph: &fb::XNNGraph<'_>,
+    values: &Values<'_>,
     packed: &FastSet<u32>,
 ) -> Result<FastSet<usize>, DelegateError> {
     let mut out = FastSet::default();
-    for (i, v) in graph.xvalues().iter().flatten().enumerate() {
-        let (t, _) = tensor_of(v, i)?;
+    for each in values.each() {
+        let (_, (t, _)) = each?;
         if packed.contains(&t.id_out()) {
             out.insert(constant_index(&t));
         }
@@ -414,7 +415,7 @@ pub(super) struct Treatment<'a> {
 /// Loads every constant the graph refers to, through the shared data cache, treated as
 /// `treatment` says.
 pub(super) fn load_constants(
-    graph: &fb::XNNGraph<'_>,
+    values: &Values<'_>,
     payload: &DataBuffer,
     inline: &[u8],
     inline_offset: usize,
@@ -427,8 +428,9 @@ pub(super) fn load_constants(
         converted,
         packed,
     } = treatment;
+    let graph = values.graph();
     let shared = model.backend().shared_data();
-    let packed = packed_constants(graph, packed)?;
+    let packed = packed_constants(values, packed)?;
     // Where the map costs a system call per constant, the constants XNNPACK reads at every
     // launch are kept in the packed-weight cache's file and read there.
     let kept = match model.weights() {
@@ -451,7 +453,7 @@ pub(super) fn load_constants(
             })
     };
     let lengths = match kept {
-        Some(_) if read_as_they_are() => constant_lengths(graph)?,
+        Some(_) if read_as_they_are() => constant_lengths(values)?,
         _ => FastMap::default(),
     };
     // One entry per constant_data entry past index 0 (pushed one by one, the list doubled past
@@ -566,9 +568,7 @@ pub(super) fn load_constants(
 
 /// The byte length of each constant the graph reads as a tensor or as per-channel scales,
 /// where every use agrees on it (None where two disagree).
-fn constant_lengths(
-    graph: &fb::XNNGraph<'_>,
-) -> Result<FastMap<usize, Option<usize>>, DelegateError> {
+fn constant_lengths(values: &Values<'_>) -> Result<FastMap<usize, Option<usize>>, DelegateError> {
     let mut lengths: FastMap<usize, Option<usize>> = FastMap::default();
     let mut note = |index: usize, len: Option<usize>| {
         if index == 0 {
@@ -583,8 +583,8 @@ fn constant_lengths(
             })
             .or_insert(len);
     };
-    for (i, v) in graph.xvalues().iter().flatten().enumerate() {
-        let (t, q) = tensor_of(v, i)?;
+    for each in values.each() {
+        let (i, (t, q)) = each?;
         let dims = dims_of(&t);
         note(
             constant_index(&t),
@@ -685,7 +685,7 @@ pub(super) fn u16s(bytes: &[u8]) -> Vec<u16> {
 
 /// Finds each quantized value's scales in the payload or named data.
 pub(super) fn load_scales(
-    graph: &fb::XNNGraph<'_>,
+    values: &Values<'_>,
     constants: &Constants,
 ) -> Result<ByValue<Scales>, DelegateError> {
     let from_constant = |index: u32, value: usize| -> Result<&[u8], DelegateError> {
@@ -699,8 +699,8 @@ pub(super) fn load_scales(
     };
     // Pushed by ascending value index, so sorted as they come.
     let mut scales = Vec::new();
-    for (i, v) in graph.xvalues().iter().flatten().enumerate() {
-        let Some(q) = v.xvalue_union_as_xnnquantized_tensor_value() else {
+    for each in values.each() {
+        let (i, (_, Some(q))) = each? else {
             continue;
         };
         if let Some(p) = q.quant_params_as_per_channel_quant() {
@@ -767,13 +767,13 @@ pub(super) fn deferred_constant<'k>(
 /// Pins (reads in, for the runtime's lifetime) the placeholders of values some node reads as
 /// they are.
 pub(super) fn pin_read_as_is(
-    graph: &fb::XNNGraph<'_>,
+    values: &Values<'_>,
     loaded: &Loaded,
     read_as_is: &FastSet<u32>,
     deferral: Option<&Arc<dyn NamedDataMap>>,
 ) -> Result<(), DelegateError> {
-    for (i, v) in graph.xvalues().iter().flatten().enumerate() {
-        let (t, _) = tensor_of(v, i)?;
+    for each in values.each() {
+        let (i, (t, _)) = each?;
         if !read_as_is.contains(&t.id_out()) {
             continue;
         }

@@ -27,9 +27,8 @@
 
 use super::constants::Conversion;
 use super::error::{DelegateError, at};
-use super::graph::{constant_index, datatype, tensor_of};
+use super::graph::{Values, constant_index, datatype};
 use crate::fast_hash::FastMap;
-use crate::schema::xnn as fb;
 use crate::xnn::{Datatype, Subgraph};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -50,10 +49,10 @@ pub(super) fn count() {
 /// Whether `graph`'s fp16 values must be computed as fp32 here: it has an unquantized fp16
 /// value, and XNNPACK has no fp16 GEMM kernels on this CPU (asked once per process, and only for
 /// graphs with fp16 values).
-pub(super) fn computes_fp16_as_fp32(graph: &fb::XNNGraph<'_>) -> Result<bool, DelegateError> {
+pub(super) fn computes_fp16_as_fp32(values: &Values<'_>) -> Result<bool, DelegateError> {
     let mut has_fp16 = false;
-    for (i, v) in graph.xvalues().iter().flatten().enumerate() {
-        let (t, q) = tensor_of(v, i)?;
+    for each in values.each() {
+        let (i, (t, q)) = each?;
         has_fp16 |= q.is_none() && datatype(t.datatype(), i)? == Datatype::Fp16;
     }
     if !has_fp16 {
@@ -66,11 +65,11 @@ pub(super) fn computes_fp16_as_fp32(graph: &fb::XNNGraph<'_>) -> Result<bool, De
 /// The constants (by constant_data index) of fp16 values, with the conversion XNNPACK is given
 /// them through.
 pub(super) fn fp16_constants(
-    graph: &fb::XNNGraph<'_>,
+    values: &Values<'_>,
 ) -> Result<FastMap<usize, Conversion>, DelegateError> {
     let mut out = FastMap::default();
-    for (i, v) in graph.xvalues().iter().flatten().enumerate() {
-        let (t, _) = tensor_of(v, i)?;
+    for each in values.each() {
+        let (i, (t, _)) = each?;
         let index = constant_index(&t);
         if index != 0 && datatype(t.datatype(), i)? == Datatype::Fp16 {
             out.insert(index, Conversion::F16ToF32);

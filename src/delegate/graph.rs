@@ -31,17 +31,14 @@ pub(crate) fn datatype(raw: fb::XNNDatatype, value: usize) -> Result<Datatype, D
     })
 }
 
+/// A value's tensor part, and its quantization if any.
+pub(crate) type Tensor<'g> = (
+    fb::XNNTensorValue<'g>,
+    Option<fb::XNNQuantizedTensorValue<'g>>,
+);
+
 /// The tensor part of a value, and its quantization if any.
-pub(crate) fn tensor_of(
-    v: fb::XValue<'_>,
-    index: usize,
-) -> Result<
-    (
-        fb::XNNTensorValue<'_>,
-        Option<fb::XNNQuantizedTensorValue<'_>>,
-    ),
-    DelegateError,
-> {
+pub(crate) fn tensor_of(v: fb::XValue<'_>, index: usize) -> Result<Tensor<'_>, DelegateError> {
     if let Some(t) = v.xvalue_union_as_xnntensor_value() {
         return Ok((t, None));
     }
@@ -150,9 +147,9 @@ pub(super) struct Values<'g> {
     graph: fb::XNNGraph<'g>,
     /// By index: the value.
     raw: Vec<fb::XValue<'g>>,
-    /// By index: the value's tensor and whether it is quantized; None for a value of a kind
-    /// this delegate does not know.
-    tensors: Vec<Option<(fb::XNNTensorValue<'g>, bool)>>,
+    /// By index: the value's tensor and its quantization, read once for every pass; None for
+    /// a value of a kind this delegate does not know.
+    tensors: Vec<Option<Tensor<'g>>>,
     /// By payload id: the index of the last value that claims it.
     index: ById<usize>,
     /// Ids two values or more claim (no exporter writes such a graph).
@@ -164,10 +161,10 @@ pub(super) struct Values<'g> {
 impl<'g> Values<'g> {
     pub(super) fn of(graph: &fb::XNNGraph<'g>) -> Values<'g> {
         let raw: Vec<fb::XValue<'g>> = graph.xvalues().iter().flatten().collect();
-        let tensors: Vec<Option<(fb::XNNTensorValue<'g>, bool)>> = raw
+        let tensors: Vec<Option<Tensor<'g>>> = raw
             .iter()
             .enumerate()
-            .map(|(i, &v)| tensor_of(v, i).ok().map(|(t, q)| (t, q.is_some())))
+            .map(|(i, &v)| tensor_of(v, i).ok())
             .collect();
         let largest = tensors
             .iter()
@@ -212,6 +209,28 @@ impl<'g> Values<'g> {
             .filter_map(|(i, t)| Some((i, t.as_ref()?.0)))
     }
 
+    /// How many values the graph has.
+    pub(super) fn len(&self) -> usize {
+        self.raw.len()
+    }
+
+    /// The tensor and quantization of the value at index `i`, as [`tensor_of`] reads them (its
+    /// error for a value of a kind this delegate does not know).
+    pub(super) fn tensor_at(&self, i: usize) -> Result<Tensor<'g>, DelegateError> {
+        match self.tensors[i] {
+            Some(t) => Ok(t),
+            None => tensor_of(self.raw[i], i),
+        }
+    }
+
+    /// Every value's tensor and quantization with its index, in payload order, as
+    /// [`tensor_at`](Self::tensor_at) reads them.
+    pub(super) fn each(
+        &self,
+    ) -> impl Iterator<Item = Result<(usize, Tensor<'g>), DelegateError>> + '_ {
+        (0..self.len()).map(|i| Ok((i, self.tensor_at(i)?)))
+    }
+
     /// The index of the value that id `id` names (the last, where two claim it).
     pub(super) fn index_of(&self, id: u32) -> Option<usize> {
         self.index.get(id).copied()
@@ -227,12 +246,7 @@ impl<'g> Values<'g> {
     pub(super) fn plain_and_alone(&self, id: u32) -> bool {
         self.index_of(id)
             .and_then(|i| self.tensors[i])
-            .is_some_and(|(_, quantized)| !quantized)
+            .is_some_and(|(_, quantized)| quantized.is_none())
             && !self.claimed_twice.contains(&id)
-    }
-
-    /// The value at index `i`.
-    pub(super) fn value(&self, i: usize) -> fb::XValue<'g> {
-        self.raw[i]
     }
 }

@@ -19,7 +19,7 @@
 
 use super::constants::{Loaded, deferred_constant};
 use super::error::{DelegateError, at};
-use super::graph::{Values, dims_of, tensor_of};
+use super::graph::{Values, dims_of};
 use super::operators::{define_node, packing_operands};
 use super::values::{define_value, role_of};
 use crate::cache::{OwnedRegistration, PackedWeightsCache};
@@ -221,7 +221,7 @@ fn pack_one(
         .iter()
         .map(|&id| {
             let i = value(id)?;
-            let (t, _) = tensor_of(values.value(i), i)?;
+            let (t, _) = values.tensor_at(i)?;
             Ok(source_bytes(&t, i, loaded, cache, source))
         })
         .collect::<Result<Vec<_>, DelegateError>>()?;
@@ -229,14 +229,14 @@ fn pack_one(
     let mut ids = FastMap::default();
 
     let i = value(job.input)?;
-    let (t, q) = tensor_of(values.value(i), i)?;
+    let (t, q) = values.tensor_at(i)?;
     let dynamic = q.is_some_and(|q| q.quant_params_as_per_token_dynamic_quant().is_some());
     let input = if dynamic {
         // XNNPACK takes a dynamically quantized tensor only from a convert node.
         let x = g
             .define_tensor(Datatype::Fp32, &dims_of(&t), ValueRole::Input(0))
             .map_err(at(what("input")))?;
-        let quantized = define_value(&mut g, values.value(i), i, loaded, ValueRole::Internal)?;
+        let quantized = define_value(&mut g, (t, q), i, loaded, ValueRole::Internal)?;
         if job.qb4w_input {
             g.define_convert_for_qb4w_gemm(x, quantized)
         } else {
@@ -245,13 +245,14 @@ fn pack_one(
         .map_err(at(what("input conversion")))?;
         quantized
     } else {
-        define_value(&mut g, values.value(i), i, loaded, ValueRole::Input(0))?
+        define_value(&mut g, (t, q), i, loaded, ValueRole::Input(0))?
     };
     ids.insert(job.input, input);
 
     for (&id, read) in operands.iter().zip(&read) {
         let i = value(id)?;
-        let (t, _) = tensor_of(values.value(i), i)?;
+        let tensor = values.tensor_at(i)?;
+        let t = tensor.0;
         let role = match (role_of(&t, i, loaded)?, read) {
             (ValueRole::Deferred(_), Some((bytes, _))) => ValueRole::Static(bytes.data()),
             (role @ (ValueRole::Static(_) | ValueRole::Deferred(_)), _) => role,
@@ -262,11 +263,17 @@ fn pack_one(
                 )));
             }
         };
-        ids.insert(id, define_value(&mut g, values.value(i), i, loaded, role)?);
+        ids.insert(id, define_value(&mut g, tensor, i, loaded, role)?);
     }
 
     let o = value(job.output)?;
-    let output = define_value(&mut g, values.value(o), o, loaded, ValueRole::Output(1))?;
+    let output = define_value(
+        &mut g,
+        values.tensor_at(o)?,
+        o,
+        loaded,
+        ValueRole::Output(1),
+    )?;
     ids.insert(job.output, output);
 
     define_node(&mut g, job.index, &job.node, &ids, &FastSet::default())?;

@@ -23,7 +23,7 @@
 
 use super::constants::Loaded;
 use super::error::DelegateError;
-use super::graph::{constant_index, named_key, tensor_of};
+use super::graph::{Values, constant_index, named_key};
 use super::weight_identities::{KeyCheck, Planned};
 use crate::cache::{BlobId, PackedWeightsCache};
 use crate::schema::xnn as fb;
@@ -56,7 +56,7 @@ impl<'p> Remembered<'p> {
     /// them would: a data file met for the first time is checked here.
     pub(super) fn for_payload(
         graph: &fb::XNNGraph<'_>,
-        values: &[fb::XValue<'_>],
+        values: &Values<'_>,
         keep: &Loaded,
         check: &mut KeyCheck<'_>,
         payload: &'p [u8],
@@ -73,8 +73,8 @@ impl<'p> Remembered<'p> {
             }
         }
         let mut constants = Vec::new();
-        for (i, v) in values.iter().enumerate() {
-            let (t, _) = tensor_of(*v, i)?;
+        for each in values.each() {
+            let (i, (t, _)) = each?;
             if constant_index(&t) != 0 {
                 constants.push(i);
             }
@@ -95,7 +95,7 @@ impl<'p> Remembered<'p> {
     pub(super) fn recall(
         &self,
         cache: &PackedWeightsCache,
-        values: &[fb::XValue<'_>],
+        values: &Values<'_>,
         keep: &Loaded,
     ) -> Option<Vec<Planned>> {
         // Checked at each read (a few bytes): damaged identities would have this launch look
@@ -107,7 +107,7 @@ impl<'p> Remembered<'p> {
             let Some((id, ambiguous)) = record else {
                 continue;
             };
-            let (t, _) = tensor_of(values[value], value).ok()?;
+            let (t, _) = values.tensor_at(value).ok()?;
             keep.constants.get(constant_index(&t))?;
             planned.push(Planned {
                 value,

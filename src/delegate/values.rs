@@ -5,7 +5,8 @@ use super::error::{DelegateError, at};
 use super::fallback::{Twins, internal_datatype};
 use super::fold::Folds;
 use super::graph::{
-    XNN_FLAG_EXTERNAL_INPUT, XNN_FLAG_EXTERNAL_OUTPUT, constant_index, datatype, dims_of, tensor_of,
+    Tensor, Values, XNN_FLAG_EXTERNAL_INPUT, XNN_FLAG_EXTERNAL_OUTPUT, constant_index, datatype,
+    dims_of,
 };
 use crate::fast_hash::FastMap;
 use crate::schema::xnn as fb;
@@ -19,14 +20,14 @@ use crate::xnn::{BlockwiseQuantization, ChannelwiseQuantization, Datatype, Subgr
 /// are defined as those inputs, under the reshapes' shapes.
 pub(super) fn define_values<'k>(
     g: &mut Subgraph<'k>,
-    graph: &fb::XNNGraph<'_>,
+    values: &Values<'_>,
     keep: &'k Loaded,
     folds: &Folds,
 ) -> Result<(FastMap<u32, u32>, Twins), DelegateError> {
     let mut ids = FastMap::default();
     let mut twins = Twins::default();
-    for (i, v) in graph.xvalues().iter().flatten().enumerate() {
-        let (t, q) = tensor_of(v, i)?;
+    for each in values.each() {
+        let (i, (t, q)) = each?;
         if folds.inputs.contains(&t.id_out()) {
             continue;
         }
@@ -49,7 +50,7 @@ pub(super) fn define_values<'k>(
             let id = g
                 .define_tensor(Datatype::Fp16, &dims, role)
                 .map_err(at(|| format!("value {i} (fp16 external {dims:?})")))?;
-            let twin = define_value(g, v, i, keep, ValueRole::Internal)?;
+            let twin = define_value(g, (t, q), i, keep, ValueRole::Internal)?;
             match role {
                 ValueRole::Input(_) => twins.inputs.push((id, twin)),
                 _ => twins.outputs.push((twin, id)),
@@ -57,7 +58,7 @@ pub(super) fn define_values<'k>(
             ids.insert(t.id_out(), twin);
             continue;
         }
-        ids.insert(t.id_out(), define_value(g, v, i, keep, role)?);
+        ids.insert(t.id_out(), define_value(g, (t, q), i, keep, role)?);
     }
     Ok((ids, twins))
 }
@@ -96,12 +97,11 @@ pub(super) fn role_of<'k>(
 /// returns its subgraph id.
 pub(super) fn define_value<'k>(
     g: &mut Subgraph<'k>,
-    v: fb::XValue<'_>,
+    (t, q): Tensor<'_>,
     i: usize,
     keep: &'k Loaded,
     role: ValueRole<'k>,
 ) -> Result<u32, DelegateError> {
-    let (t, q) = tensor_of(v, i)?;
     let dims = dims_of(&t);
     let dt = internal_datatype(datatype(t.datatype(), i)?, keep.fp16_as_fp32);
     let what = || format!("value {i} ({dt:?} {dims:?})");

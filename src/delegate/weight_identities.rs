@@ -3,7 +3,7 @@
 
 use super::constants::{ByValue, Constant, Loaded, Private, ReadToPack, fill_from, padded_copy};
 use super::error::DelegateError;
-use super::graph::{constant_index, named_key, tensor_of};
+use super::graph::{Tensor, Values, constant_index, named_key};
 use super::operators::{self, NO_VALUE};
 use super::remembered::Remembered;
 use crate::cache::{BlobId, Description, OwnedRegistration, PackedWeightsCache};
@@ -202,12 +202,11 @@ fn identity_of(
 fn describe(
     graph: &fb::XNNGraph<'_>,
     i: usize,
-    v: fb::XValue<'_>,
+    (t, q): Tensor<'_>,
     keep: &Loaded,
     check: &mut KeyCheck<'_>,
     dims: bool,
 ) -> Result<Description, DelegateError> {
-    let (t, q) = tensor_of(v, i)?;
     let mut d = Description::new();
     d.number("datatype", t.datatype().0 as u64);
     if dims {
@@ -272,7 +271,7 @@ fn scales_of(
 /// payload id; where several values have one id, the last of each kind counts.
 struct Described<'g, 'v> {
     graph: &'v fb::XNNGraph<'g>,
-    values: &'v [fb::XValue<'g>],
+    values: &'v Values<'g>,
     keep: &'v Loaded,
     /// Each id's last value, and its last value that is not a constant.
     last: FastMap<u32, usize>,
@@ -286,7 +285,7 @@ struct Described<'g, 'v> {
 impl<'g, 'v> Described<'g, 'v> {
     fn new(
         graph: &'v fb::XNNGraph<'g>,
-        values: &'v [fb::XValue<'g>],
+        values: &'v Values<'g>,
         keep: &'v Loaded,
         check: &mut KeyCheck<'_>,
     ) -> Result<Self, DelegateError> {
@@ -294,8 +293,8 @@ impl<'g, 'v> Described<'g, 'v> {
         let mut last = FastMap::with_capacity_and_hasher(n, Default::default());
         let mut last_activation = FastMap::with_capacity_and_hasher(n, Default::default());
         let mut contents = FastMap::default();
-        for (i, v) in values.iter().enumerate() {
-            let (t, _) = tensor_of(*v, i)?;
+        for each in values.each() {
+            let (i, (t, _)) = each?;
             last.insert(t.id_out(), i);
             match constant_index(&t) {
                 0 => {
@@ -333,7 +332,14 @@ impl<'g, 'v> Described<'g, 'v> {
             )));
         };
         if !self.full.contains_key(&i) {
-            let d = describe(self.graph, i, self.values[i], self.keep, check, true)?;
+            let d = describe(
+                self.graph,
+                i,
+                self.values.tensor_at(i)?,
+                self.keep,
+                check,
+                true,
+            )?;
             self.full.insert(i, d);
         }
         Ok(&self.full[&i])
@@ -354,7 +360,14 @@ impl<'g, 'v> Described<'g, 'v> {
             context.bytes(name, &BlobId::described(content, d).0);
         } else if let Some(&i) = self.last_activation.get(&id) {
             if !self.activation.contains_key(&i) {
-                let d = describe(self.graph, i, self.values[i], self.keep, check, false)?;
+                let d = describe(
+                    self.graph,
+                    i,
+                    self.values.tensor_at(i)?,
+                    self.keep,
+                    check,
+                    false,
+                )?;
                 self.activation.insert(i, d);
             }
             context.bytes(name, self.activation[&i].encoded());
@@ -381,26 +394,26 @@ impl<'g, 'v> Described<'g, 'v> {
 ///   cannot be told apart at one address by XNNPACK's look-up: it gets a placeholder that no
 ///   look-up finds, so it is packed at each launch, never served another context's packing.
 pub(super) fn register_constants(
-    graph: &fb::XNNGraph<'_>,
+    values: &Values<'_>,
     keep: &Loaded,
     cache: &Arc<PackedWeightsCache>,
     deferral: Option<&Arc<dyn NamedDataMap>>,
     check: &mut KeyCheck<'_>,
     payload: &[u8],
 ) -> Result<(Vec<OwnedRegistration>, ByValue<Private>), DelegateError> {
-    let values: Vec<fb::XValue<'_>> = graph.xvalues().iter().flatten().collect();
-    let planned = match Remembered::for_payload(graph, &values, keep, check, payload)? {
-        Some(remembered) => match remembered.recall(cache, &values, keep) {
+    let graph = &values.graph();
+    let planned = match Remembered::for_payload(graph, values, keep, check, payload)? {
+        Some(remembered) => match remembered.recall(cache, values, keep) {
             Some(planned) => planned,
             None => {
-                let planned = plan(graph, &values, keep, check)?;
+                let planned = plan(graph, values, keep, check)?;
                 remembered.keep(cache, &planned);
                 planned
             }
         },
-        None => plan(graph, &values, keep, check)?,
+        None => plan(graph, values, keep, check)?,
     };
-    register(&values, &planned, keep, cache, deferral)
+    register(values, &planned, keep, cache, deferral)
 }
 
 /// What registering a constant value takes: its identity, and whether nodes of different
@@ -417,7 +430,7 @@ pub(super) struct Planned {
 /// [`register_constants`] states them; a constant value whose bytes have no identity has none.
 fn plan(
     graph: &fb::XNNGraph<'_>,
-    values: &[fb::XValue<'_>],
+    values: &Values<'_>,
     keep: &Loaded,
     check: &mut KeyCheck<'_>,
 ) -> Result<Vec<Planned>, DelegateError> {
@@ -446,8 +459,8 @@ fn plan(
             .or_insert(Some(context));
     }
     let mut planned = Vec::new();
-    for (i, v) in values.iter().enumerate() {
-        let (t, _) = tensor_of(*v, i)?;
+    for each in values.each() {
+        let (i, (t, _)) = each?;
         if constant_index(&t) == 0 {
             continue;
         }
@@ -474,7 +487,7 @@ fn plan(
 
 /// Registers each [`Planned`] constant value with the cache (see [`register_constants`]).
 fn register(
-    values: &[fb::XValue<'_>],
+    values: &Values<'_>,
     planned: &[Planned],
     keep: &Loaded,
     cache: &Arc<PackedWeightsCache>,
@@ -489,7 +502,7 @@ fn register(
         ambiguous,
     } in planned
     {
-        let (t, _) = tensor_of(values[i], i)?;
+        let (t, _) = values.tensor_at(i)?;
         let index = constant_index(&t);
         let constant = keep.constants.get(index).ok_or_else(|| {
             DelegateError::BadGraph(format!("value {i}: constant {index} was not loaded"))
