@@ -8,14 +8,14 @@ use super::constants::{
 use super::error::{DelegateError, at};
 use super::fold::Folds;
 use super::fusion::{Alias, FusedOrder, Fusion};
-use super::graph::{ById, Values, XNN_FLAG_EXTERNAL_OUTPUT, named_key};
+use super::graph::{ById, Values, XNN_FLAG_EXTERNAL_OUTPUT};
 use super::operators::GraphIo;
 use super::payload;
 use super::prepack::Prepacked;
 use super::values::define_values;
 use super::weight_identities::{KeyCheck, register_constants};
 use crate::backend::{ModelContext, Weights};
-use crate::cache::{BlobId, OwnedRegistration};
+use crate::cache::OwnedRegistration;
 use crate::fast_hash::FastMap;
 use crate::named_data::{DataBuffer, NamedDataMap};
 use crate::xnn::{Runtime, Subgraph};
@@ -240,8 +240,9 @@ pub(crate) fn compile(
             // A key whose check finds another identity is packed from its bytes; the check
             // comes first, so that placeholders are made only for keys that matched.
             deferrable.retain(|&i, _| {
-                named_key(&p.graph, i).is_none_or(|key| {
-                    BlobId::from_named_key(key)
+                known.named_key(i).is_none_or(|key| {
+                    known
+                        .stated_id(i)
                         .is_none_or(|claimed| check.identity(key, claimed) == claimed)
                 })
             });

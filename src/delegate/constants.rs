@@ -317,18 +317,10 @@ pub(super) fn deferrable_constants(
     values: &Values<'_>,
     packed: &FastSet<u32>,
 ) -> Result<FastMap<usize, usize>, DelegateError> {
-    let graph = values.graph();
     let mut deferrable = FastMap::default();
     let mut scales = Vec::new();
     let mut blockwise_scales = Vec::new();
-    let content_named = |index: usize| {
-        let key = graph
-            .constant_data()
-            .filter(|all| index < all.len())
-            .and_then(|all| all.get(index).named_key())
-            .unwrap_or("");
-        BlobId::from_named_key(key).is_some()
-    };
+    let content_named = |index: usize| values.stated_id(index).is_some();
     for each in values.each() {
         let (i, (t, q)) = each?;
         if let Some(q) = q {
@@ -359,12 +351,7 @@ pub(super) fn deferrable_constants(
         if index == 0 || !packed.contains(&t.id_out()) {
             continue;
         }
-        let key = graph
-            .constant_data()
-            .filter(|all| index < all.len())
-            .and_then(|all| all.get(index).named_key())
-            .unwrap_or("");
-        if BlobId::from_named_key(key).is_none() {
+        if !content_named(index) {
             continue;
         }
         let Some(len) = datatype(t.datatype(), i)?.tensor_bytes(&dims_of(&t)) else {
@@ -504,12 +491,22 @@ pub(super) fn load_constants(
             continue;
         }
         let buffer = if !key.is_empty() {
-            let keepable = keepable(map, key, kept.as_ref(), lengths.get(&i).copied().flatten());
+            let content = values.stated_id(i);
+            let keepable = keepable(
+                map,
+                key,
+                content,
+                kept.as_ref(),
+                lengths.get(&i).copied().flatten(),
+            );
             let data = shared
-                .get_or_init(&shared_key(map, key), || match keepable {
-                    Some((cache, content, len)) => read_keeping(map, key, cache, content, len),
-                    None => map.get_data(key),
-                })
+                .get_or_init(
+                    &shared_key(map, key, content.is_some()),
+                    || match keepable {
+                        Some((cache, content, len)) => read_keeping(map, key, cache, content, len),
+                        None => map.get_data(key),
+                    },
+                )
                 .map_err(|source| DelegateError::MissingConstant {
                     key: key.to_string(),
                     source,
@@ -608,11 +605,12 @@ fn constant_lengths(values: &Values<'_>) -> Result<FastMap<usize, Option<usize>>
 fn keepable<'c>(
     map: &dyn NamedDataMap,
     key: &str,
+    content: Option<BlobId>,
     cache: Option<&'c Arc<crate::cache::PackedWeightsCache>>,
     len: Option<usize>,
 ) -> Option<(&'c crate::cache::PackedWeightsCache, BlobId, usize)> {
     let cache = cache?;
-    let content = BlobId::from_named_key(key)?;
+    let content = content?;
     (map.file_identity(key).is_none() && map.lists(key)).then_some((&**cache, content, len?))
 }
 
@@ -653,9 +651,9 @@ pub(super) fn padded_copy(data: &[u8], what: usize) -> Result<DataBuffer, Delega
 /// The key a constant is shared under across the backend. ExecuTorch's exporter names constants
 /// by the sha256 of their bytes, so such a key means the same bytes in every map, and is shared
 /// by all of them unless the map's buffers live only as long as its program. Any other key is
-/// only meaningful within its map, so it is qualified by the map's source.
-pub(super) fn shared_key(map: &dyn NamedDataMap, key: &str) -> String {
-    let content_named = BlobId::from_named_key(key).is_some();
+/// only meaningful within its map, so it is qualified by the map's source. `content_named`:
+/// whether `key` states its bytes' identity ([`BlobId::from_named_key`]).
+pub(super) fn shared_key(map: &dyn NamedDataMap, key: &str, content_named: bool) -> String {
     if content_named && !map.buffers_live_with_program() {
         key.to_string()
     } else {

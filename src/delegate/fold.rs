@@ -93,7 +93,7 @@ impl Folds {
                 && output.flags() == 0
                 && output.constant_buffer_idx() == 0
                 && input.datatype() == output.datatype()
-                && dims_of(&output) == new_shape
+                && *dims_of(&output) == *new_shape
                 && !new_shape.is_empty()
                 && !new_shape.contains(&0)
                 && elements(&new_shape).is_some()
@@ -106,7 +106,7 @@ impl Folds {
             if foldable {
                 let folded = FoldedInput {
                     external_id: input.external_id(),
-                    dims: input_dims,
+                    dims: input_dims.to_vec(),
                 };
                 folds.outputs.insert(r.output_id(), folded);
                 folds.inputs.insert(r.input_id());

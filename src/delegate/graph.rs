@@ -1,6 +1,7 @@
 //! Reading a payload's graph: datatypes, tensor values, their constants and external flags.
 
 use super::error::DelegateError;
+use crate::cache::BlobId;
 use crate::schema::xnn as fb;
 use crate::xnn::Datatype;
 
@@ -64,10 +65,48 @@ pub(super) fn named_key<'g>(graph: &fb::XNNGraph<'g>, index: usize) -> Option<&'
     (index < all.len()).then(|| all.get(index).named_key())?
 }
 
-pub(super) fn dims_of(t: &fb::XNNTensorValue<'_>) -> Vec<usize> {
-    t.dims()
-        .map(|d| d.iter().map(|x| x as usize).collect())
-        .unwrap_or_default()
+/// A tensor's dimensions (see [`Dims`]).
+pub(super) fn dims_of(t: &fb::XNNTensorValue<'_>) -> Dims {
+    let Some(dims) = t.dims() else {
+        return Dims::Inline(0, [0; INLINE_DIMS]);
+    };
+    if dims.len() > INLINE_DIMS {
+        return Dims::Heap(dims.iter().map(|x| x as usize).collect());
+    }
+    let mut inline = [0; INLINE_DIMS];
+    for (d, x) in inline.iter_mut().zip(dims.iter()) {
+        *d = x as usize;
+    }
+    Dims::Inline(dims.len() as u8, inline)
+}
+
+/// As many dimensions as XNNPACK takes (`XNN_MAX_TENSOR_DIMS`).
+const INLINE_DIMS: usize = 6;
+
+/// A tensor's dimensions as `usize`, read from the payload without an allocation where there
+/// are as many as XNNPACK takes: read for every value at every launch, by several passes. More
+/// (a payload XNNPACK will refuse) are held on the heap, to be refused with the rest.
+#[derive(Clone)]
+pub(super) enum Dims {
+    Inline(u8, [usize; INLINE_DIMS]),
+    Heap(Vec<usize>),
+}
+
+impl std::ops::Deref for Dims {
+    type Target = [usize];
+
+    fn deref(&self) -> &[usize] {
+        match self {
+            Dims::Inline(len, dims) => &dims[..usize::from(*len)],
+            Dims::Heap(dims) => dims,
+        }
+    }
+}
+
+impl std::fmt::Debug for Dims {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.iter()).finish()
+    }
 }
 
 /// Something per payload id, for one pass over the graph: a table indexed by id where the ids
@@ -156,6 +195,9 @@ pub(super) struct Values<'g> {
     claimed_twice: crate::fast_hash::FastSet<u32>,
     /// The largest id a value claims (0 without any).
     largest: u32,
+    /// By constant_data index: the named key, if any, and the content identity it states, read
+    /// once for every pass (each asks of the constants it meets).
+    keys: Vec<(Option<&'g str>, Option<BlobId>)>,
 }
 
 impl<'g> Values<'g> {
@@ -181,6 +223,15 @@ impl<'g> Values<'g> {
                 claimed_twice.insert(t.id_out());
             }
         }
+        let keys = graph
+            .constant_data()
+            .iter()
+            .flatten()
+            .map(|c| {
+                let key = c.named_key();
+                (key, key.and_then(BlobId::from_named_key))
+            })
+            .collect();
         Values {
             graph: *graph,
             raw,
@@ -188,6 +239,7 @@ impl<'g> Values<'g> {
             index,
             claimed_twice,
             largest,
+            keys,
         }
     }
 
@@ -207,6 +259,17 @@ impl<'g> Values<'g> {
             .iter()
             .enumerate()
             .filter_map(|(i, t)| Some((i, t.as_ref()?.0)))
+    }
+
+    /// The named key of constant `index`, if it has one (as [`named_key`] reads it).
+    pub(super) fn named_key(&self, index: usize) -> Option<&'g str> {
+        self.keys.get(index)?.0
+    }
+
+    /// The content identity the named key of constant `index` states (as
+    /// [`BlobId::from_named_key`] reads it), if it states one.
+    pub(super) fn stated_id(&self, index: usize) -> Option<BlobId> {
+        self.keys.get(index)?.1
     }
 
     /// How many values the graph has.

@@ -23,7 +23,7 @@
 
 use super::constants::Loaded;
 use super::error::DelegateError;
-use super::graph::{Values, constant_index, named_key};
+use super::graph::{Values, constant_index};
 use super::weight_identities::{KeyCheck, Planned};
 use crate::cache::{BlobId, PackedWeightsCache};
 use crate::schema::xnn as fb;
@@ -64,8 +64,9 @@ impl<'p> Remembered<'p> {
         // Entry 0 stands for no constant; an empty key is data inline in the payload.
         let entries = graph.constant_data().map_or(0, |c| c.len());
         for index in 1..entries {
-            if let Some(key) = named_key(graph, index).filter(|k| !k.is_empty()) {
-                let held_to = BlobId::from_named_key(key)
+            if let Some(key) = values.named_key(index).filter(|k| !k.is_empty()) {
+                let held_to = values
+                    .stated_id(index)
                     .is_some_and(|claimed| check.identity(key, claimed) == claimed);
                 if !held_to {
                     return Ok(None);

@@ -24,7 +24,7 @@ pub(super) fn define_values<'k>(
     keep: &'k Loaded,
     folds: &Folds,
 ) -> Result<(FastMap<u32, u32>, Twins), DelegateError> {
-    let mut ids = FastMap::default();
+    let mut ids = FastMap::with_capacity_and_hasher(values.len(), Default::default());
     let mut twins = Twins::default();
     for each in values.each() {
         let (i, (t, q)) = each?;

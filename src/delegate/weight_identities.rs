@@ -63,10 +63,9 @@ impl<'a> KeyCheck<'a> {
         }
     }
 
-    /// The file `key`'s bytes come from, if `key` states a sha256 and that file has no check
-    /// recorded (a file checked in this init counts as checked).
+    /// The file `key`'s bytes come from (a key that states a sha256), if that file has no
+    /// check recorded (a file checked in this init counts as checked).
     fn unchecked_file(&mut self, key: &str) -> Option<FileIdentity> {
-        BlobId::from_named_key(key)?;
         let file = self.map.file_identity(key)?;
         let cache = self.cache;
         let unchecked = *self

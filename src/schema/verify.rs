@@ -281,7 +281,10 @@ impl Verifier<'_, '_> {
         }
         let at = table.vtable + entry;
         self.apparent = self.apparent.saturating_add(2);
-        let offset = u16::from_le_bytes([self.buf[at], self.buf[at + 1]]);
+        let offset = match self.buf.get(at..at + 2) {
+            Some(&[low, high]) => u16::from_le_bytes([low, high]),
+            _ => 0,
+        };
         (offset > 0).then(|| table.pos.saturating_add(usize::from(offset)))
     }
 

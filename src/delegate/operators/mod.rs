@@ -904,16 +904,32 @@ pub(crate) fn qb4w_gemm_inputs(
     io: &GraphIo,
     is_qb4w: impl Fn(u32) -> bool,
 ) -> FastSet<u32> {
+    fn qb4w_fully_connected<'g>(
+        node: fb::XNode<'g>,
+        is_qb4w: &impl Fn(u32) -> bool,
+    ) -> Option<fb::XNNFullyConnected<'g>> {
+        node.xnode_union_as_xnnfully_connected()
+            .filter(|fc| is_qb4w(fc.filter_id()))
+    }
+    // Most graphs have no such node: then nothing else is asked of their nodes' reads.
+    if !graph
+        .xnodes()
+        .iter()
+        .flatten()
+        .any(|node| qb4w_fully_connected(node, &is_qb4w).is_some())
+    {
+        return FastSet::default();
+    }
     let mut qb4w = FastSet::default();
     let mut other = FastSet::default();
     for (n, node) in graph.xnodes().iter().flatten().enumerate() {
         let Some((reads, _)) = io.node(n) else {
             continue;
         };
-        let fc = node.xnode_union_as_xnnfully_connected();
+        let fc = qb4w_fully_connected(node, &is_qb4w);
         for &read in reads {
             match fc {
-                Some(fc) if read == fc.input1_id() && is_qb4w(fc.filter_id()) => qb4w.insert(read),
+                Some(fc) if read == fc.input1_id() => qb4w.insert(read),
                 _ => other.insert(read),
             };
         }
