@@ -3,43 +3,56 @@
 //! it, name for name and slot for slot.
 
 use super::verify::Field::{Deprecated, Scalar, Scalars, String, Table, Tables, Union, UnionType};
-use super::verify::Shape;
+use super::verify::{Check, Checked, Shape, TableShape, Verifier};
 
-pub(crate) static PER_CHANNEL_GROUP_QUANT: Shape = Shape {
-    name: "PerChannelGroupQuant",
-    fields: &[
+/// Defines each shape as a static [`Shape`] (its fields as data, which the test below holds
+/// to the schema) and as a [`TableShape`] whose checks are the same fields written out.
+macro_rules! table_shapes {
+    ($($shape:ident = $name:literal [$(($field:literal, $kind:expr $(,)?)),* $(,)?])*) => {$(
+        pub(crate) static $shape: Shape = Shape {
+            name: $name,
+            fields: &[$(($field, $kind)),*],
+            check: Check::of::<$shape>(),
+        };
+
+        #[allow(non_camel_case_types, clippy::upper_case_acronyms)]
+        pub(crate) struct $shape {}
+
+        impl TableShape for $shape {
+            fn check(v: &mut Verifier<'_, '_>, pos: usize) -> Checked {
+                v.checked_table(pos, &$shape, |v, table, slot| {
+                    $(v.next_field(table, slot, const { $kind })?;)*
+                    Ok(())
+                })
+            }
+        }
+    )*};
+}
+
+table_shapes! {
+    PER_CHANNEL_GROUP_QUANT = "PerChannelGroupQuant" [
         ("scale", Scalars(4)),
         ("channel_dim", Scalar(4)),
         ("group_size", Scalar(4)),
         ("scale_bf16", Scalars(2)),
         ("scale_buffer_idx", Scalar(4)),
         ("num_scales", Scalar(4)),
-    ],
-};
 
-pub(crate) static PER_CHANNEL_QUANT: Shape = Shape {
-    name: "PerChannelQuant",
-    fields: &[
+    ]
+    PER_CHANNEL_QUANT = "PerChannelQuant" [
         ("scale", Scalars(4)),
         ("channel_dim", Scalar(4)),
         ("scale_buffer_idx", Scalar(4)),
         ("num_scales", Scalar(4)),
-    ],
-};
 
-pub(crate) static PER_TOKEN_DYNAMIC_QUANT: Shape = Shape {
-    name: "PerTokenDynamicQuant",
-    fields: &[("num_nonbatch_dims", Scalar(4))],
-};
-
-pub(crate) static PER_TENSOR_QUANT: Shape = Shape {
-    name: "PerTensorQuant",
-    fields: &[("scale", Scalar(4)), ("zero_point", Scalar(4))],
-};
-
-pub(crate) static TENSOR_VALUE: Shape = Shape {
-    name: "XNNTensorValue",
-    fields: &[
+    ]
+    PER_TOKEN_DYNAMIC_QUANT = "PerTokenDynamicQuant" [
+        ("num_nonbatch_dims", Scalar(4)),
+    ]
+    PER_TENSOR_QUANT = "PerTensorQuant" [
+        ("scale", Scalar(4)), ("zero_point", Scalar(4)),
+    ]
+    TENSOR_VALUE = "XNNTensorValue" [
         ("datatype", Scalar(2)),
         ("num_dims", Scalar(4)),
         ("dims", Scalars(4)),
@@ -47,12 +60,9 @@ pub(crate) static TENSOR_VALUE: Shape = Shape {
         ("external_id", Scalar(4)),
         ("flags", Scalar(4)),
         ("id_out", Scalar(4)),
-    ],
-};
 
-pub(crate) static QUANTIZED_TENSOR_VALUE: Shape = Shape {
-    name: "XNNQuantizedTensorValue",
-    fields: &[
+    ]
+    QUANTIZED_TENSOR_VALUE = "XNNQuantizedTensorValue" [
         ("tensor_value", Table(&TENSOR_VALUE)),
         ("quant_params_type", UnionType),
         (
@@ -64,17 +74,12 @@ pub(crate) static QUANTIZED_TENSOR_VALUE: Shape = Shape {
                 &PER_CHANNEL_GROUP_QUANT,
             ]),
         ),
-    ],
-};
 
-pub(crate) static OUTPUT_MIN_MAX: Shape = Shape {
-    name: "OutputMinMax",
-    fields: &[("output_min", Scalar(4)), ("output_max", Scalar(4))],
-};
-
-pub(crate) static NODE: Shape = Shape {
-    name: "XNode",
-    fields: &[
+    ]
+    OUTPUT_MIN_MAX = "OutputMinMax" [
+        ("output_min", Scalar(4)), ("output_max", Scalar(4)),
+    ]
+    NODE = "XNode" [
         ("xnode_union_type", UnionType),
         (
             "xnode_union",
@@ -130,97 +135,70 @@ pub(crate) static NODE: Shape = Shape {
         ),
         ("debug_handle", Scalar(4)),
         ("output_min_max", Table(&OUTPUT_MIN_MAX)),
-    ],
-};
 
-pub(crate) static VALUE: Shape = Shape {
-    name: "XValue",
-    fields: &[
+    ]
+    VALUE = "XValue" [
         ("xvalue_union_type", UnionType),
         (
             "xvalue_union",
             Union(&[&TENSOR_VALUE, &QUANTIZED_TENSOR_VALUE]),
         ),
-    ],
-};
 
-pub(crate) static STATIC_TRANSPOSE: Shape = Shape {
-    name: "XNNStaticTranspose",
-    fields: &[
+    ]
+    STATIC_TRANSPOSE = "XNNStaticTranspose" [
         ("num_dims", Scalar(4)),
         ("perm", Scalars(4)),
         ("input_id", Scalar(4)),
         ("output_id", Scalar(4)),
         ("flags", Scalar(4)),
-    ],
-};
 
-pub(crate) static STATIC_RESIZE_BILINEAR_2D: Shape = Shape {
-    name: "XNNStaticResizeBilinear2D",
-    fields: &[
+    ]
+    STATIC_RESIZE_BILINEAR_2D = "XNNStaticResizeBilinear2D" [
         ("new_height", Scalar(4)),
         ("new_width", Scalar(4)),
         ("input_id", Scalar(4)),
         ("output_id", Scalar(4)),
         ("flags", Scalar(4)),
-    ],
-};
 
-pub(crate) static STATIC_CONSTANT_PAD: Shape = Shape {
-    name: "XNNStaticConstantPad",
-    fields: &[
+    ]
+    STATIC_CONSTANT_PAD = "XNNStaticConstantPad" [
         ("pre_paddings", Scalars(4)),
         ("post_paddings", Scalars(4)),
         ("padding_value", Scalar(4)),
         ("input_id", Scalar(4)),
         ("output_id", Scalar(4)),
         ("flags", Scalar(4)),
-    ],
-};
 
-pub(crate) static NODE_2X1: Shape = Shape {
-    name: "_XNNNode2x1",
-    fields: &[
+    ]
+    NODE_2X1 = "_XNNNode2x1" [
         ("input1_id", Scalar(4)),
         ("input2_id", Scalar(4)),
         ("output_id", Scalar(4)),
         ("flags", Scalar(4)),
-    ],
-};
 
-pub(crate) static NODE_1X1: Shape = Shape {
-    name: "_XNNNode1x1",
-    fields: &[
+    ]
+    NODE_1X1 = "_XNNNode1x1" [
         ("input_id", Scalar(4)),
         ("output_id", Scalar(4)),
         ("flags", Scalar(4)),
-    ],
-};
 
-pub(crate) static ELU: Shape = Shape {
-    name: "XNNELU",
-    fields: &[
+    ]
+    ELU = "XNNELU" [
         ("alpha", Scalar(4)),
         ("input_id", Scalar(4)),
         ("output_id", Scalar(4)),
         ("flags", Scalar(4)),
-    ],
-};
 
-pub(crate) static FULLY_CONNECTED: Shape = Shape {
-    name: "XNNFullyConnected",
-    fields: &[
+    ]
+    FULLY_CONNECTED = "XNNFullyConnected" [
         ("input1_id", Scalar(4)),
         ("filter_id", Scalar(4)),
         ("bias_id", Scalar(4)),
         ("output_id", Scalar(4)),
         ("flags", Scalar(4)),
-    ],
-};
 
-pub(crate) static NODE_CONV: Shape = Shape {
-    name: "_XNNNodeConv",
-    fields: &[
+    ]
+    NODE_CONV = "_XNNNodeConv" [
         ("padding_top", Scalar(4)),
         ("padding_right", Scalar(4)),
         ("padding_bottom", Scalar(4)),
@@ -241,12 +219,9 @@ pub(crate) static NODE_CONV: Shape = Shape {
         ("bias_id", Scalar(4)),
         ("output_id", Scalar(4)),
         ("flags", Scalar(4)),
-    ],
-};
 
-pub(crate) static POOLING_2D: Shape = Shape {
-    name: "_XNNPooling2D",
-    fields: &[
+    ]
+    POOLING_2D = "_XNNPooling2D" [
         ("padding_top", Scalar(4)),
         ("padding_right", Scalar(4)),
         ("padding_bottom", Scalar(4)),
@@ -260,12 +235,9 @@ pub(crate) static POOLING_2D: Shape = Shape {
         ("input_id", Scalar(4)),
         ("output_id", Scalar(4)),
         ("flags", Scalar(4)),
-    ],
-};
 
-pub(crate) static CAT: Shape = Shape {
-    name: "_XNNCat",
-    fields: &[
+    ]
+    CAT = "_XNNCat" [
         ("axis", Scalar(4)),
         ("input1_id", Scalar(4)),
         ("input2_id", Scalar(4)),
@@ -274,24 +246,18 @@ pub(crate) static CAT: Shape = Shape {
         ("output_id", Scalar(4)),
         ("flags", Scalar(4)),
         ("input5_id", Scalar(4)),
-    ],
-};
 
-pub(crate) static STATIC_SLICE: Shape = Shape {
-    name: "XNNStaticSlice",
-    fields: &[
+    ]
+    STATIC_SLICE = "XNNStaticSlice" [
         ("num_dims", Scalar(4)),
         ("offsets", Scalars(4)),
         ("sizes", Scalars(4)),
         ("input_id", Scalar(4)),
         ("output_id", Scalar(4)),
         ("flags", Scalar(4)),
-    ],
-};
 
-pub(crate) static SCALED_DOT_PRODUCT_ATTENTION: Shape = Shape {
-    name: "XNNScaledDotProductAttention",
-    fields: &[
+    ]
+    SCALED_DOT_PRODUCT_ATTENTION = "XNNScaledDotProductAttention" [
         ("query_id", Scalar(4)),
         ("key_id", Scalar(4)),
         ("value_id", Scalar(4)),
@@ -299,12 +265,9 @@ pub(crate) static SCALED_DOT_PRODUCT_ATTENTION: Shape = Shape {
         ("mask_id", Scalar(4)),
         ("output_id", Scalar(4)),
         ("flags", Scalar(4)),
-    ],
-};
 
-pub(crate) static ARG_MAX_POOLING_2D: Shape = Shape {
-    name: "XNNArgMaxPooling2d",
-    fields: &[
+    ]
+    ARG_MAX_POOLING_2D = "XNNArgMaxPooling2d" [
         ("padding_top", Scalar(4)),
         ("padding_right", Scalar(4)),
         ("padding_bottom", Scalar(4)),
@@ -315,42 +278,30 @@ pub(crate) static ARG_MAX_POOLING_2D: Shape = Shape {
         ("output_value_id", Scalar(4)),
         ("output_index_id", Scalar(4)),
         ("flags", Scalar(4)),
-    ],
-};
 
-pub(crate) static LEAKY_RELU: Shape = Shape {
-    name: "XNNLeakyReLU",
-    fields: &[
+    ]
+    LEAKY_RELU = "XNNLeakyReLU" [
         ("negative_slope", Scalar(4)),
         ("input_id", Scalar(4)),
         ("output_id", Scalar(4)),
         ("flags", Scalar(4)),
-    ],
-};
 
-pub(crate) static STATIC_RESHAPE: Shape = Shape {
-    name: "XNNStaticReshape",
-    fields: &[
+    ]
+    STATIC_RESHAPE = "XNNStaticReshape" [
         ("num_dims", Scalar(4)),
         ("new_shape", Scalars(4)),
         ("input_id", Scalar(4)),
         ("output_id", Scalar(4)),
         ("flags", Scalar(4)),
-    ],
-};
 
-pub(crate) static CONSTANT_DATA_OFFSET: Shape = Shape {
-    name: "ConstantDataOffset",
-    fields: &[
+    ]
+    CONSTANT_DATA_OFFSET = "ConstantDataOffset" [
         ("offset", Scalar(8)),
         ("size", Scalar(8)),
         ("named_key", String),
-    ],
-};
 
-pub(crate) static GRAPH: Shape = Shape {
-    name: "XNNGraph",
-    fields: &[
+    ]
+    GRAPH = "XNNGraph" [
         ("version", String),
         ("xnodes", Tables(&NODE)),
         ("xvalues", Tables(&VALUE)),
@@ -360,8 +311,9 @@ pub(crate) static GRAPH: Shape = Shape {
         ("constant_buffer", Deprecated),
         ("mem_buffer_sizes", Deprecated),
         ("constant_data", Tables(&CONSTANT_DATA_OFFSET)),
-    ],
-};
+
+    ]
+}
 
 #[cfg(test)]
 mod tests {
