@@ -276,7 +276,15 @@ fn pack_one(
     )?;
     ids.insert(job.output, output);
 
-    define_node(&mut g, job.index, &job.node, &ids, &FastSet::default())?;
+    let read_as_is = Default::default();
+    define_node(
+        &mut g,
+        job.index,
+        &job.node,
+        &ids,
+        &FastSet::default(),
+        &read_as_is,
+    )?;
     let cache: &PackedWeightsCache = cache;
     Runtime::with_options(&g, Some(cache), &RuntimeOptions::default())?;
     Ok(())

@@ -882,14 +882,15 @@ pub(crate) fn define_nodes(
     let qb4w = qb4w_gemm_inputs(graph, io, |filter| {
         ids.get(&filter).and_then(|&id| g.datatype(id)) == Some(crate::xnn::Datatype::Qbint4)
     });
-    let mut read_as_is = FastSet::default();
+    // One set for every node (a set per node, merged, was most of the nodes' definition).
+    let read_as_is = RefCell::new(FastSet::default());
     for (index, node) in graph.xnodes().iter().flatten().enumerate() {
         if skipped.contains(&index) {
             continue;
         }
-        read_as_is.extend(define_node(g, index, &node, ids, &qb4w)?);
+        define_node(g, index, &node, ids, &qb4w, &read_as_is)?;
     }
-    Ok(read_as_is)
+    Ok(read_as_is.into_inner())
 }
 
 /// The payload ids of the values read only by fully connected nodes with 4-bit blockwise
@@ -939,14 +940,16 @@ pub(crate) fn qb4w_gemm_inputs(
 }
 
 /// Defines node `index` of the graph, whose payload value ids `ids` maps to subgraph ids
-/// (`qb4w_gemm_inputs`: the graph's [`qb4w_gemm_inputs`]). Returns the payload ids of the operands it may read as they are (not only to pack).
+/// (`qb4w_gemm_inputs`: the graph's [`qb4w_gemm_inputs`]). Adds to `read_as_is` the payload
+/// ids of the operands it may read as they are (not only to pack).
 pub(crate) fn define_node(
     g: &mut Subgraph<'_>,
     index: usize,
     node: &fb::XNode<'_>,
     ids: &FastMap<u32, u32>,
     qb4w_gemm_inputs: &FastSet<u32>,
-) -> Result<FastSet<u32>, DelegateError> {
+    read_as_is: &RefCell<FastSet<u32>>,
+) -> Result<(), DelegateError> {
     let kind = node.xnode_union_type();
     let op = find(kind).ok_or_else(|| DelegateError::UnsupportedNode {
         index,
@@ -954,16 +957,14 @@ pub(crate) fn define_node(
             .variant_name()
             .map_or_else(|| format!("node type {}", kind.0), str::to_string),
     })?;
-    let read_as_is = RefCell::new(FastSet::default());
     let cx = Node {
         index,
         name: op.node,
         ids,
-        read_as_is: &read_as_is,
+        read_as_is,
         qb4w_gemm_inputs,
     };
-    (op.define)(g, node, &cx)?;
-    Ok(read_as_is.into_inner())
+    (op.define)(g, node, &cx)
 }
 
 /// The operands of a node whose weights XNNPACK packs (fully connected and 2-D convolution):
