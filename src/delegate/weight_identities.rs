@@ -331,17 +331,27 @@ impl<'g, 'v> Described<'g, 'v> {
             )));
         };
         if !self.full.contains_key(&i) {
-            let d = describe(
-                self.graph,
-                i,
-                self.values.tensor_at(i)?,
-                self.keep,
-                check,
-                true,
-            )?;
+            let d = self.describe(i, check, true)?;
             self.full.insert(i, d);
         }
         Ok(&self.full[&i])
+    }
+
+    /// Value `i`'s description, with its shape where `dims` (see [`describe`]).
+    fn describe(
+        &self,
+        i: usize,
+        check: &mut KeyCheck<'_>,
+        dims: bool,
+    ) -> Result<Description, DelegateError> {
+        describe(
+            self.graph,
+            i,
+            self.values.tensor_at(i)?,
+            self.keep,
+            check,
+            dims,
+        )
     }
 
     /// Appends operand `id` to a node's packing context as [`register_constants`] states it:
@@ -359,14 +369,7 @@ impl<'g, 'v> Described<'g, 'v> {
             context.bytes(name, &BlobId::described(content, d).0);
         } else if let Some(&i) = self.last_activation.get(&id) {
             if !self.activation.contains_key(&i) {
-                let d = describe(
-                    self.graph,
-                    i,
-                    self.values.tensor_at(i)?,
-                    self.keep,
-                    check,
-                    false,
-                )?;
+                let d = self.describe(i, check, false)?;
                 self.activation.insert(i, d);
             }
             context.bytes(name, self.activation[&i].encoded());
