@@ -190,7 +190,7 @@ pub(crate) struct Verifier<'b, 'o> {
     failed_in: (&'static str, &'static str),
 }
 
-impl Verifier<'_, '_> {
+impl<'b> Verifier<'b, '_> {
     #[inline]
     fn aligned(&self, pos: usize, align: usize) -> Checked {
         // Sizes are powers of two (1 to 8): a mask, where `%` of a size known only at run time
@@ -268,7 +268,7 @@ impl Verifier<'_, '_> {
         &mut self,
         pos: usize,
         shape: &'static Shape,
-        fields: impl FnOnce(&mut Self, &Table, &mut usize) -> Checked,
+        fields: impl FnOnce(&mut Self, &Table<'b>, &mut usize) -> Checked,
     ) -> Checked {
         let soffset = i32::from_le_bytes(self.bytes(pos)?);
         let vtable = if soffset > 0 {
@@ -291,11 +291,13 @@ impl Verifier<'_, '_> {
         if self.depth > self.opts.max_depth {
             return fail(Problem::TooDeep, pos);
         }
+        let buf = self.buf;
         let table = Table {
             pos,
-            vtable,
-            vtable_len,
-            present: vtable_len.saturating_sub(4) / 2,
+            // In range and aligned (checked above); none where it is shorter than its lengths.
+            entries: buf
+                .get(vtable.saturating_add(4)..vtable + vtable_len)
+                .unwrap_or(&[]),
         };
         let mut slot = 0;
         if let Err(f) = fields(self, &table, &mut slot) {
@@ -310,13 +312,16 @@ impl Verifier<'_, '_> {
     }
 
     /// Checks the field in slot `slot` of `table`, of kind `field`, and moves `slot` past it.
-    /// Slots past the vtable are absent; the first of them is still asked, as the value of a
-    /// union whose type is the vtable's last entry.
+    /// Slots past the vtable are absent (flatbuffers asks the first of them, as the value of a
+    /// union whose type is the vtable's last entry; absent here too, whichever is asked).
     #[inline(always)]
-    pub(crate) fn next_field(&mut self, table: &Table, slot: &mut usize, field: Field) -> Checked {
-        if *slot <= table.present {
-            self.field(table, *slot, field)?;
-        }
+    pub(crate) fn next_field(
+        &mut self,
+        table: &Table<'_>,
+        slot: &mut usize,
+        field: Field,
+    ) -> Checked {
+        self.field(table, *slot, field)?;
         *slot += 1;
         Ok(())
     }
@@ -326,22 +331,17 @@ impl Verifier<'_, '_> {
     /// below its length (flatbuffers checks each entry again, which counts in its apparent
     /// size: counted here the same).
     #[inline]
-    fn slot(&mut self, table: &Table, slot: usize) -> Option<usize> {
-        let entry = 4 + 2 * slot;
-        if entry >= table.vtable_len {
+    fn slot(&mut self, table: &Table<'_>, slot: usize) -> Option<usize> {
+        let Some(&[low, high]) = table.entries.get(2 * slot..2 * slot + 2) else {
             return None;
-        }
-        let at = table.vtable + entry;
-        self.apparent = self.apparent.saturating_add(2);
-        let offset = match self.buf.get(at..at + 2) {
-            Some(&[low, high]) => u16::from_le_bytes([low, high]),
-            _ => 0,
         };
+        self.apparent = self.apparent.saturating_add(2);
+        let offset = u16::from_le_bytes([low, high]);
         (offset > 0).then(|| table.pos.saturating_add(usize::from(offset)))
     }
 
     #[inline(always)]
-    fn field(&mut self, table: &Table, slot: usize, field: Field) -> Checked {
+    fn field(&mut self, table: &Table<'_>, slot: usize, field: Field) -> Checked {
         let pos = match field {
             Field::Deprecated | Field::UnionType => return Ok(()),
             Field::Union(variants) => return self.union(table, slot, variants),
@@ -384,7 +384,7 @@ impl Verifier<'_, '_> {
     /// The union whose value is in slot `slot` and whose type is in the slot before it.
     fn union(
         &mut self,
-        table: &Table,
+        table: &Table<'_>,
         slot: usize,
         variants: &'static [&'static Shape],
     ) -> Checked {
@@ -411,11 +411,9 @@ impl Verifier<'_, '_> {
     }
 }
 
-/// A table being checked: where it is, where its vtable is and how long, and how many slots
-/// its vtable has.
-pub(crate) struct Table {
+/// A table being checked: where it is, and its vtable's entries.
+pub(crate) struct Table<'b> {
     pos: usize,
-    vtable: usize,
-    vtable_len: usize,
-    present: usize,
+    /// The vtable's entries, past its two lengths.
+    entries: &'b [u8],
 }
