@@ -337,7 +337,10 @@ impl<'b> Verifier<'b, '_> {
         };
         self.apparent = self.apparent.saturating_add(2);
         let offset = u16::from_le_bytes([low, high]);
-        (offset > 0).then(|| table.pos.saturating_add(usize::from(offset)))
+        // A table's position lies inside the buffer (its offset to its vtable was read there),
+        // and a slice is at most isize::MAX bytes: this sum, and a scalar's size added to it,
+        // cannot overflow.
+        (offset > 0).then(|| table.pos + usize::from(offset))
     }
 
     #[inline(always)]
@@ -354,7 +357,12 @@ impl<'b> Verifier<'b, '_> {
             Field::Scalar(size) => {
                 let size = usize::from(size);
                 self.aligned(pos, size)?;
-                self.range(pos, size)
+                // `pos` is a slot's (see `slot`): no saturation needed.
+                if pos + size > self.buf.len() {
+                    return fail(Problem::OutOfRange, pos);
+                }
+                self.apparent = self.apparent.saturating_add(size);
+                Ok(())
             }
             Field::Scalars(size) => {
                 let at = self.follow(pos)?;
