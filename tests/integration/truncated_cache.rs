@@ -143,8 +143,10 @@ fn a_cache_file_losing_its_last_4_kib_during_executes_fails_them_without_sigbus(
 /// would without xnnblob (a child process maps a file, truncates it, and reads past the end).
 #[test]
 fn a_sigbus_outside_the_cache_still_kills_the_process() {
-    if std::env::var_os("XNNBLOB_SIGBUS_CHILD").is_some() {
-        let dir = scratch("foreign-sigbus");
+    // The child dies of the signal, so the parent's scratch directory, named to it, is the one
+    // removed afterwards.
+    if let Some(dir) = std::env::var_os("XNNBLOB_SIGBUS_CHILD") {
+        let dir = std::path::PathBuf::from(dir);
         let b = backend();
         // The cache's handler is installed by a warm map.
         let files = model::ensure(&SPEC, &dir.join("model")).unwrap();
@@ -162,6 +164,7 @@ fn a_sigbus_outside_the_cache_still_kills_the_process() {
         println!("read {byte} past the end and lived");
         return;
     }
+    let dir = scratch("foreign-sigbus");
     let out = crate::common::this_test_binary()
         .args([
             "--exact",
@@ -171,7 +174,7 @@ fn a_sigbus_outside_the_cache_still_kills_the_process() {
             ),
             "--nocapture",
         ])
-        .env("XNNBLOB_SIGBUS_CHILD", "1")
+        .env("XNNBLOB_SIGBUS_CHILD", &*dir)
         .output()
         .unwrap();
     use std::os::unix::process::ExitStatusExt;
