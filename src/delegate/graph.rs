@@ -3,6 +3,7 @@
 use super::error::DelegateError;
 use crate::cache::BlobId;
 use crate::schema::xnn as fb;
+use crate::tensor::{MAX_DIMS, Shape};
 use crate::xnn::Datatype;
 
 pub(super) const XNN_FLAG_EXTERNAL_INPUT: u32 = 1;
@@ -59,36 +60,28 @@ pub(super) fn constant_index(t: &fb::XNNTensorValue<'_>) -> usize {
     t.constant_buffer_idx() as usize
 }
 
-/// The named key of constant `index`, if it has one.
-pub(super) fn named_key<'g>(graph: &fb::XNNGraph<'g>, index: usize) -> Option<&'g str> {
-    let all = graph.constant_data()?;
-    (index < all.len()).then(|| all.get(index).named_key())?
-}
-
 /// A tensor's dimensions (see [`Dims`]).
 pub(super) fn dims_of(t: &fb::XNNTensorValue<'_>) -> Dims {
     let Some(dims) = t.dims() else {
-        return Dims::Inline(0, [0; INLINE_DIMS]);
+        return Dims::Inline(Shape::default());
     };
-    if dims.len() > INLINE_DIMS {
+    if dims.len() > MAX_DIMS {
         return Dims::Heap(dims.iter().map(|x| x as usize).collect());
     }
-    let mut inline = [0; INLINE_DIMS];
+    let mut inline = [0; MAX_DIMS];
     for (d, x) in inline.iter_mut().zip(dims.iter()) {
         *d = x as usize;
     }
-    Dims::Inline(dims.len() as u8, inline)
+    Dims::Inline(Shape::new(&inline[..dims.len()]).expect("at most MAX_DIMS"))
 }
 
-/// As many dimensions as XNNPACK takes (`XNN_MAX_TENSOR_DIMS`).
-const INLINE_DIMS: usize = 6;
-
 /// A tensor's dimensions as `usize`, read from the payload without an allocation where there
-/// are as many as XNNPACK takes: read for every value at every launch, by several passes. More
-/// (a payload XNNPACK will refuse) are held on the heap, to be refused with the rest.
+/// are as many as XNNPACK takes (a [`Shape`]): read for every value at every launch, by several
+/// passes. More (a payload XNNPACK will refuse) are held on the heap, to be refused with the
+/// rest.
 #[derive(Clone)]
 pub(super) enum Dims {
-    Inline(u8, [usize; INLINE_DIMS]),
+    Inline(Shape),
     Heap(Vec<usize>),
 }
 
@@ -97,7 +90,7 @@ impl std::ops::Deref for Dims {
 
     fn deref(&self) -> &[usize] {
         match self {
-            Dims::Inline(len, dims) => &dims[..usize::from(*len)],
+            Dims::Inline(shape) => shape.dims(),
             Dims::Heap(dims) => dims,
         }
     }
@@ -261,7 +254,12 @@ impl<'g> Values<'g> {
             .filter_map(|(i, t)| Some((i, t.as_ref()?.0)))
     }
 
-    /// The named key of constant `index`, if it has one (as [`named_key`] reads it).
+    /// How many entries the graph's constant data has (entry 0 stands for no constant).
+    pub(super) fn constant_count(&self) -> usize {
+        self.keys.len()
+    }
+
+    /// The named key of constant `index`, if it has one.
     pub(super) fn named_key(&self, index: usize) -> Option<&'g str> {
         self.keys.get(index)?.0
     }

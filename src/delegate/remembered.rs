@@ -26,7 +26,6 @@ use super::error::DelegateError;
 use super::graph::{Values, constant_index};
 use super::weight_identities::{KeyCheck, Planned};
 use crate::cache::{BlobId, PackedWeightsCache};
-use crate::schema::xnn as fb;
 
 /// The record's first bytes; the last is its version. Then the payload's length (8 bytes, little
 /// endian) and the payload, then one record per constant value.
@@ -55,15 +54,13 @@ impl<'p> Remembered<'p> {
     /// them (see the module's description). Asks `check` of each content key, as describing
     /// them would: a data file met for the first time is checked here.
     pub(super) fn for_payload(
-        graph: &fb::XNNGraph<'_>,
         values: &Values<'_>,
         keep: &Loaded,
         check: &mut KeyCheck<'_>,
         payload: &'p [u8],
     ) -> Result<Option<Remembered<'p>>, DelegateError> {
         // Entry 0 stands for no constant; an empty key is data inline in the payload.
-        let entries = graph.constant_data().map_or(0, |c| c.len());
-        for index in 1..entries {
+        for index in 1..values.constant_count() {
             if let Some(key) = values.named_key(index).filter(|k| !k.is_empty()) {
                 let held_to = values
                     .stated_id(index)

@@ -3,7 +3,7 @@
 
 use super::constants::{ByValue, Constant, Loaded, Private, ReadToPack, fill_from, padded_copy};
 use super::error::DelegateError;
-use super::graph::{Tensor, Values, constant_index, named_key};
+use super::graph::{Tensor, Values, constant_index};
 use super::operators::{self, NO_VALUE};
 use super::remembered::Remembered;
 use crate::cache::{BlobId, Description, OwnedRegistration, PackedWeightsCache};
@@ -153,7 +153,7 @@ impl<'a> KeyCheck<'a> {
 /// XNNPACK exporter are the sha256 of the bytes (hashed only to check a new data file's keys);
 /// anything else is hashed.
 pub(super) fn identity(
-    graph: &fb::XNNGraph<'_>,
+    values: &Values<'_>,
     index: usize,
     keep: &Loaded,
     check: &mut KeyCheck<'_>,
@@ -161,18 +161,18 @@ pub(super) fn identity(
     if let Some(&known) = check.identities.get(&index) {
         return known;
     }
-    let id = identity_of(graph, index, keep, check);
+    let id = identity_of(values, index, keep, check);
     check.identities.insert(index, id);
     id
 }
 
 fn identity_of(
-    graph: &fb::XNNGraph<'_>,
+    values: &Values<'_>,
     index: usize,
     keep: &Loaded,
     check: &mut KeyCheck<'_>,
 ) -> Option<BlobId> {
-    let key = named_key(graph, index).unwrap_or("");
+    let key = values.named_key(index).unwrap_or("");
     let constant = keep.constants.get(index)?;
     // Converted data is known by its source's identity and the conversion: never hashed, and
     // never taken for genuine data of the converted type.
@@ -183,7 +183,7 @@ fn identity_of(
         Constant::Deferred { conversion, .. } => (constant, *conversion),
         _ => (constant, None),
     };
-    let id = match BlobId::from_named_key(key) {
+    let id = match values.stated_id(index) {
         Some(claimed) => check.identity(key, claimed),
         None => BlobId::of_bytes(source.buffer()?.data()),
     };
@@ -199,7 +199,7 @@ fn identity_of(
 /// the batch or sequence length it is applied to (a prefill's 16 tokens or a decode's one), so
 /// two methods of one model find one packing of their shared weights.
 fn describe(
-    graph: &fb::XNNGraph<'_>,
+    values: &Values<'_>,
     i: usize,
     (t, q): Tensor<'_>,
     keep: &Loaded,
@@ -227,13 +227,13 @@ fn describe(
         d.number("per_token_dynamic", p.num_nonbatch_dims() as i64 as u64);
     } else if let Some(p) = q.quant_params_as_per_channel_quant() {
         d.number("per_channel", p.channel_dim() as i64 as u64);
-        scales_of(graph, i, p.scale_buffer_idx(), &mut d, keep, check);
+        scales_of(values, i, p.scale_buffer_idx(), &mut d, keep, check);
     } else if let Some(p) = q.quant_params_as_per_channel_group_quant() {
         d.numbers(
             "per_channel_group",
             &[p.channel_dim() as i64 as u64, p.group_size() as i64 as u64],
         );
-        scales_of(graph, i, p.scale_buffer_idx(), &mut d, keep, check);
+        scales_of(values, i, p.scale_buffer_idx(), &mut d, keep, check);
     } else {
         d.number("quantization", q.quant_params_type().0 as u64);
     }
@@ -242,7 +242,7 @@ fn describe(
 
 /// Adds the identity of value `i`'s scales (in constant `scale_index`, or inline) to `d`.
 fn scales_of(
-    graph: &fb::XNNGraph<'_>,
+    values: &Values<'_>,
     i: usize,
     scale_index: u32,
     d: &mut Description,
@@ -250,7 +250,7 @@ fn scales_of(
     check: &mut KeyCheck<'_>,
 ) {
     let id = if scale_index != 0 {
-        identity(graph, scale_index as usize, keep, check)
+        identity(values, scale_index as usize, keep, check)
     } else {
         match (keep.f32_scales(i), keep.bf16_scales(i)) {
             (Some(s), _) => Some(BlobId::of_f32s(s)),
@@ -269,7 +269,6 @@ fn scales_of(
 /// shape (see [`describe`]), and a constant's content identity. Values are found by their
 /// payload id; where several values have one id, the last of each kind counts.
 struct Described<'g, 'v> {
-    graph: &'v fb::XNNGraph<'g>,
     values: &'v Values<'g>,
     keep: &'v Loaded,
     /// Each id's last value, and its last value that is not a constant.
@@ -283,7 +282,6 @@ struct Described<'g, 'v> {
 
 impl<'g, 'v> Described<'g, 'v> {
     fn new(
-        graph: &'v fb::XNNGraph<'g>,
         values: &'v Values<'g>,
         keep: &'v Loaded,
         check: &mut KeyCheck<'_>,
@@ -300,14 +298,13 @@ impl<'g, 'v> Described<'g, 'v> {
                     last_activation.insert(t.id_out(), i);
                 }
                 index => {
-                    if let Some(content) = identity(graph, index, keep, check) {
+                    if let Some(content) = identity(values, index, keep, check) {
                         contents.insert(t.id_out(), content);
                     }
                 }
             }
         }
         Ok(Described {
-            graph,
             values,
             keep,
             last,
@@ -345,7 +342,7 @@ impl<'g, 'v> Described<'g, 'v> {
         dims: bool,
     ) -> Result<Description, DelegateError> {
         describe(
-            self.graph,
+            self.values,
             i,
             self.values.tensor_at(i)?,
             self.keep,
@@ -404,7 +401,7 @@ pub(super) fn register_constants(
     payload: &[u8],
 ) -> Result<(Vec<OwnedRegistration>, ByValue<Private>), DelegateError> {
     let graph = &values.graph();
-    let planned = match Remembered::for_payload(graph, values, keep, check, payload)? {
+    let planned = match Remembered::for_payload(values, keep, check, payload)? {
         Some(remembered) => match remembered.recall(cache, values, keep) {
             Some(planned) => planned,
             None => {
@@ -436,7 +433,7 @@ fn plan(
     keep: &Loaded,
     check: &mut KeyCheck<'_>,
 ) -> Result<Vec<Planned>, DelegateError> {
-    let mut described = Described::new(graph, values, keep, check)?;
+    let mut described = Described::new(values, keep, check)?;
     // Each packed operand's context; None where two nodes pack it differently. Only the values
     // a packing node names, and the constants registered below, are ever described.
     let mut contexts: FastMap<u32, Option<Description>> = FastMap::default();
