@@ -25,6 +25,8 @@ pub struct MappedFile {
     watch: Option<truncation::Watch>,
     map: Option<Mmap>,
     identity: FileIdentity,
+    /// Its status change time (`ctime`) when mapped, in nanoseconds since the Unix epoch.
+    changed_ns: i128,
 }
 
 /// Which version of which file: device, inode, size and modification time, as `fstat` tells
@@ -80,20 +82,29 @@ impl MappedFile {
             ));
         }
         let identity = FileIdentity::of(&metadata);
+        let changed_ns = {
+            use std::os::unix::fs::MetadataExt;
+            i128::from(metadata.ctime()) * 1_000_000_000 + i128::from(metadata.ctime_nsec())
+        };
         if metadata.len() == 0 {
             return Ok(MappedFile {
                 watch: None,
                 map: None,
                 identity,
+                changed_ns,
             });
         }
+        let len = usize::try_from(metadata.len())
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
         // SAFETY: see the module docs: published files are replaced by rename, never modified
-        // in place, and every byte read from the map is validated before use.
-        let map = unsafe { Mmap::map(&file)? };
+        // in place, and every byte read from the map is validated before use. The length is
+        // the one just read of this descriptor (given, the map does not ask the kernel again).
+        let map = unsafe { memmap2::MmapOptions::new().len(len).map(&file)? };
         Ok(MappedFile {
             watch: None,
             map: Some(map),
             identity,
+            changed_ns,
         })
     }
 
@@ -119,6 +130,12 @@ impl MappedFile {
     /// The identity of the file as it was when mapped.
     pub fn identity(&self) -> FileIdentity {
         self.identity
+    }
+
+    /// The file's status change time (`ctime`) when mapped, in nanoseconds since the Unix
+    /// epoch.
+    pub fn changed_ns(&self) -> i128 {
+        self.changed_ns
     }
 
     /// The whole file as mapped, valid as long as `self` (empty for an empty file).

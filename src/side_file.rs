@@ -21,6 +21,9 @@ use std::io::{self, Read};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
+/// The room [`read_capped`] starts with: more than any record xnnblob writes beside a file.
+const SMALL_READ: u64 = 512;
+
 /// The permission bits xnnblob creates a file with when it does not know who may read the data
 /// the file is made from (ExecuTorch creates its cache file so too).
 pub const PRIVATE_MODE: u32 = 0o600;
@@ -92,7 +95,10 @@ pub(crate) fn create_new(path: &Path, mode: u32) -> io::Result<File> {
 /// at most `cap + 1` bytes are read.
 #[cfg_attr(not(feature = "xnnpack"), allow(dead_code))]
 pub(crate) fn read_capped(file: &mut File, cap: u64) -> io::Result<Option<Vec<u8>>> {
-    let mut bytes = Vec::new();
+    // Room for a side file's usual contents (a line) up front: from an empty buffer the
+    // standard library reads in probes of 32 bytes, four reads where two do (the contents and
+    // the end of the file).
+    let mut bytes = Vec::with_capacity(cap.saturating_add(1).min(SMALL_READ) as usize);
     file.take(cap.saturating_add(1)).read_to_end(&mut bytes)?;
     Ok((bytes.len() as u64 <= cap).then_some(bytes))
 }

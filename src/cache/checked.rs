@@ -94,10 +94,16 @@ fn read_record(file: &mut File) -> Option<Vec<u8>> {
     side_file::read_capped(file, RECORD_CAP).ok().flatten()
 }
 
-/// Whether the record beside `path` says the file `map` maps was checked as it is now.
+/// Whether the record beside `path` says the file `map` maps was checked as it was when mapped:
+/// the status its map took of its own descriptor (asked of the file at `path` again, it would
+/// only be the same or another file's, which no record of this one matches).
 pub fn is_recorded(path: &Path, map: &MappedFile) -> bool {
-    let Some(now) = of_mapped(path, map) else {
-        return false;
+    let identity = map.identity();
+    let now = Checked {
+        device: identity.device,
+        inode: identity.inode,
+        size: identity.size,
+        changed_ns: map.changed_ns(),
     };
     let Ok(mut file) = side_file::open(&record_path(path), OpenOptions::new().read(true)) else {
         return false;
