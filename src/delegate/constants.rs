@@ -243,6 +243,22 @@ impl<T: FromBytes + Immutable> ScaleValues<T> {
 }
 
 impl Loaded {
+    /// The content key and placeholder of value `value`'s blockwise scales, where they wait
+    /// behind one (see [`ScaleValues::Deferred`]).
+    pub(super) fn deferred_scales(&self, value: usize) -> Option<(&str, &Arc<DeferredData>)> {
+        let Scales::Bf16(ScaleValues::Deferred(index)) = self.scales.get(value)? else {
+            return None;
+        };
+        match self.constants.get(*index)? {
+            Constant::Deferred {
+                key,
+                data,
+                conversion: None,
+            } => Some((&**key, data)),
+            _ => None,
+        }
+    }
+
     /// What XNNPACK reads only to pack value `value`, besides its own bytes (see
     /// [`ReadToPack`]); `deferral` reads placeholders in.
     pub(super) fn read_only_to_pack(

@@ -12,7 +12,7 @@
 //! A filter or bias that stands behind a placeholder (see [`crate::deferred`]) is not read into
 //! it: the one-node runtime packs from the data source's own bytes (mapped by the mmap loader),
 //! registered under the placeholder's identity while it packs, and their pages are released
-//! once packed. So a cold launch copies no unpacked weight.
+//! once packed; so are a blockwise filter's scales. So a cold launch copies no unpacked weight.
 //!
 //! Nothing here can change a result: a weight the one-node runtime failed to pack, or packed
 //! under another key, is packed by the real creation as before.
@@ -21,15 +21,16 @@ use super::constants::{Loaded, deferred_constant};
 use super::error::{DelegateError, at};
 use super::graph::{Values, dims_of};
 use super::operators::{define_node, packing_operands};
-use super::values::{define_value, role_of};
+use super::values::{define_value, define_value_scaled, role_of};
 use crate::cache::{OwnedRegistration, PackedWeightsCache};
 use crate::fast_hash::{FastMap, FastSet};
 use crate::named_data::{DataBuffer, NamedDataMap};
 use crate::schema::xnn as fb;
 use crate::tensor::XNN_EXTRA_BYTES;
-use crate::xnn::{Datatype, Runtime, RuntimeOptions, Subgraph, ValueRole};
+use crate::xnn::{BlockwiseScales, Datatype, Runtime, RuntimeOptions, Subgraph, ValueRole};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use zerocopy::FromBytes;
 
 /// What `prepack` did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -174,8 +175,16 @@ pub(super) fn prepack(
     })
 }
 
-/// The source's own bytes of value `i`'s placeholder constant, registered under the identity
-/// its address in the graph has, when the source can give them with XNNPACK's over-read room
+/// What a one-node runtime packs a value from in place of its placeholder: the source's own
+/// bytes, registered under the identity its address in the graph has, and those of its
+/// blockwise scales where they wait behind a placeholder too ([`source_scales`]).
+struct SourceBytes {
+    bytes: DataBuffer,
+    _registration: OwnedRegistration,
+    scales: Option<DataBuffer>,
+}
+
+/// Value `i`'s [`SourceBytes`], when the source can give its bytes with XNNPACK's over-read room
 /// and their address is free to take that identity (another tensor of the same bytes may be
 /// packing from it now: then the placeholder serves).
 fn source_bytes(
@@ -184,20 +193,52 @@ fn source_bytes(
     loaded: &Loaded,
     cache: &Arc<PackedWeightsCache>,
     source: Option<&Arc<dyn NamedDataMap>>,
-) -> Option<(DataBuffer, OwnedRegistration)> {
+) -> Option<SourceBytes> {
     let (key, _) = deferred_constant(t, loaded)?;
     let ValueRole::Deferred(placeholder) = role_of(t, i, loaded).ok()? else {
         return None;
     };
     let id = cache.registered_id(placeholder.address())?;
-    let buffer = source?.get_data(key).ok()?;
-    if buffer.len() != placeholder.len() || buffer.slack_after() < XNN_EXTRA_BYTES {
+    let bytes = source?.get_data(key).ok()?;
+    if bytes.len() != placeholder.len() || bytes.slack_after() < XNN_EXTRA_BYTES {
         return None;
     }
-    let registration = cache.register_owned(buffer.clone(), id)?;
-    // Its scales are read in, or their pages released, with its own.
-    super::weight_identities::attach_read_to_pack(cache, buffer.as_ptr(), loaded, i, source);
-    Some((buffer, registration))
+    let registration = cache.register_owned(bytes.clone(), id)?;
+    // The scales' pages are released with the value's own once it is packed; where they are
+    // not read from the source, their placeholder is read in (or released) with them.
+    let scales = source_scales(i, loaded, source);
+    match &scales {
+        Some(scales) => {
+            cache.release_with(bytes.as_ptr(), scales.clone());
+        }
+        None => {
+            super::weight_identities::attach_read_to_pack(cache, bytes.as_ptr(), loaded, i, source)
+        }
+    }
+    Some(SourceBytes {
+        bytes,
+        _registration: registration,
+        scales,
+    })
+}
+
+/// The source's own bytes of value `i`'s blockwise scales, where they wait behind a placeholder
+/// and the source gives them as XNNPACK reads them: the placeholder's length, aligned for bf16,
+/// with XNNPACK's over-read room. Read from there, the placeholder is never read in: its read-in
+/// and release take a copy, three changes of the pages' protection and a release of them (those
+/// that take access away flush the TLB of every core the process runs on), per weight of a cold
+/// launch.
+fn source_scales(
+    i: usize,
+    loaded: &Loaded,
+    source: Option<&Arc<dyn NamedDataMap>>,
+) -> Option<DataBuffer> {
+    let (key, placeholder) = loaded.deferred_scales(i)?;
+    let buffer = source?.get_data(key).ok()?;
+    let readable = buffer.len() == placeholder.len()
+        && <[u16]>::ref_from_bytes(buffer.data()).is_ok()
+        && buffer.slack_after() >= XNN_EXTRA_BYTES;
+    readable.then_some(buffer)
 }
 
 /// Creates (and drops) a one-node runtime for `job` with `cache`: input external 0, output
@@ -254,7 +295,7 @@ fn pack_one(
         let tensor = values.tensor_at(i)?;
         let t = tensor.0;
         let role = match (role_of(&t, i, loaded)?, read) {
-            (ValueRole::Deferred(_), Some((bytes, _))) => ValueRole::Static(bytes.data()),
+            (ValueRole::Deferred(_), Some(read)) => ValueRole::Static(read.bytes.data()),
             (role @ (ValueRole::Static(_) | ValueRole::Deferred(_)), _) => role,
             _ => {
                 return Err(DelegateError::BadGraph(format!(
@@ -263,7 +304,15 @@ fn pack_one(
                 )));
             }
         };
-        ids.insert(id, define_value(&mut g, tensor, i, loaded, role)?);
+        let scales = read
+            .as_ref()
+            .and_then(|r| r.scales.as_ref())
+            .and_then(|s| <[u16]>::ref_from_bytes(s.data()).ok())
+            .map(BlockwiseScales::InMemory);
+        ids.insert(
+            id,
+            define_value_scaled(&mut g, tensor, i, loaded, role, scales)?,
+        );
     }
 
     let o = value(job.output)?;

@@ -10,7 +10,9 @@ use super::graph::{
 };
 use crate::fast_hash::FastMap;
 use crate::schema::xnn as fb;
-use crate::xnn::{BlockwiseQuantization, ChannelwiseQuantization, Datatype, Subgraph, ValueRole};
+use crate::xnn::{
+    BlockwiseQuantization, BlockwiseScales, ChannelwiseQuantization, Datatype, Subgraph, ValueRole,
+};
 
 /// Defines every value of the graph; returns the payload id -> subgraph id map (the nodes'
 /// view), and the conversions to define around the nodes when fp16 is computed as fp32: there an
@@ -97,10 +99,24 @@ pub(super) fn role_of<'k>(
 /// returns its subgraph id.
 pub(super) fn define_value<'k>(
     g: &mut Subgraph<'k>,
+    tensor: Tensor<'_>,
+    i: usize,
+    keep: &'k Loaded,
+    role: ValueRole<'k>,
+) -> Result<u32, DelegateError> {
+    define_value_scaled(g, tensor, i, keep, role, None)
+}
+
+/// As [`define_value`], with a blockwise value's scales read from `scales` where given rather
+/// than as `keep` holds them (a one-node runtime that packs from the source's own bytes, see
+/// [`super::prepack`]).
+pub(super) fn define_value_scaled<'k>(
+    g: &mut Subgraph<'k>,
     (t, q): Tensor<'_>,
     i: usize,
     keep: &'k Loaded,
     role: ValueRole<'k>,
+    scales: Option<BlockwiseScales<'k>>,
 ) -> Result<u32, DelegateError> {
     let dims = dims_of(&t);
     let dt = internal_datatype(datatype(t.datatype(), i)?, keep.fp16_as_fp32);
@@ -127,7 +143,7 @@ pub(super) fn define_value<'k>(
         g.define_channelwise_quantized_tensor(dt, &dims, quantization, role)
             .map_err(at(what))
     } else if let Some(p) = q.quant_params_as_per_channel_group_quant() {
-        let Some(scales) = keep.bf16_scales(i) else {
+        let Some(scales) = scales.or_else(|| keep.bf16_scales(i)) else {
             return Err(DelegateError::BadGraph(format!("value {i}: no scales")));
         };
         let quantization = BlockwiseQuantization {
