@@ -198,9 +198,10 @@ impl NamedDataMap for EtMap {
         self.with(key, |m| {
             let buffer = self.fetch(m, key)?;
             let lent = Arc::new(EtBytes(buffer));
-            // An mmap loader's segment is read by faults: without this, each fault reads the
-            // device's whole readahead window around a blob of a few KiB.
-            xnnblob::mmap::advise_read_soon(lent.bytes());
+            // No advice to read it ahead here: most reads read a blob at once, in order (a copy
+            // into the cache file or a placeholder, a packing), which the kernel reads ahead by
+            // itself; the constants XNNPACK reads at every launch are advised where they are
+            // loaded (`DataBuffer::read_soon`).
             let len = lent.bytes().len();
             // Borrowed as ExecuTorch's own backend does: the buffer lives as long as the
             // program's delegates hold it, and is freed (ExecuTorch's `Free`) with the last.
