@@ -2,20 +2,21 @@
 //!
 //! XNNPACK packs a runtime's weights one after another, inside `xnn_create_runtime`, on the
 //! calling thread. Before a delegate's runtime is created, each fully connected or convolution
-//! node whose filter the packed-weight cache holds no packing of yet is packed on its own: a
-//! one-node runtime over the same filter and bias (the same addresses, so the same look-up keys)
-//! and the same cache, created on one of as many threads as the backend's pool has (on the
-//! calling thread alone for a small model's: `ONE_THREAD_BELOW_ELEMENTS`). XNNPACK's
-//! look-up key is the operator's parameters and the filter and bias, not the rest of the graph,
-//! so the real creation then finds every weight packed and packs none.
+//! node whose filter the packed-weight cache holds no packing of yet is packed apart from the
+//! graph: a runtime of that node alone over the same filter and bias (the same addresses, so the
+//! same look-up keys) and the same cache, created on one of as many threads as the backend's
+//! pool has. A small model's are packed on the calling thread (`ONE_THREAD_BELOW_ELEMENTS`), all
+//! by one runtime of those nodes side by side, sharing no value. XNNPACK's look-up key is the
+//! operator's parameters and the filter and bias, not the rest of the graph, so the real
+//! creation then finds every weight packed and packs none.
 //!
 //! A filter or bias that stands behind a placeholder (see [`crate::deferred`]) is not read into
-//! it: the one-node runtime packs from the data source's own bytes (mapped by the mmap loader),
+//! it: the packing runtime packs from the data source's own bytes (mapped by the mmap loader),
 //! registered under the placeholder's identity while it packs, and their pages are released
 //! once packed; so are a blockwise filter's scales. So a cold launch copies no unpacked weight.
 //!
-//! Nothing here can change a result: a weight the one-node runtime failed to pack, or packed
-//! under another key, is packed by the real creation as before.
+//! Nothing here can change a result: a weight that packing ahead failed to pack, or packed under
+//! another key, is packed by the real creation as before.
 
 use super::constants::{Loaded, deferred_constant};
 use super::error::{DelegateError, at};
@@ -37,7 +38,7 @@ use zerocopy::FromBytes;
 pub struct Prepacked {
     /// Nodes whose filter had no packing in the cache yet.
     pub missing: usize,
-    /// Of those, the nodes a one-node runtime was created for (its weights are in the cache).
+    /// Of those, the nodes packed ahead (their weights are in the cache).
     pub packed: usize,
     /// Threads the packing ran on (0: nothing was missing).
     pub threads: usize,
@@ -147,13 +148,22 @@ pub(super) fn prepack(
     for job in &mut missing {
         job.qb4w_input = qb4w_inputs.contains(&job.input);
     }
+    // On one thread, one runtime packs them all (a failure of any is retried alone below).
+    if threads == 1 && pack_together(values, &missing, loaded, cache, source).is_ok() {
+        return Ok(Prepacked {
+            missing: missing.len(),
+            packed: missing.len(),
+            threads,
+        });
+    }
     missing.sort_by_key(|j| std::cmp::Reverse(j.size));
     let next = AtomicUsize::new(0);
     let packed = AtomicUsize::new(0);
     let work = || {
         while let Some(job) = missing.get(next.fetch_add(1, Ordering::Relaxed)) {
             // A failure here is the real creation's to report (it packs the weight itself).
-            if pack_one(values, job, loaded, cache, source).is_ok() {
+            let one = std::slice::from_ref(job);
+            if pack_together(values, one, loaded, cache, source).is_ok() {
                 packed.fetch_add(1, Ordering::Relaxed);
             }
         }
@@ -175,7 +185,7 @@ pub(super) fn prepack(
     })
 }
 
-/// What a one-node runtime packs a value from in place of its placeholder: the source's own
+/// What packing ahead packs a value from in place of its placeholder: the source's own
 /// bytes, registered under the identity its address in the graph has, and those of its
 /// blockwise scales where they wait behind a placeholder too ([`source_scales`]).
 struct SourceBytes {
@@ -241,43 +251,78 @@ fn source_scales(
     readable.then_some(buffer)
 }
 
-/// Creates (and drops) a one-node runtime for `job` with `cache`: input external 0, output
-/// external 1, filter and bias as the real graph defines them (or as their source's bytes).
-fn pack_one(
+/// Creates (and drops) one runtime that packs the weights of every job of `jobs` with `cache`:
+/// each job's node as a graph of its own would define it (job `k` reads external input `2k` and
+/// writes external output `2k + 1`), its filter and bias as the real graph defines them, or as
+/// their source's bytes. The nodes share no value, so XNNPACK fuses none of them and packs each
+/// weight under the key a one-node graph would; and one runtime's creation costs less than one
+/// per weight.
+fn pack_together(
     values: &Values<'_>,
-    job: &Job<'_>,
+    jobs: &[Job<'_>],
     loaded: &Loaded,
     cache: &Arc<PackedWeightsCache>,
     source: Option<&Arc<dyn NamedDataMap>>,
 ) -> Result<(), DelegateError> {
-    let value = |id: u32| {
-        values.index_of(id).ok_or_else(|| {
-            DelegateError::BadGraph(format!("node {}: value {id} is not defined", job.index))
-        })
-    };
-    let what = |part: &'static str| move || format!("node {}: {part}", job.index);
-    let operands: Vec<u32> = std::iter::once(job.filter).chain(job.bias).collect();
     // Outlive the subgraph and its runtime.
-    let read = operands
+    let reads = jobs
         .iter()
-        .map(|&id| {
-            let i = value(id)?;
-            let (t, _) = values.tensor_at(i)?;
-            Ok(source_bytes(&t, i, loaded, cache, source))
+        .map(|job| {
+            operands(job)
+                .map(|id| {
+                    let i = value_of(values, job, id)?;
+                    let (t, _) = values.tensor_at(i)?;
+                    Ok(source_bytes(&t, i, loaded, cache, source))
+                })
+                .collect::<Result<Vec<_>, DelegateError>>()
         })
         .collect::<Result<Vec<_>, DelegateError>>()?;
-    let mut g = Subgraph::new(2).map_err(at(|| "subgraph".into()))?;
+    let externals = u32::try_from(jobs.len() * 2)
+        .map_err(|_| DelegateError::BadGraph(format!("{} nodes to pack", jobs.len())))?;
+    let mut g = Subgraph::new(externals).map_err(at(|| "subgraph".into()))?;
+    for (k, (job, read)) in jobs.iter().zip(&reads).enumerate() {
+        define_job(&mut g, values, job, read, loaded, 2 * k as u32)?;
+    }
+    let cache: &PackedWeightsCache = cache;
+    Runtime::with_options(&g, Some(cache), &RuntimeOptions::default())?;
+    Ok(())
+}
+
+/// The constants `job`'s node packs: its filter, and its bias if it has one.
+fn operands<'j>(job: &'j Job<'_>) -> impl Iterator<Item = u32> + 'j {
+    std::iter::once(job.filter).chain(job.bias)
+}
+
+/// The index of the value of payload id `id`, which `job`'s node names.
+fn value_of(values: &Values<'_>, job: &Job<'_>, id: u32) -> Result<usize, DelegateError> {
+    values.index_of(id).ok_or_else(|| {
+        DelegateError::BadGraph(format!("node {}: value {id} is not defined", job.index))
+    })
+}
+
+/// Defines `job`'s node in `g`, reading external `external` and writing external
+/// `external + 1`, with its operands read from `read` where their source's bytes are there
+/// (by [`operands`]' order).
+fn define_job<'k>(
+    g: &mut Subgraph<'k>,
+    values: &Values<'_>,
+    job: &Job<'_>,
+    read: &'k [Option<SourceBytes>],
+    loaded: &'k Loaded,
+    external: u32,
+) -> Result<(), DelegateError> {
+    let what = |part: &'static str| move || format!("node {}: {part}", job.index);
     let mut ids = FastMap::default();
 
-    let i = value(job.input)?;
+    let i = value_of(values, job, job.input)?;
     let (t, q) = values.tensor_at(i)?;
     let dynamic = q.is_some_and(|q| q.quant_params_as_per_token_dynamic_quant().is_some());
     let input = if dynamic {
         // XNNPACK takes a dynamically quantized tensor only from a convert node.
         let x = g
-            .define_tensor(Datatype::Fp32, &dims_of(&t), ValueRole::Input(0))
+            .define_tensor(Datatype::Fp32, &dims_of(&t), ValueRole::Input(external))
             .map_err(at(what("input")))?;
-        let quantized = define_value(&mut g, (t, q), i, loaded, ValueRole::Internal)?;
+        let quantized = define_value(g, (t, q), i, loaded, ValueRole::Internal)?;
         if job.qb4w_input {
             g.define_convert_for_qb4w_gemm(x, quantized)
         } else {
@@ -286,12 +331,12 @@ fn pack_one(
         .map_err(at(what("input conversion")))?;
         quantized
     } else {
-        define_value(&mut g, (t, q), i, loaded, ValueRole::Input(0))?
+        define_value(g, (t, q), i, loaded, ValueRole::Input(external))?
     };
     ids.insert(job.input, input);
 
-    for (&id, read) in operands.iter().zip(&read) {
-        let i = value(id)?;
+    for (id, read) in operands(job).zip(read) {
+        let i = value_of(values, job, id)?;
         let tensor = values.tensor_at(i)?;
         let t = tensor.0;
         let role = match (role_of(&t, i, loaded)?, read) {
@@ -309,32 +354,27 @@ fn pack_one(
             .and_then(|r| r.scales.as_ref())
             .and_then(|s| <[u16]>::ref_from_bytes(s.data()).ok())
             .map(BlockwiseScales::InMemory);
-        ids.insert(
-            id,
-            define_value_scaled(&mut g, tensor, i, loaded, role, scales)?,
-        );
+        ids.insert(id, define_value_scaled(g, tensor, i, loaded, role, scales)?);
     }
 
-    let o = value(job.output)?;
+    let o = value_of(values, job, job.output)?;
     let output = define_value(
-        &mut g,
+        g,
         values.tensor_at(o)?,
         o,
         loaded,
-        ValueRole::Output(1),
+        ValueRole::Output(external + 1),
     )?;
     ids.insert(job.output, output);
 
     let read_as_is = Default::default();
     define_node(
-        &mut g,
+        g,
         job.index,
         &job.node,
         &ids,
         &FastSet::default(),
         &read_as_is,
     )?;
-    let cache: &PackedWeightsCache = cache;
-    Runtime::with_options(&g, Some(cache), &RuntimeOptions::default())?;
     Ok(())
 }

@@ -108,7 +108,7 @@ pub(super) fn define_value<'k>(
 }
 
 /// As [`define_value`], with a blockwise value's scales read from `scales` where given rather
-/// than as `keep` holds them (a one-node runtime that packs from the source's own bytes, see
+/// than as `keep` holds them (packing ahead, from the source's own bytes, see
 /// [`super::prepack`]).
 pub(super) fn define_value_scaled<'k>(
     g: &mut Subgraph<'k>,
