@@ -112,7 +112,7 @@ fn a_cold_launch_packs_every_weight_ahead_and_runtime_creation_packs_none() {
         for (i, &(missing, packed, _)) in parallel.delegates.iter().enumerate() {
             assert_eq!(
                 missing, packed,
-                "{name}, delegate {i}: a one-node packing failed"
+                "{name}, delegate {i}: packing ahead failed"
             );
         }
         let at_creation: usize = parallel.delegates.iter().map(|d| d.2).sum();
