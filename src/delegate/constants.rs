@@ -249,7 +249,13 @@ impl Loaded {
         let Scales::Bf16(ScaleValues::Deferred(index)) = self.scales.get(value)? else {
             return None;
         };
-        match self.constants.get(*index)? {
+        self.deferred_at(*index)
+    }
+
+    /// The named key and placeholder of constant `index`, if it is deferred and stands for the
+    /// key's bytes as they are (not converted).
+    fn deferred_at(&self, index: usize) -> Option<(&str, &Arc<DeferredData>)> {
+        match self.constants.get(index)? {
             Constant::Deferred {
                 key,
                 data,
@@ -768,14 +774,7 @@ pub(super) fn deferred_constant<'k>(
     t: &fb::XNNTensorValue<'_>,
     keep: &'k Loaded,
 ) -> Option<(&'k str, &'k Arc<DeferredData>)> {
-    match keep.constants.get(constant_index(t))? {
-        Constant::Deferred {
-            key,
-            data,
-            conversion: None,
-        } => Some((&**key, data)),
-        _ => None,
-    }
+    keep.deferred_at(constant_index(t))
 }
 
 /// Pins (reads in, for the runtime's lifetime) the placeholders of values some node reads as
