@@ -62,6 +62,13 @@ impl FileIdentity {
     }
 }
 
+/// A file's status change time (`ctime`) as `metadata` tells it, in nanoseconds since the Unix
+/// epoch: moved by every write, truncation or rename, and set back by no call.
+pub fn changed_ns(metadata: &std::fs::Metadata) -> i128 {
+    use std::os::unix::fs::MetadataExt;
+    i128::from(metadata.ctime()) * 1_000_000_000 + i128::from(metadata.ctime_nsec())
+}
+
 impl MappedFile {
     /// Maps the file at `path` read-only as it is now; a file later renamed over `path` does
     /// not change what this map reads.
@@ -82,10 +89,7 @@ impl MappedFile {
             ));
         }
         let identity = FileIdentity::of(&metadata);
-        let changed_ns = {
-            use std::os::unix::fs::MetadataExt;
-            i128::from(metadata.ctime()) * 1_000_000_000 + i128::from(metadata.ctime_nsec())
-        };
+        let changed_ns = changed_ns(&metadata);
         if metadata.len() == 0 {
             return Ok(MappedFile {
                 watch: None,

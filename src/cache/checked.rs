@@ -77,8 +77,7 @@ fn of_mapped(path: &Path, map: &MappedFile) -> Option<Checked> {
         device: metadata.dev(),
         inode: metadata.ino(),
         size: metadata.len(),
-        changed_ns: i128::from(metadata.ctime()) * 1_000_000_000
-            + i128::from(metadata.ctime_nsec()),
+        changed_ns: crate::mmap::changed_ns(&metadata),
     })
 }
 
