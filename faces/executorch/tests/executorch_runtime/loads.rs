@@ -128,6 +128,47 @@ fn no_launch_under_the_mmap_loader_copies_named_data() {
     }
 }
 
+/// A cold launch packs a blockwise model's weights ahead of its runtimes' creation from the mmap
+/// loader's own pages, their bf16 scales included: no placeholder is read in (each read-in is a
+/// copy and four changes of a mapping), and a warm launch then finds every packing.
+#[test]
+fn a_cold_launch_packs_blockwise_weights_and_their_scales_from_the_loaders_pages() {
+    let dir = scratch("blockwise-cold");
+    let cache = dir.join("weights.xbc");
+    let (mut args, _) = io_program(&data().join("export"), "arch_llama_8da4w");
+    args.extend([
+        s("--load-mode"),
+        s("mmap"),
+        s("--cache"),
+        cache.display().to_string(),
+    ]);
+    let path = cache.display().to_string();
+    let cold = run_ok(&args);
+    let c = cold.cache(&path);
+    assert!(c["packed"] > 0, "{}", cold.stdout);
+    if xnnblob::backend::machine_threads() > 1 {
+        // With one thread, no packing ahead: the runtimes' creation packs from placeholders.
+        assert!(
+            c["hits"] >= c["packed"],
+            "packed ahead, then found by the creation:\n{}",
+            cold.stdout
+        );
+        assert_eq!(
+            c["deferred_fills"], 0,
+            "no placeholder read in:\n{}",
+            cold.stdout
+        );
+    }
+    let warm = run_ok(&args);
+    let w = warm.cache(&path);
+    assert_eq!(
+        (w["packed"], w["deferred_fills"]),
+        (0, 0),
+        "{}",
+        warm.stdout
+    );
+}
+
 /// The fraction of `path`'s pages in the page cache (`mincore` over a map of it).
 fn resident_fraction(path: &Path) -> f64 {
     let map = xnnblob::mmap::MappedFile::open(path).unwrap();
