@@ -166,9 +166,9 @@ pub fn record(path: &Path, map: &MappedFile, before: Before, mode: u32) {
 }
 
 /// Moves the record's own change time to now, if the record is one of ours: a launch that read
-/// the cache's directory because something changed in it (see
-/// `publish::directory_changed_since_written`), and found nothing of a save left there, spares
-/// the launches after it the same reading until the directory changes again. Only the record's
+/// the cache's directory because a writer began since the file was written (see
+/// `persist::writer_began_since_written`), and found nothing of a save left there, spares the
+/// launches after it the same reading until a writer begins again. Only the record's
 /// times change, never its text (which holds the cache file's status, not its own) nor the
 /// directory (a new file or a rename would change its time again). Best effort.
 pub fn mark_directory_read(path: &Path) {

@@ -101,8 +101,10 @@ pub(crate) struct Row<'a> {
 pub(crate) type Published = (MappedFile, Vec<FileEntry>);
 
 impl DraftFile {
-    /// Starts a draft of the cache file `destination`, with permission bits `mode`.
+    /// Starts a draft of the cache file `destination`, with permission bits `mode`, once its
+    /// writer's mark is made (see `persist::writer_began_since_written`).
     pub fn create(storage: SharedStorage, destination: &Path, mode: u32) -> io::Result<DraftFile> {
+        super::persist::mark_draft_began(destination, mode);
         let (draft, file) = publish::Draft::create(storage, destination, mode)?;
         let window = FileWindow::map(file.file(), 0, FIRST_WINDOW)?;
         Ok(DraftFile {

@@ -115,12 +115,14 @@ pub(crate) struct WriterLock(#[allow(dead_code)] File);
 /// Takes the writer lock of the cache file at `path` (its `.lock` sibling, created with
 /// permission bits `mode` if absent). Something other than a regular file there (a FIFO, a
 /// symbolic link) is [`CacheError::NotARegularFile`], with nothing opened through it or created.
+/// The lock is also the writer's mark: its modification time is moved to now before anything
+/// is written beside the file (see [`writer_began_since_written`]).
 pub(crate) fn lock_writers(
     storage: &dyn Storage,
     path: &Path,
     mode: u32,
 ) -> Result<WriterLock, CacheError> {
-    let lock_path = sibling(path, ".lock");
+    let lock_path = lock_path(path);
     let f =
         storage.lock_exclusive(&lock_path, mode).map_err(
             |e| match crate::side_file::refused_kind(&e) {
@@ -131,7 +133,85 @@ pub(crate) fn lock_writers(
                 None => io_error(&lock_path, e),
             },
         )?;
+    mark_writer_began(&f);
     Ok(WriterLock(f))
+}
+
+/// The writer lock of the cache file at `path`: its `.lock` sibling.
+fn lock_path(path: &Path) -> PathBuf {
+    sibling(path, ".lock")
+}
+
+/// Moves the writer lock's modification time to now: what every writer of a cache file does
+/// before it makes a temporary or a draft beside it, so that a launch can tell from the lock's
+/// time alone whether one may have been left there since the file was written, without reading
+/// the directory (an app's cache directory may hold thousands of files, and changes whenever
+/// any of them does). Best effort: a writer whose mark failed leaves what it made to the next
+/// save's reclaim, which reads the directory under the lock.
+fn mark_writer_began(lock: &File) {
+    use std::os::fd::AsRawFd;
+    // The kernel's own time, as it sets a file's change time (`UTIME_NOW`), not the process's
+    // clock: a mark read against change times set a moment later must not seem later than they.
+    let times = [
+        libc::timespec {
+            tv_sec: 0,
+            tv_nsec: libc::UTIME_OMIT,
+        },
+        libc::timespec {
+            tv_sec: 0,
+            tv_nsec: libc::UTIME_NOW,
+        },
+    ];
+    // SAFETY: `lock` is an open descriptor for the call's duration and `times` two timespecs,
+    // which futimens only reads.
+    unsafe { libc::futimens(lock.as_raw_fd(), times.as_ptr()) };
+}
+
+/// [`mark_writer_began`] for a writer that does not take the lock (a cold launch's draft of the
+/// file at `path`): the lock is opened, and made with permission bits `mode` where there is
+/// none, only to be marked.
+pub(crate) fn mark_draft_began(path: &Path, mode: u32) {
+    use std::os::unix::fs::OpenOptionsExt;
+    // Read as well as write, as the lock is taken: a FIFO there is refused, not waited on.
+    let opened = crate::side_file::open(
+        &lock_path(path),
+        std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .read(true)
+            .write(true)
+            .mode(mode),
+    );
+    if let Ok(lock) = opened {
+        mark_writer_began(&lock);
+    }
+}
+
+/// Whether a writer may have left a temporary or a draft beside the cache file at `path` since
+/// it, or one of the `written` files beside it (its side files), was last written: the writer
+/// lock's modification time ([`mark_writer_began`]) is later than the newest of their change
+/// times. A reclaim read the directory before each of those writes (the save that put the file
+/// in place, the launch that noted a reading in a side file), so what is left unread is what a
+/// writer made after that, then left when it was killed. False where there is no file (the
+/// launch that finds none packs, and its save reclaims) or no lock (no writer has made anything
+/// beside it); true where a time cannot be read.
+pub(crate) fn writer_began_since_written(path: &Path, written: &[PathBuf]) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let changed = |m: &std::fs::Metadata| (m.ctime(), m.ctime_nsec());
+    let file = match std::fs::symlink_metadata(path) {
+        Ok(file) => file,
+        Err(e) => return e.kind() != std::io::ErrorKind::NotFound,
+    };
+    let lock = match std::fs::symlink_metadata(lock_path(path)) {
+        Ok(lock) => lock,
+        Err(e) => return e.kind() != std::io::ErrorKind::NotFound,
+    };
+    let newest = written
+        .iter()
+        .filter_map(|p| std::fs::symlink_metadata(p).ok())
+        .map(|m| changed(&m))
+        .fold(changed(&file), std::cmp::max);
+    (lock.mtime(), lock.mtime_nsec()) > newest
 }
 
 /// Writes each kept entry (key, packed bytes, checksum, last use) to a temporary file next to

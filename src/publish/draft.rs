@@ -176,33 +176,6 @@ pub(crate) struct Reclaimed {
     pub(crate) kept: usize,
 }
 
-/// Whether anything may have been added beside `destination` since it, or one of the `written`
-/// files beside it (its side files), was last written: its directory's modification time (set
-/// by every file created, removed or renamed in it) is later than the newest of their change
-/// times (the rename that put `destination` in place sets both to one time). A reclaim read the
-/// directory before each of those writes (the save that put the file in place, the launch that
-/// wrote a side file), so what is left unread is what a process made after that reading and
-/// before that write, then left when it was killed: it waits for the next save. False where
-/// there is no destination (the launch that finds none packs, and its save reclaims); true
-/// where the destination's or the directory's time cannot be read.
-pub(crate) fn directory_changed_since_written(destination: &Path, written: &[PathBuf]) -> bool {
-    use std::os::unix::fs::MetadataExt;
-    let changed = |m: &fs::Metadata| (m.ctime(), m.ctime_nsec());
-    let file = match fs::symlink_metadata(destination) {
-        Ok(file) => file,
-        Err(e) => return e.kind() != io::ErrorKind::NotFound,
-    };
-    let Ok(directory) = fs::metadata(directory_of(destination)) else {
-        return true;
-    };
-    let newest = written
-        .iter()
-        .filter_map(|p| fs::symlink_metadata(p).ok())
-        .map(|m| changed(&m))
-        .fold(changed(&file), std::cmp::max);
-    (directory.mtime(), directory.mtime_nsec()) > newest
-}
-
 /// Whether process `pid` exists (signal 0 checks without sending anything; a process of another
 /// user exists too).
 fn process_exists(pid: libc::pid_t) -> bool {

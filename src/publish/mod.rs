@@ -14,7 +14,7 @@
 mod draft;
 
 #[cfg(feature = "xnnpack")]
-pub(crate) use draft::{Draft, directory_changed_since_written, reclaim_abandoned};
+pub(crate) use draft::{Draft, reclaim_abandoned};
 
 use crate::storage::{Storage, StorageFile};
 use std::fs;

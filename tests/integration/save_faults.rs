@@ -104,6 +104,10 @@ fn before(name: &str) -> Before {
     let bystander = dir.join("model.ptd");
     std::fs::write(&bystander, b"not the cache's to touch").unwrap();
     let old_bytes = std::fs::read(&path).unwrap();
+    // A later launch comes a clock tick (up to 10 ms) after the save that made its file at
+    // least: a writer's mark in the same tick as the file's change is not later than it, and
+    // what that writer leaves waits for the next save (`side_files.rs`).
+    std::thread::sleep(std::time::Duration::from_millis(12));
     Before {
         dir,
         path,

@@ -8,7 +8,7 @@
 //! killed, and the test failed, if it does not finish within a generous bound.
 
 use crate::common;
-use crate::packed_cache::{assert_matches_reference, launch, model};
+use crate::packed_cache::{assert_matches_reference, launch, model, register};
 
 use common::{dir, f32s, scratch};
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 use xnnblob::backend::{Backend, BackendOptions, WeightsCacheChoice};
-use xnnblob::cache::{CacheError, CacheOptions, PackedWeightsCache, VerifyPacked};
+use xnnblob::cache::{CacheError, CacheOptions, HeapFirst, PackedWeightsCache, VerifyPacked};
 use xnnblob::program::Program;
 
 /// Set for [`child_launch`]: the cache path of the launch it runs.
@@ -278,10 +278,26 @@ fn a_users_look_alike_temporary_survives_a_save() {
     );
 }
 
-/// Issue 61: a warm launch reads the cache's directory only when a file was added to it since
-/// the cache file or its check record was written, and then reclaims what a killed save left.
+/// What a writer of the cache file at `path` does before it makes a temporary or a draft beside
+/// it: it moves the writer lock's modification time to now.
+fn mark_writer_began(path: &Path) {
+    let mut lock = path.as_os_str().to_owned();
+    lock.push(".lock");
+    std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(lock)
+        .unwrap()
+        .set_modified(std::time::SystemTime::now())
+        .unwrap();
+}
+
+/// Issue 61: a warm launch reads the cache's directory only when a writer of the cache file
+/// began since the file or its check record was written, and then reclaims what a killed save
+/// left; the app's own files changing beside it never make it read the directory.
 #[test]
-fn a_warm_launch_reads_the_directory_only_after_it_changed() {
+fn a_warm_launch_reads_the_directory_only_after_a_writer_began() {
     let dir = scratch("warm-directory");
     let path = dir.join("weights.xbc");
     let mlp = model();
@@ -302,38 +318,41 @@ fn a_warm_launch_reads_the_directory_only_after_it_changed() {
         std::fs::write(&temporary, b"part").unwrap();
         temporary
     };
+    // What a save killed midway leaves: its mark, then its temporary.
     tick();
+    mark_writer_began(&path);
     let first = left(1);
     tick();
     warm();
-    assert!(
-        !first.exists(),
-        "added since the file was written: reclaimed"
-    );
-    // A temporary older than the cache file's last change is not looked for...
-    let second = left(2);
-    tick();
+    assert!(!first.exists(), "a writer began since: reclaimed");
+    // A temporary left with no mark since the file's last change (no writer of this file made
+    // it) is not looked for, however the directory changes...
     let mode = std::fs::metadata(&path).unwrap().permissions();
     std::fs::set_permissions(&path, mode).unwrap();
     tick();
-    warm();
-    assert!(second.exists(), "the directory was not read");
-    // ...until anything else is added beside it.
+    let second = left(2);
     std::fs::write(dir.join("notes"), b"the user's").unwrap();
     tick();
     warm();
-    assert!(!second.exists(), "the directory changed: reclaimed");
+    assert!(second.exists(), "the directory was not read");
+    // ...until a writer begins.
+    mark_writer_began(&path);
+    tick();
+    warm();
+    assert!(!second.exists(), "a writer began: reclaimed");
 }
 
-/// Issue 61: a launch that read the cache's directory (it changed since the file was written)
-/// and found nothing of a save left there says so in the check record's time, so the launches
-/// after it do not read it again until it changes; one that leaves a temporary does not.
+/// Issue 61: a launch that read the cache's directory (a writer began since the file was
+/// written) and found nothing of a save left there says so in the check record's time, so the
+/// launches after it do not read it again until a writer begins again; one that leaves a
+/// temporary does not.
 #[test]
-fn a_launch_that_read_the_directory_spares_the_next_ones_until_it_changes() {
+fn a_launch_that_read_the_directory_spares_the_next_ones_until_a_writer_begins() {
     use std::os::unix::fs::MetadataExt;
     let dir = scratch("directory-read");
     let path = dir.join("weights.xbc");
     let record = dir.join("weights.xbc.checked");
+    let lock = dir.join("weights.xbc.lock");
     let mlp = model();
     let launch_once = || {
         let options = CacheOptions {
@@ -357,29 +376,72 @@ fn a_launch_that_read_the_directory_spares_the_next_ones_until_it_changes() {
     // Timestamps move by clock ticks (up to 10 ms): each step waits one out.
     let tick = || std::thread::sleep(std::time::Duration::from_millis(30));
     tick();
-    std::fs::write(dir.join("notes"), b"the user's").unwrap();
+    mark_writer_began(&path);
     tick();
-    assert!(changed(&record) < modified(&dir), "the directory changed");
+    assert!(changed(&record) < modified(&lock), "a writer began");
     launch_once();
     assert!(
-        changed(&record) >= modified(&dir),
-        "read once, the directory is not read again until it changes"
+        changed(&record) >= modified(&lock),
+        "read once, the directory is not read again until a writer begins"
     );
     assert_eq!(
         std::fs::read_to_string(&record).unwrap().lines().count(),
         1,
         "the record's text is as it was"
     );
+    // The app's own file beside the cache changes nothing.
+    tick();
+    let before = changed(&record);
+    std::fs::write(dir.join("notes"), b"the user's").unwrap();
+    tick();
+    launch_once();
+    assert_eq!(changed(&record), before, "the directory was not read");
     // A live writer's temporary (this process's) is left, and keeps the directory read.
     tick();
+    mark_writer_began(&path);
     let live = dir.join(format!(".weights.xbc.xnnblob-tmp-{}-1", std::process::id()));
     std::fs::write(&live, b"part").unwrap();
     tick();
     launch_once();
     assert!(live.exists(), "a live writer's temporary is kept");
     assert!(
-        changed(&record) < modified(&dir),
+        changed(&record) < modified(&lock),
         "with a temporary left, the record says nothing of the directory"
+    );
+}
+
+/// Issue 61: every writer marks the lock before it makes anything beside the file: a cold
+/// launch's draft and a save's temporary alike, so that what either leaves when killed is
+/// found by the next warm launch.
+#[test]
+fn a_cold_launch_marks_the_writer_lock_before_its_draft_and_its_save() {
+    use std::os::unix::fs::MetadataExt;
+    let dir = scratch("writer-mark");
+    let path = dir.join("weights.xbc");
+    let lock = dir.join("weights.xbc.lock");
+    let mlp = model();
+    let options = CacheOptions {
+        heap_first: HeapFirst(0),
+        ..Default::default()
+    };
+    let cache = PackedWeightsCache::open_with(&path, options).unwrap();
+    let registrations = register(&cache, &mlp);
+    let graph = mlp.subgraph(1).unwrap();
+    let runtime = xnnblob::xnn::Runtime::new(&graph, Some(&*cache)).unwrap();
+    drop(registrations);
+    let draft_made = {
+        let m = std::fs::metadata(&lock).expect("the draft's mark made the lock");
+        (m.mtime(), m.mtime_nsec())
+    };
+    std::thread::sleep(std::time::Duration::from_millis(30));
+    cache.finalize().unwrap();
+    cache.wait_saved().unwrap();
+    drop(runtime);
+    assert!(path.exists(), "saved");
+    let m = std::fs::metadata(&lock).unwrap();
+    assert!(
+        (m.mtime(), m.mtime_nsec()) > draft_made,
+        "the save marked the lock again"
     );
 }
 

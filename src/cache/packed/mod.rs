@@ -134,14 +134,15 @@ impl PackedWeightsCache {
         // Temporaries of saves killed midway are reclaimed here too, not only by a save: a
         // process that never saves again (every later launch warm) would keep them forever. A
         // temporary whose writer is gone can never be published, so no lock is needed. The
-        // directory is read only when something was added to it since the file was put in
-        // place or its check recorded: a warm launch in an app's directory of many files lists
-        // none of them. A reading that leaves nothing of a save there is noted in the check
-        // record's time, so that another file written beside the cache (the app's own) costs
-        // one launch a reading, not every launch after it.
+        // directory is read only when a writer of this file began since the file was put in
+        // place or its check recorded (the writer lock's time says so): a warm launch in an
+        // app's directory of many files lists none of them, however often the app's other
+        // files change. A reading that leaves nothing of a save there is noted in the check
+        // record's time, so that a writer that finished costs one launch a reading, not every
+        // launch after it.
         let storage = options.storage.get();
         let side_files = [super::checked::record_path(&path)];
-        if crate::publish::directory_changed_since_written(&path, &side_files)
+        if persist::writer_began_since_written(&path, &side_files)
             && crate::publish::reclaim_abandoned(storage, &path, false).kept == 0
         {
             checked::mark_directory_read(&path);

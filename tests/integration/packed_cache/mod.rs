@@ -28,7 +28,7 @@ pub(crate) fn input_for(mlp: &Mlp) -> Vec<f32> {
         .collect()
 }
 
-fn register<'a>(cache: &'a PackedWeightsCache, mlp: &'a Mlp) -> Vec<Registration<'a>> {
+pub(crate) fn register<'a>(cache: &'a PackedWeightsCache, mlp: &'a Mlp) -> Vec<Registration<'a>> {
     common::register_mlps(cache, &[mlp])
 }
 
