@@ -177,3 +177,59 @@ fn a_record_that_swaps_two_weights_finds_neither_in_the_wrong_place() {
         "what the lie misplaces is packed again: {stats:?}"
     );
 }
+
+/// One launch of `pte` with the cache file `path`, its packed weights checked in the background
+/// and the check recorded beside the file (as the ExecuTorch backend and `xnnblob run` launch):
+/// what the cache did, once its save and check are done.
+fn launch_checked(pte: &Path, ptd: &Path, path: &Path) -> CacheStats {
+    use xnnblob::backend::{Backend, BackendOptions, WeightsCacheChoice};
+    use xnnblob::cache::{CacheOptions, VerifyPacked};
+    let backend = Backend::new(BackendOptions {
+        threads: 1,
+        cache_options: CacheOptions {
+            verify: VerifyPacked::Background,
+            ..Default::default()
+        },
+        ..Default::default()
+    })
+    .unwrap();
+    let choice = WeightsCacheChoice::File(path.to_path_buf());
+    let program =
+        xnnblob::program::Program::load(&backend, pte, &[ptd.to_path_buf()], Some(&choice))
+            .unwrap();
+    let mut method = program.method("forward").unwrap();
+    let input: Vec<f32> = (0..16).map(|i| (i as f32 - 7.5) / 4.0).collect();
+    method.execute_f32(&[&input]).unwrap();
+    let file = backend.file_cache(path).unwrap();
+    file.wait_saved().unwrap();
+    file.stats()
+}
+
+/// Issue 61: a file recorded as checked as it is now has every entry's bytes checked, the
+/// record of identities among them: a warm launch reads it back without hashing it again.
+#[test]
+fn a_warm_launch_of_a_file_recorded_as_checked_hashes_no_kept_identities() {
+    let dir = common::scratch("identities-recorded");
+    let (pte, ptd) = chain(&dir, "chain", 0);
+    let path = dir.join("chain.xbc");
+    let cold = launch_checked(&pte, &ptd, &path);
+    assert_eq!(cold.packed, 6, "cold packs every layer");
+    let mut record = path.as_os_str().to_owned();
+    record.push(".checked");
+    assert!(Path::new(&record).exists(), "the save recorded its check");
+    let warm = launch_checked(&pte, &ptd, &path);
+    assert_eq!((warm.hits, warm.packed), (6, 0), "{warm:?}");
+    assert!(
+        warm.kept_served >= 1,
+        "the identities are read back: {warm:?}"
+    );
+    assert_eq!(
+        warm.checked, 0,
+        "recorded as checked: nothing hashed: {warm:?}"
+    );
+    // Without the record, the identities a launch acts on at once are checked as it reads them.
+    std::fs::remove_file(&record).unwrap();
+    let unrecorded = launch_checked(&pte, &ptd, &path);
+    assert_eq!((unrecorded.hits, unrecorded.packed), (6, 0));
+    assert!(unrecorded.checked >= 1, "{unrecorded:?}");
+}

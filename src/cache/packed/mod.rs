@@ -160,9 +160,18 @@ impl PackedWeightsCache {
             &compat,
             options.state_dir.as_deref(),
         );
-        let to_check = loaded.filter(|map| {
-            options.verify == VerifyPacked::Background && !checked::is_recorded(&path, map)
-        });
+        // A file recorded as checked as it is now has every entry's bytes checked: the kept
+        // constants a launch reads at once (a delegate's remembered identities) are not hashed
+        // again at each read.
+        let background = options.verify == VerifyPacked::Background;
+        let recorded = background
+            && loaded
+                .as_ref()
+                .is_some_and(|map| checked::is_recorded(&path, map));
+        if recorded {
+            core.mark_checked();
+        }
+        let to_check = loaded.filter(|_| background && !recorded);
         let cache = Arc::new(PackedWeightsCache {
             xnn: ProvidedWeightsCache::new(Arc::new(core)),
             path: Some(path.clone()),
