@@ -50,6 +50,23 @@ pub(crate) fn refused_kind(error: &io::Error) -> Option<&'static str> {
         .map(|n| n.kind)
 }
 
+/// Opens a writer lock's file at `path` (made with permission bits `mode`, less the umask, where
+/// there is none) as [`open`] does, to be locked or marked. Read as well as write: a FIFO opened
+/// for writing alone without blocking fails with ENXIO before its kind can be told; opened for
+/// both, it is refused as a FIFO.
+pub(crate) fn open_lock(path: &Path, mode: u32) -> io::Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    open(
+        path,
+        OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .read(true)
+            .write(true)
+            .mode(mode),
+    )
+}
+
 /// Opens the side file at `path` as `options` say (read, write, create, mode), without following
 /// a symbolic link and without blocking, and only if it is a regular file: anything else is an
 /// [`io::ErrorKind::InvalidInput`] error carrying [`NotRegular`].

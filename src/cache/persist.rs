@@ -171,18 +171,7 @@ fn mark_writer_began(lock: &File) {
 /// file at `path`): the lock is opened, and made with permission bits `mode` where there is
 /// none, only to be marked.
 pub(crate) fn mark_draft_began(path: &Path, mode: u32) {
-    use std::os::unix::fs::OpenOptionsExt;
-    // Read as well as write, as the lock is taken: a FIFO there is refused, not waited on.
-    let opened = crate::side_file::open(
-        &lock_path(path),
-        std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .read(true)
-            .write(true)
-            .mode(mode),
-    );
-    if let Ok(lock) = opened {
+    if let Ok(lock) = crate::side_file::open_lock(&lock_path(path), mode) {
         mark_writer_began(&lock);
     }
 }

@@ -132,18 +132,7 @@ impl Storage for OsStorage {
     }
 
     fn lock_exclusive(&self, path: &Path, mode: u32) -> io::Result<File> {
-        use std::os::unix::fs::OpenOptionsExt;
-        // Read as well as write: a FIFO opened for writing alone without blocking fails with
-        // ENXIO before its kind can be told; opened for both, it is refused as a FIFO.
-        let file = crate::side_file::open(
-            path,
-            std::fs::OpenOptions::new()
-                .create(true)
-                .truncate(false)
-                .read(true)
-                .write(true)
-                .mode(mode),
-        )?;
+        let file = crate::side_file::open_lock(path, mode)?;
         let deadline = std::time::Instant::now() + WRITER_LOCK_WAIT;
         let mut pause = std::time::Duration::from_millis(1);
         loop {
