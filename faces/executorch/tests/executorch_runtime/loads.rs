@@ -169,6 +169,36 @@ fn a_cold_launch_packs_blockwise_weights_and_their_scales_from_the_loaders_pages
     );
 }
 
+/// Issue 61: a delegate whose payload is only its graph keeps it until it is destroyed, so a
+/// launch of a program of many delegates releases none of them during its load (each release,
+/// under the mmap loader, an unmapping that flushes the TLB of every core the process runs on),
+/// and computes as before.
+#[test]
+fn delegates_keep_their_small_payloads_through_the_load() {
+    let dir = scratch("payloads-kept");
+    let runner = Runner::host(ET_RUN, None);
+    let (mut args, expected) = io_program(&data().join("export"), "arch_vit_fp32");
+    args.extend([
+        s("--load-mode"),
+        s("mmap"),
+        s("--cache"),
+        dir.join("weights.xbc").display().to_string(),
+    ]);
+    for launch in ["cold", "warm"] {
+        let m = measure(&runner, launch, "xnnblob", &args, &expected)
+            .unwrap_or_else(|e| panic!("{launch}: {e}"));
+        assert!(m.worst <= 1e-5, "{launch}: {} off at {}", m.worst, m.at);
+        let delegates = m.run.number("init_delegates");
+        assert!(delegates > 1.0, "{launch}: {}", m.run.stdout);
+        assert_eq!(
+            m.run.number("init_payloads_kept"),
+            delegates,
+            "{launch}: every payload kept:\n{}",
+            m.run.stdout
+        );
+    }
+}
+
 /// The fraction of `path`'s pages in the page cache (`mincore` over a map of it).
 fn resident_fraction(path: &Path) -> f64 {
     let map = xnnblob::mmap::MappedFile::open(path).unwrap();
