@@ -31,20 +31,22 @@ pub struct EtDelegate {
     /// Its map's key list, kept while the delegate lives so that the next delegate made from
     /// the same map finds it.
     _keys: Option<Arc<MapKeys>>,
-    /// Its payload, where it is small enough to be only its graph (see [`KEPT_PAYLOAD_UP_TO`]):
-    /// released with the delegate rather than at the end of its init.
+    /// Its payload, where it is small enough to be only its graph and the launch is warm (see
+    /// [`KEPT_PAYLOAD_UP_TO`]): released with the delegate rather than at the end of its init.
     _payload: Option<DataBuffer>,
 }
 
-/// The largest payload a delegate keeps until it is destroyed, rather than releasing it at the
-/// end of its init as ExecuTorch's backend does: under the mmap loader, each release is an
-/// `munmap` of the payload's pages, which, once ExecuTorch's pool has started its threads,
-/// interrupts every core the process has run on to flush its TLB. A warm ViT's 16 delegates
-/// loaded in 1.207 ms keeping theirs against 1.321 ms releasing them (25 alternating launches,
-/// 2 cores). A payload this small holds its graph, not constant data (named constants lie in
-/// the program's or a `.ptd`'s named data): what it keeps is a few pages of the program file
-/// (the bytes the init read), or that much heap under the file loader. Larger payloads, whose
-/// inline constants are only read to be packed, are released as before.
+/// The largest payload a delegate of a warm launch keeps until it is destroyed, rather than
+/// releasing it at the end of its init as ExecuTorch's backend does: under the mmap loader,
+/// each release is an `munmap` of the payload's pages, which, while ExecuTorch's pool spins
+/// its workers after starting them, interrupts their core to flush its TLB. A warm ViT's 16
+/// delegates loaded in 1.207 ms keeping theirs against 1.321 ms releasing them (25 alternating
+/// launches), the 124 delegates of a prefill-and-decode export initialised in 6.25 ms against
+/// 7.62 ms (10; 2 cores). A payload this small holds its graph, not constant data (named
+/// constants lie in the program's or a `.ptd`'s named data): what it keeps is a few pages of
+/// the program file (the bytes the init read; 0.8 MiB for those 124), or that much heap under
+/// the file loader. Larger payloads, whose inline constants are only read to be packed, and
+/// those of a launch that packs, are released as before.
 const KEPT_PAYLOAD_UP_TO: usize = 64 << 10;
 
 impl EtDelegate {
@@ -329,10 +331,17 @@ fn init(
     let map = Arc::new(
         EtMap::new(map).map_err(|e| Outcome::error(Status::InvalidExternalData, report(&e)))?,
     );
-    let kept = (len <= KEPT_PAYLOAD_UP_TO).then(|| payload.clone());
+    let small = (len <= KEPT_PAYLOAD_UP_TO).then(|| payload.clone());
     let delegate = XnnDelegate::init_deferred(&model, payload, map.clone());
     map.close();
     let delegate = delegate.map_err(|e| Outcome::error(status_of(&e), report(&e)))?;
+    // Kept where the launch is warm so far (its cache has packed nothing in this process): a
+    // cold launch's peak is its packing, and a payload kept through it would add to the peak.
+    let warm = match model.weights() {
+        Weights::Packed(cache) => cache.packed_count() == 0,
+        _ => false,
+    };
+    let kept = small.filter(|_| warm);
     let timings = delegate.init_timings();
     let mut spent = INIT_SPENT.lock();
     spent.payloads_kept += u64::from(kept.is_some());

@@ -169,10 +169,11 @@ fn a_cold_launch_packs_blockwise_weights_and_their_scales_from_the_loaders_pages
     );
 }
 
-/// Issue 61: a delegate whose payload is only its graph keeps it until it is destroyed, so a
-/// launch of a program of many delegates releases none of them during its load (each release,
-/// under the mmap loader, an unmapping that flushes the TLB of every core the process runs on),
-/// and computes as before.
+/// Issue 61: in a warm launch, a delegate whose payload is only its graph keeps it until it is
+/// destroyed, so a launch of a program of many delegates releases none of them during its load
+/// (each release, under the mmap loader, an unmapping that flushes the TLB of the core
+/// ExecuTorch's pool spins on); a cold launch, whose peak is its packing, releases them as
+/// ExecuTorch's backend does once it has packed. Both compute as before.
 #[test]
 fn delegates_keep_their_small_payloads_through_the_load() {
     let dir = scratch("payloads-kept");
@@ -190,12 +191,12 @@ fn delegates_keep_their_small_payloads_through_the_load() {
         assert!(m.worst <= 1e-5, "{launch}: {} off at {}", m.worst, m.at);
         let delegates = m.run.number("init_delegates");
         assert!(delegates > 1.0, "{launch}: {}", m.run.stdout);
-        assert_eq!(
-            m.run.number("init_payloads_kept"),
-            delegates,
-            "{launch}: every payload kept:\n{}",
-            m.run.stdout
-        );
+        let kept = m.run.number("init_payloads_kept");
+        if launch == "warm" {
+            assert_eq!(kept, delegates, "every payload kept:\n{}", m.run.stdout);
+        } else {
+            assert!(kept < delegates, "packed, then released:\n{}", m.run.stdout);
+        }
     }
 }
 
