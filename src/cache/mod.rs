@@ -58,6 +58,8 @@ pub use packed::{
     CacheAccess, OwnedRegistration, PackedWeightsCache, Registration, compact_file, verify_file,
 };
 #[cfg(feature = "xnnpack")]
+pub(crate) use persist::lock_path;
+#[cfg(feature = "xnnpack")]
 pub use persist::{FileReport, LoadOutcome};
 #[cfg(feature = "xnnpack")]
 pub use stats::{BadEntry, CacheStats};

@@ -138,7 +138,7 @@ pub(crate) fn lock_writers(
 }
 
 /// The writer lock of the cache file at `path`: its `.lock` sibling.
-fn lock_path(path: &Path) -> PathBuf {
+pub(crate) fn lock_path(path: &Path) -> PathBuf {
     sibling(path, ".lock")
 }
 

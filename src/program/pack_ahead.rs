@@ -66,9 +66,7 @@ pub fn pack_ahead(
     drop(loaded);
     drop(cache);
     // The writers' lock beside the file belongs to a writable cache, not to a bundle.
-    let mut lock = file.as_os_str().to_owned();
-    lock.push(".lock");
-    let _ = std::fs::remove_file(PathBuf::from(lock));
+    let _ = std::fs::remove_file(crate::cache::lock_path(file));
     // A program with nothing to pack (no weights) leaves no file (a save may have made one that
     // records only its data files).
     if entries == 0 {

@@ -227,7 +227,7 @@ fn a_warm_launch_of_a_file_recorded_as_checked_hashes_no_kept_identities() {
         warm.checked, 0,
         "recorded as checked: nothing hashed: {warm:?}"
     );
-    // Without the record, the identities a launch acts on at once are checked as it reads them.
+    // Without the record the file's entries, the identities among them, are checked again.
     std::fs::remove_file(&record).unwrap();
     let unrecorded = launch_checked(&pte, &ptd, &path);
     assert_eq!((unrecorded.hits, unrecorded.packed), (6, 0));
