@@ -317,6 +317,22 @@ impl Backend {
         Ok(cache)
     }
 
+    /// Whether `request` names a cache file this backend resolved before, which
+    /// [`resolve_weights`](Self::resolve_weights) then hands over asking nothing of the file
+    /// system.
+    pub fn has_resolved(&self, request: &WeightsCacheChoice) -> bool {
+        let (layers, path) = match request {
+            WeightsCacheChoice::File(path) => (&[][..], path),
+            WeightsCacheChoice::Layered { layers, path } => (&layers[..], path),
+            WeightsCacheChoice::InMemory | WeightsCacheChoice::Disabled => return false,
+        };
+        self.0
+            .resolved
+            .lock()
+            .get(path)
+            .is_some_and(|c| c.layers() == layers)
+    }
+
     /// The weights `request` names, resolved as every face resolves them (ExecuTorch's options,
     /// the command line's flags, the C++ and C faces' arguments):
     /// - a file whose directory takes no new files (a read-only mount, an app's bundle) is used

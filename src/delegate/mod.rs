@@ -27,7 +27,7 @@ pub use compile::InitTimings;
 pub use error::DelegateError;
 pub use fallback::fp16_as_fp32_delegates;
 pub use fusion::Alias;
-pub use summary::{PayloadSummary, constant_keys, summarize};
+pub use summary::{PayloadSummary, constant_keys, packs_weights, summarize};
 
 use crate::backend::ModelContext;
 use crate::cache::PackedWeightsCache;

@@ -3,7 +3,7 @@
 
 use super::error::DelegateError;
 use super::graph::tensor_of;
-use super::operators::find;
+use super::operators::{find, may_pack};
 use super::payload::parse;
 use crate::schema::xnn as fb;
 use std::collections::BTreeMap;
@@ -69,6 +69,14 @@ pub fn summarize(payload: &[u8]) -> Result<PayloadSummary, DelegateError> {
         datatypes: datatypes.into_iter().collect(),
         constant_keys: keys_of(&parsed.graph),
     })
+}
+
+/// Whether a delegate of the payload may pack a weight, and so ask a weights cache for it: a
+/// fully connected layer, a convolution or a batch matrix multiply among its nodes. A graph of
+/// elementwise operations, poolings, reshapes and the like asks a cache of nothing, so a face
+/// need not open one for it. The payload is validated as an init validates it.
+pub fn packs_weights(payload: &[u8]) -> Result<bool, DelegateError> {
+    Ok(may_pack(&parse(payload)?.graph))
 }
 
 /// The named keys of the constants a delegate payload reads from named data, in its order

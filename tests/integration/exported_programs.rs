@@ -121,6 +121,49 @@ fn exported_programs_hold_every_node_type_executorch_lowers_and_all_are_defined(
     assert!(missing.is_empty(), "no exported program holds {missing:?}");
 }
 
+/// A delegate packs weights, and so asks a weights cache, exactly where one of its nodes is of
+/// a kind XNNPACK packs a constant operand of: the ExecuTorch face opens no cache file for a
+/// program of delegates that pack none. Every exported delegate, against its node types; both
+/// kinds are among them. A payload that is not one is refused, as an init refuses it.
+#[test]
+fn a_delegate_packs_weights_exactly_where_a_node_of_it_packs_an_operand() {
+    const PACKING: [&str; 5] = [
+        "XNNFullyConnected",
+        "XNNConv2d",
+        "XNNDepthwiseConv2d",
+        "XNNConvTranspose2d",
+        "XNNBatchMatrixMultiply",
+    ];
+    let (mut packing, mut not) = (0, 0);
+    for name in common::exported_names() {
+        let map = FileDataMap::open(dir().join(format!("{name}.pte"))).unwrap();
+        for (method, payloads) in xnnblob::program::delegate_payloads(&map).unwrap() {
+            for p in payloads {
+                let summary = summarize(&p).unwrap();
+                let packs = summary
+                    .nodes
+                    .iter()
+                    .any(|(node, _, _)| PACKING.contains(&node.as_str()));
+                assert_eq!(
+                    xnnblob::delegate::packs_weights(&p).unwrap(),
+                    packs,
+                    "{name} {method}: {summary:?}"
+                );
+                if packs {
+                    packing += 1;
+                } else {
+                    not += 1;
+                }
+            }
+        }
+    }
+    assert!(
+        packing > 0 && not > 0,
+        "{packing} delegates pack, {not} do not"
+    );
+    assert!(xnnblob::delegate::packs_weights(b"XH00 and nothing else").is_err());
+}
+
 fn payload(bytes: &[u8]) -> DataBuffer {
     let mut map = InMemoryMap::new("payload");
     map.insert("p", bytes, 64, None).unwrap();

@@ -191,19 +191,15 @@ pub(crate) struct Note {
     severe: bool,
 }
 
-/// The packed-weight cache a load asked for (the backend's one resolver), and what it has to
-/// say, once per path in this process.
-fn weights_for(
-    backend: &Backend,
-    options: &InitOptions,
-) -> Result<(Weights, Option<Note>), Outcome> {
+/// The packed-weight cache a load's options ask for.
+fn weights_request(options: &InitOptions) -> Result<WeightsCacheChoice, Outcome> {
     let layers: Vec<PathBuf> = options
         .packed_cache_layers
         .split(':')
         .filter(|p| !p.is_empty())
         .map(PathBuf::from)
         .collect();
-    let request = match (
+    Ok(match (
         options.weight_cache_enabled,
         options.packed_cache_path.as_str(),
     ) {
@@ -222,7 +218,32 @@ fn weights_for(
             layers,
             path: PathBuf::from(path),
         },
-    };
+    })
+}
+
+/// The packed-weight cache of a load (the backend's one resolver), and what it has to say, once
+/// per path in this process. A delegate that packs no weight (`payload`'s graph has no fully
+/// connected layer, convolution or batch matrix multiply) asks no cache for anything: until the
+/// process has opened the file its options name, such a delegate gets none, so a program of
+/// elementwise operations opens (and makes) no cache file, and the file is opened by the first
+/// delegate that packs. Once it is open, handing it over costs nothing.
+fn weights_for(
+    backend: &Backend,
+    options: &InitOptions,
+    payload: &[u8],
+) -> Result<(Weights, Option<Note>), Outcome> {
+    let request = weights_request(options)?;
+    let file = matches!(
+        request,
+        WeightsCacheChoice::File(_) | WeightsCacheChoice::Layered { .. }
+    );
+    // A payload that does not parse is the init's to refuse, with its own error.
+    if file
+        && !backend.has_resolved(&request)
+        && xnnblob::delegate::packs_weights(payload).is_ok_and(|packs| !packs)
+    {
+        return Ok((Weights::None, None));
+    }
     let (weights, notice) = backend.resolve_weights(&request, options.verify_on_load);
     let mut notes = Vec::new();
     if let Some(notice) = notice {
@@ -302,8 +323,11 @@ fn init(
     map: UniquePtr<EtDataMap>,
 ) -> Result<Initialised, Outcome> {
     let backend = process_backend()?;
+    let processed = Arc::new(EtBytes(processed));
+    let len = xnnblob::named_data::Backing::bytes(&*processed).len();
+    let payload = DataBuffer::new(processed, 0, len).expect("the whole buffer");
     let opening = std::time::Instant::now();
-    let (weights, warning) = weights_for(backend, options)?;
+    let (weights, warning) = weights_for(backend, options, payload.data())?;
     let opened = opening.elapsed();
     let sharing =
         WorkspaceSharing::from_code(options.workspace_sharing_mode.into()).ok_or_else(|| {
@@ -325,9 +349,6 @@ fn init(
         model = model.without_threadpool();
     }
     let asked = asking.elapsed();
-    let processed = Arc::new(EtBytes(processed));
-    let len = xnnblob::named_data::Backing::bytes(&*processed).len();
-    let payload = DataBuffer::new(processed, 0, len).expect("the whole buffer");
     let map = Arc::new(
         EtMap::new(map).map_err(|e| Outcome::error(Status::InvalidExternalData, report(&e)))?,
     );
@@ -337,8 +358,11 @@ fn init(
     let delegate = delegate.map_err(|e| Outcome::error(status_of(&e), report(&e)))?;
     // Kept where the launch is warm so far (its cache has packed nothing in this process): a
     // cold launch's peak is its packing, and a payload kept through it would add to the peak.
+    // A delegate that packs no weight was given no cache although the options asked for one
+    // (`weights_for`): it packs nothing either.
     let warm = match model.weights() {
         Weights::Packed(cache) => cache.packed_count() == 0,
+        Weights::None => options.weight_cache_enabled,
         _ => false,
     };
     let kept = small.filter(|_| warm);

@@ -842,6 +842,19 @@ pub(super) fn packing(node: &fb::XNode<'_>, parameters: &mut Description) -> Opt
     (find(node.xnode_union_type())?.packing)(node, parameters)
 }
 
+/// Whether a node of the graph may pack a constant operand through the weights cache (a row
+/// whose [`PackingOf`] finds one: fully connected layers, convolutions, batch matrix
+/// multiplies). XNNPACK asks a weights cache of nothing else, so a graph without one never asks
+/// it at all.
+pub(super) fn may_pack(graph: &fb::XNNGraph<'_>) -> bool {
+    let mut parameters = Description::new();
+    graph
+        .xnodes()
+        .iter()
+        .flatten()
+        .any(|node| packing(&node, &mut parameters).is_some())
+}
+
 /// The name of every node type of ExecuTorch 1.5.1's XNNPACK schema, in discriminant order.
 pub fn schema_node_types() -> impl Iterator<Item = &'static str> {
     fb::XNodeUnion::ENUM_VALUES

@@ -200,6 +200,49 @@ fn delegates_keep_their_small_payloads_through_the_load() {
     }
 }
 
+/// Issue 61: a program none of whose delegates packs a weight (elementwise operations) neither
+/// opens nor makes the cache file its options name: it has nothing to keep there, and opening
+/// the file was a sixth of its load. In a process that loads it before a program that packs,
+/// the first delegate that packs opens the file, as before. Outputs are ExecuTorch's each time.
+#[test]
+fn a_program_that_packs_no_weight_opens_no_cache_file() {
+    let dir = scratch("packs-nothing");
+    let runner = Runner::host(ET_RUN, None);
+    let export = data().join("export");
+    let cache = dir.join("weights.xbc");
+    let path = cache.display().to_string();
+    let with_cache = |mut args: Vec<String>| {
+        args.extend([s("--load-mode"), s("mmap"), s("--cache"), path.clone()]);
+        args
+    };
+    let (elementwise, expected) = io_program(&export, "op_binary_fp32");
+    for launch in ["first", "second"] {
+        let m = measure(
+            &runner,
+            launch,
+            "xnnblob",
+            &with_cache(elementwise.clone()),
+            &expected,
+        )
+        .unwrap_or_else(|e| panic!("{launch}: {e}"));
+        assert!(m.worst <= 1e-5, "{launch}: {} off at {}", m.worst, m.at);
+        assert!(!cache.exists(), "{launch}: no file made:\n{}", m.run.stdout);
+        assert!(
+            !m.run.stdout.contains(&format!("cache {path}:")),
+            "{launch}: no cache opened:\n{}",
+            m.run.stdout
+        );
+    }
+    // Each program's arguments without their `--steps N`, one step of each.
+    let (unet, _) = io_program(&export, "arch_unet_fp32");
+    let mut both = elementwise[..elementwise.len() - 2].to_vec();
+    both.extend_from_slice(&unet[..unet.len() - 2]);
+    both.extend([s("--steps"), s("1"), s("--backend"), s("xnnblob")]);
+    let run = run_ok(&with_cache(both));
+    assert!(run.cache(&path)["packed"] > 0, "{}", run.stdout);
+    assert!(cache.exists(), "the program that packs made the file");
+}
+
 /// The fraction of `path`'s pages in the page cache (`mincore` over a map of it).
 fn resident_fraction(path: &Path) -> f64 {
     let map = xnnblob::mmap::MappedFile::open(path).unwrap();
