@@ -4,9 +4,10 @@
 //! fixtures' named data (`xnnblob_fuzz::named_data`, built once per process), which holds every
 //! key the corpus's payloads name.
 //!
-//! Asserted of a runtime: its inputs, and its outputs, come in ascending id, no id is both, their
-//! sizes do not overflow, and a run on zeroed inputs of the declared shapes (when they are small)
-//! either fails cleanly or leaves every output with a shape that fits the room given for it.
+//! Asserted of a runtime: its payload is one `delegate::packs_weights` reads; its inputs, and its
+//! outputs, come in ascending id, no id is both, their sizes do not overflow, and a run on zeroed
+//! inputs of the declared shapes (when they are small) either fails cleanly or leaves every
+//! output with a shape that fits the room given for it.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
@@ -20,10 +21,14 @@ const RUN_LIMIT: usize = 1 << 20;
 fuzz_target!(init: xnnblob_fuzz::limit_address_space(), |data: &[u8]| {
     xnnblob_fuzz::record_input(data);
     let map = xnnblob_fuzz::named_data();
-    let Ok(mut delegate) = XnnDelegate::init(xnnblob_fuzz::model(), xnnblob_fuzz::buffer(data), &**map)
-    else {
+    // The ExecuTorch face asks this of a payload before its init: it answers or refuses whatever
+    // the bytes, and refuses nothing the init accepts.
+    let payload = xnnblob_fuzz::buffer(data);
+    let packs = xnnblob::delegate::packs_weights(payload.data());
+    let Ok(mut delegate) = XnnDelegate::init(xnnblob_fuzz::model(), payload, &**map) else {
         return;
     };
+    assert!(packs.is_ok(), "a payload init accepts is read: {packs:?}");
     let mut bytes = 0usize;
     for list in [
         delegate.inputs().collect::<Vec<_>>(),
