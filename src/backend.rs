@@ -326,11 +326,17 @@ impl Backend {
             WeightsCacheChoice::Layered { layers, path } => (&layers[..], path),
             WeightsCacheChoice::InMemory | WeightsCacheChoice::Disabled => return false,
         };
+        self.resolved(layers, path).is_some()
+    }
+
+    /// The cache this backend resolved before for the file `path` under `layers`, if any.
+    fn resolved(&self, layers: &[PathBuf], path: &Path) -> Option<Arc<PackedWeightsCache>> {
         self.0
             .resolved
             .lock()
             .get(path)
-            .is_some_and(|c| c.layers() == layers)
+            .filter(|c| c.layers() == layers)
+            .cloned()
     }
 
     /// The weights `request` names, resolved as every face resolves them (ExecuTorch's options,
@@ -361,14 +367,7 @@ impl Backend {
             WeightsCacheChoice::File(path) => (&[][..], path),
             WeightsCacheChoice::Layered { layers, path } => (&layers[..], path),
         };
-        if let Some(cache) = self
-            .0
-            .resolved
-            .lock()
-            .get(path)
-            .filter(|c| c.layers() == layers)
-            .cloned()
-        {
+        if let Some(cache) = self.resolved(layers, path) {
             // Resolved before: the same cache, and its notice was given then.
             if verify_on_load {
                 cache.verify_before_use();
