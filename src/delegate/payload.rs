@@ -75,6 +75,28 @@ pub struct Payload<'a> {
 
 /// Parses and validates a payload.
 pub fn parse(bytes: &[u8]) -> Result<Payload<'_>, DelegateError> {
+    let (header, fb_bytes, constant_data) = framed(bytes)?;
+    let graph = crate::schema::xnn_graph(fb_bytes).map_err(DelegateError::PayloadVerifier)?;
+    Ok(Payload {
+        header,
+        graph,
+        constant_data,
+    })
+}
+
+/// Each node's type in a payload's graph, with the framing checked as [`parse`] checks it and
+/// the flatbuffer only as far as the types are read ([`crate::schema::xnn_node_types`]): a
+/// payload whose types this reads may still be one `parse` refuses.
+pub(crate) fn node_types(
+    bytes: &[u8],
+) -> Result<impl Iterator<Item = fb::XNodeUnion> + '_, DelegateError> {
+    let (_, fb_bytes, _) = framed(bytes)?;
+    crate::schema::xnn_node_types(fb_bytes).map_err(DelegateError::PayloadVerifier)
+}
+
+/// The header, checked against the payload's length, the graph's flatbuffer (its identifier
+/// checked, nothing else) and the inline constant data.
+fn framed(bytes: &[u8]) -> Result<(PayloadHeader, &[u8], &[u8]), DelegateError> {
     let magic: [u8; 4] = field(bytes, MAGIC_AT)?;
     if magic != MAGIC {
         return Err(DelegateError::PayloadMagic { found: magic });
@@ -118,15 +140,10 @@ pub fn parse(bytes: &[u8]) -> Result<Payload<'_>, DelegateError> {
                 .to_vec(),
         });
     }
-    let graph = crate::schema::xnn_graph(fb_bytes).map_err(DelegateError::PayloadVerifier)?;
     let constant_data = if header.constant_data_size > 0 {
         &bytes[const_start as usize..(const_start + header.constant_data_size) as usize]
     } else {
         &[]
     };
-    Ok(Payload {
-        header,
-        graph,
-        constant_data,
-    })
+    Ok((header, fb_bytes, constant_data))
 }

@@ -4,7 +4,7 @@
 use super::error::DelegateError;
 use super::graph::tensor_of;
 use super::operators::{find, may_pack};
-use super::payload::parse;
+use super::payload::{node_types, parse};
 use crate::schema::xnn as fb;
 use std::collections::BTreeMap;
 
@@ -74,9 +74,13 @@ pub fn summarize(payload: &[u8]) -> Result<PayloadSummary, DelegateError> {
 /// Whether a delegate of the payload may pack a weight, and so ask a weights cache for it: a
 /// fully connected layer, a convolution or a batch matrix multiply among its nodes. A graph of
 /// elementwise operations, poolings, reshapes and the like asks a cache of nothing, so a face
-/// need not open one for it. The payload is validated as an init validates it.
+/// need not open one for it.
+///
+/// Only the payload's framing and its nodes' types are read, and checked as far as they are
+/// read: an error says they cannot be, and a payload answered here may still be one an init
+/// refuses (with its own error). The rest of the graph is verified once, by the init.
 pub fn packs_weights(payload: &[u8]) -> Result<bool, DelegateError> {
-    Ok(may_pack(&parse(payload)?.graph))
+    Ok(node_types(payload)?.any(may_pack))
 }
 
 /// The named keys of the constants a delegate payload reads from named data, in its order

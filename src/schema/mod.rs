@@ -76,3 +76,23 @@ pub fn xnn_graph(bytes: &[u8]) -> Result<xnn::XNNGraph<'_>, verify::VerifyError>
     // and the `graph_verifier` fuzz target holds the two verifiers to the same answers.
     Ok(unsafe { flatbuffers::root_unchecked::<xnn::XNNGraph>(bytes) })
 }
+
+/// Each node's type in the graph of an XNNPACK payload (`XN01`), with only what that reads
+/// verified: the root table, its vector of nodes and each node's type byte
+/// (`xnn_shape::GRAPH_NODE_TYPES`). A buffer this reads may still be one [`xnn_graph`] refuses;
+/// the graph itself is never handed out, since nothing else of it was checked.
+#[cfg(feature = "xnnpack")]
+pub fn xnn_node_types(
+    bytes: &[u8],
+) -> Result<impl Iterator<Item = xnn::XNodeUnion> + '_, verify::VerifyError> {
+    verify::verify(bytes, &xnn_shape::GRAPH_NODE_TYPES, &verifier_options())?;
+    // SAFETY: `verify` checked the root offset, the root table's vtable, its `xnodes` vector and
+    // every node's vtable and type byte in range and aligned, as flatbuffers' verifier checks
+    // them; the iterator reads those and nothing else (`xnodes`, `xnode_union_type`).
+    let graph = unsafe { flatbuffers::root_unchecked::<xnn::XNNGraph>(bytes) };
+    Ok(graph
+        .xnodes()
+        .into_iter()
+        .flatten()
+        .map(|node| node.xnode_union_type()))
+}

@@ -38,6 +38,9 @@ pub enum Field {
     Union(&'static [&'static Shape]),
     /// A deprecated field: nothing reads it, so nothing checks it.
     Deprecated,
+    /// A field that a view of its table (a shape that checks only what one reader reads, such
+    /// as `xnn_shape`'s `GRAPH_NODE_TYPES`) leaves unread: nothing checks it.
+    Unread,
 }
 
 /// A table of the schema: its fields in slot order (a union takes two slots, its type's and
@@ -346,7 +349,7 @@ impl<'b> Verifier<'b, '_> {
     #[inline(always)]
     fn field(&mut self, table: &Table<'_>, slot: usize, field: Field) -> Checked {
         let pos = match field {
-            Field::Deprecated | Field::UnionType => return Ok(()),
+            Field::Deprecated | Field::Unread | Field::UnionType => return Ok(()),
             Field::Union(variants) => return self.union(table, slot, variants),
             _ => match self.slot(table, slot) {
                 Some(pos) => pos,
@@ -385,7 +388,7 @@ impl<'b> Verifier<'b, '_> {
                 }
                 Ok(())
             }
-            Field::Deprecated | Field::UnionType | Field::Union(_) => Ok(()),
+            Field::Deprecated | Field::Unread | Field::UnionType | Field::Union(_) => Ok(()),
         }
     }
 

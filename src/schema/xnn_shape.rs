@@ -2,7 +2,9 @@
 //! checks it: every table's fields in slot order. A test reads the schema and holds these to
 //! it, name for name and slot for slot.
 
-use super::verify::Field::{Deprecated, Scalar, Scalars, String, Table, Tables, Union, UnionType};
+use super::verify::Field::{
+    Deprecated, Scalar, Scalars, String, Table, Tables, Union, UnionType, Unread,
+};
 use super::verify::{Check, Checked, Shape, TableShape, Verifier};
 
 /// Defines each shape as a static [`Shape`] (its fields as data, which the test below holds
@@ -315,6 +317,20 @@ table_shapes! {
     ]
 }
 
+// A view of the graph: what `schema::xnn_node_types` reads (each node's type, before a face
+// decides whether a delegate needs a weights cache at all), and nothing more. Its type byte is
+// read alone, as a scalar, so the union's value is left unread. A test holds each of its fields
+// to the full shape's slot.
+table_shapes! {
+    NODE_TYPE = "XNode" [
+        ("xnode_union_type", Scalar(1)),
+    ]
+    GRAPH_NODE_TYPES = "XNNGraph" [
+        ("version", Unread),
+        ("xnodes", Tables(&NODE_TYPE)),
+    ]
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::verify::{Field, Shape};
@@ -424,6 +440,7 @@ mod tests {
                     .join(" ")
             ),
             Field::Deprecated => "deprecated".into(),
+            Field::Unread => "unread".into(),
         }
     }
 
@@ -458,5 +475,36 @@ mod tests {
                 .collect();
             assert_eq!(ours, schema[name], "table {name}");
         }
+    }
+
+    /// A view's field is its table's in the same slot, or unread; a union's type byte may be
+    /// read alone, as a one-byte scalar. Slots past the view's last are unread.
+    fn assert_view_of(view: &'static Shape, full: &'static Shape) {
+        assert_eq!(view.name, full.name);
+        assert!(view.fields.len() <= full.fields.len(), "{}", view.name);
+        for (&(name, field), &(full_name, full_field)) in view.fields.iter().zip(full.fields) {
+            assert_eq!(name, full_name, "{} slot order", view.name);
+            let same = match (field, full_field) {
+                (Field::Unread, _) => true,
+                (Field::Scalar(1), Field::UnionType) => true,
+                (Field::Tables(v), Field::Tables(f)) | (Field::Table(v), Field::Table(f)) => {
+                    assert_view_of(v, f);
+                    true
+                }
+                (v, f) => describe(v) == describe(f),
+            };
+            assert!(
+                same,
+                "{}.{name}: {} against {}",
+                view.name,
+                describe(field),
+                describe(full_field)
+            );
+        }
+    }
+
+    #[test]
+    fn the_node_types_view_reads_its_tables_fields_in_their_slots() {
+        assert_view_of(&super::GRAPH_NODE_TYPES, &super::GRAPH);
     }
 }

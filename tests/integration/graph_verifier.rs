@@ -28,12 +28,60 @@ fn flatbuffers_accepts(fb: &[u8]) -> bool {
     flatbuffers::root_with_opts::<xnn::XNNGraph>(&xnnblob::schema::verifier_options(), fb).is_ok()
 }
 
-/// Where the two verifiers disagree on `fb`: None when they agree.
+/// Where the two verifiers disagree on `fb`, or the node-types view (`xnn_node_types`, which
+/// checks only what it reads) refuses a graph the full verifier accepts or reads other types
+/// from it: None when they agree. The view reads every buffer it is given, accepted or not,
+/// within it (the sanitizer run holds it to that).
 fn disagreement(fb: &[u8]) -> Option<String> {
     let ours = xnnblob::schema::xnn_graph(fb);
     let theirs = flatbuffers_accepts(fb);
-    (ours.is_ok() != theirs)
-        .then(|| format!("xnnblob: {:?}, flatbuffers accepts: {theirs}", ours.err()))
+    if ours.is_ok() != theirs {
+        return Some(format!(
+            "xnnblob: {:?}, flatbuffers accepts: {theirs}",
+            ours.err()
+        ));
+    }
+    let view: Option<Vec<_>> = xnnblob::schema::xnn_node_types(fb)
+        .ok()
+        .map(Iterator::collect);
+    let full: Option<Vec<_>> = ours.ok().map(|g| {
+        g.xnodes()
+            .into_iter()
+            .flatten()
+            .map(|n| n.xnode_union_type())
+            .collect()
+    });
+    match (full, view) {
+        (Some(full), Some(view)) if full != view => Some(format!(
+            "node types: the graph's {full:?}, the view's {view:?}"
+        )),
+        (Some(_), None) => Some("the node-types view refuses a verified graph".into()),
+        _ => None,
+    }
+}
+
+#[test]
+fn the_node_types_view_reads_a_graph_whose_other_tables_are_broken() {
+    let graph = xnnblob_test_support::synthetic::mlp_payload(
+        &xnnblob_test_support::synthetic::Mlp::random(&[8, 4], 1),
+        1,
+    );
+    let p = payload::parse(&graph.payload).unwrap();
+    let at = p.header.flatbuffer_offset as usize;
+    let mut fb = graph.payload[at..at + p.header.flatbuffer_size as usize].to_vec();
+    let types: Vec<_> = xnnblob::schema::xnn_node_types(&fb).unwrap().collect();
+    assert_eq!(types, [xnn::XNodeUnion::XNNFullyConnected]);
+    // The graph's version string ("0") made other than UTF-8: the graph is refused, its node
+    // types are still read.
+    let version = fb
+        .windows(6)
+        .position(|w| w == [1, 0, 0, 0, b'0', 0])
+        .unwrap();
+    fb[version + 4] = 0xFF;
+    assert!(xnnblob::schema::xnn_graph(&fb).is_err());
+    assert!(!flatbuffers_accepts(&fb));
+    let types: Vec<_> = xnnblob::schema::xnn_node_types(&fb).unwrap().collect();
+    assert_eq!(types, [xnn::XNodeUnion::XNNFullyConnected]);
 }
 
 #[test]

@@ -34,7 +34,8 @@ pub struct Operator {
     /// The operand XNNPACK may pack through the weights cache, if any, with what its packing
     /// depends on (see [`packing`]). Wider than `packs`: a depthwise or transposed convolution
     /// and a batch matrix multiply pack too, though they may also read the operand as it is.
-    packing: PackingOf,
+    /// None for a node that packs nothing.
+    packing: Option<PackingOf>,
 }
 
 /// What a node reads and writes; None when its table is not the one its kind names.
@@ -115,7 +116,7 @@ pub static OPERATORS: &[Operator] = &[
         define: fully_connected,
         io: fully_connected_io,
         packs: fully_connected_filter,
-        packing: fully_connected_packing,
+        packing: Some(fully_connected_packing),
     },
     Operator {
         node: "XNNConv2d",
@@ -124,7 +125,7 @@ pub static OPERATORS: &[Operator] = &[
         define: convolution_2d,
         io: convolution_io,
         packs: convolution_filter,
-        packing: convolution_packing,
+        packing: Some(convolution_packing),
     },
     Operator {
         node: "XNNDepthwiseConv2d",
@@ -133,7 +134,7 @@ pub static OPERATORS: &[Operator] = &[
         define: depthwise_convolution_2d,
         io: convolution_io,
         packs: nothing_packed,
-        packing: convolution_packing,
+        packing: Some(convolution_packing),
     },
     Operator {
         node: "XNNAdd",
@@ -142,7 +143,7 @@ pub static OPERATORS: &[Operator] = &[
         define: add,
         io: two_to_one_io,
         packs: nothing_packed,
-        packing: no_packing,
+        packing: None,
     },
     Operator {
         node: "XNNMultiply",
@@ -151,7 +152,7 @@ pub static OPERATORS: &[Operator] = &[
         define: multiply,
         io: two_to_one_io,
         packs: nothing_packed,
-        packing: no_packing,
+        packing: None,
     },
     Operator {
         node: "XNNBatchMatrixMultiply",
@@ -160,7 +161,7 @@ pub static OPERATORS: &[Operator] = &[
         define: batch_matrix_multiply,
         io: two_to_one_io,
         packs: nothing_packed,
-        packing: batch_matrix_multiply_packing,
+        packing: Some(batch_matrix_multiply_packing),
     },
     Operator {
         node: "XNNClamp",
@@ -169,7 +170,7 @@ pub static OPERATORS: &[Operator] = &[
         define: clamp,
         io: one_to_one_io,
         packs: nothing_packed,
-        packing: no_packing,
+        packing: None,
     },
     Operator {
         node: "XNNSoftmax",
@@ -178,7 +179,7 @@ pub static OPERATORS: &[Operator] = &[
         define: softmax,
         io: one_to_one_io,
         packs: nothing_packed,
-        packing: no_packing,
+        packing: None,
     },
     Operator {
         node: "XNNConvert",
@@ -187,7 +188,7 @@ pub static OPERATORS: &[Operator] = &[
         define: convert,
         io: one_to_one_io,
         packs: nothing_packed,
-        packing: no_packing,
+        packing: None,
     },
     Operator {
         node: "XNNGlobalAvgPooling2d",
@@ -196,7 +197,7 @@ pub static OPERATORS: &[Operator] = &[
         define: global_average_pooling_2d,
         io: one_to_one_io,
         packs: nothing_packed,
-        packing: no_packing,
+        packing: None,
     },
     Operator {
         node: "XNNStaticReshape",
@@ -205,7 +206,7 @@ pub static OPERATORS: &[Operator] = &[
         define: static_reshape,
         io: static_reshape_io,
         packs: nothing_packed,
-        packing: no_packing,
+        packing: None,
     },
     Operator {
         node: "XNNStaticTranspose",
@@ -214,7 +215,7 @@ pub static OPERATORS: &[Operator] = &[
         define: static_transpose,
         io: static_transpose_io,
         packs: nothing_packed,
-        packing: no_packing,
+        packing: None,
     },
     Operator {
         node: "XNNStaticSlice",
@@ -223,7 +224,7 @@ pub static OPERATORS: &[Operator] = &[
         define: static_slice,
         io: static_slice_io,
         packs: nothing_packed,
-        packing: no_packing,
+        packing: None,
     },
     Operator {
         node: "XNNConcatenate2",
@@ -232,7 +233,7 @@ pub static OPERATORS: &[Operator] = &[
         define: concatenate,
         io: concatenation_io,
         packs: nothing_packed,
-        packing: no_packing,
+        packing: None,
     },
     Operator {
         node: "XNNSubtract",
@@ -241,7 +242,7 @@ pub static OPERATORS: &[Operator] = &[
         define: subtract,
         io: two_to_one_io,
         packs: nothing_packed,
-        packing: no_packing,
+        packing: None,
     },
     Operator {
         node: "XNNDiv",
@@ -250,7 +251,7 @@ pub static OPERATORS: &[Operator] = &[
         define: divide,
         io: two_to_one_io,
         packs: nothing_packed,
-        packing: no_packing,
+        packing: None,
     },
     Operator {
         node: "XNNMinimum",
@@ -259,7 +260,7 @@ pub static OPERATORS: &[Operator] = &[
         define: minimum,
         io: two_to_one_io,
         packs: nothing_packed,
-        packing: no_packing,
+        packing: None,
     },
     Operator {
         node: "XNNMaximum",
@@ -268,7 +269,7 @@ pub static OPERATORS: &[Operator] = &[
         define: maximum,
         io: two_to_one_io,
         packs: nothing_packed,
-        packing: no_packing,
+        packing: None,
     },
     Operator {
         node: "XNNPReLU",
@@ -277,7 +278,7 @@ pub static OPERATORS: &[Operator] = &[
         define: prelu,
         io: two_to_one_io,
         packs: nothing_packed,
-        packing: no_packing,
+        packing: None,
     },
     Operator {
         node: "XNNAbs",
@@ -286,7 +287,7 @@ pub static OPERATORS: &[Operator] = &[
         define: abs,
         io: one_to_one_io,
         packs: nothing_packed,
-        packing: no_packing,
+        packing: None,
     },
     Operator {
         node: "XNNCeiling",
@@ -295,7 +296,7 @@ pub static OPERATORS: &[Operator] = &[
         define: ceiling,
         io: one_to_one_io,
         packs: nothing_packed,
-        packing: no_packing,
+        packing: None,
     },
     Operator {
         node: "XNNExp",
@@ -304,7 +305,7 @@ pub static OPERATORS: &[Operator] = &[
         define: exp,
         io: one_to_one_io,
         packs: nothing_packed,
-        packing: no_packing,
+        packing: None,
     },
     Operator {
         node: "XNNFloor",
@@ -313,7 +314,7 @@ pub static OPERATORS: &[Operator] = &[
         define: floor,
         io: one_to_one_io,
         packs: nothing_packed,
-        packing: no_packing,
+        packing: None,
     },
     Operator {
         node: "XNNGelu",
@@ -322,7 +323,7 @@ pub static OPERATORS: &[Operator] = &[
         define: gelu,
         io: one_to_one_io,
         packs: nothing_packed,
-        packing: no_packing,
+        packing: None,
     },
     Operator {
         node: "XNNHardswish",
@@ -331,7 +332,7 @@ pub static OPERATORS: &[Operator] = &[
         define: hardswish,
         io: one_to_one_io,
         packs: nothing_packed,
-        packing: no_packing,
+        packing: None,
     },
     Operator {
         node: "XNNLog",
@@ -340,7 +341,7 @@ pub static OPERATORS: &[Operator] = &[
         define: log,
         io: one_to_one_io,
         packs: nothing_packed,
-        packing: no_packing,
+        packing: None,
     },
     Operator {
         node: "XNNNegate",
@@ -349,7 +350,7 @@ pub static OPERATORS: &[Operator] = &[
         define: negate,
         io: one_to_one_io,
         packs: nothing_packed,
-        packing: no_packing,
+        packing: None,
     },
     Operator {
         node: "XNNReciprocalSquareRoot",
@@ -358,7 +359,7 @@ pub static OPERATORS: &[Operator] = &[
         define: reciprocal_square_root,
         io: one_to_one_io,
         packs: nothing_packed,
-        packing: no_packing,
+        packing: None,
     },
     Operator {
         node: "XNNSigmoid",
@@ -367,7 +368,7 @@ pub static OPERATORS: &[Operator] = &[
         define: sigmoid,
         io: one_to_one_io,
         packs: nothing_packed,
-        packing: no_packing,
+        packing: None,
     },
     Operator {
         node: "XNNSin",
@@ -376,7 +377,7 @@ pub static OPERATORS: &[Operator] = &[
         define: sine,
         io: one_to_one_io,
         packs: nothing_packed,
-        packing: no_packing,
+        packing: None,
     },
     Operator {
         node: "XNNCos",
@@ -385,7 +386,7 @@ pub static OPERATORS: &[Operator] = &[
         define: cosine,
         io: one_to_one_io,
         packs: nothing_packed,
-        packing: no_packing,
+        packing: None,
     },
     Operator {
         node: "XNNSquare",
@@ -394,7 +395,7 @@ pub static OPERATORS: &[Operator] = &[
         define: square,
         io: one_to_one_io,
         packs: nothing_packed,
-        packing: no_packing,
+        packing: None,
     },
     Operator {
         node: "XNNSquareRoot",
@@ -403,7 +404,7 @@ pub static OPERATORS: &[Operator] = &[
         define: square_root,
         io: one_to_one_io,
         packs: nothing_packed,
-        packing: no_packing,
+        packing: None,
     },
     Operator {
         node: "XNNTanh",
@@ -412,7 +413,7 @@ pub static OPERATORS: &[Operator] = &[
         define: tanh,
         io: one_to_one_io,
         packs: nothing_packed,
-        packing: no_packing,
+        packing: None,
     },
     Operator {
         node: "XNNLeakyReLU",
@@ -421,7 +422,7 @@ pub static OPERATORS: &[Operator] = &[
         define: leaky_relu,
         io: leaky_relu_io,
         packs: nothing_packed,
-        packing: no_packing,
+        packing: None,
     },
     Operator {
         node: "XNNELU",
@@ -430,7 +431,7 @@ pub static OPERATORS: &[Operator] = &[
         define: elu,
         io: elu_io,
         packs: nothing_packed,
-        packing: no_packing,
+        packing: None,
     },
     Operator {
         node: "XNNMaxPooling2d",
@@ -439,7 +440,7 @@ pub static OPERATORS: &[Operator] = &[
         define: max_pooling_2d,
         io: pooling_io,
         packs: nothing_packed,
-        packing: no_packing,
+        packing: None,
     },
     Operator {
         node: "XNNAvgPooling2d",
@@ -448,7 +449,7 @@ pub static OPERATORS: &[Operator] = &[
         define: average_pooling_2d,
         io: pooling_io,
         packs: nothing_packed,
-        packing: no_packing,
+        packing: None,
     },
     Operator {
         node: "XNNArgMaxPooling2d",
@@ -457,7 +458,7 @@ pub static OPERATORS: &[Operator] = &[
         define: argmax_pooling_2d,
         io: arg_max_pooling_io,
         packs: nothing_packed,
-        packing: no_packing,
+        packing: None,
     },
     Operator {
         node: "XNNConvTranspose2d",
@@ -466,7 +467,7 @@ pub static OPERATORS: &[Operator] = &[
         define: deconvolution_2d,
         io: convolution_io,
         packs: nothing_packed,
-        packing: convolution_packing,
+        packing: Some(convolution_packing),
     },
     Operator {
         node: "XNNStaticConstantPad",
@@ -475,7 +476,7 @@ pub static OPERATORS: &[Operator] = &[
         define: static_constant_pad,
         io: constant_pad_io,
         packs: nothing_packed,
-        packing: no_packing,
+        packing: None,
     },
     Operator {
         node: "XNNStaticResizeBilinear2D",
@@ -484,7 +485,7 @@ pub static OPERATORS: &[Operator] = &[
         define: static_resize_bilinear_2d,
         io: resize_bilinear_io,
         packs: nothing_packed,
-        packing: no_packing,
+        packing: None,
     },
     Operator {
         node: "XNNConcatenate3",
@@ -493,7 +494,7 @@ pub static OPERATORS: &[Operator] = &[
         define: concatenate,
         io: concatenation_io,
         packs: nothing_packed,
-        packing: no_packing,
+        packing: None,
     },
     Operator {
         node: "XNNConcatenate4",
@@ -502,7 +503,7 @@ pub static OPERATORS: &[Operator] = &[
         define: concatenate,
         io: concatenation_io,
         packs: nothing_packed,
-        packing: no_packing,
+        packing: None,
     },
     Operator {
         node: "XNNConcatenate5",
@@ -511,7 +512,7 @@ pub static OPERATORS: &[Operator] = &[
         define: concatenate,
         io: concatenation_io,
         packs: nothing_packed,
-        packing: no_packing,
+        packing: None,
     },
     Operator {
         node: "XNNCopy",
@@ -520,7 +521,7 @@ pub static OPERATORS: &[Operator] = &[
         define: copy,
         io: one_to_one_io,
         packs: nothing_packed,
-        packing: no_packing,
+        packing: None,
     },
     Operator {
         node: "XNNScaledDotProductAttention",
@@ -529,7 +530,7 @@ pub static OPERATORS: &[Operator] = &[
         define: scaled_dot_product_attention,
         io: attention_io,
         packs: nothing_packed,
-        packing: no_packing,
+        packing: None,
     },
 ];
 
@@ -775,10 +776,6 @@ fn convolution_filter(node: &fb::XNode<'_>) -> Option<u32> {
     (c.groups() <= 1 || c.group_input_channels() != 1).then(|| c.filter_id())
 }
 
-fn no_packing(_node: &fb::XNode<'_>, _parameters: &mut Description) -> Option<Packing> {
-    None
-}
-
 /// A fully connected node: its flags shape the packing (a transposed filter).
 fn fully_connected_packing(node: &fb::XNode<'_>, parameters: &mut Description) -> Option<Packing> {
     let fc = node.xnode_union_as_xnnfully_connected()?;
@@ -839,20 +836,15 @@ fn batch_matrix_multiply_packing(
 /// How a supported node packs a constant operand, if it may: its row's [`PackingOf`], which
 /// writes the node's own packing parameters into `parameters`.
 pub(super) fn packing(node: &fb::XNode<'_>, parameters: &mut Description) -> Option<Packing> {
-    (find(node.xnode_union_type())?.packing)(node, parameters)
+    (find(node.xnode_union_type())?.packing?)(node, parameters)
 }
 
-/// Whether a node of the graph may pack a constant operand through the weights cache (a row
-/// whose [`PackingOf`] finds one: fully connected layers, convolutions, batch matrix
-/// multiplies). XNNPACK asks a weights cache of nothing else, so a graph without one never asks
-/// it at all.
-pub(super) fn may_pack(graph: &fb::XNNGraph<'_>) -> bool {
-    let mut parameters = Description::new();
-    graph
-        .xnodes()
-        .iter()
-        .flatten()
-        .any(|node| packing(&node, &mut parameters).is_some())
+/// Whether a node of type `kind` may pack a constant operand through the weights cache (a row
+/// with a [`PackingOf`]: fully connected layers, convolutions, batch matrix multiplies; each
+/// describes a packing for every node of its type). XNNPACK asks a weights cache of nothing
+/// else, so a graph without one never asks it at all.
+pub(super) fn may_pack(kind: fb::XNodeUnion) -> bool {
+    find(kind).is_some_and(|row| row.packing.is_some())
 }
 
 /// The name of every node type of ExecuTorch 1.5.1's XNNPACK schema, in discriminant order.
