@@ -12,6 +12,7 @@
 
 use crate::cache::{CacheAccess, CacheError, CacheOptions, PackedWeightsCache};
 use crate::deferred::DeferredData;
+use crate::fast_hash::FastMap;
 use crate::shared_data::SharedDataCache;
 use crate::xnn::{
     AsXnnWeightsCache, InMemoryProvider, ProvidedWeightsCache, RuntimeOptions, Threadpool,
@@ -196,7 +197,7 @@ struct State {
 struct Placeholders {
     /// Keyed by the same string the delegate holding the placeholder keeps (see
     /// [`Backend::deferred_constant_keyed`]): a key's bytes are stored once.
-    entries: HashMap<Arc<str>, Weak<DeferredData>>,
+    entries: FastMap<Arc<str>, Weak<DeferredData>>,
     sweep_at: usize,
 }
 
@@ -414,6 +415,12 @@ impl Backend {
     /// sharing a weight share one address (and one packed entry).
     pub fn deferred_constant(&self, key: &str, len: usize) -> std::io::Result<Arc<DeferredData>> {
         self.deferred_constant_keyed(key, len).map(|(_, d)| d)
+    }
+
+    /// Room in the placeholders' table for `more` keys: a delegate of a thousand deferred
+    /// weights would otherwise grow it (hashing every key again) ten times.
+    pub(crate) fn reserve_placeholders(&self, more: usize) {
+        self.0.deferred.lock().entries.reserve(more);
     }
 
     /// As [`deferred_constant`](Self::deferred_constant), with the key as the table stores it,

@@ -472,6 +472,7 @@ pub(super) fn load_constants(
             .constant_data()
             .map_or(0, |c| c.len().saturating_sub(1)),
     );
+    model.backend().reserve_placeholders(deferrable.len());
     for (i, c) in graph.constant_data().iter().flatten().enumerate().skip(1) {
         let key = c.named_key().unwrap_or("");
         // Left unread only when the map lists the key (from its index: nothing is read) and,

@@ -492,7 +492,8 @@ fn register(
     cache: &Arc<PackedWeightsCache>,
     deferral: Option<&Arc<dyn NamedDataMap>>,
 ) -> Result<(Vec<OwnedRegistration>, ByValue<Private>), DelegateError> {
-    let mut registrations = Vec::new();
+    let mut registrations = Vec::with_capacity(planned.len());
+    cache.reserve_registrations(planned.len());
     // By ascending value index, as `Loaded::private` looks them up.
     let mut private = Vec::new();
     for &Planned {

@@ -43,6 +43,12 @@ impl Registered {
 }
 
 impl CacheCore {
+    /// Room for `more` registrations: a delegate registering a thousand weights would otherwise
+    /// grow the table (hashing every address again) ten times.
+    pub fn reserve_registrations(&self, more: usize) {
+        self.state.lock().registered.reserve(more);
+    }
+
     /// Registers `ptr` under `id`. If it is registered under another identity already, it is
     /// ambiguous until one of them is unregistered (see [`Registered`]).
     pub fn register(&self, ptr: *const u8, id: BlobId, release: Option<DataBuffer>) {

@@ -22,6 +22,11 @@ impl PackedWeightsCache {
         }
     }
 
+    /// Room for `more` registrations, for a caller about to make that many.
+    pub fn reserve_registrations(&self, more: usize) {
+        self.core().reserve_registrations(more);
+    }
+
     /// As [`register`](Self::register), for data from a named-data map: once XNNPACK has packed
     /// it, its pages are released (if it is file-backed) so unpacked and packed copies are not
     /// both resident.
