@@ -1,6 +1,7 @@
 //! The hash maps a warm launch fills (keys, pointers, content ids, a delegate's value ids) use
 //! foldhash: several times cheaper than SipHash on short keys, and seeded per process, so keys
-//! crafted against one build cannot be replayed to degrade every launch.
+//! crafted against one build cannot be replayed to degrade every launch. Public for the faces'
+//! own such maps (the ExecuTorch face's index of a named-data map's keys).
 
 /// A `HashMap` with foldhash's fast, per-process-seeded hasher.
 pub type FastMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;

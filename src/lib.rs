@@ -31,7 +31,7 @@ pub mod cache;
 pub mod deferred;
 #[cfg(feature = "xnnpack")]
 pub mod delegate;
-mod fast_hash;
+pub mod fast_hash;
 mod le;
 pub mod link;
 pub mod mmap;

@@ -69,13 +69,15 @@ uint32_t EtDataMap::num_keys() const {
 
 size_t EtDataMap::identity() const { return reinterpret_cast<size_t>(map_); }
 
-rust::String EtDataMap::key_at(uint32_t index) const {
+// A view of the map's own key (ExecuTorch's maps keep their keys for as long as they live),
+// checked UTF-8 by rust::Str, which throws (an Err in Rust) on other bytes.
+rust::Str EtDataMap::key_at(uint32_t index) const {
   auto key = map_->get_key(index);
   if (!key.ok()) fail("get_key(" + std::to_string(index) + ")", key.error());
   if (*key == nullptr) {
     fail("get_key(" + std::to_string(index) + ") gave no key: it", Error::Internal);
   }
-  return rust::String(*key);
+  return rust::Str(*key);
 }
 
 std::unique_ptr<EtBuffer> EtDataMap::get_data(rust::Str key, EtError& error) const {

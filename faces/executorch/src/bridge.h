@@ -38,7 +38,7 @@ class EtDataMap {
   // The address of ExecuTorch's map: it names the map for as long as its program lives, where
   // this wrapper lives for one init.
   size_t identity() const;
-  rust::String key_at(uint32_t index) const;
+  rust::Str key_at(uint32_t index) const;
   std::unique_ptr<EtBuffer> get_data(rust::Str key, EtError& error) const;
 
  private:

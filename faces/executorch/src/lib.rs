@@ -126,8 +126,8 @@ pub mod ffi {
         /// The number of keys. Every call of the map that can fail in C++ (ExecuTorch's error,
         /// or an allocation) is declared fallible: its exception arrives as an `Err`.
         fn num_keys(self: &EtDataMap) -> Result<u32>;
-        /// Key `index`.
-        fn key_at(self: &EtDataMap, index: u32) -> Result<String>;
+        /// Key `index`, as the map holds it (for as long as the map lives).
+        fn key_at(self: &EtDataMap, index: u32) -> Result<&str>;
         /// The address of ExecuTorch's own map, which lives as long as its program (the
         /// wrapper lives for one init).
         fn identity(self: &EtDataMap) -> usize;
