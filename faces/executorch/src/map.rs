@@ -39,10 +39,12 @@ pub(crate) struct MapKeys {
     text: String,
     /// Where each key ends in `text`, in the map's order.
     ends: Vec<u32>,
-    /// The position of the key of each hash (the first, where keys share one).
-    by_hash: FastMap<u64, u32>,
-    /// Positions of keys whose hash an earlier key has: none but by a 1 in 2^64 chance (the
-    /// hasher's seed is the process's own), or a key listed twice.
+    /// The position of the key of each hash (the first, where keys share one). 32 bits of
+    /// it: half the table of whole hashes, and a key found by its hash is compared whole.
+    by_hash: FastMap<u32, u32>,
+    /// Positions of keys whose 32 bits of hash an earlier key has: about one in ten thousand
+    /// maps of a thousand keys has one (the hasher's seed is the process's own), and a key
+    /// listed twice.
     shared_hash: Vec<u32>,
 }
 
@@ -52,14 +54,18 @@ impl MapKeys {
         let index = u32::try_from(self.ends.len()).ok()?;
         self.text.push_str(key);
         self.ends.push(u32::try_from(self.text.len()).ok()?);
-        let hash = self.by_hash.hasher().hash_one(key);
-        match self.by_hash.entry(hash) {
+        match self.by_hash.entry(self.hash(key)) {
             Entry::Vacant(v) => {
                 v.insert(index);
             }
             Entry::Occupied(_) => self.shared_hash.push(index),
         }
         Some(())
+    }
+
+    fn hash(&self, key: &str) -> u32 {
+        // The low half: foldhash mixes every bit of the key into it.
+        self.by_hash.hasher().hash_one(key) as u32
     }
 
     fn len(&self) -> usize {
@@ -75,10 +81,7 @@ impl MapKeys {
 
     fn contains(&self, key: &str) -> bool {
         let is = |&i: &u32| self.get(i as usize) == Some(key);
-        self.by_hash
-            .get(&self.by_hash.hasher().hash_one(key))
-            .is_some_and(is)
-            || self.shared_hash.iter().any(is)
+        self.by_hash.get(&self.hash(key)).is_some_and(is) || self.shared_hash.iter().any(is)
     }
 }
 
@@ -100,10 +103,18 @@ fn keys_of(map: &EtDataMap, source: &str) -> Result<Arc<MapKeys>, NamedDataError
         message: format!("listing its keys: {}", e.what()),
     };
     let count = map.num_keys().map_err(failed)?;
+    // The keys' length first (each a view of the map's own): their text is allocated once, at
+    // its size. Grown as it was read, the pages of the smaller copies stayed in the heap (a
+    // decoder's warm load held 24 KiB more).
+    let mut length = 0usize;
+    for i in 0..count {
+        length = length.saturating_add(map.key_at(i).map_err(failed)?.len());
+    }
     let mut keys = MapKeys {
+        text: String::with_capacity(length),
         ends: Vec::with_capacity(count as usize),
         by_hash: FastMap::with_capacity_and_hasher(count as usize, Default::default()),
-        ..MapKeys::default()
+        shared_hash: Vec::new(),
     };
     for i in 0..count {
         keys.push(map.key_at(i).map_err(failed)?)
@@ -112,7 +123,6 @@ fn keys_of(map: &EtDataMap, source: &str) -> Result<Arc<MapKeys>, NamedDataError
                 message: "listing its keys: more than 4 GiB of them".to_string(),
             })?;
     }
-    keys.text.shrink_to_fit();
     let keys = Arc::new(keys);
     lists.retain(|_, list| list.strong_count() > 0);
     lists.insert(identity, Arc::downgrade(&keys));
