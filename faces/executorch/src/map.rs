@@ -102,26 +102,23 @@ fn keys_of(map: &EtDataMap, source: &str) -> Result<Arc<MapKeys>, NamedDataError
         map: source.to_string(),
         message: format!("listing its keys: {}", e.what()),
     };
-    let count = map.num_keys().map_err(failed)?;
-    // The keys' length first (each a view of the map's own): their text is allocated once, at
-    // its size. Grown as it was read, the pages of the smaller copies stayed in the heap (a
-    // decoder's warm load held 24 KiB more).
-    let mut length = 0usize;
-    for i in 0..count {
-        length = length.saturating_add(map.key_at(i).map_err(failed)?.len());
-    }
+    // Views of the map's own keys first: their text is allocated once, at its size. Grown as
+    // it was read, the pages of the smaller copies stayed in the heap (a decoder's warm load
+    // held 24 KiB more).
+    let in_order: Vec<&str> = (0..map.num_keys().map_err(failed)?)
+        .map(|i| map.key_at(i).map_err(failed))
+        .collect::<Result<_, _>>()?;
     let mut keys = MapKeys {
-        text: String::with_capacity(length),
-        ends: Vec::with_capacity(count as usize),
-        by_hash: FastMap::with_capacity_and_hasher(count as usize, Default::default()),
+        text: String::with_capacity(in_order.iter().map(|k| k.len()).sum()),
+        ends: Vec::with_capacity(in_order.len()),
+        by_hash: FastMap::with_capacity_and_hasher(in_order.len(), Default::default()),
         shared_hash: Vec::new(),
     };
-    for i in 0..count {
-        keys.push(map.key_at(i).map_err(failed)?)
-            .ok_or_else(|| NamedDataError::Backend {
-                map: source.to_string(),
-                message: "listing its keys: more than 4 GiB of them".to_string(),
-            })?;
+    for key in in_order {
+        keys.push(key).ok_or_else(|| NamedDataError::Backend {
+            map: source.to_string(),
+            message: "listing its keys: more than 4 GiB of them".to_string(),
+        })?;
     }
     let keys = Arc::new(keys);
     lists.retain(|_, list| list.strong_count() > 0);
