@@ -1,7 +1,6 @@
 //! Parallel cold packing: with a thread pool, the weights a packed-weight cache lacks are packed
 //! ahead of runtime creation on the backend's threads, so creation itself packs none; outputs
-//! are bit-identical to packing inside creation, and a warm launch packs nothing ahead. Into a
-//! cache file that held nothing, a small program's runtimes pack their own weights instead.
+//! are bit-identical to packing inside creation, and a warm launch packs nothing ahead.
 
 use crate::common;
 
@@ -96,20 +95,6 @@ fn same_bits(a: &[Vec<Vec<f32>>], b: &[Vec<Vec<f32>>]) -> bool {
     bits(a) == bits(b)
 }
 
-/// Makes the cache file at `path` hold another program's packed weights than `name`'s: a launch
-/// of `name` that opens it packs ahead, as every cold launch does but one whose cache file held
-/// nothing (there a small program's runtimes pack their own weights, as the test below holds).
-fn seed(path: &Path, name: &str) {
-    let (other, external) = PROGRAMS
-        .iter()
-        .copied()
-        .find(|&(n, _)| n != name)
-        .expect("two programs");
-    let b = backend(false);
-    launch(&b, other, external, Some(path));
-    b.file_cache(path).unwrap().wait_saved().unwrap();
-}
-
 #[test]
 fn a_cold_launch_packs_every_weight_ahead_and_runtime_creation_packs_none() {
     let dir = common::scratch("parallel-packing-cold");
@@ -120,7 +105,6 @@ fn a_cold_launch_packs_every_weight_ahead_and_runtime_creation_packs_none() {
             "{name}: packing ahead ran although serial packing was asked for"
         );
         let path = dir.join(format!("{name}.cache"));
-        seed(&path, name);
         let parallel_backend = backend(false);
         let parallel = launch(&parallel_backend, name, external, Some(&path));
         let packed_ahead: usize = parallel.delegates.iter().map(|d| d.1).sum();
@@ -145,34 +129,6 @@ fn a_cold_launch_packs_every_weight_ahead_and_runtime_creation_packs_none() {
             same_bits(&serial.outputs, &parallel.outputs),
             "{name}: outputs differ from packing inside creation"
         );
-    }
-}
-
-#[test]
-fn a_launch_into_an_empty_cache_packs_a_small_programs_weights_in_its_runtimes_creation() {
-    let dir = common::scratch("parallel-packing-empty");
-    for &(name, external) in PROGRAMS {
-        let serial = launch(&backend(true), name, external, None);
-        let path = dir.join(format!("{name}.cache"));
-        let b = backend(false);
-        let cold = launch(&b, name, external, Some(&path));
-        assert!(
-            cold.delegates
-                .iter()
-                .all(|&(missing, packed, _)| (missing, packed) == (0, 0)),
-            "{name}: a small program packed ahead into an empty cache: {:?}",
-            cold.delegates
-        );
-        let at_creation: usize = cold.delegates.iter().map(|d| d.2).sum();
-        let cache = b.file_cache(&path).unwrap();
-        assert!(at_creation > 0, "{name}: nothing was packed");
-        assert_eq!(cache.stats().packed, at_creation, "{name}");
-        assert_eq!(
-            cache.stats().deferred_fills,
-            0,
-            "{name}: a placeholder was read in"
-        );
-        assert!(same_bits(&serial.outputs, &cold.outputs), "{name}");
     }
 }
 
