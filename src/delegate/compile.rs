@@ -228,9 +228,21 @@ pub(crate) fn compile(
         } else {
             FastMap::default()
         };
+        // A launch whose cache file held nothing packs every weight. A delegate of few weights
+        // then reads its constants as ExecuTorch's backend does and packs them in its runtime's
+        // creation: a placeholder would be read in there (pinned, then released: system calls
+        // each), and packing ahead takes a runtime of its own, each costing more than such a
+        // delegate's packing (a small 8da4w LLM's cold load 2.15 ms with them, ExecuTorch's
+        // without a cache 1.81).
+        let packs_in_creation = match &k.cache {
+            Weights::Packed(cache) => {
+                cache.opened_empty() && super::prepack::packs_little(&known, &packed)
+            }
+            _ => false,
+        };
         let mut deferrable = match deferral {
-            Some(_) => deferrable_constants(&known, &packed)?,
-            None => FastMap::default(),
+            Some(_) if !packs_in_creation => deferrable_constants(&known, &packed)?,
+            _ => FastMap::default(),
         };
         let mut check = match &k.cache {
             Weights::Packed(cache) => Some(KeyCheck::new(map, cache, &threads)),
@@ -301,7 +313,7 @@ pub(crate) fn compile(
         twins.define_outputs(&mut g)?;
         pin_read_as_is(&known, loaded, &read_as_is, deferral.as_ref())?;
         let prepacked = match &k.cache {
-            Weights::Packed(cache) if model.packs_ahead() => {
+            Weights::Packed(cache) if model.packs_ahead() && !packs_in_creation => {
                 let (started, before) = (std::time::Instant::now(), pool_start.get());
                 let done = super::prepack::prepack(
                     &known,

@@ -515,13 +515,20 @@ pub(super) fn load_constants(
         }
         let buffer = if !key.is_empty() {
             let content = values.stated_id(i);
-            let keepable = keepable(
-                map,
-                key,
-                content,
-                kept.as_ref(),
-                lengths.get(&i).copied().flatten(),
-            );
+            // A constant XNNPACK only packs is not kept: a launch that finds its packing never
+            // reads it (one read as it is, to be packed in this launch's creation, would be
+            // kept for nothing).
+            let keepable = if packed.contains(&i) {
+                None
+            } else {
+                keepable(
+                    map,
+                    key,
+                    content,
+                    kept.as_ref(),
+                    lengths.get(&i).copied().flatten(),
+                )
+            };
             let data = shared
                 .get_or_init(
                     &shared_key(map, key, content.is_some()),

@@ -50,6 +50,17 @@ pub struct Prepacked {
 /// launches on 2 cores, with its packed weights on the heap, see `HeapFirst`).
 const ONE_THREAD_BELOW_ELEMENTS: usize = 256 << 10;
 
+/// Whether the filters XNNPACK packs through the cache (`through_cache`) are few enough that a
+/// delegate's packing would run on the calling thread alone (`ONE_THREAD_BELOW_ELEMENTS`).
+pub(super) fn packs_little(values: &Values<'_>, through_cache: &FastSet<u32>) -> bool {
+    let elements = through_cache
+        .iter()
+        .filter_map(|&id| values.tensor(id))
+        .map(|(_, t)| dims_of(&t).iter().fold(1usize, |n, &d| n.saturating_mul(d)))
+        .fold(0usize, usize::saturating_add);
+    elements < ONE_THREAD_BELOW_ELEMENTS
+}
+
 /// A node to pack: its index, and the payload ids of its operands.
 struct Job<'g> {
     index: usize,

@@ -118,14 +118,29 @@ fn launch(name: &str, input: &str, cache: &std::path::Path) -> Launch {
 #[test]
 fn a_warm_launch_reads_no_weight_bytes_and_matches_the_cold_one() {
     // (fixture, input, whether its weights are mostly fully connected filters)
-    for (name, input, mostly_filters) in [
+    let fixtures = [
         ("mlp_xnn_external", "mlp.input.f32", true),
         ("mlp_qd8_qc8w_external", "mlp_qd8.input.f32", true),
         ("cnn_xnn_external", "cnn.input.f32", false),
-    ] {
+    ];
+    for (i, (name, input, mostly_filters)) in fixtures.into_iter().enumerate() {
         let dir = common::scratch("deferred");
         let cache = dir.join(format!("{name}.xbc"));
         let (_, _, weight_bytes) = open(name);
+        // Into a cache file that held nothing, a program this small reads its weights as they
+        // are and its runtime's creation packs them: no placeholder is read in.
+        let first = launch(name, input, &dir.join(format!("{name}.empty.xbc")));
+        assert!(first.packed > 0, "{name}: the first launch packs");
+        assert_eq!((first.fills, first.bytes_filled), (0, 0), "{name}");
+        if mostly_filters {
+            assert!(
+                first.bytes_read * 2 > weight_bytes,
+                "{name}: weights read as they are"
+            );
+        }
+        // Into one that holds another program's weights, placeholders: read in only to pack.
+        let (other, other_input, _) = fixtures[(i + 1) % fixtures.len()];
+        launch(other, other_input, &cache);
 
         let cold = launch(name, input, &cache);
         assert!(cold.packed > 0, "{name}: the cold launch packs");
@@ -149,6 +164,11 @@ fn a_warm_launch_reads_no_weight_bytes_and_matches_the_cold_one() {
             warm.output.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
             cold.output.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
             "{name}: warm and cold outputs are identical"
+        );
+        assert_eq!(
+            first.output.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            cold.output.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            "{name}: packed in creation or ahead, the same outputs"
         );
         eprintln!(
             "{name}: cold read {} B + {} B filled ({} fills), warm read {} B of {weight_bytes} B",

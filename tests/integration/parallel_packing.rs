@@ -1,6 +1,7 @@
 //! Parallel cold packing: with a thread pool, the weights a packed-weight cache lacks are packed
 //! ahead of runtime creation on the backend's threads, so creation itself packs none; outputs
-//! are bit-identical to packing inside creation, and a warm launch packs nothing ahead.
+//! are bit-identical to packing inside creation, and a warm launch packs nothing ahead. Into a
+//! cache file that held nothing, a small program's runtimes pack their own weights instead.
 
 use crate::common;
 
@@ -95,6 +96,20 @@ fn same_bits(a: &[Vec<Vec<f32>>], b: &[Vec<Vec<f32>>]) -> bool {
     bits(a) == bits(b)
 }
 
+/// Makes the cache file at `path` hold another program's packed weights than `name`'s: a launch
+/// of `name` that opens it packs ahead, as every cold launch does but one whose cache file held
+/// nothing (there a small program's runtimes pack their own weights, as the test below holds).
+fn seed(path: &Path, name: &str) {
+    let (other, external) = PROGRAMS
+        .iter()
+        .copied()
+        .find(|&(n, _)| n != name)
+        .expect("two programs");
+    let b = backend(false);
+    launch(&b, other, external, Some(path));
+    b.file_cache(path).unwrap().wait_saved().unwrap();
+}
+
 #[test]
 fn a_cold_launch_packs_every_weight_ahead_and_runtime_creation_packs_none() {
     let dir = common::scratch("parallel-packing-cold");
@@ -105,6 +120,7 @@ fn a_cold_launch_packs_every_weight_ahead_and_runtime_creation_packs_none() {
             "{name}: packing ahead ran although serial packing was asked for"
         );
         let path = dir.join(format!("{name}.cache"));
+        seed(&path, name);
         let parallel_backend = backend(false);
         let parallel = launch(&parallel_backend, name, external, Some(&path));
         let packed_ahead: usize = parallel.delegates.iter().map(|d| d.1).sum();
@@ -133,12 +149,28 @@ fn a_cold_launch_packs_every_weight_ahead_and_runtime_creation_packs_none() {
 }
 
 #[test]
-fn a_warm_launch_packs_nothing_ahead_and_gives_the_cold_outputs() {
+fn into_an_empty_cache_runtimes_pack_a_small_program_and_a_warm_launch_packs_nothing() {
     let dir = common::scratch("parallel-packing-warm");
     for &(name, external) in PROGRAMS {
+        let serial = launch(&backend(true), name, external, None);
         let path = dir.join(format!("{name}.cache"));
         let cold_backend = backend(false);
         let cold = launch(&cold_backend, name, external, Some(&path));
+        // The file held nothing: each delegate's runtime packs its weights in its creation,
+        // none ahead, no placeholder read in, the outputs those of packing serially.
+        assert!(
+            cold.delegates
+                .iter()
+                .all(|&(missing, packed, _)| (missing, packed) == (0, 0)),
+            "{name}: a small program packed ahead into an empty cache: {:?}",
+            cold.delegates
+        );
+        let at_creation: usize = cold.delegates.iter().map(|d| d.2).sum();
+        let stats = cold_backend.file_cache(&path).unwrap().stats();
+        assert!(at_creation > 0, "{name}: nothing was packed");
+        assert_eq!(stats.packed, at_creation, "{name}");
+        assert_eq!(stats.deferred_fills, 0, "{name}: a placeholder was read in");
+        assert!(same_bits(&serial.outputs, &cold.outputs), "{name}");
         cold_backend
             .file_cache(&path)
             .unwrap()

@@ -254,6 +254,20 @@ impl PackedWeightsCache {
         &self.outcome
     }
 
+    /// Whether this process found no packed weight to serve when it opened the cache: a file
+    /// with a path that was absent, rejected or empty, and no read-only layer. Every weight a
+    /// launch asks of such a cache is packed in that launch.
+    pub fn opened_empty(&self) -> bool {
+        self.path.is_some()
+            && self.layers().is_empty()
+            && matches!(
+                self.outcome,
+                LoadOutcome::Fresh
+                    | LoadOutcome::Rejected(_)
+                    | LoadOutcome::Loaded { entries: 0, .. }
+            )
+    }
+
     /// Limits the permission bits of the files this cache creates from now on (the cache file
     /// at each save, its `.lock` and `.checked` siblings, its temporaries) to those of `mode`:
     /// a model's packed weights are never more readable than the model's own files. Each model
