@@ -256,8 +256,17 @@ fn fp16_weights_behind_placeholders_are_read_only_by_the_cold_launch() {
     let graph = b.finish();
 
     let dir = common::scratch("deferred-fp16");
+    // Into a cache file that held nothing, a graph this small is packed in its runtime's
+    // creation: no placeholder, none filled.
+    let empty = dir.join("fp16.empty.xbc");
+    let _ = std::fs::remove_file(&empty);
+    let (first_out, first, _) = launch_f16(&graph, &half(&x), m * n, &empty);
+    assert!(first.packed > 0, "the first launch packs");
+    assert_eq!((first.fills, first.bytes_filled), (0, 0));
+    // Into one that holds another program's weights, its filter is a placeholder.
     let cache = dir.join("fp16.xbc");
     let _ = std::fs::remove_file(&cache);
+    launch("mlp_xnn_external", "mlp.input.f32", &cache);
     let (cold_out, cold, as_fp32) = launch_f16(&graph, &half(&x), m * n, &cache);
     let (warm_out, warm, _) = launch_f16(&graph, &half(&x), m * n, &cache);
 
@@ -299,6 +308,10 @@ fn fp16_weights_behind_placeholders_are_read_only_by_the_cold_launch() {
     // Only the bias, read as it is at every launch.
     assert_eq!(warm.bytes_read, n * 2);
     assert_eq!(warm_out, cold_out, "warm and cold outputs are identical");
+    assert_eq!(
+        first_out, cold_out,
+        "packed in creation or ahead, the same outputs"
+    );
 }
 
 /// A delegate lets go of its payload once its runtime is made (XNNPACK copies the graph into
