@@ -148,4 +148,9 @@ impl PackedWeightsProvider for InMemoryProvider {
             .get(&offset)
             .and_then(|(block, _)| NonNull::new(block.as_ptr()))
     }
+
+    /// Each reservation is a zeroed block of its own.
+    fn reserves_zeroed(&self) -> bool {
+        true
+    }
 }

@@ -51,6 +51,11 @@ pub trait PackedWeightsProvider: Send + Sync {
     fn is_finalized(&self) -> bool;
     /// The address of the packed weights at `offset`.
     fn offset_to_addr(&self, offset: usize) -> Option<NonNull<u8>>;
+    /// Whether every byte `reserve_space` hands out is zero (fresh pages): XNNPACK then packs
+    /// into it without zeroing it first (patch 0037). A provider that reuses memory says no.
+    fn reserves_zeroed(&self) -> bool {
+        false
+    }
 }
 
 impl<T: PackedWeightsProvider + ?Sized> PackedWeightsProvider for std::sync::Arc<T> {
@@ -73,6 +78,9 @@ impl<T: PackedWeightsProvider + ?Sized> PackedWeightsProvider for std::sync::Arc
     }
     fn offset_to_addr(&self, offset: usize) -> Option<NonNull<u8>> {
         (**self).offset_to_addr(offset)
+    }
+    fn reserves_zeroed(&self) -> bool {
+        (**self).reserves_zeroed()
     }
 }
 
@@ -111,6 +119,7 @@ impl<P: PackedWeightsProvider> ProvidedWeightsCache<P> {
             is_finalized: Some(is_finalized::<P>),
             offset_to_addr: Some(offset_to_addr::<P>),
             delete_cache: Some(delete_cache),
+            reserves_zeroed: provider.reserves_zeroed(),
         });
         ProvidedWeightsCache { raw, provider }
     }

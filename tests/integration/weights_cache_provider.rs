@@ -98,3 +98,60 @@ fn runtimes_on_several_threads_share_one_cache() {
     );
     assert_eq!(stats.look_up_hits, 12);
 }
+
+/// XNNPACK packs into what a cache hands out without zeroing it first where the cache says its
+/// reservations are zero (patch 0037): every reservation of xnnblob's caches, on the heap, in a
+/// draft of the file and in memory, reads zero, however the ones before it were written and
+/// whether they were adopted or abandoned.
+#[test]
+fn every_reservation_reads_zero_however_the_ones_before_it_were_written() {
+    use xnnblob::cache::{BlobId, CacheOptions, HeapFirst, PackedWeightsCache};
+    use xnnblob::xnn::{LookUpKey, PackedWeightsProvider};
+    let dir = common::scratch("zeroed-reservations");
+    let drafted = CacheOptions {
+        heap_first: HeapFirst(0),
+        ..Default::default()
+    };
+    let heap = PackedWeightsCache::open(&dir.join("heap.xbc")).unwrap();
+    let draft = PackedWeightsCache::open_with(&dir.join("draft.xbc"), drafted).unwrap();
+    let memory = InMemoryProvider::new();
+    let providers: [(&str, &dyn PackedWeightsProvider); 3] =
+        [("heap", &*heap), ("draft", &*draft), ("memory", &memory)];
+    let kernels: Vec<Vec<u8>> = (0..8u8).map(|i| vec![i; 256]).collect();
+    let _registered: Vec<_> = [&heap, &draft]
+        .iter()
+        .flat_map(|cache| {
+            kernels
+                .iter()
+                .map(|k| cache.register(k, BlobId::of_bytes(k)))
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    for (name, provider) in providers {
+        assert!(provider.reserves_zeroed(), "{name}");
+        for (i, n) in [64usize, 4096, 100_032, 1 << 20, 64, 3 << 20, 4096, 192]
+            .into_iter()
+            .enumerate()
+        {
+            let region = provider.reserve_space(n).unwrap();
+            // SAFETY: a reservation is `n` writable bytes until it is adopted (or the provider
+            // is dropped); nothing else writes them meanwhile.
+            let bytes = unsafe { std::slice::from_raw_parts_mut(region.as_ptr(), n) };
+            assert!(
+                bytes.iter().all(|&b| b == 0),
+                "{name}: reservation {i} of {n} bytes is not zero"
+            );
+            bytes.fill(0xA5);
+            // Every other one adopted as a packed weight; the rest abandoned.
+            if i % 2 == 0 {
+                let key = LookUpKey {
+                    seed: 1,
+                    kernel: kernels[i].as_ptr().cast(),
+                    bias: std::ptr::null(),
+                    packed_size: n,
+                };
+                assert!(provider.look_up_or_insert(&key, Some(region), n).is_some());
+            }
+        }
+    }
+}

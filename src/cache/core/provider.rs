@@ -164,4 +164,10 @@ impl PackedWeightsProvider for CacheCore {
         state.entries[offset].resolved = true;
         NonNull::new(ptr as *mut u8)
     }
+
+    /// Reservations are fresh: zeroed heap blocks, or never-used regions of a new file whose
+    /// space is allocated ahead (read as zeros).
+    fn reserves_zeroed(&self) -> bool {
+        true
+    }
 }

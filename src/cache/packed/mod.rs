@@ -866,6 +866,9 @@ impl crate::xnn::PackedWeightsProvider for PackedWeightsCache {
     fn offset_to_addr(&self, offset: usize) -> Option<std::ptr::NonNull<u8>> {
         self.core().offset_to_addr(offset)
     }
+    fn reserves_zeroed(&self) -> bool {
+        self.core().reserves_zeroed()
+    }
 }
 
 // SAFETY: the provider struct lives in `xnn` (boxed, owned by self) for as long as self.
