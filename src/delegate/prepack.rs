@@ -44,11 +44,16 @@ pub struct Prepacked {
     pub threads: usize,
 }
 
-/// Filters of fewer elements in all (1 MiB of fp32) are packed on the calling thread alone: on
-/// a small model, starting, scheduling and joining other threads costs more than they save
-/// (a UNet's 3.5 Ki elements: a cold load of 1.117 against 1.239 ms, medians of 30 alternating
-/// launches on 2 cores, with its packed weights on the heap, see `HeapFirst`).
-const ONE_THREAD_BELOW_ELEMENTS: usize = 256 << 10;
+/// Filters of fewer elements in all (4 MiB of fp32) are packed on the calling thread alone: on
+/// a small model, starting, scheduling and joining other threads, each packing in runtimes of
+/// its own and faulting in pages beside the other, costs more than they save. A MobileNetV3's
+/// 270 Ki elements: a cold load of 4.23 ms packed by the runtime's creation, against 5.00 packed
+/// ahead on two threads; a ResNet's (int8, 705 Ki) 2.94 against 3.04 (medians of 15 alternating
+/// launches on 2 cores, Emerald Rapids; ExecuTorch's backend without a cache, packing them in
+/// its creation: 4.16 and 2.91). Where another process keeps a core busy, a thread packing ahead
+/// waits for it: the ResNet's cold load took 7.0 ms so, against 2.8 on one thread. A UNet's 3.5
+/// Ki elements: 1.117 against 1.239 ms.
+const ONE_THREAD_BELOW_ELEMENTS: usize = 1 << 20;
 
 /// Whether the filters XNNPACK packs through the cache (`through_cache`) are few enough that a
 /// delegate's packing would run on the calling thread alone (`ONE_THREAD_BELOW_ELEMENTS`).

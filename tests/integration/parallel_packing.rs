@@ -226,13 +226,13 @@ fn a_cold_launch_publishes_the_file_it_packed_into_in_packing_order() {
     use xnnblob::cache::{Compat, format};
     use xnnblob_test_support::builder::GraphBuilder;
     let dir = common::scratch("parallel-packing-order");
-    // Each layer larger than the one before: packing ahead takes the largest first. 745 Ki
+    // Each layer larger than the one before: packing ahead takes the largest first. 1.6 Mi
     // elements in all, past what one thread packs alone.
     let mut g = GraphBuilder::new();
-    let mut x = g.input(&[1, 32]);
+    let mut x = g.input(&[1, 48]);
     let expected = 12;
     for layer in 0..expected as u32 {
-        let (inputs, outputs) = (32 * (layer + 1), 32 * (layer + 2));
+        let (inputs, outputs) = (48 * (layer + 1), 48 * (layer + 2));
         let w: Vec<f32> = (0..inputs * outputs)
             .map(|i| ((i * 7 + layer * 13) % 31) as f32 / 31.0 - 0.5)
             .collect();
