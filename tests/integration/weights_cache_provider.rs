@@ -112,8 +112,8 @@ fn every_reservation_reads_zero_however_the_ones_before_it_were_written() {
         heap_first: HeapFirst(0),
         ..Default::default()
     };
-    let heap = PackedWeightsCache::open(&dir.join("heap.xbc")).unwrap();
-    let draft = PackedWeightsCache::open_with(&dir.join("draft.xbc"), drafted).unwrap();
+    let heap = PackedWeightsCache::open(dir.join("heap.xbc")).unwrap();
+    let draft = PackedWeightsCache::open_with(dir.join("draft.xbc"), drafted).unwrap();
     let memory = InMemoryProvider::new();
     let providers: [(&str, &dyn PackedWeightsProvider); 3] =
         [("heap", &*heap), ("draft", &*draft), ("memory", &memory)];
