@@ -51,8 +51,8 @@ pub struct Prepacked {
 /// ahead on two threads; a ResNet's (int8, 705 Ki) 2.94 against 3.04 (medians of 15 alternating
 /// launches on 2 cores, Emerald Rapids; ExecuTorch's backend without a cache, packing them in
 /// its creation: 4.16 and 2.91). Where another process keeps a core busy, a thread packing ahead
-/// waits for it: the ResNet's cold load took 7.0 ms so, against 2.8 on one thread. A UNet's 3.5
-/// Ki elements: 1.117 against 1.239 ms.
+/// waits for it: the ResNet's cold load took 7.0 ms so, against 2.8 on one thread. (A UNet's 3.5
+/// Ki elements, when the limit was first set: 1.117 ms on one thread against 1.239 on two.)
 const ONE_THREAD_BELOW_ELEMENTS: usize = 1 << 20;
 
 /// Whether the filters XNNPACK packs through the cache (`through_cache`) are few enough that a
