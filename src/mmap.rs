@@ -235,6 +235,9 @@ pub(crate) struct FileWindow {
     // Dropped before `map`, as in `MappedFile`.
     watch: parking_lot::Mutex<Option<truncation::Watch>>,
     map: memmap2::MmapRaw,
+    /// The file, to write packed bytes into it without mapping its pages (see
+    /// [`write_through_file`](Self::write_through_file)).
+    file: std::fs::File,
     /// The offset in the file of the window's first byte.
     file_offset: u64,
 }
@@ -255,6 +258,7 @@ impl FileWindow {
         Ok(FileWindow {
             watch: parking_lot::Mutex::new(None),
             map,
+            file: file.try_clone()?,
             file_offset,
         })
     }
@@ -267,18 +271,6 @@ impl FileWindow {
     /// How many bytes the window spans (not all of them need be in the file yet).
     pub(crate) fn len(&self) -> usize {
         self.map.len()
-    }
-
-    /// The address of the window's byte `at` (`at` no more than its length).
-    pub(crate) fn address(&self, at: usize) -> *mut u8 {
-        assert!(
-            at <= self.map.len(),
-            "{at} is past a window of {}",
-            self.map.len()
-        );
-        // SAFETY: `at` is within the mapping (checked above), so the result points into it or
-        // one past its end.
-        unsafe { self.map.as_mut_ptr().add(at) }
     }
 
     /// The `len` bytes of the window from `at`, which must lie inside the file and must have
@@ -318,25 +310,20 @@ impl FileWindow {
         };
     }
 
-    /// Lets go of the resident pages that lie wholly inside the window's `len` bytes from `at`
-    /// (a packed region XNNPACK finished). The bytes stay in the file's page cache, written
-    /// back if dirty, and are mapped again by the next access; a failure only means the pages
-    /// stay resident.
-    pub(crate) fn release_pages(&self, at: usize, len: usize) {
-        if let Some((start, end)) = whole_pages(at, len, self.map.len()) {
-            // SAFETY: [start, end) lies inside the mapping (bounded by its length above), which
-            // is shared and file-backed: MADV_DONTNEED only unmaps the pages, whose contents
-            // (dirty ones included) stay in the page cache and come back on the next access, so
-            // no reader or writer observes a change, whatever it holds. Where the file was cut
-            // short, the watch has put zero pages there (`truncation`), which stay zeros.
-            let _ = unsafe {
-                libc::madvise(
-                    self.map.as_mut_ptr().add(start).cast(),
-                    end - start,
-                    libc::MADV_DONTNEED,
-                )
-            };
-        }
+    /// Writes `bytes` into the file at the window's byte `at` with `pwrite`, not through the map:
+    /// the kernel copies them into the page cache, where the window sees them, and maps none of
+    /// the window's pages (a write through the map faults each page in, reading it first). The
+    /// range must lie inside the file and be written by no one else.
+    pub(crate) fn write_through_file(&self, at: usize, bytes: &[u8]) -> io::Result<()> {
+        use std::os::unix::fs::FileExt;
+        assert!(
+            at.checked_add(bytes.len())
+                .is_some_and(|end| end <= self.map.len()),
+            "{} bytes at {at} are past a window of {}",
+            bytes.len(),
+            self.map.len()
+        );
+        self.file.write_all_at(bytes, self.file_offset + at as u64)
     }
 
     /// From now on, survives the file being cut short under the window's first `len` bytes, as

@@ -1,8 +1,9 @@
 //! The cache file a launch packs into. Past the first packed bytes a launch keeps on the heap
 //! ([`HeapFirst`](super::HeapFirst): a small model's, for which starting a file costs more than
-//! packing), XNNPACK writes each packed weight straight into the pages of a new file beside the
-//! cache (a [`publish::Draft`]), mapped shared: the bytes are written once, into the file, and
-//! never also held on the heap. A save completes the file (the
+//! packing), each packed weight goes into a new file beside the cache (a [`publish::Draft`]):
+//! XNNPACK packs it into a staging buffer reused from weight to weight, which is written into
+//! the file at once (`pwrite`), so the bytes are written once into the file and the heap never
+//! holds more than the weights being packed. A save completes the file (the
 //! entries it keeps from older files copied after the packed ones, then the index, the header
 //! and the trailer of `docs/cache-format.md`), syncs it and renames it into place, so nothing is
 //! published before it is durable and a kill leaves the old file or the new one.
@@ -55,24 +56,19 @@ impl Space {
         self.window.file_offset() + self.at as u64
     }
 
-    /// The region's first byte.
-    pub fn address(&self) -> *mut u8 {
-        self.window.address(self.at)
-    }
-
     /// The region's first `len` bytes, once written.
     pub fn bytes(&self, len: usize) -> &[u8] {
         self.window.bytes(self.at, len)
     }
 
-    /// The checksum of the region's first `len` bytes, once XNNPACK has written them; then lets
-    /// go of the pages wholly inside them. A cold launch holds only the regions being packed
-    /// resident, not every one packed so far beside the next weight's unpacked bytes: the
-    /// runtime maps them back from the page cache when it first runs, as a warm launch does.
-    pub fn settle(&self, len: usize) -> u64 {
-        let sum = checksum64(self.bytes(len));
-        self.window.release_pages(self.at, len);
-        sum
+    /// Writes `packed` (XNNPACK's packing of the region, made in a staging buffer) into the
+    /// region, and returns its checksum, summed while the bytes are fresh in the CPU's cache so
+    /// that no save reads the region again. A cold launch maps none of the file's pages: the
+    /// runtime maps them from the page cache when it first runs, as a warm launch does.
+    pub fn fill(&self, packed: &[u8]) -> io::Result<u64> {
+        let sum = checksum64(packed);
+        self.window.write_through_file(self.at, packed)?;
+        Ok(sum)
     }
 }
 

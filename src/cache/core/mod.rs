@@ -7,6 +7,7 @@ mod damage;
 mod key_index;
 mod provider;
 mod registry;
+mod staging;
 
 use super::checksum::checksum64;
 use super::format::{
@@ -38,7 +39,12 @@ pub(crate) enum Location {
 /// Memory `reserve_space` handed to XNNPACK, until `look_up_or_insert` adopts it.
 enum Reserved {
     Heap(AlignedBytes),
-    Drafted(Space, usize),
+    /// A staging buffer (what XNNPACK writes), for the draft's region of the same size.
+    Staged {
+        space: Space,
+        buffer: AlignedBytes,
+        n: usize,
+    },
 }
 
 /// How a file-backed cache starts a draft of its file when XNNPACK first packs.
@@ -99,6 +105,8 @@ pub(crate) struct State {
     /// The `first_miss` of look-ups that missed, for the entry their packing inserts next.
     missed_at: FastMap<EntryKey, u64>,
     pending: FastMap<usize, Reserved>,
+    /// Buffers drafted weights are packed into, kept for the next (see `staging.rs`).
+    staging: staging::Staging,
     /// Where packing goes for a file-backed cache that can be written; None packs on the heap.
     pub drafting: Option<DraftPlan>,
     /// The draft packing goes into now, until a save takes it.
@@ -350,6 +358,11 @@ pub(crate) struct CacheCore {
 }
 
 impl CacheCore {
+    /// Gives back the buffers kept for packing into the draft: a runtime's creation is over.
+    pub fn release_staging(&self) {
+        self.state.lock().staging.release();
+    }
+
     /// The key of the entry that keeps the constant `content` (see [`KEPT_CONSTANT_SEED`]).
     fn kept_key(content: BlobId) -> EntryKey {
         EntryKey {

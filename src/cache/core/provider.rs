@@ -1,9 +1,11 @@
 //! The provider XNNPACK calls: look-ups, room for packing, and the packed weights it hands
 //! back, kept as entries.
 
+use super::staging::Staging;
 use super::{CacheCore, Entry, Location, Reserved};
 use crate::aligned::AlignedBytes;
 use crate::cache::format::REGION_ALIGNMENT;
+use crate::cache::packing_file::Space;
 use crate::xnn::{LookUpKey, PackedWeightsProvider};
 use std::ptr::NonNull;
 use std::sync::Arc;
@@ -63,13 +65,21 @@ impl PackedWeightsProvider for CacheCore {
             .fetch_add(1, Ordering::Relaxed);
         let mut state = self.state.lock();
         if let Some(space) = state.reserve_in_draft(n) {
-            let ptr = NonNull::new(space.address())?;
-            state
-                .pending
-                .insert(ptr.as_ptr() as usize, Reserved::Drafted(space, n));
-            return Some(ptr);
+            let kept = state.staging.take(n);
+            drop(state);
+            // A region whose buffer cannot be had is left a hole; the weight goes on the heap.
+            if let Some(buffer) = kept.or_else(|| Staging::allocate(n)) {
+                let ptr = NonNull::new(buffer.as_ptr())?;
+                let staged = Reserved::Staged { space, buffer, n };
+                self.state
+                    .lock()
+                    .pending
+                    .insert(ptr.as_ptr() as usize, staged);
+                return Some(ptr);
+            }
+        } else {
+            drop(state);
         }
-        drop(state);
         let block = AlignedBytes::zeroed(n, REGION_ALIGNMENT)?;
         let ptr = NonNull::new(block.as_ptr())?;
         self.state
@@ -86,11 +96,22 @@ impl PackedWeightsProvider for CacheCore {
         size: usize,
     ) -> Option<usize> {
         let pending = ptr.and_then(|p| self.state.lock().pending.remove(&(p.as_ptr() as usize)));
-        // Packed into the draft: summed now, outside the lock, while XNNPACK's writes are
-        // fresh, so that no save reads the region again (see `Space::settle`).
-        let drafted_sum = match &pending {
-            Some(Reserved::Drafted(space, n)) if *n >= size => Some(space.settle(size)),
-            _ => None,
+        // Packed for the draft: written into it now, outside the lock (see `Space::fill`).
+        let (pending, drafted_sum) = match pending {
+            Some(Reserved::Staged { space, buffer, n }) if n >= size => {
+                match space.fill(&buffer.as_slice()[..size]) {
+                    Ok(sum) => {
+                        if let Some(buffer) = Staging::cleared(buffer, n) {
+                            self.state.lock().staging.keep(buffer);
+                        }
+                        (Some(Adopted::Drafted(space)), Some(sum))
+                    }
+                    // Kept on the heap, and saved from there, where the file could not take it.
+                    Err(_) => (Some(Adopted::Heap(buffer)), None),
+                }
+            }
+            Some(Reserved::Heap(block)) => (Some(Adopted::Heap(block)), None),
+            _ => (None, None),
         };
         let mut state = self.state.lock();
         let deferred = CacheCore::deferred_of(&state, key);
@@ -111,8 +132,8 @@ impl PackedWeightsProvider for CacheCore {
         }
         let ptr = ptr?;
         let location = match pending {
-            Some(Reserved::Drafted(space, n)) if n >= size => Location::Drafted(space),
-            Some(Reserved::Heap(block)) if block.len() >= size => Location::Heap(Arc::new(block)),
+            Some(Adopted::Drafted(space)) => Location::Drafted(space),
+            Some(Adopted::Heap(block)) if block.len() >= size => Location::Heap(Arc::new(block)),
             _ => {
                 // SAFETY: XNNPACK hands us `size` readable bytes of packed weights at `ptr`.
                 let packed = unsafe { std::slice::from_raw_parts(ptr.as_ptr(), size) };
@@ -170,4 +191,11 @@ impl PackedWeightsProvider for CacheCore {
     fn reserves_zeroed(&self) -> bool {
         true
     }
+}
+
+/// Where a weight XNNPACK finished packing lies, before it becomes an entry.
+enum Adopted {
+    /// Written into the draft's region.
+    Drafted(Space),
+    Heap(AlignedBytes),
 }

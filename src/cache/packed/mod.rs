@@ -348,6 +348,7 @@ impl PackedWeightsCache {
     /// only a repack at the next launch.
     pub fn finalize(&self) -> Result<(), CacheError> {
         self.core().finalized.store(true, Ordering::Release);
+        self.core().release_staging();
         let Some(path) = self.path.clone() else {
             return Ok(());
         };
