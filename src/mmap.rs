@@ -1,6 +1,6 @@
 //! Memory maps: the one place xnnblob maps memory. Read-only maps of published files
-//! ([`MappedFile`]), the shared, writable windows of a cache file being made (`FileWindow`, a
-//! draft only its own process writes until it is published), and anonymous memory
+//! ([`MappedFile`]), the shared windows of a cache file being made (`FileWindow`, a draft only
+//! its own process writes, with `pwrite`, until it is published), and anonymous memory
 //! ([`anonymous`]: pages of a buffer's own, and reserved address space for deferred constants).
 //!
 //! Mapping is unsafe because the bytes can change, or vanish (SIGBUS), if another process
@@ -225,11 +225,13 @@ fn whole_pages(offset: usize, len: usize, map_len: usize) -> Option<(usize, usiz
     (start < end).then_some((start, end))
 }
 
-/// A window of a file being written, mapped shared and writable at a fixed offset of the file:
-/// the cache file a cold launch packs into (see `cache/packing_file.rs`). The window may reach past the
-/// file's end; its owner makes the file long enough (with its blocks allocated) before it hands
-/// out any byte of the window, so no write faults for want of disk space. The window's address
-/// never changes, so the memory it hands out may be given to XNNPACK for good.
+/// A window of a file being written, mapped shared and read-only at a fixed offset of the file:
+/// the cache file a cold launch packs into (see `cache/packing_file.rs`), whose bytes are written
+/// through the file ([`write_through_file`](Self::write_through_file)) and read through the
+/// window. The window may reach past the file's end; its owner makes the file long enough (with
+/// its blocks allocated) before it hands out any byte of the window, so no write fails for want
+/// of disk space. The window's address never changes, so the packed weights it holds may be
+/// given to XNNPACK for good.
 #[cfg(feature = "xnnpack")]
 pub(crate) struct FileWindow {
     // Dropped before `map`, as in `MappedFile`.
@@ -245,7 +247,7 @@ pub(crate) struct FileWindow {
 #[cfg(feature = "xnnpack")]
 impl FileWindow {
     /// Maps `len` bytes of `file` from `file_offset` (a multiple of the page size), shared and
-    /// writable.
+    /// read-only.
     pub(crate) fn map(
         file: &std::fs::File,
         file_offset: u64,
@@ -254,7 +256,7 @@ impl FileWindow {
         let map = memmap2::MmapOptions::new()
             .offset(file_offset)
             .len(len)
-            .map_raw(file)?;
+            .map_raw_read_only(file)?;
         Ok(FileWindow {
             watch: parking_lot::Mutex::new(None),
             map,
@@ -285,35 +287,13 @@ impl FileWindow {
         // SAFETY: the range lies inside the mapping (checked above), which lives as long as
         // `self`; the caller's contract says no one writes it while it is read, and the file
         // reaches it (the owner allocated it first), so reading it does not fault.
-        unsafe { std::slice::from_raw_parts(self.map.as_mut_ptr().add(at), len) }
-    }
-
-    /// Copies `bytes` into the window at `at`; the range must lie inside the file and be
-    /// written by no one else.
-    pub(crate) fn write(&self, at: usize, bytes: &[u8]) {
-        assert!(
-            at.checked_add(bytes.len())
-                .is_some_and(|end| end <= self.map.len()),
-            "{} bytes at {at} are past a window of {}",
-            bytes.len(),
-            self.map.len()
-        );
-        // SAFETY: the destination lies inside the writable mapping (checked above) and inside
-        // the file (the caller's contract), is used by no one else, and cannot overlap `bytes`,
-        // which Rust's borrow holds elsewhere or reads from memory no writer touches.
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                bytes.as_ptr(),
-                self.map.as_mut_ptr().add(at),
-                bytes.len(),
-            )
-        };
+        unsafe { std::slice::from_raw_parts(self.map.as_ptr().add(at), len) }
     }
 
     /// Writes `bytes` into the file at the window's byte `at` with `pwrite`, not through the map:
     /// the kernel copies them into the page cache, where the window sees them, and maps none of
-    /// the window's pages (a write through the map faults each page in, reading it first). The
-    /// range must lie inside the file and be written by no one else.
+    /// the window's pages (a write through a map would fault each page in, reading it first).
+    /// The range must lie inside the file and be written by no one else.
     pub(crate) fn write_through_file(&self, at: usize, bytes: &[u8]) -> io::Result<()> {
         use std::os::unix::fs::FileExt;
         assert!(

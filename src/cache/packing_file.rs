@@ -188,7 +188,7 @@ impl DraftFile {
                 Some(space) => entry.offset = space.file_offset(),
                 None => {
                     let space = self.reserve(row.bytes.len(), REGION_ALIGNMENT as u64)?;
-                    space.window.write(space.at, row.bytes);
+                    space.window.write_through_file(space.at, row.bytes)?;
                     entry.offset = space.file_offset();
                 }
             }
@@ -199,9 +199,9 @@ impl DraftFile {
         let tail_len = format::encode_index(&written, sources, 0).len();
         let space = self.reserve(tail_len, 8)?;
         let tail = format::encode_index(&written, sources, space.file_offset());
-        space.window.write(space.at, &tail);
+        space.window.write_through_file(space.at, &tail)?;
         let len = space.file_offset() + tail_len as u64;
-        self.windows[0].write(0, &format::encode_header(compat));
+        self.windows[0].write_through_file(0, &format::encode_header(compat))?;
         self.file.set_len(len)?;
         self.file.flush()?;
         self.file.sync()?;

@@ -1,4 +1,4 @@
-//! Drafts: files published once a long write through a map is done (the packed-weight cache a
+//! Drafts: files published once a long write is done (the packed-weight cache a
 //! cold launch packs into), and the reclaim of what writers that are gone left behind, drafts
 //! and temporaries alike. Only the packed-weight cache makes drafts, so this part needs
 //! XNNPACK (the `xnnpack` feature) where the rest of publishing does not.
@@ -268,7 +268,7 @@ mod tests {
         let path = dir.path().join("weights.xbc");
         let gone_pid = gone_pid();
         let dead = format!(".weights.xbc.xnnblob-draft-{gone_pid}-999999");
-        // pid 1 always runs: a draft of a live process, which packs into it through a map.
+        // pid 1 always runs: a draft of a live process, which packs into it.
         let live = ".weights.xbc.xnnblob-draft-1-4".to_string();
         for n in [&dead, &live] {
             fs::write(dir.path().join(n), b"packed").unwrap();

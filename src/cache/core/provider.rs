@@ -110,8 +110,11 @@ impl PackedWeightsProvider for CacheCore {
                     Err(_) => (Some(Adopted::Heap(buffer)), None),
                 }
             }
-            Some(Reserved::Heap(block)) => (Some(Adopted::Heap(block)), None),
-            _ => (None, None),
+            // (XNNPACK never hands back more than it reserved: kept alive all the same.)
+            Some(Reserved::Staged { buffer, .. }) | Some(Reserved::Heap(buffer)) => {
+                (Some(Adopted::Heap(buffer)), None)
+            }
+            None => (None, None),
         };
         let mut state = self.state.lock();
         let deferred = CacheCore::deferred_of(&state, key);
