@@ -63,12 +63,14 @@ impl PackedWeightsProvider for CacheCore {
         self.counters
             .reserve_space_calls
             .fetch_add(1, Ordering::Relaxed);
-        let mut state = self.state.lock();
-        if let Some(space) = state.reserve_in_draft(n) {
-            let kept = state.staging.take(n);
-            drop(state);
+        let drafted = {
+            let mut state = self.state.lock();
+            let space = state.reserve_in_draft(n);
+            space.map(|space| (space, state.staging.take(n)))
+        };
+        if let Some((space, kept)) = drafted {
             // A region whose buffer cannot be had is left a hole; the weight goes on the heap.
-            if let Some(buffer) = kept.or_else(|| Staging::allocate(n)) {
+            if let Some(buffer) = kept.or_else(|| AlignedBytes::zeroed(n, REGION_ALIGNMENT)) {
                 let ptr = NonNull::new(buffer.as_ptr())?;
                 let staged = Reserved::Staged { space, buffer, n };
                 self.state
@@ -77,8 +79,6 @@ impl PackedWeightsProvider for CacheCore {
                     .insert(ptr.as_ptr() as usize, staged);
                 return Some(ptr);
             }
-        } else {
-            drop(state);
         }
         let block = AlignedBytes::zeroed(n, REGION_ALIGNMENT)?;
         let ptr = NonNull::new(block.as_ptr())?;
@@ -189,8 +189,8 @@ impl PackedWeightsProvider for CacheCore {
         NonNull::new(ptr as *mut u8)
     }
 
-    /// Reservations are fresh: zeroed heap blocks, or never-used regions of a new file whose
-    /// space is allocated ahead (read as zeros).
+    /// Reservations read as zeros: zeroed heap blocks, or staging buffers for the draft, fresh
+    /// or zeroed again where they were handed out before (`Staging::cleared`).
     fn reserves_zeroed(&self) -> bool {
         true
     }

@@ -9,7 +9,6 @@
 //! nothing of the draft is mapped until the runtime reads it.
 
 use crate::aligned::AlignedBytes;
-use crate::cache::format::REGION_ALIGNMENT;
 
 /// The most buffers kept for reuse: about one per thread packing at once.
 const KEPT_BUFFERS: usize = 4;
@@ -34,11 +33,6 @@ impl Staging {
             .min_by_key(|(_, b)| b.len())
             .map(|(i, _)| i)?;
         Some(self.free.swap_remove(i))
-    }
-
-    /// A new buffer of `n` zero bytes, aligned as packed regions are.
-    pub fn allocate(n: usize) -> Option<AlignedBytes> {
-        AlignedBytes::zeroed(n, REGION_ALIGNMENT)
     }
 
     /// Zeroes the first `used` bytes of `buffer` (all that was handed out of it; the rest was
@@ -68,11 +62,16 @@ impl Staging {
 #[cfg(test)]
 mod tests {
     use super::Staging;
+    use crate::aligned::AlignedBytes;
+
+    fn allocate(n: usize) -> AlignedBytes {
+        AlignedBytes::zeroed(n, 64).unwrap()
+    }
 
     #[test]
     fn a_buffer_comes_back_zero_and_only_where_it_fits() {
         let mut staging = Staging::default();
-        let mut b = Staging::allocate(1000).unwrap();
+        let mut b = allocate(1000);
         b.as_mut_slice()[..600].fill(0xA5);
         staging.keep(Staging::cleared(b, 600).unwrap());
         assert!(staging.take(1001).is_none());
@@ -84,9 +83,9 @@ mod tests {
     #[test]
     fn large_buffers_and_buffers_past_the_count_are_not_kept() {
         let mut staging = Staging::default();
-        assert!(Staging::cleared(Staging::allocate(super::KEPT_LARGEST + 1).unwrap(), 1).is_none());
+        assert!(Staging::cleared(allocate(super::KEPT_LARGEST + 1), 1).is_none());
         for _ in 0..super::KEPT_BUFFERS + 2 {
-            staging.keep(Staging::allocate(64).unwrap());
+            staging.keep(allocate(64));
         }
         assert_eq!(staging.free.len(), super::KEPT_BUFFERS);
         staging.release();
