@@ -261,6 +261,8 @@ pub(crate) fn save(
 ) -> Result<Saved, CacheError> {
     let _lock = lock_writers(storage, path, mode)?;
     crate::publish::reclaim_abandoned(storage, path, true);
+    // Constants lent to be kept are copied now, on the saver's thread, to be written below.
+    core.keep_lent();
 
     // Snapshot: what this process knows, with bytes that stay valid without the lock.
     let (ours, repacked, mut sources, draft, layered) = {

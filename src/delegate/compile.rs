@@ -43,6 +43,19 @@ pub(crate) struct Keep {
     /// Filled once, while the graph is built (the payload is parsed and verified once).
     loaded: std::sync::OnceLock<Loaded>,
     cache: Weights,
+    /// What this delegate lends the packed-weight cache to keep is lent under this number
+    /// (see [`super::constants::load_constants`]), and taken back when it ends.
+    lender: u64,
+}
+
+impl Drop for Keep {
+    fn drop(&mut self) {
+        // Before the constants go: a buffer lent from them must not outlive the data source
+        // that lent it (its program's loader).
+        if let Weights::Packed(cache) = &self.cache {
+            cache.take_back_lent(self.lender);
+        }
+    }
 }
 
 /// Where `init`'s time went.
@@ -193,9 +206,11 @@ pub(crate) fn compile(
     model: &ModelContext,
     aliases: &[Alias],
 ) -> Result<(OwnedRuntime, InitTimings), DelegateError> {
+    static LENDERS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
     let keep = Keep {
         loaded: std::sync::OnceLock::new(),
         cache: model.weights().clone(),
+        lender: LENDERS.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
     };
     let deferral = deferral.filter(|_| matches!(model.weights(), Weights::Packed(_)));
     let started = std::time::Instant::now();
@@ -271,6 +286,7 @@ pub(crate) fn compile(
                 converted: &converted,
                 packed: &packed,
             },
+            k.lender,
         )?;
         let scales = load_scales(&known, &constants)?;
         let loaded = k.loaded.get_or_init(|| Loaded {

@@ -409,8 +409,6 @@ pub(super) fn packed_constants(
     Ok(out)
 }
 
-/// The keys `map` lists (from its index: nothing is read), gathered once per delegate: a
-/// program with a thousand weights asks a thousand times.
 /// How constants are given to XNNPACK other than as their bytes, by constant_data index.
 pub(super) struct Treatment<'a> {
     /// Left unread, behind placeholders (with the byte length the graph gives them).
@@ -422,7 +420,9 @@ pub(super) struct Treatment<'a> {
 }
 
 /// Loads every constant the graph refers to, through the shared data cache, treated as
-/// `treatment` says.
+/// `treatment` says. A constant lent to the packed-weight cache to be kept is lent by
+/// `lender` (see [`read_keeping`]).
+#[allow(clippy::too_many_arguments)]
 pub(super) fn load_constants(
     values: &Values<'_>,
     payload: &DataBuffer,
@@ -431,6 +431,7 @@ pub(super) fn load_constants(
     map: &dyn NamedDataMap,
     model: &ModelContext,
     treatment: Treatment<'_>,
+    lender: u64,
 ) -> Result<Constants, DelegateError> {
     let Treatment {
         deferrable,
@@ -533,7 +534,9 @@ pub(super) fn load_constants(
                 .get_or_init(
                     &shared_key(map, key, content.is_some()),
                     || match keepable {
-                        Some((cache, content, len)) => read_keeping(map, key, cache, content, len),
+                        Some((cache, content, len)) => {
+                            read_keeping(map, key, cache, content, len, lender)
+                        }
                         None => map.get_data(key),
                     },
                 )
@@ -645,20 +648,26 @@ fn keepable<'c>(
 }
 
 /// The constant named `key`: from the entry that keeps it, else read from `map` and kept there
-/// for the next launch (when it is the length the graph states).
+/// for the next launch (when it is the length the graph states). A cache that saves to a file
+/// is lent the buffer, by `lender`, and copies it when it saves, off the launch.
 fn read_keeping(
     map: &dyn NamedDataMap,
     key: &str,
     cache: &crate::cache::PackedWeightsCache,
     content: BlobId,
     len: usize,
+    lender: u64,
 ) -> Result<DataBuffer, crate::named_data::NamedDataError> {
     if let Some(kept) = cache.kept_constant(content, len) {
         return Ok(kept);
     }
     let data = map.get_data(key)?;
     if data.len() == len {
-        cache.keep_constant(content, data.data());
+        if cache.saves_to_file() {
+            cache.lend_constant(content, data.clone(), lender);
+        } else {
+            cache.keep_constant(content, data.data());
+        }
     }
     Ok(data)
 }

@@ -5,6 +5,7 @@
 
 mod damage;
 mod key_index;
+mod lent;
 mod provider;
 mod registry;
 mod staging;
@@ -355,9 +356,39 @@ pub(crate) struct CacheCore {
     pub state: Mutex<State>,
     pub finalized: AtomicBool,
     pub counters: Counters,
+    /// Constants lent to be kept, not copied yet (see `lent.rs`).
+    lent: Mutex<Vec<lent::Lent>>,
+}
+
+impl Entry {
+    /// A new entry of this process that keeps a constant (see [`KEPT_CONSTANT_SEED`]), first
+    /// read at `order`.
+    fn kept(key: EntryKey, size: usize, location: Location, order: u64) -> Entry {
+        Entry {
+            key: Some(key),
+            size,
+            location,
+            checksum: None,
+            last_used: 0,
+            hit: false,
+            first_hit: None,
+            first_miss: Some(order),
+            checked: false,
+            unsaved: true,
+            packed_here: true,
+            resolved: false,
+            layer: false,
+        }
+    }
 }
 
 impl CacheCore {
+    /// Whether a save has anything new to write: an entry, a checked data file, or a constant
+    /// lent to be kept.
+    pub fn has_unsaved(&self) -> bool {
+        self.state.lock().has_unsaved() || self.has_lent()
+    }
+
     /// Gives back the buffers kept for packing into the draft: a runtime's creation is over.
     pub fn release_staging(&self) {
         self.state.lock().staging.release();
@@ -446,21 +477,12 @@ impl CacheCore {
         }
         let order = state.next_first_look();
         let i = state.entries.len();
-        state.entries.push(Entry {
-            key: Some(key),
-            size: bytes.len(),
-            location: Location::Heap(Arc::new(copy)),
-            checksum: None,
-            last_used: 0,
-            hit: false,
-            first_hit: None,
-            first_miss: Some(order),
-            checked: false,
-            unsaved: true,
-            packed_here: true,
-            resolved: false,
-            layer: false,
-        });
+        state.entries.push(Entry::kept(
+            key,
+            bytes.len(),
+            Location::Heap(Arc::new(copy)),
+            order,
+        ));
         state.by_key.insert(key, i);
     }
 

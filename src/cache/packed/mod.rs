@@ -377,7 +377,7 @@ impl PackedWeightsCache {
                 queue.again = true;
                 return Ok(());
             }
-            let unsaved = self.core().state.lock().has_unsaved();
+            let unsaved = self.core().has_unsaved();
             let to_check = verify && self.core().has_unchecked(true);
             if !unsaved && !to_check && self.layer_checks.lock().is_empty() {
                 return Ok(());
@@ -465,7 +465,7 @@ impl PackedWeightsCache {
                     .corrupt_after_use
                     .fetch_add(damaged, Ordering::Relaxed);
             }
-            let unsaved = core.state.lock().has_unsaved();
+            let unsaved = core.has_unsaved();
             // Read at each pass: a model loaded since the save was asked for may have narrowed it.
             let mode = mode_of_limit(mode_limit.load(Ordering::Relaxed));
             // A damaged entry found here is left out of the file the save writes.
@@ -799,6 +799,24 @@ impl PackedWeightsCache {
         self.core().keep_constant(content, bytes)
     }
 
+    /// As [`keep_constant`](Self::keep_constant), copied by the next save rather than now:
+    /// `data` is lent by `lender`, which takes back what was not copied yet before it ends
+    /// ([`take_back_lent`](Self::take_back_lent)).
+    pub(crate) fn lend_constant(&self, content: BlobId, data: DataBuffer, lender: u64) {
+        self.core().lend_constant(content, data, lender)
+    }
+
+    /// Whether this cache writes a file of its own (it has one, not kept read-only): what it
+    /// is lent to keep, a save copies ([`lend_constant`](Self::lend_constant)).
+    pub(crate) fn saves_to_file(&self) -> bool {
+        self.path.is_some() && !self.read_only.load(Ordering::Relaxed)
+    }
+
+    /// Takes back the constants `lender` lent to be kept and that no save copied yet.
+    pub(crate) fn take_back_lent(&self, lender: u64) {
+        self.core().take_back_lent(lender)
+    }
+
     /// Checks every entry's packed bytes against its checksum (reads all of them: an explicit
     /// or background operation, never part of a launch).
     pub fn verify(&self) -> Vec<BadEntry> {
@@ -830,8 +848,7 @@ impl Drop for PackedWeightsCache {
         // now. A failure only costs a repack at the next launch.
         let _ = self.wait_saved();
         // A file used read-only is never written, not even at the end.
-        let unsaved =
-            self.core().state.lock().has_unsaved() && !self.read_only.load(Ordering::Relaxed);
+        let unsaved = self.core().has_unsaved() && !self.read_only.load(Ordering::Relaxed);
         if let (Some(path), true) = (&self.path, unsaved) {
             let _ = persist::save(
                 self.core(),
