@@ -320,8 +320,14 @@ fn a_warm_launch_with_the_mmap_loader_leaves_the_weights_on_disk() {
 /// constant under the mmap loader): the packed weights are found in the cache, and the constants
 /// XNNPACK reads at every launch (a static int8 network's biases and per-channel scales) are
 /// kept in the cache file by the first launch. The outputs stay ExecuTorch's, cold and warm.
+///
+/// The first launch lends the cache ExecuTorch's own buffers of those constants, and the cache's
+/// background save copies them while the program is alive: the file that save publishes, before
+/// the launch ends (when the delegates would copy them instead), keeps every one of them.
 #[test]
 fn a_warm_launch_reads_no_constant_through_executorchs_data_map() {
+    use std::io::{BufRead, Write};
+    use std::process::Stdio;
     let dir = scratch("kept-constants");
     let runner = Runner::host(ET_RUN, None);
     let (mut args, expected) = io_program(&data().join("export"), "arch_mobilenet_v2_int8");
@@ -343,20 +349,67 @@ fn a_warm_launch_reads_no_constant_through_executorchs_data_map() {
         );
     }
     let path = dir.join("weights.xbc").display().to_string();
-    let launch = || {
-        let mut a = with_cache("weights.xbc");
-        a.extend([s("--backend"), s("xnnblob")]);
-        run_ok(&a)
+    let mut launch_args = with_cache("weights.xbc");
+    launch_args.extend([s("--backend"), s("xnnblob")]);
+    // The first launch waits after its first execute, its program loaded, until told to go on:
+    // the save runs meanwhile, once packing and inference pause.
+    drop_in::backend_library(ET_RUN);
+    let mut child = Command::new(ET_RUN)
+        .args(
+            [
+                &launch_args[..],
+                &[s("--repeat"), s("2"), s("--wait-between-executes")],
+            ]
+            .concat(),
+        )
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = std::io::BufReader::new(child.stderr.take().unwrap());
+    let mut said = String::new();
+    while !said.contains("waiting for a line") {
+        let before = said.len();
+        stderr.read_line(&mut said).unwrap();
+        assert!(said.len() > before, "the first launch ended early: {said}");
+    }
+    let kept = || {
+        xnnblob::cache::verify_file(Path::new(&path), &Default::default(), false, false)
+            .ok()
+            .and_then(Result::ok)
+            .map_or(0, |report| report.kept_constants as u64)
     };
-    let cold = launch();
-    let c = cold.cache(&path);
+    let since = std::time::Instant::now();
+    while kept() == 0 && since.elapsed() < std::time::Duration::from_secs(60) {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let saved_alive = kept();
+    let mut stdin = child.stdin.take().unwrap();
+    writeln!(stdin).unwrap();
+    drop(stdin);
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut stderr, &mut rest).unwrap();
+    let out = child.wait_with_output().unwrap();
+    let cold_stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "{said}{rest}");
+    let map_reads = cold_stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("executorch_map_reads="))
+        .and_then(|n| n.parse::<f64>().ok());
     assert!(
-        c["kept_constants"] > 0 && cold.number("executorch_map_reads") > 0.0,
-        "the first launch reads the constants and keeps them:\n{}",
-        cold.stdout
+        saved_alive > 0 && map_reads > Some(0.0),
+        "the first launch reads the constants, and a save while it is alive keeps them:\n\
+         {cold_stdout}{said}{rest}"
     );
-    let warm = launch();
+    let warm = run_ok(&launch_args);
     let w = warm.cache(&path);
+    assert_eq!(
+        w["kept_constants"], saved_alive,
+        "every kept constant was in the file saved while the first launch was alive \
+         (beside the delegate's identities, kept without lending):\n{}",
+        warm.stdout
+    );
     assert_eq!(w["packed"], 0, "{}", warm.stdout);
     assert_eq!(
         warm.number("executorch_map_reads"),
