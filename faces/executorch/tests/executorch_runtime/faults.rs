@@ -302,8 +302,7 @@ fn a_valid_cache_in_a_directory_that_takes_no_new_files_is_used_warm() {
 /// SIGBUS, and the next launch rebuilds the file and computes what the cold launch did.
 #[test]
 fn a_cache_file_cut_short_during_executes_fails_them_without_sigbus() {
-    use std::io::{BufRead, Write};
-    use std::process::Stdio;
+    use std::io::Write;
     let dir = scratch("cut-short");
     let spec = xnnblob_test_support::synthetic::model::ModelSpec {
         preset: xnnblob_test_support::synthetic::model::Preset::LlmLike,
@@ -337,25 +336,10 @@ fn a_cache_file_cut_short_during_executes_fails_them_without_sigbus() {
             let mode = ["--load-mode", load_mode];
             run_ok(&launch_args(&cache, "cold", &mode));
             let cold = f32s(&std::fs::read(dir.join("cold/output0.f32")).unwrap());
-            drop_in::backend_library(ET_RUN);
-            let mut child = Command::new(ET_RUN)
-                .args(launch_args(
-                    &cache,
-                    "warm",
-                    &[&mode[..], &["--repeat", "3", "--wait-between-executes"]].concat(),
-                ))
-                .stdin(Stdio::piped())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .unwrap();
-            let mut stderr = std::io::BufReader::new(child.stderr.take().unwrap());
-            let mut said = String::new();
-            while !said.contains("waiting for a line") {
-                let before = said.len();
-                stderr.read_line(&mut said).unwrap();
-                assert!(said.len() > before, "{cut}: the runner ended early: {said}");
-            }
+            let (mut child, mut stderr, mut said) = launch_waiting(
+                &launch_args(&cache, "warm", &[&mode[..], &["--repeat", "3"]].concat()),
+                cut,
+            );
             let file = std::fs::OpenOptions::new()
                 .write(true)
                 .open(&cache)

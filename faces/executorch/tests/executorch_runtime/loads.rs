@@ -326,8 +326,7 @@ fn a_warm_launch_with_the_mmap_loader_leaves_the_weights_on_disk() {
 /// the launch ends (when the delegates would copy them instead), keeps every one of them.
 #[test]
 fn a_warm_launch_reads_no_constant_through_executorchs_data_map() {
-    use std::io::{BufRead, Write};
-    use std::process::Stdio;
+    use std::io::Write;
     let dir = scratch("kept-constants");
     let runner = Runner::host(ET_RUN, None);
     let (mut args, expected) = io_program(&data().join("export"), "arch_mobilenet_v2_int8");
@@ -353,27 +352,10 @@ fn a_warm_launch_reads_no_constant_through_executorchs_data_map() {
     launch_args.extend([s("--backend"), s("xnnblob")]);
     // The first launch waits after its first execute, its program loaded, until told to go on:
     // the save runs meanwhile, once packing and inference pause.
-    drop_in::backend_library(ET_RUN);
-    let mut child = Command::new(ET_RUN)
-        .args(
-            [
-                &launch_args[..],
-                &[s("--repeat"), s("2"), s("--wait-between-executes")],
-            ]
-            .concat(),
-        )
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stderr = std::io::BufReader::new(child.stderr.take().unwrap());
-    let mut said = String::new();
-    while !said.contains("waiting for a line") {
-        let before = said.len();
-        stderr.read_line(&mut said).unwrap();
-        assert!(said.len() > before, "the first launch ended early: {said}");
-    }
+    let (mut child, mut stderr, said) = launch_waiting(
+        &[&launch_args[..], &[s("--repeat"), s("2")]].concat(),
+        "the first launch",
+    );
     let kept = || {
         xnnblob::cache::verify_file(Path::new(&path), &Default::default(), false, false)
             .ok()

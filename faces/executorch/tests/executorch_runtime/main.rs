@@ -69,6 +69,41 @@ fn bench_model(spec: xnnblob_test_support::synthetic::model::ModelSpec, dir: &Pa
     ]
 }
 
+/// A launch of the runner with `args` and `--wait-between-executes`, started and waiting after
+/// its first execute for a line on its stdin: the child (stdin and stdout piped), its stderr,
+/// and what it said there so far. `what` names the launch in a failure.
+fn launch_waiting(
+    args: &[String],
+    what: &str,
+) -> (
+    std::process::Child,
+    std::io::BufReader<std::process::ChildStderr>,
+    String,
+) {
+    use std::io::BufRead;
+    use std::process::Stdio;
+    drop_in::backend_library(ET_RUN);
+    let mut child = Command::new(ET_RUN)
+        .args(args)
+        .arg("--wait-between-executes")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = std::io::BufReader::new(child.stderr.take().unwrap());
+    let mut said = String::new();
+    while !said.contains("waiting for a line") {
+        let before = said.len();
+        stderr.read_line(&mut said).unwrap();
+        assert!(
+            said.len() > before,
+            "{what}: the runner ended early: {said}"
+        );
+    }
+    (child, stderr, said)
+}
+
 /// Runs the runner and returns its exit status, stdout and stderr, however it ended.
 fn run_any(args: &[String]) -> (bool, String, String) {
     drop_in::backend_library(ET_RUN);
