@@ -10,12 +10,11 @@
 //! under it, and a lender that ends copies, under it, what no save copied yet (a process that
 //! ends before its save pays the copies at its end, not in its launch).
 
-use super::{CacheCore, Entry, Location};
+use super::CacheCore;
 use crate::aligned::AlignedBytes;
 use crate::cache::format::REGION_ALIGNMENT;
 use crate::cache::identity::BlobId;
 use crate::named_data::DataBuffer;
-use std::sync::Arc;
 
 /// A constant lent to be kept.
 pub(super) struct Lent {
@@ -84,30 +83,19 @@ impl CacheCore {
         if lent.is_empty() {
             return;
         }
-        let copies: Vec<(BlobId, usize, u64, Option<AlignedBytes>)> = lent
+        let copies: Vec<(BlobId, u64, Option<AlignedBytes>)> = lent
             .iter()
             .map(|l| {
-                let bytes = l.data.data();
-                let copy = AlignedBytes::copy_from(bytes, REGION_ALIGNMENT);
-                (l.content, bytes.len(), l.order, copy)
+                let copy = AlignedBytes::copy_from(l.data.data(), REGION_ALIGNMENT);
+                (l.content, l.order, copy)
             })
             .collect();
         drop(lent);
         let mut state = self.state.lock();
-        for (content, size, order, copy) in copies {
-            let key = Self::kept_key(content);
-            let Some(copy) = copy else { continue };
-            if state.by_key.contains_key(&key) {
-                continue;
+        for (content, order, copy) in copies {
+            if let Some(copy) = copy {
+                state.insert_kept(Self::kept_key(content), copy, order);
             }
-            let i = state.entries.len();
-            state.entries.push(Entry::kept(
-                key,
-                size,
-                Location::Heap(Arc::new(copy)),
-                order,
-            ));
-            state.by_key.insert(key, i);
         }
     }
 }
@@ -116,6 +104,7 @@ impl CacheCore {
 mod tests {
     use super::*;
     use crate::named_data::Backing;
+    use std::sync::Arc;
     use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
     /// Bytes lent by a lender that may end: read or freed after it ended, they fail the test

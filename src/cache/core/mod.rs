@@ -188,6 +188,23 @@ impl State {
         self.first_looks - 1
     }
 
+    /// Adds an entry of this process that keeps a constant's bytes (`copy`, first read at
+    /// `order`) under `key`, unless an entry holds the key already.
+    fn insert_kept(&mut self, key: EntryKey, copy: AlignedBytes, order: u64) {
+        if self.by_key.contains_key(&key) {
+            return;
+        }
+        let i = self.entries.len();
+        let size = copy.len();
+        self.entries.push(Entry::kept(
+            key,
+            size,
+            Location::Heap(Arc::new(copy)),
+            order,
+        ));
+        self.by_key.insert(key, i);
+    }
+
     /// Whether a save has anything new to write.
     pub fn has_unsaved(&self) -> bool {
         self.sources_unsaved || self.entries.iter().any(|e| e.unsaved)
@@ -476,14 +493,7 @@ impl CacheCore {
             return;
         }
         let order = state.next_first_look();
-        let i = state.entries.len();
-        state.entries.push(Entry::kept(
-            key,
-            bytes.len(),
-            Location::Heap(Arc::new(copy)),
-            order,
-        ));
-        state.by_key.insert(key, i);
+        state.insert_kept(key, copy, order);
     }
 
     /// Entry `i` if it holds the `size` bytes the operator looking it up will read, else the
