@@ -44,7 +44,7 @@ pub(crate) struct Keep {
     loaded: std::sync::OnceLock<Loaded>,
     cache: Weights,
     /// What this delegate lends the packed-weight cache to keep is lent under this number
-    /// (see [`super::constants::load_constants`]), and taken back when it ends.
+    /// (see [`super::constants::load_constants`]), and copied when it ends if no save copied it.
     lender: u64,
 }
 

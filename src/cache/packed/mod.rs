@@ -800,7 +800,7 @@ impl PackedWeightsCache {
     }
 
     /// As [`keep_constant`](Self::keep_constant), copied by the next save rather than now:
-    /// `data` is lent by `lender`, which takes back what was not copied yet before it ends
+    /// `data` is lent by `lender`, which has what no save copied yet copied before it ends
     /// ([`take_back_lent`](Self::take_back_lent)).
     pub(crate) fn lend_constant(&self, content: BlobId, data: DataBuffer, lender: u64) {
         self.core().lend_constant(content, data, lender)
@@ -812,7 +812,8 @@ impl PackedWeightsCache {
         self.path.is_some() && !self.read_only.load(Ordering::Relaxed)
     }
 
-    /// Takes back the constants `lender` lent to be kept and that no save copied yet.
+    /// Copies the constants `lender` lent to be kept and that no save copied yet: it ends, and
+    /// the buffers it lent with it.
     pub(crate) fn take_back_lent(&self, lender: u64) {
         self.core().take_back_lent(lender)
     }
