@@ -4,7 +4,8 @@
 //! make files no older launch, and no other device's launch, could share.
 //!
 //! The oracle is the original loop, as XNNPACK 4ea82e5 wrote it, ported line for line below;
-//! the packer under test is the patched one linked into this binary (patches 0008, 0011, 0021).
+//! the packer under test is the patched one linked into this binary (patches 0008, 0011, 0021,
+//! 0038).
 //! On aarch64, KleidiAI's own packer is the oracle for patch 0022's, which writes its layout.
 
 use std::ffi::c_void;
@@ -249,6 +250,338 @@ fn check(s: &Shape, bits: &mut Bits) {
         s.sr,
         s.bl
     );
+}
+
+#[repr(C)]
+struct Qs8PackingParams {
+    input_zero_point: i8,
+}
+
+unsafe extern "C" {
+    // XNNPACK's internal packers (src/xnnpack/pack.h); linked from the static library.
+    fn xnn_pack_qs8_gemm_goi_w(
+        g: usize,
+        nc: usize,
+        kc: usize,
+        nr: usize,
+        kr: usize,
+        sr: usize,
+        k: *const i8,
+        bias: *const i32,
+        scale: *const f32,
+        packed_weights: *mut c_void,
+        extra_bytes: usize,
+        params: *const Qs8PackingParams,
+    );
+    fn xnn_pack_qs8_to_qu8_gemm_goi_w(
+        g: usize,
+        nc: usize,
+        kc: usize,
+        nr: usize,
+        kr: usize,
+        sr: usize,
+        k: *const i8,
+        bias: *const i32,
+        scale: *const f32,
+        packed_weights: *mut c_void,
+        extra_bytes: usize,
+        params: *const Qs8PackingParams,
+    );
+    fn xnn_pack_qs8_to_qu8_conv_goki_w(
+        g: usize,
+        nc: usize,
+        ks: usize,
+        kc: usize,
+        nr: usize,
+        kr: usize,
+        sr: usize,
+        k: *const i8,
+        bias: *const i32,
+        scale: *const f32,
+        packed_weights: *mut c_void,
+        extra_bytes: usize,
+        params: *const Qs8PackingParams,
+    );
+    fn xnn_pack_qs8_conv_goki_w(
+        g: usize,
+        nc: usize,
+        ks: usize,
+        kc: usize,
+        nr: usize,
+        kr: usize,
+        sr: usize,
+        k: *const i8,
+        bias: *const i32,
+        scale: *const f32,
+        packed_weights: *mut c_void,
+        extra_bytes: usize,
+        params: *const Qs8PackingParams,
+    );
+}
+
+/// A qs8 filter's shape: `g` groups of `nc` rows of `ks` kernel positions of `kc` bytes.
+#[derive(Debug)]
+struct Qs8Shape {
+    g: usize,
+    nc: usize,
+    ks: usize,
+    kc: usize,
+    nr: usize,
+    kr: usize,
+    sr: usize,
+    extra_bytes: usize,
+}
+
+/// The original `xnn_pack_qs8_conv_goki_w`, a line-for-line port (offsets into `k`, `bias` and
+/// `out` for its pointer arithmetic; its unsigned bias arithmetic as wrapping `u32`). The
+/// original `xnn_pack_qs8_gemm_goi_w` is the same loop with one kernel position (`ks` 1), and
+/// the `_to_qu8` forms of both the same with `izp` the input zero point plus 128 (their
+/// kernels read the input as uint8).
+fn original_qs8(s: &Qs8Shape, k: &[i8], bias: Option<&[i32]>, izp: u32, out: &mut [u8]) {
+    let skr = s.sr * s.kr;
+    let round_up = |x: usize, q: usize| x.div_ceil(q) * q;
+    let (mut pos, mut k_base, mut b_base) = (0usize, 0usize, 0usize);
+    let load = |out: &[u8], at: usize| i32::from_le_bytes(out[at..at + 4].try_into().unwrap());
+    for _ in 0..s.g {
+        let mut nr_block_start = 0;
+        while nr_block_start < s.nc {
+            let nr_block_size = (s.nc - nr_block_start).min(s.nr);
+            let packed_b = pos;
+            for n in 0..nr_block_size {
+                let v = bias.map_or(0, |b| b[b_base + nr_block_start + n]);
+                out[packed_b + 4 * n..packed_b + 4 * n + 4].copy_from_slice(&v.to_le_bytes());
+            }
+            pos += 4 * s.nr;
+            for ki in 0..s.ks {
+                let mut kr_block_start = 0;
+                while kr_block_start < round_up(s.kc, skr) {
+                    for n in 0..nr_block_size {
+                        let kc_begin =
+                            kr_block_start / skr * skr + ((kr_block_start + n * s.kr) & (skr - 1));
+                        let kc_end = s.kc.min(kc_begin + s.kr);
+                        if kc_begin < kc_end {
+                            let from =
+                                k_base + ((nr_block_start + n) * s.ks + ki) * s.kc + kc_begin;
+                            let mut ksum: i32 = 0;
+                            for j in 0..kc_end - kc_begin {
+                                ksum += k[from + j] as i32;
+                                out[pos + j] = k[from + j] as u8;
+                            }
+                            let at = packed_b + 4 * n;
+                            let b = (load(out, at) as u32)
+                                .wrapping_sub((ksum as u32).wrapping_mul(izp));
+                            out[at..at + 4].copy_from_slice(&b.to_le_bytes());
+                        }
+                        pos += s.kr;
+                    }
+                    pos += (s.nr - nr_block_size) * s.kr;
+                    kr_block_start += s.kr;
+                }
+            }
+            pos += s.extra_bytes;
+            nr_block_start += s.nr;
+        }
+        k_base += s.ks * s.kc * s.nc;
+        if bias.is_some() {
+            b_base += s.nc;
+        }
+    }
+}
+
+#[test]
+fn the_patched_qs8_packers_pack_every_shape_as_the_original_does() {
+    let mut bits = Bits(0x2545_f491_4f6c_dd1d);
+    let mut cases = 0;
+    // kr and sr as XNNPACK's qs8 kernels use them (c1 to c16 with sr 1: patch 0038's path; c2s4,
+    // c4s2, c8s2 and the like: the original loop), rows shorter than a group, ending inside one
+    // or on its end, rows longer than the fast path sums between flushes (1,024 bytes), groups,
+    // ragged last column blocks, with and without a bias, and the per-channel scales' room
+    // after each column block.
+    for (kr, sr) in [
+        (1usize, 1usize),
+        (2, 1),
+        (4, 1),
+        (8, 1),
+        (16, 1),
+        (2, 4),
+        (4, 2),
+        (8, 2),
+        (1, 4),
+    ] {
+        let skr = kr * sr;
+        for nr in [sr.max(4), 8, 16, 64] {
+            for kc in [
+                1,
+                3,
+                kr,
+                kr + 1,
+                3 * skr - 1,
+                4 * skr,
+                37,
+                64,
+                100,
+                1031,
+                2056,
+            ] {
+                // One kernel position or a 3x3 window; the long rows with fewer companions.
+                let long = kc > 1024;
+                for ks in [1usize, 9] {
+                    for (g, nc) in [(1, nr), (1, 3 * nr + 1), (2, nr - 1), (1, 1)] {
+                        if long && (nr > 16 || nc > nr) {
+                            continue;
+                        }
+                        for with_bias in [true, false] {
+                            let shape = Qs8Shape {
+                                g,
+                                nc,
+                                ks,
+                                kc,
+                                nr,
+                                kr,
+                                sr,
+                                extra_bytes: if with_bias { 4 * nr } else { 0 },
+                            };
+                            check_qs8(&shape, with_bias, &mut bits);
+                            cases += 1;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    assert!(cases > 1500, "{cases} cases");
+}
+
+fn check_qs8(s: &Qs8Shape, with_bias: bool, bits: &mut Bits) {
+    // Random bytes, or every byte the most or the least an int8 holds (the largest sums the
+    // fast path's 16-bit lanes add up between flushes, rows of over 1,024 bytes among them).
+    let fill = bits.next() % 4;
+    let k: Vec<i8> = (0..s.g * s.nc * s.ks * s.kc)
+        .map(|_| match fill {
+            0 => i8::MAX,
+            1 => i8::MIN,
+            _ => bits.next() as i8,
+        })
+        .collect();
+    let bias: Vec<i32> = (0..s.g * s.nc).map(|_| bits.next() as i32).collect();
+    let bias = with_bias.then_some(bias.as_slice());
+    // Any input zero point, negative ones among them (the packers widen it with its sign).
+    let izp = bits.next() as i8;
+    let skr = s.sr * s.kr;
+    let per_block = 4 * s.nr + s.ks * s.kc.div_ceil(skr) * skr * s.nr + s.extra_bytes;
+    let len = s.g * s.nc.div_ceil(s.nr) * per_block + 64;
+    // What the caller's buffer held before: the packers write over some of it and leave the
+    // rest (the padding of ragged blocks, the scales' room), which must stay as it was.
+    let start: Vec<u8> = (0..len).map(|_| bits.next() as u8).collect();
+    let params = Qs8PackingParams {
+        input_zero_point: izp,
+    };
+    let bias_ptr = bias.map_or(std::ptr::null(), |b| b.as_ptr());
+    type Conv = unsafe extern "C" fn(
+        usize,
+        usize,
+        usize,
+        usize,
+        usize,
+        usize,
+        usize,
+        *const i8,
+        *const i32,
+        *const f32,
+        *mut c_void,
+        usize,
+        *const Qs8PackingParams,
+    );
+    type Gemm = unsafe extern "C" fn(
+        usize,
+        usize,
+        usize,
+        usize,
+        usize,
+        usize,
+        *const i8,
+        *const i32,
+        *const f32,
+        *mut c_void,
+        usize,
+        *const Qs8PackingParams,
+    );
+    let convs: [(&str, Conv, u32); 2] = [
+        ("xnn_pack_qs8_conv_goki_w", xnn_pack_qs8_conv_goki_w, 0),
+        (
+            "xnn_pack_qs8_to_qu8_conv_goki_w",
+            xnn_pack_qs8_to_qu8_conv_goki_w,
+            128,
+        ),
+    ];
+    let gemms: [(&str, Gemm, u32); 2] = [
+        ("xnn_pack_qs8_gemm_goi_w", xnn_pack_qs8_gemm_goi_w, 0),
+        (
+            "xnn_pack_qs8_to_qu8_gemm_goi_w",
+            xnn_pack_qs8_to_qu8_gemm_goi_w,
+            128,
+        ),
+    ];
+    let mut packed: Vec<(&str, u32, Vec<u8>)> = Vec::new();
+    for (name, pack, shift) in convs {
+        let mut got = start.clone();
+        // SAFETY: the buffer is as large as the original's layout reaches for this shape (the
+        // oracle below writes within it), `k` and the bias hold every row the shape names, and
+        // the shape meets the packers' asserted constraints (nr >= sr; kr and sr powers of two).
+        unsafe {
+            pack(
+                s.g,
+                s.nc,
+                s.ks,
+                s.kc,
+                s.nr,
+                s.kr,
+                s.sr,
+                k.as_ptr(),
+                bias_ptr,
+                std::ptr::null(),
+                got.as_mut_ptr().cast(),
+                s.extra_bytes,
+                &params,
+            )
+        };
+        packed.push((name, shift, got));
+    }
+    for (name, pack, shift) in gemms.into_iter().filter(|_| s.ks == 1) {
+        let mut got = start.clone();
+        // SAFETY: as above, for the same filter read as one kernel position.
+        unsafe {
+            pack(
+                s.g,
+                s.nc,
+                s.kc,
+                s.nr,
+                s.kr,
+                s.sr,
+                k.as_ptr(),
+                bias_ptr,
+                std::ptr::null(),
+                got.as_mut_ptr().cast(),
+                s.extra_bytes,
+                &params,
+            )
+        };
+        packed.push((name, shift, got));
+    }
+    for (packer, shift, got) in packed {
+        let mut want = start.clone();
+        original_qs8(
+            s,
+            &k,
+            bias,
+            (izp as i32 as u32).wrapping_add(shift),
+            &mut want,
+        );
+        assert!(
+            got == want,
+            "{packer} {s:?} izp {izp} bias {with_bias}: the packed bytes differ from the original's"
+        );
+    }
 }
 
 /// KleidiAI's qsi4c32p packer (aarch64 glibc builds link KleidiAI), the oracle for patch 0022's.
