@@ -5,7 +5,7 @@
 //!
 //! The oracle is the original loop, as XNNPACK 4ea82e5 wrote it, ported line for line below;
 //! the packer under test is the patched one linked into this binary (patches 0008, 0011, 0021,
-//! 0038).
+//! 0038, 0039).
 //! On aarch64, KleidiAI's own packer is the oracle for patch 0022's, which writes its layout.
 
 use std::ffi::c_void;
@@ -319,9 +319,9 @@ unsafe extern "C" {
     );
 }
 
-/// A qs8 filter's shape: `g` groups of `nc` rows of `ks` kernel positions of `kc` bytes.
+/// A filter's shape: `g` groups of `nc` rows of `ks` kernel positions of `kc` values.
 #[derive(Debug)]
-struct Qs8Shape {
+struct FilterShape {
     g: usize,
     nc: usize,
     ks: usize,
@@ -337,7 +337,7 @@ struct Qs8Shape {
 /// original `xnn_pack_qs8_gemm_goi_w` is the same loop with one kernel position (`ks` 1), and
 /// the `_to_qu8` forms of both the same with `izp` the input zero point plus 128 (their
 /// kernels read the input as uint8).
-fn original_qs8(s: &Qs8Shape, k: &[i8], bias: Option<&[i32]>, izp: u32, out: &mut [u8]) {
+fn original_qs8(s: &FilterShape, k: &[i8], bias: Option<&[i32]>, izp: u32, out: &mut [u8]) {
     let skr = s.sr * s.kr;
     let round_up = |x: usize, q: usize| x.div_ceil(q) * q;
     let (mut pos, mut k_base, mut b_base) = (0usize, 0usize, 0usize);
@@ -431,7 +431,7 @@ fn the_patched_qs8_packers_pack_every_shape_as_the_original_does() {
                             continue;
                         }
                         for with_bias in [true, false] {
-                            let shape = Qs8Shape {
+                            let shape = FilterShape {
                                 g,
                                 nc,
                                 ks,
@@ -452,7 +452,7 @@ fn the_patched_qs8_packers_pack_every_shape_as_the_original_does() {
     assert!(cases > 1500, "{cases} cases");
 }
 
-fn check_qs8(s: &Qs8Shape, with_bias: bool, bits: &mut Bits) {
+fn check_qs8(s: &FilterShape, with_bias: bool, bits: &mut Bits) {
     // Random bytes, or every byte the most or the least an int8 holds (the largest sums the
     // fast path's 16-bit lanes add up between flushes, rows of over 1,024 bytes among them).
     let fill = bits.next() % 4;
@@ -582,6 +582,145 @@ fn check_qs8(s: &Qs8Shape, with_bias: bool, bits: &mut Bits) {
             "{packer} {s:?} izp {izp} bias {with_bias}: the packed bytes differ from the original's"
         );
     }
+}
+
+unsafe extern "C" {
+    // XNNPACK's internal packer (src/xnnpack/pack.h); linked from the static library.
+    fn xnn_pack_f32_conv_goki_w(
+        g: usize,
+        nc: usize,
+        ks: usize,
+        kc: usize,
+        nr: usize,
+        kr: usize,
+        sr: usize,
+        k: *const f32,
+        bias: *const f32,
+        scale: *const c_void,
+        packed_weights: *mut f32,
+        extra_bytes: usize,
+        params: *const c_void,
+    );
+}
+
+/// The original `xnn_pack_f32_conv_goki_w`, a line-for-line port (offsets into `k`, `bias` and
+/// `out`, in floats; `extra_bytes` a multiple of 4, as XNNPACK's callers pass it). Floats are
+/// moved as their bits, as its `std::copy_n` moves them.
+fn original_f32_conv(s: &FilterShape, k: &[u32], bias: Option<&[u32]>, out: &mut [u32]) {
+    let skr = s.sr * s.kr;
+    let round_up = |x: usize, q: usize| x.div_ceil(q) * q;
+    let (mut pos, mut k_base, mut b_base) = (0usize, 0usize, 0usize);
+    for _ in 0..s.g {
+        let mut nr_block_start = 0;
+        while nr_block_start < s.nc {
+            let nr_block_size = (s.nc - nr_block_start).min(s.nr);
+            if let Some(b) = bias {
+                out[pos..pos + nr_block_size]
+                    .copy_from_slice(&b[b_base + nr_block_start..][..nr_block_size]);
+            }
+            pos += s.nr;
+            for ki in 0..s.ks {
+                let mut kr_block_start = 0;
+                while kr_block_start < round_up(s.kc, skr) {
+                    for n in 0..nr_block_size {
+                        let kc_begin =
+                            kr_block_start / skr * skr + ((kr_block_start + n * s.kr) & (skr - 1));
+                        let kc_end = s.kc.min(kc_begin + s.kr);
+                        if kc_begin < kc_end {
+                            let from =
+                                k_base + ((nr_block_start + n) * s.ks + ki) * s.kc + kc_begin;
+                            out[pos..pos + kc_end - kc_begin]
+                                .copy_from_slice(&k[from..from + kc_end - kc_begin]);
+                        }
+                        pos += s.kr;
+                    }
+                    pos += (s.nr - nr_block_size) * s.kr;
+                    kr_block_start += s.kr;
+                }
+            }
+            pos += s.extra_bytes / 4;
+            nr_block_start += s.nr;
+        }
+        k_base += s.ks * s.kc * s.nc;
+        if bias.is_some() {
+            b_base += s.nc;
+        }
+    }
+}
+
+#[test]
+fn the_patched_f32_convolution_packer_packs_every_shape_as_the_original_does() {
+    let mut bits = Bits(0x6a09_e667_f3bc_c908);
+    let mut cases = 0;
+    // kr 1 with sr 1 (patch 0039's path: every x86 f32 kernel) and the others the original
+    // loop keeps (Arm's s4 kernels, c2, c4), kernel windows of 1 to 3x3, ragged blocks, with
+    // and without a bias and room after each column block.
+    for (kr, sr) in [(1usize, 1usize), (1, 4), (2, 1), (4, 1), (2, 2)] {
+        for nr in [sr.max(4), 8, 16, 32] {
+            for kc in [1, 3, 4, 17, 64, 129] {
+                for ks in [1usize, 4, 9] {
+                    for (g, nc) in [(1, nr), (1, 3 * nr + 1), (2, nr - 1), (1, 1)] {
+                        for with_bias in [true, false] {
+                            let s = FilterShape {
+                                g,
+                                nc,
+                                ks,
+                                kc,
+                                nr,
+                                kr,
+                                sr,
+                                extra_bytes: if with_bias { 4 * nr } else { 0 },
+                            };
+                            check_f32_conv(&s, with_bias, &mut bits);
+                            cases += 1;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    assert!(cases > 1000, "{cases} cases");
+}
+
+fn check_f32_conv(s: &FilterShape, with_bias: bool, bits: &mut Bits) {
+    // Any bit patterns: the packer moves floats, it does not compute with them.
+    let k: Vec<u32> = (0..s.g * s.nc * s.ks * s.kc)
+        .map(|_| bits.next() as u32)
+        .collect();
+    let bias: Vec<u32> = (0..s.g * s.nc).map(|_| bits.next() as u32).collect();
+    let bias = with_bias.then_some(bias.as_slice());
+    let skr = s.sr * s.kr;
+    let per_block = s.nr + s.ks * s.kc.div_ceil(skr) * skr * s.nr + s.extra_bytes / 4;
+    let len = s.g * s.nc.div_ceil(s.nr) * per_block + 16;
+    // What the caller's buffer held before: slots the packer skips must stay as they were.
+    let start: Vec<u32> = (0..len).map(|_| bits.next() as u32).collect();
+    let mut want = start.clone();
+    original_f32_conv(s, &k, bias, &mut want);
+    let mut got = start;
+    // SAFETY: the buffer is as large as the original's layout reaches for this shape (it wrote
+    // `want` within it), `k` and the bias hold every row the shape names, and the shape meets
+    // the packer's asserted constraints (nr >= sr; kr and sr powers of two).
+    unsafe {
+        xnn_pack_f32_conv_goki_w(
+            s.g,
+            s.nc,
+            s.ks,
+            s.kc,
+            s.nr,
+            s.kr,
+            s.sr,
+            k.as_ptr().cast(),
+            bias.map_or(std::ptr::null(), |b| b.as_ptr().cast()),
+            std::ptr::null(),
+            got.as_mut_ptr().cast(),
+            s.extra_bytes,
+            std::ptr::null(),
+        )
+    };
+    assert!(
+        got == want,
+        "xnn_pack_f32_conv_goki_w {s:?} bias {with_bias}: the packed floats differ from the original's"
+    );
 }
 
 /// KleidiAI's qsi4c32p packer (aarch64 glibc builds link KleidiAI), the oracle for patch 0022's.
