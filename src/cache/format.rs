@@ -85,7 +85,7 @@ pub const TRAILER_SIZE: usize = END_MAGIC_AT + 8;
 
 /// What a packed weight is looked up by: the identities of its unpacked kernel and bias, and
 /// XNNPACK's seed (its packing parameters).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct EntryKey {
     /// Content id of the unpacked kernel (the weights XNNPACK packs).
     pub kernel: BlobId,
@@ -94,6 +94,19 @@ pub struct EntryKey {
     /// XNNPACK's look-up seed: a hash of the operator's packing parameters (tiling,
     /// transposition, type), so another packing of the same weights is another entry.
     pub seed: u32,
+}
+
+impl std::hash::Hash for EntryKey {
+    /// The whole key in one write (its fields one by one were five calls into the hasher, each
+    /// identity's length among them): a launch hashes each entry of its file's index and each
+    /// weight it looks up.
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        let mut bytes = [0u8; 68];
+        bytes[..32].copy_from_slice(&self.kernel.0);
+        bytes[32..64].copy_from_slice(&self.bias.0);
+        bytes[64..].copy_from_slice(&self.seed.to_le_bytes());
+        state.write(&bytes);
+    }
 }
 
 impl EntryKey {
@@ -429,19 +442,25 @@ pub fn decode_matching(bytes: &[u8], expect: &Compat, cpu: CpuMatch) -> Result<D
             None => entries.push(e),
         }
     }
-    // Regions must not overlap: keep the first of any overlapping pair in file order.
+    drop(seen);
+    // Regions must not overlap: keep the first of any overlapping pair in file order, in place.
     entries.sort_by_key(|e| e.offset);
-    let mut kept: Vec<FileEntry> = Vec::with_capacity(entries.len());
-    for e in entries {
-        match kept.last() {
+    let mut kept: usize = 0;
+    for read in 0..entries.len() {
+        let e = entries[read];
+        match kept.checked_sub(1).map(|last| entries[last]) {
             Some(prev) if prev.offset + prev.size > e.offset => {
                 dropped.push((usize::MAX, EntryProblem::Overlaps));
             }
-            _ => kept.push(e),
+            _ => {
+                entries[kept] = e;
+                kept += 1;
+            }
         }
     }
+    entries.truncate(kept);
     Ok(Decoded {
-        entries: kept,
+        entries,
         sources,
         dropped,
     })
@@ -692,7 +711,47 @@ impl DamageRecord {
 
 #[cfg(test)]
 mod tests {
-    use super::{CheckedRecord, DamageRecord};
+    use super::{CheckedRecord, DamageRecord, EntryKey};
+    use crate::cache::BlobId;
+    use std::hash::BuildHasher;
+
+    #[test]
+    fn a_keys_hash_is_of_every_byte_of_it() {
+        let hasher = foldhash::quality::FixedState::with_seed(7);
+        let key = EntryKey {
+            kernel: BlobId([3; 32]),
+            bias: BlobId([5; 32]),
+            seed: 0x0102_0304,
+        };
+        let same = EntryKey {
+            kernel: BlobId([3; 32]),
+            bias: BlobId([5; 32]),
+            seed: 0x0102_0304,
+        };
+        assert_eq!(hasher.hash_one(same), hasher.hash_one(key));
+        // A change anywhere in the key, each byte of it in turn, changes its hash (one write of
+        // the whole key: a field left out of it would leave the hash as it was).
+        for at in 0..68 {
+            let mut changed = key;
+            match at {
+                0..32 => changed.kernel.0[at] ^= 1,
+                32..64 => changed.bias.0[at - 32] ^= 1,
+                _ => changed.seed ^= 1 << (8 * (at - 64)),
+            }
+            assert_ne!(hasher.hash_one(changed), hasher.hash_one(key), "byte {at}");
+        }
+        // Kernel and bias are not interchangeable.
+        let swapped = EntryKey {
+            kernel: key.bias,
+            bias: key.kernel,
+            seed: key.seed,
+        };
+        assert_ne!(hasher.hash_one(swapped), hasher.hash_one(key));
+        let id = BlobId([9; 32]);
+        let mut other = id;
+        other.0[31] ^= 0x80;
+        assert_ne!(hasher.hash_one(id), hasher.hash_one(other));
+    }
 
     #[test]
     fn a_damage_record_reads_back_and_nothing_else_parses() {

@@ -8,8 +8,17 @@ use std::fmt;
 /// The identity of an unpacked blob: the sha256 of its bytes (or of a combination of blobs that
 /// together decide a packing, e.g. quantized weights and their scales). All zeros means "none"
 /// (no bias).
-#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct BlobId(pub [u8; 32]);
+
+impl std::hash::Hash for BlobId {
+    /// The 32 bytes in one write: an array's derived hash writes its length first, a second
+    /// call into the hasher for each of the identities every look-up and every launch's index
+    /// hashes.
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        state.write(&self.0);
+    }
+}
 
 impl BlobId {
     /// No blob (a null bias).

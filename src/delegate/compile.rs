@@ -348,6 +348,11 @@ pub(crate) fn compile(
             _ => Default::default(),
         };
         let packs_before = packs(&k.cache);
+        // The graph's tables are done with: freed before XNNPACK's runtime is created, their
+        // memory is what its allocations take next, where they would otherwise fault fresh
+        // pages in (each page a fault, a microsecond or more in a VM).
+        drop((ids, read_as_is, folds, deferrable, converted, packed));
+        drop(known);
         let mut options = model.runtime_options().clone();
         options.keep_node_order = fusion == Fusion::Off;
         if options.threadpool.is_some() {
