@@ -278,6 +278,10 @@ struct Described<'g, 'v> {
     contents: FastMap<u32, BlobId>,
     full: FastMap<usize, Description>,
     activation: FastMap<usize, Description>,
+    /// Each constant id's identity as described by [`full`](Self::full): a bias is asked for it
+    /// as the operand of the node it is added in and again as a constant of its own, the same
+    /// sha256 of the same description.
+    described: FastMap<u32, BlobId>,
 }
 
 impl<'g, 'v> Described<'g, 'v> {
@@ -312,6 +316,7 @@ impl<'g, 'v> Described<'g, 'v> {
             contents,
             full: FastMap::default(),
             activation: FastMap::default(),
+            described: FastMap::default(),
         })
     }
 
@@ -332,6 +337,21 @@ impl<'g, 'v> Described<'g, 'v> {
             self.full.insert(i, d);
         }
         Ok(&self.full[&i])
+    }
+
+    /// The identity of constant id `id`, whose content is `content`, under its full description.
+    fn described_id(
+        &mut self,
+        id: u32,
+        content: BlobId,
+        check: &mut KeyCheck<'_>,
+    ) -> Result<BlobId, DelegateError> {
+        if let Some(&known) = self.described.get(&id) {
+            return Ok(known);
+        }
+        let described = BlobId::described(content, self.full(id, check)?);
+        self.described.insert(id, described);
+        Ok(described)
     }
 
     /// Value `i`'s description, with its shape where `dims` (see [`describe`]).
@@ -362,8 +382,8 @@ impl<'g, 'v> Described<'g, 'v> {
         check: &mut KeyCheck<'_>,
     ) -> Result<(), DelegateError> {
         if let Some(content) = self.content(id) {
-            let d = self.full(id, check)?;
-            context.bytes(name, &BlobId::described(content, d).0);
+            let described = self.described_id(id, content, check)?;
+            context.bytes(name, &described.0);
         } else if let Some(&i) = self.last_activation.get(&id) {
             if !self.activation.contains_key(&i) {
                 let d = self.describe(i, check, false)?;
@@ -466,18 +486,18 @@ fn plan(
         let Some(content) = described.content(t.id_out()) else {
             continue;
         };
-        let mut description = described.full(t.id_out(), check)?.clone();
-        let ambiguous = match contexts.get(&t.id_out()) {
+        let (id, ambiguous) = match contexts.get(&t.id_out()) {
             Some(Some(context)) => {
+                let mut description = described.full(t.id_out(), check)?.clone();
                 description.bytes("packed_by", context.encoded());
-                false
+                (BlobId::described(content, &description), false)
             }
-            Some(None) => true,
-            None => false,
+            Some(None) => (described.described_id(t.id_out(), content, check)?, true),
+            None => (described.described_id(t.id_out(), content, check)?, false),
         };
         planned.push(Planned {
             value: i,
-            id: BlobId::described(content, &description),
+            id,
             ambiguous,
         });
     }
