@@ -443,22 +443,16 @@ pub fn decode_matching(bytes: &[u8], expect: &Compat, cpu: CpuMatch) -> Result<D
         }
     }
     drop(seen);
-    // Regions must not overlap: keep the first of any overlapping pair in file order, in place.
+    // Regions must not overlap: keep the first of any overlapping pair in file order (in place:
+    // `dedup_by` compares each entry with the last one kept).
     entries.sort_by_key(|e| e.offset);
-    let mut kept: usize = 0;
-    for read in 0..entries.len() {
-        let e = entries[read];
-        match kept.checked_sub(1).map(|last| entries[last]) {
-            Some(prev) if prev.offset + prev.size > e.offset => {
-                dropped.push((usize::MAX, EntryProblem::Overlaps));
-            }
-            _ => {
-                entries[kept] = e;
-                kept += 1;
-            }
+    entries.dedup_by(|e, prev| {
+        let overlaps = prev.offset + prev.size > e.offset;
+        if overlaps {
+            dropped.push((usize::MAX, EntryProblem::Overlaps));
         }
-    }
-    entries.truncate(kept);
+        overlaps
+    });
     Ok(Decoded {
         entries,
         sources,
@@ -711,9 +705,55 @@ impl DamageRecord {
 
 #[cfg(test)]
 mod tests {
-    use super::{CheckedRecord, DamageRecord, EntryKey};
+    use super::{
+        CheckedRecord, Compat, DamageRecord, EntryKey, EntryProblem, FileEntry, Writer, decode,
+        reindexed,
+    };
     use crate::cache::BlobId;
     use std::hash::BuildHasher;
+
+    fn key(n: u8) -> EntryKey {
+        EntryKey {
+            kernel: BlobId([n; 32]),
+            bias: BlobId::NONE,
+            seed: 1,
+        }
+    }
+
+    #[test]
+    fn the_first_of_overlapping_regions_and_of_duplicate_keys_is_kept() {
+        let compat = Compat {
+            build_id: b"test".to_vec(),
+            cpu_fingerprint: 7,
+        };
+        let mut w = Writer::new(Vec::new(), &compat).unwrap();
+        for n in 1..=4u8 {
+            w.add(key(n), &[n; 256], 0, 0).unwrap();
+        }
+        let (bytes, _) = w.finish(&[]).unwrap();
+        let mut entries: Vec<FileEntry> = decode(&bytes, &compat).unwrap().entries;
+        let offsets: Vec<u64> = entries.iter().map(|e| e.offset).collect();
+        // Entry 2 moved to start inside region 1, entry 3 inside the moved 2, entry 4 given
+        // 1's key; the index lists them 4, 3, 2, 1.
+        entries[1].offset = offsets[0] + 64;
+        entries[2].offset = offsets[0] + 128;
+        entries[3].key = key(1);
+        let index = vec![entries[3], entries[2], entries[1], entries[0]];
+        let crafted = reindexed(&bytes, &index, &[]).unwrap();
+        let decoded = decode(&crafted, &compat).unwrap();
+        // Entry 1 is the later of key 1's two in the index: dropped. By offset, 2 comes first
+        // and is kept; 3 starts inside it: dropped; 4 lies apart: kept.
+        let kept: Vec<(EntryKey, u64)> =
+            decoded.entries.iter().map(|e| (e.key, e.offset)).collect();
+        assert_eq!(kept, vec![(key(2), offsets[0] + 64), (key(1), offsets[3])]);
+        assert_eq!(
+            decoded.dropped,
+            vec![
+                (3, EntryProblem::Duplicate),
+                (usize::MAX, EntryProblem::Overlaps),
+            ]
+        );
+    }
 
     #[test]
     fn a_keys_hash_is_of_every_byte_of_it() {

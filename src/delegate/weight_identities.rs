@@ -492,8 +492,11 @@ fn plan(
                 description.bytes("packed_by", context.encoded());
                 (BlobId::described(content, &description), false)
             }
-            Some(None) => (described.described_id(t.id_out(), content, check)?, true),
-            None => (described.described_id(t.id_out(), content, check)?, false),
+            // Packed by nodes of different contexts (ambiguous), or packed by none.
+            other => (
+                described.described_id(t.id_out(), content, check)?,
+                other.is_some(),
+            ),
         };
         planned.push(Planned {
             value: i,
