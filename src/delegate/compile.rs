@@ -315,6 +315,14 @@ pub(crate) fn compile(
             _ => Vec::new(),
         };
         let mut g = Subgraph::new(p.graph.num_externs()).map_err(at(|| "subgraph".into()))?;
+        // Room for every value of the payload past the external ids (an upper bound: external
+        // values take their ids' slots), and for its nodes; a payload's counts are its own
+        // claims, so room past MOST_RESERVED is left to growing as each is defined.
+        const MOST_RESERVED: usize = 1 << 16;
+        let nodes = p.graph.xnodes().map_or(0, |n| n.len());
+        let values = p.graph.num_externs() as usize + known.len();
+        g.reserve(values.min(MOST_RESERVED), nodes.min(MOST_RESERVED))
+            .map_err(at(|| "subgraph".into()))?;
         // Asked only where a fold or an alias needs it.
         let order = std::cell::OnceCell::new();
         let order = || order.get_or_init(|| FusedOrder::of(&known, &io));

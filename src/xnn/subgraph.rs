@@ -227,6 +227,20 @@ impl<'data> Subgraph<'data> {
         })
     }
 
+    /// Makes room for `values` values (external ones included) and `nodes` nodes, so that
+    /// defining them grows no table: XNNPACK grows its arrays by copying them (a 200-value graph
+    /// four times), each growth into fresh pages. More than that still fits, by growing.
+    pub fn reserve(&mut self, values: usize, nodes: usize) -> Result<(), XnnError> {
+        // SAFETY: `self.raw` is a live subgraph this value owns.
+        check("xnn_reserve_subgraph", unsafe {
+            sys::xnn_reserve_subgraph(self.raw.as_ptr(), values, nodes)
+        })?;
+        self.values
+            .0
+            .reserve(values.saturating_sub(self.values.0.len()));
+        Ok(())
+    }
+
     pub(super) fn as_raw(&self) -> sys::xnn_subgraph_t {
         self.raw.as_ptr()
     }

@@ -953,3 +953,65 @@ fn batch_matrix_multiply_of_one_row_and_of_many_matches_reference_with_broadcast
         }
     }
 }
+
+/// A chain of `steps` nodes, each `clamp(v + b, -2, 2)` with a static `b`, built after
+/// reserving room for `reserve` (values, nodes), or without reserving; its output for `x`.
+fn clamped_sums(steps: usize, reserve: Option<(usize, usize)>, x: &[f32], b: &[f32]) -> Vec<f32> {
+    let mut g = Subgraph::new(2).unwrap();
+    if let Some((values, nodes)) = reserve {
+        g.reserve(values, nodes).unwrap();
+    }
+    let n = x.len();
+    let input = g.define_f32_tensor(&[n], ValueRole::Input(INPUT)).unwrap();
+    let bias = g.define_f32_tensor(&[n], ValueRole::static_f32(b)).unwrap();
+    let output = g
+        .define_f32_tensor(&[n], ValueRole::Output(OUTPUT))
+        .unwrap();
+    let mut at = input;
+    for step in 0..steps {
+        let sum = g.define_f32_tensor(&[n], ValueRole::Internal).unwrap();
+        g.define_add(at, bias, sum).unwrap();
+        let next = if step + 1 == steps {
+            output
+        } else {
+            g.define_f32_tensor(&[n], ValueRole::Internal).unwrap()
+        };
+        g.define_clamp(sum, next, -2.0, 2.0).unwrap();
+        at = next;
+    }
+    run(&g, x, n)
+}
+
+#[test]
+fn a_subgraph_given_room_first_computes_what_one_grown_value_by_value_does() {
+    // 300 nodes and 300 internal values: several of XNNPACK's growth steps of both arrays.
+    let steps = 150;
+    let x = [1.5f32, -1.75, 0.25, -0.5, 1.0, 0.0, -2.5, 2.5];
+    let b = padded(vec![0.01f32, -0.02, 0.03, 0.005, -0.015, 0.02, -0.01, 0.04]);
+    let b = &b[..x.len()];
+    let expected: Vec<f32> = x
+        .iter()
+        .zip(b)
+        .map(|(&x, &b)| (0..steps).fold(x, |v, _| (v + b).clamp(-2.0, 2.0)))
+        .collect();
+    for reserve in [None, Some((4, 2)), Some((303, 300)), Some((5000, 4000))] {
+        let actual = clamped_sums(steps, reserve, &x, b);
+        assert_close(&actual, &expected, 1e-4);
+        // The chain moved every element: a graph cut short would leave some where they were.
+        assert!(
+            actual.iter().zip(&x).all(|(a, x)| (a - x).abs() > 0.1),
+            "{reserve:?}: {actual:?}"
+        );
+    }
+    // More than 32-bit ids can name is refused, and the subgraph is left as it was.
+    let mut g = Subgraph::new(2).unwrap();
+    for (values, nodes) in [(1usize << 32, 1), (1, 1usize << 32)] {
+        let err = g.reserve(values, nodes).unwrap_err();
+        assert_eq!(
+            err.status(),
+            Some(Status::InvalidParameter),
+            "{values} {nodes}"
+        );
+    }
+    g.define_f32_tensor(&[2], ValueRole::Input(INPUT)).unwrap();
+}
