@@ -21,7 +21,8 @@ pub struct CacheStats {
     /// Constants kept unpacked in entries of their own (from the file and kept here), for
     /// hosts whose data maps cost a system call per constant; not counted in `entries`.
     pub kept_constants: usize,
-    /// Constants this process read from those entries instead of their source.
+    /// Those entries this process read a constant from instead of its source (each counted
+    /// once, however often it was read).
     pub kept_served: usize,
     /// Total size in bytes of the packed weights of every known entry.
     pub packed_bytes: usize,

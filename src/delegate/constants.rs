@@ -80,6 +80,10 @@ impl Drop for Loaded {
 pub(super) enum Constant {
     Shared(SharedData),
     Copied(DataBuffer, Option<SharedData>),
+    /// Read from the packed-weight cache's entry that keeps it (see
+    /// [`KEPT_CONSTANT_SEED`](crate::cache::format::KEPT_CONSTANT_SEED)): the cache file's
+    /// mapping is shared by every delegate of the backend.
+    Kept(DataBuffer),
     /// Not read: a placeholder standing for the named constant `key` (a content key), read in
     /// only if XNNPACK needs its bytes (see [`crate::deferred`]). With a `conversion`, the
     /// placeholder stands for `key`'s bytes converted (and is that size).
@@ -119,7 +123,7 @@ impl Constant {
     pub(super) fn buffer(&self) -> Option<&DataBuffer> {
         match self {
             Constant::Shared(s) => Some(s.buffer()),
-            Constant::Copied(b, _) => Some(b),
+            Constant::Copied(b, _) | Constant::Kept(b) => Some(b),
             Constant::Converted { data, .. } => Some(data),
             Constant::Deferred { .. } => None,
         }
@@ -530,28 +534,37 @@ pub(super) fn load_constants(
                     lengths.get(&i).copied().flatten(),
                 )
             };
-            let data = shared
-                .get_or_init(
-                    &shared_key(map, key, content.is_some()),
-                    || match keepable {
-                        Some((cache, content, len)) => {
-                            read_keeping(map, key, cache, content, len, lender)
-                        }
-                        None => map.get_data(key),
-                    },
-                )
-                .map_err(|source| DelegateError::MissingConstant {
-                    key: key.to_string(),
-                    source,
-                })?;
-            if !packed.contains(&i) && keepable.is_none() {
-                // XNNPACK reads this one at every launch (a depthwise filter, a scale): ask
-                // for exactly its pages now, before a fault reads a window around them. (A
-                // kept one lies beside the others in the cache file, in the order they are
-                // first read: the window around it is what the launch reads next.)
-                data.buffer().read_soon();
+            // Kept in the cache file already: its mapping is the backend's one copy, which
+            // every delegate reads, so the shared data cache has nothing to add (an entry in it
+            // cost more than the rest of the constant's load).
+            if let Some(kept) =
+                keepable.and_then(|(cache, content, len)| cache.kept_constant(content, len))
+            {
+                Constant::Kept(kept)
+            } else {
+                let data = shared
+                    .get_or_init(
+                        &shared_key(map, key, content.is_some()),
+                        || match keepable {
+                            Some((cache, content, len)) => {
+                                read_keeping(map, key, cache, content, len, lender)
+                            }
+                            None => map.get_data(key),
+                        },
+                    )
+                    .map_err(|source| DelegateError::MissingConstant {
+                        key: key.to_string(),
+                        source,
+                    })?;
+                if !packed.contains(&i) && keepable.is_none() {
+                    // XNNPACK reads this one at every launch (a depthwise filter, a scale): ask
+                    // for exactly its pages now, before a fault reads a window around them. (A
+                    // kept one lies beside the others in the cache file, in the order they are
+                    // first read: the window around it is what the launch reads next.)
+                    data.buffer().read_soon();
+                }
+                Constant::Shared(data)
             }
-            Constant::Shared(data)
         } else {
             let (offset, size) = (c.offset(), c.size());
             let end = offset.checked_add(size);
@@ -576,24 +589,29 @@ pub(super) fn load_constants(
             });
             continue;
         }
-        // XNNPACK may read past the end of constant data: give data that sits at the very end
-        // of its backing a padded copy.
-        let constant = if backing.slack_after() < XNN_EXTRA_BYTES {
-            let copy = padded_copy(backing.data(), i)?;
-            let held = match buffer {
-                Constant::Shared(s) => Some(s),
-                Constant::Copied(_, held) => held,
-                Constant::Deferred { .. } | Constant::Converted { .. } => {
-                    unreachable!("handled above")
-                }
-            };
-            Constant::Copied(copy, held)
-        } else {
-            buffer
-        };
-        out.push(constant);
+        out.push(padded_if_needed(buffer, i)?);
     }
     Ok(Constants(out.into_boxed_slice()))
+}
+
+/// `constant` (number `i`), or a padded copy of it where its bytes sit at the very end of their
+/// backing: XNNPACK may read past the end of constant data. The copy holds the shared entry, so
+/// other delegates still find it.
+fn padded_if_needed(constant: Constant, i: usize) -> Result<Constant, DelegateError> {
+    let backing = constant.buffer().expect("not deferred");
+    if backing.slack_after() >= XNN_EXTRA_BYTES {
+        return Ok(constant);
+    }
+    let copy = padded_copy(backing.data(), i)?;
+    let held = match constant {
+        Constant::Shared(s) => Some(s),
+        Constant::Copied(_, held) => held,
+        Constant::Kept(_) => None,
+        Constant::Deferred { .. } | Constant::Converted { .. } => {
+            unreachable!("neither is padded")
+        }
+    };
+    Ok(Constant::Copied(copy, held))
 }
 
 /// The byte length of each constant the graph reads as a tensor or as per-channel scales,

@@ -471,10 +471,13 @@ impl CacheCore {
         let view = DataBuffer::new(backing, offset, len)?;
         let order = state.next_first_look();
         let e = &mut state.entries[i];
-        e.hit = true;
+        // Each entry counts once, however many of a launch's delegates (or constants of one
+        // delegate, under two keys) read it.
+        if !std::mem::replace(&mut e.hit, true) {
+            self.counters.kept_served.fetch_add(1, Ordering::Relaxed);
+        }
         e.first_hit.get_or_insert(order);
         e.resolved = true;
-        self.counters.kept_served.fetch_add(1, Ordering::Relaxed);
         Some(view)
     }
 
@@ -538,6 +541,12 @@ mod tests {
         let kept = core.kept_constant(content, 6).expect("kept");
         assert_eq!(kept.data(), b"scales", "the first bytes kept stay");
         assert_eq!(core.counters.kept_served.load(Ordering::Relaxed), 1);
+        core.kept_constant(content, 6).expect("served again");
+        assert_eq!(
+            core.counters.kept_served.load(Ordering::Relaxed),
+            1,
+            "an entry counts once"
+        );
         {
             let state = core.state.lock();
             assert_eq!(state.entries.len(), 1);
