@@ -235,9 +235,11 @@ impl<'data> Subgraph<'data> {
         check("xnn_reserve_subgraph", unsafe {
             sys::xnn_reserve_subgraph(self.raw.as_ptr(), values, nodes)
         })?;
-        self.values
+        // Only room: where it cannot be had, the table grows as values are defined.
+        let _ = self
+            .values
             .0
-            .reserve(values.saturating_sub(self.values.0.len()));
+            .try_reserve(values.saturating_sub(self.values.0.len()));
         Ok(())
     }
 
