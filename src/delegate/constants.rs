@@ -665,9 +665,9 @@ fn keepable<'c>(
     (map.file_identity(key).is_none() && map.lists(key)).then_some((&**cache, content, len?))
 }
 
-/// The constant named `key`: from the entry that keeps it, else read from `map` and kept there
-/// for the next launch (when it is the length the graph states). A cache that saves to a file
-/// is lent the buffer, by `lender`, and copies it when it saves, off the launch.
+/// The constant named `key`, read from `map` (the caller found no entry keeping it) and kept in
+/// `cache` for the next launch (when it is the length the graph states). A cache that saves to
+/// a file is lent the buffer, by `lender`, and copies it when it saves, off the launch.
 fn read_keeping(
     map: &dyn NamedDataMap,
     key: &str,
@@ -676,9 +676,6 @@ fn read_keeping(
     len: usize,
     lender: u64,
 ) -> Result<DataBuffer, crate::named_data::NamedDataError> {
-    if let Some(kept) = cache.kept_constant(content, len) {
-        return Ok(kept);
-    }
     let data = map.get_data(key)?;
     if data.len() == len {
         if cache.saves_to_file() {
