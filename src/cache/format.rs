@@ -84,8 +84,9 @@ const END_MAGIC_AT: usize = TRAILER_RESERVED_AT + 8;
 pub const TRAILER_SIZE: usize = END_MAGIC_AT + 8;
 
 /// What a packed weight is looked up by: the identities of its unpacked kernel and bias, and
-/// XNNPACK's seed (its packing parameters).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// XNNPACK's seed (its packing parameters). Keys are ordered by kernel, then bias (their bytes
+/// compared in order), then seed: the order of a file's index.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct EntryKey {
     /// Content id of the unpacked kernel (the weights XNNPACK packs).
     pub kernel: BlobId,
@@ -222,7 +223,8 @@ pub enum EntryProblem {
 /// A validated file: entries whose regions lie inside the data area, aligned, disjoint.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Decoded {
-    /// The entries that passed every check, in file order (ascending offset).
+    /// The entries that passed every check, in the index's order: ascending by key in every
+    /// file this build writes.
     pub entries: Vec<FileEntry>,
     /// The data files whose named keys were checked against their bytes: a key of one of these
     /// (same device, inode, size and mtime) is taken as its bytes' sha256 without hashing.
@@ -409,17 +411,24 @@ pub fn decode_matching(bytes: &[u8], expect: &Compat, cpu: CpuMatch) -> Result<D
 
     let mut entries: Vec<FileEntry> = Vec::with_capacity(count as usize);
     let mut dropped = Vec::new();
-    // Every launch reads the index: a per-process-seeded fast hasher, sized once (SipHash's
-    // seed alone is a system call).
-    let mut seen =
-        crate::fast_hash::FastSet::with_capacity_and_hasher(count as usize, Default::default());
+    // An index in key order (every file this build writes) repeats no key, as its order shows
+    // at one comparison per entry; any other is checked for repeats by hashing its keys.
+    let raw_key = |raw: &[u8]| EntryKey {
+        kernel: id_at(raw, KERNEL_AT),
+        bias: id_at(raw, BIAS_AT),
+        seed: u32_at(raw, SEED_AT),
+    };
+    let in_key_order = index
+        .chunks_exact(ENTRY_SIZE)
+        .zip(index.chunks_exact(ENTRY_SIZE).skip(1))
+        .all(|(a, b)| raw_key(a) < raw_key(b));
+    let mut seen = crate::fast_hash::FastSet::default();
+    if !in_key_order {
+        seen.reserve(count as usize);
+    }
     for (i, raw) in index.chunks_exact(ENTRY_SIZE).enumerate() {
         let e = FileEntry {
-            key: EntryKey {
-                kernel: id_at(raw, KERNEL_AT),
-                bias: id_at(raw, BIAS_AT),
-                seed: u32_at(raw, SEED_AT),
-            },
+            key: raw_key(raw),
             offset: u64_at(raw, OFFSET_AT),
             size: u64_at(raw, SIZE_AT),
             checksum: u64_at(raw, CHECKSUM_AT),
@@ -432,7 +441,7 @@ pub fn decode_matching(bytes: &[u8], expect: &Compat, cpu: CpuMatch) -> Result<D
             Some(EntryProblem::Misaligned)
         } else if e.offset < HEADER_SIZE as u64 || end.is_none_or(|end| end > index_offset) {
             Some(EntryProblem::OutOfBounds)
-        } else if !seen.insert(e.key) {
+        } else if !in_key_order && !seen.insert(e.key) {
             Some(EntryProblem::Duplicate)
         } else {
             None
@@ -443,15 +452,31 @@ pub fn decode_matching(bytes: &[u8], expect: &Compat, cpu: CpuMatch) -> Result<D
         }
     }
     drop(seen);
-    // Regions must not overlap: keep the first of any overlapping pair in file order (in place:
-    // `dedup_by` compares each entry with the last one kept).
-    entries.sort_by_key(|e| e.offset);
-    entries.dedup_by(|e, prev| {
-        let overlaps = prev.offset + prev.size > e.offset;
-        if overlaps {
+    // Regions must not overlap: keep the first of any overlapping pair in file order, walking
+    // the entries by offset; the kept ones stay in the index's order.
+    // Offset and position in one integer each: sorted as plain numbers, ties in index order.
+    let mut by_offset: Vec<u128> = entries
+        .iter()
+        .enumerate()
+        .map(|(i, e)| (u128::from(e.offset) << 64) | i as u128)
+        .collect();
+    by_offset.sort_unstable();
+    let mut overlapping = vec![false; entries.len()];
+    let mut kept_end = 0u64;
+    for i in by_offset.iter().map(|&o| o as u64 as usize) {
+        let e = &entries[i];
+        if e.offset < kept_end {
+            overlapping[i] = true;
             dropped.push((usize::MAX, EntryProblem::Overlaps));
+        } else {
+            kept_end = e.offset + e.size;
         }
-        overlaps
+    }
+    drop(by_offset);
+    let mut at = 0;
+    entries.retain(|_| {
+        at += 1;
+        !overlapping[at - 1]
     });
     Ok(Decoded {
         entries,
@@ -516,6 +541,8 @@ impl<W: Write> Writer<W> {
     /// trailer; returns the writer and the file length.
     pub fn finish(mut self, sources: &[FileIdentity]) -> io::Result<(W, u64)> {
         self.pad_to(8)?;
+        // In key order: a launch searches the index in place (`docs/cache-format.md`).
+        self.entries.sort_by_key(|e| e.key);
         let index_offset = self.pos;
         let index = encode_index(&self.entries, sources, index_offset);
         self.out.write_all(&index)?;
@@ -742,10 +769,11 @@ mod tests {
         let crafted = reindexed(&bytes, &index, &[]).unwrap();
         let decoded = decode(&crafted, &compat).unwrap();
         // Entry 1 is the later of key 1's two in the index: dropped. By offset, 2 comes first
-        // and is kept; 3 starts inside it: dropped; 4 lies apart: kept.
+        // and is kept; 3 starts inside it: dropped; 4 lies apart: kept. The kept ones stay in
+        // the index's order.
         let kept: Vec<(EntryKey, u64)> =
             decoded.entries.iter().map(|e| (e.key, e.offset)).collect();
-        assert_eq!(kept, vec![(key(2), offsets[0] + 64), (key(1), offsets[3])]);
+        assert_eq!(kept, vec![(key(1), offsets[3]), (key(2), offsets[0] + 64)]);
         assert_eq!(
             decoded.dropped,
             vec![
@@ -753,6 +781,39 @@ mod tests {
                 (usize::MAX, EntryProblem::Overlaps),
             ]
         );
+    }
+
+    #[test]
+    fn a_file_lists_its_entries_in_key_order_whatever_order_they_were_written_in() {
+        let compat = Compat {
+            build_id: b"test".to_vec(),
+            cpu_fingerprint: 7,
+        };
+        let mut w = Writer::new(Vec::new(), &compat).unwrap();
+        let mut offsets = Vec::new();
+        for n in [4u8, 2, 3, 1] {
+            offsets.push((n, w.add(key(n), &[n; 100], 0, 0).unwrap()));
+        }
+        let (bytes, _) = w.finish(&[]).unwrap();
+        let decoded = decode(&bytes, &compat).unwrap();
+        let listed: Vec<(EntryKey, u64)> =
+            decoded.entries.iter().map(|e| (e.key, e.offset)).collect();
+        offsets.sort();
+        let expected: Vec<(EntryKey, u64)> = offsets
+            .iter()
+            .map(|&(n, offset)| (key(n), offset))
+            .collect();
+        assert_eq!(listed, expected, "the regions stay where they were written");
+        assert!(decoded.dropped.is_empty());
+        // An index in key order whose regions overlap: the first by offset is kept, and the
+        // kept ones stay in key order.
+        let mut entries = decoded.entries.clone();
+        entries[3].offset = entries[1].offset;
+        let crafted = reindexed(&bytes, &entries, &[]).unwrap();
+        let decoded = decode(&crafted, &compat).unwrap();
+        let keys: Vec<EntryKey> = decoded.entries.iter().map(|e| e.key).collect();
+        assert_eq!(keys, vec![key(1), key(2), key(3)]);
+        assert_eq!(decoded.dropped, vec![(usize::MAX, EntryProblem::Overlaps)]);
     }
 
     #[test]

@@ -89,10 +89,7 @@ pub(crate) fn load(
     // Room for exactly the file's entries: pushed one by one, the index of a file of 85 entries
     // kept room for 128 (7 KiB for nothing). A look-up that misses later grows it as before.
     state.entries.reserve_exact(decoded.entries.len());
-    state.by_key.reserve(decoded.entries.len());
-    for e in &decoded.entries {
-        state.insert_mapped(m, e);
-    }
+    state.insert_mapped_file(m, &decoded.entries);
     state.sources = decoded.sources.clone();
     Ok(LoadOutcome::Loaded {
         entries: decoded.entries.len(),
@@ -280,8 +277,15 @@ pub(crate) fn save(
             .collect();
         // Entries this process's runtimes looked up, in graph order: where they were first
         // found, or else where they were missed and packed; the rest (only loaded) after them.
+        // (The rest as their files hold them: a file's entries are held in key order.)
         let mut in_order: Vec<&Entry> = state.entries.iter().collect();
-        in_order.sort_by_key(|e| e.first_hit.or(e.first_miss).unwrap_or(u64::MAX));
+        in_order.sort_by_key(|e| {
+            let first = e.first_hit.or(e.first_miss).unwrap_or(u64::MAX);
+            match e.location {
+                Location::Mapped { map, offset } => (first, map, offset),
+                Location::Heap(_) | Location::Drafted(_) => (first, usize::MAX, 0),
+            }
+        });
         let ours: Vec<Ours> = in_order
             .into_iter()
             .filter(|e| !e.layer && e.key.is_none_or(|k| !layered.contains(&k)))
@@ -367,7 +371,10 @@ pub(crate) fn save(
         rows.push((row(o.key, &o.source, sum, last_used), o.source));
     }
     if let Some((map, decoded)) = &disk {
-        for fe in &decoded.entries {
+        // Read front to back, and kept in that order.
+        let mut by_offset: Vec<&FileEntry> = decoded.entries.iter().collect();
+        by_offset.sort_by_key(|e| e.offset);
+        for fe in by_offset {
             if known.contains(&fe.key) || superseded(&fe.key, false) {
                 continue;
             }
@@ -461,7 +468,7 @@ pub(crate) fn save(
     let m = state.maps.len();
     state.maps.push(Arc::new(map));
     for fe in written {
-        match state.by_key.get(&fe.key).copied() {
+        match state.by_key.get(&fe.key) {
             // The entry under this key now may not be the one written: while the save ran, the
             // one snapshotted may have been forgotten (the size XNNPACK read was another) and
             // its weight repacked. Only bytes of the entry's own size stand for it; a repacked
@@ -569,9 +576,11 @@ pub(crate) fn inspect_file(
     };
     let data = |e: &FileEntry| &map.bytes()[e.offset as usize..(e.offset + e.size) as usize];
     let corrupt: Vec<FileEntry> = if check_data {
-        decoded
-            .entries
-            .iter()
+        // Read front to back.
+        let mut by_offset: Vec<&FileEntry> = decoded.entries.iter().collect();
+        by_offset.sort_by_key(|e| e.offset);
+        by_offset
+            .into_iter()
             .filter(|e| checksum64(data(e)) != e.checksum)
             .copied()
             .collect()

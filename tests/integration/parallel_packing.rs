@@ -277,12 +277,14 @@ fn a_cold_launch_publishes_the_file_it_packed_into_in_packing_order() {
     // so the file, in packing order, is two descending runs interleaved however the threads were
     // scheduled: no three entries grow in size. In graph order (the bytes written again) all
     // twelve would.
-    let in_file: Vec<u64> = decoded
+    // (The index lists them by key: their regions are read by offset.)
+    let mut weights: Vec<&format::FileEntry> = decoded
         .entries
         .iter()
         .filter(|e| !e.key.keeps_constant())
-        .map(|e| e.size)
         .collect();
+    weights.sort_by_key(|e| e.offset);
+    let in_file: Vec<u64> = weights.iter().map(|e| e.size).collect();
     assert_eq!(in_file.len(), expected);
     assert!(
         longest_growing_run(&in_file) <= 2,

@@ -43,9 +43,14 @@ impl CacheCore {
     fn forget_corrupt_where(&self, pick: impl Fn(&Entry) -> bool) -> Vec<u64> {
         let to_check: Vec<(usize, Source, u64)> = {
             let mut state = self.state.lock();
-            let picked: Vec<usize> = (0..state.entries.len())
+            let mut picked: Vec<usize> = (0..state.entries.len())
                 .filter(|&i| pick(&state.entries[i]))
                 .collect();
+            // Each file front to back (a file's entries are held in key order).
+            picked.sort_by_key(|&i| match state.entries[i].location {
+                Location::Mapped { map, offset } => (map, offset),
+                Location::Heap(_) | Location::Drafted(_) => (usize::MAX, i),
+            });
             picked
                 .into_iter()
                 .filter_map(|i| {
@@ -140,7 +145,7 @@ impl CacheCore {
             .collect();
         for &i in &at {
             if let Some(key) = state.entries[i].key
-                && state.by_key.get(&key) == Some(&i)
+                && state.by_key.get(&key) == Some(i)
             {
                 state.by_key.remove(&key);
             }
@@ -188,7 +193,7 @@ impl CacheCore {
                         }
                         Location::Heap(_) => false,
                     };
-                    lost && e.key.is_some_and(|k| state.by_key.get(&k) == Some(&i))
+                    lost && e.key.is_some_and(|k| state.by_key.get(&k) == Some(i))
                 })
                 .collect();
             for &i in &forget {

@@ -281,7 +281,7 @@ impl State {
     /// Adds the entry `e` of the read-only layer mapped as `maps[map]`: it serves its key ahead
     /// of the cache's own file (loaded before it), unless an earlier layer serves it already.
     pub fn insert_layer_entry(&mut self, map: usize, e: &FileEntry) {
-        if let Some(&i) = self.by_key.get(&e.key) {
+        if let Some(i) = self.by_key.get(&e.key) {
             if self.entries[i].layer {
                 return;
             }
@@ -291,27 +291,30 @@ impl State {
         self.push_mapped(map, e, true);
     }
 
+    /// Adds the entries of the cache's own file, mapped as `maps[map]`, in its index's order:
+    /// where nothing is indexed yet and the index is in key order (as this build writes it),
+    /// their keys are searched in place, hashing none; otherwise each is added as
+    /// [`insert_mapped`](Self::insert_mapped) adds it.
+    pub fn insert_mapped_file(&mut self, map: usize, entries: &[FileEntry]) {
+        let first = self.entries.len();
+        if self
+            .by_key
+            .hold_file(entries.iter().map(|e| e.key).collect(), first)
+        {
+            self.entries
+                .extend(entries.iter().map(|e| Entry::mapped(map, e, false)));
+        } else {
+            self.by_key.reserve(entries.len());
+            for e in entries {
+                self.insert_mapped(map, e);
+            }
+        }
+    }
+
     /// The entry `e` of `maps[map]`, as found in its file, serving its key from now on.
     fn push_mapped(&mut self, map: usize, e: &FileEntry, layer: bool) {
         self.by_key.insert(e.key, self.entries.len());
-        self.entries.push(Entry {
-            key: Some(e.key),
-            size: e.size as usize,
-            location: Location::Mapped {
-                map,
-                offset: e.offset as usize,
-            },
-            checksum: Some(e.checksum),
-            last_used: e.last_used,
-            hit: false,
-            first_hit: None,
-            first_miss: None,
-            checked: false,
-            unsaved: false,
-            packed_here: false,
-            resolved: false,
-            layer,
-        });
+        self.entries.push(Entry::mapped(map, e, layer));
     }
 
     /// Makes entry `i` (found damaged) serve no look-up: its key goes to the entry it shadowed,
@@ -320,7 +323,7 @@ impl State {
         let Some(key) = self.entries[i].key else {
             return;
         };
-        if self.by_key.get(&key) == Some(&i) {
+        if self.by_key.get(&key) == Some(i) {
             match self.shadowed.remove(&i) {
                 Some(own) => self.by_key.insert(key, own),
                 None => self.by_key.remove(&key),
@@ -332,7 +335,7 @@ impl State {
     pub fn layer_served_keys(&self) -> std::collections::HashSet<EntryKey> {
         self.by_key
             .iter()
-            .filter(|&(_, &i)| self.entries[i].layer)
+            .filter(|&(_, i)| self.entries[i].layer)
             .map(|(k, _)| *k)
             .collect()
     }
@@ -378,6 +381,28 @@ pub(crate) struct CacheCore {
 }
 
 impl Entry {
+    /// The entry `e` of the file mapped as `maps[map]`, as found there.
+    fn mapped(map: usize, e: &FileEntry, layer: bool) -> Entry {
+        Entry {
+            key: Some(e.key),
+            size: e.size as usize,
+            location: Location::Mapped {
+                map,
+                offset: e.offset as usize,
+            },
+            checksum: Some(e.checksum),
+            last_used: e.last_used,
+            hit: false,
+            first_hit: None,
+            first_miss: None,
+            checked: false,
+            unsaved: false,
+            packed_here: false,
+            resolved: false,
+            layer,
+        }
+    }
+
     /// A new entry of this process that keeps a constant (see [`KEPT_CONSTANT_SEED`]), first
     /// read at `order`.
     fn kept(key: EntryKey, size: usize, location: Location, order: u64) -> Entry {
@@ -436,7 +461,7 @@ impl CacheCore {
 
     fn kept(&self, content: BlobId, len: usize, check: bool) -> Option<DataBuffer> {
         let mut state = self.state.lock();
-        let i = *state.by_key.get(&Self::kept_key(content))?;
+        let i = state.by_key.get(&Self::kept_key(content))?;
         let i = self.sized(&mut state, i, len)?;
         if check
             && !state.entries[i].checked
@@ -515,7 +540,7 @@ impl CacheCore {
             // would be packed again at every launch and saved beside its key's new entry.
             let shadowed = state.shadowed.remove(&i);
             if let Some(key) = state.entries[i].key.take()
-                && state.by_key.get(&key) == Some(&i)
+                && state.by_key.get(&key) == Some(i)
             {
                 match shadowed {
                     Some(own) => state.by_key.insert(key, own),

@@ -15,7 +15,7 @@ impl PackedWeightsProvider for CacheCore {
     fn look_up(&self, key: &LookUpKey) -> Option<usize> {
         let mut state = self.state.lock();
         let found = CacheCore::entry_key(&state, key)
-            .and_then(|k| state.by_key.get(&k).copied())
+            .and_then(|k| state.by_key.get(&k))
             .and_then(|i| self.sized(&mut state, i, key.packed_size));
         match found {
             Some(i) => {
@@ -126,7 +126,7 @@ impl PackedWeightsProvider for CacheCore {
             // The packing that pinned them is over.
             deferred.iter().for_each(|(d, _)| d.unpin());
         }
-        if let Some(&i) = content_key.as_ref().and_then(|k| state.by_key.get(k)) {
+        if let Some(i) = content_key.as_ref().and_then(|k| state.by_key.get(k)) {
             // A hit confirmed (null ptr), or another thread packed the same weights first;
             // unless the entry is not the size this operator reads.
             if let Some(i) = self.sized(&mut state, i, size) {

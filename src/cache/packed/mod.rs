@@ -768,7 +768,7 @@ impl PackedWeightsCache {
                 .by_key
                 .iter()
                 .filter(|(k, _)| !k.keeps_constant())
-                .map(|(_, &i)| state.entries[i].size)
+                .map(|(_, i)| state.entries[i].size)
                 .sum(),
             kept_constants: state.by_key.keys().filter(|k| k.keeps_constant()).count(),
             kept_served: c.kept_served.load(Ordering::Relaxed),

@@ -175,7 +175,10 @@ fn cold_launch_with(dir: &Path, options: CacheOptions) -> (usize, bool, Vec<u64>
         .unwrap();
     assert_eq!((report.entries, report.corrupt.len()), (3, 0));
     let decoded = format::decode(&std::fs::read(&path).unwrap(), &default_compat()).unwrap();
-    let sizes = decoded.entries.iter().map(|e| e.size).collect();
+    // File order: by offset (the index lists entries by key).
+    let mut in_file: Vec<&format::FileEntry> = decoded.entries.iter().collect();
+    in_file.sort_by_key(|e| e.offset);
+    let sizes = in_file.iter().map(|e| e.size).collect();
     // The next launch maps what the save wrote and packs nothing.
     drop(runtime);
     drop(cache);

@@ -198,14 +198,15 @@ fn damaged_packed_bytes_are_found_after_the_launch_and_never_served_again() {
     };
     let (cold, _) = launch("cold");
     assert!(relative_difference(&cold, &expected) <= 1e-3);
-    // Flip one byte inside the first entry's packed bytes.
+    // Flip one byte inside the packed bytes of the file's first entry (by offset: the index
+    // lists entries by key).
     let mut bytes = std::fs::read(&cache).unwrap();
     let compat = xnnblob::cache::format::Compat {
         build_id: xnnblob::xnn::build_identifier().to_vec(),
         cpu_fingerprint: xnnblob::cache::cpu_fingerprint(),
     };
     let decoded = xnnblob::cache::format::decode(&bytes, &compat).unwrap();
-    let first = &decoded.entries[0];
+    let first = decoded.entries.iter().min_by_key(|e| e.offset).unwrap();
     let at = (first.offset + first.size / 2) as usize;
     bytes[at] ^= 0x5A;
     std::fs::write(&cache, &bytes).unwrap();
@@ -222,7 +223,7 @@ fn damaged_packed_bytes_are_found_after_the_launch_and_never_served_again() {
     // With verify_on_load, the launch that meets the damage is right too.
     let mut bytes = std::fs::read(&cache).unwrap();
     let decoded = xnnblob::cache::format::decode(&bytes, &compat).unwrap();
-    let first = &decoded.entries[0];
+    let first = decoded.entries.iter().min_by_key(|e| e.offset).unwrap();
     bytes[(first.offset + first.size / 2) as usize] ^= 0x5A;
     std::fs::write(&cache, &bytes).unwrap();
     let out = dir.join("verified");
