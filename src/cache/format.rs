@@ -284,14 +284,13 @@ pub fn metadata_ranges(bytes: &[u8]) -> Vec<std::ops::Range<usize>> {
         // Too short to hold the layout: the whole file is the metadata.
         return std::iter::once(0..len).collect();
     }
-    let mut ranges = vec![0..HEADER_SIZE, len - TRAILER_SIZE..len];
+    // The index and the trailer after it as one range: one request for both.
     let index_offset = u64_at(&bytes[len - TRAILER_SIZE..], INDEX_OFFSET_AT);
-    if let Ok(start) = usize::try_from(index_offset)
-        && start < len - TRAILER_SIZE
-    {
-        ranges.push(start..len - TRAILER_SIZE);
-    }
-    ranges
+    let tail = match usize::try_from(index_offset) {
+        Ok(start) if (HEADER_SIZE..len - TRAILER_SIZE).contains(&start) => start,
+        _ => len - TRAILER_SIZE,
+    };
+    vec![0..HEADER_SIZE, tail..len]
 }
 
 /// The XNNPACK build and CPU a file says it was packed for, read from its header (None if the
@@ -814,6 +813,32 @@ mod tests {
         let keys: Vec<EntryKey> = decoded.entries.iter().map(|e| e.key).collect();
         assert_eq!(keys, vec![key(1), key(2), key(3)]);
         assert_eq!(decoded.dropped, vec![(usize::MAX, EntryProblem::Overlaps)]);
+    }
+
+    #[test]
+    fn the_metadata_to_read_ahead_is_the_header_and_the_index_with_its_trailer() {
+        let compat = Compat {
+            build_id: b"test".to_vec(),
+            cpu_fingerprint: 7,
+        };
+        let mut w = Writer::new(Vec::new(), &compat).unwrap();
+        w.add(key(1), &[1; 300], 0, 0).unwrap();
+        let (bytes, _) = w.finish(&[]).unwrap();
+        let index = super::index_offset(&bytes).unwrap() as usize;
+        assert_eq!(
+            super::metadata_ranges(&bytes),
+            vec![0..super::HEADER_SIZE, index..bytes.len()]
+        );
+        // A trailer whose index offset is nonsense: the trailer alone after the header.
+        let mut lying = bytes.clone();
+        let at = lying.len() - super::TRAILER_SIZE + super::INDEX_OFFSET_AT;
+        lying[at..at + 8].copy_from_slice(&u64::MAX.to_le_bytes());
+        let len = lying.len();
+        assert_eq!(
+            super::metadata_ranges(&lying),
+            vec![0..super::HEADER_SIZE, len - super::TRAILER_SIZE..len]
+        );
+        assert_eq!(super::metadata_ranges(&bytes[..100]), vec![0..100]);
     }
 
     #[test]
