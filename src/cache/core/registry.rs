@@ -201,15 +201,20 @@ impl CacheCore {
         state: &State,
         key: &LookUpKey,
     ) -> Vec<(Arc<DeferredData>, Vec<Arc<Fill>>)> {
-        let registered: Vec<&Registered> = [key.kernel, key.bias]
-            .into_iter()
-            .filter_map(|p| state.registered.get(&(p as usize)))
-            .collect();
-        let own = registered.iter().filter_map(|r| {
+        let registered = [key.kernel, key.bias].map(|p| state.registered.get(&(p as usize)));
+        let registered = registered.iter().flatten();
+        // A warm launch's look-ups meet no placeholder: they allocate nothing.
+        if registered
+            .clone()
+            .all(|r| r.deferred.is_none() && r.companion_placeholders.is_empty())
+        {
+            return Vec::new();
+        }
+        let own = registered.clone().filter_map(|r| {
             let d = r.deferred.clone()?;
             Some((d, r.fills.iter().rev().map(|(_, f)| f.clone()).collect()))
         });
-        let companions = registered.iter().flat_map(|r| {
+        let companions = registered.flat_map(|r| {
             r.companion_placeholders
                 .iter()
                 .map(|(d, f)| (d.clone(), vec![f.clone()]))
