@@ -182,8 +182,10 @@ struct State {
     /// Held open for the backend's life, so models loaded one after another share them.
     files: Mutex<HashMap<PathBuf, Arc<PackedWeightsCache>>>,
     /// The paths [`Backend::resolve_weights`] resolved to a file cache, as they were asked for:
-    /// asked again (a program of 62 delegates asks 62 times), they make no system call.
-    resolved: Mutex<HashMap<PathBuf, Arc<PackedWeightsCache>>>,
+    /// asked again (a program of 62 delegates asks 62 times), they make no system call. Held by
+    /// their bytes (a `Path`'s hash parses its components, and SipHash's each): another
+    /// spelling of a path resolved before is resolved again, to the same cache.
+    resolved: Mutex<FastMap<std::ffi::OsString, Arc<PackedWeightsCache>>>,
     /// With [`WorkspaceSharing::Global`].
     /// Made on first use by a model of global workspace sharing.
     global_workspace: OnceLock<Arc<Workspace>>,
@@ -245,7 +247,7 @@ impl Backend {
             shared: SharedDataCache::new(),
             in_memory: PackedWeightsCache::in_memory(),
             files: Mutex::new(HashMap::new()),
-            resolved: Mutex::new(HashMap::new()),
+            resolved: Mutex::new(FastMap::default()),
             global_workspace,
             threadpool,
             deferred: Mutex::new(Placeholders::default()),
@@ -335,7 +337,7 @@ impl Backend {
         self.0
             .resolved
             .lock()
-            .get(path)
+            .get(path.as_os_str())
             .filter(|c| c.layers() == layers)
             .cloned()
     }
@@ -391,7 +393,10 @@ impl Backend {
         if verify_on_load {
             cache.verify_before_use();
         }
-        self.0.resolved.lock().insert(path.clone(), cache.clone());
+        self.0
+            .resolved
+            .lock()
+            .insert(path.as_os_str().to_owned(), cache.clone());
         let notice = if access == CacheAccess::ReadOnly {
             cache.keep_read_only();
             Some(CacheNotice::ReadOnly { path: path.clone() })
