@@ -194,6 +194,8 @@ impl DraftFile {
             }
             written.push(entry);
         }
+        // Listed in key order, as every file is (a launch searches its index in place).
+        written.sort_by_key(|e| e.key);
         // The index goes after everything handed out, regions still being packed included. Its
         // length does not depend on where it goes.
         let tail_len = format::encode_index(&written, sources, 0).len();

@@ -271,6 +271,10 @@ fn a_cold_launch_publishes_the_file_it_packed_into_in_packing_order() {
         cpu_fingerprint: xnnblob::cache::cpu_fingerprint(),
     };
     let decoded = format::decode(&bytes, &compat).unwrap();
+    assert!(
+        decoded.entries.windows(2).all(|w| w[0].key < w[1].key),
+        "the published draft lists its entries in key order"
+    );
     // Identities cover shapes as well as bytes, so the file is read by size: each layer's
     // packing is larger than the one before it. Packing ahead hands the layers out largest
     // first, and each of the two threads reserves its regions in the order it was handed them,
