@@ -746,12 +746,16 @@ mod tests {
         }
     }
 
-    #[test]
-    fn the_first_of_overlapping_regions_and_of_duplicate_keys_is_kept() {
-        let compat = Compat {
+    fn test_compat() -> Compat {
+        Compat {
             build_id: b"test".to_vec(),
             cpu_fingerprint: 7,
-        };
+        }
+    }
+
+    #[test]
+    fn the_first_of_overlapping_regions_and_of_duplicate_keys_is_kept() {
+        let compat = test_compat();
         let mut w = Writer::new(Vec::new(), &compat).unwrap();
         for n in 1..=4u8 {
             w.add(key(n), &[n; 256], 0, 0).unwrap();
@@ -784,10 +788,7 @@ mod tests {
 
     #[test]
     fn a_file_lists_its_entries_in_key_order_whatever_order_they_were_written_in() {
-        let compat = Compat {
-            build_id: b"test".to_vec(),
-            cpu_fingerprint: 7,
-        };
+        let compat = test_compat();
         let mut w = Writer::new(Vec::new(), &compat).unwrap();
         let mut offsets = Vec::new();
         for n in [4u8, 2, 3, 1] {
@@ -817,10 +818,7 @@ mod tests {
 
     #[test]
     fn the_metadata_to_read_ahead_is_the_header_and_the_index_with_its_trailer() {
-        let compat = Compat {
-            build_id: b"test".to_vec(),
-            cpu_fingerprint: 7,
-        };
+        let compat = test_compat();
         let mut w = Writer::new(Vec::new(), &compat).unwrap();
         w.add(key(1), &[1; 300], 0, 0).unwrap();
         let (bytes, _) = w.finish(&[]).unwrap();
