@@ -47,11 +47,16 @@ impl KeyIndex {
     /// The position of `key` in the file's keys, served or not: found among their leads (a
     /// dense table, searched as numbers), then compared whole.
     fn in_file(&self, key: &EntryKey) -> Option<usize> {
-        let lead = lead_of(&key.kernel);
+        self.lead_run(&key.kernel).find(|&j| self.file[j] == *key)
+    }
+
+    /// The positions in `file` of the keys whose kernel has `kernel`'s lead: every key of that
+    /// kernel is among them (the keys are ordered by kernel first).
+    fn lead_run(&self, kernel: &BlobId) -> std::ops::Range<usize> {
+        let lead = lead_of(kernel);
         let start = self.file_leads.partition_point(|&l| l < lead);
-        (start..self.file_leads.len())
-            .take_while(|&j| self.file_leads[j] == lead)
-            .find(|&j| self.file[j] == *key)
+        let len = self.file_leads[start..].partition_point(|&l| l == lead);
+        start..start + len
     }
 
     pub fn get(&self, key: &EntryKey) -> Option<usize> {
@@ -75,15 +80,8 @@ impl KeyIndex {
         if self.kernels.contains_key(kernel) {
             return true;
         }
-        let lead = lead_of(kernel);
-        let start = self.file_leads.partition_point(|&l| l < lead);
-        self.file[start..]
-            .iter()
-            .zip(&self.file_gone[start..])
-            // Kernels of the same lead that order before it.
-            .skip_while(|(k, _)| k.kernel < *kernel)
-            .take_while(|(k, _)| k.kernel == *kernel)
-            .any(|(_, gone)| !gone)
+        self.lead_run(kernel)
+            .any(|j| self.file[j].kernel == *kernel && !self.file_gone[j])
     }
 
     pub fn keys(&self) -> impl Iterator<Item = &EntryKey> {
