@@ -410,24 +410,15 @@ pub fn decode_matching(bytes: &[u8], expect: &Compat, cpu: CpuMatch) -> Result<D
 
     let mut entries: Vec<FileEntry> = Vec::with_capacity(count as usize);
     let mut dropped = Vec::new();
-    // An index in key order (every file this build writes) repeats no key, as its order shows
-    // at one comparison per entry; any other is checked for repeats by hashing its keys.
-    let raw_key = |raw: &[u8]| EntryKey {
-        kernel: id_at(raw, KERNEL_AT),
-        bias: id_at(raw, BIAS_AT),
-        seed: u32_at(raw, SEED_AT),
-    };
-    let in_key_order = index
-        .chunks_exact(ENTRY_SIZE)
-        .zip(index.chunks_exact(ENTRY_SIZE).skip(1))
-        .all(|(a, b)| raw_key(a) < raw_key(b));
-    let mut seen = crate::fast_hash::FastSet::default();
-    if !in_key_order {
-        seen.reserve(count as usize);
-    }
+    // The kept keys' set, made only once they are found out of key order (see `repeats`).
+    let mut seen = None;
     for (i, raw) in index.chunks_exact(ENTRY_SIZE).enumerate() {
         let e = FileEntry {
-            key: raw_key(raw),
+            key: EntryKey {
+                kernel: id_at(raw, KERNEL_AT),
+                bias: id_at(raw, BIAS_AT),
+                seed: u32_at(raw, SEED_AT),
+            },
             offset: u64_at(raw, OFFSET_AT),
             size: u64_at(raw, SIZE_AT),
             checksum: u64_at(raw, CHECKSUM_AT),
@@ -440,7 +431,7 @@ pub fn decode_matching(bytes: &[u8], expect: &Compat, cpu: CpuMatch) -> Result<D
             Some(EntryProblem::Misaligned)
         } else if e.offset < HEADER_SIZE as u64 || end.is_none_or(|end| end > index_offset) {
             Some(EntryProblem::OutOfBounds)
-        } else if !in_key_order && !seen.insert(e.key) {
+        } else if repeats(&mut seen, &entries, e.key, count as usize) {
             Some(EntryProblem::Duplicate)
         } else {
             None
@@ -482,6 +473,27 @@ pub fn decode_matching(bytes: &[u8], expect: &Compat, cpu: CpuMatch) -> Result<D
         sources,
         dropped,
     })
+}
+
+/// Whether `key` repeats a key of `kept`, the entries kept so far. Kept keys in ascending order
+/// (every file this build writes) repeat none, as one comparison with the last shows; from the
+/// first key out of that order on, they are hashed into `seen` (room for `count`).
+fn repeats(
+    seen: &mut Option<crate::fast_hash::FastSet<EntryKey>>,
+    kept: &[FileEntry],
+    key: EntryKey,
+    count: usize,
+) -> bool {
+    if seen.is_none() && kept.last().is_none_or(|last| last.key < key) {
+        return false;
+    }
+    let set = seen.get_or_insert_with(|| {
+        let mut set = crate::fast_hash::FastSet::default();
+        set.reserve(count);
+        set.extend(kept.iter().map(|e| e.key));
+        set
+    });
+    !set.insert(key)
 }
 
 /// Streams a cache file: header, then packed regions, then index and trailer.
@@ -814,6 +826,16 @@ mod tests {
         let keys: Vec<EntryKey> = decoded.entries.iter().map(|e| e.key).collect();
         assert_eq!(keys, vec![key(1), key(2), key(3)]);
         assert_eq!(decoded.dropped, vec![(usize::MAX, EntryProblem::Overlaps)]);
+        // An index in key order up to its third entry, whose fourth repeats its second: the
+        // repeat is found though the keys before the break were never hashed.
+        let original = decode(&bytes, &compat).unwrap().entries;
+        let mut repeat = original[2];
+        repeat.key = original[3].key;
+        let index = vec![original[0], original[3], original[1], repeat];
+        let decoded = decode(&reindexed(&bytes, &index, &[]).unwrap(), &compat).unwrap();
+        let keys: Vec<EntryKey> = decoded.entries.iter().map(|e| e.key).collect();
+        assert_eq!(keys, vec![key(1), key(4), key(2)]);
+        assert_eq!(decoded.dropped, vec![(3, EntryProblem::Duplicate)]);
     }
 
     #[test]
