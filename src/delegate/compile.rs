@@ -381,7 +381,7 @@ pub(crate) fn compile(
         Ok(runtime)
     })?;
     let built = built.expect("set when the runtime was made");
-    drop(built.registrations);
+    OwnedRegistration::end_all(built.registrations);
     let load_time = built.load;
     if let Some(error) = runtime.borrow_owner().loaded.get().and_then(failed_fill) {
         return Err(error);

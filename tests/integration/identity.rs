@@ -184,6 +184,17 @@ fn an_address_holds_one_identity_at_a_time() {
         "free again once unregistered"
     );
     cache.unregister_raw(buffer.as_ptr());
+    // A delegate's registrations, ended together: the address is free only once all have.
+    let held: Vec<_> = (0..3)
+        .map(|_| cache.register_owned(buffer.clone(), first).unwrap())
+        .collect();
+    assert!(!cache.register_raw(buffer.as_ptr(), second));
+    xnnblob::cache::OwnedRegistration::end_all(held);
+    assert!(
+        cache.register_raw(buffer.as_ptr(), second),
+        "free again once every registration ended"
+    );
+    cache.unregister_raw(buffer.as_ptr());
 }
 
 #[test]
@@ -203,9 +214,30 @@ fn an_address_registered_under_two_identities_is_found_by_neither() {
     assert!(cache.look_up(&key).is_some());
     let two = cache.register(&kernel, BlobId::of_bytes(b"another shape"));
     assert_eq!(cache.look_up(&key), None, "ambiguous: found by neither");
+    // The first identity registered once more: ambiguous until the other goes, then the first's
+    // two registrations hold it, one after the other.
+    let three = cache.register(&kernel, BlobId::of_bytes(b"one shape"));
+    assert_eq!(cache.look_up(&key), None, "still ambiguous");
     drop(two);
     assert!(cache.look_up(&key).is_some(), "one identity again");
     drop(one);
+    assert!(
+        cache.look_up(&key).is_some(),
+        "held by its other registration"
+    );
+    drop(three);
+    assert_eq!(cache.look_up(&key), None, "unregistered: not found");
+    // Ambiguous the other way round: the first identity goes, and the address is the second's,
+    // which has no packing of its own.
+    let first = cache.register(&kernel, BlobId::of_bytes(b"one shape"));
+    let second = cache.register(&kernel, BlobId::of_bytes(b"another shape"));
+    drop(first);
+    assert_eq!(
+        cache.look_up(&key),
+        None,
+        "the second identity's, never the first's packing"
+    );
+    drop(second);
 }
 
 /// A fully connected layer whose filter is `filter` read as `[outputs, inputs]`, through `cache`;

@@ -12,12 +12,8 @@ use std::sync::Arc;
 
 /// What is registered at one address.
 pub(super) struct Registered {
-    /// The identities the address is registered under, each with its number of live
-    /// registrations. One identity is the rule; two or more at once (a caller that registered
-    /// the same bytes as two different tensors) make the address ambiguous: look-ups through it
-    /// find nothing and what XNNPACK packs from it is never kept, so neither identity can be
-    /// served the other's packing.
-    ids: Vec<(BlobId, usize)>,
+    /// The identities the address is registered under (see [`Ids`]).
+    ids: Ids,
     /// Mapped data whose pages may be released once packed.
     release: Option<DataBuffer>,
     /// Other data XNNPACK reads only to pack this (a blockwise layer's scales): released with it.
@@ -33,11 +29,80 @@ pub(super) struct Registered {
 }
 
 impl Registered {
+    fn new(id: BlobId, release: Option<DataBuffer>) -> Registered {
+        Registered {
+            ids: Ids::One(id, 1),
+            release,
+            companions: Vec::new(),
+            companion_placeholders: Vec::new(),
+            deferred: None,
+            fills: Vec::new(),
+        }
+    }
+
     /// The one identity of the address; None while it is ambiguous.
     fn id(&self) -> Option<BlobId> {
-        match self.ids.as_slice() {
-            [(id, _)] => Some(*id),
-            _ => None,
+        match &self.ids {
+            Ids::One(id, _) => Some(*id),
+            Ids::Many(_) => None,
+        }
+    }
+}
+
+/// The identities one address is registered under, each with its number of live registrations.
+/// One identity is the rule, held in place (a delegate registers each of its weights once, and
+/// drops every registration after its runtime is created); two or more at once (a caller that
+/// registered the same bytes as two different tensors) make the address ambiguous: look-ups
+/// through it find nothing and what XNNPACK packs from it is never kept, so neither identity
+/// can be served the other's packing.
+enum Ids {
+    One(BlobId, usize),
+    /// Two or more identities; never fewer (one left is held as `One`).
+    Many(Vec<(BlobId, usize)>),
+}
+
+impl Ids {
+    /// Whether an identity other than `id` holds the address.
+    fn other_than(&self, id: BlobId) -> bool {
+        match self {
+            Ids::One(only, _) => *only != id,
+            Ids::Many(_) => true,
+        }
+    }
+
+    /// One more registration under `id`.
+    fn add(&mut self, id: BlobId) {
+        match self {
+            Ids::One(only, count) if *only == id => *count += 1,
+            Ids::One(only, count) => *self = Ids::Many(vec![(*only, *count), (id, 1)]),
+            Ids::Many(ids) => match ids.iter_mut().find(|(other, _)| *other == id) {
+                Some((_, count)) => *count += 1,
+                None => ids.push((id, 1)),
+            },
+        }
+    }
+
+    /// One registration under `id` fewer (none if it holds none); true when none is left.
+    fn remove(&mut self, id: BlobId) -> bool {
+        match self {
+            Ids::One(only, count) => {
+                if *only == id {
+                    *count -= 1;
+                }
+                *count == 0
+            }
+            Ids::Many(ids) => {
+                if let Some(at) = ids.iter().position(|(other, _)| *other == id) {
+                    ids[at].1 -= 1;
+                    if ids[at].1 == 0 {
+                        ids.remove(at);
+                    }
+                }
+                if let [(id, count)] = ids.as_slice() {
+                    *self = Ids::One(*id, *count);
+                }
+                false
+            }
         }
     }
 }
@@ -61,7 +126,7 @@ impl CacheCore {
     pub fn try_register(&self, ptr: *const u8, id: BlobId, release: Option<DataBuffer>) -> bool {
         let mut state = self.state.lock();
         if let Some(r) = state.registered.get(&(ptr as usize))
-            && r.ids.iter().any(|(other, _)| *other != id)
+            && r.ids.other_than(id)
         {
             return false;
         }
@@ -75,23 +140,17 @@ impl CacheCore {
         id: BlobId,
         release: Option<DataBuffer>,
     ) {
-        let r = state
-            .registered
-            .entry(ptr as usize)
-            .or_insert_with(|| Registered {
-                ids: Vec::new(),
-                release: None,
-                companions: Vec::new(),
-                companion_placeholders: Vec::new(),
-                deferred: None,
-                fills: Vec::new(),
-            });
-        match r.ids.iter_mut().find(|(other, _)| *other == id) {
-            Some((_, count)) => *count += 1,
-            None => r.ids.push((id, 1)),
-        }
-        if release.is_some() {
-            r.release = release;
+        match state.registered.entry(ptr as usize) {
+            std::collections::hash_map::Entry::Occupied(held) => {
+                let r = held.into_mut();
+                r.ids.add(id);
+                if release.is_some() {
+                    r.release = release;
+                }
+            }
+            std::collections::hash_map::Entry::Vacant(free) => {
+                free.insert(Registered::new(id, release));
+            }
         }
     }
 
@@ -108,7 +167,7 @@ impl CacheCore {
         let address = data.address();
         let mut state = self.state.lock();
         if let Some(r) = state.registered.get(&(address as usize))
-            && r.ids.iter().any(|(other, _)| *other != id)
+            && r.ids.other_than(id)
         {
             return false;
         }
@@ -124,18 +183,27 @@ impl CacheCore {
 
     /// Ends one registration of `ptr` under `id` (and, for a placeholder, its `token`'s fill).
     pub fn unregister(&self, ptr: *const u8, id: BlobId, token: Option<u64>) {
+        Self::unregister_in(&mut self.state.lock(), ptr, id, token);
+    }
+
+    /// [`unregister`](Self::unregister) of each of `registrations`, under one lock: a delegate
+    /// ends every registration of its weights at once, once its runtime is created.
+    pub fn unregister_all(
+        &self,
+        registrations: impl IntoIterator<Item = (*const u8, BlobId, Option<u64>)>,
+    ) {
         let mut state = self.state.lock();
+        for (ptr, id, token) in registrations {
+            Self::unregister_in(&mut state, ptr, id, token);
+        }
+    }
+
+    fn unregister_in(state: &mut State, ptr: *const u8, id: BlobId, token: Option<u64>) {
         if let Some(r) = state.registered.get_mut(&(ptr as usize)) {
             if let Some(token) = token {
                 r.fills.retain(|(t, _)| *t != token);
             }
-            if let Some(at) = r.ids.iter().position(|(other, _)| *other == id) {
-                r.ids[at].1 -= 1;
-                if r.ids[at].1 == 0 {
-                    r.ids.remove(at);
-                }
-            }
-            if r.ids.is_empty() {
+            if r.ids.remove(id) {
                 state.registered.remove(&(ptr as usize));
             }
         }

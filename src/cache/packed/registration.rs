@@ -60,6 +60,7 @@ impl PackedWeightsCache {
             address: buffer.as_ptr() as usize,
             id,
             token: None,
+            ended: false,
             _held: Held::Buffer(buffer),
         })
     }
@@ -134,6 +135,7 @@ impl PackedWeightsCache {
             address: data.address() as usize,
             id,
             token: Some(token),
+            ended: false,
             _held: Held::Deferred(data),
         })
     }
@@ -155,7 +157,32 @@ pub struct OwnedRegistration {
     id: BlobId,
     /// Names this registration's fill, for a placeholder.
     token: Option<u64>,
+    /// Unregistered already, by [`end_all`](Self::end_all).
+    ended: bool,
     _held: Held,
+}
+
+impl OwnedRegistration {
+    /// Ends `registrations` (a delegate's, once its runtime is created), those of one cache
+    /// under one lock of it: dropped one by one, each took the lock, and a delegate holds one
+    /// per weight.
+    pub fn end_all(mut registrations: Vec<OwnedRegistration>) {
+        let Some(cache) = registrations.first().map(|r| r.cache.clone()) else {
+            return;
+        };
+        cache.core().unregister_all(
+            registrations
+                .iter_mut()
+                .filter(|r| Arc::ptr_eq(&r.cache, &cache))
+                .map(|r| {
+                    r.ended = true;
+                    (r.address as *const u8, r.id, r.token)
+                }),
+        );
+        // What each held is let go only now, after its address is free again; another
+        // cache's registrations end as they drop.
+        drop(registrations);
+    }
 }
 
 /// What a registration keeps alive so its address is not reused while registered.
@@ -167,9 +194,11 @@ enum Held {
 
 impl Drop for OwnedRegistration {
     fn drop(&mut self) {
-        self.cache
-            .core()
-            .unregister(self.address as *const u8, self.id, self.token);
+        if !self.ended {
+            self.cache
+                .core()
+                .unregister(self.address as *const u8, self.id, self.token);
+        }
     }
 }
 
