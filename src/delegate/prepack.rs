@@ -20,7 +20,7 @@
 
 use super::constants::{Loaded, deferred_constant};
 use super::error::{DelegateError, at};
-use super::graph::{Values, dims_of};
+use super::graph::{ById, Values, dims_of};
 use super::operators::{define_node, packing_operands};
 use super::values::{define_value, define_value_scaled, role_of};
 use crate::cache::{OwnedRegistration, PackedWeightsCache};
@@ -328,7 +328,7 @@ fn define_job<'k>(
     external: u32,
 ) -> Result<(), DelegateError> {
     let what = |part: &'static str| move || format!("node {}: {part}", job.index);
-    let mut ids = FastMap::default();
+    let mut ids = ById::Map(FastMap::default());
 
     let i = value_of(values, job, job.input)?;
     let (t, q) = values.tensor_at(i)?;

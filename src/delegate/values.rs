@@ -5,10 +5,9 @@ use super::error::{DelegateError, at};
 use super::fallback::{Twins, internal_datatype};
 use super::fold::Folds;
 use super::graph::{
-    Tensor, Values, XNN_FLAG_EXTERNAL_INPUT, XNN_FLAG_EXTERNAL_OUTPUT, constant_index, datatype,
-    dims_of,
+    ById, Tensor, Values, XNN_FLAG_EXTERNAL_INPUT, XNN_FLAG_EXTERNAL_OUTPUT, constant_index,
+    datatype, dims_of,
 };
-use crate::fast_hash::FastMap;
 use crate::schema::xnn as fb;
 use crate::xnn::{
     BlockwiseQuantization, BlockwiseScales, ChannelwiseQuantization, Datatype, Subgraph, ValueRole,
@@ -25,15 +24,18 @@ pub(super) fn define_values<'k>(
     values: &Values<'_>,
     keep: &'k Loaded,
     folds: &Folds,
-) -> Result<(FastMap<u32, u32>, Twins), DelegateError> {
-    let mut ids = FastMap::with_capacity_and_hasher(values.len(), Default::default());
+) -> Result<(ById<u32>, Twins), DelegateError> {
+    // By payload id, densely where the ids are: every node's operands are found here.
+    let mut ids = ById::new(values.largest(), values.len());
     let mut twins = Twins::default();
+    // Most graphs fold nothing: their values are not looked up in the folds.
+    let folding = !folds.inputs.is_empty() || !folds.outputs.is_empty();
     for each in values.each() {
         let (i, (t, q)) = each?;
-        if folds.inputs.contains(&t.id_out()) {
+        if folding && folds.inputs.contains(&t.id_out()) {
             continue;
         }
-        if let Some(input) = folds.outputs.get(&t.id_out()) {
+        if let Some(input) = folding.then(|| folds.outputs.get(&t.id_out())).flatten() {
             let dims = dims_of(&t);
             let dt = datatype(t.datatype(), i)?;
             let id = g

@@ -6,8 +6,9 @@
 //! all follow from [`OPERATORS`]: a new node is one new row (and its definition).
 
 use super::error::DelegateError;
+use super::graph::ById;
 use crate::cache::Description;
-use crate::fast_hash::{FastMap, FastSet};
+use crate::fast_hash::FastSet;
 use crate::schema::xnn as fb;
 use crate::xnn::Subgraph;
 use std::cell::RefCell;
@@ -70,7 +71,7 @@ type Define =
 struct Node<'a> {
     index: usize,
     name: &'static str,
-    ids: &'a FastMap<u32, u32>,
+    ids: &'a ById<u32>,
     /// Payload ids whose data XNNPACK may read as they are (not only to pack them).
     read_as_is: &'a RefCell<FastSet<u32>>,
     /// [`qb4w_gemm_inputs`] of the graph.
@@ -87,7 +88,7 @@ impl Node<'_> {
     /// The subgraph id of payload value `payload_id`, an operand XNNPACK reads only to pack it
     /// (through the weights cache, so a cache hit reads nothing).
     fn packed(&self, payload_id: u32) -> Result<u32, DelegateError> {
-        self.ids.get(&payload_id).copied().ok_or_else(|| {
+        self.ids.get(payload_id).copied().ok_or_else(|| {
             DelegateError::BadGraph(format!(
                 "node {}: value {payload_id} is not defined",
                 self.index
@@ -877,15 +878,15 @@ pub(crate) fn packed_operands(graph: &fb::XNNGraph<'_>) -> FastSet<u32> {
 /// Defines every node of the graph (checked against the table before anything was loaded)
 /// but those in `skipped` (reshapes folded into their inputs' binding).
 /// Returns the payload ids of the operands some node may read as they are (not only to pack).
-pub(crate) fn define_nodes(
+pub(super) fn define_nodes(
     g: &mut Subgraph<'_>,
     graph: &fb::XNNGraph<'_>,
     io: &GraphIo,
-    ids: &FastMap<u32, u32>,
+    ids: &ById<u32>,
     skipped: &FastSet<usize>,
 ) -> Result<FastSet<u32>, DelegateError> {
     let qb4w = qb4w_gemm_inputs(graph, io, |filter| {
-        ids.get(&filter).and_then(|&id| g.datatype(id)) == Some(crate::xnn::Datatype::Qbint4)
+        ids.get(filter).and_then(|&id| g.datatype(id)) == Some(crate::xnn::Datatype::Qbint4)
     });
     // One set for every node (a set per node, merged, was most of the nodes' definition).
     let read_as_is = RefCell::new(FastSet::default());
@@ -947,11 +948,11 @@ pub(crate) fn qb4w_gemm_inputs(
 /// Defines node `index` of the graph, whose payload value ids `ids` maps to subgraph ids
 /// (`qb4w_gemm_inputs`: the graph's [`qb4w_gemm_inputs`]). Adds to `read_as_is` the payload
 /// ids of the operands it may read as they are (not only to pack).
-pub(crate) fn define_node(
+pub(super) fn define_node(
     g: &mut Subgraph<'_>,
     index: usize,
     node: &fb::XNode<'_>,
-    ids: &FastMap<u32, u32>,
+    ids: &ById<u32>,
     qb4w_gemm_inputs: &FastSet<u32>,
     read_as_is: &RefCell<FastSet<u32>>,
 ) -> Result<(), DelegateError> {
