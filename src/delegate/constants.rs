@@ -3,13 +3,12 @@
 //! scales quantized values borrow from them.
 
 use super::error::DelegateError;
-use super::graph::{Values, constant_index, datatype, dims_of};
+use super::graph::{TensorView, Values, constant_index, datatype, dims_of};
 use crate::backend::ModelContext;
 use crate::cache::BlobId;
 use crate::deferred::{DeferredData, Fill};
 use crate::fast_hash::{FastMap, FastSet};
 use crate::named_data::{DataBuffer, NamedDataMap};
-use crate::schema::xnn as fb;
 use crate::shared_data::SharedData;
 use crate::tensor::XNN_EXTRA_BYTES;
 use std::sync::Arc;
@@ -803,7 +802,7 @@ fn bf16_as_executorch_rounds(scale: f32) -> u16 {
 /// The named key and placeholder of value `t`, if its constant is deferred and stands for the
 /// key's bytes as they are (not converted).
 pub(super) fn deferred_constant<'k>(
-    t: &fb::XNNTensorValue<'_>,
+    t: &TensorView<'_>,
     keep: &'k Loaded,
 ) -> Option<(&'k str, &'k Arc<DeferredData>)> {
     keep.deferred_at(constant_index(t))

@@ -34,21 +34,78 @@ pub(crate) fn datatype(raw: fb::XNNDatatype, value: usize) -> Result<Datatype, D
 }
 
 /// A value's tensor part, and its quantization if any.
-pub(crate) type Tensor<'g> = (
-    fb::XNNTensorValue<'g>,
-    Option<fb::XNNQuantizedTensorValue<'g>>,
-);
+pub(crate) type Tensor<'g> = (TensorView<'g>, Option<fb::XNNQuantizedTensorValue<'g>>);
+
+/// A tensor value with the fields every pass asks of it read once, when the graph's values are
+/// (`Values::of`): the payload's accessors find a table's vtable again for each field, through
+/// a call the compiler does not inline, and a warm init asked these of each value in pass after
+/// pass. The rest of the table is read through it, as it is.
+#[derive(Clone, Copy)]
+pub(crate) struct TensorView<'g> {
+    table: fb::XNNTensorValue<'g>,
+    id_out: u32,
+    flags: u32,
+    external_id: u32,
+    constant_buffer_idx: u32,
+    datatype: fb::XNNDatatype,
+}
+
+impl<'g> TensorView<'g> {
+    fn of(table: fb::XNNTensorValue<'g>) -> TensorView<'g> {
+        TensorView {
+            table,
+            id_out: table.id_out(),
+            flags: table.flags(),
+            external_id: table.external_id(),
+            constant_buffer_idx: table.constant_buffer_idx(),
+            datatype: table.datatype(),
+        }
+    }
+
+    /// The payload id the value defines.
+    pub(crate) fn id_out(&self) -> u32 {
+        self.id_out
+    }
+
+    /// Its flags (external input, external output).
+    pub(crate) fn flags(&self) -> u32 {
+        self.flags
+    }
+
+    /// Its external id, for an external input or output.
+    pub(crate) fn external_id(&self) -> u32 {
+        self.external_id
+    }
+
+    /// Its constant's index in the graph's constant data (0: none).
+    pub(crate) fn constant_buffer_idx(&self) -> u32 {
+        self.constant_buffer_idx
+    }
+
+    /// Its datatype, as the payload states it.
+    pub(crate) fn datatype(&self) -> fb::XNNDatatype {
+        self.datatype
+    }
+}
+
+impl<'g> std::ops::Deref for TensorView<'g> {
+    type Target = fb::XNNTensorValue<'g>;
+
+    fn deref(&self) -> &fb::XNNTensorValue<'g> {
+        &self.table
+    }
+}
 
 /// The tensor part of a value, and its quantization if any.
 pub(crate) fn tensor_of(v: fb::XValue<'_>, index: usize) -> Result<Tensor<'_>, DelegateError> {
     if let Some(t) = v.xvalue_union_as_xnntensor_value() {
-        return Ok((t, None));
+        return Ok((TensorView::of(t), None));
     }
     if let Some(q) = v.xvalue_union_as_xnnquantized_tensor_value() {
         let t = q.tensor_value().ok_or_else(|| {
             DelegateError::BadGraph(format!("value {index}: quantized value without a tensor"))
         })?;
-        return Ok((t, Some(q)));
+        return Ok((TensorView::of(t), Some(q)));
     }
     Err(DelegateError::BadGraph(format!(
         "value {index}: unknown value kind {}",
@@ -56,12 +113,12 @@ pub(crate) fn tensor_of(v: fb::XValue<'_>, index: usize) -> Result<Tensor<'_>, D
     )))
 }
 
-pub(super) fn constant_index(t: &fb::XNNTensorValue<'_>) -> usize {
+pub(super) fn constant_index(t: &TensorView<'_>) -> usize {
     t.constant_buffer_idx() as usize
 }
 
 /// A tensor's dimensions (see [`Dims`]).
-pub(super) fn dims_of(t: &fb::XNNTensorValue<'_>) -> Dims {
+pub(super) fn dims_of(t: &TensorView<'_>) -> Dims {
     let Some(dims) = t.dims() else {
         return Dims::Inline(Shape::default());
     };
@@ -247,7 +304,7 @@ impl<'g> Values<'g> {
     }
 
     /// Each value of a known kind, with its index.
-    pub(super) fn tensors(&self) -> impl Iterator<Item = (usize, fb::XNNTensorValue<'g>)> + '_ {
+    pub(super) fn tensors(&self) -> impl Iterator<Item = (usize, TensorView<'g>)> + '_ {
         self.tensors
             .iter()
             .enumerate()
@@ -298,7 +355,7 @@ impl<'g> Values<'g> {
     }
 
     /// Id `id`'s value's tensor, with the value's index.
-    pub(super) fn tensor(&self, id: u32) -> Option<(usize, fb::XNNTensorValue<'g>)> {
+    pub(super) fn tensor(&self, id: u32) -> Option<(usize, TensorView<'g>)> {
         let i = self.index_of(id)?;
         Some((i, self.tensors[i]?.0))
     }

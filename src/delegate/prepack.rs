@@ -20,7 +20,7 @@
 
 use super::constants::{Loaded, deferred_constant};
 use super::error::{DelegateError, at};
-use super::graph::{ById, Values, dims_of};
+use super::graph::{ById, TensorView, Values, dims_of};
 use super::operators::{define_node, packing_operands};
 use super::values::{define_value, define_value_scaled, role_of};
 use crate::cache::{OwnedRegistration, PackedWeightsCache};
@@ -214,7 +214,7 @@ struct SourceBytes {
 /// and their address is free to take that identity (another tensor of the same bytes may be
 /// packing from it now: then the placeholder serves).
 fn source_bytes(
-    t: &fb::XNNTensorValue<'_>,
+    t: &TensorView<'_>,
     i: usize,
     loaded: &Loaded,
     cache: &Arc<PackedWeightsCache>,

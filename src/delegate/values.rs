@@ -5,10 +5,9 @@ use super::error::{DelegateError, at};
 use super::fallback::{Twins, internal_datatype};
 use super::fold::Folds;
 use super::graph::{
-    ById, Tensor, Values, XNN_FLAG_EXTERNAL_INPUT, XNN_FLAG_EXTERNAL_OUTPUT, constant_index,
-    datatype, dims_of,
+    ById, Tensor, TensorView, Values, XNN_FLAG_EXTERNAL_INPUT, XNN_FLAG_EXTERNAL_OUTPUT,
+    constant_index, datatype, dims_of,
 };
-use crate::schema::xnn as fb;
 use crate::xnn::{
     BlockwiseQuantization, BlockwiseScales, ChannelwiseQuantization, Datatype, Subgraph, ValueRole,
 };
@@ -70,7 +69,7 @@ pub(super) fn define_values<'k>(
 /// What value `i` is in the subgraph: constant data (or its placeholder), an external input or
 /// output, or internal.
 pub(super) fn role_of<'k>(
-    t: &fb::XNNTensorValue<'_>,
+    t: &TensorView<'_>,
     i: usize,
     keep: &'k Loaded,
 ) -> Result<ValueRole<'k>, DelegateError> {
