@@ -9,6 +9,7 @@ use crate::cache::BlobId;
 use crate::deferred::{DeferredData, Fill};
 use crate::fast_hash::{FastMap, FastSet};
 use crate::named_data::{DataBuffer, NamedDataMap};
+use crate::schema::xnn as fb;
 use crate::shared_data::SharedData;
 use crate::tensor::XNN_EXTRA_BYTES;
 use std::sync::Arc;
@@ -348,29 +349,35 @@ pub(super) fn deferrable_constants(
     let content_named = |index: usize| values.stated_id(index).is_some();
     for each in values.each() {
         let (i, (t, q)) = each?;
-        if let Some(q) = q {
-            scales.extend(
+        // The kind of quantization asked once: each `quant_params_as_*` reads it again.
+        match q.map(|q| (q, q.quant_params_type())) {
+            Some((q, fb::XNNQuantParams::PerChannelQuant)) => scales.extend(
                 q.quant_params_as_per_channel_quant()
                     .map(|p| p.scale_buffer_idx()),
-            );
-            if let Some(p) = q.quant_params_as_per_channel_group_quant() {
-                // A packed blockwise filter's scales are read only to pack it (XNNPACK patch
-                // 0007): they too wait behind a placeholder, of one bf16 per block.
-                let index = p.scale_buffer_idx() as usize;
-                let blocks = dims_of(&t)
-                    .iter()
-                    .try_fold(1usize, |n, &d| n.checked_mul(d))
-                    .zip(Some(p.group_size() as usize).filter(|&g| g > 0))
-                    .map(|(n, g)| n / g);
-                match blocks {
-                    Some(blocks)
-                        if index != 0 && packed.contains(&t.id_out()) && content_named(index) =>
-                    {
-                        blockwise_scales.push((index, blocks * 2))
+            ),
+            Some((q, fb::XNNQuantParams::PerChannelGroupQuant)) => {
+                if let Some(p) = q.quant_params_as_per_channel_group_quant() {
+                    // A packed blockwise filter's scales are read only to pack it (XNNPACK
+                    // patch 0007): they too wait behind a placeholder, of one bf16 per block.
+                    let index = p.scale_buffer_idx() as usize;
+                    let blocks = dims_of(&t)
+                        .iter()
+                        .try_fold(1usize, |n, &d| n.checked_mul(d))
+                        .zip(Some(p.group_size() as usize).filter(|&g| g > 0))
+                        .map(|(n, g)| n / g);
+                    match blocks {
+                        Some(blocks)
+                            if index != 0
+                                && packed.contains(&t.id_out())
+                                && content_named(index) =>
+                        {
+                            blockwise_scales.push((index, blocks * 2))
+                        }
+                        _ => scales.push(index as u32),
                     }
-                    _ => scales.push(index as u32),
                 }
             }
+            _ => {}
         }
         let index = constant_index(&t);
         if index == 0 || !packed.contains(&t.id_out()) {
@@ -637,7 +644,9 @@ fn constant_lengths(values: &Values<'_>) -> Result<FastMap<usize, Option<usize>>
             constant_index(&t),
             datatype(t.datatype(), i)?.tensor_bytes(&dims),
         );
-        if let Some(p) = q.and_then(|q| q.quant_params_as_per_channel_quant()) {
+        let per_channel =
+            q.filter(|q| q.quant_params_type() == fb::XNNQuantParams::PerChannelQuant);
+        if let Some(p) = per_channel.and_then(|q| q.quant_params_as_per_channel_quant()) {
             let channels = dims.get(p.channel_dim() as usize).copied();
             note(
                 p.scale_buffer_idx() as usize,
@@ -754,6 +763,13 @@ pub(super) fn load_scales(
         let (i, (_, Some(q))) = each? else {
             continue;
         };
+        // Asked once (see `deferrable_constants`).
+        let kind = q.quant_params_type();
+        if kind != fb::XNNQuantParams::PerChannelQuant
+            && kind != fb::XNNQuantParams::PerChannelGroupQuant
+        {
+            continue;
+        }
         if let Some(p) = q.quant_params_as_per_channel_quant() {
             let index = p.scale_buffer_idx();
             let s = if index != 0 {
