@@ -3,7 +3,7 @@
 //! scales quantized values borrow from them.
 
 use super::error::DelegateError;
-use super::graph::{TensorView, Values, constant_index, datatype, dims_of};
+use super::graph::{ById, TensorView, Values, constant_index, datatype, dims_of};
 use crate::backend::ModelContext;
 use crate::cache::BlobId;
 use crate::deferred::{DeferredData, Fill};
@@ -829,12 +829,12 @@ pub(super) fn deferred_constant<'k>(
 pub(super) fn pin_read_as_is(
     values: &Values<'_>,
     loaded: &Loaded,
-    read_as_is: &FastSet<u32>,
+    read_as_is: &ById<()>,
     deferral: Option<&Arc<dyn NamedDataMap>>,
 ) -> Result<(), DelegateError> {
     for each in values.each() {
         let (i, (t, _)) = each?;
-        if !read_as_is.contains(&t.id_out()) {
+        if !read_as_is.contains(t.id_out()) {
             continue;
         }
         if let Some(own) = loaded.private(i) {

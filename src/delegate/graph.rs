@@ -169,6 +169,14 @@ pub(super) enum ById<T> {
 }
 
 impl<T> ById<T> {
+    /// An empty one laid out as `other` is: a table as long, or a map.
+    pub(super) fn like<U>(other: &ById<U>) -> ById<T> {
+        match other {
+            ById::Table(t) => ById::Table(std::iter::repeat_with(|| None).take(t.len()).collect()),
+            ById::Map(_) => ById::Map(Default::default()),
+        }
+    }
+
     /// Room for ids up to `largest`, of which about `count` are expected.
     pub(super) fn new(largest: u32, count: usize) -> ById<T> {
         let slots = largest as usize + 1;

@@ -29,6 +29,7 @@ use crate::named_data::{DataBuffer, NamedDataMap};
 use crate::schema::xnn as fb;
 use crate::tensor::XNN_EXTRA_BYTES;
 use crate::xnn::{BlockwiseScales, Datatype, Runtime, RuntimeOptions, Subgraph, ValueRole};
+use std::cell::RefCell;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use zerocopy::FromBytes;
@@ -397,7 +398,7 @@ fn define_job<'k>(
     )?;
     ids.insert(job.output, output);
 
-    let read_as_is = Default::default();
+    let read_as_is = RefCell::new(ById::like(&ids));
     define_node(
         g,
         job.index,

@@ -73,7 +73,7 @@ struct Node<'a> {
     name: &'static str,
     ids: &'a ById<u32>,
     /// Payload ids whose data XNNPACK may read as they are (not only to pack them).
-    read_as_is: &'a RefCell<FastSet<u32>>,
+    read_as_is: &'a RefCell<ById<()>>,
     /// [`qb4w_gemm_inputs`] of the graph.
     qb4w_gemm_inputs: &'a FastSet<u32>,
 }
@@ -81,7 +81,7 @@ struct Node<'a> {
 impl Node<'_> {
     /// The subgraph id of payload value `payload_id`, an operand XNNPACK may read as it is.
     fn id(&self, payload_id: u32) -> Result<u32, DelegateError> {
-        self.read_as_is.borrow_mut().insert(payload_id);
+        self.read_as_is.borrow_mut().insert(payload_id, ());
         self.packed(payload_id)
     }
 
@@ -884,12 +884,12 @@ pub(super) fn define_nodes(
     io: &GraphIo,
     ids: &ById<u32>,
     skipped: &FastSet<usize>,
-) -> Result<FastSet<u32>, DelegateError> {
+) -> Result<ById<()>, DelegateError> {
     let qb4w = qb4w_gemm_inputs(graph, io, |filter| {
         ids.get(filter).and_then(|&id| g.datatype(id)) == Some(crate::xnn::Datatype::Qbint4)
     });
     // One set for every node (a set per node, merged, was most of the nodes' definition).
-    let read_as_is = RefCell::new(FastSet::default());
+    let read_as_is = RefCell::new(ById::like(ids));
     for (index, node) in graph.xnodes().iter().flatten().enumerate() {
         if skipped.contains(&index) {
             continue;
@@ -954,7 +954,7 @@ pub(super) fn define_node(
     node: &fb::XNode<'_>,
     ids: &ById<u32>,
     qb4w_gemm_inputs: &FastSet<u32>,
-    read_as_is: &RefCell<FastSet<u32>>,
+    read_as_is: &RefCell<ById<()>>,
 ) -> Result<(), DelegateError> {
     let kind = node.xnode_union_type();
     let op = find(kind).ok_or_else(|| DelegateError::UnsupportedNode {
