@@ -81,8 +81,10 @@ struct Node<'a> {
 impl Node<'_> {
     /// The subgraph id of payload value `payload_id`, an operand XNNPACK may read as it is.
     fn id(&self, payload_id: u32) -> Result<u32, DelegateError> {
+        // Marked once found defined: the table holds the ids of defined values.
+        let id = self.packed(payload_id)?;
         self.read_as_is.borrow_mut().insert(payload_id, ());
-        self.packed(payload_id)
+        Ok(id)
     }
 
     /// The subgraph id of payload value `payload_id`, an operand XNNPACK reads only to pack it
