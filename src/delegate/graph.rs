@@ -200,7 +200,9 @@ impl<T> ById<T> {
 
     /// Id `id`'s entry, made with `make` if it has none.
     pub(super) fn get_or_insert_with(&mut self, id: u32, make: impl FnOnce() -> T) -> &mut T {
-        self.make_room(id);
+        if matches!(self, ById::Table(t) if id as usize >= t.len()) {
+            self.make_room(id);
+        }
         match self {
             ById::Table(t) => slot(t, id).get_or_insert_with(make),
             ById::Map(m) => m.entry(id).or_insert_with(make),
@@ -209,7 +211,9 @@ impl<T> ById<T> {
 
     /// Sets id `id`'s entry, returning the one it replaces.
     pub(super) fn insert(&mut self, id: u32, value: T) -> Option<T> {
-        self.make_room(id);
+        if matches!(self, ById::Table(t) if id as usize >= t.len()) {
+            self.make_room(id);
+        }
         match self {
             ById::Table(t) => slot(t, id).replace(value),
             ById::Map(m) => m.insert(id, value),
@@ -218,13 +222,12 @@ impl<T> ById<T> {
 
     /// Turns a table into a map before an id far past its end would grow it: whoever inserts
     /// it, an id a payload crafted must not make a table of 4 G slots.
+    #[cold]
     fn make_room(&mut self, id: u32) {
         let ById::Table(t) = self else {
             return;
         };
-        if (id as usize) < t.len()
-            || (id as usize) <= t.len().saturating_mul(2).saturating_add(1024)
-        {
+        if (id as usize) <= t.len().saturating_mul(2).saturating_add(1024) {
             return;
         }
         let held = std::mem::take(t)
