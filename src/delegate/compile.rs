@@ -333,7 +333,8 @@ pub(crate) fn compile(
         };
         let (ids, twins) = define_values(&mut g, &known, loaded, &folds)?;
         twins.define_inputs(&mut g)?;
-        let read_as_is = super::operators::define_nodes(&mut g, &p.graph, &io, &ids, &folds.nodes)?;
+        let read_as_is =
+            super::operators::define_nodes(&mut g, &p.graph, &io, &ids, folds.nodes())?;
         twins.define_outputs(&mut g)?;
         pin_read_as_is(&known, loaded, &read_as_is, deferral.as_ref())?;
         let prepacked = match &k.cache {

@@ -24,28 +24,29 @@
 //! fused into the node that computes it, or a read moved to the reader of a copy.
 
 use super::fusion::FusedOrder;
-use super::graph::{Values, XNN_FLAG_EXTERNAL_INPUT, dims_of};
-use crate::fast_hash::{FastMap, FastSet};
+use super::graph::{Dims, Values, XNN_FLAG_EXTERNAL_INPUT, dims_of};
 
-/// The reshapes of a graph folded into its inputs.
+/// The reshapes of a graph folded into its inputs: few per graph (none in most), so each is
+/// held in a vector sorted by what it is looked up by, where a hash table's allocation and
+/// hashing cost more than the search.
 #[derive(Debug, Default)]
 pub(super) struct Folds {
-    /// By the payload id of the reshape's output: the external input it reads, whose
-    /// external id and caller's shape the output takes over.
-    pub(super) outputs: FastMap<u32, FoldedInput>,
-    /// The external inputs folded away (payload ids): no value of theirs is defined.
-    pub(super) inputs: FastSet<u32>,
-    /// The folded reshape nodes, by index: not defined.
-    pub(super) nodes: FastSet<usize>,
+    /// By the payload id of the reshape's output, ascending: the external input it reads,
+    /// whose external id and caller's shape the output takes over.
+    outputs: Vec<(u32, FoldedInput)>,
+    /// The external inputs folded away (payload ids, ascending): no value of theirs is defined.
+    inputs: Vec<u32>,
+    /// The folded reshape nodes, by ascending index: not defined.
+    nodes: Vec<usize>,
 }
 
 /// An external input whose reshape was folded into it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub(super) struct FoldedInput {
     /// Its external id.
     pub(super) external_id: u32,
     /// Its declared shape: what the caller binds.
-    pub(super) dims: Vec<usize>,
+    pub(super) dims: Dims,
 }
 
 impl Folds {
@@ -78,26 +79,30 @@ impl Folds {
             else {
                 continue;
             };
-            let new_shape: Vec<usize> = r
-                .new_shape()
-                .map(|s| s.iter().map(|d| d as usize).collect())
-                .unwrap_or_default();
             let elements = |dims: &[usize]| {
                 dims.iter()
                     .try_fold(1usize, |n, &d| n.checked_mul(d))
                     .filter(|&n| n > 0)
             };
             let input_dims = dims_of(&input);
+            let output_dims = dims_of(&output);
+            // The new shape as the payload states it, compared in place with the output's.
+            let new_shape_is_output_dims = r.new_shape().is_some_and(|s| {
+                s.len() == output_dims.len()
+                    && s.iter()
+                        .zip(output_dims.iter())
+                        .all(|(d, &o)| d as usize == o)
+            });
             let foldable = input.flags() == XNN_FLAG_EXTERNAL_INPUT
                 && input.constant_buffer_idx() == 0
                 && output.flags() == 0
                 && output.constant_buffer_idx() == 0
                 && input.datatype() == output.datatype()
-                && *dims_of(&output) == *new_shape
-                && !new_shape.is_empty()
-                && !new_shape.contains(&0)
-                && elements(&new_shape).is_some()
-                && elements(&new_shape) == elements(&input_dims)
+                && new_shape_is_output_dims
+                && !output_dims.is_empty()
+                && !output_dims.contains(&0)
+                && elements(&output_dims).is_some()
+                && elements(&output_dims) == elements(&input_dims)
                 && r.input_id() != r.output_id()
                 // The order last: it is the init's costliest graph pass.
                 && order().reads(r.input_id()) == 1
@@ -106,14 +111,41 @@ impl Folds {
             if foldable {
                 let folded = FoldedInput {
                     external_id: input.external_id(),
-                    dims: input_dims.to_vec(),
+                    dims: input_dims,
                 };
-                folds.outputs.insert(r.output_id(), folded);
-                folds.inputs.insert(r.input_id());
-                folds.nodes.insert(n);
+                folds.outputs.push((r.output_id(), folded));
+                folds.inputs.push(r.input_id());
+                folds.nodes.push(n);
             }
         }
+        // An input is read once (`reads`), so folded once; two reshapes may write one output
+        // (no exporter's graph has them): the last counts, as the last definition would.
+        folds.outputs.reverse();
+        folds.outputs.sort_by_key(|&(id, _)| id);
+        folds.outputs.dedup_by_key(|&mut (id, _)| id);
+        folds.inputs.sort_unstable();
         folds
+    }
+
+    /// Whether nothing is folded (most graphs): then no value need be looked up here.
+    pub(super) fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+
+    /// Whether the external input `id` (payload id) is folded away.
+    pub(super) fn folds_input(&self, id: u32) -> bool {
+        self.inputs.binary_search(&id).is_ok()
+    }
+
+    /// The external input that the output `id` of a folded reshape (payload id) stands for.
+    pub(super) fn folded_output(&self, id: u32) -> Option<&FoldedInput> {
+        let at = self.outputs.binary_search_by_key(&id, |&(o, _)| o).ok()?;
+        Some(&self.outputs[at].1)
+    }
+
+    /// The folded reshape nodes, by ascending index.
+    pub(super) fn nodes(&self) -> &[usize] {
+        &self.nodes
     }
 
     /// The outputs of the reshapes folded into the external input `external_id`: reads of
@@ -122,7 +154,7 @@ impl Folds {
         self.outputs
             .iter()
             .filter(|(_, folded)| folded.external_id == external_id)
-            .map(|(&output, _)| output)
+            .map(|&(output, _)| output)
             .collect()
     }
 }

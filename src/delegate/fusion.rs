@@ -23,7 +23,6 @@
 
 use super::DelegateError;
 use super::graph::{ById, Values, XNN_FLAG_EXTERNAL_INPUT, XNN_FLAG_EXTERNAL_OUTPUT};
-use crate::fast_hash::FastMap;
 use crate::schema::xnn as fb;
 
 /// An external output the caller binds over an external input's memory at every execute (a
@@ -79,34 +78,47 @@ fn fusable(node: &fb::XNode<'_>) -> Fusable {
 
 /// A graph's reads and writes, in the payload's order and as XNNPACK may run it.
 ///
-/// Values are held by payload id in [`ById`] tables (dense where the ids are): the init asks
-/// for the order of every graph with a reshape of an external input, a ViT's every delegate.
-#[derive(Debug)]
+/// Values are held by payload id in one [`ById`] table (dense where the ids are), each entry
+/// holding all that is known of its value: the init asks for the order of every graph with a
+/// reshape of an external input, a ViT's every delegate, and a table per fact was most of the
+/// cost of asking.
 pub(super) struct FusedOrder<'a> {
-    /// By node index: the values it reads and writes (payload ids), as the init's [`GraphIo`]
-    /// holds them.
-    ///
-    /// [`GraphIo`]: super::operators::GraphIo
-    io: Vec<(&'a [u32], &'a [u32])>,
-    /// By value: its flags.
-    flags: ById<u32>,
-    /// By external id: the values of the external inputs, and of the external outputs.
-    external_inputs: FastMap<u32, u32>,
-    external_outputs: FastMap<u32, u32>,
-    /// By value: the first node that writes it in the payload.
-    writer: ById<usize>,
-    /// By value: how many times nodes read it in the payload (a node once per read).
-    reads: ById<usize>,
-    /// By value: the last node that reads it in the payload.
-    payload_last_read: ById<usize>,
-    /// By node index: whether it may be fused into its input's producer.
-    into_producer: Vec<bool>,
+    /// By node index: the values it reads and writes (payload ids).
+    io: &'a super::operators::GraphIo,
+    /// By node index: how fusion may remove it.
+    kinds: Vec<Fusable>,
+    /// By value: its flags, writer and reads.
+    values: ById<ValueOrder>,
+    /// External values, as (external id, payload id, is an input); the others are outputs.
+    externals: Vec<(u32, u32, bool)>,
     /// The graph reads a value before it writes it: an output may be written anywhere.
     first_write_anywhere: bool,
     /// By node index: whether it may write an external output once fused.
     writes_output: Vec<bool>,
-    /// By value: the last node that may read it once fused.
-    last_read: ById<usize>,
+}
+
+/// What a [`FusedOrder`] knows of one value.
+#[derive(Debug, Clone, Copy, Default)]
+struct ValueOrder {
+    /// Its flags, where a value of the payload defines it.
+    flags: Option<u32>,
+    /// The first node that writes it in the payload.
+    writer: Option<usize>,
+    /// How many times nodes read it in the payload (a node once per read).
+    reads: usize,
+    /// The last node that reads it in the payload.
+    payload_last_read: Option<usize>,
+    /// The last node that may read it once fused.
+    last_read: Option<usize>,
+    /// Some reader of it may be fused into its producer, and then write an external output.
+    into_writing_reader: bool,
+}
+
+impl ValueOrder {
+    /// Whether it may be an external output: it is one, or no value defines it.
+    fn may_be_external_output(&self) -> bool {
+        self.flags.is_none_or(|f| f & XNN_FLAG_EXTERNAL_OUTPUT != 0)
+    }
 }
 
 impl<'a> FusedOrder<'a> {
@@ -116,90 +128,81 @@ impl<'a> FusedOrder<'a> {
     pub(super) fn of(values: &Values<'_>, io: &'a super::operators::GraphIo) -> Self {
         let graph = values.graph();
         let nodes = graph.xnodes().map_or(0, |n| n.len());
-        let io: Vec<(&[u32], &[u32])> =
-            (0..nodes).map(|n| io.node(n).unwrap_or_default()).collect();
         let kinds: Vec<Fusable> = graph
             .xnodes()
             .iter()
             .flatten()
             .map(|n| fusable(&n))
             .collect();
-        let largest = io
-            .iter()
-            .flat_map(|(inputs, outputs)| inputs.iter().chain(outputs.iter()).copied())
-            .max()
-            .unwrap_or(0)
-            .max(values.largest());
         let count = values.tensors().count();
-        let mut flags = ById::new(largest, count);
-        let (mut external_inputs, mut external_outputs) = (FastMap::default(), FastMap::default());
+        let mut order = ById::new(values.largest(), count);
+        let mut externals = Vec::new();
         for (_, t) in values.tensors() {
-            flags.insert(t.id_out(), t.flags());
+            order
+                .get_or_insert_with(t.id_out(), ValueOrder::default)
+                .flags = Some(t.flags());
             if t.flags() & XNN_FLAG_EXTERNAL_INPUT != 0 {
-                external_inputs.insert(t.external_id(), t.id_out());
+                externals.push((t.external_id(), t.id_out(), true));
             }
             if t.flags() & XNN_FLAG_EXTERNAL_OUTPUT != 0 {
-                external_outputs.insert(t.external_id(), t.id_out());
+                externals.push((t.external_id(), t.id_out(), false));
             }
         }
-        // A value without flags counts as an external output: it may be one.
-        let external_output = |v: &u32| {
-            flags
-                .get(*v)
-                .is_none_or(|f| f & XNN_FLAG_EXTERNAL_OUTPUT != 0)
-        };
-        let mut reads: ById<usize> = ById::new(largest, count);
-        let mut payload_last_read: ById<usize> = ById::new(largest, count);
-        let mut writer: ById<usize> = ById::new(largest, count);
-        for (n, &(inputs, outputs)) in io.iter().enumerate() {
+        for n in 0..nodes {
+            let (inputs, outputs) = io.node(n).unwrap_or_default();
             for &input in inputs {
-                *reads.get_or_insert_with(input, || 0) += 1;
+                let v = order.get_or_insert_with(input, ValueOrder::default);
+                v.reads += 1;
                 // Nodes come in index order: the last to read is the last seen.
-                payload_last_read.insert(input, n);
+                v.payload_last_read = Some(n);
+                v.last_read = Some(n);
             }
             for &output in outputs {
-                writer.get_or_insert_with(output, || n);
+                let v = order.get_or_insert_with(output, ValueOrder::default);
+                v.writer.get_or_insert(n);
             }
         }
-        let in_order = io
-            .iter()
-            .enumerate()
-            .all(|(n, (inputs, _))| inputs.iter().all(|v| writer.get(*v).is_none_or(|&w| w < n)));
-        let (writes_output, last_read) = if in_order {
-            fused_bounds(
-                &io,
-                &kinds,
-                &payload_last_read,
-                largest,
-                count,
-                external_output,
-            )
+        // In order: every value a node reads is written by an earlier node, or by none.
+        let in_order = (0..nodes).all(|n| {
+            io.node(n)
+                .unwrap_or_default()
+                .0
+                .iter()
+                .all(|&v| order.get(v).and_then(|v| v.writer).is_none_or(|w| w < n))
+        });
+        let writes_output = if in_order {
+            fused_bounds(io, nodes, &kinds, &mut order)
         } else {
-            let end = io.len().saturating_sub(1);
-            let mut last_read = ById::new(largest, count);
-            for (v, _) in payload_last_read.iter() {
-                last_read.insert(v, end);
-            }
-            (vec![true; io.len()], last_read)
+            let end = nodes.saturating_sub(1);
+            order.for_each_mut(|v| {
+                if v.payload_last_read.is_some() {
+                    v.last_read = Some(end);
+                }
+            });
+            vec![true; nodes]
         };
         FusedOrder {
             io,
-            flags,
-            external_inputs,
-            external_outputs,
-            writer,
-            reads,
-            payload_last_read,
-            into_producer: kinds.iter().map(|k| k.into_producer).collect(),
+            kinds,
+            values: order,
+            externals,
             first_write_anywhere: !in_order,
             writes_output,
-            last_read,
         }
+    }
+
+    /// Node `n`'s reads and writes.
+    fn node(&self, n: usize) -> (&'a [u32], &'a [u32]) {
+        self.io.node(n).unwrap_or_default()
+    }
+
+    fn value(&self, value: u32) -> Option<&ValueOrder> {
+        self.values.get(value)
     }
 
     /// How many times nodes read `value` in the payload.
     pub(super) fn reads(&self, value: u32) -> usize {
-        self.reads.get(value).copied().unwrap_or(0)
+        self.value(value).map_or(0, |v| v.reads)
     }
 
     /// Whether node `n` may write an external output.
@@ -209,25 +212,37 @@ impl<'a> FusedOrder<'a> {
 
     /// The last node that may read `value`; None if none reads it.
     pub(super) fn last_read(&self, value: u32) -> Option<usize> {
-        self.last_read.get(value).copied()
+        self.value(value)?.last_read
+    }
+
+    /// The payload id of the external value with external id `external_id`, an input where
+    /// `input`, else an output.
+    fn external(&self, external_id: u32, input: bool) -> Option<u32> {
+        // The last value that claims the external id, as the last definition would.
+        self.externals
+            .iter()
+            .rev()
+            .find(|&&(e, _, is_input)| e == external_id && is_input == input)
+            .map(|&(_, id, _)| id)
     }
 
     /// The first node that may write `value` once fused: its writer, or the producer of that
     /// writer's input, through Copies and Clamps of internal values.
     fn first_write(&self, value: u32) -> Option<usize> {
         let internal = |v: &u32| {
-            self.flags
-                .get(*v)
+            self.value(*v)
+                .and_then(|v| v.flags)
                 .is_some_and(|f| f & (XNN_FLAG_EXTERNAL_INPUT | XNN_FLAG_EXTERNAL_OUTPUT) == 0)
         };
-        let mut at = *self.writer.get(value)?;
+        let mut at = self.value(value)?.writer?;
         if self.first_write_anywhere {
             return Some(0);
         }
         loop {
-            let (inputs, _) = self.io[at];
+            let (inputs, _) = self.node(at);
+            let into_producer = self.kinds.get(at).is_some_and(|k| k.into_producer);
             let source = match inputs {
-                [x] if self.into_producer[at] && internal(x) => self.writer.get(*x).copied(),
+                [x] if into_producer && internal(x) => self.value(*x).and_then(|v| v.writer),
                 _ => None,
             };
             match source {
@@ -261,27 +276,28 @@ impl<'a> FusedOrder<'a> {
                 output: alias.output,
                 why,
             };
-            let input = *self
-                .external_inputs
-                .get(&alias.input)
+            let input = self
+                .external(alias.input, true)
                 .ok_or_else(|| refuse("the graph has no such input".into()))?;
-            let output = *self
-                .external_outputs
-                .get(&alias.output)
+            let output = self
+                .external(alias.output, false)
                 .ok_or_else(|| refuse("the graph has no such output".into()))?;
             let reads: Vec<u32> = std::iter::once(input).chain(read_as(alias.input)).collect();
-            let last = |of: &ById<usize>| reads.iter().filter_map(|&v| of.get(v).copied()).max();
-            let (Some(written), Some(fused_write)) =
-                (self.writer.get(output), self.first_write(output))
-            else {
+            let last = |of: fn(&ValueOrder) -> Option<usize>| {
+                reads.iter().filter_map(|&v| of(self.value(v)?)).max()
+            };
+            let (Some(written), Some(fused_write)) = (
+                self.value(output).and_then(|v| v.writer),
+                self.first_write(output),
+            ) else {
                 // Nothing writes the output: nothing is written over the input.
                 continue;
             };
-            if !fp16_as_fp32 && last(&self.last_read).is_none_or(|r| fused_write > r) {
+            if !fp16_as_fp32 && last(|v| v.last_read).is_none_or(|r| fused_write > r) {
                 continue;
             }
-            match last(&self.payload_last_read) {
-                Some(r) if *written <= r => {
+            match last(|v| v.payload_last_read) {
+                Some(r) if written <= r => {
                     return Err(refuse(format!(
                         "node {written} writes the output, and node {r} reads the input"
                     )));
@@ -293,53 +309,56 @@ impl<'a> FusedOrder<'a> {
     }
 }
 
-/// `FusedOrder`'s bounds of a graph in order: by node, whether it may write an external output;
-/// by value, the last node that may read it.
+/// `FusedOrder`'s bounds of a graph in order: by node, whether it may write an external output
+/// (returned); by value, the last node that may read it (`last_read` of each in `order`, which
+/// starts as the payload's).
 fn fused_bounds(
-    io: &[(&[u32], &[u32])],
+    io: &super::operators::GraphIo,
+    nodes: usize,
     kinds: &[Fusable],
-    payload_last_read: &ById<usize>,
-    largest: u32,
-    count: usize,
-    external_output: impl Fn(&u32) -> bool,
-) -> (Vec<bool>, ById<usize>) {
-    let mut last_read = payload_last_read.clone();
-    let mut writes_output: Vec<bool> = io
-        .iter()
-        .map(|(_, outputs)| outputs.iter().any(&external_output))
+    order: &mut ById<ValueOrder>,
+) -> Vec<bool> {
+    let external_output = |order: &ById<ValueOrder>, v: u32| {
+        order.get(v).is_none_or(ValueOrder::may_be_external_output)
+    };
+    let mut writes_output: Vec<bool> = (0..nodes)
+        .map(|n| {
+            let (_, outputs) = io.node(n).unwrap_or_default();
+            outputs.iter().any(|&v| external_output(order, v))
+        })
         .collect();
-    // The values some reader of which is fused into the value's producer and then may write an
-    // external output: marked as each such reader is passed.
-    let mut into_writing_reader: ById<()> = ById::new(largest, count);
     // Backwards, so that what a later node may do is known when its producer is reached: in
-    // a graph in order, a value's readers come after its producer.
-    for n in (0..io.len()).rev() {
-        let (inputs, outputs) = io[n];
+    // a graph in order, a value's readers come after its producer. A value is marked
+    // `into_writing_reader` as each reader of it that may be fused into its producer, and then
+    // write an external output, is passed.
+    for n in (0..nodes).rev() {
+        let (inputs, outputs) = io.node(n).unwrap_or_default();
         if !writes_output[n] {
-            writes_output[n] = outputs
-                .iter()
-                .filter(|v| !external_output(v))
-                .any(|&v| into_writing_reader.contains(v));
+            writes_output[n] = outputs.iter().any(|&v| {
+                !external_output(order, v) && order.get(v).is_some_and(|v| v.into_writing_reader)
+            });
         }
         if kinds.get(n).is_some_and(|k| k.into_producer) && writes_output[n] {
             for &input in inputs {
-                into_writing_reader.insert(input, ());
+                order
+                    .get_or_insert_with(input, ValueOrder::default)
+                    .into_writing_reader = true;
             }
         }
         if kinds.get(n).is_some_and(|k| k.into_reader) {
             // Its readers may read its input instead.
             let later = outputs
                 .iter()
-                .filter(|v| !external_output(v))
-                .filter_map(|&v| last_read.get(v).copied())
+                .filter(|&&v| !external_output(order, v))
+                .filter_map(|&v| order.get(v)?.last_read)
                 .max();
             if let Some(later) = later {
                 for &input in inputs {
-                    let at = last_read.get_or_insert_with(input, || later);
-                    *at = (*at).max(later);
+                    let v = order.get_or_insert_with(input, ValueOrder::default);
+                    v.last_read = Some(v.last_read.map_or(later, |at| at.max(later)));
                 }
             }
         }
     }
-    (writes_output, last_read)
+    writes_output
 }

@@ -238,6 +238,14 @@ impl<T> ById<T> {
         *self = ById::Map(held);
     }
 
+    /// Calls `f` with every entry.
+    pub(super) fn for_each_mut(&mut self, f: impl FnMut(&mut T)) {
+        match self {
+            ById::Table(t) => t.iter_mut().flatten().for_each(f),
+            ById::Map(m) => m.values_mut().for_each(f),
+        }
+    }
+
     /// Every id that has an entry, with it: by ascending id in a table, in no order in a map.
     pub(super) fn iter(&self) -> Box<dyn Iterator<Item = (u32, &T)> + '_> {
         match self {

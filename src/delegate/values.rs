@@ -28,13 +28,13 @@ pub(super) fn define_values<'k>(
     let mut ids = ById::new(values.largest(), values.len());
     let mut twins = Twins::default();
     // Most graphs fold nothing: their values are not looked up in the folds.
-    let folding = !folds.inputs.is_empty() || !folds.outputs.is_empty();
+    let folding = !folds.is_empty();
     for each in values.each() {
         let (i, (t, q)) = each?;
-        if folding && folds.inputs.contains(&t.id_out()) {
+        if folding && folds.folds_input(t.id_out()) {
             continue;
         }
-        if let Some(input) = folding.then(|| folds.outputs.get(&t.id_out())).flatten() {
+        if let Some(input) = folding.then(|| folds.folded_output(t.id_out())).flatten() {
             let dims = dims_of(&t);
             let dt = datatype(t.datatype(), i)?;
             let id = g

@@ -878,22 +878,23 @@ pub(crate) fn packed_operands(graph: &fb::XNNGraph<'_>) -> FastSet<u32> {
 }
 
 /// Defines every node of the graph (checked against the table before anything was loaded)
-/// but those in `skipped` (reshapes folded into their inputs' binding).
+/// but those in `skipped`, by ascending index (reshapes folded into their inputs' binding).
 /// Returns the payload ids of the operands some node may read as they are (not only to pack).
 pub(super) fn define_nodes(
     g: &mut Subgraph<'_>,
     graph: &fb::XNNGraph<'_>,
     io: &GraphIo,
     ids: &ById<u32>,
-    skipped: &FastSet<usize>,
+    skipped: &[usize],
 ) -> Result<ById<()>, DelegateError> {
     let qb4w = qb4w_gemm_inputs(graph, io, |filter| {
         ids.get(filter).and_then(|&id| g.datatype(id)) == Some(crate::xnn::Datatype::Qbint4)
     });
     // One set for every node (a set per node, merged, was most of the nodes' definition).
     let read_as_is = RefCell::new(ById::like(ids));
+    let mut skipped = skipped.iter().peekable();
     for (index, node) in graph.xnodes().iter().flatten().enumerate() {
-        if skipped.contains(&index) {
+        if skipped.next_if_eq(&&index).is_some() {
             continue;
         }
         define_node(g, index, &node, ids, &qb4w, &read_as_is)?;
