@@ -62,4 +62,6 @@ pub(crate) use persist::lock_path;
 #[cfg(feature = "xnnpack")]
 pub use persist::{FileReport, LoadOutcome};
 #[cfg(feature = "xnnpack")]
+pub use saver::serve_background_work;
+#[cfg(feature = "xnnpack")]
 pub use stats::{BadEntry, CacheStats};

@@ -4,14 +4,13 @@
 use super::error::CacheError;
 use parking_lot::Mutex;
 use std::sync::Arc;
-use std::thread::JoinHandle;
 
 /// The cache's background saves: one thread at a time, which saves again while `finalize`
 /// calls came in during its last pass.
 #[derive(Default)]
 pub(super) struct Saver {
-    /// The saving thread (finished or not).
-    pub(super) thread: Option<JoinHandle<()>>,
+    /// The save or check handed to a background thread (ended or not).
+    pub(super) thread: Option<SaverThread>,
     /// Shared with that thread.
     pub(super) queue: Arc<Mutex<SaveQueue>>,
     /// Wakes a saving thread that waits for packing to pause (see [`PACKING_PAUSE`]).
@@ -86,12 +85,100 @@ pub(super) fn yield_to_inference() {
     unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, BACKGROUND_NICE) };
 }
 
-/// Starts a save or check thread, named so that it is told from the host's own threads (an
-/// unnamed thread takes the process's name). As `std::thread::spawn`, it panics only where the
-/// system cannot start a thread.
-pub(super) fn spawn_saver<F: FnOnce() + Send + 'static>(f: F) -> std::thread::JoinHandle<()> {
-    std::thread::Builder::new()
-        .name("xnnblob-save".into())
-        .spawn(f)
-        .expect("the system starts a thread")
+/// A save or check handed to a background thread: joined by waiting for it to end.
+pub(super) struct SaverThread(Arc<Ended>);
+
+#[derive(Default)]
+struct Ended {
+    ended: Mutex<bool>,
+    told: parking_lot::Condvar,
+}
+
+/// Marks a task ended when dropped: when it returns, and when it unwinds.
+struct EndsTask(Arc<Ended>);
+
+impl Drop for EndsTask {
+    fn drop(&mut self) {
+        *self.0.ended.lock() = true;
+        self.0.told.notify_all();
+    }
+}
+
+impl SaverThread {
+    /// Waits until the task has ended.
+    pub(super) fn join(self) {
+        let mut ended = self.0.ended.lock();
+        while !*ended {
+            self.0.told.wait(&mut ended);
+        }
+    }
+}
+
+type Task = Box<dyn FnOnce() + Send>;
+
+/// A background thread waiting for its next task.
+#[derive(Default)]
+struct Waiting {
+    task: Mutex<Option<Task>>,
+    given: parking_lot::Condvar,
+}
+
+/// The background threads whose task ended, each waiting for another: a save or a check is
+/// handed to one of them, where starting a thread took 13-35 us of the init that finalized a cold
+/// launch's cache. A face may make the thread it prepares the backend on one of them
+/// ([`serve_background_work`]), so that a process's first save starts none.
+static WAITING: Mutex<Vec<Arc<Waiting>>> = Mutex::new(Vec::new());
+
+/// Starts a save or check on a background thread: one that ended its last task, or a new one,
+/// named so that it is told from the host's own threads (an unnamed thread takes the process's
+/// name). As `std::thread::spawn`, it panics only where the system cannot start a thread.
+pub(super) fn spawn_saver<F: FnOnce() + Send + 'static>(f: F) -> SaverThread {
+    let ended = Arc::new(Ended::default());
+    let ends = EndsTask(ended.clone());
+    let task: Task = Box::new(move || {
+        let _ends = ends;
+        f();
+    });
+    let waiting = WAITING.lock().pop();
+    match waiting {
+        Some(thread) => {
+            *thread.task.lock() = Some(task);
+            thread.given.notify_one();
+        }
+        None => {
+            std::thread::Builder::new()
+                .name("xnnblob-save".into())
+                .spawn(move || {
+                    run(task);
+                    serve_background_work();
+                })
+                .expect("the system starts a thread");
+        }
+    }
+    SaverThread(ended)
+}
+
+/// Makes the calling thread run the caches' background saves and checks, one at a time, for
+/// the rest of the process: it waits, blocked, until one is handed to it. Never returns.
+pub fn serve_background_work() -> ! {
+    let me = Arc::new(Waiting::default());
+    loop {
+        WAITING.lock().push(me.clone());
+        let task = {
+            let mut task = me.task.lock();
+            loop {
+                if let Some(t) = task.take() {
+                    break t;
+                }
+                me.given.wait(&mut task);
+            }
+        };
+        run(task);
+    }
+}
+
+/// Runs a task on a background thread, which goes on to the next whatever the task did: a save
+/// reports its own failures (a panic in it too, see `finalize`); a check's panic ends the check.
+fn run(task: Task) {
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(task));
 }

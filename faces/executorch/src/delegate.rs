@@ -161,7 +161,9 @@ extern "C" fn wait_for_saves() {
 }
 
 /// Makes the process-wide backend on a background thread; a load that comes first waits for it
-/// (`process_backend` is a `OnceLock`), so nothing is made twice.
+/// (`process_backend` is a `OnceLock`), so nothing is made twice. The thread then stays, blocked,
+/// to run the packed-weight caches' background saves and checks: a launch that packs hands its
+/// save to it rather than starting a thread in its init.
 pub(crate) fn prepare_backend() {
     // What ExecuTorch's backend does when it is loaded, on this thread: an app that loads its
     // first program at once (a runner, a test) would otherwise wait for it in that load.
@@ -172,6 +174,7 @@ pub(crate) fn prepare_backend() {
             let _ = catch_unwind(process_backend);
             // SAFETY: no arguments; the look-up is a function-local static, made once.
             unsafe { xnnblob_et_pool_look_up() };
+            xnnblob::cache::serve_background_work()
         });
     // Without a thread, the first load makes the backend itself.
     drop(spawned);

@@ -385,7 +385,7 @@ impl PackedWeightsCache {
             queue.running = true;
         }
         if let Some(finished) = saver.thread.take() {
-            let _ = finished.join();
+            finished.join();
         }
         let shown = path.display().to_string();
         let save = self.save_pass(path);
@@ -558,7 +558,7 @@ impl PackedWeightsCache {
         let core = self.core().clone();
         let mut saver = self.saver.lock();
         if let Some(finished) = saver.thread.take() {
-            let _ = finished.join();
+            finished.join();
         }
         let (queue, hurry) = (saver.queue.clone(), saver.hurry.clone());
         saver.thread = Some(spawn_saver(move || {
@@ -721,7 +721,7 @@ impl PackedWeightsCache {
         if let Some(thread) = saver.thread.take() {
             saver.queue.lock().hurried = true;
             saver.hurry.notify_all();
-            let _ = thread.join();
+            thread.join();
             saver.queue.lock().hurried = false;
         }
         let failed = saver.queue.lock().failed.take();
