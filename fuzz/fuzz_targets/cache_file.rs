@@ -28,13 +28,18 @@ fn check(data: &[u8]) {
     }
     if let Ok(decoded) = format::decode(data, &compat) {
         let index = format::index_offset(data).unwrap();
+        // The entries come in the index's order (key order), their regions anywhere in the
+        // file: disjoint once sorted by offset.
+        let mut regions: Vec<(u64, u64)> =
+            decoded.entries.iter().map(|e| (e.offset, e.size)).collect();
+        regions.sort_unstable();
         let mut end = 0u64;
-        for e in &decoded.entries {
-            assert!(e.offset >= end, "sorted and disjoint");
-            end = e.offset + e.size;
+        for (offset, size) in regions {
+            assert!(offset >= end, "disjoint");
+            end = offset + size;
             assert!(end <= index);
-            assert_eq!(e.offset % format::REGION_ALIGNMENT as u64, 0);
-            let _ = checksum64(&data[e.offset as usize..end as usize]);
+            assert_eq!(offset % format::REGION_ALIGNMENT as u64, 0);
+            let _ = checksum64(&data[offset as usize..end as usize]);
         }
     }
 }
