@@ -89,8 +89,9 @@ pub(super) struct FusedOrder<'a> {
     kinds: Vec<Fusable>,
     /// By value: its flags, writer and reads.
     values: ById<ValueOrder>,
-    /// External values, as (external id, payload id, is an input); the others are outputs.
-    externals: Vec<(u32, u32, bool)>,
+    /// External values as (external id, is an input, payload id), sorted by the first two and,
+    /// among equals, in the payload's order: searched for each alias of the call.
+    externals: Vec<(u32, bool, u32)>,
     /// The graph reads a value before it writes it: an output may be written anywhere.
     first_write_anywhere: bool,
     /// By node index: whether it may write an external output once fused.
@@ -142,12 +143,14 @@ impl<'a> FusedOrder<'a> {
                 .get_or_insert_with(t.id_out(), ValueOrder::default)
                 .flags = Some(t.flags());
             if t.flags() & XNN_FLAG_EXTERNAL_INPUT != 0 {
-                externals.push((t.external_id(), t.id_out(), true));
+                externals.push((t.external_id(), true, t.id_out()));
             }
             if t.flags() & XNN_FLAG_EXTERNAL_OUTPUT != 0 {
-                externals.push((t.external_id(), t.id_out(), false));
+                externals.push((t.external_id(), false, t.id_out()));
             }
         }
+        // Stable: values claiming one external id keep the payload's order.
+        externals.sort_by_key(|&(external_id, input, _)| (external_id, input));
         for n in 0..nodes {
             let (inputs, outputs) = io.node(n).unwrap_or_default();
             for &input in inputs {
@@ -219,11 +222,11 @@ impl<'a> FusedOrder<'a> {
     /// `input`, else an output.
     fn external(&self, external_id: u32, input: bool) -> Option<u32> {
         // The last value that claims the external id, as the last definition would.
-        self.externals
-            .iter()
-            .rev()
-            .find(|&&(e, _, is_input)| e == external_id && is_input == input)
-            .map(|&(_, id, _)| id)
+        let end = self
+            .externals
+            .partition_point(|&(e, is_input, _)| (e, is_input) <= (external_id, input));
+        let &(e, is_input, id) = self.externals.get(end.checked_sub(1)?)?;
+        ((e, is_input) == (external_id, input)).then_some(id)
     }
 
     /// The first node that may write `value` once fused: its writer, or the producer of that
