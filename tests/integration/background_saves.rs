@@ -92,4 +92,32 @@ fn finalizes_during_a_save_are_saved_by_it_and_nothing_is_lost() {
             "program {i}: every packing was saved"
         );
     }
+
+    // A save handed to a thread that waits for its next task (as the one that made the saves
+    // above does) is found by that thread, though nobody waits for it and nothing wakes it.
+    let later = dir.join("later.xbc");
+    let p = Program::load(
+        &backend,
+        &files[0].pte,
+        &[&files[0].ptd],
+        Some(&WeightsCacheChoice::File(later.clone())),
+    )
+    .unwrap();
+    let out = p
+        .method("forward")
+        .unwrap()
+        .execute_f32(&[&specs[0].input()])
+        .unwrap();
+    assert_eq!(out, cold[0]);
+    let weights = p.weights_cache().unwrap().clone();
+    let asked = std::time::Instant::now();
+    while weights.saves() == 0 && asked.elapsed() < std::time::Duration::from_secs(60) {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert_eq!(
+        weights.saves(),
+        1,
+        "the save ran with no one waiting for it"
+    );
+    assert_eq!(weights.stats().unsaved, 0);
 }
