@@ -371,6 +371,97 @@ pub fn advise_read_soon(bytes: &[u8]) {
     let _ = unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_WILLNEED) };
 }
 
+/// Maps in this library's writable data (its `.data` and `.bss`; not what is read-only after
+/// relocation), every page made the process's own, on the calling thread. XNNPACK, linked into
+/// the library, keeps each operator's configuration in `.bss` behind a `pthread_once` that reads
+/// before it writes: the first launch to create an operator of a kind then takes a
+/// copy-on-write fault whose flush of the old mapping interrupts every other core the process
+/// runs on (in a VM, an exit per core). Done at the library's load, on a thread of its own, a
+/// launch takes none of them. Costs the data's pages (about 50 KiB), which its first launches
+/// mostly touch anyway. Advice only: a kernel before Linux 5.14 refuses it, and nothing changes.
+#[cfg(any(target_os = "linux", target_os = "android"))]
+pub fn map_in_own_data() {
+    /// The writable, relocated-once ranges of the object holding `marker`, page-aligned.
+    struct Search {
+        marker: usize,
+        ranges: Vec<(usize, usize)>,
+    }
+    const PAGE: usize = 4096;
+    unsafe extern "C" fn each(
+        info: *mut libc::dl_phdr_info,
+        _size: libc::size_t,
+        data: *mut libc::c_void,
+    ) -> libc::c_int {
+        // SAFETY: the loader hands a valid `dl_phdr_info` for the call, whose program headers
+        // (`dlpi_phnum` of them at `dlpi_phdr`) it keeps mapped; `data` is the `Search` passed
+        // to `dl_iterate_phdr` below, borrowed by nothing else during it.
+        let (info, search) = unsafe { (&*info, &mut *(data as *mut Search)) };
+        let headers = if info.dlpi_phdr.is_null() {
+            &[][..]
+        } else {
+            // SAFETY: as above.
+            unsafe { std::slice::from_raw_parts(info.dlpi_phdr, usize::from(info.dlpi_phnum)) }
+        };
+        let base = info.dlpi_addr as usize;
+        // (type, flags, start, end) of each segment, whatever the ELF class.
+        let segments = headers.iter().map(|h| {
+            let start = base.wrapping_add(h.p_vaddr as usize);
+            (
+                h.p_type,
+                h.p_flags,
+                start,
+                start.wrapping_add(h.p_memsz as usize),
+            )
+        });
+        let ours = segments.clone().any(|(kind, _, start, end)| {
+            kind == libc::PT_LOAD && (start..end).contains(&search.marker)
+        });
+        if !ours {
+            return 0;
+        }
+        let relro_end = segments
+            .clone()
+            .filter(|&(kind, ..)| kind == libc::PT_GNU_RELRO)
+            .map(|(.., end)| end.next_multiple_of(PAGE))
+            .max()
+            .unwrap_or(0);
+        for (kind, flags, start, end) in segments {
+            if kind != libc::PT_LOAD || flags & libc::PF_W == 0 {
+                continue;
+            }
+            let start = (start / PAGE * PAGE).max(relro_end);
+            let end = end.next_multiple_of(PAGE);
+            if start < end {
+                search.ranges.push((start, end));
+            }
+        }
+        1
+    }
+    let mut search = Search {
+        marker: map_in_own_data as *const () as usize,
+        ranges: Vec::new(),
+    };
+    // SAFETY: `each` only reads what the loader hands it and writes `search`, which outlives
+    // the call.
+    unsafe { libc::dl_iterate_phdr(Some(each), &mut search as *mut Search as *mut libc::c_void) };
+    for (start, end) in search.ranges {
+        // SAFETY: [start, end) is writable memory of this library, mapped for the process's
+        // life; MADV_POPULATE_WRITE faults its pages in as a write would, changing no byte of
+        // them. A refusal (an older kernel, a page not writable after all) is ignored.
+        let _ = unsafe {
+            libc::madvise(
+                start as *mut libc::c_void,
+                end - start,
+                libc::MADV_POPULATE_WRITE,
+            )
+        };
+    }
+}
+
+/// Elsewhere nothing is mapped in ahead.
+#[cfg(not(any(target_os = "linux", target_os = "android")))]
+pub fn map_in_own_data() {}
+
 #[cfg(test)]
 mod tests {
     use super::{MappedFile, page_size, whole_pages};
@@ -390,6 +481,36 @@ mod tests {
         // Never past the mapping.
         assert_eq!(whole_pages(0, 20 * page, 2 * page + 5), Some((0, 2 * page)));
         assert_eq!(whole_pages(usize::MAX - 3, 10, usize::MAX), None);
+    }
+
+    #[test]
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    fn the_binarys_writable_data_is_mapped_in_ahead() {
+        use std::sync::atomic::{AtomicU8, Ordering};
+        // Zero and writable: in this test binary's `.bss`, which nothing else here touches.
+        const LEN: usize = 1 << 18;
+        static UNTOUCHED: [AtomicU8; LEN] = [const { AtomicU8::new(0) }; LEN];
+        let page = page_size();
+        let start = (UNTOUCHED.as_ptr() as usize).next_multiple_of(page);
+        let pages = (UNTOUCHED.as_ptr() as usize + LEN - start) / page;
+        let resident = || {
+            let mut flags = vec![0u8; pages];
+            // SAFETY: [start, start + pages * page) lies inside UNTOUCHED, mapped for the
+            // process's life; mincore writes one byte per page into `flags`.
+            let status = unsafe {
+                libc::mincore(start as *mut libc::c_void, pages * page, flags.as_mut_ptr())
+            };
+            assert_eq!(status, 0, "{}", std::io::Error::last_os_error());
+            flags.iter().filter(|&&f| f & 1 == 1).count()
+        };
+        assert!(resident() < pages, "UNTOUCHED was touched before the test");
+        super::map_in_own_data();
+        assert_eq!(
+            resident(),
+            pages,
+            "every page of the binary's .bss is mapped in"
+        );
+        assert!(UNTOUCHED.iter().all(|b| b.load(Ordering::Relaxed) == 0));
     }
 
     #[test]

@@ -171,6 +171,7 @@ pub(crate) fn prepare_backend() {
     let spawned = std::thread::Builder::new()
         .name("xnnblob-prepare".into())
         .spawn(|| {
+            xnnblob::mmap::map_in_own_data();
             let _ = catch_unwind(process_backend);
             // SAFETY: no arguments; the look-up is a function-local static, made once.
             unsafe { xnnblob_et_pool_look_up() };
