@@ -400,12 +400,12 @@ pub fn map_in_own_data() {
 /// after relocation.
 #[cfg(any(target_os = "linux", target_os = "android"))]
 fn own_writable_ranges() -> Vec<(usize, usize)> {
-    /// The object holding `marker`, and its ranges once found.
+    /// The object holding `marker`, and its ranges (of whole `page`s) once found.
     struct Search {
         marker: usize,
+        page: usize,
         ranges: Vec<(usize, usize)>,
     }
-    const PAGE: usize = 4096;
     unsafe extern "C" fn each(
         info: *mut libc::dl_phdr_info,
         _size: libc::size_t,
@@ -441,15 +441,15 @@ fn own_writable_ranges() -> Vec<(usize, usize)> {
         let relro_end = segments
             .clone()
             .filter(|&(kind, ..)| kind == libc::PT_GNU_RELRO)
-            .map(|(.., end)| end.next_multiple_of(PAGE))
+            .map(|(.., end)| end.next_multiple_of(search.page))
             .max()
             .unwrap_or(0);
         for (kind, flags, start, end) in segments {
             if kind != libc::PT_LOAD || flags & libc::PF_W == 0 {
                 continue;
             }
-            let start = (start / PAGE * PAGE).max(relro_end);
-            let end = end.next_multiple_of(PAGE);
+            let start = (start / search.page * search.page).max(relro_end);
+            let end = end.next_multiple_of(search.page);
             if start < end {
                 search.ranges.push((start, end));
             }
@@ -458,6 +458,9 @@ fn own_writable_ranges() -> Vec<(usize, usize)> {
     }
     let mut search = Search {
         marker: map_in_own_data as *const () as usize,
+        // The system's, not 4 KiB: madvise refuses a range that does not begin on one (16 KiB
+        // and 64 KiB pages on some aarch64 kernels).
+        page: page_size(),
         ranges: Vec::new(),
     };
     // SAFETY: `each` only reads what the loader hands it and writes `search`, which outlives
